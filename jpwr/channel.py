@@ -1,0 +1,102 @@
+"""The node-local channel between training ranks and their node's sampler.
+
+Ranks send window marks as small JSON datagrams over a Unix socket whose path is in
+JPWR_ADDR; a send costs microseconds and never blocks the training loop. The path may hold
+"{node}", replaced by the node name, so that test "nodes" sharing one host (and one /tmp)
+each reach their own sampler. A query (window energies) waits for the sampler's reply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from jpwr.launch import node_name
+
+ADDR_ENV = "JPWR_ADDR"
+MAX_DATAGRAM = 65507
+
+
+@dataclasses.dataclass(frozen=True)
+class Mark:
+    """One window edge as seen by one rank, on that node's monotonic clock."""
+
+    name: str
+    edge: str  # "begin" or "end"
+    step: int
+    t_ns: int
+    rank: int = 0
+    local_rank: int = 0
+    work: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["work"] = dict(self.work)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Mark:
+        return cls(
+            name=str(data["name"]), edge=str(data["edge"]), step=int(data["step"]), t_ns=int(data["t_ns"]),
+            rank=int(data.get("rank", 0)), local_rank=int(data.get("local_rank", 0)),
+            work=tuple(sorted((str(k), float(v)) for k, v in dict(data.get("work", {})).items())),
+        )
+
+
+class Channel(Protocol):
+    """How a rank reaches its sampler: over the socket, or directly in library mode."""
+
+    def send_mark(self, mark: Mark) -> None: ...
+
+    def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+def resolve_addr(template: str, environ: dict[str, str] | None = None) -> str:
+    return template.replace("{node}", node_name(environ))
+
+
+class SocketChannel:
+    """Client side of the sampler socket (Linux abstract autobind for replies)."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind("")  # autobind: an abstract address the sampler can reply to
+        self._sock.setblocking(False)
+
+    def send_mark(self, mark: Mark) -> None:
+        payload = json.dumps({"type": "mark", **mark.to_dict()}).encode()
+        # A full socket buffer or a sampler that died must not stop training: the mark is lost
+        # and the sampler reports the window as unmarked.
+        with contextlib.suppress(BlockingIOError, FileNotFoundError, ConnectionRefusedError):
+            self._sock.sendto(payload, self.addr)
+
+    def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+        request = json.dumps({"type": "query", "names": list(names), "pid": os.getpid()}).encode()
+        self._sock.setblocking(True)
+        self._sock.settimeout(timeout_s)
+        try:
+            self._sock.sendto(request, self.addr)
+            data = self._sock.recv(MAX_DATAGRAM * 16)
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
+            return {name: {"unavailable_reason": f"sampler at {self.addr} did not answer: {exc}"} for name in names}
+        finally:
+            self._sock.setblocking(False)
+        reply = json.loads(data)
+        return dict(reply.get("windows", {}))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def channel_from_env(environ: dict[str, str] | None = None) -> SocketChannel | None:
+    env = dict(os.environ if environ is None else environ)
+    template = env.get(ADDR_ENV)
+    return SocketChannel(resolve_addr(template, env)) if template else None

@@ -1,0 +1,301 @@
+"""The run record: one JSON file per run, the same schema for every driver.
+
+Throughput and energy come from the same named windows (warm-up, steady state), so a
+tokens/Wh figure divides work and energy measured over identical intervals. SI units
+throughout; Wh is added beside J because result tables quote it. Missing values are
+null in JSON and "n/a" in text, never 0. See docs/run-record.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("OK", "FAILED", "TIMEOUT")
+J_PER_WH = 3600.0
+
+# Distributions whose versions change results; recorded in every run record.
+TRACKED_DISTRIBUTIONS = (
+    "joulebench", "torch", "torchvision", "megatron-core", "tensorflow", "tensorflow-cpu",
+    "keras", "numpy", "nvidia-ml-py", "amdsmi", "h5py",
+)
+
+
+@dataclasses.dataclass
+class WindowEnergy:
+    """Energy of one window on the accelerators of one node (or all nodes once combined)."""
+
+    energy_j: float | None
+    mean_power_w: float | None
+    devices: int
+    method: str | None  # "counter", "counter+power", "power" or None when unavailable
+    coverage: float | None  # fraction of window × devices with valid data, 0-1
+    error_bound_j: float | None
+    unavailable_reason: str | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    per_device: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    other_domains: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # CPU/DRAM/module, never in total
+    nodes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def energy_wh(self) -> float | None:
+        return None if self.energy_j is None else self.energy_j / J_PER_WH
+
+    @property
+    def mean_power_w_per_device(self) -> float | None:
+        if self.mean_power_w is None or self.devices <= 0:
+            return None
+        return self.mean_power_w / self.devices
+
+    @classmethod
+    def unavailable(cls, reason: str, devices: int = 0) -> WindowEnergy:
+        return cls(None, None, devices, None, None, None, unavailable_reason=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["energy_wh"] = self.energy_wh
+        data["mean_power_w_per_device"] = self.mean_power_w_per_device
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WindowEnergy:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass
+class Window:
+    """A named interval of the training loop: steps [first_step, last_step), its work and energy."""
+
+    name: str
+    first_step: int
+    last_step: int
+    t_start_ns: int  # monotonic, node-local
+    t_end_ns: int
+    work: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. {"tokens": 1.2e6, "samples": 600}
+    energy: WindowEnergy | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step
+
+    @property
+    def duration_s(self) -> float:
+        return (self.t_end_ns - self.t_start_ns) / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "first_step": self.first_step, "last_step": self.last_step,
+            "steps": self.steps, "t_start_ns": self.t_start_ns, "t_end_ns": self.t_end_ns,
+            "duration_s": self.duration_s, "work": dict(self.work),
+            "energy": None if self.energy is None else self.energy.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
+        energy = data.get("energy")
+        return cls(
+            name=data["name"], first_step=data["first_step"], last_step=data["last_step"],
+            t_start_ns=data["t_start_ns"], t_end_ns=data["t_end_ns"], work=dict(data.get("work", {})),
+            energy=None if energy is None else WindowEnergy.from_dict(energy),
+        )
+
+
+def steady_metrics(
+    window: Window,
+    work_unit: str,
+    devices: int,
+    flops_per_unit: float | None = None,
+    peak_flops_per_device: float | None = None,
+) -> dict[str, Any]:
+    """Headline figures of the steady-state window: rates, FLOP/s, MFU, energy per work.
+
+    One function for every driver so that tokens/s and images/s, MFU and work/Wh are
+    computed the same way everywhere. FLOPs are model FLOPs (no recompute counted).
+    """
+    work = window.work.get(work_unit)
+    duration = window.duration_s
+    rate = work / duration if work is not None and duration > 0 else None
+    per_device = rate / devices if rate is not None and devices > 0 else None
+    flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
+    energy = window.energy
+    energy_wh = energy.energy_wh if energy else None
+    return {
+        "window": window.name,
+        "work_unit": work_unit,
+        "iterations": window.steps,
+        "duration_s": duration,
+        "time_per_iteration_s": duration / window.steps if window.steps > 0 else None,
+        f"{work_unit}_per_s": rate,
+        f"{work_unit}_per_s_per_device": per_device,
+        "model_flops_per_unit": flops_per_unit,
+        "model_tflops_per_device": None if flops_dev is None else flops_dev / 1e12,
+        "peak_tflops_per_device": None if peak_flops_per_device is None else peak_flops_per_device / 1e12,
+        "mfu": flops_dev / peak_flops_per_device if flops_dev and peak_flops_per_device else None,
+        "energy_wh": energy_wh,
+        f"{work_unit}_per_wh": work / energy_wh if work is not None and energy_wh else None,
+        "mean_power_w_per_device": energy.mean_power_w_per_device if energy else None,
+        "energy_method": energy.method if energy else None,
+        "energy_coverage": energy.coverage if energy else None,
+        "energy_error_bound_j": energy.error_bound_j if energy else None,
+        "energy_unavailable_reason": (energy.unavailable_reason if energy else "no energy measured"),
+    }
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """Everything one run produced; written once at the end (and on failure) by global rank 0."""
+
+    benchmark: str  # "llm_training", "resnet50", ...
+    run_id: str
+    status: str = "OK"
+    status_reason: str | None = None
+    started_at: str = dataclasses.field(default_factory=lambda: utc_now())
+    finished_at: str | None = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    launch: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+    software: dict[str, Any] = dataclasses.field(default_factory=dict)
+    windows: list[Window] = dataclasses.field(default_factory=list)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    meter: dict[str, Any] = dataclasses.field(default_factory=dict)  # jpwr summary path, methods, warnings
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+
+    def window(self, name: str) -> Window | None:
+        return next((w for w in self.windows if w.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "kind": "joulebench.run_record",
+            "benchmark": self.benchmark, "run_id": self.run_id, "status": self.status,
+            "status_reason": self.status_reason, "started_at": self.started_at,
+            "finished_at": self.finished_at, "config": self.config, "launch": self.launch,
+            "hardware": self.hardware, "software": self.software,
+            "windows": [w.to_dict() for w in self.windows], "metrics": self.metrics, "meter": self.meter,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"run record schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+        return cls(
+            benchmark=data["benchmark"], run_id=data["run_id"], status=data["status"],
+            status_reason=data.get("status_reason"), started_at=data["started_at"],
+            finished_at=data.get("finished_at"), config=dict(data.get("config", {})),
+            launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
+            software=dict(data.get("software", {})),
+            windows=[Window.from_dict(w) for w in data.get("windows", [])],
+            metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})),
+        )
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
+    """Versions actually installed (not the pins): Python, tracked distributions, CUDA where torch is loaded."""
+    versions: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in (*TRACKED_DISTRIBUTIONS, *extra):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch_cuda"] = getattr(torch.version, "cuda", None)
+        versions["torch_hip"] = getattr(torch.version, "hip", None)
+    return versions
+
+
+def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN/inf (not valid JSON) by None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write JSON via a temporary file and rename, so readers never see a half-written file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2, sort_keys=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
+    if record.finished_at is None:
+        record.finished_at = utc_now()
+    return write_json_atomic(path, record.to_dict())
+
+
+def read_run_record(path: str | os.PathLike[str]) -> RunRecord:
+    return RunRecord.from_dict(json.loads(Path(path).read_text()))
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    """Format a number for tables and summary lines: None is "n/a", never 0."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.{digits}g}"
+
+
+def summary_line(record: RunRecord) -> str:
+    """The one machine-readable line each driver prints at the end: `JOULEBENCH_RESULT key=value ...`."""
+    m = record.metrics
+    unit = m.get("work_unit", "work")
+    fields: list[tuple[str, Any]] = [
+        ("benchmark", record.benchmark), ("status", record.status), ("run_id", record.run_id),
+        ("iterations", m.get("iterations")), ("time_per_iteration_s", m.get("time_per_iteration_s")),
+        (f"{unit}_per_s", m.get(f"{unit}_per_s")), (f"{unit}_per_s_per_device", m.get(f"{unit}_per_s_per_device")),
+        ("model_tflops_per_device", m.get("model_tflops_per_device")), ("mfu", m.get("mfu")),
+        ("energy_wh", m.get("energy_wh")), (f"{unit}_per_wh", m.get(f"{unit}_per_wh")),
+        ("mean_power_w_per_device", m.get("mean_power_w_per_device")), ("energy_method", m.get("energy_method")),
+        ("energy_coverage", m.get("energy_coverage")), ("energy_error_bound_j", m.get("energy_error_bound_j")),
+    ]
+    parts = []
+    for key, value in fields:
+        text = value if isinstance(value, str) else fmt(value, 6)
+        parts.append(f"{key}={text if text else 'n/a'}")
+    return "JOULEBENCH_RESULT " + " ".join(parts)

@@ -1,0 +1,5 @@
+import sys
+
+from jpwr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""`jpwr`: wrap a command and meter it, or run the node sampler, combine nodes, inspect sensors.
+
+    jpwr [--methods auto|nvml,rapl,...] [--interval MS] [--out DIR] [--run-id ID] -- CMD ...
+    jpwr serve --out DIR [--run-id ID] [--addr PATH]     # one per node in a job script; stops on SIGTERM
+    jpwr combine DIR [--run-id ID]                        # merge node summaries of one run
+    jpwr info                                             # sensors, signals, read cost, update period
+    jpwr selftest                                         # periodic GPU load vs. the sensors (aliasing check)
+
+Exit codes: the wrapped command's own code (128+N if it died of signal N); jpwr's own errors
+use jpwr.errors.ExitCode (64 usage, 69 method unavailable, 70 internal, 73 output dir, 127 no command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from jpwr import __version__
+from jpwr.clock import SYSTEM_CLOCK
+from jpwr.errors import ExitCode, JpwrError
+from jpwr.record import fmt
+
+SUBCOMMANDS = ("serve", "combine", "info", "selftest")
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _add_meter_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", nargs="+", default=["auto"],
+                   help="auto (default) or names: nvml, amdsmi, rapl, hwmon_gh, gcipuinfo "
+                        "(aliases pynvml, rocm, gh, gc); comma or space separated")
+    p.add_argument("--interval", type=float, default=100.0, help="power/metrics sampling interval in ms")
+    p.add_argument("--counter-interval", type=float, default=1000.0, help="energy counter read interval in ms")
+    p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
+    p.add_argument("--run-id", default=None, help="run id shared by all nodes of one run")
+
+
+def _methods(raw: Sequence[str]) -> list[str] | None:
+    from jpwr.backends import parse_methods
+
+    return parse_methods(",".join(raw))
+
+
+def _run_id(explicit: str | None) -> str:
+    """One id for all nodes of a run: explicit, else the Slurm job (same on every node), else time and pid."""
+    if explicit:
+        return explicit
+    if os.environ.get("JPWR_RUN_ID"):
+        return os.environ["JPWR_RUN_ID"]
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm-{job}" if job else f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+
+def _start(args: argparse.Namespace):  # noqa: ANN202 - returns (Sampler, SocketServer, addr)
+    from jpwr.channel import resolve_addr
+    from jpwr.sampler import Sampler, SocketServer, default_socket_path, open_backends
+
+    methods = _methods(args.methods)
+    out = Path(args.out)
+    backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
+    sampler = Sampler(backends, discoveries, out, args.interval / 1000.0, args.counter_interval / 1000.0,
+                      run_id=_run_id(args.run_id)).start()
+    template = getattr(args, "addr", None) or default_socket_path(sampler.run_id)
+    addr = resolve_addr(template)
+    server = SocketServer(sampler, addr).start()
+    return sampler, server, template
+
+
+def _print_windows(summary: dict, stream=sys.stderr) -> None:  # noqa: ANN001
+    info = summary["info"]
+    print(f"jpwr {__version__}: node {summary['node']}, run {summary['run_id']}, "
+          f"backends: {', '.join(info['backends']) or 'none'}", file=stream)
+    for reason in info["unavailable"]:
+        print(f"jpwr:   {reason}", file=stream)
+    for name, w in summary["windows"].items():
+        e = w["energy"]
+        if e["energy_j"] is None:
+            print(f"jpwr: window {name}: {w['duration_s']:.3f} s, energy n/a ({e['unavailable_reason']})", file=stream)
+            continue
+        print(f"jpwr: window {name}: {w['duration_s']:.3f} s, {fmt(e['energy_j'], 6)} J ({fmt(e['energy_wh'], 5)} Wh) "
+              f"on {e['devices']} device(s), mean {fmt(e['mean_power_w'], 5)} W, method {e['method']}, "
+              f"coverage {e['coverage']:.1%}, bound ±{fmt(e['error_bound_j'], 3)} J", file=stream)
+        for warning in e["warnings"]:
+            print(f"jpwr:   warning: {warning}", file=stream)
+
+
+def cmd_wrap(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr", description="Meter a command's accelerator energy.",
+                                     epilog="Subcommands: " + ", ".join(SUBCOMMANDS))
+    _add_meter_options(parser)
+    parser.add_argument("--df-out", default=None, help="jpwr 0.0.10 compatibility: write power/energy tables here")
+    parser.add_argument("--df-filetype", default="csv", choices=("csv", "h5"))
+    parser.add_argument("--version", action="version", version=f"jpwr {__version__} (joulebench)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        parser.error("no command given: jpwr [options] -- CMD ...")
+    from jpwr.channel import ADDR_ENV
+    from jpwr.windows import WindowSpan
+
+    sampler, server, template = _start(args)
+    env = dict(os.environ, **{ADDR_ENV: template, "JPWR_RUN_ID": sampler.run_id})
+    t0 = SYSTEM_CLOCK.monotonic_ns()
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        server.stop()
+        sampler.stop()
+        print(f"jpwr: command not found: {command[0]}", file=sys.stderr)
+        return ExitCode.NO_COMMAND
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    t1 = SYSTEM_CLOCK.monotonic_ns()
+    server.stop()
+    summary = sampler.stop(extra_spans=[WindowSpan("command", t0, t1, 0, {})])
+    _print_windows(summary)
+    if args.df_out:
+        from jpwr.legacy import write_dataframes
+
+        write_dataframes(sampler.trace(), Path(args.df_out), args.df_filetype)
+    return 128 - code if code < 0 else code
+
+
+def cmd_serve(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr serve", description="Run this node's sampler until SIGTERM/SIGINT.")
+    _add_meter_options(parser)
+    parser.add_argument("--addr", default=None, help="socket path template ({node} = node name); default from "
+                                                     "JPWR_ADDR or a per-run path in the temp dir")
+    args = parser.parse_args(argv)
+    from jpwr.channel import ADDR_ENV
+
+    args.addr = args.addr or os.environ.get(ADDR_ENV)
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, lambda *_: stop.set())
+    sampler, server, template = _start(args)
+    (sampler.node_dir / "ready").write_text(f"{server.addr}\n")
+    print(f"jpwr: serving node {sampler.node} on {server.addr} (run {sampler.run_id})", file=sys.stderr, flush=True)
+    stop.wait()
+    server.stop()
+    summary = sampler.stop()
+    _print_windows(summary)
+    return ExitCode.OK
+
+
+def cmd_combine(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
+    parser.add_argument("directory")
+    parser.add_argument("--run-id", default=None)
+    args = parser.parse_args(argv)
+    from jpwr.combine import combine_run
+
+    result = combine_run(Path(args.directory), args.run_id)
+    for name, w in result["windows"].items():
+        e = w["energy"]
+        print(f"{name}: nodes={len(result['nodes'])} devices={e['devices']} energy_J={fmt(e['energy_j'], 6)} "
+              f"energy_Wh={fmt(e['energy_wh'], 5)} method={e['method'] or 'n/a'} "
+              f"{'reason=' + e['unavailable_reason'] if e['unavailable_reason'] else ''}".rstrip())
+    return ExitCode.OK
+
+
+def cmd_info(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr info", description="List sensors, signals, read cost, update period.")
+    parser.add_argument("--methods", nargs="+", default=["auto"])
+    parser.add_argument("--probe-seconds", type=float, default=1.0, help="time spent measuring update periods")
+    args = parser.parse_args(argv)
+    from jpwr.info import describe
+
+    print(describe(_methods(args.methods), args.probe_seconds))
+    return ExitCode.OK
+
+
+def cmd_selftest(argv: Sequence[str]) -> int:
+    from jpwr.selftest import main as selftest_main
+
+    return selftest_main(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest}
+    try:
+        if args and args[0] in handlers:
+            return int(handlers[args[0]](args[1:]))
+        return int(cmd_wrap(args))
+    except JpwrError as exc:
+        print(f"jpwr: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Window energy from raw sensor series: counter-anchored, power-shaped, with an error bound.
+
+Method, per domain and window [t0, t1]:
+- counter: the hardware energy counter is the anchor. Each distinct counter value becomes a
+  knot (tau, E); tau is only known to lie in (previous read, this read] and within one update
+  period of this read, so it is placed mid-interval with that half-width as uncertainty.
+- counter+power: between two knots the counter's increment is spread in proportion to the
+  instantaneous-power curve (zero-order hold); without power samples, linearly in time.
+- power: no counter: integrate power (zero-order hold, samples of trailing averages moved
+  back by half their averaging window), with lag and gap terms in the bound.
+Window energy is E(t1) - E(t0) on that curve; interior knots are exact and cancel, so only
+the two edge segments carry error. See docs/jpwr.md for the bound's derivation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from jpwr.domains import Signal
+from jpwr.trace import SensorSeries
+
+# The H100's energy counter itself spread +/-8 % across identical runs whose period matched the
+# sensor's 100 ms (../shared/reference/energy-measurement.md): an aliased window gets this bound.
+ALIASING_RELATIVE_BOUND = 0.08
+GAP_FACTOR = 3.0  # a hold longer than this many expected sample intervals is a gap (not covered)
+
+
+@dataclasses.dataclass
+class DomainEnergy:
+    energy_j: float | None
+    method: str | None
+    coverage: float
+    error_bound_j: float | None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    reason: str | None = None  # why energy_j is None
+
+
+@dataclasses.dataclass
+class Knots:
+    """Counter knots of one continuous counter segment (no reset inside)."""
+
+    tau_ns: np.ndarray
+    half_ns: np.ndarray
+    energy_j: np.ndarray
+
+
+def counter_segments(series: SensorSeries, update_s: float | None) -> tuple[list[Knots], list[str]]:
+    """Turn raw counter reads into knots, unwrapping wraps and splitting at resets or backward jumps."""
+    ok = series.valid
+    t_b, t_a, val = series.t_before_ns[ok], series.t_after_ns[ok], series.value[ok]
+    warnings: list[str] = []
+    if len(val) == 0:
+        return [], warnings
+    wrap = series.sensor.wrap_at
+    update_ns = int((update_s or 0.0) * 1e9)
+    segments: list[Knots] = []
+    taus: list[float] = []
+    halves: list[float] = []
+    energies: list[float] = []
+    offset = 0.0
+    prev_val = val[0]
+    prev_read_end = None  # t_after of the last read with a different (older) value
+
+    def close_segment() -> None:
+        if taus:
+            segments.append(Knots(np.array(taus), np.array(halves), np.array(energies)))
+        taus.clear()
+        halves.clear()
+        energies.clear()
+
+    for i in range(len(val)):
+        v = val[i]
+        if i > 0 and v < prev_val:
+            if wrap is not None:
+                offset += wrap
+            else:
+                warnings.append(f"counter {series.sensor.id} went backwards at read {i} (reset?): split")
+                close_segment()
+                offset = -v  # the new segment starts from its own zero
+                prev_read_end = None
+        e = v + offset
+        is_new = i == 0 or v != prev_val or not taus
+        if is_new:
+            # The previous read still saw the old value, so the update came after it started.
+            lo = t_b[i - 1] if i > 0 and prev_read_end is not None else t_b[i] - update_ns
+            lo = max(lo, t_b[i] - update_ns) if update_ns else lo
+            hi = t_a[i]
+            lo = min(lo, hi)
+            taus.append((lo + hi) / 2)
+            halves.append((hi - lo) / 2)
+            energies.append(e)
+        prev_val = v
+        prev_read_end = t_a[i]
+    close_segment()
+    return segments, warnings
+
+
+class PowerCurve:
+    """Piecewise-constant power from samples; integral over any interval, and where it is covered."""
+
+    def __init__(self, series: SensorSeries, expected_interval_s: float) -> None:
+        ok = series.valid
+        t = series.t_ns[ok].astype(np.float64)
+        if series.sensor.signal is Signal.POWER_AVERAGE and series.sensor.avg_window_s:
+            t = t - series.sensor.avg_window_s * 1e9 / 2  # a trailing mean describes its window's centre
+        order = np.argsort(t, kind="stable")
+        self.t = t[order]
+        self.p = series.value[ok][order]
+        self.max_hold_ns = GAP_FACTOR * expected_interval_s * 1e9
+        self.avg_window_s = series.sensor.avg_window_s if series.sensor.signal is Signal.POWER_AVERAGE else None
+
+    def __bool__(self) -> bool:
+        return len(self.t) > 0
+
+    def integral(self, a: float, b: float) -> tuple[float, float]:
+        """(joules, covered ns) over [a, b]; each sample holds until the next, at most max_hold."""
+        if b <= a or not self:
+            return 0.0, 0.0
+        ends = np.append(self.t[1:], np.inf)
+        ends = np.minimum(ends, self.t + self.max_hold_ns)
+        lo = np.maximum(self.t, a)
+        hi = np.minimum(ends, b)
+        span = np.clip(hi - lo, 0.0, None)
+        return float(np.sum(span * self.p) / 1e9), float(np.sum(span))
+
+    def max_power(self, a: float, b: float) -> float:
+        """Largest sample in force during [a, b] (0 when none)."""
+        if not self:
+            return 0.0
+        i0 = max(int(np.searchsorted(self.t, a, side="right")) - 1, 0)
+        i1 = int(np.searchsorted(self.t, b, side="right"))
+        return float(np.max(self.p[i0:max(i1, i0 + 1)]))
+
+
+def _edge_value(knots: Knots, curve: PowerCurve | None, t: float) -> tuple[float, float, bool] | None:
+    """E(t) on the counter-anchored curve, its error bound, and whether power shaped it.
+
+    None when t lies outside the knots (the caller integrates power there).
+    """
+    tau = knots.tau_ns
+    if t < tau[0] or t > tau[-1]:
+        return None
+    j = int(np.searchsorted(tau, t, side="right")) - 1
+    if j >= len(tau) - 1:
+        j = len(tau) - 2
+    if j < 0:  # a single knot exactly at t
+        return float(knots.energy_j[0]), 0.0, False
+    ta, tb = tau[j], tau[j + 1]
+    ea, eb = knots.energy_j[j], knots.energy_j[j + 1]
+    d = eb - ea
+    seg_power = d / ((tb - ta) / 1e9) if tb > ta else 0.0
+    timing = seg_power * max(knots.half_ns[j], knots.half_ns[j + 1]) / 1e9
+    s_total, covered = curve.integral(ta, tb) if curve else (0.0, 0.0)
+    shaped = bool(curve) and s_total > 0 and covered >= 0.9 * (tb - ta)
+    if shaped:
+        f = curve.integral(ta, t)[0] / s_total  # type: ignore[union-attr]
+        interp = abs(d - s_total) * 2 * min(f, 1 - f)
+    else:
+        f = (t - ta) / (tb - ta) if tb > ta else 1.0
+        interp = abs(d) * min(f, 1 - f)
+    return float(ea + f * d), float(timing + interp), shaped
+
+
+def counter_window(
+    segments: list[Knots], curve: PowerCurve | None, t0: float, t1: float, p_max: float
+) -> DomainEnergy:
+    """Energy over [t0, t1] from counter knots, power-shaped, with power or nothing filling gaps."""
+    duration = t1 - t0
+    energy = 0.0
+    bound = 0.0
+    covered = 0.0
+    shaped_any = False
+    cursor = t0
+    warnings: list[str] = []
+    for knots in segments:
+        a, b = max(t0, knots.tau_ns[0]), min(t1, knots.tau_ns[-1])
+        if b <= a:
+            continue
+        if a > cursor:  # uncovered by this segment's knots: fill with power
+            e, c = curve.integral(cursor, a) if curve else (0.0, 0.0)
+            energy += e
+            covered += c
+            bound += _power_gap_bound(curve, cursor, a, c, p_max)
+        ea = _edge_value(knots, curve, a)
+        eb = _edge_value(knots, curve, b)
+        assert ea is not None and eb is not None
+        energy += eb[0] - ea[0]
+        bound += ea[1] + eb[1]
+        covered += b - a
+        shaped_any = shaped_any or ea[2] or eb[2]
+        cursor = b
+    if cursor < t1:
+        e, c = curve.integral(cursor, t1) if curve else (0.0, 0.0)
+        energy += e
+        covered += c
+        bound += _power_gap_bound(curve, cursor, t1, c, p_max)
+        if c > 0:
+            shaped_any = True
+    coverage = min(1.0, covered / duration) if duration > 0 else 0.0
+    if coverage < 0.999:
+        warnings.append(f"counter covers {coverage:.1%} of the window; rest from power or missing")
+    if covered == 0:
+        return DomainEnergy(None, None, 0.0, None, warnings, reason="no counter or power data inside the window")
+    method = "counter+power" if shaped_any else "counter"
+    return DomainEnergy(energy, method, coverage, bound, warnings)
+
+
+def _power_gap_bound(curve: PowerCurve | None, a: float, b: float, covered: float, p_max: float) -> float:
+    """Bound for a stretch integrated from power: uncovered time at full power plus averaging lag."""
+    gap_s = max(0.0, (b - a) - covered) / 1e9
+    lag = 0.0
+    if curve and curve.avg_window_s:
+        lag = curve.max_power(a, b) * curve.avg_window_s / 2
+    return gap_s * p_max + lag
+
+
+def power_window(curve: PowerCurve, t0: float, t1: float, p_max: float) -> DomainEnergy:
+    """Energy over [t0, t1] from power alone (no counter on this device)."""
+    energy, covered = curve.integral(t0, t1)
+    duration = t1 - t0
+    coverage = min(1.0, covered / duration) if duration > 0 else 0.0
+    if covered == 0:
+        return DomainEnergy(None, None, 0.0, None, reason="no valid power samples inside the window")
+    bound = _power_gap_bound(curve, t0, t1, covered, p_max)
+    if curve.avg_window_s:
+        bound += curve.max_power(t0, t1) * curve.avg_window_s / 2  # both edges lag the load change
+    warnings = [] if coverage >= 0.999 else [f"power samples cover {coverage:.1%} of the window"]
+    return DomainEnergy(energy, "power", coverage, bound, warnings)
+
+
+def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None) -> str | None:
+    """Warn when the loop's period keeps hitting the same sensor phases (see issue's aliasing rule).
+
+    With step period p = window/steps, offset delta of p from the nearest multiple of the
+    sensor period T, the window's N steps drift through all phases only if N·|delta| >= T.
+    """
+    if not sensor_period_s or steps <= 0 or window_s <= 0:
+        return None
+    p = window_s / steps
+    delta = p - round(p / sensor_period_s) * sensor_period_s
+    if round(p / sensor_period_s) == 0:
+        return None  # many steps per sensor period: every phase is sampled
+    if steps * abs(delta) < sensor_period_s:
+        return (
+            f"aliasing: step period {p * 1e3:.1f} ms is within {abs(delta) * 1e3:.1f} ms of a multiple of the "
+            f"{sensor_period_s * 1e3:.0f} ms sensor period over {steps} steps; the sensor sees the same phases "
+            f"again and again (bound widened to {ALIASING_RELATIVE_BOUND:.0%})"
+        )
+    return None
+
+
+def domain_window_energy(
+    counter: SensorSeries | None,
+    power: SensorSeries | None,
+    t0_ns: int,
+    t1_ns: int,
+    interval_s: float,
+    p_max_w: float,
+    steps: int = 0,
+) -> DomainEnergy:
+    """The best estimate for one domain and window, from whichever signals it has."""
+    curve = PowerCurve(power, interval_s) if power is not None else None
+    if curve is not None and not curve:
+        curve = None
+    update_s = counter.sensor.est_update_s if counter is not None else None
+    segments: list[Knots] = []
+    warnings: list[str] = []
+    if counter is not None:
+        segments, warnings = counter_segments(counter, update_s)
+    if segments:
+        result = counter_window(segments, curve, float(t0_ns), float(t1_ns), p_max_w)
+    elif curve is not None:
+        result = power_window(curve, float(t0_ns), float(t1_ns), p_max_w)
+    else:
+        return DomainEnergy(None, None, 0.0, None, warnings, reason="no energy counter or power readings")
+    result.warnings = warnings + result.warnings
+    sensor_period = update_s or (power.sensor.est_update_s if power is not None else None)
+    alias = aliasing_warning((t1_ns - t0_ns) / 1e9, steps, sensor_period)
+    if alias and result.energy_j is not None and result.error_bound_j is not None:
+        result.warnings.append(alias)
+        result.error_bound_j = max(result.error_bound_j, ALIASING_RELATIVE_BOUND * abs(result.energy_j))
+    if result.energy_j is not None and not math.isfinite(result.energy_j):
+        return DomainEnergy(None, None, 0.0, None, result.warnings, reason="non-finite energy")
+    return result

@@ -1,0 +1,372 @@
+"""The per-node sampler: polls the node's sensors on absolute deadlines and answers window queries.
+
+One sampler per node meters the accelerators the job owns there; ranks only send marks.
+Instantaneous power and latent metrics are read every `interval_s`; energy counters at
+`counter_interval_s` (an H100 counter read costs ~4 ms) unless a read is cheap, and at
+every window mark. Readings go to append-only segments flushed every second and on stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jpwr import __version__
+from jpwr.channel import MAX_DATAGRAM, Mark
+from jpwr.clock import SYSTEM_CLOCK, Clock
+from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
+from jpwr.errors import MethodUnavailableError, OutputDirError
+from jpwr.launch import node_name
+from jpwr.record import WindowEnergy, utc_now, write_json_atomic
+from jpwr.trace import TRACE_FILE, SegmentWriter, TraceData, write_hdf5
+from jpwr.windows import WindowSpan, spans_from_marks, window_energy
+
+CHEAP_READ_S = 0.001  # counters cheaper than this are read every tick
+COST_PROBE_READS = 5
+SUMMARY_FILE = "summary.json"
+
+
+def open_backends(methods: Sequence[str] | None, clock: Clock) -> tuple[list[Backend], list[Discovery]]:
+    """Create the requested backends (None = every known one, keeping those that find sensors).
+
+    An explicitly named method that finds nothing raises before any command starts.
+    """
+    from jpwr.backends import BACKEND_NAMES, create_backend
+    from jpwr.devices import allocated_selectors
+
+    selectors = allocated_selectors()
+    names = list(methods) if methods else list(BACKEND_NAMES)
+    backends, discoveries = [], []
+    for name in names:
+        backend = create_backend(name, clock, selectors=selectors)
+        found = backend.discover()
+        discoveries.append(found)
+        if found.available:
+            backends.append(backend)
+        else:
+            backend.close()
+            if methods:
+                reasons = "; ".join(found.unavailable) or "no sensors found"
+                raise MethodUnavailableError(
+                    f"method {name!r} is not available on this machine ({reasons}). "
+                    f"Fix: drop it from --methods, or use --methods auto to meter whatever exists")
+    return backends, discoveries
+
+
+class Sampler:
+    """Polls sensors in a background thread; thread-safe `add_mark` and `window_energies`."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        discoveries: Sequence[Discovery],
+        out_dir: Path,
+        interval_s: float = 0.1,
+        counter_interval_s: float = 1.0,
+        clock: Clock = SYSTEM_CLOCK,
+        run_id: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        self.backends = list(backends)
+        self.discoveries = list(discoveries)
+        self.interval_s = interval_s
+        self.counter_interval_s = counter_interval_s
+        self.clock = clock
+        self.node = node or node_name()
+        self.run_id = run_id or f"run-{int(time.time())}"
+        self.node_dir = Path(out_dir) / self.node
+        try:
+            self.node_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.node_dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise OutputDirError(f"cannot write to output directory {self.node_dir}: {exc}. "
+                                 "Fix: choose a writable --out directory") from exc
+        self.domains = [d for disc in self.discoveries for d in disc.domains]
+        self.sensors: list[Sensor] = []
+        self._sensor_backend: dict[str, Backend] = {}
+        for backend, disc in zip(self.backends, [d for d in self.discoveries if d.available], strict=True):
+            for sensor in disc.sensors:
+                self.sensors.append(sensor)
+                self._sensor_backend[sensor.id] = backend
+        self.readings: dict[str, list[Reading]] = {s.id: [] for s in self.sensors}
+        self.metrics: list[MetricReading] = []
+        self.marks: list[Mark] = []
+        self.missed_ticks = 0
+        self.started_at = utc_now()
+        self._clock_pairs: list[tuple[int, int]] = []
+        self._io = threading.Lock()  # vendor libraries (amdsmi) are not thread-safe; one reader at a time
+        self._data = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._writer = SegmentWriter(self.node_dir)
+        self._stopped = False
+
+    # --- sensor I/O -------------------------------------------------------------------------
+    def _read(self, sensors: Sequence[Sensor]) -> None:
+        by_backend: dict[int, list[Sensor]] = {}
+        for s in sensors:
+            by_backend.setdefault(id(self._sensor_backend[s.id]), []).append(s)
+        got: list[Reading] = []
+        with self._io:
+            for group in by_backend.values():
+                got += self._sensor_backend[group[0].id].read(group)
+        with self._data:
+            for r in got:
+                self.readings[r.sensor_id].append(r)
+                self._writer.reading(r)
+
+    def _read_metrics(self) -> None:
+        got: list[MetricReading] = []
+        with self._io:
+            for backend in self.backends:
+                got += backend.read_metrics()
+        with self._data:
+            self.metrics += got
+            for m in got:
+                self._writer.metric(m)
+
+    @property
+    def counters(self) -> list[Sensor]:
+        return [s for s in self.sensors if s.signal is Signal.ENERGY_COUNTER]
+
+    def read_counters(self) -> None:
+        if self.counters:
+            self._read(self.counters)
+
+    def _measure_costs(self) -> None:
+        """Time each sensor's read so `jpwr info` and the cadence decision use this machine's cost."""
+        measured = []
+        for s in self.sensors:
+            t0 = time.perf_counter()
+            with self._io:
+                for _ in range(COST_PROBE_READS):
+                    self._sensor_backend[s.id].read([s])
+            cost = (time.perf_counter() - t0) / COST_PROBE_READS
+            measured.append(_with_cost(s, cost))
+        self.sensors = measured
+        self._sensor_backend = {s.id: self._sensor_backend[s.id] for s in self.sensors}
+
+    # --- loop -------------------------------------------------------------------------------
+    def start(self, measure_costs: bool = True) -> Sampler:
+        if measure_costs:
+            self._measure_costs()
+        self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
+        self._writer.header(self.domains, self.sensors, self.info())
+        self._thread = threading.Thread(target=self._loop, name="jpwr-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _fast_and_due(self, tick: int) -> tuple[list[Sensor], bool]:
+        fast = [s for s in self.sensors if s.signal is not Signal.ENERGY_COUNTER
+                or (s.read_cost_s is not None and s.read_cost_s < CHEAP_READ_S)]
+        every = max(1, round(self.counter_interval_s / self.interval_s))
+        return fast, tick % every == 0
+
+    def _loop(self) -> None:
+        period = int(self.interval_s * 1e9)
+        deadline = self.clock.monotonic_ns()
+        tick = 0
+        last_flush = deadline
+        while not self._stop.is_set():
+            fast, counters_due = self._fast_and_due(tick)
+            slow_counters = [s for s in self.counters if s not in fast] if counters_due else []
+            if fast or slow_counters:
+                self._read(fast + slow_counters)
+            self._read_metrics()
+            now = self.clock.monotonic_ns()
+            if now - last_flush >= 1_000_000_000:
+                with self._data:
+                    self._writer.flush()
+                last_flush = now
+            deadline += period  # absolute deadlines: no drift, no near-duplicate pairs
+            if deadline <= now:
+                skipped = (now - deadline) // period + 1
+                self.missed_ticks += int(skipped)
+                deadline += skipped * period
+            tick += 1
+            if not self.clock.sleep_until_ns(deadline, self._stop):
+                break
+
+    # --- marks and windows ------------------------------------------------------------------
+    def add_mark(self, mark: Mark) -> None:
+        """Record a rank's window edge and read the counters right away (they anchor the edge)."""
+        with self._data:
+            self.marks.append(mark)
+            self._writer.mark(mark)
+        self.read_counters()
+
+    def trace(self) -> TraceData:
+        with self._data:
+            return TraceData(
+                list(self.domains), list(self.sensors), self.info(),
+                {k: list(v) for k, v in self.readings.items()}, list(self.metrics), list(self.marks))
+
+    def _settle_after(self, t_end_ns: int) -> None:
+        """Wait until counters have updated past the window end, then read them once more."""
+        update = max((s.est_update_s or 0.0) for s in self.counters) if self.counters else 0.0
+        if update:
+            self.clock.sleep_until_ns(t_end_ns + int(2 * update * 1e9))
+            self.read_counters()
+
+    def window_energies(self, names: Sequence[str] | None = None) -> dict[str, WindowEnergy]:
+        spans = spans_from_marks(self.trace().marks)
+        wanted = list(names) if names is not None else list(spans)
+        if any(n in spans for n in wanted):
+            self._settle_after(max(spans[n].t1_ns for n in wanted if n in spans))
+        trace = self.trace()
+        result = {}
+        for name in wanted:
+            span = spans.get(name)
+            if span is None:
+                result[name] = WindowEnergy.unavailable(f"window {name!r} was not marked (begin and end) on node "
+                                                        f"{self.node}")
+            else:
+                result[name] = window_energy(trace, span, self.interval_s, self.node, self.unavailable)
+        return result
+
+    @property
+    def unavailable(self) -> list[str]:
+        return [u for d in self.discoveries for u in d.unavailable]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "jpwr_version": __version__, "run_id": self.run_id, "node": self.node, "host": socket.gethostname(),
+            "pid": os.getpid(), "interval_s": self.interval_s, "counter_interval_s": self.counter_interval_s,
+            "backends": {d.backend: d.info for d in self.discoveries if d.available},
+            "unavailable": self.unavailable, "clock_pairs_wall_mono_ns": self._clock_pairs,
+            "started_at": self.started_at,
+        }
+
+    # --- stop -------------------------------------------------------------------------------
+    def stop(self, extra_spans: Sequence[WindowSpan] = ()) -> dict[str, Any]:
+        """Stop polling, flush, assemble the HDF5 trace and write the node summary. Idempotent."""
+        if self._stopped:
+            return json.loads((self.node_dir / SUMMARY_FILE).read_text())
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        spans = spans_from_marks(self.marks)
+        if spans or extra_spans:
+            self._settle_after(max([s.t1_ns for s in spans.values()] + [s.t1_ns for s in extra_spans]))
+        self.read_counters()
+        self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
+        with self._data:
+            self._writer.close()
+        trace = self.trace()
+        spans.update({s.name: s for s in extra_spans})
+        windows = {}
+        for name, span in spans.items():
+            energy = window_energy(trace, span, self.interval_s, self.node, self.unavailable)
+            windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
+                             "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
+        try:
+            write_hdf5(self.node_dir / TRACE_FILE, trace)
+            trace_file: str | None = TRACE_FILE
+        except Exception as exc:  # the segments stay readable; never lose the summary over HDF5
+            trace_file = None
+            windows.setdefault("_errors", {})["hdf5"] = repr(exc)  # type: ignore[index]
+        summary = {
+            "schema": "jpwr.summary/1", "kind": "node", "run_id": self.run_id, "node": self.node,
+            "finished_at": utc_now(), "info": self.info(), "missed_ticks": self.missed_ticks,
+            "domains": [d.to_dict() for d in self.domains], "sensors": [s.to_dict() for s in self.sensors],
+            "trace_file": trace_file, "windows": windows,
+        }
+        write_json_atomic(self.node_dir / SUMMARY_FILE, summary)
+        for backend in self.backends:
+            with contextlib.suppress(Exception):
+                backend.close()
+        self._stopped = True
+        return summary
+
+
+def _with_cost(sensor: Sensor, cost: float) -> Sensor:
+    from dataclasses import replace
+
+    return replace(sensor, read_cost_s=cost)
+
+
+class SocketServer:
+    """Receives marks and answers queries on the node's Unix datagram socket."""
+
+    def __init__(self, sampler: Sampler, addr: str) -> None:
+        self.sampler = sampler
+        self.addr = addr
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(addr)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(addr)
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="jpwr-marks", daemon=True)
+
+    def start(self) -> SocketServer:
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, peer = self._sock.recvfrom(MAX_DATAGRAM)
+            except (TimeoutError, OSError):
+                continue
+            try:
+                msg = json.loads(data)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("type") == "mark":
+                self.sampler.add_mark(Mark.from_dict(msg))
+            elif msg.get("type") == "query" and peer:
+                # Answer from a worker thread: settling waits for the counter, marks keep flowing.
+                threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()
+
+    def _answer(self, msg: dict[str, Any], peer: Any) -> None:
+        energies = self.sampler.window_energies(msg.get("names"))
+        reply = json.dumps({"type": "energy", "windows": {k: v.to_dict() for k, v in energies.items()}}).encode()
+        with contextlib.suppress(OSError):
+            self._sock.sendto(reply, peer)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.addr)
+
+
+class LocalChannel:
+    """Library mode: the rank talks to an in-process sampler directly (single-process runs, tests)."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def send_mark(self, mark: Mark) -> None:
+        self.sampler.add_mark(mark)
+
+    def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+        return {k: v.to_dict() for k, v in self.sampler.window_energies(names).items()}
+
+    def close(self) -> None:
+        """Nothing to release: the sampler is stopped by its owner."""
+
+
+def start_local_sampler(methods: str, out_dir: Path, interval_s: float) -> tuple[Sampler, LocalChannel]:
+    from jpwr.backends import parse_methods
+
+    backends, discoveries = open_backends(parse_methods(methods), SYSTEM_CLOCK)
+    sampler = Sampler(backends, discoveries, out_dir, interval_s).start()
+    return sampler, LocalChannel(sampler)
+
+
+def default_socket_path(run_id: str) -> str:
+    """A short socket path (Unix socket paths are limited to 107 bytes) with the node placeholder."""
+    return os.path.join(tempfile.gettempdir(), f"jpwr-{run_id[:40]}-{{node}}.sock")

@@ -1,0 +1,225 @@
+"""Trace storage: append-only JSONL segments while running, one HDF5 file at the end.
+
+Segments are flushed every second and on SIGTERM/SIGINT; a sampler killed hard (SIGKILL)
+leaves every segment readable except possibly a torn last line, which the reader skips.
+The same reader serves the HDF5 file and bare segments, so a killed run is still analysable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from jpwr.channel import Mark
+from jpwr.domains import Domain, MetricReading, Reading, Sensor, Status
+
+SEGMENT_DIR = "segments"
+TRACE_FILE = "trace.h5"
+ROWS_PER_SEGMENT = 50_000
+STATUS_CODES = {s: i for i, s in enumerate(Status)}
+
+
+class SegmentWriter:
+    """Writes readings, metrics and marks as JSON lines; rotates files so none grows unbounded."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory / SEGMENT_DIR
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._index = len(list(self.directory.glob("seg-*.jsonl")))
+        self._rows = 0
+        self._handle: TextIO | None = None
+
+    def _file(self) -> TextIO:
+        if self._handle is None or self._rows >= ROWS_PER_SEGMENT:
+            if self._handle is not None:
+                self._handle.close()
+            self._index += 1
+            self._rows = 0
+            self._handle = open(self.directory / f"seg-{self._index:05d}.jsonl", "a", buffering=1 << 16)  # noqa: SIM115
+        return self._handle
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file().write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._rows += 1
+
+    def header(self, domains: Iterable[Domain], sensors: Iterable[Sensor], info: dict[str, Any]) -> None:
+        self.write({"k": "header", "domains": [d.to_dict() for d in domains],
+                    "sensors": [s.to_dict() for s in sensors], "info": info})
+
+    def reading(self, r: Reading) -> None:
+        self.write({"k": "r", "s": r.sensor_id, "a": r.t_before_ns, "b": r.t_after_ns, "v": r.value,
+                    "st": r.status.value, "hw": r.hw_timestamp_ns})
+
+    def metric(self, m: MetricReading) -> None:
+        self.write({"k": "m", "d": m.domain_id, "n": m.name, "t": m.t_ns, "v": m.value})
+
+    def mark(self, m: Mark) -> None:
+        self.write({"k": "mark", **m.to_dict()})
+
+    def flush(self, sync: bool = False) -> None:
+        if self._handle is not None:
+            self._handle.flush()
+            if sync:
+                os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self.flush(sync=True)
+            self._handle.close()
+            self._handle = None
+
+
+@dataclasses.dataclass
+class SensorSeries:
+    """All readings of one sensor as arrays (monotonic ns; value NaN where not OK)."""
+
+    sensor: Sensor
+    t_before_ns: np.ndarray
+    t_after_ns: np.ndarray
+    value: np.ndarray
+
+    @property
+    def t_ns(self) -> np.ndarray:
+        return (self.t_before_ns + self.t_after_ns) // 2
+
+    @property
+    def valid(self) -> np.ndarray:
+        return ~np.isnan(self.value)
+
+
+@dataclasses.dataclass
+class TraceData:
+    """A node's whole trace, from HDF5 or from segments."""
+
+    domains: list[Domain]
+    sensors: list[Sensor]
+    info: dict[str, Any]
+    readings: dict[str, list[Reading]]
+    metrics: list[MetricReading]
+    marks: list[Mark]
+
+    def series(self, sensor_id: str) -> SensorSeries:
+        sensor = next(s for s in self.sensors if s.id == sensor_id)
+        rows = self.readings.get(sensor_id, [])
+        return SensorSeries(
+            sensor,
+            np.array([r.t_before_ns for r in rows], dtype=np.int64),
+            np.array([r.t_after_ns for r in rows], dtype=np.int64),
+            np.array([r.value if r.status is Status.OK and r.value is not None else np.nan for r in rows],
+                     dtype=np.float64),
+        )
+
+
+def _domain_from_dict(d: dict[str, Any]) -> Domain:
+    from jpwr.domains import Kind
+
+    return Domain(
+        id=d["id"], backend=d["backend"], kind=Kind(d["kind"]), name=d["name"], device_uuid=d.get("device_uuid"),
+        pci_bus_id=d.get("pci_bus_id"), index=d.get("index"), contains=tuple(d.get("contains", ())),
+        shared_with=tuple(d.get("shared_with", ())), attrs=tuple(sorted(dict(d.get("attrs", {})).items())),
+    )
+
+
+def _sensor_from_dict(d: dict[str, Any]) -> Sensor:
+    from jpwr.domains import Signal
+
+    fields = {f.name for f in dataclasses.fields(Sensor)}
+    data = {k: v for k, v in d.items() if k in fields}
+    data["signal"] = Signal(data["signal"])
+    return Sensor(**data)
+
+
+def read_segments(directory: Path) -> TraceData:
+    """Load a node directory's segments, skipping a torn last line left by a hard kill."""
+    domains: dict[str, Domain] = {}
+    sensors: dict[str, Sensor] = {}
+    info: dict[str, Any] = {}
+    readings: dict[str, list[Reading]] = {}
+    metrics: list[MetricReading] = []
+    marks: list[Mark] = []
+    for path in sorted((directory / SEGMENT_DIR).glob("seg-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = rec.get("k")
+            if kind == "r":
+                readings.setdefault(rec["s"], []).append(Reading(
+                    rec["s"], rec["a"], rec["b"], rec["v"], Status(rec["st"]), rec.get("hw")))
+            elif kind == "m":
+                metrics.append(MetricReading(rec["d"], rec["n"], rec["t"], rec["v"]))
+            elif kind == "mark":
+                marks.append(Mark.from_dict(rec))
+            elif kind == "header":
+                domains.update({d["id"]: _domain_from_dict(d) for d in rec["domains"]})
+                sensors.update({s["id"]: _sensor_from_dict(s) for s in rec["sensors"]})
+                info.update(rec["info"])
+    return TraceData(list(domains.values()), list(sensors.values()), info, readings, metrics, marks)
+
+
+def write_hdf5(path: Path, data: TraceData) -> Path:
+    """Assemble the trace into one HDF5 file (written to a temporary name, then renamed)."""
+    import h5py
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    sensor_ids = [s.id for s in data.sensors]
+    with h5py.File(tmp, "w") as h5:
+        h5.attrs["schema"] = "jpwr.trace/1"
+        h5.attrs["info"] = json.dumps(data.info)
+        h5.attrs["domains"] = json.dumps([d.to_dict() for d in data.domains])
+        h5.attrs["sensors"] = json.dumps([s.to_dict() for s in data.sensors])
+        rows = [(i, r) for i, sid in enumerate(sensor_ids) for r in data.readings.get(sid, [])]
+        g = h5.create_group("readings")
+        g["sensor"] = np.array([i for i, _ in rows], dtype=np.int32)
+        g["t_before_ns"] = np.array([r.t_before_ns for _, r in rows], dtype=np.int64)
+        g["t_after_ns"] = np.array([r.t_after_ns for _, r in rows], dtype=np.int64)
+        g["value"] = np.array([np.nan if r.value is None else r.value for _, r in rows], dtype=np.float64)
+        g["status"] = np.array([STATUS_CODES[r.status] for _, r in rows], dtype=np.int8)
+        g["hw_timestamp_ns"] = np.array([-1 if r.hw_timestamp_ns is None else r.hw_timestamp_ns for _, r in rows],
+                                        dtype=np.int64)
+        m = h5.create_group("metrics")
+        m.attrs["columns"] = json.dumps(["domain", "name"])
+        m["domain"] = np.array([x.domain_id for x in data.metrics], dtype=h5py.string_dtype())
+        m["name"] = np.array([x.name for x in data.metrics], dtype=h5py.string_dtype())
+        m["t_ns"] = np.array([x.t_ns for x in data.metrics], dtype=np.int64)
+        m["value"] = np.array([x.value for x in data.metrics], dtype=np.float64)
+        h5.attrs["marks"] = json.dumps([x.to_dict() for x in data.marks])
+    os.replace(tmp, path)
+    return path
+
+
+def read_hdf5(path: Path) -> TraceData:
+    import h5py
+
+    statuses = list(Status)
+    with h5py.File(path, "r") as h5:
+        domains = [_domain_from_dict(d) for d in json.loads(h5.attrs["domains"])]
+        sensors = [_sensor_from_dict(s) for s in json.loads(h5.attrs["sensors"])]
+        info = json.loads(h5.attrs["info"])
+        g = h5["readings"]
+        readings: dict[str, list[Reading]] = {}
+        for idx, a, b, v, st, hw in zip(g["sensor"][:], g["t_before_ns"][:], g["t_after_ns"][:], g["value"][:],
+                                        g["status"][:], g["hw_timestamp_ns"][:], strict=True):
+            sid = sensors[int(idx)].id
+            readings.setdefault(sid, []).append(Reading(
+                sid, int(a), int(b), None if np.isnan(v) else float(v), statuses[int(st)],
+                None if hw < 0 else int(hw)))
+        m = h5["metrics"]
+        metrics = [MetricReading(d.decode() if isinstance(d, bytes) else str(d),
+                                 n.decode() if isinstance(n, bytes) else str(n), int(t), float(v))
+                   for d, n, t, v in zip(m["domain"][:], m["name"][:], m["t_ns"][:], m["value"][:], strict=True)]
+        marks = [Mark.from_dict(x) for x in json.loads(h5.attrs["marks"])]
+    return TraceData(domains, sensors, info, readings, metrics, marks)
+
+
+def load_trace(node_dir: Path) -> TraceData:
+    """The node's trace: the assembled HDF5 when present, else its segments."""
+    h5 = node_dir / TRACE_FILE
+    return read_hdf5(h5) if h5.exists() else read_segments(node_dir)

@@ -57,7 +57,7 @@ def _run_id(explicit: str | None) -> str:
     return f"slurm-{job}" if job else f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
 
 
-def _start(args: argparse.Namespace):  # noqa: ANN202 - returns (Sampler, SocketServer, addr)
+def _start(args: argparse.Namespace):
     from jpwr.channel import resolve_addr
     from jpwr.sampler import Sampler, SocketServer, default_socket_path, open_backends
 
@@ -72,7 +72,7 @@ def _start(args: argparse.Namespace):  # noqa: ANN202 - returns (Sampler, Socket
     return sampler, server, template
 
 
-def _print_windows(summary: dict, stream=sys.stderr) -> None:  # noqa: ANN001
+def _print_windows(summary: dict, stream=sys.stderr) -> None:
     info = summary["info"]
     print(f"jpwr {__version__}: node {summary['node']}, run {summary['run_id']}, "
           f"backends: {', '.join(info['backends']) or 'none'}", file=stream)
@@ -151,7 +151,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda *_: stop.set())
-    sampler, server, template = _start(args)
+    sampler, server, _ = _start(args)
     (sampler.node_dir / "ready").write_text(f"{server.addr}\n")
     print(f"jpwr: serving node {sampler.node} on {server.addr} (run {sampler.run_id})", file=sys.stderr, flush=True)
     stop.wait()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     """What a domain covers; totals add only accelerator kinds that do not overlap."""
 
     GPU = "gpu"
@@ -30,13 +30,13 @@ class Kind(str, enum.Enum):
         return self in (Kind.GPU, Kind.PACKAGE, Kind.IPU)
 
 
-class Signal(str, enum.Enum):
+class Signal(enum.StrEnum):
     ENERGY_COUNTER = "energy_counter"  # cumulative J; differences only
     POWER_INSTANT = "power_instant"  # W at (about) the read time
     POWER_AVERAGE = "power_average"  # W averaged over the trailing `avg_window_s`
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     OK = "ok"
     UNSUPPORTED = "unsupported"
     ERROR = "error"

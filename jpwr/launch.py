@@ -82,7 +82,8 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
     raw = env.get(key)
     if raw is None:
         if default is None:
-            raise ValidationError(f"environment variable {key} is not set", f"launch with torchrun or srun, or set {key}")
+            raise ValidationError(f"environment variable {key} is not set",
+                                  f"launch with torchrun or srun, or set {key}")
         return default
     try:
         return int(raw)

@@ -156,7 +156,8 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
         parts = [node.get(name) for node in per_node]
         missing = [p for p in parts if p is None or p.energy_j is None]
         if missing:
-            reasons = sorted({(p.unavailable_reason or "unknown") if p else "window missing on a node" for p in missing})
+            reasons = sorted({(p.unavailable_reason or "unknown") if p else "window missing on a node"
+                              for p in missing})
             combined[name] = WindowEnergy.unavailable("; ".join(reasons), sum(p.devices for p in parts if p))
             continue
         present = [p for p in parts if p is not None]

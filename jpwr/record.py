@@ -276,7 +276,7 @@ def fmt(value: float | None, digits: int = 4) -> str:
     """Format a number for tables and summary lines: None is "n/a", never 0."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
-    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
         return str(int(value))
     return f"{value:.{digits}g}"
 

@@ -1,0 +1,59 @@
+"""`jpwr info`: what this machine can measure, how much a read costs and how often values change."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Sequence
+
+from jpwr.clock import SYSTEM_CLOCK
+from jpwr.domains import Backend, Sensor
+from jpwr.sampler import open_backends
+
+
+def update_period(backend: Backend, sensor: Sensor, seconds: float) -> tuple[float | None, float]:
+    """(median seconds between value changes, mean read cost) from polling one sensor for `seconds`."""
+    changes: list[int] = []
+    costs: list[float] = []
+    last = None
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        reading = backend.read([sensor])[0]
+        costs.append(time.perf_counter() - t0)
+        if reading.value is not None and reading.value != last:
+            if last is not None:
+                changes.append(reading.t_ns)
+            last = reading.value
+        time.sleep(0.002)
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(changes)]
+    return (statistics.median(gaps) if gaps else None), (statistics.fmean(costs) if costs else 0.0)
+
+
+def describe(methods: Sequence[str] | None, probe_seconds: float) -> str:
+    backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
+    lines = []
+    for disc in discoveries:
+        if not disc.available:
+            lines += [f"{disc.backend}: {u}" for u in disc.unavailable] or [f"{disc.backend}: unavailable"]
+    if not backends:
+        lines.append("jpwr: no sensors found on this machine; energy will be reported as n/a with these reasons")
+        return "\n".join(lines)
+    for backend, disc in zip(backends, [d for d in discoveries if d.available], strict=True):
+        info = ", ".join(f"{k}={v}" for k, v in disc.info.items())
+        lines.append(f"{disc.backend}: {len(disc.domains)} domain(s){'; ' + info if info else ''}")
+        for u in disc.unavailable:
+            lines.append(f"  {u}")
+        for domain in disc.domains:
+            ident = domain.device_uuid or domain.pci_bus_id or domain.id
+            lines.append(f"  {domain.id}  kind={domain.kind.value}  name={domain.name!r}  id={ident}"
+                         + (f"  contains={list(domain.contains)}" if domain.contains else "")
+                         + (f"  shared_with={list(domain.shared_with)}" if domain.shared_with else ""))
+            for sensor in (s for s in disc.sensors if s.domain_id == domain.id):
+                period, cost = update_period(backend, sensor, probe_seconds)
+                avg = f"  averaged over {sensor.avg_window_s:g} s" if sensor.avg_window_s else ""
+                lines.append(f"    {sensor.signal.value:<15} read cost {cost * 1e6:9.1f} us  update period "
+                             f"{'n/a (no change seen)' if period is None else f'{period * 1e3:.1f} ms'}{avg}")
+        backend.close()
+    return "\n".join(lines)

@@ -152,7 +152,6 @@ def _edge_value(knots: Knots, curve: PowerCurve | None, t: float) -> tuple[float
     ea, eb = knots.energy_j[j], knots.energy_j[j + 1]
     d = eb - ea
     seg_power = d / ((tb - ta) / 1e9) if tb > ta else 0.0
-    timing = seg_power * max(knots.half_ns[j], knots.half_ns[j + 1]) / 1e9
     s_total, covered = curve.integral(ta, tb) if curve else (0.0, 0.0)
     shaped = bool(curve) and s_total > 0 and covered >= 0.9 * (tb - ta)
     if shaped:
@@ -161,6 +160,9 @@ def _edge_value(knots: Knots, curve: PowerCurve | None, t: float) -> tuple[float
     else:
         f = (t - ta) / (tb - ta) if tb > ta else 1.0
         interp = abs(d) * min(f, 1 - f)
+    # Knot times are uncertain by their half-widths; to first order an error e_a, e_b in the knot
+    # times moves E(t) by P·(e_a·(1-f) + e_b·f), so the nearer knot dominates.
+    timing = seg_power * (knots.half_ns[j] * (1 - f) + knots.half_ns[j + 1] * f) / 1e9
     return float(ea + f * d), float(timing + interp), shaped
 
 

@@ -29,7 +29,8 @@ from jpwr.record import WindowEnergy, utc_now, write_json_atomic
 from jpwr.trace import TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import WindowSpan, spans_from_marks, window_energy
 
-CHEAP_READ_S = 0.001  # counters cheaper than this are read every tick
+CHEAP_READ_S = 0.001
+CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
 COST_PROBE_READS = 5
 SUMMARY_FILE = "summary.json"
 
@@ -46,7 +47,8 @@ def open_backends(methods: Sequence[str] | None, clock: Clock) -> tuple[list[Bac
     names = list(methods) if methods else list(BACKEND_NAMES)
     backends, discoveries = [], []
     for name in names:
-        backend = create_backend(name, clock, selectors=selectors)
+        known = [d for disc in discoveries for d in disc.domains]
+        backend = create_backend(name, clock, selectors=selectors, gpu_domains=known)
         found = backend.discover()
         discoveries.append(found)
         if found.available:
@@ -74,12 +76,14 @@ class Sampler:
         clock: Clock = SYSTEM_CLOCK,
         run_id: str | None = None,
         node: str | None = None,
+        background: bool = True,
     ) -> None:
         self.backends = list(backends)
         self.discoveries = list(discoveries)
         self.interval_s = interval_s
         self.counter_interval_s = counter_interval_s
         self.clock = clock
+        self.background = background  # False: the caller drives poll_once() (replay tests on a virtual clock)
         self.node = node or node_name()
         self.run_id = run_id or f"run-{int(time.time())}"
         self.node_dir = Path(out_dir) / self.node
@@ -162,9 +166,18 @@ class Sampler:
             self._measure_costs()
         self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
         self._writer.header(self.domains, self.sensors, self.info())
-        self._thread = threading.Thread(target=self._loop, name="jpwr-sampler", daemon=True)
-        self._thread.start()
+        if self.background:
+            self._thread = threading.Thread(target=self._loop, name="jpwr-sampler", daemon=True)
+            self._thread.start()
         return self
+
+    def poll_once(self, tick: int = 0) -> None:
+        """One sampling round: fast sensors and metrics, plus the counters when due."""
+        fast, counters_due = self._fast_and_due(tick)
+        slow_counters = [s for s in self.counters if s not in fast] if counters_due else []
+        if fast or slow_counters:
+            self._read(fast + slow_counters)
+        self._read_metrics()
 
     def _fast_and_due(self, tick: int) -> tuple[list[Sensor], bool]:
         fast = [s for s in self.sensors if s.signal is not Signal.ENERGY_COUNTER
@@ -178,11 +191,7 @@ class Sampler:
         tick = 0
         last_flush = deadline
         while not self._stop.is_set():
-            fast, counters_due = self._fast_and_due(tick)
-            slow_counters = [s for s in self.counters if s not in fast] if counters_due else []
-            if fast or slow_counters:
-                self._read(fast + slow_counters)
-            self._read_metrics()
+            self.poll_once(tick)
             now = self.clock.monotonic_ns()
             if now - last_flush >= 1_000_000_000:
                 with self._data:
@@ -199,11 +208,36 @@ class Sampler:
 
     # --- marks and windows ------------------------------------------------------------------
     def add_mark(self, mark: Mark) -> None:
-        """Record a rank's window edge and read the counters right away (they anchor the edge)."""
+        """Record a rank's window edge and pin the counters around it (they anchor the edge)."""
         with self._data:
             self.marks.append(mark)
             self._writer.mark(mark)
+        if self.background:
+            threading.Thread(target=self._chase_counters, name="jpwr-chase", daemon=True).start()
+        else:
+            self._chase_counters()
+
+    def _chase_counters(self) -> None:
+        """Read the counters every CHASE_S until each has ticked once.
+
+        A counter value is only known to stem from some update within the last period; the
+        first read that shows a new value pins that update to the gap since the read before,
+        so the window edge's knot is placed to within ~one read instead of ~one update period.
+        """
+        counters = self.counters
+        if not counters:
+            return
+        update = max((s.est_update_s or 0.1) for s in counters)
         self.read_counters()
+        with self._data:
+            first = {s.id: self.readings[s.id][-1].value for s in counters}
+        deadline = self.clock.monotonic_ns() + int(1.5 * update * 1e9)
+        while self.clock.monotonic_ns() < deadline:
+            self.clock.sleep_until_ns(self.clock.monotonic_ns() + int(CHASE_S * 1e9))
+            self.read_counters()
+            with self._data:
+                if all(self.readings[s.id][-1].value != first[s.id] for s in counters):
+                    return
 
     def trace(self) -> TraceData:
         with self._data:

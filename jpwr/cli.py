@@ -104,12 +104,12 @@ def cmd_wrap(argv: Sequence[str]) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given: jpwr [options] -- CMD ...")
-    from jpwr.channel import ADDR_ENV
-    from jpwr.windows import WindowSpan
+    from jpwr.channel import ADDR_ENV, Mark
 
     sampler, server, template = _start(args)
     env = dict(os.environ, **{ADDR_ENV: template, "JPWR_RUN_ID": sampler.run_id})
-    t0 = SYSTEM_CLOCK.monotonic_ns()
+    # The whole command is a window of its own, so a command that marks nothing is metered too.
+    sampler.add_mark(Mark("command", "begin", 0, SYSTEM_CLOCK.monotonic_ns()))
     try:
         child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
@@ -128,9 +128,9 @@ def cmd_wrap(argv: Sequence[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    t1 = SYSTEM_CLOCK.monotonic_ns()
+    sampler.add_mark(Mark("command", "end", 0, SYSTEM_CLOCK.monotonic_ns()))
     server.stop()
-    summary = sampler.stop(extra_spans=[WindowSpan("command", t0, t1, 0, {})])
+    summary = sampler.stop()
     _print_windows(summary)
     if args.df_out:
         from jpwr.legacy import write_dataframes

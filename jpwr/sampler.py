@@ -27,7 +27,7 @@ from jpwr.errors import MethodUnavailableError, OutputDirError
 from jpwr.launch import node_name
 from jpwr.record import WindowEnergy, utc_now, write_json_atomic
 from jpwr.trace import TRACE_FILE, SegmentWriter, TraceData, write_hdf5
-from jpwr.windows import WindowSpan, spans_from_marks, window_energy
+from jpwr.windows import spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
 CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
@@ -41,13 +41,14 @@ def open_backends(methods: Sequence[str] | None, clock: Clock) -> tuple[list[Bac
     An explicitly named method that finds nothing raises before any command starts.
     """
     from jpwr.backends import BACKEND_NAMES, create_backend
-    from jpwr.devices import allocated_selectors
+    from jpwr.devices import job_devices
 
-    selectors = allocated_selectors()
+    vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
     names = list(methods) if methods else list(BACKEND_NAMES)
     backends, discoveries = [], []
     for name in names:
         known = [d for disc in discoveries for d in disc.domains]
+        selectors = job_devices(vendor_of[name]).selector_list if name in vendor_of else None
         backend = create_backend(name, clock, selectors=selectors, gpu_domains=known)
         found = backend.discover()
         discoveries.append(found)
@@ -282,7 +283,7 @@ class Sampler:
         }
 
     # --- stop -------------------------------------------------------------------------------
-    def stop(self, extra_spans: Sequence[WindowSpan] = ()) -> dict[str, Any]:
+    def stop(self) -> dict[str, Any]:
         """Stop polling, flush, assemble the HDF5 trace and write the node summary. Idempotent."""
         if self._stopped:
             return json.loads((self.node_dir / SUMMARY_FILE).read_text())
@@ -290,14 +291,13 @@ class Sampler:
         if self._thread is not None:
             self._thread.join()
         spans = spans_from_marks(self.marks)
-        if spans or extra_spans:
-            self._settle_after(max([s.t1_ns for s in spans.values()] + [s.t1_ns for s in extra_spans]))
+        if spans:
+            self._settle_after(max(s.t1_ns for s in spans.values()))
         self.read_counters()
         self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
         with self._data:
             self._writer.close()
         trace = self.trace()
-        spans.update({s.name: s for s in extra_spans})
         windows = {}
         for name, span in spans.items():
             energy = window_energy(trace, span, self.interval_s, self.node, self.unavailable)

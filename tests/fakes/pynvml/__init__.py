@@ -1,0 +1,518 @@
+"""Fake `pynvml` (nvidia-ml-py) that replays a real NVML trace recorded on an H100 SXM.
+
+A hardware-boundary fake: jpwr's nvml backend imports this instead of nvidia-ml-py when tests/fakes is first
+on sys.path, and runs exactly the code it runs on a real GPU. Names, constants, error codes, NVMLError
+subclasses and the field-value struct follow nvidia-ml-py.
+
+Replay. `configure(trace_dir, clock)` loads tests/data/h100_trace (trace.csv.gz + meta.json). The query time
+is trace-relative: rel = clock.monotonic_ns() - origin_ns (origin = the clock's time at configure unless
+given). Each call returns the last value the recorder had obtained at or before rel: a row counts from its
+"after" stamp (counter_t_after_ns for the energy counter, fields_t_after_ns for POWER_INSTANT/POWER_AVERAGE,
+usage_t_after_ns for GetPowerUsage, SM clock and utilisation); before the first row the first row is used.
+Past the end the trace loops, the counter continuing upward. Several devices are copies with distinct UUIDs
+and PCI bus ids. Values not in the trace are fixed, documented stand-ins (`SYNTHETIC`).
+
+Subprocesses: with JPWR_FAKE_NVML_TRACE=<dir> set at import, the fake configures itself on real
+time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPWR_FAKE_NVML_DEVICES=N copies,
+JPWR_FAKE_NVML_FAULTS=<json of Faults fields>, JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>.
+Unconfigured, it behaves like a machine without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import ctypes
+import dataclasses
+import gzip
+import json
+import os
+import string
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# ---- constants (same names and values as nvidia-ml-py) ----------------------------------------------
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_UNKNOWN = 999
+
+NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = 83
+NVML_FI_DEV_POWER_AVERAGE = 185
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_POWER_SCOPE_GPU = 0
+NVML_POWER_SCOPE_MODULE = 1
+NVML_POWER_SCOPE_MEMORY = 2
+
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_TEMPERATURE_GPU = 0
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+
+# Values the trace does not hold; fixed stand-ins so metric code paths run (not measurements).
+SYNTHETIC = {"memory_clock_MHz": 2619, "temperature_C": 40, "memory_used_bytes": 0, "util_memory_pct": 0,
+             "clocks_event_reasons": 0}  # fmt: skip
+
+_ERROR_STRINGS = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_NO_DATA: "No Data",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+
+class NVMLError(Exception):
+    """Like nvidia-ml-py: NVMLError(code) returns the code's subclass (e.g. NVMLError_NotSupported)."""
+
+    _valClassMapping: dict[int, type] = {}  # noqa: RUF012 (nvidia-ml-py's name)
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return _ERROR_STRINGS.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def _make_error_classes() -> None:
+    module = sys.modules[__name__]
+    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
+        cls_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        code = getattr(module, name)
+        cls = type(cls_name, (NVMLError,), {"__new__": lambda typ, *args, _code=code: NVMLError.__new__(typ, _code)})
+        setattr(module, cls_name, cls)
+        NVMLError._valClassMapping[code] = cls
+
+
+_make_error_classes()
+
+
+def nvmlErrorString(result: int) -> str:
+    return _ERROR_STRINGS.get(result, "Unknown Error")
+
+
+# ---- structs (layout as nvidia-ml-py) ---------------------------------------------------------------
+class c_nvmlValue_t(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort)]  # fmt: skip
+
+
+class c_nvmlFieldValue_t(ctypes.Structure):
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", c_nvmlValue_t)]  # fmt: skip
+
+
+class c_nvmlUtilization_t(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class c_nvmlMemory_t(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+@dataclasses.dataclass(frozen=True)
+class c_nvmlPciInfo_t:
+    busId: str
+
+
+# ---- trace and faults --------------------------------------------------------------------------------
+class Trace:
+    """The recorded columns, as three time-sorted series keyed by each read's 'after' stamp."""
+
+    def __init__(self, trace_dir: str | Path) -> None:
+        trace_dir = Path(trace_dir)
+        self.meta = json.loads((trace_dir / "meta.json").read_text())
+        with gzip.open(trace_dir / "trace.csv.gz", "rt", newline="") as fh:
+            rows = [{k: int(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+        self.rows = rows
+        self.t_start_ns = int(self.meta["t_start_ns"])
+        self.counter_t = [r["counter_t_after_ns"] for r in rows]
+        self.fields_t = [r["fields_t_after_ns"] for r in rows]
+        self.usage_t = [r["usage_t_after_ns"] for r in rows]
+        self.duration_ns = max(self.counter_t[-1], self.fields_t[-1], self.usage_t[-1]) - self.t_start_ns
+        self.loop_energy_mj = rows[-1]["energy_mJ"] - rows[0]["energy_mJ"]
+        # phase marks as trace-relative ns: [(name, "begin"/"end", rel_ns), ...]
+        self.marks = [(name, edge, int(t) - self.t_start_ns) for name, edge, t in self.meta["marks"]]
+
+    def row(self, series: list[int], rel_ns: int) -> tuple[dict[str, int], int]:
+        """The last row recorded at or before rel_ns (looping), and how many loops have passed."""
+        loops, within = divmod(max(rel_ns, 0), self.duration_ns)
+        index = max(bisect.bisect_right(series, self.t_start_ns + within) - 1, 0)
+        return self.rows[index], loops
+
+    def energy_mj(self, rel_ns: int) -> int:
+        """The counter value the real GPU reported at rel_ns (no faults): the replay's ground truth."""
+        row, loops = self.row(self.counter_t, rel_ns)
+        return row["energy_mJ"] + loops * self.loop_energy_mj
+
+
+@dataclasses.dataclass(frozen=True)
+class Fail:
+    """Make one call fail: target = pynvml function name, or 'field:<id>' / 'field:<id>:<scope>' for a field
+    inside nvmlDeviceGetFieldValues (its nvmlReturn is set; the call itself succeeds, as on real GPUs)."""
+
+    target: str
+    code: int = NVML_ERROR_NOT_SUPPORTED
+    from_ns: int = 0  # trace-relative
+    until_ns: int | None = None
+
+    def active(self, target: str, rel_ns: int) -> bool:
+        hit = target == self.target or (target.count(":") == 2 and target.rsplit(":", 1)[0] == self.target)
+        return hit and self.from_ns <= rel_ns and (self.until_ns is None or rel_ns < self.until_ns)
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    fails: tuple[Fail, ...] = ()
+    counter_steps: tuple[tuple[int, int], ...] = ()  # (from rel ns, mJ added from then on; < 0: backward jump)
+    counter_reset_at_ns: int | None = None  # the counter restarts at 0 here (driver reload)
+    counter_wrap_mj: int | None = None  # the counter is reported modulo this
+    slow_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # function -> ms spent inside it
+
+    @classmethod
+    def from_json(cls, text: str) -> Faults:
+        data = json.loads(text)
+        data["fails"] = tuple(Fail(**f) for f in data.get("fails", ()))
+        data["counter_steps"] = tuple(tuple(s) for s in data.get("counter_steps", ()))
+        return cls(**data)
+
+
+@dataclasses.dataclass
+class _Device:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    name: str
+    architecture: int
+    faults: Faults
+    mig_uuids: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Handle:
+    index: int
+    mig_uuid: str | None = None
+
+
+class _RealClock:
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns()
+
+
+class Replay:
+    """The configured fake: the trace, the devices, the clock, and helpers for tests."""
+
+    def __init__(self, trace: Trace, clock: Any, origin_ns: int, devices: list[_Device], init_error: int | None):
+        self.trace, self.clock, self.origin_ns, self.devices, self.init_error = (
+            trace, clock, origin_ns, devices, init_error)  # fmt: skip
+        self.initialized = 0
+        self.lock = threading.Lock()
+
+    def rel_ns(self) -> int:
+        return self.clock.monotonic_ns() - self.origin_ns
+
+    def clock_ns(self, rel_ns: int) -> int:
+        """Trace-relative time -> the configured clock's time (e.g. to place window marks on the trace)."""
+        return self.origin_ns + rel_ns
+
+    def marks_ns(self) -> list[tuple[str, str, int]]:
+        """The recorded phase marks on the configured clock."""
+        return [(name, edge, self.clock_ns(rel)) for name, edge, rel in self.trace.marks]
+
+
+_replay: Replay | None = None
+
+
+def _uuid_copy(uuid: str, i: int) -> str:
+    return uuid if i == 0 else f"{uuid[:-4]}{(int(uuid[-4:], 16) + i) & 0xFFFF:04x}"
+
+
+def _pci_copy(bus_id: str, i: int) -> str:
+    domain_bus, dev_fn = bus_id.rsplit(":", 1)
+    dev, fn = dev_fn.split(".")
+    return f"{domain_bus}:{int(dev, 16) + i:02x}.{fn}"
+
+
+def configure(
+    trace_dir: str | Path,
+    clock: Any = None,
+    devices: int = 1,
+    faults: Faults | Mapping[int, Faults] | None = None,
+    overrides: Mapping[int, Mapping[str, Any]] | None = None,
+    init_error: int | None = None,
+    origin_ns: int | None = None,
+) -> Replay:
+    """Replay `trace_dir` as `devices` GPUs on `clock` (a jpwr VirtualClock; None = real monotonic time).
+
+    faults: for all devices, or per device index. overrides: per device index, any of name, uuid,
+    pci_bus_id, architecture, mig_uuids (MIG instance ids that resolve to this GPU).
+    """
+    global _replay
+    trace = Trace(trace_dir)
+    clock = clock or _RealClock()
+    meta = trace.meta
+    devs = []
+    for i in range(devices):
+        f = faults.get(i, Faults()) if isinstance(faults, Mapping) else (faults or Faults())
+        dev = _Device(i, _uuid_copy(meta["uuid"], i), _pci_copy(meta["pci_bus_id"], i), meta["name"],
+                      NVML_DEVICE_ARCH_HOPPER, f)  # fmt: skip
+        for key, value in (overrides or {}).get(i, {}).items():
+            setattr(dev, key, tuple(value) if key == "mig_uuids" else value)
+        devs.append(dev)
+    _replay = Replay(trace, clock, clock.monotonic_ns() if origin_ns is None else origin_ns, devs, init_error)
+    return _replay
+
+
+def reset() -> None:
+    """Back to 'no driver' (tests call this after each use)."""
+    global _replay
+    _replay = None
+
+
+# ---- helpers behind the API ----------------------------------------------------------------------------
+def _state(initialized: bool = True) -> Replay:
+    if _replay is None:
+        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+    if initialized and _replay.initialized <= 0:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    return _replay
+
+
+def _device(handle: _Handle, function: str) -> tuple[Replay, _Device, int]:
+    """Run the fault plan for `function` on this device and return (replay, device, rel time)."""
+    replay = _state()
+    dev = replay.devices[handle.index]
+    delay = dev.faults.slow_ms.get(function, 0.0)
+    if delay:
+        if hasattr(replay.clock, "advance_ns"):
+            replay.clock.advance_ns(int(delay * 1e6))
+        else:
+            time.sleep(delay / 1000)
+    rel = replay.rel_ns()
+    for fail in dev.faults.fails:
+        if fail.active(function, rel):
+            raise NVMLError(fail.code)
+    return replay, dev, rel
+
+
+# ---- the pynvml API used by jpwr -------------------------------------------------------------------------
+def nvmlInit() -> None:
+    nvmlInitWithFlags(0)
+
+
+def nvmlInitWithFlags(flags: int) -> None:
+    replay = _state(initialized=False)
+    if replay.init_error is not None:
+        raise NVMLError(replay.init_error)
+    replay.initialized += 1
+
+
+def nvmlShutdown() -> None:
+    _state().initialized -= 1
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return _state().trace.meta["driver"]
+
+
+def nvmlSystemGetNVMLVersion() -> str:
+    return _state().trace.meta["nvml"]
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_state().devices)
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
+    if not 0 <= index < len(_state().devices):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return _Handle(index)
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> _Handle:
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for dev in _state().devices:
+        if dev.uuid == uuid:
+            return _Handle(dev.index)
+        if uuid in dev.mig_uuids:
+            return _Handle(dev.index, uuid)
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetHandleByPciBusId(bus_id: str | bytes) -> _Handle:
+    bus_id = (bus_id.decode() if isinstance(bus_id, bytes) else bus_id).lower()
+    for dev in _state().devices:
+        if dev.pci_bus_id.lower().endswith(bus_id) or bus_id.endswith(dev.pci_bus_id.lower()[-12:]):
+            return _Handle(dev.index)
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: _Handle) -> _Handle:
+    if handle.mig_uuid is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return _Handle(handle.index)
+
+
+def nvmlDeviceGetMigMode(handle: _Handle) -> list[int]:
+    _, dev, _ = _device(handle, "nvmlDeviceGetMigMode")
+    mode = NVML_DEVICE_MIG_ENABLE if dev.mig_uuids else NVML_DEVICE_MIG_DISABLE
+    return [mode, mode]
+
+
+def nvmlDeviceGetIndex(handle: _Handle) -> int:
+    return handle.index
+
+
+def nvmlDeviceGetName(handle: _Handle) -> str:
+    return _device(handle, "nvmlDeviceGetName")[1].name
+
+
+def nvmlDeviceGetUUID(handle: _Handle) -> str:
+    _, dev, _ = _device(handle, "nvmlDeviceGetUUID")
+    return handle.mig_uuid or dev.uuid
+
+
+def nvmlDeviceGetPciInfo(handle: _Handle) -> c_nvmlPciInfo_t:
+    return c_nvmlPciInfo_t(_device(handle, "nvmlDeviceGetPciInfo")[1].pci_bus_id)
+
+
+def nvmlDeviceGetArchitecture(handle: _Handle) -> int:
+    return _device(handle, "nvmlDeviceGetArchitecture")[1].architecture
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    return int(_device(handle, "nvmlDeviceGetEnforcedPowerLimit")[0].trace.meta["power_limit_mW"])
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:
+    replay, dev, rel = _device(handle, "nvmlDeviceGetTotalEnergyConsumption")
+    f = dev.faults
+    energy = replay.trace.energy_mj(rel)
+    if f.counter_reset_at_ns is not None and rel >= f.counter_reset_at_ns:
+        energy -= replay.trace.energy_mj(f.counter_reset_at_ns)
+    energy += sum(delta for start, delta in f.counter_steps if rel >= start)
+    return energy % f.counter_wrap_mj if f.counter_wrap_mj else energy
+
+
+def nvmlDeviceGetFieldValues(handle: _Handle, fieldIds: Sequence[int | tuple[int, int]]) -> Any:
+    replay, dev, rel = _device(handle, "nvmlDeviceGetFieldValues")
+    row, loops = replay.trace.row(replay.trace.fields_t, rel)
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    for slot, request in zip(values, fieldIds, strict=True):
+        field_id, scope = request if isinstance(request, tuple) else (request, 0)
+        slot.fieldId, slot.scopeId = field_id, scope
+        slot.timestamp = row["power_instant_hw_us"] + loops * replay.trace.duration_ns // 1000
+        slot.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+        column = {NVML_FI_DEV_POWER_INSTANT: "power_instant_mW", NVML_FI_DEV_POWER_AVERAGE: "power_average_mW"}
+        failing = [f for f in dev.faults.fails if f.active(f"field:{field_id}:{scope}", rel)]
+        if failing:
+            slot.nvmlReturn = failing[0].code
+        elif field_id == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION and scope == 0:
+            slot.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            slot.value.ullVal = nvmlDeviceGetTotalEnergyConsumption(handle)
+        elif field_id in column and scope in (NVML_POWER_SCOPE_GPU, NVML_POWER_SCOPE_MODULE):
+            slot.value.uiVal = row[column[field_id]]  # an H100 SXM board: module scope = GPU scope
+        else:
+            slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+    return values
+
+
+def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+    replay, _, rel = _device(handle, "nvmlDeviceGetPowerUsage")
+    return replay.trace.row(replay.trace.usage_t, rel)[0]["power_usage_mW"]
+
+
+def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
+    replay, _, rel = _device(handle, "nvmlDeviceGetClockInfo")
+    if clock_type == NVML_CLOCK_MEM:
+        return SYNTHETIC["memory_clock_MHz"]
+    return replay.trace.row(replay.trace.usage_t, rel)[0]["sm_clock_MHz"]
+
+
+def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
+    replay, _, rel = _device(handle, "nvmlDeviceGetUtilizationRates")
+    return c_nvmlUtilization_t(replay.trace.row(replay.trace.usage_t, rel)[0]["util_gpu_pct"],
+                               SYNTHETIC["util_memory_pct"])  # fmt: skip
+
+
+def nvmlDeviceGetMemoryInfo(handle: _Handle) -> c_nvmlMemory_t:
+    total = int(_device(handle, "nvmlDeviceGetMemoryInfo")[0].trace.meta["memory_total_bytes"])
+    used = SYNTHETIC["memory_used_bytes"]
+    return c_nvmlMemory_t(total, total - used, used)
+
+
+def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+    _device(handle, "nvmlDeviceGetTemperature")
+    return SYNTHETIC["temperature_C"]
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    _device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+    return SYNTHETIC["clocks_event_reasons"]
+
+
+nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+def _configure_from_env() -> None:
+    trace_dir = os.environ.get("JPWR_FAKE_NVML_TRACE")
+    if not trace_dir:
+        return
+    faults = os.environ.get("JPWR_FAKE_NVML_FAULTS")
+    init_error = os.environ.get("JPWR_FAKE_NVML_INIT_ERROR")
+    origin = os.environ.get("JPWR_FAKE_NVML_ORIGIN_NS")
+    configure(
+        trace_dir,
+        devices=int(os.environ.get("JPWR_FAKE_NVML_DEVICES", "1")),
+        faults=Faults.from_json(faults) if faults else None,
+        init_error=int(init_error) if init_error else None,
+        origin_ns=int(origin) if origin else None,
+    )
+
+
+_configure_from_env()

@@ -9,7 +9,7 @@ just local rank 0's view. Sources, first match wins:
 * Both: ``SLURM_STEP_GPUS`` then ``SLURM_JOB_GPUS`` (physical indices of the node's GPUs).
 * Nothing set: ``None``, meaning every device on the node.
 
-Caveats, also in docs/jpwr.md:
+Caveats:
 
 * **CUDA order vs NVML order.** Index selectors are resolved in the vendor library's order (NVML: PCI bus
   order). CUDA numbers devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on a node with
@@ -62,6 +62,13 @@ def selector_kind(selector: str) -> str:
         f"device selector {selector!r} is neither an index, a GPU-/MIG- UUID nor a PCI bus id",
         "use e.g. 0, GPU-3f1c0a2b, MIG-5c6e..., or 0000:41:00.0",
     )
+
+
+def pci_key(bus_id: str) -> str:
+    """Normalise a PCI bus id ('00000000:C1:00.0', '0000:c1:00.0', 'c1:00.0') to 'dddd:bb:dd.f' for comparison."""
+    domain, _, rest = bus_id.strip().lower().rpartition(":")
+    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
+    return f"{int(domain or '0', 16):04x}:{bus}:{rest}"
 
 
 def _parse_list(var: str, value: str) -> tuple[str, ...]:

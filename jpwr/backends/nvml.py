@@ -181,7 +181,7 @@ class NvmlBackend:
             wanted.append((Signal.POWER_INSTANT, FI_POWER_INSTANT, SCOPE_MODULE, whole))
         try:
             values = self._nv.nvmlDeviceGetFieldValues(gpu.handle, [(fid, scope) for _, fid, scope, _ in wanted])
-        except self._nv.NVMLError as exc:
+        except (self._nv.NVMLError, TypeError) as exc:  # TypeError: nvidia-ml-py too old for (field, scope) pairs
             disc.unavailable.append(unavailable(NAME, f"{gpu.domain.id}: power fields: {exc}"))
             return
         for (signal, fid, scope, domain), fv in zip(wanted, values, strict=True):

@@ -99,8 +99,8 @@ def test_energy_unsupported_and_selection_by_hip_id_and_uuid(fake_amdsmi) -> Non
     assert [s.signal for s in disc.sensors] == [Signal.POWER_INSTANT]
     assert any("energy_counter" in line for line in disc.unavailable)
     fake_amdsmi.reset()
-    _, _, disc = _open(fake_amdsmi, gpus, selectors=["GPU-0000000000000001", "0000:ff:00.0"])
-    assert [d.device_uuid for d in disc.domains] == ["GPU-0000000000000001"]
+    _, _, disc = _open(fake_amdsmi, gpus, selectors=["GPU-0000000000000001", "00000000:C1:00.0", "0000:ff:00.0"])
+    assert [d.device_uuid for d in disc.domains] == ["GPU-0000000000000000", "GPU-0000000000000001"]
     assert any("'0000:ff:00.0'" in line for line in disc.unavailable)
 
 

@@ -163,12 +163,19 @@ def test_slow_read_is_visible_in_the_stamps(fake_pynvml, h100_trace_dir) -> None
     assert readings["power_instant"].t_before_ns == counter.t_after_ns  # fields read after the counter
 
 
+def test_optional_call_costs_follow_the_h100_measurement(fake_pynvml, h100_trace_dir) -> None:
+    meta = json.loads((h100_trace_dir / "meta.json").read_text())
+    _, _, backend, disc = _discover(fake_pynvml, h100_trace_dir, call_costs=True)
+    counter = backend.read(_by_signal(disc, Signal.ENERGY_COUNTER))[0]
+    assert counter.t_after_ns - counter.t_before_ns == int(meta["call_cost_s"]["counter"] * 1e9)
+
+
 def test_selectors_resolve_to_uuids_not_positions(fake_pynvml, h100_trace_dir) -> None:
     clock = VirtualClock()
     mig = "MIG-11111111-2222-3333-4444-555555555555"
     replay = fake_pynvml.configure(h100_trace_dir, clock, devices=4, overrides={1: {"mig_uuids": [mig]}})
     uuids = [d.uuid for d in replay.devices]
-    pci = replay.devices[3].pci_bus_id
+    pci = replay.devices[3].pci_bus_id[4:]  # NVML reports an 8-digit PCI domain; CUDA and users write 4
     selectors = [uuids[2], "0", mig, pci, "GPU-ffffffff", "9"]
     disc = create_backend("nvml", clock, selectors=selectors).discover()
     got = {d.index: d for d in disc.domains}

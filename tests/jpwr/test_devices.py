@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jpwr.devices import job_devices, selector_kind
+from jpwr.devices import job_devices, pci_key, selector_kind
 from jpwr.errors import ValidationError
 
 UUID = "GPU-ef47fe23-3892-5c44-1781-2043445923f0"
@@ -70,6 +70,10 @@ def test_amd_honours_hip_then_cuda_variable() -> None:
     assert job_devices("amd", {"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}).selectors == ("1",)
     assert job_devices("amd", {"CUDA_VISIBLE_DEVICES": "3"}).selectors == ("3",)
     assert job_devices("amd", {"ROCR_VISIBLE_DEVICES": "GPU-8ab3c1d2e4f50617"}).selectors == ("GPU-8ab3c1d2e4f50617",)
+
+
+def test_pci_ids_compare_in_any_domain_width() -> None:
+    assert pci_key("00000000:C1:00.0") == pci_key("0000:c1:00.0") == pci_key("c1:00.0") == "0000:c1:00.0"
 
 
 def test_selector_kinds_and_unknown_vendor() -> None:

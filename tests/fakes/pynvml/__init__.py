@@ -14,7 +14,8 @@ and PCI bus ids. Values not in the trace are fixed, documented stand-ins (`SYNTH
 
 Subprocesses: with JPWR_FAKE_NVML_TRACE=<dir> set at import, the fake configures itself on real
 time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPWR_FAKE_NVML_DEVICES=N copies,
-JPWR_FAKE_NVML_FAULTS=<json of Faults fields>, JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>.
+JPWR_FAKE_NVML_FAULTS=<json of Faults fields>, JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>,
+JPWR_FAKE_NVML_CALL_COSTS=1 (calls take as long as on the H100).
 Unconfigured, it behaves like a machine without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound.
 """
 
@@ -247,9 +248,13 @@ class _RealClock:
 class Replay:
     """The configured fake: the trace, the devices, the clock, and helpers for tests."""
 
-    def __init__(self, trace: Trace, clock: Any, origin_ns: int, devices: list[_Device], init_error: int | None):
+    def __init__(self, trace: Trace, clock: Any, origin_ns: int, devices: list[_Device], init_error: int | None,
+                 call_costs: bool = False) -> None:  # fmt: skip
         self.trace, self.clock, self.origin_ns, self.devices, self.init_error = (
             trace, clock, origin_ns, devices, init_error)  # fmt: skip
+        # per-call cost measured on the H100 before recording (meta call_cost_s), if emulated
+        measured = trace.meta.get("call_cost_s", {}) if call_costs else {}
+        self.call_cost_ms = {function: measured[key] * 1000 for key, function in _COST_KEYS.items() if key in measured}
         self.initialized = 0
         self.lock = threading.Lock()
 
@@ -266,6 +271,9 @@ class Replay:
 
 
 _replay: Replay | None = None
+_COST_KEYS = {"counter": "nvmlDeviceGetTotalEnergyConsumption", "power_usage": "nvmlDeviceGetPowerUsage",
+              "fields": "nvmlDeviceGetFieldValues", "clock": "nvmlDeviceGetClockInfo",
+              "utilization": "nvmlDeviceGetUtilizationRates"}  # fmt: skip
 
 
 def _uuid_copy(uuid: str, i: int) -> str:
@@ -286,11 +294,14 @@ def configure(
     overrides: Mapping[int, Mapping[str, Any]] | None = None,
     init_error: int | None = None,
     origin_ns: int | None = None,
+    call_costs: bool = False,
 ) -> Replay:
     """Replay `trace_dir` as `devices` GPUs on `clock` (a jpwr VirtualClock; None = real monotonic time).
 
     faults: for all devices, or per device index. overrides: per device index, any of name, uuid,
     pci_bus_id, architecture, mig_uuids (MIG instance ids that resolve to this GPU).
+    call_costs: each call takes as long as it did on the H100 (meta call_cost_s; the counter ~3.6 ms), on
+    top of any Faults.slow_ms.
     """
     global _replay
     trace = Trace(trace_dir)
@@ -304,7 +315,8 @@ def configure(
         for key, value in (overrides or {}).get(i, {}).items():
             setattr(dev, key, tuple(value) if key == "mig_uuids" else value)
         devs.append(dev)
-    _replay = Replay(trace, clock, clock.monotonic_ns() if origin_ns is None else origin_ns, devs, init_error)
+    origin = clock.monotonic_ns() if origin_ns is None else origin_ns
+    _replay = Replay(trace, clock, origin, devs, init_error, call_costs)
     return _replay
 
 
@@ -327,7 +339,7 @@ def _device(handle: _Handle, function: str) -> tuple[Replay, _Device, int]:
     """Run the fault plan for `function` on this device and return (replay, device, rel time)."""
     replay = _state()
     dev = replay.devices[handle.index]
-    delay = dev.faults.slow_ms.get(function, 0.0)
+    delay = dev.faults.slow_ms.get(function, 0.0) + replay.call_cost_ms.get(function, 0.0)
     if delay:
         if hasattr(replay.clock, "advance_ns"):
             replay.clock.advance_ns(int(delay * 1e6))
@@ -384,10 +396,17 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> _Handle:
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
+def _pci_key(bus_id: str) -> tuple[int, str]:
+    """NVML accepts 'domain:bus:device.function' with a 4- or 8-digit domain, or none."""
+    head, _, dev_fn = bus_id.lower().rpartition(":")
+    domain, _, bus = head.rpartition(":")
+    return int(domain or "0", 16), f"{bus}:{dev_fn}"
+
+
 def nvmlDeviceGetHandleByPciBusId(bus_id: str | bytes) -> _Handle:
-    bus_id = (bus_id.decode() if isinstance(bus_id, bytes) else bus_id).lower()
+    key = _pci_key(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
     for dev in _state().devices:
-        if dev.pci_bus_id.lower().endswith(bus_id) or bus_id.endswith(dev.pci_bus_id.lower()[-12:]):
+        if _pci_key(dev.pci_bus_id) == key:
             return _Handle(dev.index)
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
@@ -512,6 +531,7 @@ def _configure_from_env() -> None:
         faults=Faults.from_json(faults) if faults else None,
         init_error=int(init_error) if init_error else None,
         origin_ns=int(origin) if origin else None,
+        call_costs=os.environ.get("JPWR_FAKE_NVML_CALL_COSTS", "") == "1",
     )
 
 

@@ -25,7 +25,11 @@ from jpwr.trace import SensorSeries
 # The H100's energy counter itself spread +/-8 % across identical runs whose period matched the
 # sensor's 100 ms (../shared/reference/energy-measurement.md): an aliased window gets this bound.
 ALIASING_RELATIVE_BOUND = 0.08
-GAP_FACTOR = 3.0  # a hold longer than this many expected sample intervals is a gap (not covered)
+GAP_FACTOR = 3.0
+# The aliasing rule applies to loops that repeat at least a few times with a step of at most
+# ten sensor periods; a longer step already spans many sensor phases within itself.
+MIN_ALIAS_STEPS = 3
+MAX_ALIAS_MULTIPLE = 10  # a hold longer than this many expected sample intervals is a gap (not covered)
 
 
 @dataclasses.dataclass
@@ -239,12 +243,13 @@ def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None)
     With step period p = window/steps, offset delta of p from the nearest multiple of the
     sensor period T, the window's N steps drift through all phases only if N·|delta| >= T.
     """
-    if not sensor_period_s or steps <= 0 or window_s <= 0:
-        return None
+    if not sensor_period_s or steps < MIN_ALIAS_STEPS or window_s <= 0:
+        return None  # no repetition to alias with
     p = window_s / steps
-    delta = p - round(p / sensor_period_s) * sensor_period_s
-    if round(p / sensor_period_s) == 0:
-        return None  # many steps per sensor period: every phase is sampled
+    multiple = round(p / sensor_period_s)
+    if multiple == 0 or multiple > MAX_ALIAS_MULTIPLE:
+        return None  # several steps per sensor period, or a step spanning many periods: phases are all sampled
+    delta = p - multiple * sensor_period_s
     if steps * abs(delta) < sensor_period_s:
         return (
             f"aliasing: step period {p * 1e3:.1f} ms is within {abs(delta) * 1e3:.1f} ms of a multiple of the "

@@ -250,6 +250,9 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2, sort_keys=False)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text + "\n")

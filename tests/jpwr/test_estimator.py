@@ -105,11 +105,13 @@ def test_aliasing_rule():
     assert aliasing_warning(10.0, 50, 0.1) is not None  # p = 200 ms = 2T
     assert aliasing_warning(10.0, 270, 0.1) is None  # p = 37 ms: many steps per period
     assert aliasing_warning(10.3, 100, 0.1) is None  # p = 103 ms: drifts 3 ms/step, 300 ms over the window
+    assert aliasing_warning(30.02, 1, 0.1) is None  # one step: nothing repeats
+    assert aliasing_warning(60.0, 20, 0.1) is None  # 3 s steps span 30 sensor periods each
 
 
 def test_aliased_window_widens_bound_and_warns():
     wave = square_wave(120.0, 690.0, period=0.1, on=0.03)
-    counter = counter_series(wave, list(np.arange(0.05, 10.0, 1.0)) + [1.0, 9.0])
+    counter = counter_series(wave, [*list(np.arange(0.05, 10.0, 1.0)), 1.0, 9.0])
     result = domain_window_energy(counter, None, 1 * NS, 9 * NS, 0.1, 840.0, steps=80)
     assert any("aliasing" in w for w in result.warnings)
     assert result.error_bound_j >= ALIASING_RELATIVE_BOUND * result.energy_j
@@ -119,7 +121,7 @@ def test_aliased_window_widens_bound_and_warns():
 @given(t0=st.floats(0.5, 5.0), length=st.floats(1.0, 6.0), phase=st.floats(0.0, 0.1),
        poll=st.sampled_from([0.25, 0.5, 1.0]))
 def test_energy_within_bound_for_any_window_and_phase(t0, length, phase, poll):
-    reads = sorted(list(np.arange(0.03, 12.0, poll)) + [t0 + 0.001, t0 + length + 0.001])
+    reads = sorted([*list(np.arange(0.03, 12.0, poll)), t0 + 0.001, t0 + length + 0.001])
     counter = counter_series(LOAD, reads, phase=phase)
     power = power_series(LOAD, 0.0, 12.0)
     result = domain_window_energy(counter, power, int(t0 * NS), int((t0 + length) * NS), 0.1, 840.0)

@@ -94,6 +94,7 @@ class AmdSmiBackend:
             disc.unavailable.append(unavailable(NAME, f"amdsmi_init failed: {exc} (no amdgpu driver or GPU?)"))
             return disc
         self._smi = amdsmi
+        self._meters = []
         try:
             version = self._call(amdsmi.amdsmi_get_lib_version)
             disc.info["amdsmi"] = ".".join(str(version.get(k, "?")) for k in ("major", "minor", "release"))
@@ -105,8 +106,8 @@ class AmdSmiBackend:
             for group in self._packages(gcds):
                 if any(g.uuid in selected for g in group):
                     self._add_meter(disc, group, [g for g in group if g.uuid in selected])
-        except amdsmi.AmdSmiException as exc:
-            disc.unavailable.append(unavailable(NAME, f"amdsmi query failed during discovery: {exc}"))
+        except Exception as exc:  # AmdSmiException, or an API this amdsmi version lacks: discover() must not raise
+            disc.unavailable.append(unavailable(NAME, f"amdsmi query failed during discovery: {exc!r}"))
         if not disc.sensors and not disc.unavailable:
             disc.unavailable.append(unavailable(NAME, "no GPUs selected"))
         return disc

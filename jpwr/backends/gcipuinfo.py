@@ -64,6 +64,7 @@ class GcIpuInfoBackend:
             disc.unavailable.append(unavailable(NAME, f"gcipuinfo query failed: {exc!r}"))
             return disc
         boards: dict[str, list[str]] = {}
+        self._sources, self._ipu_domains = {}, {}
         for device in devices:
             key = _ipu_key(device)
             serial = device.get("board serial number", "")

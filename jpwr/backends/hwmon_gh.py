@@ -43,6 +43,7 @@ class HwmonGhBackend:
         disc = Discovery(NAME)
         hwmons = sorted(self._base.glob("hwmon*"), key=_hwmon_number) if self._base.is_dir() else []
         meters: list[tuple[str, Path, float | None]] = []  # label, directory, averaging interval
+        self._files = {}
         for hwmon in hwmons:
             folder = next((d for d in (hwmon, hwmon / "device") if (d / "power1_oem_info").is_file()), None)
             if folder is None:

@@ -14,7 +14,8 @@ Per GPU (identity: UUID and PCI bus id, plus NVML's index):
 Grace Hopper (GH200): the counter and the default power cover the whole module (ml-energy/zeus#172), so they
 go to a MODULE domain `nvml:<UUID>:module` that `contains` the GPU domain; the GPU domain keeps the GPU-scope
 fields where the driver supports them. MIG: NVML has no per-instance power, so a MIG id selects the parent
-GPU, flagged `shared_with=("mig",)`.
+GPU, flagged `shared_with=("mig",)` (so does a GPU with MIG mode on, whoever else uses it). With MIG on,
+CUDA_VISIBLE_DEVICES should hold MIG ids (Slurm writes them); a bare index is taken as an NVML GPU index.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class NvmlBackend:
     # ---- discovery -------------------------------------------------------------------------------
     def discover(self) -> Discovery:
         disc = Discovery(NAME)
+        self._gpus = []
         try:
             import pynvml
         except ImportError:
@@ -90,8 +92,8 @@ class NvmlBackend:
             disc.info["nvml"] = _text(pynvml.nvmlSystemGetNVMLVersion())
             for index, handle, shared in self._resolve(disc):
                 self._add_gpu(disc, index, handle, shared)
-        except pynvml.NVMLError as exc:
-            disc.unavailable.append(unavailable(NAME, f"NVML query failed during discovery: {exc}"))
+        except Exception as exc:  # NVMLError, or a function this nvidia-ml-py lacks: discover() must not raise
+            disc.unavailable.append(unavailable(NAME, f"NVML query failed during discovery: {exc!r}"))
         if not disc.sensors and not disc.unavailable:
             disc.unavailable.append(unavailable(NAME, "no GPUs selected"))
         return disc

@@ -49,6 +49,7 @@ class RaplBackend:
             return disc
         names: dict[str, str] = {}
         denied: list[str] = []
+        self._files = {}
         for zone in zones:
             try:
                 name = read_sysfs(zone / "name")

@@ -222,15 +222,19 @@ def test_metrics_in_si_units(fake_pynvml, h100_trace_dir) -> None:
     assert metrics["power_limit_w"] == 700.0
 
 
-def test_subprocess_meters_the_trace_configured_from_environment(h100_trace_dir, fake_env) -> None:
+@pytest.mark.parametrize(("faults", "expected"), [
+    ("", ["2", "6", "['ok']"]),
+    ('{"fails": [{"target": "nvmlDeviceGetTotalEnergyConsumption"}]}', ["2", "4", "['ok']"]),
+])  # fmt: skip
+def test_subprocess_meters_the_trace_configured_from_environment(h100_trace_dir, fake_env, faults, expected) -> None:
     code = (
         "from jpwr.backends import create_backend\n"
         "from jpwr.clock import SYSTEM_CLOCK\n"
         "b = create_backend('nvml', SYSTEM_CLOCK)\n"
         "d = b.discover()\n"
-        "print(len(d.domains), sorted({r.status.value for r in b.read(d.sensors)}))\n"
+        "print(len(d.domains), len(d.sensors), sorted({r.status.value for r in b.read(d.sensors)}))\n"
     )
-    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_DEVICES="2")
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_DEVICES="2", JPWR_FAKE_NVML_FAULTS=faults)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["2", "['ok']"]
+    assert out.stdout.split() == expected

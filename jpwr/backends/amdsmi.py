@@ -127,7 +127,7 @@ class AmdSmiBackend:
         return _Gcd(handle, position, str(self._call(smi.amdsmi_get_gpu_device_uuid, handle)),
                     str(self._call(smi.amdsmi_get_gpu_device_bdf, handle)),
                     str(self._call(smi.amdsmi_get_gpu_asic_info, handle)["market_name"]),
-                    "" if serial.startswith("N/A") else serial, hip_id, key)  # fmt: skip
+                    "" if serial.startswith("N/A") else serial, hip_id, key)
 
     def _select(self, gcds: list[_Gcd], disc: Discovery) -> set[str]:
         """Selectors -> UUIDs. Indices are HIP ids where amdsmi reports them, else enumeration positions."""
@@ -143,7 +143,7 @@ class AmdSmiBackend:
             matches = [g for g in gcds if (
                 (kind == "index" and int(selector) == (g.position if g.hip_id is None else g.hip_id))
                 or (kind == "uuid" and g.uuid.lower().startswith(selector.lower()))
-                or (kind == "pci" and pci_key(g.bdf) == pci_key(selector)))]  # fmt: skip
+                or (kind == "pci" and pci_key(g.bdf) == pci_key(selector)))]
             if len(matches) == 1:
                 chosen.add(matches[0].uuid)
             else:
@@ -168,10 +168,10 @@ class AmdSmiBackend:
         attrs = (("job_gcds", ",".join(f"amdsmi:{g.uuid}" for g in job_gcds)),)
         if len(group) > 1:
             domain = Domain(f"amdsmi:package:{reporting.uuid}", NAME, Kind.PACKAGE, reporting.name, reporting.uuid,
-                            reporting.bdf, reporting.position, shared_with=ids, attrs=attrs)  # fmt: skip
+                            reporting.bdf, reporting.position, shared_with=ids, attrs=attrs)
         else:
             domain = Domain(ids[0], NAME, Kind.GPU, reporting.name, reporting.uuid, reporting.bdf,
-                            reporting.position, attrs=attrs)  # fmt: skip
+                            reporting.position, attrs=attrs)
         disc.domains.append(domain)
         meter = _Meter(reporting, domain)
         try:
@@ -250,7 +250,7 @@ class AmdSmiBackend:
                 ("temperature_c", lambda h=h: smi.amdsmi_get_temp_metric(
                     h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT), 1.0),
                 ("power_limit_w", lambda h=h: smi.amdsmi_get_power_cap_info(h)["power_cap"], 1e-6),  # µW
-            ]  # fmt: skip
+            ]
             for metric, probe, scale in probes:
                 t0 = self._clock.monotonic_ns()
                 try:

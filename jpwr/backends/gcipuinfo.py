@@ -24,7 +24,7 @@ IPU_POWER = "ipu power"
 BOARD_POWER = "total board power"
 _QUANTITY = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 _METRICS = {"ipu utilisation": ("utilization_gpu", 0.01), "clock": ("sm_clock_hz", 1e6),
-            "average die temp": ("temperature_c", 1.0)}  # fmt: skip
+            "average die temp": ("temperature_c", 1.0)}
 
 
 def parse_quantity(text: Any) -> float | None:
@@ -70,7 +70,7 @@ class GcIpuInfoBackend:
             serial = device.get("board serial number", "")
             domain = Domain(f"{NAME}:{key}", NAME, Kind.IPU, device.get("board type", "IPU"), device_uuid=serial,
                             pci_bus_id=device.get("pci id"), index=int(device["id"]) if device.get("id", "").isdigit()
-                            else None, attrs=(("board_ipu_index", device["board ipu index"]),))  # fmt: skip
+                            else None, attrs=(("board_ipu_index", device["board ipu index"]),))
             self._ipu_domains[key] = domain.id
             disc.domains.append(domain)
             if IPU_POWER in device:
@@ -84,7 +84,7 @@ class GcIpuInfoBackend:
                     self._add_sensor(disc, board_id, key, BOARD_POWER)
         for serial, ipus in boards.items():
             disc.domains.append(Domain(f"{NAME}:board:{serial}", NAME, Kind.BOARD, "IPU board", device_uuid=serial,
-                                       contains=tuple(ipus)))  # fmt: skip
+                                       contains=tuple(ipus)))
         if not devices:
             disc.unavailable.append(unavailable(NAME, "no IPUs found"))
         return disc

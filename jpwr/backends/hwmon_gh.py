@@ -66,7 +66,7 @@ class HwmonGhBackend:
         for label, folder, interval_s in meters:
             domain = self._domain(label, folder, modules)
             sensor = Sensor(f"{domain.id}/power_average", domain.id, Signal.POWER_AVERAGE,
-                            est_update_s=interval_s, avg_window_s=interval_s, resolution=1e-6)  # fmt: skip
+                            est_update_s=interval_s, avg_window_s=interval_s, resolution=1e-6)
             self._files[sensor.id] = folder / "power1_average"
             disc.domains.append(domain)
             disc.sensors.append(sensor)

@@ -152,7 +152,7 @@ class NvmlBackend:
             id=f"nvml:{uuid}", backend=NAME, kind=Kind.GPU, name=name, device_uuid=uuid,
             pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(handle).busId), index=index,
             shared_with=("mig",) if shared else (), attrs=tuple(attrs),
-        )  # fmt: skip
+        )
         gpu = _Gpu(handle, gpu_domain)
         disc.domains.append(gpu_domain)
         whole = gpu_domain  # what the counter and GetPowerUsage cover
@@ -178,7 +178,7 @@ class NvmlBackend:
 
     def _probe_fields(self, disc: Discovery, gpu: _Gpu, whole: Domain) -> None:
         wanted = [(Signal.POWER_INSTANT, FI_POWER_INSTANT, SCOPE_GPU, gpu.domain),
-                  (Signal.POWER_AVERAGE, FI_POWER_AVERAGE, SCOPE_GPU, gpu.domain)]  # fmt: skip
+                  (Signal.POWER_AVERAGE, FI_POWER_AVERAGE, SCOPE_GPU, gpu.domain)]
         if whole is not gpu.domain:
             wanted.append((Signal.POWER_INSTANT, FI_POWER_INSTANT, SCOPE_MODULE, whole))
         try:
@@ -207,7 +207,7 @@ class NvmlBackend:
         averaged = arch >= ARCH_AMPERE and not _GA100.search(name)
         signal = Signal.POWER_AVERAGE if averaged else Signal.POWER_INSTANT
         gpu.usage = Sensor(f"{domain.id}/{signal.value}:getpowerusage", domain.id, signal, UPDATE_S,
-                           1.0 if averaged else None, 1e-3)  # fmt: skip
+                           1.0 if averaged else None, 1e-3)
         disc.sensors.append(gpu.usage)
         disc.info[gpu.usage.id] = "fallback: nvmlDeviceGetPowerUsage (POWER_INSTANT/POWER_AVERAGE fields unsupported)"
 
@@ -278,7 +278,7 @@ class NvmlBackend:
                 ("temperature_c", lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
                 ("throttle_reasons", lambda h=h: float(self._clock_event_reasons(h))),
                 ("power_limit_w", lambda h=h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
-            ]  # fmt: skip
+            ]
             for metric, probe in probes:
                 t0 = self._clock.monotonic_ns()
                 try:

@@ -25,7 +25,7 @@ from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor
 NAME = "rapl"
 _ZONE_DIR = re.compile(r"^(intel|amd)-rapl:(\d+)(?::(\d+))?$")
 _KINDS = {"package": Kind.CPU_PACKAGE, "core": Kind.CPU_CORE, "uncore": Kind.OTHER, "dram": Kind.DRAM,
-          "psys": Kind.OTHER}  # fmt: skip
+          "psys": Kind.OTHER}
 _INSIDE_PACKAGE = ("core", "uncore")
 PERMISSION_FIX = (
     "permission (energy_uj is root-only since CVE-2020-8694; run the sampler as root, or let a group read it, "
@@ -64,17 +64,17 @@ class RaplBackend:
             names[zone.name] = name
             domain_id = f"{NAME}:{zone.name}"
             sensor = Sensor(f"{domain_id}/energy_counter", domain_id, Signal.ENERGY_COUNTER,
-                            est_update_s=0.001, resolution=1e-6, wrap_at=(max_range_uj + 1) / 1e6)  # fmt: skip
+                            est_update_s=0.001, resolution=1e-6, wrap_at=(max_range_uj + 1) / 1e6)
             self._files[sensor.id] = zone / "energy_uj"
             disc.sensors.append(sensor)
         for zone_dir, name in names.items():
             parent = zone_dir.rsplit(":", 1)[0] if zone_dir.count(":") == 2 else None
             label = f"{names.get(parent, parent)}/{name}" if parent else name
             children = tuple(f"{NAME}:{z}" for z, n in names.items()
-                             if z.startswith(zone_dir + ":") and n in _INSIDE_PACKAGE)  # fmt: skip
+                             if z.startswith(zone_dir + ":") and n in _INSIDE_PACKAGE)
             kind = _KINDS.get(name.split("-")[0], Kind.OTHER)
             disc.domains.append(Domain(f"{NAME}:{zone_dir}", NAME, kind, label, contains=children,
-                                       attrs=(("sysfs", str(self._base / zone_dir)),)))  # fmt: skip
+                                       attrs=(("sysfs", str(self._base / zone_dir)),)))
         if denied:
             disc.unavailable.append(unavailable(NAME, f"{', '.join(denied)}: {PERMISSION_FIX}"))
         return disc

@@ -62,7 +62,7 @@ def test_old_energy_key_and_average_power(fake_amdsmi) -> None:
 @pytest.mark.parametrize("secondary_reports", ["N/A (Secondary die)", 0])
 def test_mi250_two_gcds_are_one_package(fake_amdsmi, serial, secondary_reports) -> None:
     gpus = [_mi250(fake_amdsmi, i, serial=f"{serial}{i // 2}" if serial else "", secondary_reports=secondary_reports)
-            for i in range(4)]  # fmt: skip
+            for i in range(4)]
     _, backend, disc = _open(fake_amdsmi, gpus)
     assert [d.kind for d in disc.domains] == [Kind.PACKAGE, Kind.PACKAGE]
     first = disc.domains[0]
@@ -83,7 +83,7 @@ def test_job_with_the_secondary_gcd_gets_the_shared_package(fake_amdsmi) -> None
 
 def test_na_and_uint32_max_are_unsupported_never_zero(fake_amdsmi) -> None:
     gpus = [_gpu(fake_amdsmi, 0, power_w=None, unsupported_as=fake_amdsmi.UINT32_MAX),
-            _gpu(fake_amdsmi, 1, power_w=250.0)]  # fmt: skip
+            _gpu(fake_amdsmi, 1, power_w=250.0)]
     _, backend, disc = _open(fake_amdsmi, gpus)
     assert [s.signal for s in disc.sensors if s.domain_id.endswith("0")] == [Signal.ENERGY_COUNTER]
     assert any("reports no power" in line for line in disc.unavailable)

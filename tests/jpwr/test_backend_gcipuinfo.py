@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jpwr.backends import create_backend
 from jpwr.backends.gcipuinfo import parse_quantity
@@ -28,7 +30,7 @@ def _ipu_values(backend, disc):
 
 def test_discovery_keys_ipus_by_board_serial_and_index(fake_gcipuinfo) -> None:
     devices = _board(fake_gcipuinfo, "0063.0063.822391", 0, ["101.00W", "102.00W"]) + _board(
-        fake_gcipuinfo, "0063.0063.822392", 2, ["103.00W", "104.00W"])  # fmt: skip
+        fake_gcipuinfo, "0063.0063.822392", 2, ["103.00W", "104.00W"])
     _, disc = _open(fake_gcipuinfo, devices)
     ipus = [d for d in disc.domains if d.kind is Kind.IPU]
     boards = [d for d in disc.domains if d.kind is Kind.BOARD]
@@ -74,7 +76,7 @@ def test_board_power_and_failed_update(fake_gcipuinfo) -> None:
 
 
 @pytest.mark.parametrize(("text", "value"), [("123.45W", 123.45), ("12.6 W", 12.6), ("99.96%", 99.96),
-                                             ("1300MHz", 1300.0), ("N/A", None), ("", None), (None, None)])  # fmt: skip
+                                             ("1300MHz", 1300.0), ("N/A", None), ("", None), (None, None)])
 def test_parse_quantity(text, value) -> None:
     assert parse_quantity(text) == value
 
@@ -88,3 +90,22 @@ def test_metrics_and_unavailable_cases(fake_gcipuinfo, monkeypatch) -> None:
     assert "no IPUs found" in create_backend("gc", VirtualClock()).discover().unavailable[0]
     monkeypatch.setitem(sys.modules, "gcipuinfo", None)
     assert "not installed" in create_backend("gc", VirtualClock()).discover().unavailable[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(range(4)), missing=st.sets(st.integers(0, 3)))
+def test_any_order_and_any_na_subset_keeps_every_value_on_its_ipu(order, missing) -> None:
+    import gcipuinfo as fake
+
+    devices = _board(fake, "S", 0, [f"{100 + i}.00W" for i in range(4)])
+    fake.configure(devices)
+    backend = create_backend("gc", VirtualClock())
+    disc = backend.discover()
+    live = [dict(devices[i], **({fake.IpuPower: "N/A"} if i in missing else {})) for i in order]
+    fake.configure(live)
+    values = _ipu_values(backend, disc)
+    for i in range(4):
+        reading = values[f"gcipuinfo:S:{i}/power_instant"]
+        expected = (None, Status.UNSUPPORTED) if i in missing else (100.0 + i, Status.OK)
+        assert (reading.value, reading.status) == expected
+    fake.reset()

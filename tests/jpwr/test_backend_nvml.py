@@ -44,7 +44,7 @@ def test_discovery_identity_signals_and_versions(fake_pynvml, h100_trace_dir) ->
     assert dict(domain.attrs)["power_limit_w"] == "700"
     assert disc.info == {"driver": meta["driver"], "nvml": meta["nvml"]}
     assert {s.id for s in disc.sensors} == {f"{domain.id}/energy_counter", f"{domain.id}/power_instant",
-                                           f"{domain.id}/power_average"}  # fmt: skip
+                                           f"{domain.id}/power_average"}
     assert _by_signal(disc, Signal.POWER_AVERAGE)[0].avg_window_s == 1.0
     assert _by_signal(disc, Signal.POWER_INSTANT)[0].avg_window_s is None
     assert _by_signal(disc, Signal.ENERGY_COUNTER)[0].est_update_s == pytest.approx(0.1)
@@ -112,11 +112,11 @@ def test_missing_counter_is_recorded_and_fields_remain(fake_pynvml, h100_trace_d
     ("NVIDIA H100 80GB HBM3", 9, Signal.POWER_AVERAGE),
     ("NVIDIA A100-SXM4-80GB", 7, Signal.POWER_INSTANT),  # GA100: GetPowerUsage is instantaneous
     ("Tesla V100-SXM2-32GB", 5, Signal.POWER_INSTANT),
-])  # fmt: skip
+])
 def test_getpowerusage_is_a_labelled_fallback(fake_pynvml, h100_trace_dir, name, arch, signal) -> None:
     faults = fake_pynvml.Faults(fails=(fake_pynvml.Fail("field:186"), fake_pynvml.Fail("field:185")))
     clock, replay, backend, disc = _discover(fake_pynvml, h100_trace_dir, faults=faults,
-                                             overrides={0: {"name": name, "architecture": arch}})  # fmt: skip
+                                             overrides={0: {"name": name, "architecture": arch}})
     (power,) = [s for s in disc.sensors if s.signal is not Signal.ENERGY_COUNTER]
     assert power.id.endswith(":getpowerusage") and power.signal is signal
     assert power.avg_window_s == (1.0 if signal is Signal.POWER_AVERAGE else None)
@@ -141,7 +141,7 @@ def test_counter_faults_pass_through_raw(fake_pynvml, h100_trace_dir) -> None:
     """The backend reports the raw counter; unwrapping and discontinuities are the estimator's job."""
     faults = {0: fake_pynvml.Faults(counter_wrap_mj=5_000_000),
               1: fake_pynvml.Faults(counter_reset_at_ns=10 * S),
-              2: fake_pynvml.Faults(counter_steps=((10 * S, -50_000),))}  # fmt: skip
+              2: fake_pynvml.Faults(counter_steps=((10 * S, -50_000),))}
     clock, replay, backend, disc = _discover(fake_pynvml, h100_trace_dir, devices=3, faults=faults)
     counters = _by_signal(disc, Signal.ENERGY_COUNTER)
     clock.set_ns(replay.clock_ns(10 * S - 1))
@@ -188,7 +188,7 @@ def test_selectors_resolve_to_uuids_not_positions(fake_pynvml, h100_trace_dir) -
 def test_uuid_prefix_selects_like_cuda(fake_pynvml, h100_trace_dir) -> None:
     other = "GPU-0badc0de-0000-1111-2222-333344445555"
     _, replay, _, disc = _discover(fake_pynvml, h100_trace_dir, devices=3, selectors=["GPU-ef47fe23"],
-                                   overrides={2: {"uuid": other}})  # fmt: skip
+                                   overrides={2: {"uuid": other}})
     assert disc.domains == [] and "matches no single GPU" in disc.unavailable[0]  # ambiguous prefix
     disc = create_backend("nvml", replay.clock, selectors=["GPU-0bad"]).discover()
     assert [(d.index, d.device_uuid) for d in disc.domains] == [(2, other)]
@@ -197,7 +197,7 @@ def test_uuid_prefix_selects_like_cuda(fake_pynvml, h100_trace_dir) -> None:
 def test_grace_hopper_counter_belongs_to_a_module_domain(fake_pynvml, h100_trace_dir) -> None:
     faults = fake_pynvml.Faults(fails=(fake_pynvml.Fail("field:186:0"), fake_pynvml.Fail("field:185:0")))
     _, _, _, disc = _discover(fake_pynvml, h100_trace_dir, faults=faults,
-                              overrides={0: {"name": "NVIDIA GH200 480GB"}})  # fmt: skip
+                              overrides={0: {"name": "NVIDIA GH200 480GB"}})
     gpu, module = disc.domains
     assert (gpu.kind, module.kind) == (Kind.GPU, Kind.MODULE)
     assert module.contains == (gpu.id,)
@@ -225,7 +225,7 @@ def test_metrics_in_si_units(fake_pynvml, h100_trace_dir) -> None:
 @pytest.mark.parametrize(("faults", "expected"), [
     ("", ["2", "6", "['ok']"]),
     ('{"fails": [{"target": "nvmlDeviceGetTotalEnergyConsumption"}]}', ["2", "4", "['ok']"]),
-])  # fmt: skip
+])
 def test_subprocess_meters_the_trace_configured_from_environment(h100_trace_dir, fake_env, faults, expected) -> None:
     code = (
         "from jpwr.backends import create_backend\n"

@@ -38,7 +38,7 @@ def test_zones_kinds_overlaps_and_wrap(tmp_path) -> None:
         "rapl:intel-rapl:0": Kind.CPU_PACKAGE, "rapl:intel-rapl:0:0": Kind.CPU_CORE,
         "rapl:intel-rapl:0:1": Kind.OTHER, "rapl:intel-rapl:0:2": Kind.DRAM,
         "rapl:intel-rapl:1": Kind.CPU_PACKAGE, "rapl:intel-rapl:2": Kind.OTHER,
-    }  # fmt: skip
+    }
     assert domains["rapl:intel-rapl:0"].contains == ("rapl:intel-rapl:0:0", "rapl:intel-rapl:0:1")  # not dram
     assert domains["rapl:intel-rapl:0:2"].name == "package-0/dram"
     dram = next(s for s in disc.sensors if s.domain_id == "rapl:intel-rapl:0:2")

@@ -36,7 +36,7 @@ def test_empty_entry_is_rejected() -> None:
 
 @pytest.mark.parametrize("name", [*BACKEND_NAMES, "pynvml", "rocm", "gh", "gc"])
 def test_every_backend_reports_unavailable_without_hardware(name: str, tmp_path, fake_pynvml, fake_amdsmi,
-                                                            fake_gcipuinfo) -> None:  # fmt: skip
+                                                            fake_gcipuinfo) -> None:
     backend = create_backend(name, VirtualClock(), sysfs_root=tmp_path)
     disc = backend.discover()
     assert disc.sensors == [] and disc.domains == []

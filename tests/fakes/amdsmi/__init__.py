@@ -221,7 +221,7 @@ def amdsmi_get_power_info(handle: int) -> dict[str, Any]:
     """Whole watts in the key this generation fills; the other keys read as unsupported."""
     gpu = _call(handle)
     info: dict[str, Any] = dict.fromkeys(("current_socket_power", "average_socket_power", "gfx_voltage"),
-                                         gpu.unsupported_as)  # fmt: skip
+                                         gpu.unsupported_as)
     info["power_limit"] = 500
     if gpu.secondary_die:
         info[gpu.power_key] = gpu.secondary_reports
@@ -233,7 +233,7 @@ def amdsmi_get_power_info(handle: int) -> dict[str, Any]:
 def amdsmi_get_power_cap_info(handle: int) -> dict[str, Any]:
     _call(handle)
     return {"power_cap": 500_000_000, "default_power_cap": 500_000_000, "min_power_cap": 0,
-            "max_power_cap": 500_000_000}  # fmt: skip
+            "max_power_cap": 500_000_000}
 
 
 def amdsmi_get_gpu_activity(handle: int) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def ipu(device_id: int, serial: str, board_index: int, power: str = "100.00W", *
     """One IPU's attributes in gc-info's string form."""
     return {DeviceId: str(device_id), BoardSerialNumber: serial, BoardIpuIndex: str(board_index),
             BoardType: "C600", IpuPower: power, IpuUtilisation: "50.00%", ClockFrequency: "1850MHz",
-            AverageDieTemp: "40.1 C", PciId: f"0000:{0x35 + device_id:02x}:00.0", **extra}  # fmt: skip
+            AverageDieTemp: "40.1 C", PciId: f"0000:{0x35 + device_id:02x}:00.0", **extra}
 
 
 class gcipuinfo:  # the real class name

@@ -75,7 +75,7 @@ NVML_DEVICE_MIG_ENABLE = 1
 
 # Values the trace does not hold; fixed stand-ins so metric code paths run (not measurements).
 SYNTHETIC = {"memory_clock_MHz": 2619, "temperature_C": 40, "memory_used_bytes": 0, "util_memory_pct": 0,
-             "clocks_event_reasons": 0}  # fmt: skip
+             "clocks_event_reasons": 0}
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -139,13 +139,13 @@ def nvmlErrorString(result: int) -> str:
 class c_nvmlValue_t(ctypes.Union):
     _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
                 ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
-                ("usVal", ctypes.c_ushort)]  # fmt: skip
+                ("usVal", ctypes.c_ushort)]
 
 
 class c_nvmlFieldValue_t(ctypes.Structure):
     _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
                 ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", c_nvmlValue_t)]  # fmt: skip
+                ("value", c_nvmlValue_t)]
 
 
 class c_nvmlUtilization_t(ctypes.Structure):
@@ -249,9 +249,9 @@ class Replay:
     """The configured fake: the trace, the devices, the clock, and helpers for tests."""
 
     def __init__(self, trace: Trace, clock: Any, origin_ns: int, devices: list[_Device], init_error: int | None,
-                 call_costs: bool = False) -> None:  # fmt: skip
+                 call_costs: bool = False) -> None:
         self.trace, self.clock, self.origin_ns, self.devices, self.init_error = (
-            trace, clock, origin_ns, devices, init_error)  # fmt: skip
+            trace, clock, origin_ns, devices, init_error)
         # per-call cost measured on the H100 before recording (meta call_cost_s), if emulated
         measured = trace.meta.get("call_cost_s", {}) if call_costs else {}
         self.call_cost_ms = {function: measured[key] * 1000 for key, function in _COST_KEYS.items() if key in measured}
@@ -273,7 +273,7 @@ class Replay:
 _replay: Replay | None = None
 _COST_KEYS = {"counter": "nvmlDeviceGetTotalEnergyConsumption", "power_usage": "nvmlDeviceGetPowerUsage",
               "fields": "nvmlDeviceGetFieldValues", "clock": "nvmlDeviceGetClockInfo",
-              "utilization": "nvmlDeviceGetUtilizationRates"}  # fmt: skip
+              "utilization": "nvmlDeviceGetUtilizationRates"}
 
 
 def _uuid_copy(uuid: str, i: int) -> str:
@@ -311,7 +311,7 @@ def configure(
     for i in range(devices):
         f = faults.get(i, Faults()) if isinstance(faults, Mapping) else (faults or Faults())
         dev = _Device(i, _uuid_copy(meta["uuid"], i), _pci_copy(meta["pci_bus_id"], i), meta["name"],
-                      NVML_DEVICE_ARCH_HOPPER, f)  # fmt: skip
+                      NVML_DEVICE_ARCH_HOPPER, f)
         for key, value in (overrides or {}).get(i, {}).items():
             setattr(dev, key, tuple(value) if key == "mig_uuids" else value)
         devs.append(dev)
@@ -496,7 +496,7 @@ def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
 def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
     replay, _, rel = _device(handle, "nvmlDeviceGetUtilizationRates")
     return c_nvmlUtilization_t(replay.trace.row(replay.trace.usage_t, rel)[0]["util_gpu_pct"],
-                               SYNTHETIC["util_memory_pct"])  # fmt: skip
+                               SYNTHETIC["util_memory_pct"])
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle) -> c_nvmlMemory_t:

@@ -234,6 +234,9 @@ def power_window(curve: PowerCurve, t0: float, t1: float, p_max: float) -> Domai
     if curve.avg_window_s:
         bound += curve.max_power(t0, t1) * curve.avg_window_s / 2  # both edges lag the load change
     warnings = [] if coverage >= 0.999 else [f"power samples cover {coverage:.1%} of the window"]
+    if curve.avg_window_s:
+        warnings.append(f"no energy counter: integrated power averaged over {curve.avg_window_s:g} s, which lags "
+                        f"load changes by ~{curve.avg_window_s / 2:g} s at each edge (in the bound)")
     return DomainEnergy(energy, "power", coverage, bound, warnings)
 
 

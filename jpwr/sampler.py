@@ -152,11 +152,11 @@ class Sampler:
         """Time each sensor's read so `jpwr info` and the cadence decision use this machine's cost."""
         measured = []
         for s in self.sensors:
-            t0 = time.perf_counter()
+            t0 = self.clock.monotonic_ns()
             with self._io:
                 for _ in range(COST_PROBE_READS):
                     self._sensor_backend[s.id].read([s])
-            cost = (time.perf_counter() - t0) / COST_PROBE_READS
+            cost = (self.clock.monotonic_ns() - t0) / 1e9 / COST_PROBE_READS
             measured.append(_with_cost(s, cost))
         self.sensors = measured
         self._sensor_backend = {s.id: self._sensor_backend[s.id] for s in self.sensors}

@@ -32,11 +32,11 @@ def update_period(backend: Backend, sensor: Sensor, seconds: float) -> tuple[flo
 
 
 def describe(methods: Sequence[str] | None, probe_seconds: float) -> str:
-    backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
+    backends, discoveries = open_backends(methods, SYSTEM_CLOCK, strict=False)
     lines = []
     for disc in discoveries:
         if not disc.available:
-            lines += [f"{disc.backend}: {u}" for u in disc.unavailable] or [f"{disc.backend}: unavailable"]
+            lines += disc.unavailable or [f"{disc.backend}: unavailable"]  # each line already names its backend
     if not backends:
         lines.append("jpwr: no sensors found on this machine; energy will be reported as n/a with these reasons")
         return "\n".join(lines)

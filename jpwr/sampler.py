@@ -35,10 +35,13 @@ COST_PROBE_READS = 5
 SUMMARY_FILE = "summary.json"
 
 
-def open_backends(methods: Sequence[str] | None, clock: Clock) -> tuple[list[Backend], list[Discovery]]:
+def open_backends(
+    methods: Sequence[str] | None, clock: Clock, strict: bool = True
+) -> tuple[list[Backend], list[Discovery]]:
     """Create the requested backends (None = every known one, keeping those that find sensors).
 
-    An explicitly named method that finds nothing raises before any command starts.
+    With `strict`, an explicitly named method that finds nothing raises before any command starts;
+    `jpwr info` is not strict: it lists what is missing and why.
     """
     from jpwr.backends import BACKEND_NAMES, create_backend
     from jpwr.devices import job_devices
@@ -56,7 +59,7 @@ def open_backends(methods: Sequence[str] | None, clock: Clock) -> tuple[list[Bac
             backends.append(backend)
         else:
             backend.close()
-            if methods:
+            if methods and strict:
                 reasons = "; ".join(found.unavailable) or "no sensors found"
                 raise MethodUnavailableError(
                     f"method {name!r} is not available on this machine ({reasons}). "

@@ -1,0 +1,104 @@
+"""`python -m llm_training {train,validate,preprocess}`: the command line the JUBE workflow calls.
+
+Validation runs before any device work; a ValidationError prints "<problem>. Fix: <fix>" on stderr
+and exits with ExitCode.USAGE (64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from jpwr.errors import ExitCode, ValidationError
+from llm_training.config import TrainConfig, add_run_arguments, resolve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m llm_training", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a GPT preset and write <out-dir>/run_record.json")
+    add_run_arguments(train)
+    validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
+    add_run_arguments(validate)
+    layout = validate.add_argument_group("job layout (train reads it from torchrun/srun)")
+    layout.add_argument("--world-size", type=int)
+    layout.add_argument("--nodes", type=int)
+    layout.add_argument("--devices-per-node", type=int)
+    layout.add_argument("--device-memory-gib", type=float, help="device memory for the fit estimate")
+    prep = commands.add_parser("preprocess", help="JSONL text -> Megatron PREFIX.bin/.idx")
+    prep.add_argument("--input", required=True, help="JSON lines, one document per line")
+    prep.add_argument("--output-prefix", required=True)
+    prep.add_argument("--tokenizer-json", help="a `tokenizers` tokenizer.json")
+    prep.add_argument("--vocab-file", help="GPT-2 vocab.json (with --merges-file)")
+    prep.add_argument("--merges-file", help="GPT-2 merges.txt")
+    prep.add_argument("--json-key", default="text")
+    prep.add_argument("--eod-token", help="end-of-document token (default: <|endoftext|> or similar)")
+    return parser
+
+
+def resolve_checked(args: argparse.Namespace, world_size: int) -> TrainConfig:
+    """Preset name, resolution and every configuration check (no device needed)."""
+    from llm_training import validation
+
+    validation.check_model_name(args.model)
+    cfg = resolve(args, world_size)
+    validation.check_config(cfg)
+    return cfg
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from llm_training import memory, validation
+
+    world = args.world_size
+    if world is None:
+        world = (args.nodes or 1) * (args.devices_per_node or 1)
+    validation.check_layout(world, args.nodes, args.devices_per_node)
+    cfg = resolve_checked(args, world)
+    if args.device == "cpu" or args.device == "cuda":
+        validation.check_precision(cfg.precision, args.device)
+    estimate = memory.estimate_memory(cfg)
+    print(
+        f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "
+        f"{cfg.pipeline_parallel} × DP {cfg.data_parallel}; {cfg.precision}, MBS {cfg.micro_batch_size}, "
+        f"GBS {cfg.global_batch_size} ({cfg.num_microbatches} micro-batches per replica), recompute "
+        f"{cfg.recompute}, sequence parallel {cfg.sequence_parallel}; estimated {estimate.total_gib:.1f} GiB/device"
+    )
+    warning = memory.fit_warning(cfg, args.device_memory_gib)
+    if warning:
+        print(warning, file=sys.stderr)
+    return ExitCode.OK
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from jpwr.launch import LaunchEnv
+    from llm_training import distributed, train, validation
+
+    launch = LaunchEnv.from_env()
+    cfg = resolve_checked(args, launch.world_size)
+    device = distributed.resolve_device(cfg.device)
+    capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
+    validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
+    return train.run(cfg, launch, device)
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from llm_training.preprocess import load_tokenizer, preprocess
+
+    tokenizer = load_tokenizer(args.tokenizer_json, args.vocab_file, args.merges_file)
+    stats = preprocess(args.input, args.output_prefix, tokenizer, args.json_key, args.eod_token)
+    print(f"wrote {args.output_prefix}.bin/.idx: {stats['documents']} documents, {stats['tokens']} tokens, "
+          f"vocab {stats['vocab_size']}, eod id {stats['eod_token']}")
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"train": _train, "validate": _validate, "preprocess": _preprocess}
+    try:
+        return int(handlers[args.command](args))
+    except ValidationError as exc:
+        print(f"llm_training: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE

@@ -1,0 +1,199 @@
+"""The resolved configuration of one run: preset shape + profile settings + command-line overrides.
+
+Resolution needs the world size (data-parallel size and derived global batch) but no device, so
+`validate` can run on a login node. Checks live in llm_training.validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from llm_training import presets
+from llm_training.presets import ModelShape, RunSettings
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+RECOMPUTE = ("none", "selective", "full")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run uses; recorded verbatim in the run record's `config`."""
+
+    model: str
+    profile: str  # "default" or "caraml"
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int
+    padded_vocab_size: int
+    eod_token: int
+    world_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    global_batch_size: int
+    precision: str
+    recompute: str
+    iterations: int
+    warmup_iterations: int
+    exit_duration_mins: float | None
+    device: str
+    data_path: str | None
+    out_dir: str
+    run_id: str | None
+    energy_methods: str | None
+    log_interval: int
+    seed: int
+    lr: float
+    min_lr: float
+    lr_warmup_samples: int
+    lr_decay_samples: int
+    weight_decay: float
+    clip_grad: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    init_method_std: float
+    attention_dropout: float
+    hidden_dropout: float
+    initial_loss_scale: float
+    loss_scale_window: int
+    loss_scale_hysteresis: int
+    min_loss_scale: float
+    overfit_batch: bool
+    bias_fusion: bool | None  # None: on for CUDA, off for CPU (torch.compile on CPU is slow to build)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel)
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape(
+            self.model, self.num_layers, self.hidden_size, self.num_attention_heads, self.ffn_hidden_size,
+            self.seq_length, self.vocab_size, self.eod_token,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["num_microbatches"] = self.num_microbatches
+        data["tokens_per_iteration"] = self.tokens_per_iteration
+        return data
+
+
+def _pick(override: Any, default: Any) -> Any:
+    return default if override is None else override
+
+
+def settings_for(model: str, caraml: bool) -> RunSettings:
+    table = presets.CARAML_SETTINGS if caraml else presets.DEFAULT_SETTINGS
+    return table[model]
+
+
+def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
+    """Combine preset, profile and overrides. Call llm_training.validation.check_model_name first."""
+    shape = presets.MODEL_SHAPES[args.model]
+    settings = settings_for(args.model, args.caraml)
+    tp = _pick(args.tensor_parallel, settings.tensor_parallel)
+    pp = _pick(args.pipeline_parallel, settings.pipeline_parallel)
+    model_parallel = tp * pp
+    dp = world_size // model_parallel if model_parallel > 0 and world_size % model_parallel == 0 else 0
+    mbs = _pick(args.micro_batch_size, settings.micro_batch_size)
+    gbs = args.global_batch_size
+    if gbs is None:
+        if settings.global_batch_size is not None:
+            gbs = settings.global_batch_size
+        elif settings.samples_per_replica is not None:
+            gbs = max(dp, 1) * settings.samples_per_replica
+        else:
+            gbs = mbs * max(dp, 1) * (settings.microbatches_per_replica or 1)
+    sequence_parallel = _pick(args.sequence_parallel, settings.sequence_parallel) and tp > 1
+    vocab = _pick(args.vocab_size, shape.vocab_size)
+    return TrainConfig(
+        model=args.model, profile="caraml" if args.caraml else "default",
+        num_layers=_pick(args.num_layers, shape.num_layers), hidden_size=_pick(args.hidden_size, shape.hidden_size),
+        num_attention_heads=_pick(args.num_attention_heads, shape.num_attention_heads),
+        ffn_hidden_size=_pick(args.ffn_hidden_size, shape.ffn_hidden_size),
+        seq_length=_pick(args.seq_length, shape.seq_length), vocab_size=vocab,
+        padded_vocab_size=presets.padded_vocab_size(vocab, max(tp, 1)),
+        eod_token=min(shape.eod_token, vocab - 1), world_size=world_size,
+        tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, sequence_parallel=sequence_parallel,
+        micro_batch_size=mbs, global_batch_size=gbs,
+        precision=_pick(args.precision, settings.precision), recompute=_pick(args.recompute, settings.recompute),
+        iterations=args.iterations, warmup_iterations=args.warmup_iterations,
+        exit_duration_mins=args.exit_duration_mins, device=args.device, data_path=args.data_path,
+        out_dir=args.out_dir, run_id=args.run_id, energy_methods=args.energy_methods,
+        log_interval=args.log_interval, seed=args.seed,
+        lr=_pick(args.lr, settings.lr), min_lr=_pick(args.min_lr, settings.min_lr),
+        lr_warmup_samples=_pick(args.lr_warmup_samples, settings.lr_warmup_samples),
+        lr_decay_samples=_pick(args.lr_decay_samples, settings.lr_decay_samples),
+        weight_decay=args.weight_decay, clip_grad=args.clip_grad,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
+        hidden_dropout=args.hidden_dropout, initial_loss_scale=args.initial_loss_scale,
+        loss_scale_window=args.loss_scale_window, loss_scale_hysteresis=args.loss_scale_hysteresis,
+        min_loss_scale=args.min_loss_scale, overfit_batch=args.overfit_batch, bias_fusion=args.bias_fusion,
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `train` and `validate` (validate must accept exactly what train accepts)."""
+    p = presets
+    g = parser.add_argument_group("model and parallelism")
+    g.add_argument("--model", default="800M", help=f"preset: {', '.join(p.MODEL_SHAPES)}")
+    g.add_argument("--caraml", action="store_true", help="use CARAML's exact run settings instead of the fastest")
+    g.add_argument("--tensor-parallel", type=int)
+    g.add_argument("--pipeline-parallel", type=int)
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--seq-length", type=int)
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--ffn-hidden-size", type=int)
+    g.add_argument("--vocab-size", type=int, help="tokenizer vocabulary before padding (GPT-2: 50257)")
+    g.add_argument("--precision", choices=PRECISIONS)
+    g.add_argument("--recompute", choices=RECOMPUTE)
+    g.add_argument("--bias-fusion", action=argparse.BooleanOptionalAction, default=None,
+                   help="megatron's torch.compile bias+GeLU / bias+dropout fusions (default: on for CUDA)")
+    r = parser.add_argument_group("run control")
+    r.add_argument("--iterations", type=int, default=50)
+    r.add_argument("--warmup-iterations", type=int, default=5)
+    r.add_argument("--exit-duration-mins", type=float, help="stop cleanly after this many minutes of training")
+    r.add_argument("--device", choices=DEVICES, default="auto")
+    r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")
+    r.add_argument("--overfit-batch", action="store_true", help="train on the first global batch every step")
+    r.add_argument("--out-dir", default="llm_training_out")
+    r.add_argument("--run-id")
+    r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. pynvml")
+    r.add_argument("--log-interval", type=int, default=5)
+    r.add_argument("--seed", type=int, default=p.SEED)
+    o = parser.add_argument_group("optimizer (CARAML's values by default)")
+    o.add_argument("--lr", type=float)
+    o.add_argument("--min-lr", type=float)
+    o.add_argument("--lr-warmup-samples", type=int)
+    o.add_argument("--lr-decay-samples", type=int)
+    o.add_argument("--weight-decay", type=float, default=p.WEIGHT_DECAY)
+    o.add_argument("--clip-grad", type=float, default=p.CLIP_GRAD)
+    o.add_argument("--adam-beta1", type=float, default=p.ADAM_BETA1)
+    o.add_argument("--adam-beta2", type=float, default=p.ADAM_BETA2)
+    o.add_argument("--adam-eps", type=float, default=p.ADAM_EPS)
+    o.add_argument("--init-method-std", type=float, default=p.INIT_METHOD_STD)
+    o.add_argument("--attention-dropout", type=float, default=p.DROPOUT)
+    o.add_argument("--hidden-dropout", type=float, default=p.DROPOUT)
+    o.add_argument("--initial-loss-scale", type=float, default=p.INITIAL_LOSS_SCALE)
+    o.add_argument("--loss-scale-window", type=int, default=p.LOSS_SCALE_WINDOW)
+    o.add_argument("--loss-scale-hysteresis", type=int, default=p.LOSS_SCALE_HYSTERESIS)
+    o.add_argument("--min-loss-scale", type=float, default=p.MIN_LOSS_SCALE)

@@ -1,0 +1,80 @@
+"""Memory-fit estimate per device, to warn before launch when a configuration will not fit.
+
+A first-order model (Korthikanti et al. 2022, arXiv 2205.05198, with flash-style attention that
+never stores s×s scores), meant to catch configurations off by large factors, not to predict the
+allocator's peak to the last GiB:
+
+* weights: 2 B/param in bf16/fp16, 4 B in fp32; gradients 4 B/param (reduced in fp32);
+  Adam with the distributed optimizer: fp32 master copy (half precision only) + two moments, split over DP;
+* activations per layer and micro-batch: s·b·h·(10 + 24/t) bytes (34/t with sequence parallel),
+  2·s·b·h with full recompute; half again as many bytes in fp32; the first pipeline stage holds
+  min(PP, micro-batches) micro-batches in flight (1F1B);
+* logits on the last stage: s·b·V/t elements at 8 B (fp32 logits and their gradient);
+* +10 % and 1.5 GiB for the CUDA context, workspaces and fragmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from llm_training.config import TrainConfig
+from llm_training.flops import parameter_count
+
+GIB = 1024**3
+CONTEXT_OVERHEAD_GIB = 1.5
+FRAGMENTATION = 1.10
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated bytes on the most loaded device, by kind (GiB)."""
+
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    logits_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        parts = self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib + self.logits_gib
+        return parts * FRAGMENTATION + CONTEXT_OVERHEAD_GIB
+
+
+def estimate_memory(cfg: TrainConfig) -> MemoryEstimate:
+    t, p, d = cfg.tensor_parallel, cfg.pipeline_parallel, max(cfg.data_parallel, 1)
+    h, s, b = cfg.hidden_size, cfg.seq_length, cfg.micro_batch_size
+    embedding = cfg.padded_vocab_size * h
+    layers_params = parameter_count(cfg.shape, cfg.padded_vocab_size) - embedding
+    params = layers_params / (p * t) + embedding / t
+    half = cfg.precision in ("bf16", "fp16")
+    weights = params * (2 if half else 4)
+    gradients = params * 4
+    optimizer = params * (12 if half else 8) / d
+    if cfg.recompute == "full":
+        per_layer = 2.0 * s * b * h / (t if cfg.sequence_parallel else 1)
+    else:
+        per_layer = s * b * h * (34.0 / t if cfg.sequence_parallel else 10.0 + 24.0 / t)
+    if not half:
+        per_layer *= 1.5
+    in_flight = min(p, max(cfg.num_microbatches, 1))
+    activations = per_layer * (cfg.num_layers / p) * in_flight
+    logits = s * b * cfg.padded_vocab_size / t * 8.0
+    return MemoryEstimate(weights / GIB, gradients / GIB, optimizer / GIB, activations / GIB, logits / GIB)
+
+
+def fit_warning(cfg: TrainConfig, device_memory_gib: float | None) -> str | None:
+    """A warning line when the estimate exceeds the device memory, else None (also when memory is unknown)."""
+    if device_memory_gib is None:
+        return None
+    est = estimate_memory(cfg)
+    if est.total_gib <= device_memory_gib:
+        return None
+    return (
+        f"WARNING: {cfg.model} with TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} DP={cfg.data_parallel} "
+        f"MBS={cfg.micro_batch_size} {cfg.precision} recompute={cfg.recompute} needs about {est.total_gib:.1f} GiB "
+        f"per device (weights {est.weights_gib:.1f}, gradients {est.gradients_gib:.1f}, optimizer "
+        f"{est.optimizer_gib:.1f}, activations {est.activations_gib:.1f}, logits {est.logits_gib:.1f}) but the "
+        f"device has {device_memory_gib:.1f} GiB: lower --micro-batch-size, use --recompute full, or raise "
+        "--tensor-parallel/--pipeline-parallel"
+    )

@@ -1,0 +1,95 @@
+"""GPT model on megatron-core's local (non-Transformer-Engine) layer spec.
+
+Differences from `get_gpt_layer_local_spec()` and why:
+* core attention is SDPACoreAttention (flash/cuDNN kernels instead of s×s baddbmm);
+* LayerNorm is plain torch LayerNorm whose parameters are tagged `sequence_parallel` when sequence
+  parallelism is on, so `finalize_model_grads` all-reduces their gradients over TP (megatron's
+  WrappedTorchNorm refuses sequence parallel; apex's FusedLayerNorm is not available here);
+* fusions that need apex/TE (masked softmax, gradient-accumulation, RoPE) are off.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlock,
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+
+from llm_training.attention import SDPACoreAttention
+from llm_training.config import TrainConfig
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class TaggedLayerNorm(torch.nn.LayerNorm):
+    """torch LayerNorm with megatron's constructor signature and sequence-parallel parameter tags."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: object) -> None:
+        super().__init__(hidden_size, eps=eps)
+        for param in self.parameters():
+            param.sequence_parallel = config.sequence_parallel
+
+
+def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
+    """megatron TransformerConfig for this run; fusions only on CUDA unless --bias-fusion says otherwise."""
+    fusion = cfg.bias_fusion if cfg.bias_fusion is not None else device_type == "cuda"
+    recompute = {"none": {}, "selective": {"recompute_granularity": "selective"},
+                 "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        tensor_model_parallel_size=cfg.tensor_parallel,
+        pipeline_model_parallel_size=cfg.pipeline_parallel,
+        sequence_parallel=cfg.sequence_parallel,
+        params_dtype=DTYPES[cfg.precision],
+        pipeline_dtype=DTYPES[cfg.precision],
+        bf16=cfg.precision == "bf16",
+        fp16=cfg.precision == "fp16",
+        init_method_std=cfg.init_method_std,
+        attention_dropout=cfg.attention_dropout,
+        hidden_dropout=cfg.hidden_dropout,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        bias_activation_fusion=fusion,
+        bias_dropout_fusion=fusion,
+        use_cpu_initialization=device_type == "cpu",
+        **recompute[cfg.recompute],
+    )
+
+
+def layer_spec(config: TransformerConfig, pp_rank: int | None = None) -> ModuleSpec:
+    """Block spec: local layers with SDPA attention and tagged LayerNorms (final one included)."""
+    layer = get_gpt_layer_local_spec()
+    submodules = layer.submodules
+    submodules.input_layernorm = TaggedLayerNorm
+    submodules.pre_mlp_layernorm = TaggedLayerNorm
+    submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    num_layers = get_num_layers_to_build(config, pp_rank=pp_rank)
+    return ModuleSpec(
+        module=TransformerBlock,
+        submodules=TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=TaggedLayerNorm),
+    )
+
+
+def build_gpt(cfg: TrainConfig, config: TransformerConfig, pre_process: bool, post_process: bool,
+              pp_rank: int | None = None) -> GPTModel:
+    """The GPT of one pipeline stage: tied input/output embeddings, RoPE, vocabulary padded for TP."""
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config, pp_rank),
+        vocab_size=cfg.padded_vocab_size,
+        max_sequence_length=cfg.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=True,
+        position_embedding_type="rope",
+    )

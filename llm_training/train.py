@@ -1,0 +1,285 @@
+"""The training loop: model, megatron DDP + distributed optimizer, schedule, windows, run record.
+
+Run control and status:
+* `warmup` window: the first --warmup-iterations (JIT, allocator growth, first NCCL calls);
+  `steady` window: the rest. Throughput and energy both come from `steady`.
+* All ranks agree every iteration (one all-reduce of a flag) whether to stop, so a stop request
+  never leaves ranks in mismatched collectives.
+* --exit-duration-mins counts from the driver's start (init included), like Megatron-LM, so the
+  run ends before a Slurm limit. Stopping that way, or on SIGTERM (Slurm's time limit), gives
+  status TIMEOUT; the steady window then covers the iterations completed and its metrics are a
+  valid measurement of those iterations (status_reason says how many of how many).
+* An exception gives status FAILED; the run record is still written by rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+
+from jpwr.launch import LaunchEnv
+from jpwr.meter import WindowMeter, combine_energies
+from jpwr.peaks import peak_flops
+from jpwr.record import RunRecord, Window, software_versions, steady_metrics, summary_line, write_run_record
+from llm_training import cpu_compat, data, distributed, memory
+from llm_training.config import TrainConfig
+from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
+from llm_training.model import build_gpt, transformer_config
+
+
+class StopRequested:
+    """Why the loop should stop early: set by SIGTERM or the exit-duration clock."""
+
+    def __init__(self, exit_duration_mins: float | None, started: float) -> None:
+        self.deadline = None if exit_duration_mins is None else started + 60.0 * exit_duration_mins
+        self.signal_name: str | None = None
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def local_reason(self) -> str | None:
+        if self.signal_name:
+            return f"{self.signal_name} received (Slurm time limit or job cancelled)"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "--exit-duration-mins reached"
+        return None
+
+
+def _log(launch: LaunchEnv, text: str) -> None:
+    if launch.is_global_zero:
+        print(f"[llm_training] {text}", flush=True)
+
+
+def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.float().view(-1)
+    loss = torch.sum(losses * mask) / mask.sum().clamp(min=1.0)
+    # clone: the schedule divides `loss` in place by the number of micro-batches afterwards
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def _forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, functools.partial]:
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, functools.partial(_loss_func, batch["loss_mask"])
+
+
+class Trainer:
+    """Owns the model, optimizer and data stream of one rank."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.config = transformer_config(cfg, device.type)
+        model = build_gpt(
+            cfg, self.config, pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+        )
+        model = model.to(device)
+        if cfg.precision != "fp32":
+            model = Float16Module(self.config, model)  # megatron raises a dtype error on half inputs otherwise
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True,
+        )
+        self.model = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=model)
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=cfg.lr, min_lr=cfg.min_lr, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad,
+            bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16", params_dtype=self.config.params_dtype,
+            initial_loss_scale=cfg.initial_loss_scale, loss_scale_window=cfg.loss_scale_window,
+            hysteresis=cfg.loss_scale_hysteresis, min_loss_scale=cfg.min_loss_scale,
+            use_distributed_optimizer=True,
+        ), [self.model])
+        # CARAML's schedule: warm-up and cosine decay counted in samples, stepped by the global batch.
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
+            lr_warmup_steps=cfg.lr_warmup_samples, lr_decay_steps=cfg.lr_decay_samples, lr_decay_style="cosine",
+            start_wd=cfg.weight_decay, end_wd=cfg.weight_decay, wd_incr_steps=cfg.lr_decay_samples,
+            wd_incr_style="constant",
+        )
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.grad_scale_func = self.optimizer.scale_loss
+        self.forward_backward = get_forward_backward_func()
+        samples = cfg.global_batch_size * (1 if cfg.overfit_batch else cfg.iterations)
+        dataset = data.build_train_dataset(cfg, samples)
+        self.batches = data.micro_batches(dataset, cfg, parallel_state.get_data_parallel_rank(), device)
+        self.skipped_updates = 0
+
+    def step(self) -> torch.Tensor | None:
+        """One global batch; returns the mean micro-batch loss (on the last pipeline stage, else None)."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        losses = self.forward_backward(
+            forward_step_func=_forward_step, data_iterator=self.batches, model=[self.model],
+            num_microbatches=self.cfg.num_microbatches, seq_length=self.cfg.seq_length,
+            micro_batch_size=self.cfg.micro_batch_size, forward_only=False,
+        )
+        update_successful, _grad_norm, _zeros = self.optimizer.step()
+        if update_successful:
+            self.scheduler.step(increment=self.cfg.global_batch_size)
+        else:
+            self.skipped_updates += 1  # fp16 loss-scale overflow: megatron skips the update
+        if not losses:
+            return None
+        return torch.stack([item["lm loss"] for item in losses]).mean()
+
+
+def _pipeline_loss(loss: torch.Tensor | None, device: torch.device) -> float:
+    """Loss averaged over DP, sent from the last pipeline stage to the others (collective; log steps only)."""
+    value = torch.zeros(1, device=device) if loss is None else loss.detach().float().reshape(1).clone()
+    if loss is not None:
+        dist.all_reduce(value, group=parallel_state.get_data_parallel_group())
+        value /= parallel_state.get_data_parallel_world_size()
+    dist.broadcast(value, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                   group=parallel_state.get_pipeline_model_parallel_group())
+    return float(value.item())
+
+
+def _agree_to_stop(stop: StopRequested, device: torch.device) -> bool:
+    flag = torch.tensor([1 if stop.local_reason() else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _format_eta(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequested, record: RunRecord,
+           meter: WindowMeter) -> tuple[int, list[dict[str, float]]]:
+    trainer = Trainer(cfg, device)
+    _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
+                 f"DP={cfg.data_parallel}, {cfg.precision}, MBS={cfg.micro_batch_size} GBS={cfg.global_batch_size} "
+                 f"({cfg.num_microbatches} micro-batches), recompute={cfg.recompute}, device={device}")
+    curve: list[dict[str, float]] = []
+    meter.begin("warmup", 0)
+    last_log_t, last_log_it, completed = time.monotonic(), 0, 0
+    for iteration in range(cfg.iterations):
+        if iteration == cfg.warmup_iterations:
+            record.windows.append(meter.end("warmup", iteration, {"tokens": iteration * cfg.tokens_per_iteration}))
+            meter.begin("steady", iteration)
+        loss = trainer.step()
+        completed = iteration + 1
+        if completed % cfg.log_interval == 0 or completed == cfg.iterations:
+            value = _pipeline_loss(loss, device)
+            now = time.monotonic()
+            s_per_iter = (now - last_log_t) / (completed - last_log_it)
+            last_log_t, last_log_it = now, completed
+            curve.append({"iteration": completed, "loss": value})
+            _log(launch, f"iter {completed}/{cfg.iterations} | loss {value:.4f} | {s_per_iter:.3f} s/iter | "
+                         f"{cfg.tokens_per_iteration / s_per_iter:,.0f} tokens/s | "
+                         f"ETA {_format_eta(s_per_iter * (cfg.iterations - completed))}")
+        if completed < cfg.iterations and _agree_to_stop(stop, device):
+            break
+    open_name = "warmup" if completed <= cfg.warmup_iterations else "steady"
+    first = 0 if open_name == "warmup" else cfg.warmup_iterations
+    record.windows.append(meter.end(open_name, completed, {"tokens": (completed - first) * cfg.tokens_per_iteration}))
+    record.metrics["skipped_updates"] = trainer.skipped_updates
+    return completed, curve
+
+
+def _attach_energy(launch: LaunchEnv, meter: WindowMeter, windows: list[Window]) -> None:
+    """Node leaders ask their sampler; rank 0 sums the nodes and attaches the totals to the windows."""
+    mine = meter.node_energy([w.name for w in windows]) if launch.is_node_leader else {}
+    gathered: list[Any] = [None] * launch.world_size
+    dist.all_gather_object(gathered, mine)
+    combined = combine_energies([g for g in gathered if g])
+    for window in windows:
+        window.energy = combined.get(window.name)
+
+
+def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[str, Any]:
+    steady = record.window("steady")
+    params = parameter_count(cfg.shape, cfg.padded_vocab_size)
+    flops = model_flops_per_token(params, cfg.num_layers, cfg.hidden_size, cfg.seq_length)
+    peak = peak_flops(str(record.hardware.get("device_name", "")), cfg.precision)
+    metrics: dict[str, Any] = {"work_unit": "tokens"}
+    if steady is not None:
+        metrics = steady_metrics(steady, work_unit="tokens", devices=cfg.world_size, flops_per_unit=flops,
+                                 peak_flops_per_device=peak)
+    caraml_flops = caraml_nvidia_flops_per_token(cfg.num_layers, cfg.hidden_size, cfg.seq_length,
+                                                 cfg.padded_vocab_size)
+    per_device = metrics.get("tokens_per_s_per_device")
+    warmup = record.window("warmup")
+    metrics.update(
+        parameters=params,
+        flops_formula="6N + 12*L*h*s per token (model FLOPs, recompute not counted)",
+        caraml_x4_flops_per_token=caraml_flops,
+        caraml_x4_tflops_per_device=None if per_device is None else per_device * caraml_flops / 1e12,
+        caraml_x4_note="CARAML NVIDIA-patch count 96*L*h^2*(1+s/(6h)+V/(16*L*h)): comparison only, not MFU",
+        global_batch_size=cfg.global_batch_size, tokens_per_iteration=cfg.tokens_per_iteration,
+        warmup_iterations=warmup.steps if warmup else 0,
+        warmup_duration_s=warmup.duration_s if warmup else None,
+        memory_estimate_gib=memory.estimate_memory(cfg).total_gib,
+        peak_memory_allocated_gib=(torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
+    )
+    return metrics
+
+
+def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
+    """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
+    started = time.monotonic()
+    stop = StopRequested(cfg.exit_duration_mins, started)
+    signal.signal(signal.SIGTERM, stop.on_signal)
+    run_id = cfg.run_id or f"llm-{cfg.model}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out_dir = Path(cfg.out_dir)
+    record = RunRecord(benchmark="llm_training", run_id=run_id, config=cfg.to_dict(), launch=launch.to_dict(),
+                       software=software_versions())
+    exit_code = 0
+    meter: WindowMeter | None = None
+    stack = contextlib.ExitStack()
+    try:
+        if device.type == "cpu":
+            stack.enter_context(cpu_compat.cpu_mode(device))
+        distributed.init_distributed(launch, device, cfg)
+        record.hardware = distributed.hardware_info(device, launch)
+        warning = memory.fit_warning(cfg, record.hardware.get("device_memory_gib"))  # type: ignore[arg-type]
+        if warning:
+            _log(launch, warning)
+        meter = WindowMeter.open(launch, sync=torch.cuda.synchronize if device.type == "cuda" else None,
+                                 methods=cfg.energy_methods, out_dir=out_dir / "jpwr")
+        completed, curve = _train(cfg, launch, device, stop, record, meter)
+        record.metrics["loss_curve"] = curve
+        if completed < cfg.iterations:
+            record.status = "TIMEOUT"
+            reason = stop.local_reason() or "another rank requested the stop"
+            record.status_reason = (f"{reason}: stopped cleanly after {completed} of {cfg.iterations} iterations; "
+                                    "the steady window covers the iterations completed")
+        _attach_energy(launch, meter, record.windows)
+    except BaseException as exc:  # the record is written on any failure, then the error propagates as exit code
+        record.status = "TIMEOUT" if stop.signal_name else "FAILED"
+        record.status_reason = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        exit_code = getattr(exc, "exit_code", 1)
+    finally:
+        if launch.is_global_zero:
+            record.metrics = {**_metrics(cfg, record, device), **record.metrics}
+            if meter is not None:
+                record.meter = {"sampler": meter.has_sampler, "energy_methods": cfg.energy_methods}
+            write_run_record(out_dir / "run_record.json", record)
+        if meter is not None:
+            meter.close()
+        if exit_code == 0:
+            distributed.shutdown_distributed()
+        stack.close()
+    if launch.is_global_zero:
+        print(summary_line(record), flush=True)
+    sys.stdout.flush()
+    return int(exit_code)

@@ -1,0 +1,121 @@
+"""Checks run before any device work (and by `python -m llm_training validate` before submission).
+
+Every failure is a jpwr.errors.ValidationError naming the offending values and a fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jpwr.errors import ValidationError
+from llm_training.config import TrainConfig
+from llm_training.presets import MODEL_SHAPES
+
+
+def check_model_name(model: str) -> None:
+    if model not in MODEL_SHAPES:
+        raise ValidationError(
+            f"unknown model preset --model {model!r}", f"use one of {', '.join(MODEL_SHAPES)}"
+        )
+
+
+def _positive(name: str, value: int | float | None) -> None:
+    if value is None or value <= 0:
+        raise ValidationError(f"{name} is {value}", f"set {name} to a positive number")
+
+
+def check_layout(world_size: int, nodes: int | None, devices_per_node: int | None) -> None:
+    _positive("world size", world_size)
+    if nodes is not None and devices_per_node is not None and nodes * devices_per_node != world_size:
+        raise ValidationError(
+            f"--nodes {nodes} × --devices-per-node {devices_per_node} = {nodes * devices_per_node} "
+            f"is not --world-size {world_size}",
+            "give a world size equal to nodes × devices per node (or omit --world-size)",
+        )
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Parallel layout, batch arithmetic, shapes, run length and data; raises the first problem found."""
+    for name, value in (
+        ("--tensor-parallel", cfg.tensor_parallel), ("--pipeline-parallel", cfg.pipeline_parallel),
+        ("--micro-batch-size", cfg.micro_batch_size), ("--global-batch-size", cfg.global_batch_size),
+        ("--seq-length", cfg.seq_length), ("--num-layers", cfg.num_layers), ("--hidden-size", cfg.hidden_size),
+        ("--num-attention-heads", cfg.num_attention_heads), ("--ffn-hidden-size", cfg.ffn_hidden_size),
+        ("--vocab-size", cfg.vocab_size), ("--iterations", cfg.iterations), ("--log-interval", cfg.log_interval),
+    ):
+        _positive(name, value)
+    model_parallel = cfg.tensor_parallel * cfg.pipeline_parallel
+    if cfg.world_size % model_parallel != 0:
+        raise ValidationError(
+            f"world size {cfg.world_size} is not divisible by TP {cfg.tensor_parallel} × PP {cfg.pipeline_parallel}"
+            f" = {model_parallel}, so TP·PP·DP cannot equal the world size",
+            f"use a world size that is a multiple of {model_parallel}, or change --tensor-parallel/--pipeline-parallel",
+        )
+    if cfg.num_layers % cfg.pipeline_parallel != 0:
+        raise ValidationError(
+            f"{cfg.num_layers} layers cannot be split evenly over --pipeline-parallel {cfg.pipeline_parallel}",
+            "choose a pipeline-parallel size that divides the number of layers",
+        )
+    if cfg.num_attention_heads % cfg.tensor_parallel != 0:
+        raise ValidationError(
+            f"{cfg.num_attention_heads} attention heads cannot be split over --tensor-parallel {cfg.tensor_parallel}",
+            "choose a tensor-parallel size that divides the number of heads",
+        )
+    if cfg.hidden_size % cfg.num_attention_heads != 0:
+        raise ValidationError(
+            f"--hidden-size {cfg.hidden_size} is not divisible by --num-attention-heads {cfg.num_attention_heads}",
+            "make the hidden size a multiple of the head count",
+        )
+    if cfg.ffn_hidden_size % cfg.tensor_parallel != 0:
+        raise ValidationError(
+            f"--ffn-hidden-size {cfg.ffn_hidden_size} is not divisible by --tensor-parallel {cfg.tensor_parallel}",
+            "choose a tensor-parallel size that divides the FFN size",
+        )
+    per_step = cfg.micro_batch_size * cfg.data_parallel
+    if cfg.global_batch_size % per_step != 0:
+        raise ValidationError(
+            f"--global-batch-size {cfg.global_batch_size} is not divisible by --micro-batch-size "
+            f"{cfg.micro_batch_size} × data-parallel size {cfg.data_parallel} = {per_step}",
+            f"use a global batch size that is a multiple of {per_step}, e.g. "
+            f"{max(1, cfg.global_batch_size // per_step) * per_step}",
+        )
+    if cfg.sequence_parallel and cfg.seq_length % cfg.tensor_parallel != 0:
+        raise ValidationError(
+            f"--seq-length {cfg.seq_length} is not divisible by --tensor-parallel {cfg.tensor_parallel} "
+            "(sequence parallel splits the sequence over TP ranks)",
+            "use a sequence length divisible by the TP size, or --no-sequence-parallel",
+        )
+    if cfg.warmup_iterations < 0 or cfg.warmup_iterations >= cfg.iterations:
+        raise ValidationError(
+            f"--warmup-iterations {cfg.warmup_iterations} leaves no steady-state iteration out of "
+            f"--iterations {cfg.iterations}",
+            "use 0 <= warm-up iterations < iterations",
+        )
+    if cfg.exit_duration_mins is not None and cfg.exit_duration_mins <= 0:
+        raise ValidationError(
+            f"--exit-duration-mins {cfg.exit_duration_mins}", "give a positive number of minutes (or omit it)"
+        )
+    if cfg.data_path is not None:
+        check_data_path(cfg.data_path)
+
+
+def check_data_path(prefix: str) -> None:
+    missing = [p for p in (Path(prefix + ".bin"), Path(prefix + ".idx")) if not p.is_file()]
+    if missing:
+        raise ValidationError(
+            f"--data-path {prefix!r}: {', '.join(str(p) for p in missing)} not found",
+            "pass the dataset prefix without extension (files PREFIX.bin and PREFIX.idx), made with "
+            "`python -m llm_training preprocess`, or omit --data-path for mock data",
+        )
+
+
+def check_precision(precision: str, device_type: str, cuda_capability: tuple[int, int] | None = None,
+                    is_rocm: bool = False) -> None:
+    """bf16 needs compute capability 8.0+ on NVIDIA; fp16/fp32 run everywhere (CPU included, slowly)."""
+    if precision == "bf16" and device_type == "cuda" and not is_rocm and cuda_capability is not None \
+            and cuda_capability < (8, 0):
+        major, minor = cuda_capability
+        raise ValidationError(
+            f"--precision bf16 on a GPU of compute capability {major}.{minor} (bf16 needs 8.0 or newer)",
+            "use --precision fp16",
+        )

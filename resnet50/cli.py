@@ -1,0 +1,116 @@
+"""Command line: `python -m resnet50 {train,validate,make-data}` (names fixed by the JUBE workflow)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.launch import LaunchEnv
+from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
+from resnet50.flops import resnet50_flops
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--framework", choices=FRAMEWORKS, required=True)
+    add("--global-batch-size", type=int, default=256, help="images per step over all devices (default 256)")
+    add("--precision", choices=PRECISIONS, default="bf16", help="mixed precision compute type (default bf16)")
+    add("--image-size", type=int, default=224)
+    add("--iterations", type=int, default=100, help="steady-state (measured) iterations (default 100)")
+    add("--warmup-iterations", type=int, default=10, help="iterations before the measured window (default 10)")
+    add("--exit-duration-mins", type=float, default=None, help="end the steady window after this many minutes")
+    add("--data", default="synthetic", help="'synthetic' or a data directory (default synthetic)")
+    add("--data-format", choices=DATA_FORMATS, default=None,
+        help="tfrecord (tensorflow default) or jpeg ImageFolder tree (pytorch default)")
+    add("--data-workers", type=int, default=4, help="torch DataLoader worker processes per rank (default 4)")
+    add("--channels-last", action=argparse.BooleanOptionalAction, default=True, help="NHWC layout (default on)")
+    add("--compile", action="store_true", help="torch.compile the model (pytorch)")
+    add("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune (default: default)")
+    add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
+    add("--device", choices=DEVICES, default="auto")
+    add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
+    add("--run-id", default=None)
+    add("--energy-methods", default=None, help="in-process jpwr methods for single-process runs, e.g. pynvml")
+    add("--log-interval", type=int, default=10, help="progress line every N iterations (default 10)")
+    add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
+    add("--seed", type=int, default=42)
+    add("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m resnet50", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_options(sub.add_parser("train", help="train ResNet-50 and write a run record"))
+    validate = sub.add_parser("validate", help="check a configuration without touching a device")
+    _add_run_options(validate)
+    validate.add_argument("--world-size", type=int, default=None, help="data-parallel devices of the planned run")
+    validate.add_argument("--nodes", type=int, default=None)
+    validate.add_argument("--devices-per-node", type=int, default=None)
+    make = sub.add_parser("make-data", help="write a tiny data set of noise images for tests")
+    make.add_argument("out", type=Path)
+    make.add_argument("--format", choices=DATA_FORMATS, required=True)
+    make.add_argument("--images", type=int, default=32, help="training images (default 32)")
+    make.add_argument("--classes", type=int, default=4, help="classes of a JPEG tree (default 4)")
+    make.add_argument("--shards", type=int, default=2, help="TFRecord shards (default 2)")
+    make.add_argument("--image-size", type=int, default=64)
+    make.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def validate(args: argparse.Namespace) -> int:
+    """Run every check that does not need a device and print the planned layout."""
+    config = TrainConfig.from_args(args)
+    check_static(config)
+    if args.world_size is not None:
+        devices = args.world_size
+    elif args.nodes is not None or args.devices_per_node is not None:
+        devices = (args.nodes or 1) * (args.devices_per_node or 1)
+    else:
+        devices = LaunchEnv.from_env().world_size
+    check_devices(config, devices, "cpu" if config.device == "cpu" else "cuda")
+    flops = resnet50_flops(config.variant, config.image_size)
+    print(
+        f"OK: {config.framework} {flops.to_dict()['architecture']}, global batch {config.global_batch_size} = "
+        f"{devices} devices x {config.per_device_batch(devices)}, {config.precision}, {config.image_size} px, "
+        f"{config.warmup_iterations} warm-up + {config.iterations} measured iterations, "
+        f"{flops.training / 1e9:.2f} GFLOP per training image"
+    )
+    return 0
+
+
+def make_data(args: argparse.Namespace) -> int:
+    if args.images <= 0 or args.classes <= 0 or args.shards <= 0 or args.image_size <= 0:
+        raise ValidationError("--images, --classes, --shards and --image-size must be positive", "pass values >= 1")
+    if args.format == "tfrecord":
+        from resnet50.tf_data import write_tfrecords
+
+        written = write_tfrecords(args.out, args.images, args.shards, args.image_size, args.seed)
+    else:
+        from resnet50.torch_data import write_jpeg_tree
+
+        per_class = max(1, args.images // args.classes)
+        written = write_jpeg_tree(args.out, args.classes, per_class, args.image_size, args.seed)
+    print(f"wrote {written} {args.format} images under {args.out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            from resnet50.driver import train
+
+            return train(TrainConfig.from_args(args))
+        if args.command == "validate":
+            return validate(args)
+        return make_data(args)
+    except ValidationError as exc:
+        print(f"resnet50: error: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Run configuration of the ResNet-50 benchmark and every check that can fail before device work.
+
+One dataclass for both backends, so the JUBE workflow passes the same options whatever the
+framework. Checks raise `ValidationError(problem, fix)`; the batch check refuses a global batch
+that does not split evenly over the devices (CARAML silently floors it and then reports the
+wrong batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from jpwr.errors import ValidationError
+from resnet50.flops import resnet50_flops
+
+FRAMEWORKS = ("pytorch", "tensorflow")
+PRECISIONS = ("bf16", "fp16", "fp32")
+DEVICES = ("auto", "cuda", "cpu")
+DATA_FORMATS = ("jpeg", "tfrecord")
+MIN_IMAGE_SIZE = 32  # Keras ResNet50 refuses smaller inputs; five stride-2 stages need it anyway
+VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
+DEFAULT_DATA_FORMAT = {"tensorflow": "tfrecord", "pytorch": "jpeg"}
+MOMENTUM = 0.9
+WEIGHT_DECAY = 5e-5  # MLPerf ResNet-50 value; applied the same way in both backends (decoupled, on all weights)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Resolved options of one run (argparse names, with defaults filled in)."""
+
+    framework: str
+    global_batch_size: int = 256
+    precision: str = "bf16"
+    image_size: int = 224
+    iterations: int = 100
+    warmup_iterations: int = 10
+    exit_duration_mins: float | None = None
+    data: str = "synthetic"
+    data_format: str | None = None
+    channels_last: bool = True
+    compile: bool = False
+    compile_mode: str = "default"
+    xla: bool = False
+    device: str = "auto"
+    out_dir: str | None = None
+    run_id: str | None = None
+    energy_methods: str | None = None
+    log_interval: int = 10
+    caraml_output: bool = False
+    seed: int = 42
+    lr: float = 0.1
+    data_workers: int = 4
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        config = cls(**{k: v for k, v in vars(args).items() if k in fields})
+        if config.data_format is None:
+            config.data_format = DEFAULT_DATA_FORMAT[config.framework]
+        if config.run_id is None:
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+            config.run_id = f"resnet50-{config.framework}-{stamp}"
+        if config.out_dir is None:
+            config.out_dir = str(Path("results") / "resnet50" / config.run_id)
+        return config
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data == "synthetic"
+
+    @property
+    def variant(self) -> str:
+        return VARIANT_OF[self.framework]
+
+    @property
+    def total_iterations(self) -> int:
+        return self.warmup_iterations + self.iterations
+
+    def per_device_batch(self, devices: int) -> int:
+        return self.global_batch_size // devices
+
+    def to_dict(self, devices: int | None = None) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(resnet50_flops(self.variant, self.image_size).to_dict())
+        data.update(momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, optimizer="SGD with momentum")
+        if devices is not None:
+            data.update(devices=devices, per_device_batch_size=self.per_device_batch(devices))
+        return data
+
+
+def check_static(config: TrainConfig) -> None:
+    """Checks that need neither a framework nor a device."""
+    _positive("--global-batch-size", config.global_batch_size)
+    _positive("--iterations", config.iterations)
+    _positive("--log-interval", config.log_interval)
+    if config.warmup_iterations < 0:
+        raise ValidationError(f"--warmup-iterations {config.warmup_iterations} is negative", "pass 0 or more")
+    if config.image_size < MIN_IMAGE_SIZE:
+        raise ValidationError(
+            f"--image-size {config.image_size} is below {MIN_IMAGE_SIZE}", f"pass --image-size {MIN_IMAGE_SIZE} or more"
+        )
+    if config.lr <= 0:
+        raise ValidationError(f"--lr {config.lr} is not positive", "pass a learning rate > 0, e.g. --lr 0.1")
+    if config.exit_duration_mins is not None and config.exit_duration_mins <= 0:
+        raise ValidationError(
+            f"--exit-duration-mins {config.exit_duration_mins} is not positive", "pass minutes > 0 or leave it out"
+        )
+    if config.data_workers < 0:
+        raise ValidationError(f"--data-workers {config.data_workers} is negative", "pass 0 or more")
+    _check_framework_options(config)
+    if not config.synthetic:
+        _check_data_dir(config)
+
+
+def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
+    """Checks that need the device count ("cpu" or "cuda" kind) of the whole run."""
+    if devices <= 0:
+        raise ValidationError(f"{devices} devices", "run on at least one device")
+    if config.global_batch_size % devices:
+        lower = config.global_batch_size - config.global_batch_size % devices
+        raise ValidationError(
+            f"--global-batch-size {config.global_batch_size} does not divide evenly over {devices} devices "
+            f"(would leave {config.global_batch_size % devices} images unassigned)",
+            f"pass a multiple of {devices}, e.g. --global-batch-size {lower or devices} or {lower + devices}",
+        )
+    if config.device == "cuda" and device_kind != "cuda":
+        raise ValidationError("--device cuda but no CUDA/ROCm device is visible", "pass --device cpu or auto")
+    if config.framework == "tensorflow" and device_kind == "cpu" and not config.channels_last:
+        raise ValidationError(
+            "--no-channels-last with TensorFlow on CPU (TF's CPU convolutions support only NHWC)",
+            "drop --no-channels-last, or run on GPUs",
+        )
+
+
+def _positive(flag: str, value: int) -> None:
+    if value <= 0:
+        raise ValidationError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
+
+
+def _check_framework_options(config: TrainConfig) -> None:
+    if config.framework == "pytorch":
+        if config.xla:
+            raise ValidationError("--xla with --framework pytorch", "use --compile for torch.compile, or drop --xla")
+        if config.data_format == "tfrecord":
+            raise ValidationError(
+                "--data-format tfrecord with --framework pytorch (no TFRecord reader in the torch backend)",
+                "pass an ImageFolder JPEG tree with --data-format jpeg, or use --framework tensorflow",
+            )
+    else:
+        if config.compile:
+            raise ValidationError("--compile with --framework tensorflow", "use --xla for XLA compilation")
+        if config.data_format == "jpeg":
+            raise ValidationError(
+                "--data-format jpeg with --framework tensorflow (the TF backend reads ImageNet TFRecords)",
+                "convert the tree to TFRecords, or use --framework pytorch for JPEG trees",
+            )
+
+
+def tfrecord_pattern(data_dir: str | Path, subset: str = "train") -> str:
+    """File pattern of a subset in the layout tf_cnn_benchmarks reads (`train-00000-of-01024`)."""
+    return str(Path(data_dir) / f"{subset}-*-of-*")
+
+
+def jpeg_root(data_dir: str | Path) -> Path:
+    """ImageFolder root: `<dir>/train` when present (ImageNet layout), else `<dir>` itself."""
+    path = Path(data_dir)
+    return path / "train" if (path / "train").is_dir() else path
+
+
+def _check_data_dir(config: TrainConfig) -> None:
+    path = Path(config.data)
+    if not path.is_dir():
+        raise ValidationError(
+            f"--data {config.data} is not a directory", "pass an existing data directory or --data synthetic"
+        )
+    if config.data_format == "tfrecord":
+        if not list(path.glob("train-*-of-*")):
+            raise ValidationError(
+                f"--data {config.data} holds no TFRecord shards named train-*-of-*",
+                "point --data at an ImageNet TFRecord directory, or create a small one with "
+                "`python -m resnet50 make-data --format tfrecord DIR`",
+            )
+        return
+    root = jpeg_root(path)
+    if not any(p.is_dir() for p in root.iterdir()):
+        raise ValidationError(
+            f"--data {config.data} has no class sub-directories (ImageFolder layout: <class>/<image>.jpg)",
+            "point --data at an ImageNet JPEG tree, or make one: `python -m resnet50 make-data --format jpeg DIR`",
+        )

@@ -1,0 +1,132 @@
+"""PyTorch backend: torchvision `resnet50` (v1.5), AMP, channels-last, optional torch.compile, DDP.
+
+One process per device, under torchrun or srun (LaunchEnv.export_torch_env makes env://
+work under both); NCCL on GPUs, gloo on CPUs. The step never waits for the device: the loss
+stays on the device, gradients are dropped with set_to_none, SGD is fused on GPUs (which also
+lets GradScaler skip its per-step host check of inf/NaN for fp16).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+
+from jpwr.errors import ValidationError
+from jpwr.launch import LaunchEnv
+from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
+from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def discover(config: TrainConfig, launch: LaunchEnv) -> tuple[int, str]:
+    """One replica per process; CUDA (or ROCm) when visible and not refused with --device cpu."""
+    use_cuda = config.device != "cpu" and torch.cuda.is_available()
+    if use_cuda and launch.local_world_size > torch.cuda.device_count():
+        raise ValidationError(
+            f"{launch.local_world_size} processes on this node but only {torch.cuda.device_count()} GPUs visible",
+            "start one process per GPU (torchrun --nproc-per-node / srun --ntasks-per-node = GPUs per node)",
+        )
+    return launch.world_size, "cuda" if use_cuda else "cpu"
+
+
+def create(config: TrainConfig, launch: LaunchEnv) -> TorchBackend:
+    return TorchBackend(config, launch)
+
+
+class TorchBackend:
+    def __init__(self, config: TrainConfig, launch: LaunchEnv) -> None:
+        self.devices, self.device_kind = discover(config, launch)
+        self.launch = launch
+        self.device = torch.device(f"cuda:{launch.local_rank}" if self.device_kind == "cuda" else "cpu")
+        cuda = self.device_kind == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels once
+        self.distributed = launch.world_size > 1
+        if self.distributed:
+            launch.export_torch_env()
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=self.device if cuda else None)
+        torch.manual_seed(config.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
+        memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+        model = torchvision.models.resnet50(weights=None).to(self.device, memory_format=memory_format)
+        self.optimizer = torch.optim.SGD(
+            model.parameters(), lr=config.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, fused=cuda or None
+        )
+        if self.distributed:
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if cuda else None,
+                gradient_as_bucket_view=True, broadcast_buffers=False,
+            )
+        self.model: Any = torch.compile(model, mode=config.compile_mode) if config.compile else model
+        self.model.train()
+        self.amp_dtype = AMP_DTYPES.get(config.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
+        batch = config.per_device_batch(self.devices)
+        self.batches: Iterator[Batch] | None = None
+        self.fixed: Batch | None = None
+        if config.synthetic:
+            self.fixed = synthetic_batch(config, batch, self.device, seed=config.seed + 1 + launch.rank)
+        else:
+            self.batches = jpeg_batches(config, batch, self.device, launch.rank, launch.world_size)
+
+    def hardware(self) -> dict[str, Any]:
+        name = torch.cuda.get_device_name(self.device) if self.device_kind == "cuda" else "cpu"
+        return {
+            "device_kind": self.device_kind, "device_name": name, "devices": self.devices,
+            "devices_per_node": self.launch.local_world_size, "nodes": self.launch.num_nodes,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        }
+
+    def train_step(self) -> torch.Tensor:
+        images, labels = self.fixed if self.fixed is not None else next(self.batches)  # type: ignore[arg-type]
+        amp = self.amp_dtype is not None
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=amp):
+            loss = F.cross_entropy(self.model(images), labels)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def sync(self) -> None:
+        if self.device_kind == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def loss_value(self, handle: torch.Tensor) -> float:
+        loss = handle.float().reshape(1)
+        if self.distributed:
+            loss = loss.clone()
+            dist.all_reduce(loss)  # gloo has no AVG: sum, then divide
+            loss /= self.launch.world_size
+        return float(loss.item())
+
+    def any_rank(self, flag: bool) -> bool:
+        if not self.distributed:
+            return flag
+        value = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        gathered: list[Any] = [None] * self.launch.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()

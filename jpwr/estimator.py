@@ -29,6 +29,7 @@ GAP_FACTOR = 3.0
 # The aliasing rule applies to loops that repeat at least a few times with a step of at most
 # ten sensor periods; a longer step already spans many sensor phases within itself.
 MIN_ALIAS_STEPS = 3
+COUNTER_PLAUSIBLE = (0.1, 10.0)
 MAX_ALIAS_MULTIPLE = 10  # a hold longer than this many expected sample intervals is a gap (not covered)
 
 
@@ -262,6 +263,21 @@ def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None)
     return None
 
 
+def _counter_power_mismatch(result: DomainEnergy, curve: PowerCurve | None, t0_ns: int, t1_ns: int) -> str | None:
+    """Flag a counter that disagrees grossly with the power samples (frozen or broken counters, as
+    seen on MI100 and early ROCm; Zeus's start-up check uses the same (0.1, 10) band)."""
+    if result.method == "power" or result.energy_j is None or curve is None:
+        return None
+    power_j, covered = curve.integral(float(t0_ns), float(t1_ns))
+    if covered < 0.9 * (t1_ns - t0_ns) or power_j <= 0:
+        return None
+    ratio = result.energy_j / power_j
+    if COUNTER_PLAUSIBLE[0] < ratio < COUNTER_PLAUSIBLE[1]:
+        return None
+    return (f"energy counter and power samples disagree by a factor {ratio:.3g} over this window: "
+            "counter frozen or broken? (compare with the method `power` in the trace)")
+
+
 def domain_window_energy(
     counter: SensorSeries | None,
     power: SensorSeries | None,
@@ -287,6 +303,9 @@ def domain_window_energy(
     else:
         return DomainEnergy(None, None, 0.0, None, warnings, reason="no energy counter or power readings")
     result.warnings = warnings + result.warnings
+    implausible = _counter_power_mismatch(result, curve, t0_ns, t1_ns)
+    if implausible:
+        result.warnings.append(implausible)
     sensor_period = update_s or (power.sensor.est_update_s if power is not None else None)
     alias = aliasing_warning((t1_ns - t0_ns) / 1e9, steps, sensor_period)
     if alias and result.energy_j is not None and result.error_bound_j is not None:

@@ -143,3 +143,12 @@ def test_power_curve_carries_in_last_sample_before_window():
     curve = PowerCurve(series, 0.5)
     energy, covered = curve.integral(0.2 * NS, 0.4 * NS)
     assert energy == pytest.approx(40.0) and covered == pytest.approx(0.2 * NS)
+
+
+def test_frozen_counter_is_flagged_against_power():
+    counter = counter_series(LOAD, list(np.arange(0.05, 12.0, 0.5)))
+    counter.value[4:] = counter.value[4]  # the counter stops moving (MI100-style freeze)
+    counter.value[-1] += 1.0  # ...but is not constant, so it still forms knots
+    power = power_series(LOAD, 0.0, 12.0)
+    result = domain_window_energy(counter, power, 3 * NS, 9 * NS, 0.1, 840.0)
+    assert any("disagree" in w for w in result.warnings)

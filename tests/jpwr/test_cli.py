@@ -94,7 +94,7 @@ def test_wrapped_command_on_replayed_h100_gets_counter_energy(h100_env, tmp_path
 
 def _serve(env, out: Path, cwd: Path, node: str) -> subprocess.Popen:
     env = dict(env, JPWR_ADDR=str(cwd / "s-{node}.sock"), JPWR_NODE_NAME=node, JPWR_RUN_ID="job1")
-    proc = subprocess.Popen(JPWR + ["serve", "--out", str(out), "--interval", "50"], env=env, cwd=cwd,
+    proc = subprocess.Popen([*JPWR, "serve", "--out", str(out), "--interval", "50"], env=env, cwd=cwd,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (out / node / "ready").exists():
@@ -128,7 +128,7 @@ def test_one_sampler_per_node_serves_several_ranks(h100_env, tmp_path):
     lines = [p.communicate(timeout=120)[0] for p in ranks]
     sampler.send_signal(signal.SIGTERM)
     assert sampler.wait(timeout=60) == 0
-    leader = [line for line in lines if "RANK 0 0" in line][0]
+    leader = next(line for line in lines if "RANK 0 0" in line)
     assert float(leader.split()[-1]) > 0  # the node leader got the node's energy
     assert all(line.split()[-1] == "none" for line in lines if "RANK 0 0" not in line)
     summary = json.loads((out / "n1" / "summary.json").read_text())

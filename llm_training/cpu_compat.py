@@ -81,19 +81,17 @@ class _NullStream:
         pass
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 def _cuda_replacements() -> dict[str, Any]:
+    # One distinct function per name: torch._dynamo indexes torch.cuda's functions and rejects one
+    # object registered under two names.
     return {
         # A device object, not 0: autograd runs backward functions outside the TorchFunctionMode
         # (a mode is suspended while it handles torch.autograd.backward), and megatron's backward
         # passes allocate with device=torch.cuda.current_device().
         "current_device": lambda: _CPU,
-        "set_device": _noop,
-        "synchronize": _noop,
-        "empty_cache": _noop,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "empty_cache": lambda: None,
         "device_count": lambda: 1,
         # The CPU default generator stands in for the CUDA one (torch.manual_seed would call back
         # into torch.cuda.manual_seed_all, hence the generator methods).

@@ -1,0 +1,85 @@
+"""`preprocess`: JSONL -> .bin/.idx with a user tokenizer, read back with megatron's IndexedDataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jpwr.errors import ExitCode
+from llm_training.cli import main
+
+DOCUMENTS = [
+    "Energy per token is the figure of merit.",
+    "Megatron writes tokens to a binary file and an index.",
+    "Short.",
+    "Über-long words, numbers 12345 and punctuation!?",
+]
+
+
+def _train_tokenizer(directory: Path):
+    """A small byte-level BPE (GPT-2 style) trained here, saved as tokenizer.json and as vocab/merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(DOCUMENTS * 20, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    tokenizer.model.save(str(directory))  # vocab.json + merges.txt
+    return tokenizer
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": doc, "id": i}) + "\n" for i, doc in enumerate(DOCUMENTS)))
+    return path
+
+
+def _read_back(prefix: Path) -> list[list[int]]:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(str(prefix))
+    return [dataset[i].tolist() for i in range(len(dataset))]
+
+
+def test_round_trip_gives_the_tokenizer_ids_plus_end_of_document(tmp_path, corpus, capsys):
+    tokenizer = _train_tokenizer(tmp_path)
+    eod = tokenizer.token_to_id("<|endoftext|>")
+    prefix = tmp_path / "out" / "corpus_text_document"
+    code = main(["preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+                 "--tokenizer-json", str(tmp_path / "tokenizer.json")])
+    assert code == ExitCode.OK
+    assert f"{len(DOCUMENTS)} documents" in capsys.readouterr().out
+    expected = [[*tokenizer.encode(doc).ids, eod] for doc in DOCUMENTS]
+    assert _read_back(prefix) == expected
+    assert [tokenizer.decode(ids[:-1]) for ids in _read_back(prefix)] == DOCUMENTS
+
+
+def test_gpt2_style_vocab_and_merges_give_the_same_ids(tmp_path, corpus):
+    _train_tokenizer(tmp_path)
+    json_prefix, bpe_prefix = tmp_path / "a", tmp_path / "b"
+    assert main(["preprocess", "--input", str(corpus), "--output-prefix", str(json_prefix),
+                 "--tokenizer-json", str(tmp_path / "tokenizer.json")]) == ExitCode.OK
+    assert main(["preprocess", "--input", str(corpus), "--output-prefix", str(bpe_prefix),
+                 "--vocab-file", str(tmp_path / "vocab.json"), "--merges-file", str(tmp_path / "merges.txt")]) == 0
+    assert _read_back(bpe_prefix) == _read_back(json_prefix)
+
+
+def test_preprocess_errors_name_the_problem(tmp_path, corpus, capsys):
+    _train_tokenizer(tmp_path)
+    cases = [
+        (["--tokenizer-json", str(tmp_path / "missing.json")], "--tokenizer-json"),
+        ([], "no tokenizer given"),
+        (["--tokenizer-json", str(tmp_path / "tokenizer.json"), "--json-key", "content"], "has no key 'content'"),
+        (["--tokenizer-json", str(tmp_path / "tokenizer.json"), "--eod-token", "<eos>"], "no end-of-document token"),
+    ]
+    for extra, message in cases:
+        code = main(["preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "x"), *extra])
+        assert code == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert message in err and "Fix:" in err

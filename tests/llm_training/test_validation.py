@@ -1,0 +1,99 @@
+"""Every configuration check, through the `validate` command JUBE calls (no GPU, no torch import needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jpwr.errors import ExitCode, ValidationError
+from llm_training import validation
+from llm_training.cli import main
+from tests.llm_training.conftest import LLM, run_cmd
+
+
+def validate(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["validate", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model", "7B"], ["unknown model preset --model '7B'", "tiny, 117M, 800M, 13B, 175B"]),
+        (["--model", "800M", "--world-size", "3", "--tensor-parallel", "2"],
+         ["world size 3 is not divisible by TP 2 × PP 1 = 2", "multiple of 2"]),
+        (["--model", "800M", "--world-size", "3", "--pipeline-parallel", "3"],
+         ["16 layers cannot be split evenly over --pipeline-parallel 3"]),
+        (["--model", "800M", "--world-size", "3", "--tensor-parallel", "3"],
+         ["8 attention heads cannot be split over --tensor-parallel 3"]),
+        (["--model", "800M", "--world-size", "2", "--micro-batch-size", "4", "--global-batch-size", "12"],
+         ["--global-batch-size 12 is not divisible by --micro-batch-size 4 × data-parallel size 2 = 8", "e.g. 8"]),
+        (["--model", "800M", "--data-path", "/nonexistent/oscar_text_document"],
+         ["/nonexistent/oscar_text_document.bin", "PREFIX.bin and PREFIX.idx"]),
+        (["--model", "800M", "--iterations", "5", "--warmup-iterations", "5"],
+         ["--warmup-iterations 5 leaves no steady-state iteration out of --iterations 5"]),
+        (["--model", "800M", "--micro-batch-size", "0"], ["--micro-batch-size is 0"]),
+        (["--model", "800M", "--hidden-size", "2050"],
+         ["--hidden-size 2050 is not divisible by --num-attention-heads 8"]),
+        (["--model", "800M", "--world-size", "2", "--tensor-parallel", "2", "--ffn-hidden-size", "8191",
+          "--no-sequence-parallel"], ["--ffn-hidden-size 8191 is not divisible by --tensor-parallel 2"]),
+        (["--model", "800M", "--world-size", "2", "--tensor-parallel", "2", "--sequence-parallel",
+          "--seq-length", "2047"], ["--seq-length 2047 is not divisible by --tensor-parallel 2"]),
+        (["--model", "800M", "--nodes", "2", "--devices-per-node", "4", "--world-size", "6"],
+         ["--nodes 2 × --devices-per-node 4 = 8 is not --world-size 6"]),
+        (["--model", "800M", "--exit-duration-mins", "0"], ["--exit-duration-mins 0"]),
+    ],
+)
+def test_each_invalid_configuration_names_values_and_fix(capsys, args, expected):
+    code, out, err = validate(capsys, *args)
+    assert code == ExitCode.USAGE
+    assert out == ""
+    assert "Fix:" in err
+    for text in expected:
+        assert text in err
+
+
+def test_caraml_13b_layout_on_44_nodes_is_valid_and_reports_derived_batch(capsys):
+    code, out, err = validate(capsys, "--model", "13B", "--caraml", "--nodes", "44", "--devices-per-node", "4")
+    assert code == ExitCode.OK, err
+    # CARAML: TP 2, PP 2, DP = 176/4 = 44, GBS = 128 per replica = 5632, MBS 2 -> 64 micro-batches.
+    assert "TP 2 × PP 2 × DP 44" in out
+    assert "GBS 5632 (64 micro-batches per replica)" in out
+    assert "fp16" in out
+
+
+def test_caraml_800m_profile_is_caramls_settings(capsys):
+    code, out, _ = validate(capsys, "--model", "800M", "--caraml", "--world-size", "4")
+    assert code == ExitCode.OK
+    assert "fp16, MBS 4, GBS 32 (2 micro-batches per replica), recompute selective" in out
+
+
+def test_default_800m_is_the_fastest_measured_setting(capsys):
+    code, out, _ = validate(capsys, "--model", "800M")
+    assert code == ExitCode.OK
+    assert "bf16, MBS 8, GBS 64 (8 micro-batches per replica), recompute none" in out
+
+
+def test_memory_estimate_warns_but_does_not_fail(capsys):
+    code, _, err = validate(capsys, "--model", "175B", "--world-size", "64", "--tensor-parallel", "8",
+                            "--pipeline-parallel", "8", "--micro-batch-size", "64", "--device-memory-gib", "80")
+    assert code == ExitCode.OK
+    assert "WARNING" in err and "GiB per device" in err and "lower --micro-batch-size" in err
+    code, _, err = validate(capsys, "--model", "800M", "--device-memory-gib", "80")
+    assert code == ExitCode.OK and err == ""
+
+
+def test_bf16_refused_on_pre_ampere_gpu_but_not_on_rocm_or_cpu():
+    with pytest.raises(ValidationError, match=r"compute capability 7\.0.*Fix: use --precision fp16"):
+        validation.check_precision("bf16", "cuda", (7, 0))
+    validation.check_precision("bf16", "cuda", (9, 0))
+    validation.check_precision("bf16", "cuda", (9, 0), is_rocm=True)
+    validation.check_precision("fp16", "cuda", (7, 0))
+    validation.check_precision("bf16", "cpu")
+
+
+def test_validate_process_exit_code_and_stderr(fake_env, tmp_path):
+    result = run_cmd([*LLM, "validate", "--model", "800M", "--world-size", "3", "--tensor-parallel", "2"],
+                     fake_env(), tmp_path, timeout=60)
+    assert result.returncode == ExitCode.USAGE
+    assert result.stderr.startswith("llm_training: error: world size 3 is not divisible")

@@ -1,46 +1,31 @@
 """`python -m resnet50 train`: checks, backend, windows, energy and the run record.
 
 Rank 0 writes `<out-dir>/run_record.json` on every outcome: OK, FAILED (exception, with the
-reason) or TIMEOUT (SIGTERM, e.g. Slurm's time limit), so a job that died still leaves a
-record saying why. The JOULEBENCH_RESULT line is the last line rank 0 prints.
+reason) or TIMEOUT (SIGTERM, e.g. Slurm's time limit, or --exit-duration-mins, counted from the
+driver's start like Megatron-LM). A TIMEOUT stop is clean: the steady window covers the
+iterations completed and its metrics are a valid measurement of them. The JOULEBENCH_RESULT
+line is the last line rank 0 prints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jpwr.launch import LaunchEnv
 from jpwr.meter import WindowMeter, combine_energies
+from jpwr.peaks import peak_flops
 from jpwr.record import RunRecord, WindowEnergy, software_versions, steady_metrics, summary_line, write_run_record
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
-from resnet50.loop import WORK_UNIT, LoopResult, run_loop
+from resnet50.loop import WORK_UNIT, LoopResult, StopRequest, run_loop
 
 EXIT_FAILED = 1
-EXIT_TIMEOUT = 124  # like coreutils `timeout`: the run was stopped from outside
-
-
-class RunInterrupted(Exception):
-    """SIGTERM arrived (Slurm time limit, scancel): stop and write a TIMEOUT record."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    def handler(signum: int, _frame: object) -> None:
-        raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+EXIT_TIMEOUT = 124  # like coreutils `timeout`: a signal arrived and the run could not stop cleanly
 
 
 def train(config: TrainConfig) -> int:
@@ -55,23 +40,32 @@ def train(config: TrainConfig) -> int:
         benchmark="resnet50", run_id=str(config.run_id), config=config.to_dict(devices),
         launch=launch.to_dict(), software=software_versions(),
     )
-    meter = WindowMeter.open(launch, methods=config.energy_methods, out_dir=config.out_dir)
+    meter = WindowMeter.open(launch, methods=config.energy_methods, out_dir=Path(str(config.out_dir)) / "jpwr")
+    record.meter = {"sampler": meter.has_sampler, "energy_methods": config.energy_methods}
+    stop = StopRequest(None if config.exit_duration_mins is None else started + 60.0 * config.exit_duration_mins)
+    previous_handler = signal.signal(signal.SIGTERM, stop.on_signal)
     backend: Backend | None = None
     loop: LoopResult | None = None
+    exit_code = 0  # a clean early stop (TIMEOUT with a valid steady window) still exits 0, like llm_training
     try:
-        with _sigterm_raises():
-            backend = module.create(config, launch)
-            record.hardware = backend.hardware()
-            meter.sync = backend.sync
-            deadline = None if config.exit_duration_mins is None else started + 60.0 * config.exit_duration_mins
-            loop = run_loop(backend, meter, config, deadline, verbose=launch.is_global_zero)
-            _attach_energy(meter, backend, launch)
-    except RunInterrupted as exc:
-        record.status, record.status_reason = "TIMEOUT", str(exc)
+        backend = module.create(config, launch)
+        record.hardware = backend.hardware()
+        meter.sync = backend.sync
+        loop = run_loop(backend, meter, config, stop, verbose=launch.is_global_zero)
+        if loop.stop_reason:
+            record.status = "TIMEOUT"
+            record.status_reason = (
+                f"{loop.stop_reason}: stopped cleanly after {loop.completed} of {config.total_iterations} "
+                "iterations (warm-up included); the steady window covers the iterations completed"
+            )
+        _attach_energy(meter, backend, launch)
     except Exception as exc:
         traceback.print_exc()
-        record.status, record.status_reason = "FAILED", f"{type(exc).__name__}: {exc}"
+        record.status = "TIMEOUT" if stop.signal_name else "FAILED"
+        record.status_reason = f"{type(exc).__name__}: {exc}"
+        exit_code = EXIT_TIMEOUT if stop.signal_name else EXIT_FAILED
     finally:
+        signal.signal(signal.SIGTERM, previous_handler)
         meter.close()
     record.windows = meter.windows
     record.metrics = _metrics(record, config, loop)
@@ -79,7 +73,7 @@ def train(config: TrainConfig) -> int:
         _report(record, config)
     if backend is not None:
         backend.close()
-    return {"OK": 0, "FAILED": EXIT_FAILED, "TIMEOUT": EXIT_TIMEOUT}[record.status]
+    return exit_code
 
 
 def _attach_energy(meter: WindowMeter, backend: Backend, launch: LaunchEnv) -> None:
@@ -98,7 +92,8 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) ->
     steady = record.window("steady")
     metrics: dict[str, Any] = {"work_unit": WORK_UNIT}
     if steady is not None and steady.steps > 0:
-        metrics = steady_metrics(steady, WORK_UNIT, devices=devices, flops_per_unit=flops.training)
+        peak = peak_flops(str(record.hardware.get("device_name", "")), config.precision)
+        metrics = steady_metrics(steady, WORK_UNIT, devices, flops_per_unit=flops.training, peak_flops_per_device=peak)
     warmup = record.window("warmup")
     metrics.update(flops.to_dict())
     metrics.update(
@@ -108,7 +103,7 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) ->
         losses=[list(point) for point in loop.losses] if loop else [],
         loss_first=loop.losses[0][1] if loop and loop.losses else None,
         loss_last=loop.losses[-1][1] if loop and loop.losses else None,
-        stopped_early=loop.stopped_early if loop else None,
+        iterations_completed=loop.completed if loop else 0,
     )
     return metrics
 

@@ -7,6 +7,7 @@ so the steady window measures the device, not Python round trips.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 
 from jpwr.meter import WindowMeter
@@ -20,7 +21,30 @@ WORK_UNIT = "images"
 @dataclasses.dataclass
 class LoopResult:
     losses: list[tuple[int, float]]  # (step number, 1-based; global mean loss) at each log point
-    stopped_early: str | None = None  # "exit_duration" when --exit-duration-mins ended the steady window
+    completed: int = 0  # iterations run, warm-up included
+    stop_reason: str | None = None  # why the loop ended before config.total_iterations
+
+
+class StopRequest:
+    """Why this rank wants to stop early: SIGTERM (Slurm's time limit, scancel) or --exit-duration-mins.
+
+    The signal handler only sets a flag; ranks agree on stopping at the next log point, so no
+    rank is left waiting in a collective that the others skipped.
+    """
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline  # time.monotonic() value, or None
+        self.signal_name: str | None = None
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def local_reason(self) -> str | None:
+        if self.signal_name:
+            return f"{self.signal_name} received (Slurm time limit or job cancelled)"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "--exit-duration-mins reached"
+        return None
 
 
 class Progress:
@@ -48,10 +72,8 @@ class Progress:
         )
 
 
-def run_loop(
-    backend: Backend, meter: WindowMeter, config: TrainConfig, deadline: float | None, verbose: bool
-) -> LoopResult:
-    """Run warm-up then steady steps; `deadline` (monotonic s) may end the steady window early, on all ranks."""
+def run_loop(backend: Backend, meter: WindowMeter, config: TrainConfig, stop: StopRequest, verbose: bool) -> LoopResult:
+    """Run warm-up then steady steps; a stop request ends the loop at the next log point, on all ranks."""
     progress = Progress(config, verbose)
     result = LoopResult(losses=[])
     warmup = config.warmup_iterations
@@ -68,10 +90,14 @@ def run_loop(
         loss = backend.loss_value(handle)
         result.losses.append((step, loss))
         progress.log(step, loss)
-        if deadline is not None and step > warmup and backend.any_rank(time.monotonic() > deadline):
-            result.stopped_early = "exit_duration"
+        if step < config.total_iterations and backend.any_rank(stop.local_reason() is not None):
+            result.stop_reason = stop.local_reason() or "another rank requested the stop"
             break
-    _end(meter, "steady", warmup, step, config)
+    result.completed = step
+    if step <= warmup and warmup:
+        _end(meter, "warmup", 0, step, config)  # stopped during warm-up: there is no steady window
+    else:
+        _end(meter, "steady", warmup, step, config)
     return result
 
 

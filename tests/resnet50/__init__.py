@@ -1,0 +1,1 @@
+"""Tests of the ResNet-50 driver: real torch/torchvision and real TensorFlow/Keras on the CPU."""

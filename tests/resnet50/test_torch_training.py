@@ -1,0 +1,129 @@
+"""torchvision backend on the CPU: training, JPEG input, DDP over gloo, early stops, the run record."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from resnet50.cli import main
+from resnet50.flops import resnet50_flops
+from tests.resnet50.conftest import (
+    REPO,
+    RESNET,
+    SMALL,
+    assert_loss_decreased,
+    clean_env,
+    free_port,
+    parse_summary,
+    read_record,
+    run_cmd,
+)
+
+pytest.importorskip("torchvision")
+
+
+def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations", "1",
+                 "--iterations", "5", "--caraml-output", "--out-dir", str(tmp_path), "--run-id", "t-torch"])
+    out = capsys.readouterr().out
+    assert code == 0
+    record = read_record(tmp_path)
+    assert_loss_decreased(record)
+    assert record["benchmark"] == "resnet50" and record["status"] == "OK" and record["run_id"] == "t-torch"
+    assert [w["name"] for w in record["windows"]] == ["warmup", "steady"]
+    warmup, steady = record["windows"]
+    assert (warmup["first_step"], warmup["last_step"], steady["first_step"], steady["last_step"]) == (0, 1, 1, 6)
+    assert steady["work"] == {"images": 5 * 8}
+    metrics = record["metrics"]
+    assert metrics["work_unit"] == "images" and metrics["iterations"] == 5
+    assert metrics["images_per_s"] == pytest.approx(40 / steady["duration_s"])
+    assert metrics["warmup_excluded"]["iterations"] == 1
+    assert metrics["variant"] == "v1.5" and "torchvision resnet50 v1.5" in metrics["architecture"]
+    assert metrics["flops_per_image_training"] == 3 * resnet50_flops("v1.5", 64).forward
+    assert metrics["model_flops_per_unit"] == metrics["flops_per_image_training"]
+    # no sampler here: energy is missing with a reason, never 0
+    assert metrics["energy_wh"] is None and metrics["images_per_wh"] is None
+    assert "no jpwr sampler" in metrics["energy_unavailable_reason"]
+    assert record["config"]["per_device_batch_size"] == 8 and record["hardware"]["device_kind"] == "cpu"
+    assert record["software"]["torch"] and record["launch"]["launcher"] == "single"
+    summary = parse_summary(out)
+    assert summary["status"] == "OK" and summary["energy_wh"] == "n/a"
+    assert float(summary["images_per_s"]) == pytest.approx(metrics["images_per_s"], rel=1e-5)
+    caraml = [line for line in out.splitlines() if line.startswith("total images/sec: ")]
+    assert len(caraml) == 1 and float(caraml[0].split(": ")[1]) == pytest.approx(metrics["images_per_s"], abs=0.01)
+    progress = [line for line in out.splitlines() if line.startswith("[resnet50] step ")]
+    assert len(progress) == 6 and all("ETA" in line and "img/s" in line for line in progress)
+
+
+def test_bf16_channels_first_trains(tmp_path: Path) -> None:
+    code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "bf16", "--no-channels-last",
+                 "--warmup-iterations", "0", "--iterations", "3", "--out-dir", str(tmp_path)])
+    record = read_record(tmp_path)
+    assert code == 0 and record["config"]["channels_last"] is False and record["config"]["precision"] == "bf16"
+    assert [w["name"] for w in record["windows"]] == ["steady"]  # no warm-up window when it is 0
+    assert all(abs(loss) < 1e6 for _step, loss in record["metrics"]["losses"])
+
+
+def test_jpeg_tree_input(tmp_path: Path) -> None:
+    data = tmp_path / "jpeg"
+    assert main(["make-data", str(data), "--format", "jpeg", "--images", "16", "--classes", "4",
+                 "--image-size", "48"]) == 0
+    assert len(list((data / "train").glob("*/*.jpg"))) == 16
+    code = main(["train", "--framework", "pytorch", *SMALL, "--data", str(data), "--data-workers", "0",
+                 "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "2", "--out-dir", str(tmp_path)])
+    record = read_record(tmp_path)
+    assert code == 0 and record["config"]["data"] == str(data) and record["config"]["data_format"] == "jpeg"
+    assert record["metrics"]["iterations"] == 2
+
+
+def test_exit_duration_stops_cleanly_with_timeout_status(tmp_path: Path) -> None:
+    # the budget is spent before the first step ends, so the loop stops at the first log point (step 1)
+    code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations", "0",
+                 "--iterations", "50", "--exit-duration-mins", "0.0001", "--out-dir", str(tmp_path)])
+    record = read_record(tmp_path)
+    assert code == 0  # a clean stop: the steady window is a valid measurement of the iterations done
+    assert record["status"] == "TIMEOUT" and "--exit-duration-mins reached" in record["status_reason"]
+    assert "after 1 of 50 iterations" in record["status_reason"]
+    (steady,) = record["windows"]
+    assert steady["name"] == "steady" and steady["steps"] == 1 and steady["work"] == {"images": 8}
+    assert record["metrics"]["iterations"] == 1 and record["metrics"]["images_per_s"] > 0
+
+
+def test_sigterm_writes_timeout_record(tmp_path: Path) -> None:
+    cmd = [*RESNET, "train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations", "1",
+           "--iterations", "1000", "--out-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the loop runs, then stop it like Slurm does at the time limit
+        if line.startswith("[resnet50] step 3/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    record = read_record(tmp_path)
+    assert proc.returncode == 0, err
+    assert record["status"] == "TIMEOUT" and "SIGTERM" in record["status_reason"]
+    assert 3 <= record["metrics"]["iterations_completed"] < 1001
+    assert parse_summary(out)["status"] == "TIMEOUT"
+
+
+def test_ddp_two_processes_gloo(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "resnet50", "train", "--framework", "pytorch", *SMALL,
+           "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "4", "--out-dir", str(tmp_path)]
+    started = time.monotonic()
+    result = run_cmd(cmd, clean_env(OMP_NUM_THREADS="1"), REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = read_record(tmp_path)
+    assert record["launch"]["launcher"] == "torchrun" and record["launch"]["world_size"] == 2
+    assert record["config"]["devices"] == 2 and record["config"]["per_device_batch_size"] == 4
+    assert record["metrics"]["images_per_s_per_device"] == pytest.approx(record["metrics"]["images_per_s"] / 2)
+    assert_loss_decreased(record)
+    assert parse_summary(result.stdout)["status"] == "OK"
+    assert result.stdout.count("JOULEBENCH_RESULT") == 1  # rank 0 only
+    assert time.monotonic() - started < 240

@@ -1,0 +1,153 @@
+"""The real driver on CPU (gloo): 1 and 2 processes, run record and summary line, TIMEOUT/FAILED paths.
+
+Energy comes from jpwr metering the fake NVML library (recorded H100 trace): the only fake is the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jpwr.record import RunRecord, summary_line
+from tests.llm_training.conftest import LLM, TINY, parse_summary, read_record, run_cmd, torchrun
+
+
+def _losses(record: dict) -> list[float]:
+    return [point["loss"] for point in record["metrics"]["loss_curve"]]
+
+
+def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "run"
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
+    result = run_cmd([*LLM, "train", *TINY, "--overfit-batch", "--iterations", "30", "--warmup-iterations", "3",
+                      "--log-interval", "5", "--out-dir", str(out), "--run-id", "tiny-1", "--energy-methods", "nvml"],
+                     env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(out)
+    record = RunRecord.from_dict(data)  # the shared schema reads it back
+    assert record.benchmark == "llm_training" and record.status == "OK" and record.run_id == "tiny-1"
+
+    # Loss falls on a fixed batch (log-uniform start ~ ln 1024 = 6.93).
+    losses = _losses(data)
+    assert len(losses) == 6
+    assert losses[0] > 6.0 and losses[-1] < losses[0] - 1.0
+
+    # Windows: 3 warm-up + 27 steady iterations, tokens = iterations × GBS 4 × seq 64.
+    warmup, steady = record.window("warmup"), record.window("steady")
+    assert (warmup.first_step, warmup.last_step, steady.first_step, steady.last_step) == (0, 3, 3, 30)
+    assert steady.work["tokens"] == 27 * 4 * 64
+    m = record.metrics
+    assert m["iterations"] == 27 and m["work_unit"] == "tokens"
+    assert m["tokens_per_s"] == pytest.approx(steady.work["tokens"] / steady.duration_s)
+    assert m["model_tflops_per_device"] == pytest.approx(m["tokens_per_s"] * m["model_flops_per_unit"] / 1e12)
+    assert m["model_flops_per_unit"] == 6 * m["parameters"] + 12 * 2 * 64 * 64
+    assert m["mfu"] is None  # no peak for a CPU
+    assert m["caraml_x4_tflops_per_device"] > m["model_tflops_per_device"]
+
+    # Energy of the steady window from jpwr (fake H100 trace): tokens/Wh divides that window's work and energy.
+    assert steady.energy is not None and steady.energy.energy_j > 0 and steady.energy.method
+    assert m["energy_wh"] == pytest.approx(steady.energy.energy_j / 3600)
+    assert m["tokens_per_wh"] == pytest.approx(steady.work["tokens"] / m["energy_wh"])
+    assert (out / "jpwr").is_dir()
+
+    # Progress lines, then the summary line last, matching the record.
+    lines = result.stdout.strip().splitlines()
+    progress = [line for line in lines if " | loss " in line]
+    assert len(progress) == 6 and "s/iter" in progress[0] and "tokens/s" in progress[0] and "ETA" in progress[0]
+    summary = parse_summary(result.stdout)
+    assert lines[-1] == summary_line(record)
+    assert summary["status"] == "OK" and summary["iterations"] == "27"
+    assert float(summary["tokens_per_s"]) == pytest.approx(m["tokens_per_s"], rel=1e-5)
+    assert float(summary["tokens_per_wh"]) == pytest.approx(m["tokens_per_wh"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--tensor-parallel", "1"],  # DP = 2, distributed optimizer sharded over 2 ranks
+        ["--tensor-parallel", "2", "--sequence-parallel", "--precision", "bf16"],
+        ["--pipeline-parallel", "2", "--precision", "fp16", "--recompute", "selective"],
+    ],
+    ids=["dp2", "tp2-sp-bf16", "pp2-fp16"],
+)
+def test_two_processes_train(fake_env, h100_trace_dir, tmp_path, layout):
+    out = tmp_path / "run"
+    # Under `jpwr --`: one sampler for the node, both ranks mark windows, node leader reports energy.
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_DEVICES="2")
+    jpwr = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(tmp_path / "jpwr"), "--"]
+    result = run_cmd([*jpwr, *torchrun(2), "-m", "llm_training", "train", *TINY, *layout, "--overfit-batch",
+                      "--iterations", "20", "--warmup-iterations", "2", "--out-dir", str(out)], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(out)
+    cfg = data["config"]
+    assert data["status"] == "OK"
+    assert cfg["tensor_parallel"] * cfg["pipeline_parallel"] * cfg["data_parallel"] == 2
+    losses = _losses(data)
+    assert losses[-1] < losses[0] - 0.3
+    steady = data["windows"][1]
+    assert steady["energy"]["devices"] == 2 and steady["energy"]["energy_j"] > 0
+    assert data["metrics"]["tokens_per_s_per_device"] == pytest.approx(data["metrics"]["tokens_per_s"] / 2)
+    assert parse_summary(result.stdout)["status"] == "OK"
+
+
+def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*LLM, "train", *TINY, "--iterations", "100000", "--warmup-iterations", "2",
+                             "--log-interval", "1", "--out-dir", str(out)],
+                            env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "iter 8/" in line:
+            os.kill(proc.pid, signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    data = read_record(out)
+    assert data["status"] == "TIMEOUT"
+    assert "SIGTERM" in data["status_reason"] and "of 100000 iterations" in data["status_reason"]
+    steady = data["windows"][1]
+    assert steady["name"] == "steady" and steady["first_step"] == 2 and steady["last_step"] >= 8
+    assert data["metrics"]["tokens_per_s"] > 0
+    assert parse_summary(rest)["status"] == "TIMEOUT"
+
+
+def test_exit_duration_ends_run_early_on_a_preprocessed_dataset(fake_env, tmp_path):
+    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+
+    _train_tokenizer(tmp_path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 10))
+    prefix = tmp_path / "data" / "corpus_text_document"
+    env = fake_env()
+    prep = run_cmd([*LLM, "preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+                    "--tokenizer-json", str(tmp_path / "tokenizer.json")], env, tmp_path)
+    assert prep.returncode == 0, prep.stderr
+    out = tmp_path / "run"
+    # The deadline counts from the driver's start; 0.01 min passes during initialisation.
+    result = run_cmd([*LLM, "train", *TINY, "--vocab-size", "400", "--data-path", str(prefix),
+                      "--iterations", "1000", "--warmup-iterations", "1", "--exit-duration-mins", "0.01",
+                      "--out-dir", str(out)], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(out)
+    assert data["status"] == "TIMEOUT" and "--exit-duration-mins reached" in data["status_reason"]
+    assert data["config"]["data_path"] == str(prefix)
+    assert sum(w["steps"] for w in data["windows"]) < 1000
+
+
+def test_failure_still_writes_a_failed_record(fake_env, tmp_path):
+    prefix = tmp_path / "broken"
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"broken{suffix}").write_bytes(b"not a megatron index")
+    out = tmp_path / "run"
+    result = run_cmd([*LLM, "train", *TINY, "--data-path", str(prefix), "--iterations", "10",
+                      "--out-dir", str(out)], fake_env(), tmp_path)
+    assert result.returncode != 0
+    data = read_record(out)
+    assert data["status"] == "FAILED" and data["status_reason"]
+    assert parse_summary(result.stdout)["status"] == "FAILED"

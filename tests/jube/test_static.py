@@ -1,0 +1,120 @@
+"""Static checks of the workflows: schema, references, dry run, documented tags, and patterns that match
+what the real drivers' run records turn into (not hand-typed lines)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, requires_jube
+from tests.jube.test_profile import jbprofile
+
+COMMON_XML = JUBE_DIR / "common.xml"
+WORKFLOWS = (LLM_XML, RESNET_XML)
+JUBE_DTD = Path("/usr/share/jube/contrib/schema/jube.dtd")  # shipped by Debian's jube package; never copied here
+
+
+def _root(path: Path) -> ET.Element:
+    return ET.parse(path).getroot()
+
+
+def _patterns(path: Path) -> dict[str, str]:
+    """Pattern name -> regex of the workflow, including the shared ones used from common.xml."""
+    found = {p.get("name"): p.text or "" for p in _root(path).iter("pattern")}
+    found.update({p.get("name"): p.text or "" for p in _root(COMMON_XML).iter("pattern")})
+    return found
+
+
+@pytest.mark.skipif(not (JUBE_DTD.exists() and shutil.which("xmllint")), reason="needs jube's DTD and xmllint")
+@pytest.mark.parametrize("path", [*WORKFLOWS, COMMON_XML], ids=lambda p: p.name)
+def test_valid_against_the_installed_jube_dtd(path: Path) -> None:
+    argv = ["xmllint", "--noout", "--dtdvalid", str(JUBE_DTD), str(path)]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_reference_resolves(path: Path) -> None:
+    root, common = _root(path), _root(COMMON_XML)
+    local_sets = {e.get("name") for e in root.iter() if e.tag in ("parameterset", "patternset", "analyser")}
+    common_sets = {e.get("name") for e in common.iter() if e.tag in ("parameterset", "patternset")}
+    for use in root.iter("use"):
+        names = {n.strip() for n in (use.text or "").split(",")}
+        assert names <= (common_sets if use.get("from") == "common.xml" else local_sets), names
+    steps = {s.get("name") for s in root.iter("step")}
+    assert all(s.get("depend") in steps for s in root.iter("step") if s.get("depend"))
+    assert {a.get("step") for a in root.iter("analyse")} <= steps
+    patterns = _patterns(path)
+    for column in root.iter("column"):
+        assert column.text in patterns, f"column {column.get('title')} uses unknown pattern {column.text}"
+    for element in root.iter():
+        assert "," not in (element.get("tag") or ""), "a comma in a tag expression is an error in JUBE 2.7"
+
+
+@requires_jube
+@pytest.mark.parametrize(("path", "tags"), [(LLM_XML, ["CI", "tiny"]), (RESNET_XML, ["A100", "pytorch"])])
+def test_jube_dry_run_parses_and_expands(path: Path, tags: list[str], jube_env: dict[str, str]) -> None:
+    proc = jube("--debug", "run", str(path), "--tag", *tags, env=jube_env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for log in (JUBE_DIR / "jube-debug.log", JUBE_DIR / "jube-parse.log"):
+        log.unlink(missing_ok=True)
+
+
+def _documented_tags(text: str) -> list[str]:
+    """Tags after --tag/-t in every `jube run` line of a document."""
+    tags: list[str] = []
+    for line in re.findall(r"jube run [^\n`]*", text):
+        match = re.search(r"(?:--tag|-t)\s+([^|&;>]*)", line)
+        if match:
+            tags += [t for t in match.group(1).split() if not t.startswith("-") and "[" not in t]
+    return tags
+
+
+def test_documented_tags_exist_in_the_workflows() -> None:
+    known = set(jbprofile.system_names({})) | set(jbprofile.MODEL_TAGS) | set(jbprofile.FRAMEWORK_TAGS)
+    known |= set(jbprofile.FLAG_TAGS)
+    expressions = [e.get("tag") or "" for p in (*WORKFLOWS, COMMON_XML) for e in _root(p).iter()]
+    xml_tags = {t for expression in expressions for t in re.split(r"[!+|^()]", expression) if t}
+    assert xml_tags <= known  # every tag the XML reacts to is one jbprofile accepts
+    documents = [p for p in (REPO / "README.md", REPO / "docs" / "jube.md") if p.exists()]
+    if not documents:
+        pytest.skip("neither README.md nor docs/jube.md exists yet")
+    tags = [t for doc in documents for t in _documented_tags(doc.read_text())]
+    assert tags, "the documents show no `jube run ... --tag` line"
+    unknown = sorted({t for t in tags if t.upper() not in {k.upper() for k in known} and t not in ("SYSTEM", "MODEL")})
+    assert not unknown, f"documented tags unknown to the workflows: {unknown}"
+
+
+def _driver_record(tmp_path: Path, module: str, args: list[str]) -> Path:
+    out = tmp_path / module
+    subprocess.run([sys.executable, "-m", module, "train", *args, "--device", "cpu", "--out-dir", str(out),
+                    "--run-id", f"static-{module}"], check=True, capture_output=True, cwd=REPO, timeout=300)
+    return out / "run_record.json"
+
+
+def assert_patterns_match(path: Path, fields: str) -> None:
+    """Every pattern of the workflow matches the JB lines exactly once."""
+    for name, regex in _patterns(path).items():
+        matches = re.findall(regex, fields, re.MULTILINE)
+        assert len(matches) == 1, f"pattern {name} ({regex}) matched {matches} in\n{fields}"
+
+
+def test_patterns_match_what_a_real_resnet50_run_produces(tmp_path: Path) -> None:
+    """A real (tiny) driver run -> its run record -> jbrecord.py fields -> the XML's patterns.
+    (The LLM workflow's patterns are checked on the real run of test_local.py.)"""
+    out = tmp_path / "resnet50"
+    args = ["--framework", "pytorch", "--image-size", "32", "--iterations", "2", "--warmup-iterations", "1",
+            "--global-batch-size", "2", "--precision", "fp32", "--device", "cpu", "--out-dir", str(out)]
+    subprocess.run([sys.executable, "-m", "resnet50", "train", *args], check=True, capture_output=True, cwd=REPO,
+                   timeout=300)
+    fields = subprocess.run([sys.executable, str(JUBE_DIR / "jbrecord.py"), "fields", str(out / "run_record.json")],
+                            check=True, capture_output=True, text=True).stdout
+    assert_patterns_match(RESNET_XML, fields)
+    assert re.search(r"^JB status=OK$", fields, re.MULTILINE)
+    assert re.search(r"^JB energy_wh=n/a$", fields, re.MULTILINE)  # no sampler ran: n/a, never 0

@@ -127,7 +127,7 @@ class TensorFlowBackend:
             "device_kind": self.device_kind, "device_name": self.gpu_names[0] if self.gpu_names else "cpu",
             "devices": self.devices, "devices_per_worker": self.devices // self.launch.world_size,
             "workers": self.launch.world_size, "nodes": self.launch.num_nodes, "cpu_count": os.cpu_count(),
-            "strategy": type(self.strategy).__name__,
+            "strategy": "MultiWorkerMirroredStrategy" if self.launch.world_size > 1 else "MirroredStrategy",
         }
 
     def train_step(self) -> tf.Tensor:
@@ -164,3 +164,4 @@ class TensorFlowBackend:
 
     def close(self) -> None:
         keras.mixed_precision.set_global_policy("float32")  # global state: leave the process as found
+        keras.config.set_image_data_format("channels_last")

@@ -3,7 +3,9 @@
 TF's own SlurmClusterResolver asks `nvidia-smi` for GPUs (crashing on CPU-only nodes), builds
 its task list from the GPU count (none on CPU nodes) and rewrites CUDA_VISIBLE_DEVICES. Here
 the worker list comes from Slurm's node list and tasks-per-node instead, one worker per task
-at `host:port_base + local index`, and device placement is left to the strategy.
+at `host:port_base + rank` (port_base = LaunchEnv.master_port; the global rank rather than the
+local index, so that test "nodes" sharing one host get distinct ports), and device placement
+is left to the strategy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ TF_CONFIG = "TF_CONFIG"
 
 
 def worker_addresses(launch: LaunchEnv, environ: Mapping[str, str]) -> list[str]:
-    """Every worker's `host:port` in rank order (Slurm's block distribution: node by node)."""
+    """Every worker's `host:port` in rank order (Slurm's block distribution: node by node), ports base + rank."""
     port_base = launch.master_port
     if launch.launcher == "slurm":
         hosts = expand_nodelist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or "")
@@ -35,7 +37,8 @@ def worker_addresses(launch: LaunchEnv, environ: Mapping[str, str]) -> list[str]
                 f"rank {launch.rank} is not task {launch.local_rank} of node {launch.node_rank} in block order",
                 "use srun's default block distribution (--distribution=block)",
             )
-        return [f"{host}:{port_base + i}" for host, count in zip(hosts, counts, strict=True) for i in range(count)]
+        ranked_hosts = [host for host, count in zip(hosts, counts, strict=True) for _ in range(count)]
+        return [f"{host}:{port_base + rank}" for rank, host in enumerate(ranked_hosts)]
     if launch.num_nodes == 1:
         return [f"{launch.master_addr}:{port_base + i}" for i in range(launch.world_size)]
     raise ValidationError(

@@ -19,11 +19,11 @@ def slurm_env(rank: int, node: int, local: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_slurm_workers_in_block_order_with_consecutive_ports() -> None:
+def test_slurm_workers_in_block_order_with_one_port_per_rank() -> None:
     env = slurm_env(rank=3, node=1, local=1)
     config = tf_config(LaunchEnv.from_env(env), env)
     assert config == {
-        "cluster": {"worker": ["cpu07:31000", "cpu07:31001", "cpu08:31000", "cpu08:31001", "gpu1:31000"]},
+        "cluster": {"worker": ["cpu07:31000", "cpu07:31001", "cpu08:31002", "cpu08:31003", "gpu1:31004"]},
         "task": {"type": "worker", "index": 3},
     }
 

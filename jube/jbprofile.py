@@ -26,6 +26,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import ModuleType
 
 JUBE_DIR = Path(__file__).resolve().parent
 REPO = JUBE_DIR.parent
@@ -36,7 +37,7 @@ EX_USAGE = 64
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50"}
 MODEL_TAGS = ("tiny", "117M", "800M", "13B", "175B")
 FRAMEWORK_TAGS = ("pytorch", "tensorflow")
-FLAG_TAGS = ("wait", "synthetic")
+FLAG_TAGS = ("wait", "synthetic", "container")
 DEFAULT_SYSTEM = "local"
 SIGNAL_MARGIN_S = 60  # USR1 this long before the time limit: the job records TIMEOUT and cleans up
 
@@ -236,12 +237,42 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
             **common,
         }
         settings["JB_MODEL"] = f"resnet50-{framework}"
+    if "container" in kinds["flag"]:
+        settings.update(container_settings(profile, args.get("framework", "pytorch"), env))
     shared = _cli_args(args)
     settings["JB_VALIDATE_ARGS"] = shlex.join(
         [*shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--exit-duration-mins", str(exit_duration_mins(limit_s)),
                                             "--run-id", run_id])
     return settings
+
+
+def _jbcontainer() -> ModuleType:
+    """container/jbcontainer.py, imported on demand: only the `container` tag needs it."""
+    sys.path.insert(0, str(REPO / "container"))
+    import jbcontainer
+
+    return jbcontainer
+
+
+def container_settings(profile: dict[str, str], framework: str, environ: dict[str, str]) -> dict[str, str]:
+    """The `container` tag: the job runs the drivers in the system's pinned image (docs/container.md)."""
+    jbcontainer = _jbcontainer()
+    try:
+        return jbcontainer.job_settings(profile, framework, environ)
+    except jbcontainer.ValidationError as exc:
+        raise ConfigError(exc.problem, exc.fix) from None
+
+
+def ensure_container_image(settings: dict[str, str]) -> None:
+    """Build or pull the image once, on the login node, before anything is validated or submitted."""
+    jbcontainer = _jbcontainer()
+    framework = settings["JB_CONTAINER_NAME"].split("-", 1)[1]  # <vendor>-<framework>
+    try:
+        image = jbcontainer.ensure_image(load_profile(settings["JB_SYSTEM"]), framework)
+    except jbcontainer.ValidationError as exc:
+        raise ConfigError(exc.problem, exc.fix) from None
+    print(f"JOULEBENCH_SETTING container={image}", flush=True)
 
 
 def _cli_args(values: dict[str, str]) -> list[str]:
@@ -278,7 +309,9 @@ def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
 
 def driver_validate(settings: dict[str, str]) -> int:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
-    argv = [settings["JB_PYTHON"], "-m", settings["JB_DRIVER"], "validate", *shlex.split(settings["JB_VALIDATE_ARGS"])]
+    container = shlex.split(settings.get("JB_CONTAINER", ""))  # validate where the job will run the driver
+    argv = [*container, settings["JB_PYTHON"], "-m", settings["JB_DRIVER"], "validate",
+            *shlex.split(settings["JB_VALIDATE_ARGS"])]
     print("validate:", shlex.join(argv), flush=True)
     try:
         return subprocess.call(in_profile_shell(settings, argv))
@@ -298,6 +331,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     settings = build_settings(args.benchmark, tags, overrides, args.run_id)
     for key in ("JB_SYSTEM", "JB_MODEL", "JB_LAUNCHER", "JB_NODES", "JB_TASKS_PER_NODE", "JB_PARTITION"):
         print(f"JOULEBENCH_SETTING {key[3:].lower()}={settings[key] or 'n/a'}")
+    if settings.get("JB_CONTAINER_IMAGE"):
+        ensure_container_image(settings)
     rc = driver_validate(settings)
     if rc == EX_USAGE:
         print(f"jbprofile: {settings['JB_DRIVER']} validate rejected this configuration; nothing was submitted",
@@ -315,8 +350,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def _finalize_without_job(settings_path: Path, reason: str) -> None:
     """The job never started (sbatch refused it): record FAILED with sbatch's words, mark it done."""
     settings = read_settings(settings_path)
-    argv = [settings["JB_PYTHON"], str(JUBE_DIR / "jbrecord.py"), "finalize", "--settings", str(settings_path),
-            "--status", "FAILED", "--reason", reason]
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    argv = [*container, settings["JB_PYTHON"], str(JUBE_DIR / "jbrecord.py"), "finalize", "--settings",
+            str(settings_path), "--status", "FAILED", "--reason", reason]
     subprocess.call(in_profile_shell(settings, argv))
     Path(settings["JB_DONE_FILE"]).touch()
 

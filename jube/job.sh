@@ -45,6 +45,11 @@ if [ -n "$JB_SETUP" ]; then
     eval "$JB_SETUP" || { status=FAILED; reason="profile setup lines failed: $JB_SETUP"; }
 fi
 PY=$JB_PYTHON
+if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
+    # `container` tag: the image also needs the run directory and the samplers' socket directory, which only
+    # the job knows (Apptainer appends $APPTAINER_BIND to the prefix's --bind list).
+    export "$JB_CONTAINER_BIND_VAR=${!JB_CONTAINER_BIND_VAR:+${!JB_CONTAINER_BIND_VAR},}$JB_WORKDIR,${TMPDIR:-/tmp}"
+fi
 
 start_samplers() {
     if [ "$JB_LAUNCHER" = slurm ]; then
@@ -87,7 +92,8 @@ stop_samplers() {
     kill -0 "$sampler_pid" 2>/dev/null && { log "samplers did not stop within 60 s"; kill -KILL "$sampler_pid"; }
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
-    "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 \
+    # shellcheck disable=SC2086
+    $JB_CONTAINER "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 \
         || log "jpwr combine failed, see $out/jpwr-serve.log"
 }
 
@@ -107,7 +113,8 @@ finish() {
     trap '' USR1 TERM INT
     stop_ranks
     stop_samplers
-    "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" --reason "$reason" \
+    # shellcheck disable=SC2086
+    $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" --reason "$reason" \
         || log "could not finalise the run record"
     touch "$JB_DONE_FILE"
     log "finished: status $status${reason:+ ($reason)} after $(($(date +%s) - started_s)) s"

@@ -5,11 +5,14 @@
 #     "externally managed", PEP 668, so pip must not install there),
 #   - .venv/bin/jube, so that `.venv/bin/jube run ...` works; the workflows find .venv/bin/python
 #     themselves (python = auto in jube/systems.ini).
-# Environment: JOULEBENCH_EXTRAS (default llm,resnet-pytorch; add resnet-tensorflow for TF),
+# Environment: JOULEBENCH_EXTRAS (default llm,resnet-pytorch, plus nvidia where nvidia-smi exists;
+#              add resnet-tensorflow for TF),
 #              PIP_INDEX_URL / PIP_EXTRA_INDEX_URL as usual (e.g. PyTorch's CPU wheel index).
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
-extras=${JOULEBENCH_EXTRAS-llm,resnet-pytorch}
+default_extras=llm,resnet-pytorch
+command -v nvidia-smi >/dev/null && default_extras=$default_extras,nvidia  # pynvml for jpwr's sampler
+extras=${JOULEBENCH_EXTRAS-$default_extras}
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"

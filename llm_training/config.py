@@ -68,6 +68,7 @@ class TrainConfig:
     loss_scale_hysteresis: int
     min_loss_scale: float
     overfit_batch: bool
+    overlap_grad_reduce: bool | None  # None: on when DP > 1
     bias_fusion: bool | None  # None: on for CUDA, off for CPU (torch.compile on CPU is slow to build)
 
     @property
@@ -143,7 +144,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
         hidden_dropout=args.hidden_dropout, initial_loss_scale=args.initial_loss_scale,
         loss_scale_window=args.loss_scale_window, loss_scale_hysteresis=args.loss_scale_hysteresis,
-        min_loss_scale=args.min_loss_scale, overfit_batch=args.overfit_batch, bias_fusion=args.bias_fusion,
+        min_loss_scale=args.min_loss_scale, overfit_batch=args.overfit_batch,
+        overlap_grad_reduce=args.overlap_grad_reduce, bias_fusion=args.bias_fusion,
     )
 
 
@@ -166,6 +168,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab-size", type=int, help="tokenizer vocabulary before padding (GPT-2: 50257)")
     g.add_argument("--precision", choices=PRECISIONS)
     g.add_argument("--recompute", choices=RECOMPUTE)
+    g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap the data-parallel gradient reduce-scatter with backward (default: on when DP > 1)")
     g.add_argument("--bias-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="megatron's torch.compile bias+GeLU / bias+dropout fusions (default: on for CUDA)")
     r = parser.add_argument_group("run control")

@@ -94,8 +94,9 @@ class Trainer:
         model = model.to(device)
         if cfg.precision != "fp32":
             model = Float16Module(self.config, model)  # megatron raises a dtype error on half inputs otherwise
+        overlap = cfg.overlap_grad_reduce if cfg.overlap_grad_reduce is not None else cfg.data_parallel > 1
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True,
+            grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, use_distributed_optimizer=True,
         )
         self.model = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=model)
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
@@ -115,6 +116,11 @@ class Trainer:
         )
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.grad_scale_func = self.optimizer.scale_loss
+        if overlap:
+            # As Megatron-LM: no reduction during gradient accumulation; the last micro-batch's
+            # backward starts the bucketed reduce-scatter, finalize_model_grads waits for it.
+            self.config.no_sync_func = self.model.no_sync
+            self.config.grad_sync_func = self.model.start_grad_sync
         self.forward_backward = get_forward_backward_func()
         samples = cfg.global_batch_size * (1 if cfg.overfit_batch else cfg.iterations)
         dataset = data.build_train_dataset(cfg, samples)

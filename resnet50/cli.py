@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import JpwrError, ValidationError
 from jpwr.launch import LaunchEnv
 from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
@@ -107,9 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             return validate(args)
         return make_data(args)
-    except ValidationError as exc:
+    except JpwrError as exc:  # ValidationError (64), OutputDirError (73): raised before any device work
         print(f"resnet50: error: {exc}", file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return int(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ line is the last line rank 0 prints.
 from __future__ import annotations
 
 import signal
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from jpwr.errors import OutputDirError
 from jpwr.launch import LaunchEnv
 from jpwr.meter import WindowMeter, combine_energies
 from jpwr.peaks import peak_flops
@@ -36,6 +38,7 @@ def train(config: TrainConfig) -> int:
     module = load_backend(config.framework)
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
+    _check_out_dir(Path(str(config.out_dir)))
     record = RunRecord(
         benchmark="resnet50", run_id=str(config.run_id), config=config.to_dict(devices),
         launch=launch.to_dict(), software=software_versions(),
@@ -59,7 +62,7 @@ def train(config: TrainConfig) -> int:
                 "iterations (warm-up included); the steady window covers the iterations completed"
             )
         _attach_energy(meter, backend, launch)
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc()
         record.status = "TIMEOUT" if stop.signal_name else "FAILED"
         record.status_reason = f"{type(exc).__name__}: {exc}"
@@ -74,6 +77,16 @@ def train(config: TrainConfig) -> int:
     if backend is not None:
         backend.close()
     return exit_code
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Fail before device work if the run record could not be written at the end."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise OutputDirError(f"--out-dir {out_dir} cannot be written ({exc}); pass a writable directory") from None
 
 
 def _attach_energy(meter: WindowMeter, backend: Backend, launch: LaunchEnv) -> None:

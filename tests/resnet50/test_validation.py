@@ -79,3 +79,12 @@ def test_train_refuses_cuda_on_a_cpu_only_host(capsys: pytest.CaptureFixture, tm
         pytest.skip("this host has a GPU")
     refused(capsys, ["train", "--framework", "pytorch", "--device", "cuda", "--out-dir", str(tmp_path)],
             "--device cuda")
+
+
+def test_train_refuses_unwritable_out_dir(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["train", "--framework", "pytorch", "--device", "cpu", "--out-dir", str(blocker / "run")])
+    assert code == ExitCode.CANT_CREATE
+    assert "--out-dir" in capsys.readouterr().err

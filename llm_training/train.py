@@ -278,7 +278,10 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
         if launch.is_global_zero:
             record.metrics = {**_metrics(cfg, record, device), **record.metrics}
             if meter is not None:
-                record.meter = {"sampler": meter.has_sampler, "energy_methods": cfg.energy_methods}
+                record.meter = {
+                    "sampler": meter.has_sampler, "energy_methods": cfg.energy_methods,
+                    "in_process_out_dir": str(out_dir / "jpwr") if cfg.energy_methods else None,
+                }
             write_run_record(out_dir / "run_record.json", record)
         if meter is not None:
             meter.close()

@@ -133,15 +133,15 @@ def sif_path(image_dir: Path, name: str, arch: str) -> Path:
 # Lock file
 
 
-def load_lock(path: Path = LOCK_FILE) -> dict[str, Any]:
+def load_lock(path: Path | None = None) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        return json.loads((path or LOCK_FILE).read_text())
     except FileNotFoundError:
         return {"images": {}}
 
 
 def record_digest(name: str, base: str, digest: str, source: str, update: bool = False,
-                  path: Path = LOCK_FILE, now: dt.datetime | None = None) -> str:
+                  path: Path | None = None, now: dt.datetime | None = None) -> str:
     """Record `digest` for definition `name`; returns "recorded", "unchanged" or "updated".
 
     A digest (or base tag) that differs from the recorded one means the image under the pin changed:
@@ -165,11 +165,11 @@ def record_digest(name: str, base: str, digest: str, source: str, update: bool =
         entry.setdefault("history", []).append(
             {"base": entry["base"], "digest": entry["digest"], "recorded_utc": entry.get("recorded_utc")})
     entry.update(base=base, digest=digest, recorded_utc=stamp, source=source)
-    write_json_atomic(path, lock)
+    write_json_atomic(path or LOCK_FILE, lock)
     return result
 
 
-def locked_digest(name: str, base: str, path: Path = LOCK_FILE) -> str | None:
+def locked_digest(name: str, base: str, path: Path | None = None) -> str | None:
     """The digest to build from, only while the lock entry still belongs to the definition's base tag."""
     entry = load_lock(path).get("images", {}).get(name) or {}
     return entry.get("digest") if entry.get("base") == base else None

@@ -9,7 +9,7 @@
 # exception: the LLM driver is written against 0.16.1, so that version is installed whatever the base has.
 set -eu
 image=$1 framework=$2 vendor=$3
-src=/opt/joulebench/src
+src=${JOULEBENCH_SRC:-/opt/joulebench/src}  # overridable only to try the script outside an image
 labels=${APPTAINER_LABELS:-${SINGULARITY_LABELS:-/dev/null}}
 
 # The base image's Docker ENV (its PATH decides which python3 is "the" Python of the image).
@@ -37,7 +37,7 @@ case $framework in
         ;;
     tensorflow)
         # resnet50's TF backend is written for Keras 3 (TF >= 2.16 depends on it; check, do not assume).
-        if major_below keras 3; then pip_install keras==3.8.0; fi
+        if ! has_module keras || major_below keras 3; then pip_install keras==3.8.0; fi
         ;;
 esac
 # Our package itself: a plain (non-editable) install of the copied sources, nothing else pulled in.

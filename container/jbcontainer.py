@@ -256,10 +256,13 @@ def launcher_argv(runtime: str, vendor: str, image: Path, binds: list[str]) -> l
 
 
 def profile_image(profile: dict[str, str], framework: str) -> tuple[str, str, Path]:
-    """(definition name, arch, .sif path) of a system profile; `container_dir` empty: container/images/."""
+    """(definition name, arch, .sif path) of a system profile; `container_dir` empty: container/images/.
+
+    A relative container_dir is taken from the repository root, so the login node and the job agree.
+    """
     name = image_name(profile.get("vendor", "nvidia"), framework)
     arch = normalise_arch(profile.get("arch") or "x86_64")
-    image_dir = Path(profile.get("container_dir") or DEFAULT_IMAGE_DIR).expanduser()
+    image_dir = REPO / Path(profile.get("container_dir") or DEFAULT_IMAGE_DIR).expanduser()
     return name, arch, sif_path(image_dir, name, arch)
 
 

@@ -46,6 +46,8 @@ def test_data_directories_are_bound_and_an_explicit_python_is_kept(fake_env: dic
     assert argv[argv.index("--bind") + 1] == f"{REPO},/p/data/oscar,/p/data/imagenet"
     assert settings["JB_PYTHON"] == "/opt/venv/bin/python"
     assert argv[-1] == str(jbcontainer.DEFAULT_IMAGE_DIR / "nvidia-pytorch-x86_64.sif")
+    relative = settings_for("A100", fake_env, container_dir="site/sif")  # relative: from the repository root
+    assert shlex.split(relative["JB_CONTAINER"])[-1] == str(REPO / "site" / "sif" / "nvidia-pytorch-x86_64.sif")
 
 
 def test_without_the_tag_the_job_runs_bare_metal() -> None:

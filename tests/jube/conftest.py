@@ -68,10 +68,12 @@ def jube_env() -> dict[str, str]:
 
 
 def with_fake_nvml(env: dict[str, str]) -> dict[str, str]:
-    """Every process of the job (sampler and ranks) imports the fake pynvml replaying the H100 trace."""
+    """Every process of the job (sampler and ranks) imports the fake pynvml replaying the H100 trace.
+
+    Two fake GPUs per node, as the cluster's GRES says: a job given GPU 1 of a node must find a GPU 1."""
     env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join([str(FAKES_DIR), env.get("PYTHONPATH", "")])
-    env.update(JPWR_FAKE_NVML_TRACE=str(H100_TRACE_DIR), JPWR_FAKE_NVML_DEVICES="1", JOULEBENCH_JPWR_METHODS="nvml")
+    env.update(JPWR_FAKE_NVML_TRACE=str(H100_TRACE_DIR), JPWR_FAKE_NVML_DEVICES="2", JOULEBENCH_JPWR_METHODS="nvml")
     return env
 
 

@@ -22,6 +22,7 @@ from tests.jube.conftest import (
     wait_for_jobs,
     with_fake_nvml,
 )
+from tests.jube.test_static import assert_patterns_match
 
 pytestmark = requires_slurm
 ENERGY_COLUMNS = ("Energy(Wh)", "Power/device(W)", "Energy method", "Coverage", "Error bound(J)")
@@ -73,6 +74,8 @@ def test_resnet50_both_frameworks_with_fake_nvml_energy(
         assert row["Energy method"] in ("counter", "counter+power", "power")
         assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
         assert row["Note"] == "-"
+    for workdir in submit_workdirs(out):
+        assert_patterns_match(RESNET_XML, (workdir / "result.txt").read_text())
 
 
 def test_failed_and_timed_out_jobs_get_rows_and_keep_their_traces(

@@ -292,12 +292,9 @@ def write_settings(path: Path, settings: dict[str, str]) -> None:
 
 
 def read_settings(path: Path) -> dict[str, str]:
-    settings = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            key, _, raw = line.partition("=")
-            settings[key] = shlex.split(raw)[0] if raw else ""
-    return settings
+    """The inverse of write_settings (values may span lines: a profile's setup can)."""
+    words = shlex.split(path.read_text(), comments=True)
+    return dict(word.split("=", 1) for word in words)
 
 
 def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
@@ -348,7 +345,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _finalize_without_job(settings_path: Path, reason: str) -> None:
-    """The job never started (sbatch refused it): record FAILED with sbatch's words, mark it done."""
+    """The job never ran to its end (sbatch refused it, or it was killed): record FAILED, mark it done."""
     settings = read_settings(settings_path)
     container = shlex.split(settings.get("JB_CONTAINER", ""))
     argv = [*container, settings["JB_PYTHON"], str(JUBE_DIR / "jbrecord.py"), "finalize", "--settings",
@@ -406,6 +403,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         with open(workdir / "job.out", "ab") as out, open(workdir / "job.err", "ab") as err:
             rc = subprocess.call(["bash", str(JOB_SCRIPT), str(settings_path)], stdout=out, stderr=err)
         print(f"local job finished with exit code {rc}")
+        if not Path(settings["JB_DONE_FILE"]).exists():  # killed before its traps could run
+            _finalize_without_job(settings_path, f"the job script was killed (exit code {rc}) before it finished")
         return 0
     argv = sbatch_command(settings, settings_path)
     print("submit:", shlex.join(argv), flush=True)

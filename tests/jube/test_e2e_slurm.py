@@ -143,3 +143,17 @@ def _job_count(env: dict[str, str]) -> int:
     """Jobs the controller knows (it keeps finished ones for MinJobAge, 300 s): a submission adds one."""
     shown = subprocess.run(["scontrol", "show", "jobs", "-o"], env=env, capture_output=True, text=True).stdout
     return len([line for line in shown.splitlines() if line.startswith("JobId=")])
+
+
+def test_a_refused_submission_still_gets_a_failed_row(
+    slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
+) -> None:
+    """sbatch rejects an unknown partition: the submit step does not fail, the row says why."""
+    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_PARTITION": "no-such-partition"}
+    out = tmp_path / "refused"
+    jube_run(LLM_XML, ["CI", "tiny"], out, env)
+    _, rows = continue_and_read(out, "llm_csv", env)
+    (row,) = rows
+    assert row["Status"] == "FAILED" and "sbatch refused the job" in row["Note"], row
+    assert "no-such-partition" in row["Note"] or "partition" in row["Note"].lower(), row
+    assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a"

@@ -15,7 +15,7 @@ import pytest
 
 from jpwr.record import RunRecord, summary_line
 from llm_training.cli import main
-from tests.llm_training.conftest import LLM, TINY, parse_summary, read_record, run_cmd, torchrun
+from tests.llm_training.conftest import LLM, TINY, free_port, parse_summary, read_record, run_cmd, torchrun
 
 
 def _losses(record: dict) -> list[float]:
@@ -72,6 +72,20 @@ SAME_PROBLEM = ["--overfit-batch", "--iterations", "12", "--warmup-iterations", 
                 "--attention-dropout", "0", "--hidden-dropout", "0", "--global-batch-size", "4"]
 
 
+def srun_like(train: list[str], env: dict[str, str], cwd) -> subprocess.CompletedProcess:
+    """Two tasks with the variables `srun -n 2` sets on one node; returns rank 0's result (rank 1 must succeed)."""
+    slurm = {"SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "2",
+             "SLURM_JOB_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242", "MASTER_PORT": str(free_port())}
+    procs = [
+        subprocess.Popen([sys.executable, *train], cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**env, **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)})
+        for rank in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=240) for proc in procs]
+    assert procs[1].returncode == 0, outputs[1][1][-3000:]
+    return subprocess.CompletedProcess(procs[0].args, procs[0].returncode, *outputs[0])
+
+
 @pytest.fixture(scope="module")
 def single_process_losses(tmp_path_factory) -> list[float]:
     from tests.conftest import FAKES_DIR, TESTS_DIR
@@ -92,7 +106,7 @@ def single_process_losses(tmp_path_factory) -> list[float]:
         # Pipeline stages draw their initial weights from different RNG positions: close, not equal.
         (["--pipeline-parallel", "2", "--precision", "fp16", "--recompute", "selective"], 0.02),
     ],
-    ids=["dp2", "tp2-sp-bf16", "pp2-fp16"],
+    ids=["dp2", "tp2-sp-bf16", "pp2-fp16-srun"],
 )
 def test_two_processes_reproduce_the_single_process_losses(fake_env, h100_trace_dir, tmp_path, layout, tolerance,
                                                           single_process_losses):
@@ -102,13 +116,18 @@ def test_two_processes_reproduce_the_single_process_losses(fake_env, h100_trace_
     metered = layout == ["--tensor-parallel", "1"]
     env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_DEVICES="2")
     jpwr = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(tmp_path / "jpwr"), "--"]
-    command = [*torchrun(2), "-m", "llm_training", "train", *TINY, *layout, *SAME_PROBLEM, "--out-dir", str(out)]
-    result = run_cmd([*jpwr, *command] if metered else command, env, tmp_path)
+    train = ["-m", "llm_training", "train", *TINY, *layout, *SAME_PROBLEM, "--out-dir", str(out)]
+    if "--pipeline-parallel" in layout:
+        result = srun_like(train, env, tmp_path)  # the launch path of `srun` (no torchrun)
+    else:
+        command = [*torchrun(2), *train]
+        result = run_cmd([*jpwr, *command] if metered else command, env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     data = read_record(out)
     cfg = data["config"]
     assert data["status"] == "OK"
     assert cfg["tensor_parallel"] * cfg["pipeline_parallel"] * cfg["data_parallel"] == 2
+    assert data["launch"]["launcher"] == ("slurm" if "--pipeline-parallel" in layout else "torchrun")
     losses = _losses(data)
     assert losses == pytest.approx(single_process_losses, abs=tolerance)
     assert losses[-1] < losses[0] - 0.3

@@ -27,7 +27,7 @@ from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, JpwrError
 from jpwr.record import fmt
 
-SUBCOMMANDS = ("serve", "combine", "info", "selftest")
+SUBCOMMANDS = ("serve", "combine", "info", "selftest", "plot", "report")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -194,9 +194,22 @@ def cmd_selftest(argv: Sequence[str]) -> int:
     return selftest_main(argv)
 
 
+def cmd_plot(argv: Sequence[str]) -> int:
+    from jpwr.plot import main as plot_main  # matplotlib loads only for this subcommand
+
+    return plot_main(argv)
+
+
+def cmd_report(argv: Sequence[str]) -> int:
+    from jpwr.report import main as report_main
+
+    return report_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest}
+    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest,
+                "plot": cmd_plot, "report": cmd_report}
     try:
         if args and args[0] in handlers:
             return int(handlers[args[0]](args[1:]))

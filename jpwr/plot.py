@@ -1,0 +1,258 @@
+"""`jpwr plot RUN_DIR -o trace.png`: the power trace with each window shaded, clocks and utilisation below.
+
+A glance at the trace shows whether a window's number can be trusted: is the steady window flat,
+does it start after the warm-up, did clocks drop or utilisation sag inside it. Nodes are put on
+one time axis through each sampler's wall/monotonic clock pair; window energies in the legend are
+the samplers' own (summary.json) or, for a bare trace, recomputed with the same estimator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from jpwr.domains import Domain, Signal
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.meter import combine_energies
+from jpwr.record import WindowEnergy, fmt
+from jpwr.sampler import SUMMARY_FILE
+from jpwr.trace import SEGMENT_DIR, TRACE_FILE, TraceData, load_trace, read_hdf5
+from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+WINDOW_COLOURS = {"steady": "tab:green", "warmup": "tab:orange", "command": "tab:gray"}
+SEARCH_DEPTH = 5  # RUN_DIR/<node>, <record dir>/energy/<node>, JUBE <run>/<step>/work/run/energy/<node>
+COUNTER_MIN_GAP_S = 0.5
+
+
+@dataclasses.dataclass
+class NodeTrace:
+    """One node's trace, its sampler summary when there is one, and its offset to wall time."""
+
+    name: str
+    trace: TraceData
+    summary: dict[str, Any] | None
+    wall_offset_ns: int  # wall = monotonic + offset; 0 when the sampler recorded no clock pair
+
+
+def _is_node_dir(path: Path) -> bool:
+    return (path / TRACE_FILE).is_file() or (path / SEGMENT_DIR).is_dir()
+
+
+def find_trace_sources(path: Path) -> list[Path]:
+    """Node directories (or one .h5 file) under PATH; a clear error when there are none."""
+    if path.is_file() and path.suffix == ".h5":
+        return [path]
+    if path.is_dir() and _is_node_dir(path):
+        return [path]
+    found: list[Path] = []
+    if path.is_dir():
+        level = [path]
+        for _ in range(SEARCH_DEPTH):
+            level = sorted(p for d in level for p in d.iterdir() if p.is_dir() and p.name != SEGMENT_DIR)
+            found += [p for p in level if _is_node_dir(p)]
+    if not found:
+        raise ValidationError(
+            f"no jpwr trace at {path} (looked for <node>/{TRACE_FILE} or <node>/{SEGMENT_DIR}/ up to "
+            f"{SEARCH_DEPTH} levels down)",
+            "pass a jpwr --out directory, one node directory, or a trace .h5 file")
+    return found
+
+
+def load_trace_data(source: Path) -> TraceData:
+    """A node directory's trace (HDF5, else segments) or a bare .h5 file."""
+    return read_hdf5(source) if source.is_file() else load_trace(source)
+
+
+def load_node(source: Path) -> NodeTrace:
+    trace = load_trace_data(source)
+    summary_path = source / SUMMARY_FILE if source.is_dir() else None
+    summary = json.loads(summary_path.read_text()) if summary_path and summary_path.is_file() else None
+    pairs = trace.info.get("clock_pairs_wall_mono_ns") or []
+    offset = int(pairs[0][0]) - int(pairs[0][1]) if pairs else 0
+    name = str(trace.info.get("node") or source.stem)
+    return NodeTrace(name, trace, summary, offset)
+
+
+def load_nodes(path: Path) -> list[NodeTrace]:
+    return [load_node(s) for s in find_trace_sources(path)]
+
+
+def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:
+    """The sampler's window energies, else the estimator run offline on the saved trace (same code)."""
+    if node.summary is not None:
+        return {name: WindowEnergy.from_dict(w["energy"]) for name, w in node.summary.get("windows", {}).items()
+                if not name.startswith("_")}
+    interval = float(node.trace.info.get("interval_s") or 0.1)
+    return {name: window_energy(node.trace, span, interval, node.name)
+            for name, span in spans_from_marks(node.trace.marks).items()}
+
+
+def energy_label(name: str, energy: WindowEnergy | None, duration_s: float) -> str:
+    """Legend text of a window: energy with method, coverage and bound, or n/a with the reason."""
+    head = f"{name}: {duration_s:.1f} s"
+    if energy is None or energy.energy_j is None:
+        reason = energy.unavailable_reason if energy else "not measured"
+        return f"{head}, energy n/a ({_shorten(reason or 'unknown', 60)})"
+    return (f"{head}, {fmt(energy.energy_j, 5)} J ({fmt(energy.energy_wh, 4)} Wh), {energy.method}, "
+            f"coverage {fmt(100 * (energy.coverage or 0.0), 3)}%, ±{fmt(energy.error_bound_j, 2)} J")
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _device_label(node: NodeTrace, domain: Domain, several_nodes: bool) -> str:
+    base = f"{domain.kind.value}{domain.index if domain.index is not None else ''}"
+    return f"{node.name}/{base}" if several_nodes else f"{base} ({domain.name})"
+
+
+def _counter_power(t_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean power between counter knots at least COUNTER_MIN_GAP_S apart, as (edges, values) for a step line.
+
+    Reads taken during the after-mark chase are milliseconds apart; ΔE/Δt over such short gaps is
+    dominated by the knot timing error, so knots are thinned before dividing.
+    """
+    ok = ~np.isnan(energy_j)
+    t_s, energy_j = t_s[ok], energy_j[ok]
+    change = np.concatenate(([0], np.flatnonzero(np.diff(energy_j) != 0) + 1)) if len(t_s) else np.array([], int)
+    knots: list[int] = []
+    for i in change:
+        if not knots or t_s[i] - t_s[knots[-1]] >= COUNTER_MIN_GAP_S:
+            knots.append(int(i))
+    if len(knots) < 2:
+        return np.array([]), np.array([])
+    kt, ke = t_s[knots], energy_j[knots]
+    return kt[:-1], np.diff(ke) / np.diff(kt)
+
+
+def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:
+    """Power per device (instant, and counter-derived as steps), windows shaded; SM clock and utilisation below."""
+    fig = Figure(figsize=(13, 8.5), layout="constrained")
+    ax_power, ax_clock, ax_util = fig.subplots(3, 1, sharex=True, height_ratios=(3, 1.3, 1.3))
+    origin = _origin_ns(nodes)
+    several = len(nodes) > 1
+    for node in nodes:
+        _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
+    window_handles = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util))
+    ax_power.set_ylabel("accelerator power (W)")
+    ax_power.set_ylim(bottom=0)
+    ax_clock.set_ylabel("clock (MHz)")
+    ax_util.set_ylabel("GPU utilisation (%)")
+    ax_util.set_ylim(-2, 102)
+    ax_util.set_xlabel("time since first reading (s)" + (", nodes aligned by wall clock" if several else ""))
+    handles, _ = ax_power.get_legend_handles_labels()
+    ax_power.legend(handles=handles + window_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                    title="devices and windows (energy: all accelerators)", title_fontsize=8)
+    for ax in (ax_clock, ax_util):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.grid(alpha=0.3)
+    ax_power.grid(alpha=0.3)
+    run_id = nodes[0].trace.info.get("run_id", "") if nodes else ""
+    fig.suptitle(title or f"jpwr trace {run_id} ({len(nodes)} node{'s' if several else ''})")
+    return fig
+
+
+def _origin_ns(nodes: Sequence[NodeTrace]) -> int:
+    starts = [min(r.t_before_ns for r in rows) + n.wall_offset_ns
+              for n in nodes for rows in n.trace.readings.values() if rows]
+    if not starts:
+        raise ValidationError("the trace holds no sensor readings", "check jpwr info on that machine: no sensor "
+                                                                    "was available when it ran")
+    return min(starts)
+
+
+def _plot_node(node: NodeTrace, origin: int, several: bool, ax_power, ax_clock, ax_util) -> None:
+    trace = node.trace
+    for domain in accelerator_domains(trace.domains):
+        label = _device_label(node, domain, several)
+        sensors = {s.signal: s for s in trace.sensors if s.domain_id == domain.id}
+        power = sensors.get(Signal.POWER_INSTANT) or sensors.get(Signal.POWER_AVERAGE)
+        colour = None
+        if power is not None:
+            series = trace.series(power.id)
+            t = (series.t_ns + node.wall_offset_ns - origin) / 1e9
+            kind = "instant" if power.signal is Signal.POWER_INSTANT else f"{power.avg_window_s or '?'} s average"
+            (line,) = ax_power.plot(t, series.value, lw=0.9, label=f"{label}: {kind} power")
+            colour = line.get_color()
+        counter = sensors.get(Signal.ENERGY_COUNTER)
+        if counter is not None:
+            series = trace.series(counter.id)
+            edges, watts = _counter_power((series.t_ns + node.wall_offset_ns - origin) / 1e9, series.value)
+            if len(watts):
+                ax_power.step(edges, watts, where="post", lw=1.4, alpha=0.8, color=colour, ls="--",
+                              label=f"{label}: counter ΔE/Δt")
+        _plot_metric(trace, domain.id, "sm_clock_hz", 1e-6, node, origin, ax_clock, f"{label} SM", colour, "-")
+        _plot_metric(trace, domain.id, "memory_clock_hz", 1e-6, node, origin, ax_clock, f"{label} memory", colour,
+                     ":")
+        _plot_metric(trace, domain.id, "utilization_gpu", 100.0, node, origin, ax_util, label, colour, "-")
+
+
+def _plot_metric(trace: TraceData, domain_id: str, name: str, scale: float, node: NodeTrace, origin: int, ax,
+                 label: str, colour: str | None, style: str) -> None:
+    rows = [(m.t_ns, m.value) for m in trace.metrics if m.domain_id == domain_id and m.name == name]
+    if not rows:
+        return
+    t, v = np.array(rows, dtype=float).T
+    ax.plot((t + node.wall_offset_ns - origin) / 1e9, v * scale, lw=0.9, color=colour, ls=style, label=label)
+
+
+def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]:
+    """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
+    per_node = [node_window_energies(n) for n in nodes]
+    combined = combine_energies(per_node) if per_node else {}
+    handles = []
+    names: list[str] = []
+    for node in nodes:
+        for name, span in spans_from_marks(node.trace.marks).items():
+            colour = WINDOW_COLOURS.get(name, f"C{(len(names) + 4) % 10}")
+            t0 = (span.t0_ns + node.wall_offset_ns - origin) / 1e9
+            t1 = (span.t1_ns + node.wall_offset_ns - origin) / 1e9
+            alpha = 0.08 if name == "command" else 0.18
+            for ax in axes:
+                ax.axvspan(t0, t1, color=colour, alpha=alpha, lw=0)
+            if name not in names:
+                names.append(name)
+                y = 0.98 - 0.06 * (len(names) - 1)
+                axes[0].text(t0, y, f" {name}", transform=axes[0].get_xaxis_transform(), va="top", fontsize=8,
+                             color=colour)
+                handles.append(Patch(color=colour, alpha=0.35,
+                                     label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9)))
+    return handles
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write the image via a temporary file and rename, so a viewer never reads half a PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    return path
+
+
+def check_image_path(path: Path) -> None:
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValidationError(f"output {path} has suffix {path.suffix or '(none)'!r}",
+                              f"name the image with one of {', '.join(IMAGE_SUFFIXES)}, e.g. -o trace.png")
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr plot", description="Plot a jpwr trace with its windows shaded.")
+    parser.add_argument("run_dir", type=Path, help="jpwr --out directory, one node directory, or a trace .h5 file")
+    parser.add_argument("-o", "--output", type=Path, default=Path("trace.png"), help="image file (.png, .svg, .pdf)")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args(argv)
+    check_image_path(args.output)
+    fig = plot_trace(load_nodes(args.run_dir), args.title)
+    print(f"jpwr plot: wrote {save_figure(fig, args.output)}")
+    return ExitCode.OK

@@ -1,0 +1,356 @@
+"""`jpwr report PATH... -o OUTDIR`: charts, a table and an offline HTML page over many run records.
+
+Throughput and work per Wh per system and batch size answer "which setup is cheaper per token";
+energy per unit against utilisation and mean power, and the pairwise diagnosis, answer "why".
+PATH is a JUBE run directory (run_record.json files are found recursively) or run record files.
+Traces next to a record (<record dir>/jpwr/<node>/, <record dir>/energy/<node>/) supply the latent
+metrics of the steady window. A missing energy figure is shown as n/a and never plotted as 0.
+
+    jpwr report jube/runs/llm -o report/
+    jpwr report --compare runA/run_record.json runB/run_record.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import html
+import json
+import math
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from jpwr.diagnose import Diagnosis, UnitCost, diagnose, steady_latents, unit_cost, work_unit
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.plot import find_trace_sources, load_trace_data, save_figure
+from jpwr.record import SCHEMA_VERSION, RunRecord, fmt, utc_now
+
+RECORD_FILE = "run_record.json"
+RECORD_KIND = "joulebench.run_record"
+JUBE_SETTINGS = "job.env"
+
+
+@dataclasses.dataclass
+class Run:
+    """One run record with what the report needs beside it: where it came from, its system, its latents."""
+
+    path: Path
+    record: RunRecord
+    system: str
+    latents: dict[str, float]
+
+    @property
+    def label(self) -> str:
+        return f"{self.system} {self.record.run_id}"
+
+    @property
+    def series(self) -> str:
+        """Chart series: the system and its device model and count (one line per series over batch sizes)."""
+        devices = self.cost.devices
+        device = self.record.hardware.get("device_name") or "device n/a"
+        if device == self.system:
+            return f"{device} ×{fmt(devices)}"
+        return f"{self.system}: {device} ×{fmt(devices)}"
+
+    @property
+    def cost(self) -> UnitCost:
+        return unit_cost(self.record, self.label)
+
+
+# ---- input -----------------------------------------------------------------------------------------------
+def record_paths(paths: Sequence[Path]) -> list[Path]:
+    """run_record.json files under each directory, and files named directly."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(path.rglob(RECORD_FILE))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ValidationError(f"{path} does not exist", "pass a JUBE run directory or run_record.json files")
+    if not found:
+        raise ValidationError(f"no {RECORD_FILE} under {', '.join(map(str, paths)) or '(no path given)'}",
+                              "pass a JUBE run directory whose jobs have finished (each writes "
+                              f"work/run/{RECORD_FILE}) or the run record files themselves")
+    return found
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidationError(f"{path} is not readable JSON ({exc})", "pass run_record.json files written by a "
+                                                                       "joulebench driver") from exc
+    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
+        kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise ValidationError(f"{path} is not a run record (kind {kind!r}, expected {RECORD_KIND!r})",
+                              "pass run_record.json files; for a jpwr trace use `jpwr plot`")
+    return data
+
+
+def check_versions(documents: dict[Path, dict[str, Any]]) -> None:
+    """One schema version across all inputs, and one this reader understands."""
+    versions: dict[Any, list[Path]] = {}
+    for path, data in documents.items():
+        versions.setdefault(data.get("schema_version"), []).append(path)
+    if len(versions) > 1:
+        listing = "; ".join(f"schema_version {v!r}: {', '.join(map(str, ps[:3]))}{' ...' if len(ps) > 3 else ''}"
+                            for v, ps in versions.items())
+        raise ValidationError(f"the inputs mix run record schema versions ({listing})",
+                              f"report runs of one schema version at a time (this jpwr reads {SCHEMA_VERSION}); "
+                              "re-run or convert the others")
+    (version,) = versions
+    if version != SCHEMA_VERSION:
+        raise ValidationError(f"run record schema_version {version!r} is not supported (e.g. {versions[version][0]})",
+                              f"use a jpwr that reads schema_version {version!r}, or records of version "
+                              f"{SCHEMA_VERSION}")
+
+
+def jube_system(record_path: Path) -> str | None:
+    """JB_SYSTEM from the JUBE job's job.env (work/job.env beside work/run/run_record.json)."""
+    for directory in (record_path.parent, record_path.parent.parent):
+        settings = directory / JUBE_SETTINGS
+        if settings.is_file():
+            for line in settings.read_text().splitlines():
+                if line.startswith("JB_SYSTEM="):
+                    words = shlex.split(line.partition("=")[2])
+                    return words[0] if words else None
+    return None
+
+
+def system_of(record: RunRecord, path: Path) -> str:
+    launch_nodes = record.launch.get("num_nodes")
+    return str(jube_system(path) or record.config.get("system") or record.hardware.get("device_name")
+               or f"{record.launch.get('launcher', 'unknown')} ×{launch_nodes or '?'} nodes")
+
+
+def record_latents(record_path: Path) -> dict[str, float]:
+    """Latent metrics of the steady window from the traces stored beside the record, if any."""
+    try:
+        sources = find_trace_sources(record_path.parent)
+    except ValidationError:
+        return {}
+    return steady_latents(load_trace_data(s) for s in sources)
+
+
+def load_runs(paths: Sequence[Path]) -> list[Run]:
+    documents = {p: _read_json(p) for p in record_paths(paths)}
+    check_versions(documents)
+    runs = []
+    for path, data in documents.items():
+        try:
+            record = RunRecord.from_dict(data)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValidationError(f"{path} is not a valid run record ({type(exc).__name__}: {exc})",
+                                  "regenerate it with the driver, or leave it out") from exc
+        runs.append(Run(path, record, system_of(record, path), record_latents(path)))
+    return runs
+
+
+# ---- table -----------------------------------------------------------------------------------------------
+def table_rows(runs: Sequence[Run]) -> list[dict[str, str]]:
+    """One row per run, text only; n/a (with the reason in the note) wherever a value is missing."""
+    rows = []
+    for run in runs:
+        m, cost = run.record.metrics, run.cost
+        unit = work_unit(run.record)
+        energy_unit = cost.energy_per_unit_j
+        util = run.latents.get("utilization_gpu")
+        sm = run.latents.get("sm_clock_hz")
+        note = run.record.status_reason if run.record.status != "OK" else (cost.reason or "")
+        rows.append({
+            "benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,
+            "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
+            "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": unit,
+            "per s": fmt(m.get(f"{unit}_per_s")), "per s per device": fmt(m.get(f"{unit}_per_s_per_device")),
+            "per Wh": fmt(m.get(f"{unit}_per_wh")), "J per unit": fmt(energy_unit),
+            "mean W per device": fmt(m.get("mean_power_w_per_device")),
+            "GPU util %": fmt(None if util is None else 100 * util, 3),
+            "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
+            "coverage": fmt(m.get("energy_coverage"), 3), "bound J": fmt(m.get("energy_error_bound_j"), 3),
+            "note": " ".join(str(note or "").split()),
+        })
+    return rows
+
+
+# ---- charts ----------------------------------------------------------------------------------------------
+def _value(run: Run, key: str) -> float | None:
+    value = run.record.metrics.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _by_series(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for run in sorted(runs, key=lambda r: (r.series, r.cost.batch_size or 0)):
+        groups.setdefault(run.series, []).append(run)
+    return groups
+
+
+def _plot_series(ax, runs: Sequence[Run], y_of, ylabel: str) -> int:
+    """Lines over batch size per series; returns how many runs had no value (shown as n/a, not plotted)."""
+    missing = 0
+    for name, group in _by_series(runs).items():
+        points = [(r.cost.batch_size, y_of(r)) for r in group]
+        missing += sum(1 for x, y in points if x is None or y is None)
+        points = [(x, y) for x, y in points if x is not None and y is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", label=name)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("global batch size")
+    ax.grid(alpha=0.3)
+    _note_missing(ax, missing)
+    return missing
+
+
+def _note_missing(ax, missing: int) -> None:
+    if missing:
+        ax.set_title(f"{missing} run(s) n/a, not plotted", fontsize=8, loc="right")
+    if not ax.lines and not ax.collections:
+        ax.text(0.5, 0.5, "no run has this value (n/a)", ha="center", va="center", transform=ax.transAxes)
+    elif ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def efficiency_figure(runs: Sequence[Run], benchmark: str) -> Figure:
+    """Throughput and work per Wh against batch size, one line per system and device count."""
+    unit = work_unit(runs[0].record)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_rate, ax_wh = fig.subplots(1, 2)
+    _plot_series(ax_rate, runs, lambda r: _value(r, f"{unit}_per_s"), f"{unit}/s (all devices)")
+    _plot_series(ax_wh, runs, lambda r: _value(r, f"{unit}_per_wh"), f"{unit}/Wh (accelerator energy)")
+    fig.suptitle(f"{benchmark}: throughput and energy efficiency of the steady window")
+    return fig
+
+
+def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
+    """Energy per unit against mean GPU utilisation and against mean power per device."""
+    unit = work_unit(runs[0].record)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_util, ax_power = fig.subplots(1, 2)
+    panels = (
+        (ax_util, lambda r: None if "utilization_gpu" not in r.latents else 100 * r.latents["utilization_gpu"],
+         "mean GPU utilisation in the steady window (%)"),
+        (ax_power, lambda r: _value(r, "mean_power_w_per_device"), "mean power per device (W)"),
+    )
+    for ax, x_of, xlabel in panels:
+        missing = 0
+        for name, group in _by_series(runs).items():
+            points = [(x_of(r), r.cost.energy_per_unit_j) for r in group]
+            missing += sum(1 for x, y in points if x is None or y is None)
+            points = [(x, y) for x, y in points if x is not None and y is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.scatter(xs, ys, label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"energy per {unit[:-1]} (J)")
+        ax.grid(alpha=0.3)
+        _note_missing(ax, missing)
+    fig.suptitle(f"{benchmark}: where the joules per {unit[:-1]} go")
+    return fig
+
+
+# ---- diagnosis -------------------------------------------------------------------------------------------
+def compare_runs(a: Run, b: Run) -> Diagnosis:
+    return diagnose(a.cost, b.cost, a.latents, b.latents)
+
+
+def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:
+    """The cheapest and the dearest run per unit (among runs with energy): the spread worth explaining."""
+    measured = [r for r in runs if r.cost.energy_per_unit_j is not None]
+    if len(measured) < 2:
+        return None
+    ordered = sorted(measured, key=lambda r: r.cost.energy_per_unit_j)  # type: ignore[arg-type,return-value]
+    return ordered[0], ordered[-1]
+
+
+# ---- HTML ------------------------------------------------------------------------------------------------
+def _image_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"><figcaption>' \
+           f'{html.escape(alt)} ({html.escape(path.name)})</figcaption></figure>'
+
+
+def render_html(rows: Sequence[dict[str, str]], images: Sequence[tuple[Path, str]],
+                diagnoses: Sequence[tuple[str, Diagnosis]], sources: Sequence[Path]) -> str:
+    head = list(rows[0]) if rows else []
+    table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(
+        "<tr>" + "".join(f"<td>{html.escape(row[h])}</td>" for h in head) + "</tr>" for row in rows) + "</table>"
+    diag = "".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in d.sentences)
+                   + "</ul>" for title, d in diagnoses) or "<p>Fewer than two runs with energy: nothing to compare.</p>"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>joulebench report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #bbb;padding:3px 6px;text-align:right}}th{{background:#eee}}img{{max-width:100%}}
+figure{{margin:1em 0}}</style></head><body>
+<h1>joulebench report</h1>
+<p>Generated {html.escape(utc_now())} from {len(rows)} run record(s) under {html.escape(', '.join(map(str, sources)))}.
+All figures are of the steady window; energy is the accelerators' total (not above idle), with method, coverage and
+the estimator's bound. n/a marks a value that was not measured (the note says why); it is never plotted as 0.</p>
+<h2>Runs</h2>{table}
+<h2>Charts</h2>{''.join(_image_tag(p, alt) for p, alt in images)}
+<h2>Where the joules go</h2>
+<p>Energy per unit of work is time per unit × mean power, so the difference between two runs splits exactly into
+ΔE = Δt·(P̄₁+P̄₂)/2 + ΔP̄·(t₁+t₂)/2; the latent metrics are means over the steady window of each run's trace.</p>
+{diag}
+</body></html>
+"""
+
+
+def _write_text_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
+    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html."""
+    runs = load_runs(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images: list[tuple[Path, str]] = []
+    diagnoses: list[tuple[str, Diagnosis]] = []
+    for benchmark in sorted({r.record.benchmark for r in runs}):
+        group = [r for r in runs if r.record.benchmark == benchmark]
+        for stem, build, alt in (("efficiency", efficiency_figure, "throughput and work per Wh vs batch size"),
+                                 ("energy", energy_figure, "energy per unit vs utilisation and mean power")):
+            images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
+                           f"{benchmark}: {alt}"))
+        pair = extreme_pair(group)
+        if pair:
+            diagnoses.append((f"{benchmark}: {pair[1].label} vs {pair[0].label}", compare_runs(*pair)))
+    rows = table_rows(runs)
+    _write_text_atomic(out_dir / "runs.json", json.dumps(
+        {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses]}, indent=2))
+    return _write_text_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths))
+
+
+def _single(path: Path) -> Run:
+    runs = load_runs([path])
+    if len(runs) != 1:
+        raise ValidationError(f"{path} holds {len(runs)} run records, --compare needs exactly one per side",
+                              f"pass the {RECORD_FILE} file itself")
+    return runs[0]
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jpwr report", description="Charts, table and diagnosis over run records.")
+    parser.add_argument("paths", nargs="*", type=Path, help="JUBE run directories or run_record.json files")
+    parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (index.html and PNGs)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
+                        help="print why run B costs more or less energy per unit than run A")
+    args = parser.parse_args(argv)
+    if args.compare:
+        a, b = (_single(p) for p in args.compare)
+        print(compare_runs(a, b).text())
+        return ExitCode.OK
+    if args.out is None:
+        raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
+    print(f"jpwr report: wrote {write_report(args.paths, args.out)}")
+    return ExitCode.OK

@@ -56,14 +56,15 @@ def build_train_dataset(cfg: TrainConfig, num_samples: int) -> GPTDataset:
 def micro_batches(dataset: GPTDataset, cfg: TrainConfig, dp_rank: int, device: torch.device) -> Iterator[dict]:
     """Endless stream of this replica's micro-batches, global batch after global batch."""
     per_replica = cfg.global_batch_size // cfg.data_parallel
+    # A copy from pageable host memory makes CUDA wait for the stream first; pinned memory keeps
+    # the copy asynchronous, so the host can queue the next micro-batch while the GPU computes.
+    pin = device.type == "cuda"
     step = 0
     while True:
         first = (0 if cfg.overfit_batch else step) * cfg.global_batch_size + dp_rank * per_replica
         for k in range(cfg.num_microbatches):
             start = first + k * cfg.micro_batch_size
             items = [dataset[(start + i) % len(dataset)] for i in range(cfg.micro_batch_size)]
-            yield {
-                key: torch.stack([torch.as_tensor(item[key]) for item in items]).to(device, non_blocking=True)
-                for key in BATCH_KEYS
-            }
+            batch = {key: torch.stack([torch.as_tensor(item[key]) for item in items]) for key in BATCH_KEYS}
+            yield {key: (t.pin_memory() if pin else t).to(device, non_blocking=True) for key, t in batch.items()}
         step += 1

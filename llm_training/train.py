@@ -173,7 +173,8 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     trainer = Trainer(cfg, device)
     _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
                  f"DP={cfg.data_parallel}, {cfg.precision}, MBS={cfg.micro_batch_size} GBS={cfg.global_batch_size} "
-                 f"({cfg.num_microbatches} micro-batches), recompute={cfg.recompute}, device={device}")
+                 f"({cfg.num_microbatches} micro-batch{'es' if cfg.num_microbatches != 1 else ''} per replica), "
+                 f"recompute={cfg.recompute}, device={device}")
     curve: list[dict[str, float]] = []
     meter.begin("warmup", 0)
     last_log_t, last_log_it, completed = time.monotonic(), 0, 0

@@ -245,7 +245,7 @@ def _latent_sentences(la: Mapping[str, float], lb: Mapping[str, float], a: UnitC
     moved, steady = latent_changes(la, lb, a, b)
     sentences = []
     if moved:
-        sentences.append("Moved with it: " + "; ".join(moved) + ".")
+        sentences.append("Moved between the runs: " + "; ".join(moved) + ".")
     if steady:
         sentences.append(f"Stayed about the same (as in {b.label}): " + "; ".join(steady) + ".")
     if not la or not lb:

@@ -47,7 +47,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.system} {self.record.run_id}"
+        return f"{self.system} [{self.record.run_id}]"
 
     @property
     def series(self) -> str:

@@ -1,0 +1,74 @@
+"""`jpwr plot` on recorded traces: the committed H200 run and the replayed H100 trace (one and two nodes)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from jpwr.cli import main as jpwr_main
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.plot import find_trace_sources, load_nodes, plot_trace, save_figure
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _legend_texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_h200_trace_has_power_clock_and_utilisation_panels_with_windows(h200_trace, tmp_path):
+    fig = plot_trace(load_nodes(h200_trace))
+    ax_power, ax_clock, ax_util = fig.axes
+    assert ax_power.get_ylabel() == "accelerator power (W)"
+    assert ax_clock.get_ylabel() == "clock (MHz)"
+    assert ax_util.get_ylabel() == "GPU utilisation (%)"
+    assert ax_util.get_xlabel().startswith("time since first reading (s)")
+    legend = _legend_texts(ax_power)
+    steady = next(t for t in legend if t.startswith("steady:"))
+    assert " J (" in steady and "Wh), counter+power, coverage 100%" in steady  # energy carries its method
+    assert any(t.startswith("warmup:") for t in legend) and any(t.startswith("command:") for t in legend)
+    assert any("instant power" in t for t in legend) and any("counter ΔE/Δt" in t for t in legend)
+    assert len(ax_power.patches) == 3  # warmup, steady, command shaded
+    labels = [t.get_text().strip() for t in ax_power.texts]
+    assert {"warmup", "steady", "command"} <= set(labels)
+    assert ax_clock.lines and ax_util.lines
+    out = save_figure(fig, tmp_path / "h200.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+
+
+def test_two_nodes_share_one_time_axis_and_energies_add(replayed_runs, tmp_path):
+    # Two node directories of one run: the same replayed node copied under a second name.
+    run = tmp_path / "run"
+    shutil.copytree(replayed_runs / "burst100" / "jpwr" / "n1", run / "n1")
+    shutil.copytree(replayed_runs / "burst100" / "jpwr" / "n1", run / "n2")
+    one = plot_trace(load_nodes(run / "n1"))
+    two = plot_trace(load_nodes(run))
+    assert len(find_trace_sources(run)) == 2
+    assert "nodes aligned by wall clock" in two.axes[2].get_xlabel()
+    assert len(two.axes[0].lines) == 2 * len(one.axes[0].lines)
+
+    def steady_joules(fig) -> float:
+        text = next(t for t in _legend_texts(fig.axes[0]) if t.startswith("steady:"))
+        return float(text.split(", ")[1].split(" J")[0])
+
+    assert steady_joules(two) == pytest.approx(2 * steady_joules(one), rel=1e-3)
+
+
+def test_cli_writes_the_png(replayed_runs, tmp_path):
+    out = tmp_path / "trace.png"
+    assert jpwr_main(["plot", str(replayed_runs / "burst37"), "-o", str(out)]) == ExitCode.OK
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_empty_directory_is_a_validation_error(tmp_path, capsys):
+    with pytest.raises(ValidationError, match="no jpwr trace") as info:
+        find_trace_sources(tmp_path)
+    assert "Fix:" in str(info.value)
+    assert jpwr_main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")]) == ExitCode.USAGE
+    assert "no jpwr trace" in capsys.readouterr().err
+
+
+def test_unknown_image_suffix_is_refused_before_reading(h200_trace, tmp_path, capsys):
+    assert jpwr_main(["plot", str(h200_trace), "-o", str(tmp_path / "trace.jpeg2")]) == ExitCode.USAGE
+    assert ".png" in capsys.readouterr().err

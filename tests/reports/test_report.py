@@ -1,0 +1,125 @@
+"""`jpwr report` over recorded runs: charts, table, offline HTML, n/a for missing energy, clear input errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from jpwr.cli import main as jpwr_main
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.record import J_PER_WH, RunRecord, WindowEnergy, read_run_record, steady_metrics, write_run_record
+from jpwr.report import efficiency_figure, energy_figure, load_runs, table_rows, write_report
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER_RECORDS = sorted((REPO / "benchmarks" / "results").rglob("run_record.json"))
+
+
+def _without_energy(source: Path, target: Path) -> Path:
+    """The same run as if no sensor had been found: energy unavailable with a reason, metrics recomputed."""
+    record = read_run_record(source)
+    for window in record.windows:
+        window.energy = WindowEnergy.unavailable("no accelerator sensors on node n1: nvml: unavailable")
+    steady = record.window("steady")
+    record.metrics = {**steady_metrics(steady, "steps", devices=1), "devices": 1}
+    record.run_id += "-no-energy"
+    return write_run_record(target / "run_record.json", record)
+
+
+def test_html_page_embeds_every_chart_and_the_table(replayed_runs, tmp_path):
+    index = write_report([replayed_runs], tmp_path / "report")
+    page = index.read_text()
+    assert page.count('src="data:image/png;base64,') == 2  # one benchmark: efficiency + energy charts
+    assert not re.search(r"(src|href)=\"https?:", page)  # readable offline
+    assert "replay-burst100" in page and "replay-burst37" in page
+    assert "ΔE = Δt·(P̄₁+P̄₂)/2 + ΔP̄·(t₁+t₂)/2" in page and "Time per step" in page
+    for png in ("efficiency_h100_replay.png", "energy_h100_replay.png"):
+        assert (tmp_path / "report" / png).stat().st_size > 10_000
+    data = json.loads((tmp_path / "report" / "runs.json").read_text())
+    assert len(data["rows"]) == 2 and len(data["diagnoses"]) == 1
+
+
+def test_energy_chart_places_each_run_at_its_recorded_values(replayed_runs):
+    runs = load_runs([replayed_runs])
+    fig = energy_figure(runs, "h100_replay")
+    ax_util, ax_power = fig.axes
+    assert ax_util.get_xlabel() == "mean GPU utilisation in the steady window (%)"
+    assert ax_power.get_xlabel() == "mean power per device (W)"
+    assert ax_util.get_ylabel() == ax_power.get_ylabel() == "energy per step (J)"
+    points = sorted(float(v) for c in ax_power.collections for p in c.get_offsets() for v in p)
+    expected = sorted(v for r in runs for v in (
+        r.record.metrics["mean_power_w_per_device"],
+        r.record.metrics["energy_wh"] * J_PER_WH / r.record.window("steady").work["steps"]))
+    assert points == pytest.approx(expected, rel=1e-9)
+    assert len([p for c in ax_util.collections for p in c.get_offsets()]) == 2
+
+
+def test_runs_without_batch_size_or_energy_are_na_never_zero(replayed_runs, tmp_path):
+    _without_energy(replayed_runs / "burst37" / "run_record.json", tmp_path / "no_energy")
+    runs = load_runs([replayed_runs, tmp_path / "no_energy"])
+    rows = {r["run_id"]: r for r in table_rows(runs)}
+    missing = rows["replay-burst37-no-energy"]
+    assert missing["per Wh"] == missing["J per unit"] == missing["mean W per device"] == missing["method"] == "n/a"
+    assert "no accelerator sensors" in missing["note"]
+    assert rows["replay-burst37"]["per Wh"] not in ("n/a", "0")
+    fig = efficiency_figure(runs, "h100_replay")
+    ax_rate, ax_wh = fig.axes
+    assert ax_rate.get_ylabel() == "steps/s (all devices)" and ax_wh.get_ylabel() == "steps/Wh (accelerator energy)"
+    assert ax_rate.get_xlabel() == "global batch size"
+    # The replayed records carry no batch size: nothing is placed on the batch-size axis, and the panel says so.
+    assert not ax_wh.lines and ax_wh.get_title(loc="right") == "3 run(s) n/a, not plotted"
+    energy = energy_figure(runs, "h100_replay")
+    assert energy.axes[1].get_title(loc="right") == "1 run(s) n/a, not plotted"
+    assert all(y > 0 for c in energy.axes[1].collections for _, y in c.get_offsets())
+
+
+def test_compare_prints_the_decomposition(replayed_runs, capsys):
+    a, b = (str(replayed_runs / p / "run_record.json") for p in ("burst37", "burst100"))
+    assert jpwr_main(["report", "--compare", a, b]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "more per step than" in out and "of the difference" in out and "Moved between the runs" in out
+
+
+def test_empty_directory(tmp_path, capsys):
+    with pytest.raises(ValidationError, match=r"no run_record\.json under"):
+        load_runs([tmp_path])
+    assert jpwr_main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == ExitCode.USAGE
+    assert "Fix:" in capsys.readouterr().err
+
+
+def test_mixed_schema_versions(replayed_runs, tmp_path):
+    data = json.loads((replayed_runs / "burst37" / "run_record.json").read_text())
+    data["schema_version"] = 2
+    (tmp_path / "run_record.json").write_text(json.dumps(data))
+    with pytest.raises(ValidationError, match=r"mix run record schema versions.*schema_version 1.*schema_version 2"):
+        load_runs([replayed_runs, tmp_path])
+    with pytest.raises(ValidationError, match="schema_version 2 is not supported"):
+        load_runs([tmp_path])
+
+
+def test_not_a_run_record(h200_trace, tmp_path):
+    summary = h200_trace.with_name("accuracy_summary.json")  # a jpwr node summary, not a run record
+    with pytest.raises(ValidationError, match=r"is not a run record \(kind 'node'"):
+        load_runs([summary])
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValidationError, match="not readable JSON"):
+        load_runs([tmp_path / "broken.json"])
+    with pytest.raises(ValidationError, match="does not exist"):
+        load_runs([tmp_path / "missing"])
+
+
+def test_compare_needs_one_record_per_side(replayed_runs, capsys):
+    code = jpwr_main(["report", "--compare", str(replayed_runs), str(replayed_runs / "burst37" / "run_record.json")])
+    assert code == ExitCode.USAGE
+    assert "exactly one per side" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not DRIVER_RECORDS, reason="no driver run records committed under benchmarks/results yet")
+def test_committed_driver_records_render(tmp_path):
+    index = write_report(DRIVER_RECORDS, tmp_path / "report")
+    page = index.read_text()
+    for path in DRIVER_RECORDS:
+        assert RunRecord.from_dict(json.loads(path.read_text())).run_id in page
+    assert page.count('src="data:image/png;base64,') == 2 * len({read_run_record(p).benchmark for p in DRIVER_RECORDS})

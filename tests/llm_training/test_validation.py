@@ -42,6 +42,7 @@ def validate(capsys, *args: str) -> tuple[int, str, str]:
         (["--model", "800M", "--nodes", "2", "--devices-per-node", "4", "--world-size", "6"],
          ["--nodes 2 × --devices-per-node 4 = 8 is not --world-size 6"]),
         (["--model", "800M", "--exit-duration-mins", "0"], ["--exit-duration-mins 0"]),
+        (["--model", "800M", "--world-size", "0"], ["world size is 0"]),
     ],
 )
 def test_each_invalid_configuration_names_values_and_fix(capsys, args, expected):

@@ -7,6 +7,7 @@ the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -17,6 +18,12 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 FAKES_DIR = TESTS_DIR / "fakes"
 H100_TRACE_DIR = TESTS_DIR / "data" / "h100_trace"
+
+# One pytest process imports TensorFlow (resnet50's TF backend) and torch._dynamo (torchvision, torch.compile).
+# Loading triton's libtriton after TensorFlow's bundled LLVM segfaults (TF 2.21, triton 3.x from torch 2.14);
+# loaded first, both work. Drivers never import both frameworks in one process.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 if str(FAKES_DIR) not in sys.path:
     sys.path.insert(0, str(FAKES_DIR))

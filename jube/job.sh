@@ -37,14 +37,17 @@ log() { echo "joulebench-job: $*" >&2; }
 # Samplers and ranks find each other through this socket path ({node} = Slurm node name).
 export JPWR_ADDR="${TMPDIR:-/tmp}/jpwr-${SLURM_JOB_ID:-local$$}-{node}.sock"
 export JPWR_RUN_ID=$JB_RUN_ID
-# The drivers pick their ranks up from Slurm; torch's rendezvous port must differ between jobs on a node.
-export MASTER_PORT=$((29500 + ${SLURM_JOB_ID:-$$} % 20000))
 [ -n "$JB_CPUS_PER_TASK" ] && export OMP_NUM_THREADS=$JB_CPUS_PER_TASK
 
 if [ -n "$JB_SETUP" ]; then
     eval "$JB_SETUP" || { status=FAILED; reason="profile setup lines failed: $JB_SETUP"; }
 fi
 PY=$JB_PYTHON
+# The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
+# MASTER_PORT (TF workers on MASTER_PORT + local index): a port free right now, not one derived from the
+# job id, which collides with whatever else runs on a shared node.
+MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])') \
+    && export MASTER_PORT || log "no free port found; the drivers fall back to their default"
 if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
     # `container` tag: the image also needs the run directory and the samplers' socket directory, which only
     # the job knows (Apptainer appends $APPTAINER_BIND to the prefix's --bind list).

@@ -179,7 +179,7 @@ def latent_changes(a: Mapping[str, float], b: Mapping[str, float], cost_a: UnitC
 
 def _num(value: float) -> str:
     """Readable magnitudes: whole numbers from 100 up (1980 MHz, not 1.98e+03)."""
-    return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 3)
+    return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 4)
 
 
 def _pct(part: float, whole: float) -> str:
@@ -229,8 +229,8 @@ def diagnose(a: UnitCost, b: UnitCost, latents_a: Mapping[str, float] | None = N
     scale, unit_e = _energy_scale(max(abs(d.e1), abs(d.e2)))
     relation = "more" if d.delta_e > 0 else "less"
     sentences = [
-        f"{b.label} uses {fmt(abs(d.delta_e) * scale, 3)} {unit_e} {relation} per {unit} than {a.label} "
-        f"({fmt(d.e1 * scale, 4)} → {fmt(d.e2 * scale, 4)} {unit_e} per {unit}, "
+        f"{b.label} uses {_num(abs(d.delta_e) * scale)} {unit_e} {relation} per {unit} than {a.label} "
+        f"({_num(d.e1 * scale)} → {_num(d.e2 * scale)} {unit_e} per {unit}, "
         f"{_signed_pct(d.e2, d.e1)}).",
         f"Time per {unit} {_words_change(d.t1, d.t2)} ({fmt(d.t1, 4)} → {fmt(d.t2, 4)} s): "
         f"{_signed(d.time_term * scale)} {unit_e} of the difference.",
@@ -263,7 +263,7 @@ def _energy_scale(magnitude: float) -> tuple[float, str]:
 
 
 def _signed(value: float) -> str:
-    return ("+" if value >= 0 else "−") + fmt(abs(value), 3)
+    return ("+" if value >= 0 else "−") + _num(abs(value))
 
 
 def _signed_pct(new: float, old: float) -> str:

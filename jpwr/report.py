@@ -150,7 +150,7 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
             raise ValidationError(f"{path} is not a valid run record ({type(exc).__name__}: {exc})",
                                   "regenerate it with the driver, or leave it out") from exc
         runs.append(Run(path, record, system_of(record, path), record_latents(path)))
-    return runs
+    return sorted(runs, key=lambda r: (r.record.benchmark, r.series, r.cost.batch_size or 0.0, r.record.run_id))
 
 
 # ---- table -----------------------------------------------------------------------------------------------
@@ -192,8 +192,13 @@ def _by_series(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def _plot_series(ax, runs: Sequence[Run], y_of, ylabel: str) -> int:
-    """Lines over batch size per series; returns how many runs had no value (shown as n/a, not plotted)."""
+def _plot_series(ax, runs: Sequence[Run], y_of, ylabel: str) -> None:
+    """Lines over batch size per series; bars per run when no run recorded a batch size. n/a is never drawn."""
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if all(r.cost.batch_size is None for r in runs):
+        _plot_bars(ax, runs, y_of)
+        return
     missing = 0
     for name, group in _by_series(runs).items():
         points = [(r.cost.batch_size, y_of(r)) for r in group]
@@ -202,17 +207,23 @@ def _plot_series(ax, runs: Sequence[Run], y_of, ylabel: str) -> int:
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o", label=name)
-    ax.set_ylabel(ylabel)
     ax.set_xlabel("global batch size")
-    ax.grid(alpha=0.3)
     _note_missing(ax, missing)
-    return missing
+
+
+def _plot_bars(ax, runs: Sequence[Run], y_of) -> None:
+    measured = [(r, y_of(r)) for r in runs]
+    shown = [(r, y) for r, y in measured if y is not None]
+    ax.bar([r.label for r, _ in shown], [y for _, y in shown], color=[f"C{i % 10}" for i in range(len(shown))])
+    ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+    ax.set_xlabel("run (no batch size recorded)")
+    _note_missing(ax, len(measured) - len(shown))
 
 
 def _note_missing(ax, missing: int) -> None:
     if missing:
         ax.set_title(f"{missing} run(s) n/a, not plotted", fontsize=8, loc="right")
-    if not ax.lines and not ax.collections:
+    if not ax.lines and not ax.collections and not ax.patches:
         ax.text(0.5, 0.5, "no run has this value (n/a)", ha="center", va="center", transform=ax.transAxes)
     elif ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -318,8 +329,9 @@ def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
     diagnoses: list[tuple[str, Diagnosis]] = []
     for benchmark in sorted({r.record.benchmark for r in runs}):
         group = [r for r in runs if r.record.benchmark == benchmark]
-        for stem, build, alt in (("efficiency", efficiency_figure, "throughput and work per Wh vs batch size"),
-                                 ("energy", energy_figure, "energy per unit vs utilisation and mean power")):
+        charts = (("efficiency", efficiency_figure, "throughput and work per Wh per system and batch size"),
+                  ("energy", energy_figure, "energy per unit vs utilisation and mean power"))
+        for stem, build, alt in charts:
             images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
                            f"{benchmark}: {alt}"))
         pair = extreme_pair(group)

@@ -67,9 +67,11 @@ def test_runs_without_batch_size_or_energy_are_na_never_zero(replayed_runs, tmp_
     fig = efficiency_figure(runs, "h100_replay")
     ax_rate, ax_wh = fig.axes
     assert ax_rate.get_ylabel() == "steps/s (all devices)" and ax_wh.get_ylabel() == "steps/Wh (accelerator energy)"
-    assert ax_rate.get_xlabel() == "global batch size"
-    # The replayed records carry no batch size: nothing is placed on the batch-size axis, and the panel says so.
-    assert not ax_wh.lines and ax_wh.get_title(loc="right") == "3 run(s) n/a, not plotted"
+    # The replayed records carry no batch size: one bar per run instead of a batch-size axis; no bar for n/a.
+    assert ax_rate.get_xlabel() == ax_wh.get_xlabel() == "run (no batch size recorded)"
+    assert len(ax_rate.patches) == 3 and len(ax_wh.patches) == 2
+    assert ax_wh.get_title(loc="right") == "1 run(s) n/a, not plotted"
+    assert all(bar.get_height() > 0 for bar in ax_wh.patches)
     energy = energy_figure(runs, "h100_replay")
     assert energy.axes[1].get_title(loc="right") == "1 run(s) n/a, not plotted"
     assert all(y > 0 for c in energy.axes[1].collections for _, y in c.get_offsets())

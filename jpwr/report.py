@@ -26,10 +26,11 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from jpwr.diagnose import Diagnosis, UnitCost, diagnose, steady_latents, unit_cost, work_unit
+from jpwr.diagnose import STEADY, Diagnosis, UnitCost, diagnose, steady_latents, unit_cost, work_unit
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.plot import find_trace_sources, load_trace_data, save_figure
 from jpwr.record import SCHEMA_VERSION, RunRecord, fmt, utc_now
+from jpwr.trace import TraceData
 
 RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
@@ -130,13 +131,26 @@ def system_of(record: RunRecord, path: Path) -> str:
                or f"{record.launch.get('launcher', 'unknown')} ×{launch_nodes or '?'} nodes")
 
 
-def record_latents(record_path: Path) -> dict[str, float]:
-    """Latent metrics of the steady window from the traces stored beside the record, if any."""
+def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
+    """Latent metrics of the steady window from this run's traces stored beside the record, if any.
+
+    A directory may hold several runs' traces; a trace belongs to the record when it holds rank 0's
+    steady-window begin mark, whose monotonic stamp the record keeps (Window.t_start_ns).
+    """
+    steady = record.window(STEADY)
+    if steady is None:
+        return {}
     try:
         sources = find_trace_sources(record_path.parent)
     except ValidationError:
         return {}
-    return steady_latents(load_trace_data(s) for s in sources)
+    by_out_dir: dict[Path, list[TraceData]] = {}
+    for source in sources:
+        by_out_dir.setdefault(source.parent, []).append(load_trace_data(source))
+    for traces in by_out_dir.values():
+        if any(m.name == STEADY and m.edge == "begin" and m.t_ns == steady.t_start_ns for t in traces for m in t.marks):
+            return steady_latents(traces)
+    return {}
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:
@@ -149,7 +163,7 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
         except (KeyError, ValueError, TypeError) as exc:
             raise ValidationError(f"{path} is not a valid run record ({type(exc).__name__}: {exc})",
                                   "regenerate it with the driver, or leave it out") from exc
-        runs.append(Run(path, record, system_of(record, path), record_latents(path)))
+        runs.append(Run(path, record, system_of(record, path), record_latents(path, record)))
     return sorted(runs, key=lambda r: (r.record.benchmark, r.series, r.cost.batch_size or 0.0, r.record.run_id))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,17 @@ def test_committed_driver_records_render(tmp_path):
     for path in DRIVER_RECORDS:
         assert RunRecord.from_dict(json.loads(path.read_text())).run_id in page
     assert page.count('src="data:image/png;base64,') == 2 * len({read_run_record(p).benchmark for p in DRIVER_RECORDS})
+
+
+def test_latents_come_only_from_the_records_own_trace(replayed_runs, tmp_path):
+    mixed = tmp_path / "mixed"
+    for phase in ("burst100", "burst37"):  # both runs' traces in one directory, one record
+        shutil.copytree(replayed_runs / phase / "jpwr", mixed / phase / "jpwr")
+    shutil.copy(replayed_runs / "burst37" / "run_record.json", mixed / "run_record.json")
+    (alone,) = load_runs([replayed_runs / "burst37" / "run_record.json"])
+    (found,) = load_runs([mixed / "run_record.json"])
+    assert found.latents == alone.latents and found.latents
+    shutil.rmtree(mixed / "burst37")  # only the other run's trace left: no latents rather than wrong ones
+    (orphan,) = load_runs([mixed / "run_record.json"])
+    assert orphan.latents == {}
+    assert table_rows([orphan])[0]["GPU util %"] == "n/a"

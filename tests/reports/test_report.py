@@ -140,3 +140,29 @@ def test_latents_come_only_from_the_records_own_trace(replayed_runs, tmp_path):
     (orphan,) = load_runs([mixed / "run_record.json"])
     assert orphan.latents == {}
     assert table_rows([orphan])[0]["GPU util %"] == "n/a"
+
+
+DRIVER_SWEEP = Path(__file__).parent / "data" / "resnet50_cpu_replay"
+
+
+def test_driver_records_over_batch_sizes_make_one_line_per_system():
+    runs = load_runs([DRIVER_SWEEP])
+    fig = efficiency_figure(runs, "resnet50")
+    ax_rate, ax_wh = fig.axes
+    assert ax_rate.get_xlabel() == ax_wh.get_xlabel() == "global batch size"
+    assert ax_rate.get_ylabel() == "images/s (all devices)" and ax_wh.get_ylabel() == "images/Wh (accelerator energy)"
+    (rate_line,) = ax_rate.lines
+    (wh_line,) = ax_wh.lines
+    assert list(rate_line.get_xdata()) == [2, 4, 8] and rate_line.get_label() == "cpu ×1"
+    by_batch = {r.record.config["global_batch_size"]: r.record.metrics for r in runs}
+    assert list(rate_line.get_ydata()) == [by_batch[b]["images_per_s"] for b in (2, 4, 8)]
+    assert list(wh_line.get_ydata()) == [by_batch[b]["images_per_wh"] for b in (2, 4, 8)]
+
+
+def test_report_diagnosis_names_the_batch_size_without_traces(tmp_path):
+    write_report([DRIVER_SWEEP], tmp_path)
+    (diagnosis,) = json.loads((tmp_path / "runs.json").read_text())["diagnoses"]
+    text = " ".join(diagnosis["sentences"])
+    assert "per image" in text and "batch size" in text
+    assert "No trace metrics" in text  # the traces were not kept: latent metrics are not guessed
+    assert diagnosis["time_term_j"] + diagnosis["power_term_j"] == pytest.approx(diagnosis["delta_energy_per_unit_j"])

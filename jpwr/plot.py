@@ -84,7 +84,14 @@ def load_node(source: Path) -> NodeTrace:
 
 
 def load_nodes(path: Path) -> list[NodeTrace]:
-    return [load_node(s) for s in find_trace_sources(path)]
+    """The nodes of one run; several runs under PATH would put unrelated traces on one axis."""
+    nodes = [load_node(s) for s in find_trace_sources(path)]
+    run_ids = sorted({str(n.trace.info.get("run_id")) for n in nodes})
+    if len(run_ids) > 1:
+        raise ValidationError(f"{path} holds traces of {len(run_ids)} runs ({', '.join(run_ids[:4])}"
+                              f"{', ...' if len(run_ids) > 4 else ''})",
+                              "pass the directory of one run (its jpwr --out directory or one node directory)")
+    return nodes
 
 
 def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:

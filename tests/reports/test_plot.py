@@ -72,3 +72,9 @@ def test_empty_directory_is_a_validation_error(tmp_path, capsys):
 def test_unknown_image_suffix_is_refused_before_reading(h200_trace, tmp_path, capsys):
     assert jpwr_main(["plot", str(h200_trace), "-o", str(tmp_path / "trace.jpeg2")]) == ExitCode.USAGE
     assert ".png" in capsys.readouterr().err
+
+
+def test_traces_of_several_runs_are_not_plotted_together(replayed_runs, capsys):
+    assert jpwr_main(["plot", str(replayed_runs), "-o", "unused.png"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "holds traces of 2 runs (replay-burst100, replay-burst37)" in err and "Fix:" in err

@@ -35,6 +35,7 @@ from jpwr.trace import TraceData
 RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
 JUBE_SETTINGS = "job.env"
+SERIES_CONFIG_KEYS = ("model", "framework", "precision")
 
 
 @dataclasses.dataclass
@@ -52,12 +53,19 @@ class Run:
 
     @property
     def series(self) -> str:
-        """Chart series: the system and its device model and count (one line per series over batch sizes)."""
-        devices = self.cost.devices
+        """Chart series: system, device model and count, and what else changes the work (model, framework,
+        precision), so that one line joins only runs that differ in batch size."""
         device = self.record.hardware.get("device_name") or "device n/a"
-        if device == self.system:
-            return f"{device} ×{fmt(devices)}"
-        return f"{self.system}: {device} ×{fmt(devices)}"
+        head = f"{device} ×{fmt(self.cost.devices)}"
+        if device != self.system:
+            head = f"{self.system}: {head}"
+        extras = [str(self.record.config[k]) for k in SERIES_CONFIG_KEYS if self.record.config.get(k) is not None]
+        return ", ".join([head, *extras])
+
+    @property
+    def usable(self) -> bool:
+        """A FAILED run's figures are not a measurement; a TIMEOUT run stopped cleanly and its steady window is."""
+        return self.record.status != "FAILED"
 
     @property
     def cost(self) -> UnitCost:
@@ -195,7 +203,7 @@ def table_rows(runs: Sequence[Run]) -> list[dict[str, str]]:
 
 # ---- charts ----------------------------------------------------------------------------------------------
 def _value(run: Run, key: str) -> float | None:
-    value = run.record.metrics.get(key)
+    value = run.record.metrics.get(key) if run.usable else None
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
@@ -267,7 +275,7 @@ def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     for ax, x_of, xlabel in panels:
         missing = 0
         for name, group in _by_series(runs).items():
-            points = [(x_of(r), r.cost.energy_per_unit_j) for r in group]
+            points = [(x_of(r), r.cost.energy_per_unit_j if r.usable else None) for r in group]
             missing += sum(1 for x, y in points if x is None or y is None)
             points = [(x, y) for x, y in points if x is not None and y is not None]
             if points:
@@ -288,7 +296,7 @@ def compare_runs(a: Run, b: Run) -> Diagnosis:
 
 def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:
     """The cheapest and the dearest run per unit (among runs with energy): the spread worth explaining."""
-    measured = [r for r in runs if r.cost.energy_per_unit_j is not None]
+    measured = [r for r in runs if r.usable and r.cost.energy_per_unit_j is not None]
     if len(measured) < 2:
         return None
     ordered = sorted(measured, key=lambda r: r.cost.energy_per_unit_j)  # type: ignore[arg-type,return-value]

@@ -153,7 +153,7 @@ def test_driver_records_over_batch_sizes_make_one_line_per_system():
     assert ax_rate.get_ylabel() == "images/s (all devices)" and ax_wh.get_ylabel() == "images/Wh (accelerator energy)"
     (rate_line,) = ax_rate.lines
     (wh_line,) = ax_wh.lines
-    assert list(rate_line.get_xdata()) == [2, 4, 8] and rate_line.get_label() == "cpu ×1"
+    assert list(rate_line.get_xdata()) == [2, 4, 8] and rate_line.get_label() == "cpu ×1, pytorch, fp32"
     by_batch = {r.record.config["global_batch_size"]: r.record.metrics for r in runs}
     assert list(rate_line.get_ydata()) == [by_batch[b]["images_per_s"] for b in (2, 4, 8)]
     assert list(wh_line.get_ydata()) == [by_batch[b]["images_per_wh"] for b in (2, 4, 8)]
@@ -166,3 +166,18 @@ def test_report_diagnosis_names_the_batch_size_without_traces(tmp_path):
     assert "per image" in text and "batch size" in text
     assert "No trace metrics" in text  # the traces were not kept: latent metrics are not guessed
     assert diagnosis["time_term_j"] + diagnosis["power_term_j"] == pytest.approx(diagnosis["delta_energy_per_unit_j"])
+
+
+def test_failed_runs_stay_in_the_table_but_out_of_charts_and_diagnosis(tmp_path):
+    record = read_run_record(DRIVER_SWEEP / "b8" / "run_record.json")
+    record.status, record.status_reason = "FAILED", "RuntimeError: CUDA error (recorded after the steady window)"
+    write_run_record(tmp_path / "failed" / "run_record.json", record)
+    runs = load_runs([DRIVER_SWEEP / "b2", DRIVER_SWEEP / "b4", tmp_path / "failed"])
+    rows = {r["run_id"]: r for r in table_rows(runs)}
+    assert rows[record.run_id]["status"] == "FAILED" and "CUDA error" in rows[record.run_id]["note"]
+    ax_rate, _ = efficiency_figure(runs, "resnet50").axes
+    assert list(ax_rate.lines[0].get_xdata()) == [2, 4]
+    assert ax_rate.get_title(loc="right") == "1 run(s) n/a, not plotted"
+    write_report([DRIVER_SWEEP / "b2", DRIVER_SWEEP / "b4", tmp_path / "failed"], tmp_path / "out")
+    (diagnosis,) = json.loads((tmp_path / "out" / "runs.json").read_text())["diagnoses"]
+    assert record.run_id not in diagnosis["title"]

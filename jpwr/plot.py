@@ -111,7 +111,8 @@ def energy_label(name: str, energy: WindowEnergy | None, duration_s: float) -> s
         reason = energy.unavailable_reason if energy else "not measured"
         return f"{head}, energy n/a ({_shorten(reason or 'unknown', 60)})"
     return (f"{head}, {fmt(energy.energy_j, 5)} J ({fmt(energy.energy_wh, 4)} Wh), {energy.method}, "
-            f"coverage {fmt(100 * (energy.coverage or 0.0), 3)}%, ±{fmt(energy.error_bound_j, 2)} J")
+            f"coverage {fmt(None if energy.coverage is None else 100 * energy.coverage, 3)}%, "
+            f"±{fmt(energy.error_bound_j, 2)} J")
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -139,7 +140,9 @@ def _counter_power(t_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, n
     if len(knots) < 2:
         return np.array([]), np.array([])
     kt, ke = t_s[knots], energy_j[knots]
-    return kt[:-1], np.diff(ke) / np.diff(kt)
+    watts = np.diff(ke) / np.diff(kt)
+    watts[watts < 0] = np.nan  # a counter reset or wrap: no power shown rather than a negative one
+    return kt, np.append(watts, watts[-1])  # repeat the last value so the last step is drawn to its end
 
 
 def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:

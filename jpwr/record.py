@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -216,11 +217,25 @@ def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
+    versions.setdefault("joulebench", _source_version())
     torch = sys.modules.get("torch")
     if torch is not None:
         versions["torch_cuda"] = getattr(torch.version, "cuda", None)
         versions["torch_hip"] = getattr(torch.version, "hip", None)
     return versions
+
+
+def _source_version() -> str:
+    """Version of a checkout used without installing (PYTHONPATH on offline GPU machines), with its commit."""
+    from jpwr import __version__
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{__version__}+g{commit}" if commit else __version__
 
 
 def _json_default(value: Any) -> Any:

@@ -27,6 +27,7 @@ from jpwr.record import STATUSES, RunRecord, fmt, read_run_record, write_run_rec
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 SEVERITY = {"OK": 0, "TIMEOUT": 1, "FAILED": 2}
+SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 
 
 def finalize(settings: dict[str, str], status: str, reason: str) -> RunRecord:
@@ -89,7 +90,12 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "status": record.status,
         "note": " ".join(str(note).split()),
     }
+    fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (value if value else "n/a") for key, value in fields.items()}
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def render(fields: dict[str, str]) -> str:
@@ -99,7 +105,7 @@ def render(fields: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jbrecord.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    fin = sub.add_parser("finalize", help="finish the run record and write result.txt next to job.env")
+    fin = sub.add_parser("finalize", help="finish the run record, write result.txt, touch the done file")
     fin.add_argument("--settings", required=True, type=Path)
     fin.add_argument("--status", choices=STATUSES, required=True)
     fin.add_argument("--reason", default="")
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         record = finalize(settings, args.status, args.reason or "")
         text = render(table_fields(record, settings))
         (Path(settings["JB_WORKDIR"]) / RESULT_FILE).write_text(text)
+        Path(settings["JB_DONE_FILE"]).touch()  # JUBE's done_file: the row can be analysed now
         sys.stdout.write(text)
         return 0
     settings = read_settings(args.settings) if args.settings else {}

@@ -119,7 +119,7 @@ finish() {
     # shellcheck disable=SC2086
     $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" --reason "$reason" \
         || log "could not finalise the run record"
-    touch "$JB_DONE_FILE"
+    touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     log "finished: status $status${reason:+ ($reason)} after $(($(date +%s) - started_s)) s"
 }
 

@@ -156,7 +156,7 @@ def _moved(name: str, a: float, b: float) -> bool:
 
 def _change_words(label: str, a: float, b: float, scale: float, unit: str) -> str:
     verb = "rose" if b > a else "fell"
-    return f"{label} {verb} from {_num(a * scale)}{unit} to {_num(b * scale)}{unit}"
+    return f"{label} {verb} from {readable(a * scale)}{unit} to {readable(b * scale)}{unit}"
 
 
 def latent_changes(a: Mapping[str, float], b: Mapping[str, float], cost_a: UnitCost,
@@ -169,7 +169,7 @@ def latent_changes(a: Mapping[str, float], b: Mapping[str, float], cost_a: UnitC
         if _moved(name, a[name], b[name]):
             moved.append(_change_words(label, a[name], b[name], scale, unit))
         else:
-            steady.append(f"{label} {_num(b[name] * scale)}{unit}")
+            steady.append(f"{label} {readable(b[name] * scale)}{unit}")
     for label, va, vb in (("batch size", cost_a.batch_size, cost_b.batch_size),
                           ("device count", cost_a.devices, cost_b.devices)):
         if va is not None and vb is not None and va != vb:
@@ -177,9 +177,19 @@ def latent_changes(a: Mapping[str, float], b: Mapping[str, float], cost_a: UnitC
     return moved, steady
 
 
-def _num(value: float) -> str:
-    """Readable magnitudes: whole numbers from 100 up (1980 MHz, not 1.98e+03)."""
+def readable(value: float | None) -> str:
+    """Whole numbers from 100 up (1980 MHz, 65612 tokens/s, not 1.98e+03), 4 digits below; n/a for None."""
+    if value is None:
+        return "n/a"
     return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 4)
+
+
+def _seconds(value: float) -> str:
+    """Time per unit in s, ms or µs (a token takes microseconds)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{readable(value / scale)} {unit}"
+    return f"{readable(value * 1e9)} ns"
 
 
 def _pct(part: float, whole: float) -> str:
@@ -229,10 +239,10 @@ def diagnose(a: UnitCost, b: UnitCost, latents_a: Mapping[str, float] | None = N
     scale, unit_e = _energy_scale(max(abs(d.e1), abs(d.e2)))
     relation = "more" if d.delta_e > 0 else "less"
     sentences = [
-        f"{b.label} uses {_num(abs(d.delta_e) * scale)} {unit_e} {relation} per {unit} than {a.label} "
-        f"({_num(d.e1 * scale)} → {_num(d.e2 * scale)} {unit_e} per {unit}, "
+        f"{b.label} uses {readable(abs(d.delta_e) * scale)} {unit_e} {relation} per {unit} than {a.label} "
+        f"({readable(d.e1 * scale)} → {readable(d.e2 * scale)} {unit_e} per {unit}, "
         f"{_signed_pct(d.e2, d.e1)}).",
-        f"Time per {unit} {_words_change(d.t1, d.t2)} ({fmt(d.t1, 4)} → {fmt(d.t2, 4)} s): "
+        f"Time per {unit} {_words_change(d.t1, d.t2)} ({_seconds(d.t1)} → {_seconds(d.t2)}): "
         f"{_signed(d.time_term * scale)} {unit_e} of the difference.",
         f"Mean accelerator power {_words_change(d.p1, d.p2)} ({fmt(d.p1, 4)} → {fmt(d.p2, 4)} W, all devices): "
         f"{_signed(d.power_term * scale)} {unit_e} of the difference.",
@@ -263,7 +273,7 @@ def _energy_scale(magnitude: float) -> tuple[float, str]:
 
 
 def _signed(value: float) -> str:
-    return ("+" if value >= 0 else "−") + _num(abs(value))
+    return ("+" if value >= 0 else "−") + readable(abs(value))
 
 
 def _signed_pct(new: float, old: float) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import html
 import json
@@ -26,7 +27,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from jpwr.diagnose import STEADY, Diagnosis, UnitCost, diagnose, steady_latents, unit_cost, work_unit
+from jpwr.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, steady_latents, unit_cost, work_unit
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.plot import find_trace_sources, load_trace_data, save_figure
 from jpwr.record import SCHEMA_VERSION, RunRecord, fmt, utc_now
@@ -148,13 +149,12 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
     steady = record.window(STEADY)
     if steady is None:
         return {}
-    try:
-        sources = find_trace_sources(record_path.parent)
-    except ValidationError:
-        return {}
-    by_out_dir: dict[Path, list[TraceData]] = {}
+    sources = sorted(record_path.parent.glob("*.h5"))  # a trace file kept beside the record (results folders)
+    with contextlib.suppress(ValidationError):
+        sources += find_trace_sources(record_path.parent)
+    by_out_dir: dict[Path, list[TraceData]] = {}  # one group per jpwr --out directory (or lone file)
     for source in sources:
-        by_out_dir.setdefault(source.parent, []).append(load_trace_data(source))
+        by_out_dir.setdefault(source if source.is_file() else source.parent, []).append(load_trace_data(source))
     for traces in by_out_dir.values():
         if any(m.name == STEADY and m.edge == "begin" and m.t_ns == steady.t_start_ns for t in traces for m in t.marks):
             return steady_latents(traces)
@@ -190,9 +190,9 @@ def table_rows(runs: Sequence[Run]) -> list[dict[str, str]]:
             "benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,
             "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": unit,
-            "per s": fmt(m.get(f"{unit}_per_s")), "per s per device": fmt(m.get(f"{unit}_per_s_per_device")),
-            "per Wh": fmt(m.get(f"{unit}_per_wh")), "J per unit": fmt(energy_unit),
-            "mean W per device": fmt(m.get("mean_power_w_per_device")),
+            "per s": readable(m.get(f"{unit}_per_s")), "per s per device": readable(m.get(f"{unit}_per_s_per_device")),
+            "per Wh": readable(m.get(f"{unit}_per_wh")), "J per unit": readable(energy_unit),
+            "mean W per device": readable(m.get("mean_power_w_per_device")),
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
             "coverage": fmt(m.get("energy_coverage"), 3), "bound J": fmt(m.get("energy_error_bound_j"), 3),
@@ -228,8 +228,11 @@ def _plot_series(ax, runs: Sequence[Run], y_of, ylabel: str) -> None:
         points = [(x, y) for x, y in points if x is not None and y is not None]
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o", label=name)
-    ax.set_xlabel("global batch size")
+            means = {x: sum(y for px, y in points if px == x) / xs.count(x) for x in sorted(set(xs))}
+            (line,) = ax.plot(list(means), list(means.values()), marker="o", label=name)
+            if len(means) < len(points):  # repeats: each run as a dot, the line through their mean
+                ax.scatter(xs, ys, s=12, color=line.get_color(), alpha=0.6)
+    ax.set_xlabel("global batch size" + (" (line: mean of repeated runs)" if any(ax.collections) else ""))
     _note_missing(ax, missing)
 
 

@@ -12,7 +12,7 @@ import pytest
 from jpwr.cli import main as jpwr_main
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.record import J_PER_WH, RunRecord, WindowEnergy, read_run_record, steady_metrics, write_run_record
-from jpwr.report import efficiency_figure, energy_figure, load_runs, table_rows, write_report
+from jpwr.report import compare_runs, efficiency_figure, energy_figure, load_runs, table_rows, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_RECORDS = sorted((REPO / "benchmarks" / "results").rglob("run_record.json"))
@@ -181,3 +181,20 @@ def test_failed_runs_stay_in_the_table_but_out_of_charts_and_diagnosis(tmp_path)
     write_report([DRIVER_SWEEP / "b2", DRIVER_SWEEP / "b4", tmp_path / "failed"], tmp_path / "out")
     (diagnosis,) = json.loads((tmp_path / "out" / "runs.json").read_text())["diagnoses"]
     assert record.run_id not in diagnosis["title"]
+
+
+@pytest.mark.skipif(len(DRIVER_RECORDS) < 2, reason="fewer than two driver run records under benchmarks/results")
+def test_committed_gpu_records_decompose_to_their_measured_difference():
+    runs = [r for r in load_runs(DRIVER_RECORDS) if r.cost.energy_per_unit_j is not None]
+    pairs = [(a, b) for a in runs for b in runs if a is not b and a.record.benchmark == b.record.benchmark]
+    assert pairs, "no two committed runs of one benchmark with energy"
+
+    def measured(run):  # independent path: the record's steady energy (Wh) over its work count
+        return run.record.metrics["energy_wh"] * J_PER_WH / run.record.window("steady").work[run.cost.work_unit]
+
+    for a, b in pairs:
+        d = compare_runs(a, b).decomposition
+        assert d.time_term + d.power_term == pytest.approx(measured(b) - measured(a), rel=1e-9)
+    with_trace = [r for r in runs if any(r.path.parent.glob("*.h5"))]
+    for run in with_trace:  # a trace kept beside the record supplies the steady window's latent metrics
+        assert 0 <= run.latents["utilization_gpu"] <= 1 and run.latents["sm_clock_hz"] > 0

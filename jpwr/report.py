@@ -278,12 +278,15 @@ def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     for ax, x_of, xlabel in panels:
         missing = 0
         for name, group in _by_series(runs).items():
-            points = [(x_of(r), r.cost.energy_per_unit_j if r.usable else None) for r in group]
-            missing += sum(1 for x, y in points if x is None or y is None)
-            points = [(x, y) for x, y in points if x is not None and y is not None]
+            points = [(x_of(r), r.cost.energy_per_unit_j if r.usable else None, r) for r in group]
+            missing += sum(1 for x, y, _ in points if x is None or y is None)
+            points = [(x, y, r) for x, y, r in points if x is not None and y is not None]
             if points:
-                xs, ys = zip(*points, strict=True)
+                xs, ys, _ = zip(*points, strict=True)
                 ax.scatter(xs, ys, label=name)
+                for x, y, run in points:  # which point is which run: its batch size, else its run id
+                    tag = f"batch {fmt(run.cost.batch_size)}" if run.cost.batch_size else run.record.run_id
+                    ax.annotate(tag, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"energy per {unit[:-1]} (J)")
         ax.grid(alpha=0.3)

@@ -55,6 +55,7 @@ def test_energy_chart_places_each_run_at_its_recorded_values(replayed_runs):
         r.record.metrics["energy_wh"] * J_PER_WH / r.record.window("steady").work["steps"]))
     assert points == pytest.approx(expected, rel=1e-9)
     assert len([p for c in ax_util.collections for p in c.get_offsets()]) == 2
+    assert sorted(t.get_text() for t in ax_power.texts) == ["replay-burst100", "replay-burst37"]  # no batch size
 
 
 def test_runs_without_batch_size_or_energy_are_na_never_zero(replayed_runs, tmp_path):
@@ -157,6 +158,10 @@ def test_driver_records_over_batch_sizes_make_one_line_per_system():
     by_batch = {r.record.config["global_batch_size"]: r.record.metrics for r in runs}
     assert list(rate_line.get_ydata()) == [by_batch[b]["images_per_s"] for b in (2, 4, 8)]
     assert list(wh_line.get_ydata()) == [by_batch[b]["images_per_wh"] for b in (2, 4, 8)]
+    ax_util, _ = energy_figure(runs, "resnet50").axes
+    assert sorted(t.get_text() for t in ax_util.texts) == ["no run has this value (n/a)"]  # traces not kept
+    _, ax_power = energy_figure(runs, "resnet50").axes
+    assert sorted(t.get_text() for t in ax_power.texts) == ["batch 2", "batch 4", "batch 8"]
 
 
 def test_report_diagnosis_names_the_batch_size_without_traces(tmp_path):

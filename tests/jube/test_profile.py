@@ -102,3 +102,33 @@ def test_slurm_time_formats(text: str, seconds: int) -> None:
 def test_training_stops_itself_before_the_time_limit() -> None:
     assert jbprofile.exit_duration_mins(15 * 60) == pytest.approx(12.8, abs=0.05)
     assert jbprofile.exit_duration_mins(60) == 1.0
+
+
+def _fake_sbatch_env(tmp_path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_every_systems_defaults_pass_the_real_drivers_validate(tmp_path, capsys) -> None:
+    """Each system x model (and ResNet) as the profile resolves it, through the drivers' own validate."""
+    from llm_training.cli import main as llm_main
+    from resnet50.cli import main as resnet_main
+
+    env = _fake_sbatch_env(tmp_path)
+    rejected = []
+    for system in jbprofile.system_names(env):
+        if jbprofile.load_profile(system, env)["unsupported"]:
+            continue
+        models = [None] if system in ("local",) else [None, *jbprofile.MODEL_TAGS]
+        for model in models:
+            tags = [system] if model is None else [system, model]
+            settings = jbprofile.build_settings("llm", tags, {}, "run", env)
+            if llm_main(["validate", *shlex.split(settings["JB_VALIDATE_ARGS"])]) != 0:
+                rejected.append((system, model, capsys.readouterr().err.strip()))
+        settings = jbprofile.build_settings("resnet50", [system], {"framework": "pytorch"}, "run", env)
+        if resnet_main(["validate", *shlex.split(settings["JB_VALIDATE_ARGS"])]) != 0:
+            rejected.append((system, "resnet50", capsys.readouterr().err.strip()))
+    assert not rejected, "\n".join(map(str, rejected))

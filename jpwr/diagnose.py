@@ -258,8 +258,9 @@ def _latent_sentences(la: Mapping[str, float], lb: Mapping[str, float], a: UnitC
         sentences.append("Moved between the runs: " + "; ".join(moved) + ".")
     if steady:
         sentences.append(f"Stayed about the same (as in {b.label}): " + "; ".join(steady) + ".")
-    if not la or not lb:
-        sentences.append("No trace metrics for the steady window of both runs: latent metrics not compared.")
+    lacking = [cost.label for cost, latents in ((a, la), (b, lb)) if not latents]
+    if lacking:
+        sentences.append(f"No trace of the steady window for {' and '.join(lacking)}: latent metrics not compared.")
     return sentences
 
 

@@ -169,7 +169,7 @@ def test_report_diagnosis_names_the_batch_size_without_traces(tmp_path):
     (diagnosis,) = json.loads((tmp_path / "runs.json").read_text())["diagnoses"]
     text = " ".join(diagnosis["sentences"])
     assert "per image" in text and "batch size" in text
-    assert "No trace metrics" in text  # the traces were not kept: latent metrics are not guessed
+    assert "No trace of the steady window for" in text  # the traces were not kept: latents are not guessed
     assert diagnosis["time_term_j"] + diagnosis["power_term_j"] == pytest.approx(diagnosis["delta_energy_per_unit_j"])
 
 

@@ -104,7 +104,9 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
     work = window.work.get(unit)
     time_per_unit = window.duration_s / work if work else None
     energy = window.energy
-    power = energy.mean_power_w if energy is not None else None
+    # Mean power over this same window (not the sampler's span, which on several nodes can be a hair longer),
+    # so that time per unit × power is exactly the window's energy per unit.
+    power = energy.energy_j / window.duration_s if energy is not None and energy.energy_j is not None else None
     reason = None
     if time_per_unit is None:
         reason = f"no {unit} counted in the {STEADY!r} window"

@@ -32,8 +32,11 @@ def _cluster_env(jube_env: dict[str, str], slurm_conf: Path) -> dict[str, str]:
     return {**jube_env, "SLURM_CONF": str(slurm_conf)}
 
 
-def test_llm_tiny_on_two_nodes_without_sensors(slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path) -> None:
-    env = _cluster_env(jube_env, slurm_cluster)
+def test_llm_tiny_on_two_nodes_with_fake_nvml_energy(
+    slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The sampler and ranks import the fake pynvml replaying the H100 trace: Wh and tokens/Wh reach the table."""
+    env = with_fake_nvml(_cluster_env(jube_env, slurm_cluster))
     out = tmp_path / "llm"
     run = jube_run(LLM_XML, ["CI", "tiny"], out, env)
     assert "Submitted batch job" in (submit_workdirs(out)[0] / "stdout").read_text(), run.stdout
@@ -45,21 +48,21 @@ def test_llm_tiny_on_two_nodes_without_sensors(slurm_cluster: Path, jube_env: di
     assert row["Status"] == "OK", row
     layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"])
     assert layout == ("CI", "2", "2", "tiny", "1/1/2")
-    assert is_number(row["Tokens/s"]) and float(row["Tokens/s"]) > 0
-    assert is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
-    # This machine has no power sensor: every energy column says n/a (never 0) and the note says why.
-    assert all(row[c] == "n/a" for c in (*ENERGY_COLUMNS, "Tokens/Wh")), row
-    assert row["Note"].startswith("energy n/a: no accelerator sensors on node n1")
+    assert float(row["Tokens/s"]) > 0 and is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
+    assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
+    assert row["Energy method"] in ("counter", "counter+power", "power")
+    assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
+    assert row["Note"] == "-"
     job = submit_workdirs(out)[0]
     assert (job / "run" / "run_record.json").exists()
     assert {p.name for p in (job / "run" / "energy").iterdir()} >= {"n1", "n2", "summary.json"}
+    assert_patterns_match(LLM_XML, (job / "result.txt").read_text())
 
 
-def test_resnet50_both_frameworks_with_fake_nvml_energy(
+def test_resnet50_both_frameworks_on_two_nodes_without_sensors(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The sampler and ranks import the fake pynvml replaying the H100 trace: numbers reach the table."""
-    env = with_fake_nvml(_cluster_env(jube_env, slurm_cluster))
+    env = _cluster_env(jube_env, slurm_cluster)
     out = tmp_path / "resnet"
     jube_run(RESNET_XML, ["CI"], out, env)
     assert len(submit_workdirs(out)) == 2  # no framework tag: pytorch and tensorflow, one job each
@@ -69,11 +72,11 @@ def test_resnet50_both_frameworks_with_fake_nvml_energy(
     assert set(by_model) == {"resnet50-pytorch", "resnet50-tensorflow"}
     for model, row in by_model.items():
         assert row["Status"] == "OK", (model, row)
-        assert is_number(row["Images/s"]) and float(row["Images/s"]) > 0
-        assert float(row["Energy(Wh)"]) > 0 and float(row["Images/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
-        assert row["Energy method"] in ("counter", "counter+power", "power")
-        assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
-        assert row["Note"] == "-"
+        assert (row["Nodes"], row["Devices"]) == ("2", "2")
+        assert float(row["Images/s"]) > 0 and float(row["Images/s/device"]) > 0
+        # No power sensor on this machine: every energy column says n/a (never 0), the note says why.
+        assert all(row[c] == "n/a" for c in (*ENERGY_COLUMNS, "Images/Wh")), row
+        assert row["Note"].startswith("energy n/a: no accelerator sensors on node n1"), row
     for workdir in submit_workdirs(out):
         assert_patterns_match(RESNET_XML, (workdir / "result.txt").read_text())
 

@@ -51,6 +51,13 @@ def finalize(settings: dict[str, str], status: str, reason: str) -> RunRecord:
     return record
 
 
+def _num(value: Any, digits: int = 4) -> str:
+    """fmt(), but large values as whole numbers (33650, not 3.365e+04): the tables are read by people."""
+    if isinstance(value, int | float) and abs(value) >= 10**digits:
+        return f"{value:.0f}"
+    return fmt(value, digits)
+
+
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None and v != ""), None)
 
@@ -75,18 +82,18 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "gbs": fmt(_first(c.get("global_batch_size"), m.get("global_batch_size"))),
         "mbs": fmt(_first(c.get("micro_batch_size"), c.get("per_device_batch_size"), m.get("per_device_batch_size"))),
         "tp_pp_dp": "/".join(fmt(v) for v in (tp, pp, dp)) if dp is not None else f"1/1/{fmt(devices)}",
-        "iterations": fmt(m.get("iterations")),
-        "time_per_iteration_s": fmt(m.get("time_per_iteration_s")),
-        f"{unit}_per_s": fmt(m.get(f"{unit}_per_s")),
-        f"{unit}_per_s_per_device": fmt(m.get(f"{unit}_per_s_per_device")),
-        "model_tflops_per_device": fmt(m.get("model_tflops_per_device")),
-        "mfu": fmt(m.get("mfu"), 3),
-        "energy_wh": fmt(m.get("energy_wh")),
-        "mean_power_w_per_device": fmt(m.get("mean_power_w_per_device")),
-        f"{unit}_per_wh": fmt(m.get(f"{unit}_per_wh")),
+        "iterations": _num(m.get("iterations")),
+        "time_per_iteration_s": _num(m.get("time_per_iteration_s")),
+        f"{unit}_per_s": _num(m.get(f"{unit}_per_s")),
+        f"{unit}_per_s_per_device": _num(m.get(f"{unit}_per_s_per_device")),
+        "model_tflops_per_device": _num(m.get("model_tflops_per_device")),
+        "mfu": _num(m.get("mfu"), 3),
+        "energy_wh": _num(m.get("energy_wh")),
+        "mean_power_w_per_device": _num(m.get("mean_power_w_per_device")),
+        f"{unit}_per_wh": _num(m.get(f"{unit}_per_wh")),
         "energy_method": m.get("energy_method") or "n/a",
-        "energy_coverage": fmt(m.get("energy_coverage"), 3),
-        "energy_error_bound_j": fmt(m.get("energy_error_bound_j"), 3),
+        "energy_coverage": _num(m.get("energy_coverage"), 3),
+        "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
         "status": record.status,
         "note": " ".join(str(note).split()),
     }

@@ -5,6 +5,8 @@
     jpwr combine DIR [--run-id ID]                        # merge node summaries of one run
     jpwr info                                             # sensors, signals, read cost, update period
     jpwr selftest                                         # periodic GPU load vs. the sensors (aliasing check)
+    jpwr plot RUN_DIR -o trace.png                        # power, clocks, utilisation with the windows shaded
+    jpwr report PATH... -o OUTDIR | --compare A B         # efficiency charts, HTML report, energy diagnosis
 
 Exit codes: the wrapped command's own code (128+N if it died of signal N); jpwr's own errors
 use jpwr.errors.ExitCode (64 usage, 69 method unavailable, 70 internal, 73 output dir, 127 no command).

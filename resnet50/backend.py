@@ -18,7 +18,7 @@ from resnet50.config import TrainConfig
 REQUIRED_MODULES = {"pytorch": ("torch", "torchvision"), "tensorflow": ("tensorflow", "keras")}
 INSTALL_HINT = {
     "pytorch": "pip install 'joulebench[resnet-pytorch]' (torch and torchvision)",
-    "tensorflow": "pip install 'joulebench[resnet-tensorflow]' (tensorflow or tensorflow-cpu)",
+    "tensorflow": "pip install 'joulebench[resnet-tensorflow]' (GPU) or 'joulebench[resnet-tensorflow-cpu]'",
 }
 
 

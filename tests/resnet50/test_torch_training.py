@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from resnet50.cli import main
 from resnet50.flops import resnet50_flops
 from tests.resnet50.conftest import (
+    LAUNCH_VARS,
     REPO,
     RESNET,
     SMALL,
@@ -111,13 +111,15 @@ def test_sigterm_writes_timeout_record(tmp_path: Path) -> None:
     assert parse_summary(out)["status"] == "TIMEOUT"
 
 
-def test_ddp_two_processes_gloo(tmp_path: Path) -> None:
+def test_ddp_two_processes_gloo_under_jpwr(tmp_path: Path, fake_env, h100_trace_dir: Path) -> None:
+    """torchrun with 2 ranks under one `jpwr` node sampler (fake NVML replaying the H100 trace, 2 devices)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    cmd = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(tmp_path / "jpwr"), "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "-m", "resnet50", "train", "--framework", "pytorch", *SMALL,
            "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "4", "--out-dir", str(tmp_path)]
-    started = time.monotonic()
-    result = run_cmd(cmd, clean_env(OMP_NUM_THREADS="1"), REPO)
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_DEVICES="2", OMP_NUM_THREADS="1")
+    result = run_cmd(cmd, {k: v for k, v in env.items() if k not in LAUNCH_VARS}, REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     record = read_record(tmp_path)
     assert record["launch"]["launcher"] == "torchrun" and record["launch"]["world_size"] == 2
@@ -126,4 +128,10 @@ def test_ddp_two_processes_gloo(tmp_path: Path) -> None:
     assert_loss_decreased(record)
     assert parse_summary(result.stdout)["status"] == "OK"
     assert result.stdout.count("JOULEBENCH_RESULT") == 1  # rank 0 only
-    assert time.monotonic() - started < 240
+    # energy: the node leader asked the sampler, rank 0 put it on the windows; images/Wh from the same window
+    steady = record["windows"][-1]
+    assert steady["energy"]["devices"] == 2 and steady["energy"]["energy_j"] > 0 and steady["energy"]["method"]
+    metrics = record["metrics"]
+    assert metrics["energy_wh"] == pytest.approx(steady["energy"]["energy_j"] / 3600)
+    assert metrics["images_per_wh"] == pytest.approx(steady["work"]["images"] / metrics["energy_wh"])
+    assert metrics["mean_power_w_per_device"] > 0 and record["meter"]["sampler"] is True

@@ -25,12 +25,21 @@ import torch
 TARGET_IMAGES_PER_S = 6000.0  # one H100, GBS 256 bf16 (issue 7)
 
 
-def configurations(gpus: int, per_gpu_batch: int) -> list[tuple[str, int, list[str]]]:
-    """(name, processes, extra driver options) of every run this machine can do."""
+DEFAULT_RUNS = ("eager", "compile", "ddp2-compile")
+# Only with --only NAME: slower to compile, for exploring issue 7's target.
+OPTIONAL_RUNS = {"compile-max-autotune": ["--compile", "--compile-mode", "max-autotune-no-cudagraphs"],
+                 "compile-cudagraphs": ["--compile", "--compile-mode", "reduce-overhead"]}
+
+
+def configurations(gpus: int, per_gpu_batch: int, only: list[str] | None) -> list[tuple[str, int, list[str]]]:
+    """(name, processes, extra driver options) of the runs to do on this machine."""
     runs = [("eager", 1, []), ("compile", 1, ["--compile"])]
     if gpus >= 2:
         runs.append(("ddp2-compile", 2, ["--compile"]))
-    return [(name, n, ["--global-batch-size", str(per_gpu_batch * n), *extra]) for name, n, extra in runs]
+    runs += [(name, 1, extra) for name, extra in OPTIONAL_RUNS.items()]
+    wanted = [name for name, _n, _e in runs if name in DEFAULT_RUNS] if only is None else only
+    return [(name, n, ["--global-batch-size", str(per_gpu_batch * n), *extra])
+            for name, n, extra in runs if name in wanted]
 
 
 def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespace) -> dict | None:
@@ -84,7 +93,8 @@ def main() -> int:
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--warmup", type=int, default=30, help="warm-up iterations (torch.compile compiles here)")
     parser.add_argument("--iterations", type=int, default=300, help="measured iterations")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these configurations (eager, compile, ...)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help=f"run only these: {', '.join([*DEFAULT_RUNS, *OPTIONAL_RUNS])} (default: {DEFAULT_RUNS})")
     parser.add_argument("--timeout", type=float, default=280, help="seconds per configuration")
     parser.add_argument("--methods", default="nvml", help="jpwr methods (default nvml)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -98,9 +108,8 @@ def main() -> int:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print(f"{gpus} x {name}, torch {torch.__version__}", flush=True)
     rows = []
-    for name, processes, extra in configurations(gpus, args.per_gpu_batch):
-        if args.only is None or name in args.only:
-            rows.append((name, run_one(name, processes, extra, args)))
+    for name, processes, extra in configurations(gpus, args.per_gpu_batch, args.only):
+        rows.append((name, run_one(name, processes, extra, args)))
     text = table(rows)
     print(text)
     (args.out / "table.txt").write_text(text + "\n")

@@ -42,6 +42,9 @@ nodes=$(seq 1 "$shape" | sed "s/^/$prefix/")
 last_ip=$((first_ip + shape - 1))
 last_port=$((node_port + shape - 1))
 
+# Set when this script started munged; shared by both shapes: whichever cluster stops last stops munged.
+munge_marker=${JOULEBENCH_SLURM_MUNGE_MARKER:-/tmp/joulebench-slurm-started-munge}
+
 log() { echo "slurm-local: $*" >&2; }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -116,7 +119,7 @@ start_munge() {
     fi
     install -d -o munge -g munge -m 0755 /run/munge
     runuser -u munge -- /usr/sbin/munged
-    touch "$base/run/started-munge"
+    touch "$munge_marker"
     i=0
     until munge_ok; do
         i=$((i + 1)); [ $i -gt 50 ] && { log "munged did not come up"; exit 1; }
@@ -178,12 +181,15 @@ stop() {
         while alive "$pidfile" && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
         if alive "$pidfile"; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
     done
-    if [ -f "$base/run/started-munge" ]; then
-        others=$(ls /tmp/joulebench-slurm-*/run/slurmctld.pid 2>/dev/null | grep -v "^$base/" || true)
+    if [ -f "$munge_marker" ]; then
         still=""
-        for pidfile in $others; do alive "$pidfile" && still=yes; done
-        if [ -z "$still" ] && alive /run/munge/munged.pid; then kill "$(cat /run/munge/munged.pid)"; fi
-        rm -f "$base/run/started-munge"
+        for pidfile in /tmp/joulebench-slurm-*/run/slurmctld.pid; do
+            [ "$pidfile" != "$base/run/slurmctld.pid" ] && alive "$pidfile" && still=yes
+        done
+        if [ -z "$still" ]; then
+            alive /run/munge/munged.pid && kill "$(cat /run/munge/munged.pid)"
+            rm -f "$munge_marker"
+        fi
     fi
     log "stopped ($conf)"
 }

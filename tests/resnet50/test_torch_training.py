@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from jpwr.record import RunRecord
 from resnet50.cli import main
 from resnet50.flops import resnet50_flops
 from tests.resnet50.conftest import (
@@ -34,6 +35,7 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     assert code == 0
     record = read_record(tmp_path)
     assert_loss_decreased(record)
+    assert RunRecord.from_dict(record).window("steady") is not None  # the shared schema reads it back
     assert record["benchmark"] == "resnet50" and record["status"] == "OK" and record["run_id"] == "t-torch"
     assert [w["name"] for w in record["windows"]] == ["warmup", "steady"]
     warmup, steady = record["windows"]
@@ -61,8 +63,8 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
 
 
 def test_bf16_channels_first_trains(tmp_path: Path) -> None:
-    code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "bf16", "--no-channels-last",
-                 "--warmup-iterations", "0", "--iterations", "3", "--out-dir", str(tmp_path)])
+    code = main(["train", "--framework", "pytorch", *SMALL, "--image-size", "32", "--precision", "bf16",
+                 "--no-channels-last", "--warmup-iterations", "0", "--iterations", "2", "--out-dir", str(tmp_path)])
     record = read_record(tmp_path)
     assert code == 0 and record["config"]["channels_last"] is False and record["config"]["precision"] == "bf16"
     assert [w["name"] for w in record["windows"]] == ["steady"]  # no warm-up window when it is 0

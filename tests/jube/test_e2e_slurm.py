@@ -32,31 +32,32 @@ def _cluster_env(jube_env: dict[str, str], slurm_conf: Path) -> dict[str, str]:
     return {**jube_env, "SLURM_CONF": str(slurm_conf)}
 
 
-def test_llm_tiny_on_two_nodes_with_fake_nvml_energy(
+def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The sampler and ranks import the fake pynvml replaying the H100 trace: Wh and tokens/Wh reach the table."""
-    env = with_fake_nvml(_cluster_env(jube_env, slurm_cluster))
+    """A global-batch sweep (two jobs side by side, each on its own fake GPU of both nodes); the sampler and
+    the ranks import the fake pynvml replaying the H100 trace, so Wh and tokens/Wh reach the JUBE table."""
+    env = {**with_fake_nvml(_cluster_env(jube_env, slurm_cluster)), "JOULEBENCH_SWEEP_GLOBAL_BATCH_SIZE": "4,8"}
     out = tmp_path / "llm"
     run = jube_run(LLM_XML, ["CI", "tiny"], out, env)
-    assert "Submitted batch job" in (submit_workdirs(out)[0] / "stdout").read_text(), run.stdout
+    jobs = submit_workdirs(out)
+    assert len(jobs) == 2 and all("Submitted batch job" in (j / "stdout").read_text() for j in jobs), run.stdout
     wait_for_jobs(out)
     printed, rows = continue_and_read(out, "llm_csv", env)
-    assert len(rows) == 1
-    row = rows[0]
-    assert "Tokens/s" in printed and row["JobID"] in printed
-    assert row["Status"] == "OK", row
-    layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"])
-    assert layout == ("CI", "2", "2", "tiny", "1/1/2")
-    assert float(row["Tokens/s"]) > 0 and is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
-    assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
-    assert row["Energy method"] in ("counter", "counter+power", "power")
-    assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
-    assert row["Note"] == "-"
-    job = submit_workdirs(out)[0]
-    assert (job / "run" / "run_record.json").exists()
-    assert {p.name for p in (job / "run" / "energy").iterdir()} >= {"n1", "n2", "summary.json"}
-    assert_patterns_match(LLM_XML, (job / "result.txt").read_text())
+    assert sorted(row["GBS"] for row in rows) == ["4", "8"]
+    for row in rows:
+        assert row["JobID"] in printed and row["Status"] == "OK", row
+        layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"])
+        assert layout == ("CI", "2", "2", "tiny", "1/1/2")
+        assert float(row["Tokens/s"]) > 0 and is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
+        assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
+        assert row["Energy method"] in ("counter", "counter+power", "power")
+        assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
+        assert row["Note"] == "-"
+    for job in jobs:
+        assert (job / "run" / "run_record.json").exists()
+        assert {p.name for p in (job / "run" / "energy").iterdir()} >= {"n1", "n2", "summary.json"}
+        assert_patterns_match(LLM_XML, (job / "result.txt").read_text())
 
 
 def test_resnet50_both_frameworks_on_two_nodes_without_sensors(

@@ -73,8 +73,8 @@ class TensorFlowBackend:
         replicas = self.strategy.num_replicas_in_sync
         if replicas != self.devices:
             raise RuntimeError(f"strategy has {replicas} replicas, expected {self.devices} (uneven GPUs per worker?)")
-        shape = (config.image_size, config.image_size, 3) if config.channels_last else (3, config.image_size,
-                                                                                           config.image_size)
+        size = config.image_size
+        shape = (size, size, 3) if config.channels_last else (3, size, size)
         with self.strategy.scope():
             self.model = keras.applications.ResNet50(
                 weights=None, input_shape=shape, classes=NUM_CLASSES, classifier_activation=None
@@ -86,16 +86,16 @@ class TensorFlowBackend:
             self.optimizer = optimizer
         self.per_replica_batch = config.per_device_batch(self.devices)
         self._gradients = tf.function(self._replica_gradients, jit_compile=config.xla)
+        self._step = tf.function(self._distributed_step)
         self._last: tf.Tensor | None = None
+        self.fixed: tuple[Any, Any] | None = None
         if config.synthetic:
             self.fixed = self.strategy.experimental_distribute_values_from_function(
                 lambda context: self._synthetic(shape, context.replica_id_in_sync_group)
             )
-            self._step = tf.function(lambda: self._distributed_step(*self.fixed))
         else:
             dataset = self.strategy.distribute_datasets_from_function(lambda ctx: tfrecord_dataset(config, ctx))
             self.iterator = iter(dataset)
-            self._step = tf.function(lambda: self._distributed_step(*next(self.iterator)))
 
     def _synthetic(self, shape: tuple[int, int, int], replica: int) -> tuple[tf.Tensor, tf.Tensor]:
         """A fixed random batch created on the replica's own device."""
@@ -131,7 +131,8 @@ class TensorFlowBackend:
         }
 
     def train_step(self) -> tf.Tensor:
-        self._last = self._step()
+        images, labels = self.fixed if self.fixed is not None else next(self.iterator)
+        self._last = self._step(images, labels)
         return self._last
 
     def sync(self) -> None:

@@ -52,25 +52,30 @@ def test_tfrecord_reader_and_training(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_multiworker_two_processes_from_slurm_env(tmp_path: Path) -> None:
-    """Two real workers on localhost, TF_CONFIG derived from Slurm's variables (CPU-only nodes)."""
+    """Two real workers as two 'nodes' of one task (both on this host, as in a local Slurm cluster);
+    TF_CONFIG derived from Slurm's variables on CPU-only nodes, energy gathered from both node leaders."""
     port = free_port(2)
     cmd = [*RESNET, "train", "--framework", "tensorflow", "--image-size", "32", "--global-batch-size", "4",
            "--device", "cpu", "--lr", "0.002", "--log-interval", "1", "--precision", "fp32",
            "--warmup-iterations", "1", "--iterations", "2", "--out-dir", str(tmp_path)]
-    slurm = {"SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_ID": "4242",
-             "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2",
-             "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    slurm = {"SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "4242", "SLURM_LOCALID": "0",
+             "SLURM_STEP_NODELIST": "localhost,127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+             "SLURM_TASKS_PER_NODE": "1(x2)", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
     workers = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=clean_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(r), **slurm)) for r in (0, 1)]
+                                env=clean_env(SLURM_PROCID=str(r), SLURM_NODEID=str(r), SLURMD_NODENAME=f"n{r}",
+                                              **slurm))
+               for r in (0, 1)]
     outputs = [w.communicate(timeout=300) for w in workers]
     for worker, (_out, err) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, err[-3000:]
     record = read_record(tmp_path)
     assert record["status"] == "OK" and record["hardware"]["strategy"] == "MultiWorkerMirroredStrategy"
-    assert record["launch"]["launcher"] == "slurm" and record["config"]["devices"] == 2
+    assert record["launch"]["launcher"] == "slurm" and record["launch"]["num_nodes"] == 2
+    assert record["config"]["devices"] == 2
     assert record["config"]["per_device_batch_size"] == 2 and record["hardware"]["workers"] == 2
     losses = [loss for _step, loss in record["metrics"]["losses"]]
     assert len(losses) == 3 and all(abs(loss) < 1e6 for loss in losses)
-    # energy was gathered from both workers: one node leader (local rank 0), no sampler, so unavailable
+    # energy was gathered from both node leaders; neither has a sampler, so the sum is unavailable, with the reason
     assert "no jpwr sampler" in record["windows"][-1]["energy"]["unavailable_reason"]
+    assert record["metrics"]["energy_wh"] is None
     assert "JOULEBENCH_RESULT" in outputs[0][0] and "JOULEBENCH_RESULT" not in outputs[1][0]

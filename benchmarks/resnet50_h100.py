@@ -1,6 +1,6 @@
 """ResNet-50 (torchvision v1.5) on NVIDIA GPUs: eager vs torch.compile, and DDP over 2 GPUs when present.
 
-    python benchmarks/resnet50_h100.py --out $OUT/resnet50            # on the GPU machine, from the repo root
+    PYTHONPATH=$PWD python3 benchmarks/resnet50_h100.py --out $OUT/resnet50    # on the GPU machine, repo root
 
 Each configuration is one real driver run under the jpwr node sampler (NVML), exactly as users
 run it: `python -m jpwr --methods nvml -- python -m resnet50 train --framework pytorch ...`

@@ -116,7 +116,7 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchEnv:
     job_id = env.get("SLURM_JOB_ID")
     return LaunchEnv(
         launcher="slurm", rank=_int(env, "SLURM_PROCID"), local_rank=_int(env, "SLURM_LOCALID", 0),
-        world_size=world, local_world_size=_tasks_on_node(tasks_per_node, node_rank),
+        world_size=world, local_world_size=tasks_on_node(tasks_per_node, node_rank),
         node_rank=node_rank, num_nodes=nodes, node_name=node_name(env),
         master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
         master_port=_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT + int(job_id or 0) % 1000),
@@ -124,7 +124,7 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchEnv:
     )
 
 
-def _tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
+def tasks_on_node(tasks_per_node: str, node_rank: int) -> int:
     """Tasks on node `node_rank` from Slurm's compressed form, e.g. "2(x3),1"."""
     counts: list[int] = []
     for part in tasks_per_node.split(","):

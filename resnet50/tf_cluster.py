@@ -16,7 +16,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv, _tasks_on_node, expand_nodelist
+from jpwr.launch import LaunchEnv, expand_nodelist, tasks_on_node
 
 TF_CONFIG = "TF_CONFIG"
 
@@ -31,7 +31,7 @@ def worker_addresses(launch: LaunchEnv, environ: Mapping[str, str]) -> list[str]
             raise ValidationError(
                 "Slurm launch without SLURM_STEP_NODELIST / SLURM_STEP_TASKS_PER_NODE", "start the workers with srun"
             )
-        counts = [_tasks_on_node(tasks, node) for node in range(len(hosts))]
+        counts = [tasks_on_node(tasks, node) for node in range(len(hosts))]
         if sum(counts[: launch.node_rank]) + launch.local_rank != launch.rank:
             raise ValidationError(
                 f"rank {launch.rank} is not task {launch.local_rank} of node {launch.node_rank} in block order",

@@ -18,7 +18,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,8 +299,11 @@ def fmt(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def summary_line(record: RunRecord) -> str:
-    """The one machine-readable line each driver prints at the end: `JOULEBENCH_RESULT key=value ...`."""
+def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:
+    """The one machine-readable line each driver prints at the end: `JOULEBENCH_RESULT key=value ...`.
+
+    `extra_keys`: driver-specific metrics appended after the shared fields (e.g. energy per output token).
+    """
     m = record.metrics
     unit = m.get("work_unit", "work")
     fields: list[tuple[str, Any]] = [
@@ -311,6 +314,7 @@ def summary_line(record: RunRecord) -> str:
         ("energy_wh", m.get("energy_wh")), (f"{unit}_per_wh", m.get(f"{unit}_per_wh")),
         ("mean_power_w_per_device", m.get("mean_power_w_per_device")), ("energy_method", m.get("energy_method")),
         ("energy_coverage", m.get("energy_coverage")), ("energy_error_bound_j", m.get("energy_error_bound_j")),
+        *((key, m.get(key)) for key in extra_keys),
     ]
     parts = []
     for key, value in fields:

@@ -36,7 +36,8 @@ from jpwr.trace import TraceData
 RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
 JUBE_SETTINGS = "job.env"
-SERIES_CONFIG_KEYS = ("model", "framework", "precision")
+SERIES_CONFIG_KEYS = ("model", "framework", "precision", "task")
+TOKEN_ENERGY_UNIT = "output_tokens"  # inference records: J per token against batch size gets its own chart
 
 
 @dataclasses.dataclass
@@ -295,6 +296,21 @@ def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     return fig
 
 
+def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
+    """Inference (work unit output_tokens): J per output token of whole generations and J per decode token,
+    against batch size; the decode figure is the driver's prefill-subtracted estimate (llm_inference)."""
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_all, ax_decode = fig.subplots(1, 2)
+    _plot_series(ax_all, runs, lambda r: r.cost.energy_per_unit_j if r.usable else None,
+                 "J per output token (prefill + decode)")
+    _plot_series(ax_decode, runs, lambda r: _value(r, "decode_energy_per_token_j"), "J per decode token")
+    for ax in (ax_all, ax_decode):
+        if ax.lines:  # batch sizes sweep in powers of two
+            ax.set_xscale("log", base=2)
+    fig.suptitle(f"{benchmark}: accelerator energy per generated token of the steady window")
+    return fig
+
+
 # ---- diagnosis -------------------------------------------------------------------------------------------
 def compare_runs(a: Run, b: Run) -> Diagnosis:
     return diagnose(a.cost, b.cost, a.latents, b.latents)
@@ -359,6 +375,8 @@ def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
         group = [r for r in runs if r.record.benchmark == benchmark]
         charts = (("efficiency", efficiency_figure, "throughput and work per Wh per system and batch size"),
                   ("energy", energy_figure, "energy per unit vs utilisation and mean power"))
+        if work_unit(group[0].record) == TOKEN_ENERGY_UNIT:
+            charts += (("token_energy", token_energy_figure, "J per output token and per decode token vs batch size"),)
         for stem, build, alt in charts:
             images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
                            f"{benchmark}: {alt}"))

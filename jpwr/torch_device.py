@@ -1,0 +1,41 @@
+"""Device choice and hardware facts for PyTorch drivers (torch is imported by the caller, not by jpwr).
+
+`auto` is CUDA when torch sees a GPU (ROCm GPUs appear as CUDA too), else the CPU; the peak table
+(jpwr.peaks) is keyed by the `device_name` recorded here.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from jpwr.errors import ValidationError
+from jpwr.launch import LaunchEnv
+
+
+def resolve_device(requested: str) -> Any:
+    """torch.device for "auto", "cuda" or "cpu"; asking for CUDA without a GPU is a ValidationError."""
+    import torch
+
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValidationError("--device cuda but torch sees no GPU", "run on a GPU node, or use --device cpu")
+    return torch.device(requested)
+
+
+def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, object]:
+    """What the run ran on, as the framework reports it."""
+    import torch
+
+    info: dict[str, object] = {
+        "device_type": device.type, "devices": launch.world_size, "nodes": launch.num_nodes,
+        "devices_per_node": launch.local_world_size, "host_cpu": platform.processor() or platform.machine(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(device_name=props.name, device_memory_gib=props.total_memory / 1024**3,
+                    compute_capability=f"{props.major}.{props.minor}")
+    else:
+        info.update(device_name=f"cpu ({info['host_cpu']})", device_memory_gib=None)
+    return info

@@ -1,0 +1,68 @@
+"""`python -m llm_inference {run,validate}`: the command line the JUBE workflow and benchmarks call.
+
+Validation runs before any device work; a ValidationError prints "<problem>. Fix: <fix>" on stderr
+and exits with ExitCode.USAGE (64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from jpwr.errors import ExitCode, ValidationError
+from llm_inference.config import InferenceConfig, add_run_arguments, resolve
+from llm_inference.presets import ModelPreset
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m llm_inference", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="measure time and energy; one run_record.json per (task, batch size)")
+    add_run_arguments(run)
+    validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
+    add_run_arguments(validate)
+    validate.add_argument("--device-memory-gib", type=float, help="device memory for the fit estimate")
+    return parser
+
+
+def _checked(args: argparse.Namespace) -> tuple[InferenceConfig, ModelPreset]:
+    from llm_inference import validation
+
+    cfg = resolve(args)
+    return cfg, validation.check_config(cfg)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from llm_inference import validation
+
+    cfg, shape = _checked(args)
+    device_type = "cpu" if args.device == "cpu" else "cuda"
+    precision = validation.resolve_precision(cfg.precision, device_type)
+    validation.check_memory(cfg, shape, precision, args.device_memory_gib)
+    print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): tasks "
+          f"{', '.join(cfg.tasks)}; batch sizes {', '.join(map(str, cfg.batch_sizes))}; "
+          f"{len(cfg.points)} run record(s)")
+    return ExitCode.OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from jpwr.launch import LaunchEnv
+    from jpwr.torch_device import resolve_device
+    from llm_inference import runner, validation
+
+    cfg, shape = _checked(args)
+    launch = LaunchEnv.from_env()
+    validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")))
+    return runner.run(cfg, shape, launch, resolve_device(cfg.device))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": _run, "validate": _validate}
+    try:
+        return int(handlers[args.command](args))
+    except ValidationError as exc:
+        print(f"llm_inference: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE

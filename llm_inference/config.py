@@ -1,0 +1,98 @@
+"""The resolved configuration of one invocation: model, tasks, batch sizes, run control.
+
+Resolution needs no device, so `validate` runs on a login node; checks are in validation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from llm_inference.presets import PRESETS
+from llm_inference.tasks import TASKS
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+DEVICES = ("auto", "cuda", "cpu")
+ATTENTION = ("sdpa", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig:
+    """Everything one invocation uses; each point's run record stores it with its own task and batch size."""
+
+    preset: str
+    checkpoint: str | None
+    tasks: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    num_batches: int  # distinct batches drawn per point; the windows cycle over them
+    output_length: int | None  # override of the task's output length distribution
+    min_window_s: float  # prefill and steady windows last at least this long (sensor updates every ~0.1 s)
+    warmup_batches: int
+    precision: str  # resolved against the device at run time ("auto": bf16 on GPUs, fp32 on CPUs)
+    attention: str
+    device: str
+    seed: int
+    out_dir: str
+    run_id: str | None
+    energy_methods: str | None
+
+    @property
+    def points(self) -> list[tuple[str, int]]:
+        """(task, batch size) pairs in run order: tasks outer, batch sizes ascending inner."""
+        return [(task, size) for task in self.tasks for size in self.batch_sizes]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["tasks"] = list(self.tasks)
+        data["batch_sizes"] = list(self.batch_sizes)
+        return data
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and `validate` (validate accepts exactly what run accepts)."""
+    m = parser.add_argument_group("model")
+    m.add_argument("--preset", default="llama-1b", help=f"architecture with random weights: {', '.join(PRESETS)}")
+    m.add_argument("--checkpoint", help="local Hugging Face checkpoint directory (config.json + weights) "
+                                        "instead of a preset's random weights")
+    m.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPUs, fp32 on CPUs")
+    m.add_argument("--attention", choices=ATTENTION, default="sdpa", help="transformers attention implementation")
+    w = parser.add_argument_group("workload")
+    w.add_argument("--task", type=_name_list, default=("chat",),
+                   help=f"task or comma-separated tasks: {', '.join(TASKS)}")
+    w.add_argument("--batch-size", type=int, help="one batch size (requests per generate call)")
+    w.add_argument("--batch-sizes", type=_int_list, help="sweep, e.g. 1,2,4,8 (one run record per point)")
+    w.add_argument("--num-batches", type=int, default=2, help="distinct batches drawn per point")
+    w.add_argument("--output-length", type=int, help="force this many new tokens instead of the task's draw")
+    w.add_argument("--seed", type=int, default=1234)
+    r = parser.add_argument_group("run control")
+    r.add_argument("--min-window-s", type=float, default=3.0,
+                   help="prefill and steady windows repeat their batches until at least this long")
+    r.add_argument("--warmup-batches", type=int, default=1, help="generate calls before the measured windows")
+    r.add_argument("--device", choices=DEVICES, default="auto")
+    r.add_argument("--out-dir", default="llm_inference_out")
+    r.add_argument("--run-id")
+    r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. nvml")
+
+
+def resolve(args: argparse.Namespace) -> InferenceConfig:
+    """Combine options; --batch-sizes wins over --batch-size, and 1 is the default."""
+    sizes = args.batch_sizes or ((args.batch_size,) if args.batch_size is not None else (1,))
+    return InferenceConfig(
+        preset=args.preset, checkpoint=args.checkpoint, tasks=tuple(args.task), batch_sizes=tuple(sizes),
+        num_batches=args.num_batches, output_length=args.output_length, min_window_s=args.min_window_s,
+        warmup_batches=args.warmup_batches, precision=args.precision, attention=args.attention,
+        device=args.device, seed=args.seed, out_dir=args.out_dir, run_id=args.run_id,
+        energy_methods=args.energy_methods,
+    )

@@ -1,0 +1,87 @@
+"""One (task, batch size) point: warm-up, a prefill-only window, a full-generation window.
+
+A batch's prefill takes milliseconds, far below the ~100 ms update period of GPU energy sensors,
+so it cannot be metered call by call. The `prefill` window repeats prefill-only calls over the
+point's batches for at least --min-window-s; the `steady` window runs full generations over the
+same batches (whole passes) for at least as long. Decode energy is the steady window's energy
+minus the prefill energy of the same number of passes (see metrics.py).
+
+Windows, in order: `warmup` (first calls: allocator growth, kernel selection; excluded from every
+headline figure), `prefill`, `steady`. Each edge is taken after a device sync by WindowMeter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from jpwr.meter import WindowMeter
+from jpwr.record import Window
+from llm_inference.engine import Engine, Timing
+from llm_inference.tasks import Batch
+
+
+@dataclasses.dataclass
+class PointWindows:
+    """The windows of one point and the per-call timings of its steady window."""
+
+    warmup: Window
+    prefill: Window
+    steady: Window
+    prefill_passes: int
+    steady_passes: int
+    timings: list[Timing]
+
+
+def _work(batches: list[Batch], passes: int, calls: int, generated: bool) -> dict[str, float]:
+    """Work of whole passes over the batches; output tokens only for generate windows."""
+    work: dict[str, float] = {
+        "requests": passes * sum(b.size for b in batches),
+        "input_tokens": passes * sum(b.input_tokens for b in batches),
+        "calls": calls, "passes": passes,
+    }
+    if generated:
+        work["output_tokens"] = passes * sum(b.output_tokens for b in batches)
+        work["decode_tokens"] = passes * sum(b.size * (b.output_length - 1) for b in batches)
+    return work
+
+
+def _check_length(new_tokens: torch.Tensor, batch: Batch) -> None:
+    if tuple(new_tokens.shape) != (batch.size, batch.output_length):
+        raise RuntimeError(f"generate returned {tuple(new_tokens.shape)} new tokens, expected "
+                           f"{(batch.size, batch.output_length)}: the forced output length did not hold")
+
+
+def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
+              inputs: list[dict[str, torch.Tensor]], warmup_batches: int, min_window_s: float) -> PointWindows:
+    """Warm-up, then the prefill window, then the steady (generate) window; each window whole passes."""
+    meter.begin("warmup", 0)
+    engine.prefill(inputs[0])
+    for call in range(warmup_batches):
+        index = call % len(batches)
+        engine.generate(inputs[index], batches[index].output_length)
+    warmup = meter.end("warmup", warmup_batches, {"calls": warmup_batches + 1})
+
+    meter.begin("prefill", 0)
+    started, passes = time.monotonic(), 0
+    while passes == 0 or time.monotonic() - started < min_window_s:
+        for item in inputs:
+            engine.prefill(item)
+        engine.sync()
+        passes += 1
+    prefill = meter.end("prefill", passes * len(batches), _work(batches, passes, passes * len(batches), False))
+
+    meter.begin("steady", 0)
+    started, steady_passes, timings = time.monotonic(), 0, []
+    while steady_passes == 0 or time.monotonic() - started < min_window_s:
+        for batch, item in zip(batches, inputs, strict=True):
+            new_tokens, _ = engine.generate(item, batch.output_length)
+            engine.sync()  # the step clock's events must be complete before they are read
+            _check_length(new_tokens, batch)
+            timings.append(engine.timing())
+        steady_passes += 1
+    calls = steady_passes * len(batches)
+    steady = meter.end("steady", calls, _work(batches, steady_passes, calls, True))
+    return PointWindows(warmup, prefill, steady, passes, steady_passes, timings)

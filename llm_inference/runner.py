@@ -1,0 +1,197 @@
+"""Run every (task, batch size) point of one invocation and write one run record per point.
+
+Record layout: a single point writes <out-dir>/run_record.json (what JUBE jobs read); a sweep
+writes <out-dir>/<task>_bs<N>/run_record.json, each point with its own in-process jpwr output
+beside it, so `jpwr report <out-dir>` finds every record and its trace. The model is built once
+and reused by all points. Work unit: `output_tokens` (generated tokens, padding never counted).
+
+Status: an exception gives FAILED for the point it happened in (record still written, later
+points not run); SIGTERM (Slurm's time limit) gives TIMEOUT the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jpwr.diagnose import steady_latents
+from jpwr.launch import LaunchEnv
+from jpwr.meter import WindowMeter
+from jpwr.peaks import peak_flops
+from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from jpwr.torch_device import hardware_info
+from jpwr.trace import TraceData, load_trace
+from llm_inference import engine as engine_module
+from llm_inference import memory, metrics, validation
+from llm_inference.config import InferenceConfig
+from llm_inference.measure import PointWindows, run_point
+from llm_inference.presets import ModelPreset
+from llm_inference.tasks import TASKS, draw_batches, longest_sequence
+
+WORK_UNIT = "output_tokens"
+SUMMARY_EXTRA = ("batch_size", "requests_per_s", "energy_per_output_token_j", "energy_per_request_j",
+                 "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j", "ttft_median_s",
+                 "per_token_latency_median_s", "utilization_gpu")
+WARMUP_NOTE = "the warmup window (first prefill and generate calls) is excluded from every figure"
+
+
+class Stopped(Exception):
+    """SIGTERM arrived (Slurm time limit or cancellation)."""
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    raise Stopped(f"{signal.Signals(signum).name} received (Slurm time limit or job cancelled)")
+
+
+def _log(text: str) -> None:
+    print(f"[llm_inference] {text}", flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    task: str
+    batch_size: int
+    out_dir: Path
+    run_id: str
+
+
+def plan_points(cfg: InferenceConfig) -> list[Point]:
+    base = cfg.run_id or f"inf-{cfg.preset}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    single = len(cfg.points) == 1
+    return [Point(task, size, Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"{task}_bs{size}",
+                  base if single else f"{base}-{task}-bs{size}") for task, size in cfg.points]
+
+
+def _trace_latents(jpwr_dir: Path) -> tuple[dict[str, dict[str, float]], str | None]:
+    """Latent metrics per window from the in-process sampler's trace (written when it stopped)."""
+    nodes = sorted(p.parent for p in jpwr_dir.glob("*/trace.h5"))
+    if not nodes:
+        return {}, ("no in-process jpwr trace (under an external sampler the trace is written when it stops; "
+                    "`jpwr report` reads it from beside the record)")
+    traces: list[TraceData] = [load_trace(node) for node in nodes]
+    return {name: steady_latents(traces, name) for name in ("prefill", "steady")}, None
+
+
+def _flops_per_output_token(shape: ModelPreset, point: PointWindows) -> float | None:
+    """Forward FLOPs (2 per weight per processed token, attention scores not counted) per output token."""
+    work = point.steady.work
+    processed = work.get("input_tokens", 0) + work.get("decode_tokens", 0)
+    return 2.0 * shape.parameter_count() * processed / work["output_tokens"] if work.get("output_tokens") else None
+
+
+def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPreset, precision: str,
+                   batch_size: int, device: torch.device, latents: dict[str, dict[str, float]],
+                   latents_reason: str | None, estimate_gib: float) -> dict[str, Any]:
+    result: dict[str, Any] = {"work_unit": WORK_UNIT}
+    if point is not None:
+        peak = peak_flops(str(record.hardware.get("device_name", "")), precision)
+        result = steady_metrics(point.steady, work_unit=WORK_UNIT, devices=1,
+                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak)
+        result.update(metrics.rate_metrics(point))
+        result.update(metrics.latency_metrics(point.timings))
+        result.update(metrics.energy_metrics(point))
+        result.update(prefill_passes=point.prefill_passes, steady_passes=point.steady_passes,
+                      warmup_duration_s=point.warmup.duration_s)
+    steady = latents.get("steady", {})
+    used = steady.get("memory_used_bytes")
+    sm = steady.get("sm_clock_hz")
+    result.update(
+        batch_size=batch_size, global_batch_size=batch_size, devices=1, parameters=shape.parameter_count(),
+        flops_formula="2 * parameters * (input + decode tokens) / output tokens (forward only, no attention term)",
+        warmup_note=WARMUP_NOTE, latents=latents or None, latents_unavailable_reason=latents_reason,
+        utilization_gpu=steady.get("utilization_gpu"), memory_used_gib=None if used is None else used / 1024**3,
+        sm_clock_mhz=None if sm is None else sm / 1e6, memory_estimate_gib=estimate_gib,
+        peak_memory_allocated_gib=torch.cuda.max_memory_allocated() / 1024**3 if device.type == "cuda" else None,
+    )
+    return result
+
+
+def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, shape: ModelPreset, precision: str,
+             launch: LaunchEnv, device: torch.device, hardware: dict[str, object]) -> RunRecord:
+    task = TASKS[spec.task]
+    config = {**cfg.to_dict(), "model": cfg.preset if cfg.checkpoint is None else shape.name, "task": spec.task,
+              "batch_size": spec.batch_size, "precision": precision, "out_dir": str(spec.out_dir),
+              "weights": "checkpoint" if cfg.checkpoint else "random (seeded)", "model_source": shape.source}
+    record = RunRecord(benchmark="llm_inference", run_id=spec.run_id, config=config, launch=launch.to_dict(),
+                       hardware=dict(hardware), software=software_versions(extra=("transformers",)))
+    batches = draw_batches(task, spec.batch_size, cfg.num_batches, cfg.seed, cfg.output_length)
+    record.config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length}
+                                for b in batches]
+    estimate = memory.estimate_memory(shape, precision, spec.batch_size, task.input_length.high,
+                                      longest_sequence(task, cfg.output_length)).total_gib
+    meter = WindowMeter.open(launch, sync=engine.sync, methods=cfg.energy_methods, out_dir=spec.out_dir / "jpwr")
+    point: PointWindows | None = None
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        inputs = [engine_module.make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
+        point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, cfg.min_window_s)
+        record.windows = [point.warmup, point.prefill, point.steady]
+        energies = meter.node_energy([w.name for w in record.windows])
+        for window in record.windows:
+            window.energy = energies.get(window.name)
+    except BaseException as exc:
+        record.status = "TIMEOUT" if isinstance(exc, Stopped) else "FAILED"
+        record.status_reason = f"{type(exc).__name__}: {exc}"
+        record.windows = meter.windows
+        traceback.print_exc()
+    finally:
+        has_sampler = meter.has_sampler
+        meter.close()
+    latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
+    if not cfg.energy_methods:
+        reason = "no in-process sampler; `jpwr report` reads the latents from a trace beside the record"
+    record.metrics = _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason,
+                                    estimate)
+    record.meter = {"sampler": has_sampler, "energy_methods": cfg.energy_methods,
+                    "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None}
+    write_run_record(spec.out_dir / "run_record.json", record)
+    return record
+
+
+def _progress(record: RunRecord) -> str:
+    m = record.metrics
+
+    def show(key: str, scale: float = 1.0, digits: int = 4) -> str:
+        value = m.get(key)
+        return "n/a" if value is None else f"{value * scale:.{digits}g}"
+
+    return (f"{record.config['task']} bs={record.config['batch_size']}: {record.status}, "
+            f"{show('output_tokens_per_s')} tokens/s, {show('requests_per_s')} req/s, "
+            f"{show('energy_per_output_token_j')} J/token (decode {show('decode_energy_per_token_j')}), "
+            f"TTFT {show('ttft_median_s', 1e3)} ms, {show('per_token_latency_median_s', 1e3)} ms/token")
+
+
+def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.device) -> int:
+    """All points; returns the exit code. Config and launch are already validated."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    precision = validation.resolve_precision(cfg.precision, device.type)
+    hardware = hardware_info(device, launch)
+    validation.check_memory(cfg, shape, precision, hardware.get("device_memory_gib"))  # type: ignore[arg-type]
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    started = time.monotonic()
+    model = engine_module.build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
+    _log(f"model {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}, "
+         f"{'checkpoint' if cfg.checkpoint else 'random weights'}) built on {device} in "
+         f"{time.monotonic() - started:.1f} s")
+    engine = engine_module.Engine(model, shape.vocab_size, device)
+    records = []
+    for spec in plan_points(cfg):
+        record = _run_one(cfg, spec, engine, shape, precision, launch, device, hardware)
+        records.append(record)
+        _log(_progress(record))
+        if record.status != "OK":
+            break
+    for record in records:
+        print(summary_line(record, SUMMARY_EXTRA), flush=True)
+    sys.stdout.flush()
+    return 0 if all(r.status == "OK" for r in records) else 1

@@ -1,0 +1,109 @@
+"""The driver end to end: windows, record schema, energy from the fake H100 NVML trace, report charts.
+
+Energy comes from jpwr metering the fake pynvml (a recorded H100 trace replayed on real time): the
+only fake is the GPU; the model, generation and windows are real.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from jpwr.record import RunRecord, read_run_record
+from jpwr.report import write_report
+from llm_inference.cli import main
+from tests.llm_inference.conftest import INFER, TINY, read_record, run_cmd, summaries
+
+
+def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "run"
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
+    jpwr = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(out / "energy"), "--"]
+    result = run_cmd([*jpwr, *INFER, "run", *TINY, "--batch-size", "3", "--output-length", "5",
+                      "--out-dir", str(out), "--run-id", "inf-1"], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(out)
+    record = RunRecord.from_dict(data)  # the shared schema reads it back
+    assert record.benchmark == "llm_inference" and record.status == "OK" and record.run_id == "inf-1"
+    assert record.config["task"] == "tiny" and record.config["batch_size"] == 3 and record.config["model"] == "tiny"
+
+    warmup, prefill, steady = (record.window(n) for n in ("warmup", "prefill", "steady"))
+    assert [w.name for w in record.windows] == ["warmup", "prefill", "steady"]
+    assert warmup.t_end_ns <= prefill.t_start_ns < prefill.t_end_ns <= steady.t_start_ns < steady.t_end_ns
+    assert prefill.duration_s >= 0.3 and steady.duration_s >= 0.3  # --min-window-s
+
+    # Exactly the asked output length: 2 batches × 3 requests × 5 tokens per pass (the driver also checks shapes).
+    batches = record.config["batches"]
+    assert [b["output_length"] for b in batches] == [5, 5] and all(len(b["input_lengths"]) == 3 for b in batches)
+    passes = steady.work["passes"]
+    assert steady.work["output_tokens"] == passes * 2 * 3 * 5
+    assert steady.work["decode_tokens"] == passes * 2 * 3 * 4
+    assert steady.work["input_tokens"] == passes * sum(sum(b["input_lengths"]) for b in batches)
+    assert prefill.work["calls"] == prefill.work["passes"] * 2
+
+    m = record.metrics
+    assert m["work_unit"] == "output_tokens" and m["window"] == "steady"
+    assert m["output_tokens_per_s"] == pytest.approx(steady.work["output_tokens"] / steady.duration_s)
+    assert m["requests_per_s"] == pytest.approx(steady.work["requests"] / steady.duration_s)
+    assert 0 < m["ttft_median_s"] <= m["ttft_p90_s"]
+    assert 0 < m["per_token_latency_median_s"] <= m["per_token_latency_p90_s"]
+
+    # Energy from jpwr on every window; per-token figures divide the steady window's energy and bound.
+    for window in (warmup, prefill, steady):
+        assert window.energy is not None and window.energy.energy_j > 0 and window.energy.method
+    e_steady, e_prefill = steady.energy, prefill.energy
+    assert m["energy_per_output_token_j"] == pytest.approx(e_steady.energy_j / steady.work["output_tokens"])
+    assert m["energy_per_request_j"] == pytest.approx(e_steady.energy_j / steady.work["requests"])
+    assert m["energy_per_output_token_error_bound_j"] == pytest.approx(
+        e_steady.error_bound_j / steady.work["output_tokens"])
+    ratio = m["steady_passes"] / m["prefill_passes"]
+    assert m["decode_energy_per_token_j"] == pytest.approx(
+        (e_steady.energy_j - e_prefill.energy_j * ratio) / steady.work["decode_tokens"])
+    assert m["decode_energy_per_token_error_bound_j"] == pytest.approx(
+        (e_steady.error_bound_j + e_prefill.error_bound_j * ratio) / steady.work["decode_tokens"])
+    assert m["output_tokens_per_wh"] == pytest.approx(steady.work["output_tokens"] / (e_steady.energy_j / 3600))
+
+    (line,) = summaries(result.stdout)
+    assert line["benchmark"] == "llm_inference" and line["status"] == "OK" and line["batch_size"] == "3"
+    assert float(line["energy_per_output_token_j"]) == pytest.approx(m["energy_per_output_token_j"], rel=1e-5)
+
+
+def test_sweep_with_in_process_metering_writes_a_record_per_point_and_charts(fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "sweep"
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
+    result = run_cmd([*INFER, "run", *TINY, "--batch-sizes", "1,2", "--output-length", "3", "--energy-methods",
+                      "nvml", "--out-dir", str(out), "--run-id", "sw"], env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = summaries(result.stdout)
+    assert [(s["run_id"], s["batch_size"]) for s in lines] == [("sw-tiny-bs1", "1"), ("sw-tiny-bs2", "2")]
+    for size in (1, 2):
+        record = read_run_record(out / f"tiny_bs{size}" / "run_record.json")
+        assert record.metrics["batch_size"] == size and record.metrics["global_batch_size"] == size
+        assert record.window("steady").energy.energy_j > 0
+        # Latent metrics of the windows from this point's own in-process trace (fake H100 clocks).
+        latents = record.metrics["latents"]
+        assert latents["steady"]["sm_clock_hz"] > 0 and "utilization_gpu" in latents["prefill"]
+        assert record.metrics["sm_clock_mhz"] == pytest.approx(latents["steady"]["sm_clock_hz"] / 1e6)
+    page = write_report([out], tmp_path / "report")
+    assert (tmp_path / "report" / "token_energy_llm_inference.png").stat().st_size > 0
+    assert "J per output token and per decode token vs batch size" in page.read_text()
+
+
+def test_without_a_sampler_energy_is_na_with_a_reason_never_zero(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("JPWR_ADDR", raising=False)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["run", *TINY, "--batch-size", "2", "--output-length", "4", "--out-dir", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert code == 0
+    record = read_run_record(tmp_path / "run_record.json")
+    m = record.metrics
+    assert record.window("steady").work["output_tokens"] == m["steady_passes"] * 2 * 2 * 4
+    for key in ("energy_wh", "energy_per_output_token_j", "decode_energy_per_token_j", "utilization_gpu"):
+        assert m[key] is None
+    assert "no jpwr sampler" in m["energy_unavailable_reason"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("JOULEBENCH_RESULT ") and "energy_per_output_token_j=n/a" in last

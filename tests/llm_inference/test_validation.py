@@ -1,0 +1,73 @@
+"""Configuration checks through the `validate` and `run` commands: clear errors, exit 64, no device work."""
+
+from __future__ import annotations
+
+import pytest
+
+from jpwr.errors import ExitCode, ValidationError
+from llm_inference import memory, validation
+from llm_inference.cli import main
+from llm_inference.presets import PRESETS
+
+
+def call(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--preset", "llama-70b"], ["unknown preset --preset 'llama-70b'", "tiny, gpt2, llama-1b, llama-8b"]),
+        (["--preset", "tiny", "--task", "chat,poetry"], ["unknown task --task 'poetry'", "summarization"]),
+        (["--preset", "llama-8b", "--task", "summarization", "--batch-sizes", "1,8,512", "--device-memory-gib", "80"],
+         ["batch size 512 of task 'summarization' on llama-8b (bf16) needs an estimated", "80.0 GiB",
+          "use batch sizes up to 64"]),
+        (["--preset", "llama-8b", "--device-memory-gib", "8"], ["needs an estimated", "smaller model"]),
+        (["--preset", "gpt2", "--task", "summarization"],
+         ["task 'summarization' needs up to 3232 positions", "gpt2 has 1024"]),
+        (["--preset", "tiny", "--batch-sizes", "2,0"], ["batch sizes [2, 0] include a value below 1"]),
+        (["--preset", "tiny", "--num-batches", "0"], ["--num-batches is 0"]),
+        (["--preset", "tiny", "--output-length", "0"], ["--output-length is 0"]),
+        (["--checkpoint", "/nonexistent/ckpt"], ["--checkpoint '/nonexistent/ckpt' has no config.json"]),
+    ],
+)
+def test_invalid_configurations_name_the_value_and_the_fix(capsys, args, expected):
+    for command in ("validate", "run"):  # run refuses the same input before touching a device
+        if command == "run" and "--device-memory-gib" in args:
+            continue  # run reads the memory from the device itself
+        code, out, err = call(capsys, command, *args)
+        assert code == ExitCode.USAGE, (command, out, err)
+        assert "Fix:" in err
+        for text in expected:
+            assert text in err
+
+
+def test_valid_sweep_reports_points_and_precision(capsys):
+    code, out, err = call(capsys, "validate", "--preset", "llama-8b", "--task", "chat,code", "--batch-sizes",
+                          "1,2,4,8,16,32,64", "--device-memory-gib", "79.2")
+    assert code == ExitCode.OK, err
+    assert "llama-8b (8.03B parameters, bf16)" in out and "14 run record(s)" in out
+
+
+def test_sweep_under_one_external_sampler_and_several_processes_are_refused():
+    with pytest.raises(ValidationError, match="merge their same-named windows"):
+        validation.check_launch(1, points=2, external_sampler=True)
+    with pytest.raises(ValidationError, match="started as 4 processes"):
+        validation.check_launch(4, points=1, external_sampler=False)
+    validation.check_launch(1, points=5, external_sampler=False)  # in-process metering: one sampler per point
+
+
+def test_memory_estimate_parts_follow_the_shape():
+    shape = PRESETS["llama-8b"]
+    one = memory.estimate_memory(shape, "bf16", 1, 1024, 1280)
+    assert one.weights_gib == pytest.approx(8.03e9 * 2 / 1024**3, rel=1e-3)
+    # Llama-3.1-8B KV cache: 2 · 32 layers · 8 KV heads · 128 · 2 B = 128 KiB per token.
+    assert shape.kv_bytes_per_token(2) == 128 * 1024
+    four = memory.estimate_memory(shape, "bf16", 4, 1024, 1280)
+    assert four.kv_cache_gib == pytest.approx(4 * one.kv_cache_gib)
+    assert four.weights_gib == one.weights_gib
+    fits = memory.largest_fitting_batch(shape, "bf16", 1024, 1280, 80.0)
+    assert memory.estimate_memory(shape, "bf16", fits, 1024, 1280).total_gib <= 80.0
+    assert memory.estimate_memory(shape, "bf16", 2 * fits, 1024, 1280).total_gib > 80.0

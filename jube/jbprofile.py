@@ -34,8 +34,10 @@ PROFILE_FILE = JUBE_DIR / "systems.ini"
 JOB_SCRIPT = JUBE_DIR / "job.sh"
 EX_USAGE = 64
 
-BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50"}
+BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
 MODEL_TAGS = ("tiny", "117M", "800M", "13B", "175B")
+INFERENCE_MODEL_TAGS = ("tiny", "gpt2", "llama-1b", "llama-8b")  # llm_inference presets
+MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
 FRAMEWORK_TAGS = ("pytorch", "tensorflow")
 FLAG_TAGS = ("wait", "synthetic", "container")
 DEFAULT_SYSTEM = "local"
@@ -117,14 +119,14 @@ def classify_tags(benchmark: str, tags: list[str], systems: list[str]) -> dict[s
     for tag in tags:
         if tag.lower() in by_lower:
             kinds["system"].append(by_lower[tag.lower()])
-        elif tag in MODEL_TAGS and benchmark == "llm":
+        elif tag in MODEL_TAGS_OF.get(benchmark, ()):
             kinds["model"].append(tag)
         elif tag in FRAMEWORK_TAGS and benchmark == "resnet50":
             kinds["framework"].append(tag)
         elif tag in FLAG_TAGS:
             kinds["flag"].append(tag)
         else:
-            known = [*systems, *(MODEL_TAGS if benchmark == "llm" else FRAMEWORK_TAGS), *FLAG_TAGS]
+            known = [*systems, *MODEL_TAGS_OF.get(benchmark, FRAMEWORK_TAGS), *FLAG_TAGS]
             raise ConfigError(f"unknown tag '{tag}' for the {benchmark} workflow (JUBE accepts any tag silently)",
                               f"use only these tags: {' '.join(known)}")
     for kind in ("system", "model"):
@@ -189,6 +191,9 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     model = kinds["model"][0] if kinds["model"] else profile["default_model"]
     nodes = _int(value.get("nodes") or profile.get("nodes") or profile.get(f"nodes_{model.lower()}", "1"), "nodes")
     per_node = _int(value.get("devices_per_node") or profile["devices_per_node"], "devices_per_node")
+    if benchmark == "inference":  # one process on one device per job; sweep points are separate jobs
+        model = kinds["model"][0] if kinds["model"] else profile["inference_preset"]
+        nodes, per_node = 1, 1
     if launcher == "local" and nodes * per_node != 1:
         raise ConfigError(f"the local system runs one process, not {nodes} nodes x {per_node} devices",
                           "use a Slurm system tag for more than one device")
@@ -205,7 +210,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
         "JB_SETUP": profile["setup"], "JB_PYTHON": python, "JB_SBATCH_ARGS": profile["sbatch_args"],
         "JB_SRUN_ARGS": profile["srun_args"], "JB_CONTAINER": profile["container"],
         "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto", "JB_RUN_ID": run_id, "JB_REPO": str(REPO),
-        "JB_VENDOR": profile["vendor"],
+        "JB_VENDOR": profile["vendor"], "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
     }
     synthetic = "synthetic" in kinds["flag"]
     prefix = "llm" if benchmark == "llm" else "resnet"
@@ -226,6 +231,14 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
             **common,
         }
         settings["JB_MODEL"] = model
+    elif benchmark == "inference":
+        args = {
+            "preset": model, "task": value.get("task") or profile["inference_task"],
+            "batch_size": value.get("batch_size") or profile["inference_batch_size"],
+            "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"],
+            "precision": common["precision"], "device": common["device"],
+        }
+        settings["JB_MODEL"] = model
     else:
         framework = value.get("framework", "pytorch")
         if framework not in FRAMEWORK_TAGS:
@@ -240,6 +253,10 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     if "container" in kinds["flag"]:
         settings.update(container_settings(profile, args.get("framework", "pytorch"), env))
     shared = _cli_args(args)
+    if benchmark == "inference":  # one device, no run-length budget: the driver's windows are seconds long
+        settings["JB_VALIDATE_ARGS"] = shlex.join(shared)
+        settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", run_id])
+        return settings
     settings["JB_VALIDATE_ARGS"] = shlex.join(
         [*shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--exit-duration-mins", str(exit_duration_mins(limit_s)),

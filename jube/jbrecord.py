@@ -28,6 +28,10 @@ RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 SEVERITY = {"OK": 0, "TIMEOUT": 1, "FAILED": 2}
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
+# llm_inference's own columns (docs/llm_inference.md), after the shared ones
+INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
+                  "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
+                  "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s")
 
 
 def finalize(settings: dict[str, str], status: str, reason: str) -> RunRecord:
@@ -97,6 +101,9 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "status": record.status,
         "note": " ".join(str(note).split()),
     }
+    if record.benchmark == "llm_inference":
+        fields["task"] = str(c.get("task") or "n/a")
+        fields.update({key: _num(m.get(key)) for key in INFERENCE_KEYS})
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (value if value else "n/a") for key, value in fields.items()}
 

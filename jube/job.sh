@@ -150,10 +150,10 @@ if [ "$status" = OK ]; then
         # shellcheck disable=SC2086
         srun --kill-on-bad-exit=1 --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
             --ntasks-per-node="$JB_TASKS_PER_NODE" $JB_SRUN_ARGS \
-            $JB_CONTAINER "$PY" -m "$JB_DRIVER" train "${train_args[@]}" --out-dir "$out" &
+            $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     else
         # shellcheck disable=SC2086
-        $JB_CONTAINER "$PY" -m "$JB_DRIVER" train "${train_args[@]}" --out-dir "$out" &
+        $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     fi
     ranks_pid=$!
     wait "$ranks_pid"

@@ -6,8 +6,9 @@ point's batches for at least --min-window-s; the `steady` window runs full gener
 same batches (whole passes) for at least as long. Decode energy is the steady window's energy
 minus the prefill energy of the same number of passes (see metrics.py).
 
-Windows, in order: `warmup` (first calls: allocator growth, kernel selection; excluded from every
-headline figure), `prefill`, `steady`. Each edge is taken after a device sync by WindowMeter.
+Windows, in order: `warmup` (a prefill and --warmup-batches generations of up to 8 tokens: allocator
+growth, kernel selection; excluded from every headline figure), `prefill`, `steady`. Each edge is
+taken after a device sync by WindowMeter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from jpwr.meter import WindowMeter
 from jpwr.record import Window
 from llm_inference.engine import Engine, Timing
 from llm_inference.tasks import Batch
+
+# Warm-up generations stop after this many tokens: prefill and decode kernels are all chosen by then.
+WARMUP_NEW_TOKENS = 8
 
 
 @dataclasses.dataclass
@@ -61,7 +65,7 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
     engine.prefill(inputs[0])
     for call in range(warmup_batches):
         index = call % len(batches)
-        engine.generate(inputs[index], batches[index].output_length)
+        engine.generate(inputs[index], min(batches[index].output_length, WARMUP_NEW_TOKENS))
     warmup = meter.end("warmup", warmup_batches, {"calls": warmup_batches + 1})
 
     meter.begin("prefill", 0)

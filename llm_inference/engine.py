@@ -104,6 +104,9 @@ class Engine:
     """A built model plus the prepared inputs of the run's batches."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
+        # generate() fills unset fields of the call's GenerationConfig from the model's: clear the model's
+        # end-of-sequence token too, so no sequence can stop (or have that token suppressed) early.
+        model.generation_config.eos_token_id = None
         self.model = model
         self.vocab_size = vocab_size
         self.device = device

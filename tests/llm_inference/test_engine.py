@@ -39,6 +39,21 @@ def test_prefill_call_picks_the_same_first_token_as_generate(engine):
     assert torch.equal(first, new_tokens[:, 0])
 
 
+def test_a_models_own_end_of_sequence_token_neither_stops_nor_steers_generation():
+    # generate() merges the model's generation config into the call's: an EOS the model brings must not act.
+    shape = PRESETS["tiny"]
+    model = build_model(shape, None, "fp32", "sdpa", CPU, seed=7)
+    batch = Batch(input_lengths=(6, 6), output_length=12)
+    probe = Engine(model, shape.vocab_size, CPU)
+    inputs = make_inputs(batch, shape.vocab_size, seed=3, device=CPU)
+    greedy_first = probe.prefill(inputs)
+    model.generation_config.eos_token_id = int(greedy_first[0])  # the very token greedy decoding picks first
+    engine = Engine(model, shape.vocab_size, CPU)
+    new_tokens, _ = engine.generate(inputs, batch.output_length)
+    assert new_tokens.shape == (2, 12)
+    assert torch.equal(new_tokens[:, 0], greedy_first)  # not suppressed by a min-length rule either
+
+
 def test_random_weights_are_seeded_and_parameter_counts_match_the_built_models():
     shape = PRESETS["tiny"]
     a, b = (build_model(shape, None, "fp32", "sdpa", CPU, seed=5) for _ in range(2))

@@ -5,8 +5,9 @@ writes <out-dir>/<task>_bs<N>/run_record.json, each point with its own in-proces
 beside it, so `jpwr report <out-dir>` finds every record and its trace. The model is built once
 and reused by all points. Work unit: `output_tokens` (generated tokens, padding never counted).
 
-Status: an exception gives FAILED for the point it happened in (record still written, later
-points not run); SIGTERM (Slurm's time limit) gives TIMEOUT the same way.
+Status: an exception gives FAILED for the point it happened in (record still written; the next
+points still run, so one batch size that does not fit loses only its own point); SIGTERM (Slurm's
+time limit) gives TIMEOUT and ends the sweep. The exit code is 1 when any point was not OK.
 """
 
 from __future__ import annotations
@@ -189,8 +190,10 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
         record = _run_one(cfg, spec, engine, shape, precision, launch, device, hardware)
         records.append(record)
         _log(_progress(record))
-        if record.status != "OK":
-            break
+        if record.status == "TIMEOUT":
+            break  # the job is being stopped: no further point can finish
+        if record.status == "FAILED" and device.type == "cuda":
+            torch.cuda.empty_cache()  # e.g. out of memory at a large batch: the smaller points stay valid
     for record in records:
         print(summary_line(record, SUMMARY_EXTRA), flush=True)
     sys.stdout.flush()

@@ -7,7 +7,9 @@ only fake is the GPU; the model, generation and windows are real.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,3 +109,23 @@ def test_without_a_sampler_energy_is_na_with_a_reason_never_zero(tmp_path, capsy
     assert "no jpwr sampler" in m["energy_unavailable_reason"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("JOULEBENCH_RESULT ") and "energy_per_output_token_j=n/a" in last
+
+
+def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_path):
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([*INFER, "run", *TINY, "--batch-sizes", "1,2", "--min-window-s", "120", "--out-dir",
+                             str(out)], env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stdout:  # the model is built: the first point's windows are running
+        if "built on cpu" in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-3000:]
+    record = read_run_record(out / "tiny_bs1" / "run_record.json")
+    assert record.status == "TIMEOUT" and "SIGTERM received" in record.status_reason
+    assert record.windows and record.windows[0].name == "warmup"  # windows completed before the signal are kept
+    assert not (out / "tiny_bs2").exists()  # the sweep ended
+    (line,) = summaries(stdout)
+    assert line["status"] == "TIMEOUT"

@@ -129,3 +129,24 @@ def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_
     assert not (out / "tiny_bs2").exists()  # the sweep ended
     (line,) = summaries(stdout)
     assert line["status"] == "TIMEOUT"
+
+
+def test_a_local_checkpoint_replaces_the_random_weights(tmp_path):
+    import torch
+
+    from llm_inference.engine import build_model
+    from llm_inference.presets import PRESETS
+
+    checkpoint = tmp_path / "my-llama"
+    build_model(PRESETS["tiny"], None, "fp32", "sdpa", torch.device("cpu"), seed=3).save_pretrained(checkpoint)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["run", *TINY, "--checkpoint", str(checkpoint), "--batch-size", "2", "--output-length", "3",
+                     "--out-dir", str(tmp_path / "run")])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert code == 0
+    record = read_run_record(tmp_path / "run" / "run_record.json")
+    assert record.config["weights"] == "checkpoint" and record.config["model"] == "my-llama"
+    assert record.metrics["parameters"] == PRESETS["tiny"].parameter_count()  # shape read from its config.json
+    assert record.window("steady").work["output_tokens"] == record.metrics["steady_passes"] * 2 * 2 * 3

@@ -8,12 +8,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# An editable install made before pyproject listed llm_inference maps only the older packages; the checkout
-# root on sys.path makes `import llm_inference` work either way (subprocesses get it from fake_env).
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.append(str(REPO_ROOT))
-
 INFER = [sys.executable, "-m", "llm_inference"]
 # The tiny preset and task on the CPU, short windows: a point takes a few seconds on 2 cores.
 TINY = ["--preset", "tiny", "--task", "tiny", "--device", "cpu", "--min-window-s", "0.3", "--num-batches", "2"]

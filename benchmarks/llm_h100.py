@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ CONFIGS: dict[str, list[str]] = {
     "caraml": ["--caraml"],  # fp16, MBS 4, GBS 32, selective recompute
     "bf16-mbs8-nofusion": ["--no-bias-fusion"],
     "bf16-mbs8-nodropout": ["--attention-dropout", "0", "--hidden-dropout", "0"],
+    # issue 7 levers, one at a time against bf16-mbs8 (same GBS 64)
+    "bf16-mbs16": ["--micro-batch-size", "16", "--global-batch-size", "64"],
+    "bf16-mbs8-flash": ["--attention-backend", "flash"],
+    "bf16-mbs8-cudnn": ["--attention-backend", "cudnn"],
+    "bf16-mbs8-efficient": ["--attention-backend", "efficient"],
+    "bf16-mbs8-norope-fusion": ["--no-rope-fusion"],
 }
 DEFAULT_CONFIGS = "bf16-mbs8,bf16-mbs4,caraml"
 
@@ -133,10 +140,14 @@ def main() -> int:
         cmd = command(name, args, run_dir)
         print(f"=== {name}: {' '.join(cmd)}", flush=True)
         started = time.monotonic()
+        # Own process group: on a timeout the training process under jpwr/torchrun is stopped too,
+        # instead of living on and holding GPU memory during the next configuration.
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
         try:
-            result = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.timeout_s)
-            code = result.returncode
+            code = proc.wait(timeout=args.timeout_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             code = -1
         print(f"=== {name}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
         rows.append(row(name, run_dir, code))

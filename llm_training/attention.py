@@ -7,15 +7,32 @@ GPUs (and a math kernel on CPU) and never stores the scores, which matters at se
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
+}
 
 
 class SDPACoreAttention(DotProductAttention):
-    """DotProductAttention with the same constructor and state, computing causal attention via SDPA."""
+    """DotProductAttention with the same constructor and state, computing causal attention via SDPA.
+
+    `sdpa_backend` pins one SDPA kernel ("auto" keeps torch's choice): at head dim 256 the flash,
+    cuDNN and memory-efficient kernels differ in speed, and pinning makes a run fail loudly rather
+    than fall back silently when the kernel cannot take the inputs.
+    """
+
+    def __init__(self, *args: object, sdpa_backend: str = "auto", **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.sdpa_backend = sdpa_backend
 
     def forward(
         self,
@@ -52,6 +69,8 @@ class SDPACoreAttention(DotProductAttention):
         return context.view(context.size(0), context.size(1), self.hidden_size_per_partition)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.softmax_scale
-        )
+        pinned = BACKENDS.get(self.sdpa_backend)
+        with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.softmax_scale
+            )

@@ -57,6 +57,7 @@ def _validate(args: argparse.Namespace) -> int:
     cfg = resolve_checked(args, world)
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)
+        validation.check_attention_backend(cfg.attention_backend, args.device)
     estimate = memory.estimate_memory(cfg)
     print(
         f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "
@@ -81,6 +82,7 @@ def _train(args: argparse.Namespace) -> int:
     device = distributed.resolve_device(cfg.device)
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
+    validation.check_attention_backend(cfg.attention_backend, device.type)
     return train.run(cfg, launch, device)
 
 

@@ -16,6 +16,7 @@ from llm_training.presets import ModelShape, RunSettings
 PRECISIONS = ("bf16", "fp16", "fp32")
 RECOMPUTE = ("none", "selective", "full")
 DEVICES = ("auto", "cuda", "cpu")
+ATTENTION_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,8 @@ class TrainConfig:
     overfit_batch: bool
     overlap_grad_reduce: bool | None  # None: on when DP > 1
     bias_fusion: bool | None  # None: on for CUDA, off for CPU (torch.compile on CPU is slow to build)
+    attention_backend: str  # SDPA kernel choice; "auto" lets torch pick
+    rope_fusion: bool | None  # None: on for CUDA (torch.compile of megatron's RoPE), off for CPU
 
     @property
     def num_microbatches(self) -> int:
@@ -146,6 +149,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         loss_scale_window=args.loss_scale_window, loss_scale_hysteresis=args.loss_scale_hysteresis,
         min_loss_scale=args.min_loss_scale, overfit_batch=args.overfit_batch,
         overlap_grad_reduce=args.overlap_grad_reduce, bias_fusion=args.bias_fusion,
+        attention_backend=args.attention_backend,
+        rope_fusion=args.rope_fusion,
     )
 
 
@@ -172,6 +177,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="overlap the data-parallel gradient reduce-scatter with backward (default: on when DP > 1)")
     g.add_argument("--bias-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="megatron's torch.compile bias+GeLU / bias+dropout fusions (default: on for CUDA)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="pin the SDPA kernel for core attention (default auto: torch's choice, cuDNN on H100)")
+    g.add_argument("--rope-fusion", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile megatron's unfused RoPE into one kernel per direction (default: on for CUDA)")
     r = parser.add_argument_group("run control")
     r.add_argument("--iterations", type=int, default=50)
     r.add_argument("--warmup-iterations", type=int, default=5)

@@ -40,7 +40,7 @@ from jpwr.record import RunRecord, Window, software_versions, steady_metrics, su
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import TrainConfig
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
-from llm_training.model import build_gpt, transformer_config
+from llm_training.model import build_gpt, transformer_config, use_compiled_rope
 
 
 class StopRequested:
@@ -87,6 +87,7 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.config = transformer_config(cfg, device.type)
+        use_compiled_rope(cfg.rope_fusion if cfg.rope_fusion is not None else device.type == "cuda")
         model = build_gpt(
             cfg, self.config, pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=parallel_state.is_pipeline_last_stage(),

@@ -119,3 +119,12 @@ def check_precision(precision: str, device_type: str, cuda_capability: tuple[int
             f"--precision bf16 on a GPU of compute capability {major}.{minor} (bf16 needs 8.0 or newer)",
             "use --precision fp16",
         )
+
+
+def check_attention_backend(backend: str, device_type: str) -> None:
+    """cuDNN and memory-efficient SDPA kernels exist only on GPUs; pinning one on the CPU cannot run."""
+    if device_type == "cpu" and backend in ("cudnn", "efficient"):
+        raise ValidationError(
+            f"--attention-backend {backend} on the CPU (that SDPA kernel is GPU-only)",
+            "use --attention-backend auto, math or flash on the CPU",
+        )

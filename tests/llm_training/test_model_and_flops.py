@@ -80,6 +80,47 @@ def test_sdpa_core_attention_matches_megatron_dot_product_attention():
     torch.testing.assert_close(ours(q, k2, v2, None)[:-1], got[:-1])
 
 
+def test_pinned_sdpa_backend_is_used_and_a_kernel_that_cannot_run_fails_loudly():
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from llm_training.attention import SDPACoreAttention
+
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, attention_dropout=0.0,
+                               masked_softmax_fusion=False, use_cpu_initialization=True)
+    q, k, v = (torch.randn(8, 2, 4, 16) for _ in range(3))
+    auto = SDPACoreAttention(config, 1, AttnMaskType.causal, "self")
+    math = SDPACoreAttention(config, 1, AttnMaskType.causal, "self", sdpa_backend="math")
+    torch.testing.assert_close(math(q, k, v, None), auto(q, k, v, None))
+    cudnn_on_cpu = SDPACoreAttention(config, 1, AttnMaskType.causal, "self", sdpa_backend="cudnn")
+    with pytest.raises(RuntimeError):  # no cuDNN kernel on the CPU: no silent fallback to another kernel
+        cudnn_on_cpu(q, k, v, None)
+
+
+def test_compiled_rope_matches_megatron_rope_forward_and_backward_and_switches_back():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from llm_training.model import use_compiled_rope
+
+    original = rope_utils._apply_rotary_pos_emb_bshd
+    freqs = torch.randn(16, 1, 1, 32)
+    t = torch.randn(16, 2, 4, 32, requires_grad=True)
+    expected = original(t, freqs)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), t)
+    try:
+        use_compiled_rope(True)
+        use_compiled_rope(True)  # idempotent: wraps the original, not the compiled wrapper
+        compiled = rope_utils._apply_rotary_pos_emb_bshd
+        assert compiled is not original and compiled._torchdynamo_orig_callable is original
+        got = compiled(t, freqs)
+        (got_grad,) = torch.autograd.grad(got.square().sum(), t)
+    finally:
+        use_compiled_rope(False)
+    assert rope_utils._apply_rotary_pos_emb_bshd is original
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, expected_grad)
+
+
 def test_layernorms_are_tagged_for_sequence_parallel_gradient_reduction():
     from megatron.core.transformer import TransformerConfig
 

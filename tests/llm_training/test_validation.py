@@ -93,6 +93,14 @@ def test_bf16_refused_on_pre_ampere_gpu_but_not_on_rocm_or_cpu():
     validation.check_precision("bf16", "cpu")
 
 
+def test_gpu_only_attention_kernel_refused_on_cpu_before_any_work(capsys):
+    code, _, err = validate(capsys, "--model", "tiny", "--device", "cpu", "--attention-backend", "cudnn")
+    assert code == ExitCode.USAGE
+    assert "--attention-backend cudnn on the CPU" in err and "Fix: use --attention-backend auto" in err
+    validation.check_attention_backend("cudnn", "cuda")
+    validation.check_attention_backend("math", "cpu")
+
+
 def test_validate_process_exit_code_and_stderr(fake_env, tmp_path):
     result = run_cmd([*LLM, "validate", "--model", "800M", "--world-size", "3", "--tensor-parallel", "2"],
                      fake_env(), tmp_path, timeout=60)

@@ -28,7 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jpwr.record import fmt  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.gpu_env import first_gpus_env  # noqa: E402 (after the repository is on sys.path)
+from jpwr.record import fmt  # noqa: E402
 
 # name -> extra `llm_training train` options (800M preset defaults: bf16, MBS 8, 8 micro-batches per replica)
 CONFIGS: dict[str, list[str]] = {
@@ -142,7 +143,7 @@ def main() -> int:
         started = time.monotonic()
         # Own process group: on a timeout the training process under jpwr/torchrun is stopped too,
         # instead of living on and holding GPU memory during the next configuration.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=first_gpus_env(args.nproc, env), start_new_session=True)
         try:
             code = proc.wait(timeout=args.timeout_s)
         except subprocess.TimeoutExpired:

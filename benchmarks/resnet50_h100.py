@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.gpu_env import first_gpus_env
+
 TARGET_IMAGES_PER_S = 6000.0  # one H100, GBS 256 bf16 (issue 7)
 
 
@@ -55,7 +58,8 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
     with open(args.out / f"{name}.log", "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
+                              env=first_gpus_env(processes)).returncode
     print(f"   exit {code} after {time.monotonic() - started:.0f} s (log: {args.out / f'{name}.log'})", flush=True)
     record_path = run_dir / "run_record.json"
     return json.loads(record_path.read_text()) if record_path.exists() else None

@@ -151,7 +151,17 @@ def steady_metrics(
         "energy_coverage": energy.coverage if energy else None,
         "energy_error_bound_j": energy.error_bound_j if energy else None,
         "energy_unavailable_reason": (energy.unavailable_reason if energy else "no energy measured"),
+        "energy_devices": energy.devices if energy else None,
+        "energy_warning": _device_mismatch(energy, devices),
     }
+
+
+def _device_mismatch(energy: WindowEnergy | None, devices: int) -> str | None:
+    """Say so when the sampler metered other devices than the run used (e.g. an idle GPU beside it)."""
+    if energy is None or energy.energy_j is None or energy.devices == devices:
+        return None
+    return (f"energy covers {energy.devices} metered devices but the run used {devices}: restrict the job's "
+            "devices (CUDA_VISIBLE_DEVICES, Slurm GPU binding) so that idle devices are not counted")
 
 
 @dataclasses.dataclass

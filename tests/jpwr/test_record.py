@@ -1,0 +1,47 @@
+"""The run record's shared headline computation."""
+
+from __future__ import annotations
+
+import pytest
+
+from jpwr.record import RunRecord, Window, WindowEnergy, read_run_record, steady_metrics, write_run_record
+
+
+def _window(devices_metered: int) -> Window:
+    energy = WindowEnergy(energy_j=7200.0, mean_power_w=720.0, devices=devices_metered, method="counter+power",
+                          coverage=1.0, error_bound_j=20.0)
+    return Window("steady", 5, 15, 0, 10 * 10**9, {"tokens": 655360.0}, energy)
+
+
+def test_steady_metrics_rates_energy_and_units():
+    metrics = steady_metrics(_window(1), "tokens", devices=1, flops_per_unit=6.0e9, peak_flops_per_device=989e12)
+    assert metrics["tokens_per_s"] == pytest.approx(65536.0)
+    assert metrics["time_per_iteration_s"] == pytest.approx(1.0)
+    assert metrics["energy_wh"] == pytest.approx(2.0)
+    assert metrics["tokens_per_wh"] == pytest.approx(327680.0)
+    assert metrics["mfu"] == pytest.approx(65536.0 * 6.0e9 / 989e12)
+    assert metrics["energy_warning"] is None
+
+
+def test_idle_devices_in_the_energy_are_flagged():
+    metrics = steady_metrics(_window(2), "tokens", devices=1)
+    assert "2 metered devices but the run used 1" in metrics["energy_warning"]
+    assert metrics["mean_power_w_per_device"] == pytest.approx(360.0)
+
+
+def test_missing_energy_is_none_with_a_reason_never_zero():
+    window = _window(1)
+    window.energy = WindowEnergy.unavailable("no accelerator sensors on node n1")
+    metrics = steady_metrics(window, "images", devices=1)
+    assert metrics["energy_wh"] is None and metrics["images_per_wh"] is None
+    assert metrics["energy_unavailable_reason"] == "no accelerator sensors on node n1"
+
+
+def test_record_round_trip_and_atomic_write(tmp_path):
+    record = RunRecord(benchmark="llm_training", run_id="r1", windows=[_window(1)])
+    record.metrics = steady_metrics(record.windows[0], "tokens", devices=1)
+    path = write_run_record(tmp_path / "run_record.json", record)
+    again = read_run_record(path)
+    assert again.window("steady").energy.energy_j == 7200.0
+    assert not list(tmp_path.glob(".run_record.json.*"))  # no temporary file left behind
+    assert oct(path.stat().st_mode & 0o777) != "0o600"  # readable by others in a shared directory

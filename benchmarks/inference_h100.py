@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jpwr.record import fmt  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import markdown_table  # noqa: E402 (after the repository is on sys.path)
 
 COLUMNS = [
     ("preset", None), ("task", None), ("batch", "batch_size"), ("status", None),
@@ -71,12 +71,7 @@ def rows_of(preset: str, run_dir: Path, returncode: int) -> list[dict[str, objec
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    header = [label for label, _ in COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [v if isinstance(v, str) else fmt(v, 4) for v in (r.get(label) for label in header)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, [label for label, _ in COLUMNS], digits=4)
 
 
 def main() -> int:

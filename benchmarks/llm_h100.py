@@ -28,8 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu_env import first_gpus_env  # noqa: E402 (after the repository is on sys.path)
-from jpwr.record import fmt  # noqa: E402
+from benchmarks.common import first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
 
 # name -> extra `llm_training train` options (800M preset defaults: bf16, MBS 8, 8 micro-batches per replica)
 CONFIGS: dict[str, list[str]] = {
@@ -104,12 +103,7 @@ def row(name: str, run_dir: Path, returncode: int) -> dict[str, object]:
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    header = [label for label, _ in COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [v if isinstance(v, str) else fmt(v, 6) for v in (r.get(label) for label in header)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, [label for label, _ in COLUMNS], digits=6)
 
 
 def main() -> int:

@@ -51,6 +51,7 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from jpwr.launch import LaunchEnv
+    from jpwr.torch_device import resolve_device
     from llm_training import distributed
     from llm_training.cli import build_parser, resolve_checked
     from llm_training.train import Trainer
@@ -58,7 +59,7 @@ def main() -> int:
     train_args = build_parser().parse_args(["train", "--device", "cuda", *train_argv])
     launch = LaunchEnv.from_env()
     cfg = resolve_checked(train_args, launch.world_size)
-    device = distributed.resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     distributed.init_distributed(launch, device, cfg)
     trainer = Trainer(cfg, device)
     for _ in range(args.warmup):

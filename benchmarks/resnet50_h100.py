@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_env import first_gpus_env
+from benchmarks.common import first_gpus_env
 
 TARGET_IMAGES_PER_S = 6000.0  # one H100, GBS 256 bf16 (issue 7)
 

@@ -127,6 +127,17 @@ class WindowMeter:
                 result[name] = WindowEnergy.from_dict(reply)
         return result
 
+    def attach_energy(self, gather: Callable[[object], Sequence[object]] | None = None) -> None:
+        """Put the run's energy on this rank's windows: node leaders ask their sampler, `gather` (a
+        collective returning every rank's object, e.g. torch's all_gather_object) brings the nodes
+        together, and the sum over nodes is attached. Call on every rank (collective)."""
+        mine = {name: energy.to_dict() for name, energy in self.node_energy().items()}
+        everyone = gather(mine) if gather is not None and self.launch.world_size > 1 else [mine]
+        per_node = [{k: WindowEnergy.from_dict(v) for k, v in node.items()} for node in everyone if node]
+        combined = combine_energies(per_node)  # type: ignore[arg-type]
+        for window in self._windows:
+            window.energy = combined.get(window.name)
+
     def close(self) -> None:
         if self._owned_sampler is not None:
             self._owned_sampler.stop()  # type: ignore[attr-defined]

@@ -75,11 +75,12 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from jpwr.launch import LaunchEnv
-    from llm_training import distributed, train, validation
+    from jpwr.torch_device import resolve_device
+    from llm_training import train, validation
 
     launch = LaunchEnv.from_env()
     cfg = resolve_checked(args, launch.world_size)
-    device = distributed.resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
     validation.check_attention_backend(cfg.attention_backend, device.type)

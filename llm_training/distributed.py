@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import platform
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
-from jpwr.errors import ValidationError
 from jpwr.launch import LaunchEnv
 from llm_training.config import TrainConfig
 
 INIT_TIMEOUT = dt.timedelta(minutes=10)
-
-
-def resolve_device(requested: str) -> torch.device:
-    """`auto` is CUDA when torch sees a GPU (ROCm GPUs appear as CUDA too), else the CPU."""
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValidationError("--device cuda but torch sees no GPU", "run on a GPU node, or use --device cpu")
-    return torch.device(requested)
 
 
 def init_distributed(launch: LaunchEnv, device: torch.device, cfg: TrainConfig) -> None:
@@ -49,20 +38,3 @@ def shutdown_distributed() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def hardware_info(device: torch.device, launch: LaunchEnv) -> dict[str, object]:
-    """What the run ran on, as the framework reports it (the peak table is keyed by `device_name`)."""
-    info: dict[str, object] = {
-        "device_type": device.type, "devices": launch.world_size, "nodes": launch.num_nodes,
-        "devices_per_node": launch.local_world_size, "host_cpu": platform.processor() or platform.machine(),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        info.update(
-            device_name=props.name, device_memory_gib=props.total_memory / 1024**3,
-            compute_capability=f"{props.major}.{props.minor}",
-        )
-    else:
-        info.update(device_name=f"cpu ({info['host_cpu']})", device_memory_gib=None)
-    return info

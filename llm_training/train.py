@@ -34,31 +34,15 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from jpwr.launch import LaunchEnv
-from jpwr.meter import WindowMeter, combine_energies
+from jpwr.meter import WindowMeter
 from jpwr.peaks import peak_flops
-from jpwr.record import RunRecord, Window, software_versions, steady_metrics, summary_line, write_run_record
+from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from jpwr.runcontrol import StopRequest
+from jpwr.torch_device import hardware_info
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import TrainConfig
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, transformer_config, use_compiled_rope
-
-
-class StopRequested:
-    """Why the loop should stop early: set by SIGTERM or the exit-duration clock."""
-
-    def __init__(self, exit_duration_mins: float | None, started: float) -> None:
-        self.deadline = None if exit_duration_mins is None else started + 60.0 * exit_duration_mins
-        self.signal_name: str | None = None
-
-    def on_signal(self, signum: int, _frame: object) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def local_reason(self) -> str | None:
-        if self.signal_name:
-            return f"{self.signal_name} received (Slurm time limit or job cancelled)"
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return "--exit-duration-mins reached"
-        return None
 
 
 def _log(launch: LaunchEnv, text: str) -> None:
@@ -158,7 +142,7 @@ def _pipeline_loss(loss: torch.Tensor | None, device: torch.device) -> float:
     return float(value.item())
 
 
-def _agree_to_stop(stop: StopRequested, device: torch.device) -> bool:
+def _agree_to_stop(stop: StopRequest, device: torch.device) -> bool:
     flag = torch.tensor([1 if stop.local_reason() else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
@@ -169,7 +153,7 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequested, record: RunRecord,
+def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequest, record: RunRecord,
            meter: WindowMeter) -> tuple[int, list[dict[str, float]]]:
     trainer = Trainer(cfg, device)
     _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
@@ -203,14 +187,10 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     return completed, curve
 
 
-def _attach_energy(launch: LaunchEnv, meter: WindowMeter, windows: list[Window]) -> None:
-    """Node leaders ask their sampler; rank 0 sums the nodes and attaches the totals to the windows."""
-    mine = meter.node_energy([w.name for w in windows]) if launch.is_node_leader else {}
-    gathered: list[Any] = [None] * launch.world_size
-    dist.all_gather_object(gathered, mine)
-    combined = combine_energies([g for g in gathered if g])
-    for window in windows:
-        window.energy = combined.get(window.name)
+def _all_gather(obj: object) -> list[object]:
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[str, Any]:
@@ -244,7 +224,7 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[
 def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
     """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
     started = time.monotonic()
-    stop = StopRequested(cfg.exit_duration_mins, started)
+    stop = StopRequest.after(cfg.exit_duration_mins, started)
     signal.signal(signal.SIGTERM, stop.on_signal)
     run_id = cfg.run_id or f"llm-{cfg.model}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(cfg.out_dir)
@@ -257,7 +237,7 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
         if device.type == "cpu":
             stack.enter_context(cpu_compat.cpu_mode(device))
         distributed.init_distributed(launch, device, cfg)
-        record.hardware = distributed.hardware_info(device, launch)
+        record.hardware = hardware_info(device, launch)
         warning = memory.fit_warning(cfg, record.hardware.get("device_memory_gib"))  # type: ignore[arg-type]
         if warning:
             _log(launch, warning)
@@ -270,7 +250,7 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
             reason = stop.local_reason() or "another rank requested the stop"
             record.status_reason = (f"{reason}: stopped cleanly after {completed} of {cfg.iterations} iterations; "
                                     "the steady window covers the iterations completed")
-        _attach_energy(launch, meter, record.windows)
+        meter.attach_energy(_all_gather)  # record.windows are the meter's Window objects
     except BaseException as exc:  # the record is written on any failure, then the error propagates as exit code
         record.status = "TIMEOUT" if stop.signal_name else "FAILED"
         record.status_reason = f"{type(exc).__name__}: {exc}"

@@ -18,13 +18,14 @@ from typing import Any
 
 from jpwr.errors import OutputDirError
 from jpwr.launch import LaunchEnv
-from jpwr.meter import WindowMeter, combine_energies
+from jpwr.meter import WindowMeter
 from jpwr.peaks import peak_flops
-from jpwr.record import RunRecord, WindowEnergy, software_versions, steady_metrics, summary_line, write_run_record
+from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from jpwr.runcontrol import StopRequest
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
-from resnet50.loop import WORK_UNIT, LoopResult, StopRequest, run_loop
+from resnet50.loop import WORK_UNIT, LoopResult, run_loop
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124  # like coreutils `timeout`: a signal arrived and the run could not stop cleanly
@@ -45,7 +46,7 @@ def train(config: TrainConfig) -> int:
     )
     meter = WindowMeter.open(launch, methods=config.energy_methods, out_dir=Path(str(config.out_dir)) / "jpwr")
     record.meter = {"sampler": meter.has_sampler, "energy_methods": config.energy_methods}
-    stop = StopRequest(None if config.exit_duration_mins is None else started + 60.0 * config.exit_duration_mins)
+    stop = StopRequest.after(config.exit_duration_mins, started)
     previous_handler = signal.signal(signal.SIGTERM, stop.on_signal)
     backend: Backend | None = None
     loop: LoopResult | None = None
@@ -61,7 +62,7 @@ def train(config: TrainConfig) -> int:
                 f"{loop.stop_reason}: stopped cleanly after {loop.completed} of {config.total_iterations} "
                 "iterations (warm-up included); the steady window covers the iterations completed"
             )
-        _attach_energy(meter, backend, launch)
+        meter.attach_energy(backend.gather)
     except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc()
         record.status = "TIMEOUT" if stop.signal_name else "FAILED"
@@ -87,16 +88,6 @@ def _check_out_dir(out_dir: Path) -> None:
             pass
     except OSError as exc:
         raise OutputDirError(f"--out-dir {out_dir} cannot be written ({exc}); pass a writable directory") from None
-
-
-def _attach_energy(meter: WindowMeter, backend: Backend, launch: LaunchEnv) -> None:
-    """Node leaders ask their sampler; rank 0 sums the nodes onto its windows."""
-    mine = {name: energy.to_dict() for name, energy in meter.node_energy().items()}
-    gathered = backend.gather([launch.is_node_leader, mine])
-    per_node = [{k: WindowEnergy.from_dict(v) for k, v in energies.items()} for leader, energies in gathered if leader]
-    combined = combine_energies(per_node)
-    for window in meter.windows:
-        window.energy = combined.get(window.name)
 
 
 def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) -> dict[str, Any]:

@@ -7,11 +7,11 @@ so the steady window measures the device, not Python round trips.
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
 
 from jpwr.meter import WindowMeter
 from jpwr.record import Window, fmt
+from jpwr.runcontrol import StopRequest
 from resnet50.backend import Backend
 from resnet50.config import TrainConfig
 
@@ -23,28 +23,6 @@ class LoopResult:
     losses: list[tuple[int, float]]  # (step number, 1-based; global mean loss) at each log point
     completed: int = 0  # iterations run, warm-up included
     stop_reason: str | None = None  # why the loop ended before config.total_iterations
-
-
-class StopRequest:
-    """Why this rank wants to stop early: SIGTERM (Slurm's time limit, scancel) or --exit-duration-mins.
-
-    The signal handler only sets a flag; ranks agree on stopping at the next log point, so no
-    rank is left waiting in a collective that the others skipped.
-    """
-
-    def __init__(self, deadline: float | None) -> None:
-        self.deadline = deadline  # time.monotonic() value, or None
-        self.signal_name: str | None = None
-
-    def on_signal(self, signum: int, _frame: object) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def local_reason(self) -> str | None:
-        if self.signal_name:
-            return f"{self.signal_name} received (Slurm time limit or job cancelled)"
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            return "--exit-duration-mins reached"
-        return None
 
 
 class Progress:

@@ -17,9 +17,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from jpwr.backends._base import failed, read_sysfs, unavailable
+from jpwr.backends._base import SysfsMicroBackend, read_sysfs, unavailable
 from jpwr.clock import Clock
-from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal
+from jpwr.domains import Discovery, Domain, Kind, Sensor, Signal
 
 NAME = "hwmon_gh"
 _KINDS = {"module": Kind.MODULE, "grace": Kind.CPU_PACKAGE, "cpu": Kind.CPU_PACKAGE, "sysio": Kind.OTHER}
@@ -30,7 +30,7 @@ def _hwmon_number(path: Path) -> int:
     return int(suffix) if suffix.isdigit() else -1
 
 
-class HwmonGhBackend:
+class HwmonGhBackend(SysfsMicroBackend):
     name = NAME
 
     def __init__(self, clock: Clock, sysfs_root: Path = Path("/sys"), gpu_domains: Sequence[Domain] = ()) -> None:
@@ -85,21 +85,3 @@ class HwmonGhBackend:
                 contains = tuple(d.id for d in self._gpus if d.index == int(socket.group(1)))
                 attrs.append(("gpu_pairing", "socket N = NVML index N (assumed)"))
         return Domain(f"{NAME}:{slug}", NAME, kind, label, contains=contains, attrs=tuple(attrs))
-
-    def read(self, sensors: Sequence[Sensor]) -> list[Reading]:
-        readings = []
-        for sensor in sensors:
-            t0 = self._clock.monotonic_ns()
-            try:
-                value = int(read_sysfs(self._files[sensor.id])) / 1e6  # µW -> W
-            except (OSError, ValueError, KeyError):  # a vanished hwmon node is an error reading, not a crash
-                readings.append(failed(sensor.id, t0, self._clock.monotonic_ns()))
-                continue
-            readings.append(Reading(sensor.id, t0, self._clock.monotonic_ns(), value))
-        return readings
-
-    def read_metrics(self) -> list[MetricReading]:
-        return []
-
-    def close(self) -> None:
-        self._files = {}

@@ -15,12 +15,11 @@ package in sysfs but is a separate rail); psys (platform) is reported as OTHER w
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
-from jpwr.backends._base import failed, read_sysfs, unavailable
+from jpwr.backends._base import SysfsMicroBackend, read_sysfs, unavailable
 from jpwr.clock import Clock
-from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal
+from jpwr.domains import Discovery, Domain, Kind, Sensor, Signal
 
 NAME = "rapl"
 _ZONE_DIR = re.compile(r"^(intel|amd)-rapl:(\d+)(?::(\d+))?$")
@@ -33,7 +32,7 @@ PERMISSION_FIX = (
 )
 
 
-class RaplBackend:
+class RaplBackend(SysfsMicroBackend):
     name = NAME
 
     def __init__(self, clock: Clock, sysfs_root: Path = Path("/sys")) -> None:
@@ -78,21 +77,3 @@ class RaplBackend:
         if denied:
             disc.unavailable.append(unavailable(NAME, f"{', '.join(denied)}: {PERMISSION_FIX}"))
         return disc
-
-    def read(self, sensors: Sequence[Sensor]) -> list[Reading]:
-        readings = []
-        for sensor in sensors:
-            t0 = self._clock.monotonic_ns()
-            try:
-                value = int(read_sysfs(self._files[sensor.id])) / 1e6
-            except (OSError, ValueError, KeyError):
-                readings.append(failed(sensor.id, t0, self._clock.monotonic_ns()))
-                continue
-            readings.append(Reading(sensor.id, t0, self._clock.monotonic_ns(), value))
-        return readings
-
-    def read_metrics(self) -> list[MetricReading]:
-        return []
-
-    def close(self) -> None:
-        self._files = {}

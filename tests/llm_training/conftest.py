@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
+
+from tests.driver_helpers import free_port, parse_summary, read_record, run_cmd  # noqa: F401 (re-exported to tests)
 
 LLM = [sys.executable, "-m", "llm_training"]
 # Small and quick on 2 cores; every run uses the tiny preset on the CPU.
 TINY = ["--model", "tiny", "--device", "cpu"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-
-
-def run_cmd(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def read_record(out_dir: Path) -> dict:
-    return json.loads((out_dir / "run_record.json").read_text())
-
-
-def parse_summary(stdout: str) -> dict[str, str]:
-    """key=value pairs of the JOULEBENCH_RESULT line, which must be the last line of stdout."""
-    last = stdout.strip().splitlines()[-1]
-    assert last.startswith("JOULEBENCH_RESULT "), f"last stdout line is not the summary: {last!r}"
-    return dict(item.split("=", 1) for item in last.split()[1:])
 
 
 @pytest.fixture(scope="module")

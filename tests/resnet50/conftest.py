@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
+from tests.driver_helpers import free_port, parse_summary, read_record, run_cmd  # noqa: F401 (re-exported to tests)
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = [sys.executable, "-m", "resnet50"]
@@ -36,41 +34,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra)
     return env
-
-
-def free_port(count: int = 1) -> int:
-    """A port p such that p .. p+count-1 were free a moment ago (TF workers listen on consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + count < 65535 and all(_is_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError("no free consecutive ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def run_cmd(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def read_record(out_dir: Path) -> dict:
-    return json.loads((out_dir / "run_record.json").read_text())
-
-
-def parse_summary(stdout: str) -> dict[str, str]:
-    """key=value pairs of the JOULEBENCH_RESULT line, which must be the last line of stdout."""
-    last = stdout.strip().splitlines()[-1]
-    assert last.startswith("JOULEBENCH_RESULT "), f"last stdout line is not the summary: {last!r}"
-    return dict(item.split("=", 1) for item in last.split()[1:])
 
 
 def assert_loss_decreased(record: dict) -> None:

@@ -182,8 +182,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rope-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile megatron's unfused RoPE into one kernel per direction (default: on for CUDA)")
     r = parser.add_argument_group("run control")
-    r.add_argument("--iterations", type=int, default=50)
-    r.add_argument("--warmup-iterations", type=int, default=5)
+    r.add_argument("--iterations", type=int, default=50,
+                   help="total training iterations, warm-up included, as Megatron's --train-iters (default 50)")
+    r.add_argument("--warmup-iterations", type=int, default=5,
+                   help="first iterations left out of the measured window (default 5); measured = iterations - warm-up")
     r.add_argument("--exit-duration-mins", type=float, help="stop cleanly after this many minutes of training")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")

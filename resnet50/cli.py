@@ -19,7 +19,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--global-batch-size", type=int, default=256, help="images per step over all devices (default 256)")
     add("--precision", choices=PRECISIONS, default="bf16", help="mixed precision compute type (default bf16)")
     add("--image-size", type=int, default=224)
-    add("--iterations", type=int, default=100, help="steady-state (measured) iterations (default 100)")
+    add("--iterations", type=int, default=100,
+        help="measured iterations, warm-up not included, as tf_cnn_benchmarks' --num_batches (default 100)")
     add("--warmup-iterations", type=int, default=10, help="iterations before the measured window (default 10)")
     add("--exit-duration-mins", type=float, default=None, help="end the steady window after this many minutes")
     add("--data", default="synthetic", help="'synthetic' or a data directory (default synthetic)")

@@ -126,7 +126,10 @@ def test_committed_driver_records_render(tmp_path):
     page = index.read_text()
     for path in DRIVER_RECORDS:
         assert RunRecord.from_dict(json.loads(path.read_text())).run_id in page
-    assert page.count('src="data:image/png;base64,') == 2 * len({read_run_record(p).benchmark for p in DRIVER_RECORDS})
+    records = [read_run_record(p) for p in DRIVER_RECORDS]
+    # efficiency + energy charts per benchmark, and the J/token chart where inference records exist
+    token_charts = len({r.benchmark for r in records if r.metrics.get("work_unit") == "output_tokens"})
+    assert page.count('src="data:image/png;base64,') == 2 * len({r.benchmark for r in records}) + token_charts
 
 
 def test_latents_come_only_from_the_records_own_trace(replayed_runs, tmp_path):

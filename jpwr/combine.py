@@ -56,7 +56,7 @@ def _drop_duplicate_devices(energies: list[dict[str, WindowEnergy]]) -> list[dic
 def combine_run(directory: Path, run_id: str | None = None) -> dict[str, Any]:
     summaries = node_summaries(directory, run_id)
     per_node = [
-        {name: WindowEnergy.from_dict(w["energy"]) for name, w in s["windows"].items() if not name.startswith("_")}
+        {name: WindowEnergy.from_dict(w["energy"]) for name, w in s["windows"].items()}
         for s in summaries
     ]
     combined = combine_energies(_drop_duplicate_devices(per_node))

@@ -97,8 +97,7 @@ def load_nodes(path: Path) -> list[NodeTrace]:
 def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:
     """The sampler's window energies, else the estimator run offline on the saved trace (same code)."""
     if node.summary is not None:
-        return {name: WindowEnergy.from_dict(w["energy"]) for name, w in node.summary.get("windows", {}).items()
-                if not name.startswith("_")}
+        return {name: WindowEnergy.from_dict(w["energy"]) for name, w in node.summary.get("windows", {}).items()}
     interval = float(node.trace.info.get("interval_s") or 0.1)
     return {name: window_energy(node.trace, span, interval, node.name)
             for name, span in spans_from_marks(node.trace.marks).items()}

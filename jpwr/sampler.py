@@ -306,17 +306,17 @@ class Sampler:
             energy = window_energy(trace, span, self.interval_s, self.node, self.unavailable)
             windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
                              "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
+        trace_error = None
         try:
             write_hdf5(self.node_dir / TRACE_FILE, trace)
             trace_file: str | None = TRACE_FILE
         except Exception as exc:  # the segments stay readable; never lose the summary over HDF5
-            trace_file = None
-            windows.setdefault("_errors", {})["hdf5"] = repr(exc)  # type: ignore[index]
+            trace_file, trace_error = None, repr(exc)
         summary = {
             "schema": "jpwr.summary/1", "kind": "node", "run_id": self.run_id, "node": self.node,
             "finished_at": utc_now(), "info": self.info(), "missed_ticks": self.missed_ticks,
             "domains": [d.to_dict() for d in self.domains], "sensors": [s.to_dict() for s in self.sensors],
-            "trace_file": trace_file, "windows": windows,
+            "trace_file": trace_file, "trace_error": trace_error, "windows": windows,
         }
         write_json_atomic(self.node_dir / SUMMARY_FILE, summary)
         for backend in self.backends:

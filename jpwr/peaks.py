@@ -2,7 +2,7 @@
 
 MFU = achieved model FLOP/s ÷ this peak. Values are dense (no sparsity) tensor-core peaks for
 bf16/fp16, per device as the framework sees it (one MI250 GCD, not the two-die OAM). Sources:
-/work/shared/reference/anchors.md §1 (vendor datasheets, llm.c mfu.h). fp32 has no entry: its
+the reference note shared/reference/anchors.md §1 (vendor datasheets, llm.c mfu.h). fp32 has no entry: its
 peak depends on whether TF32 tensor cores are used, so MFU is reported as n/a rather than guessed.
 Patterns are tried in order, so specific names (GH200, H100 PCIe, MI250X) come before generic ones.
 """

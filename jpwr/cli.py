@@ -26,7 +26,7 @@ from pathlib import Path
 
 from jpwr import __version__
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, JpwrError
+from jpwr.errors import ExitCode, exit_code_of
 from jpwr.record import fmt
 
 SUBCOMMANDS = ("serve", "combine", "info", "selftest", "plot", "report")
@@ -212,13 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest,
                 "plot": cmd_plot, "report": cmd_report}
-    try:
-        if args and args[0] in handlers:
-            return int(handlers[args[0]](args[1:]))
-        return int(cmd_wrap(args))
-    except JpwrError as exc:
-        print(f"jpwr: error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+    if args and args[0] in handlers:
+        return exit_code_of("jpwr", lambda: handlers[args[0]](args[1:]))
+    return exit_code_of("jpwr", lambda: cmd_wrap(args))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import sys
+from collections.abc import Callable
 
 
 class ExitCode(enum.IntEnum):
@@ -51,3 +53,13 @@ class OutputDirError(JpwrError):
     """The output directory cannot be created or written."""
 
     exit_code = ExitCode.CANT_CREATE
+
+
+def exit_code_of(prog: str, command: Callable[[], int]) -> int:
+    """Run one CLI command; a JpwrError (raised before any device work) becomes "<prog>: error: ..." on
+    stderr and its own exit code, so every joulebench command reports bad input the same way."""
+    try:
+        return int(command())
+    except JpwrError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)

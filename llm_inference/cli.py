@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import ExitCode, exit_code_of
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.presets import ModelPreset
 
@@ -61,8 +60,4 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"run": _run, "validate": _validate}
-    try:
-        return int(handlers[args.command](args))
-    except ValidationError as exc:
-        print(f"llm_inference: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+    return exit_code_of("llm_inference", lambda: handlers[args.command](args))

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import ExitCode, exit_code_of
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
 
@@ -100,8 +100,4 @@ def _preprocess(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"train": _train, "validate": _validate, "preprocess": _preprocess}
-    try:
-        return int(handlers[args.command](args))
-    except ValidationError as exc:
-        print(f"llm_training: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+    return exit_code_of("llm_training", lambda: handlers[args.command](args))

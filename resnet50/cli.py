@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jpwr.errors import JpwrError, ValidationError
+from jpwr.errors import ValidationError, exit_code_of
 from jpwr.launch import LaunchEnv
 from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
@@ -100,7 +100,8 @@ def make_data(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def command() -> int:
         if args.command == "train":
             from resnet50.driver import train
 
@@ -108,9 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             return validate(args)
         return make_data(args)
-    except JpwrError as exc:  # ValidationError (64), OutputDirError (73): raised before any device work
-        print(f"resnet50: error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+
+    return exit_code_of("resnet50", command)  # ValidationError (64), OutputDirError (73)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ class TrainConfig:
     bias_fusion: bool | None  # None: on for CUDA, off for CPU (torch.compile on CPU is slow to build)
     attention_backend: str  # SDPA kernel choice; "auto" lets torch pick
     rope_fusion: bool | None  # None: on for CUDA (torch.compile of megatron's RoPE), off for CPU
+    cross_entropy_fusion: bool | None  # None: on for CUDA with bf16 (megatron's native fused cross-entropy)
+    fused_optimizer: bool | None  # None: on for CUDA (torch's fused AdamW kernel instead of foreach)
 
     @property
     def num_microbatches(self) -> int:
@@ -150,7 +152,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         min_loss_scale=args.min_loss_scale, overfit_batch=args.overfit_batch,
         overlap_grad_reduce=args.overlap_grad_reduce, bias_fusion=args.bias_fusion,
         attention_backend=args.attention_backend,
-        rope_fusion=args.rope_fusion,
+        rope_fusion=args.rope_fusion, cross_entropy_fusion=args.cross_entropy_fusion,
+        fused_optimizer=args.fused_optimizer,
     )
 
 
@@ -181,6 +184,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="pin the SDPA kernel for core attention (default auto: torch's choice, cuDNN on H100)")
     g.add_argument("--rope-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile megatron's unfused RoPE into one kernel per direction (default: on for CUDA)")
+    g.add_argument("--cross-entropy-fusion", action=argparse.BooleanOptionalAction, default=None,
+                   help="megatron's native fused cross-entropy (Megatron-LM --cross-entropy-loss-fusion); bf16 "
+                        "only, as it returns bf16 logit gradients (default: on for CUDA with bf16)")
+    g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
     r = parser.add_argument_group("run control")
     r.add_argument("--iterations", type=int, default=50,
                    help="total training iterations, warm-up included, as Megatron's --train-iters (default 50)")

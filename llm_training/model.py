@@ -6,7 +6,8 @@ Differences from `get_gpt_layer_local_spec()` and why:
   parallelism is on, so `finalize_model_grads` all-reduces their gradients over TP (megatron's
   WrappedTorchNorm refuses sequence parallel; apex's FusedLayerNorm is not available here);
 * fusions that need apex/TE (masked softmax, gradient-accumulation, TE's RoPE) are off; on CUDA,
-  RoPE is fused by torch.compile instead (`use_compiled_rope`).
+  RoPE is fused by torch.compile instead (`use_compiled_rope`), and the cross-entropy uses
+  megatron's native (torch.compile) fusion for bf16.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class TaggedLayerNorm(torch.nn.LayerNorm):
 def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
     """megatron TransformerConfig for this run; fusions only on CUDA unless --bias-fusion says otherwise."""
     fusion = cfg.bias_fusion if cfg.bias_fusion is not None else device_type == "cuda"
+    cross_entropy_fusion = (cfg.cross_entropy_fusion if cfg.cross_entropy_fusion is not None
+                            else device_type == "cuda" and cfg.precision == "bf16")
     recompute = {"none": {}, "selective": {"recompute_granularity": "selective"},
                  "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
     return TransformerConfig(
@@ -63,6 +66,8 @@ def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
         apply_rope_fusion=False,
         bias_activation_fusion=fusion,
         bias_dropout_fusion=fusion,
+        cross_entropy_loss_fusion=cross_entropy_fusion,
+        cross_entropy_fusion_impl="native",
         use_cpu_initialization=device_type == "cpu",
         **recompute[cfg.recompute],
     )
@@ -98,7 +103,6 @@ def build_gpt(cfg: TrainConfig, config: TransformerConfig, pre_process: bool, po
     )
 
 
-
 def use_compiled_rope(enabled: bool) -> None:
     """Route megatron's unfused RoPE (bshd) through torch.compile, or back to the original.
 
@@ -110,5 +114,10 @@ def use_compiled_rope(enabled: bool) -> None:
     reaches every attention layer.
     """
     current = rope_utils._apply_rotary_pos_emb_bshd
-    original = getattr(current, "_torchdynamo_orig_callable", current)
+    original = getattr(current, "_torchdynamo_orig_callable", current)  # see compiled_rope_active
     rope_utils._apply_rotary_pos_emb_bshd = torch.compile(original, dynamic=False) if enabled else original
+
+
+def compiled_rope_active() -> bool:
+    """True while megatron's RoPE goes through torch.compile (see `use_compiled_rope`)."""
+    return hasattr(rope_utils._apply_rotary_pos_emb_bshd, "_torchdynamo_orig_callable")

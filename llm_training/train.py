@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
@@ -42,7 +42,7 @@ from jpwr.torch_device import hardware_info
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import TrainConfig
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
-from llm_training.model import build_gpt, transformer_config, use_compiled_rope
+from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
 
 
 def _log(launch: LaunchEnv, text: str) -> None:
@@ -62,6 +62,23 @@ def _forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Ten
     batch = next(data_iterator)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, functools.partial(_loss_func, batch["loss_mask"])
+
+
+def use_fused_adam(optimizer: MegatronOptimizer) -> None:
+    """Switch the torch AdamW inside megatron's optimizer from the foreach kernels to the fused one.
+
+    Without TE or apex, megatron builds `torch.optim.AdamW` with torch's default, the foreach
+    implementation: several multi-tensor passes over the fp32 master weights, gradients and both
+    moments per step. The fused kernel makes one pass with the same update rule. torch reads
+    `fused`/`foreach` from each parameter group at every step and creates the step counters on the
+    first one, so switching before the first step is what passing `fused=True` would have done.
+    """
+    for member in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = member.optimizer
+        if not isinstance(inner, torch.optim.Adam):  # AdamW subclasses Adam in torch >= 2.7
+            raise TypeError(f"expected torch's Adam/AdamW inside megatron's optimizer, got {type(inner).__name__}")
+        for group in inner.param_groups:
+            group["foreach"], group["fused"] = False, True
 
 
 class Trainer:
@@ -92,6 +109,8 @@ class Trainer:
             hysteresis=cfg.loss_scale_hysteresis, min_loss_scale=cfg.min_loss_scale,
             use_distributed_optimizer=True,
         ), [self.model])
+        if cfg.fused_optimizer if cfg.fused_optimizer is not None else device.type == "cuda":
+            use_fused_adam(self.optimizer)
         # CARAML's schedule: warm-up and cosine decay counted in samples, stepped by the global batch.
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0, max_lr=cfg.lr, min_lr=cfg.min_lr,
@@ -111,6 +130,18 @@ class Trainer:
         dataset = data.build_train_dataset(cfg, samples)
         self.batches = data.micro_batches(dataset, cfg, parallel_state.get_data_parallel_rank(), device)
         self.skipped_updates = 0
+
+    def active_fusions(self) -> dict[str, bool]:
+        """Which optional kernels this run really uses, read from the built objects (the options may be unset)."""
+        groups = [g for m in getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+                  for g in m.optimizer.param_groups]
+        return {
+            "bias_activation": self.config.bias_activation_fusion,
+            "bias_dropout": self.config.bias_dropout_fusion,
+            "rope_compiled": compiled_rope_active(),
+            "cross_entropy": self.config.cross_entropy_loss_fusion,
+            "fused_adam": bool(groups) and all(g.get("fused") for g in groups),
+        }
 
     def step(self) -> torch.Tensor | None:
         """One global batch; returns the mean micro-batch loss (on the last pipeline stage, else None)."""
@@ -156,10 +187,13 @@ def _format_eta(seconds: float) -> str:
 def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequest, record: RunRecord,
            meter: WindowMeter) -> tuple[int, list[dict[str, float]]]:
     trainer = Trainer(cfg, device)
+    fusions = trainer.active_fusions()
+    record.config["active_fusions"] = fusions
     _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
                  f"DP={cfg.data_parallel}, {cfg.precision}, MBS={cfg.micro_batch_size} GBS={cfg.global_batch_size} "
                  f"({cfg.num_microbatches} micro-batch{'es' if cfg.num_microbatches != 1 else ''} per replica), "
-                 f"recompute={cfg.recompute}, device={device}")
+                 f"recompute={cfg.recompute}, device={device}, "
+                 f"fusions: {', '.join(name for name, on in fusions.items() if on) or 'none'}")
     curve: list[dict[str, float]] = []
     meter.begin("warmup", 0)
     last_log_t, last_log_it, completed = time.monotonic(), 0, 0

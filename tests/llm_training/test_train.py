@@ -142,6 +142,22 @@ def test_two_processes_reproduce_the_single_process_losses(fake_env, h100_trace_
     assert parse_summary(result.stdout)["status"] == "OK"
 
 
+def test_fused_cross_entropy_and_fused_adam_reproduce_the_unfused_bf16_losses(fake_env, tmp_path):
+    """The CUDA defaults (megatron's native fused cross-entropy, torch's fused AdamW) are the same math."""
+    runs = {}
+    for name, flags in {"fused": ["--cross-entropy-fusion", "--fused-optimizer"],
+                        "unfused": ["--no-cross-entropy-fusion", "--no-fused-optimizer"]}.items():
+        out = tmp_path / name
+        result = run_cmd([*LLM, "train", *TINY, *SAME_PROBLEM, "--precision", "bf16", *flags, "--out-dir", str(out)],
+                         fake_env(), tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = read_record(out)
+    fused, unfused = (runs[name]["config"]["active_fusions"] for name in ("fused", "unfused"))
+    assert fused["cross_entropy"] and fused["fused_adam"]
+    assert not unfused["cross_entropy"] and not unfused["fused_adam"]
+    assert _losses(runs["fused"]) == pytest.approx(_losses(runs["unfused"]), abs=2e-3)
+
+
 def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([*LLM, "train", *TINY, "--iterations", "100000", "--warmup-iterations", "2",

@@ -44,6 +44,9 @@ CONFIGS: dict[str, list[str]] = {
     "bf16-mbs8-cudnn": ["--attention-backend", "cudnn"],
     "bf16-mbs8-efficient": ["--attention-backend", "efficient"],
     "bf16-mbs8-norope-fusion": ["--no-rope-fusion"],
+    "bf16-mbs8-unfused": ["--no-cross-entropy-fusion", "--no-fused-optimizer"],  # the default before these two
+    "bf16-mbs8-noce-fusion": ["--no-cross-entropy-fusion"],
+    "bf16-mbs8-foreach-adam": ["--no-fused-optimizer"],
 }
 DEFAULT_CONFIGS = "bf16-mbs8,bf16-mbs4,caraml"
 

@@ -73,7 +73,7 @@ class TrainConfig:
     bias_fusion: bool | None  # None: on for CUDA, off for CPU (torch.compile on CPU is slow to build)
     attention_backend: str  # SDPA kernel choice; "auto" lets torch pick
     rope_fusion: bool | None  # None: on for CUDA (torch.compile of megatron's RoPE), off for CPU
-    cross_entropy_fusion: bool | None  # None: on for CUDA with bf16 (megatron's native fused cross-entropy)
+    cross_entropy_fusion: bool | None  # None: on for CUDA (llm_training.cross_entropy, compiled)
     fused_optimizer: bool | None  # None: on for CUDA (torch's fused AdamW kernel instead of foreach)
 
     @property
@@ -185,8 +185,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rope-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile megatron's unfused RoPE into one kernel per direction (default: on for CUDA)")
     g.add_argument("--cross-entropy-fusion", action=argparse.BooleanOptionalAction, default=None,
-                   help="megatron's native fused cross-entropy (Megatron-LM --cross-entropy-loss-fusion); bf16 "
-                        "only, as it returns bf16 logit gradients (default: on for CUDA with bf16)")
+                   help="two-pass compiled cross-entropy instead of megatron's fp32-softmax one; same math "
+                        "(default: on for CUDA)")
     g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
     r = parser.add_argument_group("run control")

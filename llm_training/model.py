@@ -6,8 +6,8 @@ Differences from `get_gpt_layer_local_spec()` and why:
   parallelism is on, so `finalize_model_grads` all-reduces their gradients over TP (megatron's
   WrappedTorchNorm refuses sequence parallel; apex's FusedLayerNorm is not available here);
 * fusions that need apex/TE (masked softmax, gradient-accumulation, TE's RoPE) are off; on CUDA,
-  RoPE is fused by torch.compile instead (`use_compiled_rope`), and the cross-entropy uses
-  megatron's native (torch.compile) fusion for bf16.
+  RoPE is fused by torch.compile instead (`use_compiled_rope`), and the loss is our two-pass
+  compiled cross-entropy (llm_training.cross_entropy) when `cross_entropy_fusion` is on.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from megatron.core.transformer.transformer_block import (
 
 from llm_training.attention import SDPACoreAttention
 from llm_training.config import TrainConfig
+from llm_training.cross_entropy import vocab_parallel_cross_entropy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -42,8 +43,6 @@ class TaggedLayerNorm(torch.nn.LayerNorm):
 def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
     """megatron TransformerConfig for this run; fusions only on CUDA unless --bias-fusion says otherwise."""
     fusion = cfg.bias_fusion if cfg.bias_fusion is not None else device_type == "cuda"
-    cross_entropy_fusion = (cfg.cross_entropy_fusion if cfg.cross_entropy_fusion is not None
-                            else device_type == "cuda" and cfg.precision == "bf16")
     recompute = {"none": {}, "selective": {"recompute_granularity": "selective"},
                  "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
     return TransformerConfig(
@@ -66,11 +65,18 @@ def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
         apply_rope_fusion=False,
         bias_activation_fusion=fusion,
         bias_dropout_fusion=fusion,
-        cross_entropy_loss_fusion=cross_entropy_fusion,
-        cross_entropy_fusion_impl="native",
         use_cpu_initialization=device_type == "cpu",
         **recompute[cfg.recompute],
     )
+
+
+class FusedLossGPTModel(GPTModel):
+    """GPTModel whose language-model loss is the compiled cross-entropy (same math, far less memory traffic)."""
+
+    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Loss [b, s] from labels [b, s] and logits [s, b, V/TP], as megatron's method returns it."""
+        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous(), self.pg_collection.tp)
+        return loss.transpose(0, 1).contiguous()
 
 
 def layer_spec(config: TransformerConfig, pp_rank: int | None = None, attention_backend: str = "auto") -> ModuleSpec:
@@ -89,9 +95,10 @@ def layer_spec(config: TransformerConfig, pp_rank: int | None = None, attention_
 
 
 def build_gpt(cfg: TrainConfig, config: TransformerConfig, pre_process: bool, post_process: bool,
-              pp_rank: int | None = None) -> GPTModel:
+              pp_rank: int | None = None, fused_cross_entropy: bool = False) -> GPTModel:
     """The GPT of one pipeline stage: tied input/output embeddings, RoPE, vocabulary padded for TP."""
-    return GPTModel(
+    model_class = FusedLossGPTModel if fused_cross_entropy else GPTModel
+    return model_class(
         config=config,
         transformer_layer_spec=layer_spec(config, pp_rank, cfg.attention_backend),
         vocab_size=cfg.padded_vocab_size,

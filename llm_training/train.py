@@ -89,9 +89,11 @@ class Trainer:
         self.device = device
         self.config = transformer_config(cfg, device.type)
         use_compiled_rope(cfg.rope_fusion if cfg.rope_fusion is not None else device.type == "cuda")
+        self.fused_cross_entropy = (cfg.cross_entropy_fusion if cfg.cross_entropy_fusion is not None
+                                    else device.type == "cuda")
         model = build_gpt(
             cfg, self.config, pre_process=parallel_state.is_pipeline_first_stage(),
-            post_process=parallel_state.is_pipeline_last_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(), fused_cross_entropy=self.fused_cross_entropy,
         )
         model = model.to(device)
         if cfg.precision != "fp32":
@@ -139,7 +141,7 @@ class Trainer:
             "bias_activation": self.config.bias_activation_fusion,
             "bias_dropout": self.config.bias_dropout_fusion,
             "rope_compiled": compiled_rope_active(),
-            "cross_entropy": self.config.cross_entropy_loss_fusion,
+            "cross_entropy": self.fused_cross_entropy,
             "fused_adam": bool(groups) and all(g.get("fused") for g in groups),
         }
 

@@ -95,12 +95,6 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValidationError(
             f"--exit-duration-mins {cfg.exit_duration_mins}", "give a positive number of minutes (or omit it)"
         )
-    if cfg.cross_entropy_fusion and cfg.precision != "bf16":
-        raise ValidationError(
-            f"--cross-entropy-fusion with --precision {cfg.precision}: megatron's native fused cross-entropy "
-            "returns bf16 logit gradients, which would silently lose precision here",
-            "use --precision bf16, or drop --cross-entropy-fusion (the default picks it for bf16 only)",
-        )
     if cfg.data_path is not None:
         check_data_path(cfg.data_path)
 

@@ -121,6 +121,25 @@ def test_compiled_rope_matches_megatron_rope_forward_and_backward_and_switches_b
     torch.testing.assert_close(got_grad, expected_grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_compiled_cross_entropy_matches_megatron_loss_and_logit_gradient(dtype):
+    from megatron.core import parallel_state, tensor_parallel
+
+    from llm_training.cross_entropy import vocab_parallel_cross_entropy
+
+    torch.manual_seed(0)
+    logits = (torch.randn(16, 2, 96) * 4).to(dtype).requires_grad_()
+    target = torch.randint(0, 96, (16, 2))
+    grad_out = torch.rand(16, 2)
+    expected = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), target)  # megatron's GPTModel path
+    (expected_grad,) = torch.autograd.grad(expected, logits, grad_out)
+    got = vocab_parallel_cross_entropy(logits, target, parallel_state.get_tensor_model_parallel_group())
+    (got_grad,) = torch.autograd.grad(got, logits, grad_out)
+    assert got.dtype == torch.float32 and got_grad.dtype == dtype
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, expected_grad)
+
+
 def test_layernorms_are_tagged_for_sequence_parallel_gradient_reduction():
     from megatron.core.transformer import TransformerConfig
 

@@ -43,8 +43,6 @@ def validate(capsys, *args: str) -> tuple[int, str, str]:
          ["--nodes 2 × --devices-per-node 4 = 8 is not --world-size 6"]),
         (["--model", "800M", "--exit-duration-mins", "0"], ["--exit-duration-mins 0"]),
         (["--model", "800M", "--world-size", "0"], ["world size is 0"]),
-        (["--model", "800M", "--precision", "fp16", "--cross-entropy-fusion"],
-         ["--cross-entropy-fusion with --precision fp16", "bf16 logit gradients", "use --precision bf16"]),
     ],
 )
 def test_each_invalid_configuration_names_values_and_fix(capsys, args, expected):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,8 +60,16 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
     with open(args.out / f"{name}.log", "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
-                              env=first_gpus_env(processes)).returncode
+        # Own process group: on a timeout the training process under jpwr is stopped too, and the
+        # remaining configurations still run (a slow torch.compile mode must not end the sweep).
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes),
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = f"timeout ({args.timeout:.0f} s)"
     print(f"   exit {code} after {time.monotonic() - started:.0f} s (log: {args.out / f'{name}.log'})", flush=True)
     record_path = run_dir / "run_record.json"
     return json.loads(record_path.read_text()) if record_path.exists() else None

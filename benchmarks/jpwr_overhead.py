@@ -1,6 +1,10 @@
-"""Meter overhead: matmul throughput with a `jpwr serve` sampler running vs. not, alternating.
+"""Meter overhead: throughput with a `jpwr serve` sampler running vs. not, alternating, in one job.
 
-    python benchmarks/jpwr_overhead.py --alternations 10 --seconds 3
+    python benchmarks/jpwr_overhead.py --alternations 10 --seconds 3                 # bf16 8192³ matmul
+    python benchmarks/jpwr_overhead.py --workload llm --steps 5 -- --model 800M     # GPT-800M training steps
+
+The training workloads are built once, exactly as `benchmarks/kernel_profile.py` builds them
+(options after `--` go to the driver's own parser), and each segment runs --steps steps.
 
 The sampler runs as a separate process, as in a job (one per node); each alternation measures
 the load once with it and once without (order alternating), after the sampler is ready.
@@ -18,12 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.kernel_profile import WORKLOADS
 
-def rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
+
+def matmul_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     torch.cuda.synchronize()
     t0 = time.monotonic()
     done = 0
@@ -47,16 +55,42 @@ def start_sampler(out: Path, interval_ms: float) -> subprocess.Popen:
     return proc
 
 
+def steps_rate(step: Callable[[], object], steps: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return steps / (time.monotonic() - t0)
+
+
+def build_load(args: argparse.Namespace, workload_argv: list[str]
+               ) -> tuple[Callable[[], float], str, float, Callable[[], None]]:
+    """(one segment's rate, its unit, factor to that unit, release) for the chosen workload, warmed up."""
+    if args.workload == "matmul":
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        matmul_rate(a, b, 3.0)  # warm-up to steady clocks
+        return (lambda: matmul_rate(a, b, args.seconds)), "TFLOP/s", 2 * n**3 / 1e12, (lambda: None)
+    workload = WORKLOADS[args.workload](workload_argv)
+    for _ in range(args.warmup):
+        workload.step()
+    return (lambda: steps_rate(workload.step, args.steps)), "steps/s", 1.0, workload.close
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=("matmul", *WORKLOADS), default="matmul")
     parser.add_argument("--alternations", type=int, default=10)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--seconds", type=float, default=3.0, help="matmul: seconds per segment")
+    parser.add_argument("--steps", type=int, default=5, help="training workloads: steps per segment")
+    parser.add_argument("--warmup", type=int, default=4, help="training workloads: steps before the first segment")
     parser.add_argument("--interval", type=float, default=100.0, help="sampler interval in ms")
-    args = parser.parse_args()
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    rate(a, b, 3.0)  # warm-up to steady clocks
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    measure, unit, scale, close = build_load(args, argv[split + 1:])
     rows = []
     for i in range(args.alternations):
         measured = {}
@@ -64,19 +98,21 @@ def main() -> None:
             if on:
                 with tempfile.TemporaryDirectory() as tmp:
                     proc = start_sampler(Path(tmp), args.interval)
-                    measured["on"] = rate(a, b, args.seconds)
+                    measured["on"] = measure()
                     proc.send_signal(signal.SIGTERM)
                     proc.wait()
             else:
-                measured["off"] = rate(a, b, args.seconds)
+                measured["off"] = measure()
         change = measured["on"] / measured["off"] - 1.0
         rows.append({"alternation": i, **measured, "change": change})
-        print(f"alternation {i:2d}: on {measured['on'] * 2 * n**3 / 1e12:7.1f} TFLOP/s  "
-              f"off {measured['off'] * 2 * n**3 / 1e12:7.1f} TFLOP/s  change {change * 100:+.2f}%", flush=True)
+        print(f"alternation {i:2d}: on {measured['on'] * scale:9.4f} {unit}  "
+              f"off {measured['off'] * scale:9.4f} {unit}  change {change * 100:+.2f}%", flush=True)
     changes = [r["change"] for r in rows]
     summary = {"median_change": statistics.median(changes), "min_change": min(changes), "max_change": max(changes),
                "stdev_change": statistics.stdev(changes) if len(changes) > 1 else None,
-               "alternations": len(rows), "seconds_each": args.seconds, "interval_ms": args.interval}
+               "alternations": len(rows), "workload": args.workload, "interval_ms": args.interval,
+               "segment": f"{args.seconds} s" if args.workload == "matmul" else f"{args.steps} steps"}
+    close()
     print("JPWR_OVERHEAD " + json.dumps(summary), flush=True)
 
 

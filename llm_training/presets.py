@@ -69,7 +69,8 @@ _TINY = RunSettings(
 DEFAULT_SETTINGS: dict[str, RunSettings] = {
     "tiny": _TINY,
     "117M": RunSettings(precision="bf16", micro_batch_size=8, recompute="none", microbatches_per_replica=8),
-    # Measured on one H100 SXM (docs/llm_training.md): bf16 MBS 8 beat MBS 4 and fp16.
+    # Measured on one H100 SXM (docs/llm_training.md, docs/BENCHMARKS.md): bf16 MBS 8 beat MBS 4 and fp16;
+    # MBS 16 is +2 % more but needs ~60 GiB, so MBS 8 stays the default that 40 GB devices can run.
     "800M": RunSettings(precision="bf16", micro_batch_size=8, recompute="none", microbatches_per_replica=8),
     "13B": RunSettings(
         precision="bf16", micro_batch_size=2, recompute="selective", tensor_parallel=2, pipeline_parallel=2,

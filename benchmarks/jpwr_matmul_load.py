@@ -19,32 +19,22 @@ import torch
 
 from jpwr.launch import LaunchEnv
 from jpwr.meter import WindowMeter
+from jpwr.selftest import MATMUL_N, matmul_operands, matmuls_until
 
 
-def run(seconds: float, warmup_s: float, n: int = 8192) -> dict[str, float | None]:
+def run(seconds: float, warmup_s: float) -> dict[str, float | None]:
     pynvml.nvmlInit()
     uuid = str(torch.cuda.get_device_properties(0).uuid)
     handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a, b = matmul_operands(torch)
     meter = WindowMeter.open(LaunchEnv.from_env(), sync=torch.cuda.synchronize)
-
-    def spin(until: float) -> int:
-        done = 0
-        while time.monotonic() < until:
-            for _ in range(8):
-                a @ b
-            torch.cuda.synchronize()
-            done += 8
-        return done
-
     meter.begin("warmup", 0)
-    spin(time.monotonic() + warmup_s)
+    matmuls_until(torch, a, b, time.monotonic() + warmup_s)
     meter.end("warmup", 1)
     meter.begin("steady", 1)
     e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     t0 = time.monotonic()
-    done = spin(t0 + seconds)
+    done = matmuls_until(torch, a, b, t0 + seconds)
     torch.cuda.synchronize()
     t1 = time.monotonic()
     e1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
@@ -53,7 +43,7 @@ def run(seconds: float, warmup_s: float, n: int = 8192) -> dict[str, float | Non
     meter.close()
     independent = (e1 - e0) / 1000.0
     return {
-        "seconds": t1 - t0, "matmuls": done, "tflops": done * 2 * n**3 / (t1 - t0) / 1e12,
+        "seconds": t1 - t0, "matmuls": done, "tflops": done * 2 * MATMUL_N**3 / (t1 - t0) / 1e12,
         "independent_counter_j": independent, "jpwr_j": energy.energy_j, "jpwr_method": energy.method,
         "jpwr_bound_j": energy.error_bound_j, "jpwr_coverage": energy.coverage,
         "rel_diff": None if energy.energy_j is None else energy.energy_j / independent - 1.0,

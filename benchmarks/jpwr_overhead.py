@@ -29,18 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kernel_profile import WORKLOADS
+from jpwr.selftest import MATMUL_N, matmul_operands, matmuls_until
 
 
 def matmul_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     torch.cuda.synchronize()
     t0 = time.monotonic()
-    done = 0
-    while time.monotonic() - t0 < seconds:
-        for _ in range(8):
-            a @ b
-        torch.cuda.synchronize()
-        done += 8
-    return done / (time.monotonic() - t0)
+    return matmuls_until(torch, a, b, t0 + seconds) / (time.monotonic() - t0)
 
 
 def start_sampler(out: Path, interval_ms: float) -> subprocess.Popen:
@@ -68,11 +63,9 @@ def build_load(args: argparse.Namespace, workload_argv: list[str]
                ) -> tuple[Callable[[], float], str, float, Callable[[], None]]:
     """(one segment's rate, its unit, factor to that unit, release) for the chosen workload, warmed up."""
     if args.workload == "matmul":
-        n = 8192
-        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        a, b = matmul_operands(torch)
         matmul_rate(a, b, 3.0)  # warm-up to steady clocks
-        return (lambda: matmul_rate(a, b, args.seconds)), "TFLOP/s", 2 * n**3 / 1e12, (lambda: None)
+        return (lambda: matmul_rate(a, b, args.seconds)), "TFLOP/s", 2 * MATMUL_N**3 / 1e12, (lambda: None)
     workload = WORKLOADS[args.workload](workload_argv)
     for _ in range(args.warmup):
         workload.step()

@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from jpwr.channel import Mark
 from jpwr.clock import SYSTEM_CLOCK
@@ -28,21 +29,32 @@ from jpwr.sampler import Sampler, open_backends
 from jpwr.trace import TraceData
 from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks
 
+MATMUL_N = 8192  # one bf16 product is 2·8192³ FLOP: ~1.6 ms on a GH100, long enough to keep the GPU busy
 
-def _load(torch, period_s: float | None, seconds: float, on_fraction: float) -> int:
+
+def matmul_operands(torch: Any) -> tuple[Any, Any]:
+    """The two bf16 MATMUL_N² matrices on the current GPU that every matmul load multiplies."""
+    return tuple(torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+
+def matmuls_until(torch: Any, a: Any, b: Any, deadline: float) -> int:
+    """Back-to-back products until the monotonic deadline, synced every 4 (a steady load); returns how many ran."""
+    done = 0
+    while time.monotonic() < deadline:
+        for _ in range(4):
+            a @ b
+        torch.cuda.synchronize()
+        done += 4
+    return done
+
+
+def _load(torch: Any, period_s: float | None, seconds: float, on_fraction: float) -> int:
     """Run matmuls steadily (period None) or in bursts; return how many were done."""
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a, b = matmul_operands(torch)
     done = 0
     end = time.monotonic() + seconds
     if period_s is None:
-        while time.monotonic() < end:
-            for _ in range(4):
-                a @ b
-            torch.cuda.synchronize()
-            done += 4
-        return done
+        return matmuls_until(torch, a, b, end)
     next_start = time.monotonic() + random.uniform(0, period_s)  # random phase against the sensor
     time.sleep(max(0.0, next_start - time.monotonic()))
     while next_start < end:

@@ -52,6 +52,7 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     assert metrics["energy_wh"] is None and metrics["images_per_wh"] is None
     assert "no jpwr sampler" in metrics["energy_unavailable_reason"]
     assert record["config"]["per_device_batch_size"] == 8 and record["hardware"]["device_kind"] == "cpu"
+    assert record["hardware"]["inductor_coordinate_descent_tuning"] is None  # eager: no inductor kernels
     assert record["software"]["torch"] and record["launch"]["launcher"] == "single"
     summary = parse_summary(out)
     assert summary["status"] == "OK" and summary["energy_wh"] == "n/a"
@@ -60,6 +61,25 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     assert len(caraml) == 1 and float(caraml[0].split(": ")[1]) == pytest.approx(metrics["images_per_s"], abs=0.01)
     progress = [line for line in out.splitlines() if line.startswith("[resnet50] step ")]
     assert len(progress) == 6 and all("ETA" in line and "img/s" in line for line in progress)
+
+
+@pytest.mark.parametrize("tuning", [False, True])
+def test_compiled_backend_records_inductor_kernel_tuning(tuning: bool) -> None:
+    """The record says whether inductor tuned its kernels (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING)."""
+    from torch._inductor import config as inductor_config
+
+    from jpwr.launch import LaunchEnv
+    from resnet50.cli import build_parser
+    from resnet50.config import TrainConfig
+    from resnet50.torch_backend import TorchBackend
+
+    args = build_parser().parse_args(["train", "--framework", "pytorch", *SMALL, "--compile"])
+    backend = TorchBackend(TrainConfig.from_args(args), LaunchEnv.from_env())  # torch.compile wraps lazily
+    try:
+        with inductor_config.patch(coordinate_descent_tuning=tuning):
+            assert backend.hardware()["inductor_coordinate_descent_tuning"] is tuning
+    finally:
+        backend.close()
 
 
 def test_bf16_channels_first_trains(tmp_path: Path) -> None:

@@ -98,6 +98,11 @@ class TrainConfig:
         return data
 
 
+def on_for_cuda(choice: bool | None, device_type: str) -> bool:
+    """An optional speed-up's setting: the user's --x/--no-x, else on for CUDA (compiling on a CPU is slow)."""
+    return device_type == "cuda" if choice is None else choice
+
+
 def _pick(override: Any, default: Any) -> Any:
     return default if override is None else override
 

@@ -25,7 +25,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from llm_training.attention import SDPACoreAttention
-from llm_training.config import TrainConfig
+from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.cross_entropy import vocab_parallel_cross_entropy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -42,7 +42,7 @@ class TaggedLayerNorm(torch.nn.LayerNorm):
 
 def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
     """megatron TransformerConfig for this run; fusions only on CUDA unless --bias-fusion says otherwise."""
-    fusion = cfg.bias_fusion if cfg.bias_fusion is not None else device_type == "cuda"
+    fusion = on_for_cuda(cfg.bias_fusion, device_type)
     recompute = {"none": {}, "selective": {"recompute_granularity": "selective"},
                  "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
     return TransformerConfig(

@@ -40,7 +40,7 @@ from jpwr.record import RunRecord, software_versions, steady_metrics, summary_li
 from jpwr.runcontrol import StopRequest
 from jpwr.torch_device import hardware_info
 from llm_training import cpu_compat, data, distributed, memory
-from llm_training.config import TrainConfig
+from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
 
@@ -64,6 +64,11 @@ def _forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Ten
     return output, functools.partial(_loss_func, batch["loss_mask"])
 
 
+def _torch_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers megatron wraps: one per member of a ChainedOptimizer, or the single one."""
+    return [member.optimizer for member in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
 def use_fused_adam(optimizer: MegatronOptimizer) -> None:
     """Switch the torch AdamW inside megatron's optimizer from the foreach kernels to the fused one.
 
@@ -73,8 +78,7 @@ def use_fused_adam(optimizer: MegatronOptimizer) -> None:
     `fused`/`foreach` from each parameter group at every step and creates the step counters on the
     first one, so switching before the first step is what passing `fused=True` would have done.
     """
-    for member in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = member.optimizer
+    for inner in _torch_optimizers(optimizer):
         if not isinstance(inner, torch.optim.Adam):  # AdamW subclasses Adam in torch >= 2.7
             raise TypeError(f"expected torch's Adam/AdamW inside megatron's optimizer, got {type(inner).__name__}")
         for group in inner.param_groups:
@@ -88,9 +92,8 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.config = transformer_config(cfg, device.type)
-        use_compiled_rope(cfg.rope_fusion if cfg.rope_fusion is not None else device.type == "cuda")
-        self.fused_cross_entropy = (cfg.cross_entropy_fusion if cfg.cross_entropy_fusion is not None
-                                    else device.type == "cuda")
+        use_compiled_rope(on_for_cuda(cfg.rope_fusion, device.type))
+        self.fused_cross_entropy = on_for_cuda(cfg.cross_entropy_fusion, device.type)
         model = build_gpt(
             cfg, self.config, pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=parallel_state.is_pipeline_last_stage(), fused_cross_entropy=self.fused_cross_entropy,
@@ -111,7 +114,7 @@ class Trainer:
             hysteresis=cfg.loss_scale_hysteresis, min_loss_scale=cfg.min_loss_scale,
             use_distributed_optimizer=True,
         ), [self.model])
-        if cfg.fused_optimizer if cfg.fused_optimizer is not None else device.type == "cuda":
+        if on_for_cuda(cfg.fused_optimizer, device.type):
             use_fused_adam(self.optimizer)
         # CARAML's schedule: warm-up and cosine decay counted in samples, stepped by the global batch.
         self.scheduler = OptimizerParamScheduler(
@@ -135,8 +138,7 @@ class Trainer:
 
     def active_fusions(self) -> dict[str, bool]:
         """Which optional kernels this run really uses, read from the built objects (the options may be unset)."""
-        groups = [g for m in getattr(self.optimizer, "chained_optimizers", [self.optimizer])
-                  for g in m.optimizer.param_groups]
+        groups = [group for inner in _torch_optimizers(self.optimizer) for group in inner.param_groups]
         return {
             "bias_activation": self.config.bias_activation_fusion,
             "bias_dropout": self.config.bias_dropout_fusion,

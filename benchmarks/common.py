@@ -1,4 +1,4 @@
-"""Pieces the GPU benchmark scripts share: which GPUs a run may use, and the printed table."""
+"""Pieces the GPU benchmark scripts share: which GPUs a run may use, the printed table, argv splitting."""
 
 from __future__ import annotations
 
@@ -29,3 +29,10 @@ def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], 
         cells = [v if isinstance(v, str) else fmt(v, digits) for v in (row.get(label) for label in header)]  # type: ignore[arg-type]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def split_at_double_dash(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the script's own options, the workload driver's options): argv split at its first `--`."""
+    argv = list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return argv[:split], argv[split + 1:]

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import split_at_double_dash
 from benchmarks.kernel_profile import WORKLOADS
 from jpwr.selftest import MATMUL_N, matmul_operands, matmuls_until
 
@@ -80,10 +81,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="training workloads: steps per segment")
     parser.add_argument("--warmup", type=int, default=4, help="training workloads: steps before the first segment")
     parser.add_argument("--interval", type=float, default=100.0, help="sampler interval in ms")
-    argv = sys.argv[1:]
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:split])
-    measure, unit, scale, close = build_load(args, argv[split + 1:])
+    own, workload_argv = split_at_double_dash(sys.argv[1:])
+    args = parser.parse_args(own)
+    measure, unit, scale, close = build_load(args, workload_argv)
     rows = []
     for i in range(args.alternations):
         measured = {}

@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import split_at_double_dash  # noqa: E402 (needs REPO on sys.path)
 from jpwr.errors import ValidationError, exit_code_of  # noqa: E402 (needs REPO on sys.path)
 from resnet50.config import TrainConfig, check_devices, check_static  # noqa: E402 (imports no torch)
 
@@ -131,19 +132,18 @@ WORKLOADS: dict[str, Callable[[Sequence[str]], Workload]] = {"llm": build_llm, "
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """This script's options, and the workload's options (everything after the first `--`)."""
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
+    own, workload_argv = split_at_double_dash(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--out", required=True, help="text report path")
     parser.add_argument("--warmup", type=int, default=4, help="unprofiled steps first (default 4)")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps (default 2)")
     parser.add_argument("--top", type=int, default=15, help="kernels listed by device time (default 15)")
-    args = parser.parse_args(argv[:split])
+    args = parser.parse_args(own)
     if args.steps < 1 or args.warmup < 0:
         raise ValidationError(f"--steps {args.steps} / --warmup {args.warmup}",
                               "pass --steps 1 or more and --warmup 0 or more")
-    return args, argv[split + 1:]
+    return args, workload_argv
 
 
 def report(kernels: dict[str, tuple[float, float]], span_us: float, header: str, top: int) -> str:
@@ -151,7 +151,8 @@ def report(kernels: dict[str, tuple[float, float]], span_us: float, header: str,
     total = sum(t for t, _ in kernels.values())
     by_category: dict[str, float] = {}
     for name, (t, _) in kernels.items():
-        by_category[category(name)] = by_category.get(category(name), 0.0) + t
+        label = category(name)
+        by_category[label] = by_category.get(label, 0.0) + t
     lines = [header,
              f"per iteration: wall {span_us / 1e3:.1f} ms (profiler on), kernel time {total / 1e3:.1f} ms, "
              f"device idle {max(0.0, 1 - total / span_us):.1%}", "", "category | ms/iter | share"]

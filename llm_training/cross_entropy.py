@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from megatron.core.tensor_parallel.utils import VocabUtility
 from torch import Tensor
 
 
@@ -39,7 +40,8 @@ def _logit_gradient(logits: Tensor, log_sum_exp: Tensor, target: Tensor, vocab_s
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
-        vocab_start = dist.get_rank(group) * logits.size(-1)
+        vocab_start, _ = VocabUtility.vocab_range_from_per_partition_vocab_size(
+            logits.size(-1), dist.get_rank(group), dist.get_world_size(group))
         log_sum_exp, target_logit = _local_statistics(logits, target, vocab_start)
         if dist.get_world_size(group) > 1:
             # log Σ over all slices = M + log Σ_r exp(lse_r − M), M the largest slice value.

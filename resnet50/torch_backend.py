@@ -64,6 +64,7 @@ class TorchBackend:
                 model, device_ids=[self.device.index] if cuda else None,
                 gradient_as_bucket_view=True, broadcast_buffers=False,
             )
+        self.compiled = config.compile
         self.model: Any = torch.compile(model, mode=config.compile_mode) if config.compile else model
         self.model.train()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
@@ -91,7 +92,7 @@ class TorchBackend:
 
     def _coordinate_descent_tuning(self) -> bool | None:
         """Whether torch.compile tunes each generated kernel's launch config (None without --compile)."""
-        if not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
+        if not self.compiled:
             return None
         from torch._inductor import config as inductor_config
 

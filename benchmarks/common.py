@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from jpwr.record import fmt
+from jpwr.output import fmt
 
 
 def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -23,7 +23,7 @@ def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dic
 
 
 def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], digits: int = 6) -> str:
-    """Rows as a Markdown table; numbers through jpwr.record.fmt, so missing values print as n/a."""
+    """Rows as a Markdown table; numbers through jpwr.output.fmt, so missing values print as n/a."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [v if isinstance(v, str) else fmt(v, digits) for v in (row.get(label) for label in header)]  # type: ignore[arg-type]

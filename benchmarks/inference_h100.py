@@ -8,7 +8,7 @@ Run from the repository root on a GPU machine with torch and transformers instal
 
 Each preset is one `python -m llm_inference run` process (model built once, random weights) that
 sweeps tasks and batch sizes; every point writes <out-dir>/<preset>/<task>_bs<N>/run_record.json
-with its jpwr trace beside it (in-process NVML metering, so `jpwr report <out-dir> -o ...` finds the
+with its jpwr trace beside it (in-process NVML metering, so `joulebench report <out-dir> -o ...` finds the
 latent metrics). Throughput and energy come from the same steady window (full generations, warm-up
 excluded); decode J/token subtracts the prefill window's energy. results.md/results.json in --out-dir.
 """

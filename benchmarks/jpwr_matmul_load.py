@@ -17,7 +17,7 @@ import time
 import pynvml
 import torch
 
-from jpwr.launch import LaunchEnv
+from joulebench.launch import LaunchEnv
 from jpwr.meter import WindowMeter
 from jpwr.selftest import MATMUL_N, matmul_operands, matmuls_until
 

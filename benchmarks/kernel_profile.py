@@ -79,8 +79,8 @@ def require_cuda(device: str) -> None:
 
 def build_llm(argv: Sequence[str]) -> Workload:
     """The Trainer of `python -m llm_training train --device cuda ARGV`."""
-    from jpwr.launch import LaunchEnv
-    from jpwr.torch_device import resolve_device
+    from joulebench.launch import LaunchEnv
+    from joulebench.torch_device import resolve_device
     from llm_training import distributed
     from llm_training.cli import build_parser, resolve_checked
     from llm_training.train import Trainer
@@ -112,7 +112,7 @@ def resnet50_config(argv: Sequence[str]) -> TrainConfig:
 
 def build_resnet50(argv: Sequence[str]) -> Workload:
     """The torch backend of `python -m resnet50 train`, created the way resnet50.driver.train does."""
-    from jpwr.launch import LaunchEnv
+    from joulebench.launch import LaunchEnv
     from resnet50.backend import load_backend
 
     config = resnet50_config(argv)

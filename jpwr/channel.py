@@ -16,7 +16,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from jpwr.launch import node_name
+from jpwr.node import node_name
 
 ADDR_ENV = "JPWR_ADDR"
 MAX_DATAGRAM = 65507

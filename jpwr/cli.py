@@ -5,8 +5,9 @@
     jpwr combine DIR [--run-id ID]                        # merge node summaries of one run
     jpwr info                                             # sensors, signals, read cost, update period
     jpwr selftest                                         # periodic GPU load vs. the sensors (aliasing check)
-    jpwr plot RUN_DIR -o trace.png                        # power, clocks, utilisation with the windows shaded
-    jpwr report PATH... -o OUTDIR | --compare A B         # efficiency charts, HTML report, energy diagnosis
+
+Reports and trace plots moved to `joulebench report` / `joulebench plot` (analysis is not the
+meter's job); `jpwr report` and `jpwr plot` forward there until the next minor release.
 
 Exit codes: the wrapped command's own code (128+N if it died of signal N); jpwr's own errors
 use jpwr.errors.ExitCode (64 usage, 69 method unavailable, 70 internal, 73 output dir, 127 no command).
@@ -27,9 +28,10 @@ from pathlib import Path
 from jpwr import __version__
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of
-from jpwr.record import fmt
+from jpwr.output import fmt
 
-SUBCOMMANDS = ("serve", "combine", "info", "selftest", "plot", "report")
+SUBCOMMANDS = ("serve", "combine", "info", "selftest")
+MOVED_VERBS = ("plot", "report")  # now `joulebench VERB`; forwarded until the next minor release
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -196,22 +198,18 @@ def cmd_selftest(argv: Sequence[str]) -> int:
     return selftest_main(argv)
 
 
-def cmd_plot(argv: Sequence[str]) -> int:
-    from jpwr.plot import main as plot_main  # matplotlib loads only for this subcommand
-
-    return plot_main(argv)
-
-
-def cmd_report(argv: Sequence[str]) -> int:
-    from jpwr.report import main as report_main
-
-    return report_main(argv)
+def cmd_moved(verb: str, argv: Sequence[str]) -> int:
+    """Forward a verb that moved to `joulebench` (a separate process: the meter imports nothing of the analysis)."""
+    print(f"jpwr: `jpwr {verb}` moved to `joulebench {verb}`; this alias goes in the next minor release",
+          file=sys.stderr)
+    return subprocess.call([sys.executable, "-m", "joulebench", verb, *argv])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest,
-                "plot": cmd_plot, "report": cmd_report}
+    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest}
+    if args and args[0] in MOVED_VERBS:
+        return cmd_moved(args[0], args[1:])
     if args and args[0] in handlers:
         return exit_code_of("jpwr", lambda: handlers[args[0]](args[1:]))
     return exit_code_of("jpwr", lambda: cmd_wrap(args))

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.errors import ValidationError
-from jpwr.meter import combine_energies
-from jpwr.record import WindowEnergy, utc_now, write_json_atomic
+from jpwr.output import utc_now, write_json_atomic
 from jpwr.sampler import SUMMARY_FILE
 
 

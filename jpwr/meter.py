@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from jpwr.channel import Channel, Mark, channel_from_env
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.launch import LaunchEnv
-from jpwr.record import Window, WindowEnergy
+from jpwr.energy import Window, WindowEnergy, combine_energies
 
 NO_SAMPLER_REASON = (
     "no jpwr sampler was running for this job: run under `jpwr -- CMD`, start `jpwr serve` per node, "
@@ -26,12 +26,28 @@ NO_SAMPLER_REASON = (
 )
 
 
+class Ranks(Protocol):
+    """Where the marking process sits in its run; joulebench's LaunchEnv is one (the meter needs no more)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_node_leader(self) -> bool: ...
+
+
 class WindowMeter:
     """Marks window edges for one rank and collects the node's window energies at the end."""
 
     def __init__(
         self,
-        launch: LaunchEnv,
+        launch: Ranks,
         channel: Channel | None,
         sync: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -48,7 +64,7 @@ class WindowMeter:
     @classmethod
     def open(
         cls,
-        launch: LaunchEnv,
+        launch: Ranks,
         sync: Callable[[], None] | None = None,
         methods: str | None = None,
         out_dir: str | os.PathLike[str] | None = None,
@@ -151,39 +167,3 @@ class WindowMeter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str, WindowEnergy]:
-    """Sum one window's energy over nodes: energy, power, devices and bounds add; coverage is device-weighted.
-
-    A window missing or unavailable on any node makes the total unavailable (a partial sum would
-    silently under-report), with every node's reason kept.
-    """
-    names: list[str] = []
-    for node in per_node:
-        names += [n for n in node if n not in names]
-    combined: dict[str, WindowEnergy] = {}
-    for name in names:
-        parts = [node.get(name) for node in per_node]
-        missing = [p for p in parts if p is None or p.energy_j is None]
-        if missing:
-            reasons = sorted({(p.unavailable_reason or "unknown") if p else "window missing on a node"
-                              for p in missing})
-            combined[name] = WindowEnergy.unavailable("; ".join(reasons), sum(p.devices for p in parts if p))
-            continue
-        present = [p for p in parts if p is not None]
-        devices = sum(p.devices for p in present)
-        methods = sorted({p.method for p in present if p.method})
-        combined[name] = WindowEnergy(
-            energy_j=sum(p.energy_j or 0.0 for p in present),
-            mean_power_w=sum(p.mean_power_w or 0.0 for p in present),
-            devices=devices,
-            method=",".join(methods) if len(methods) > 1 else (methods[0] if methods else None),
-            coverage=(sum((p.coverage or 0.0) * p.devices for p in present) / devices) if devices else None,
-            error_bound_j=sum(p.error_bound_j or 0.0 for p in present),
-            warnings=sorted({w for p in present for w in p.warnings}),
-            per_device=[d for p in present for d in p.per_device],
-            other_domains=[d for p in present for d in p.other_domains],
-            nodes=[n for p in present for n in p.nodes],
-        )
-    return combined

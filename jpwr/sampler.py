@@ -23,9 +23,10 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
+from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError
-from jpwr.launch import node_name
-from jpwr.record import WindowEnergy, utc_now, write_json_atomic
+from jpwr.node import node_name
+from jpwr.output import utc_now, write_json_atomic
 from jpwr.trace import TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import spans_from_marks, window_energy
 

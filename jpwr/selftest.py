@@ -24,7 +24,7 @@ from jpwr.clock import SYSTEM_CLOCK
 from jpwr.domains import Signal
 from jpwr.errors import ExitCode
 from jpwr.estimator import PowerCurve, counter_segments, counter_window, power_window
-from jpwr.record import write_json_atomic
+from jpwr.output import write_json_atomic
 from jpwr.sampler import Sampler, open_backends
 from jpwr.trace import TraceData
 from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks

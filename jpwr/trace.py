@@ -165,7 +165,11 @@ def read_segments(directory: Path) -> TraceData:
 
 
 def write_hdf5(path: Path, data: TraceData) -> Path:
-    """Assemble the trace into one HDF5 file (written to a temporary name, then renamed)."""
+    """Assemble the trace into one HDF5 file (written to a temporary name, then renamed).
+
+    Columns are gzip-compressed and metric names are fixed-width bytes (not variable-length strings,
+    whose per-row heap entries cost more than the data): traces are kept and committed as results.
+    """
     import h5py
 
     tmp = path.with_name(f".{path.name}.tmp")
@@ -177,22 +181,27 @@ def write_hdf5(path: Path, data: TraceData) -> Path:
         h5.attrs["sensors"] = json.dumps([s.to_dict() for s in data.sensors])
         rows = [(i, r) for i, sid in enumerate(sensor_ids) for r in data.readings.get(sid, [])]
         g = h5.create_group("readings")
-        g["sensor"] = np.array([i for i, _ in rows], dtype=np.int32)
-        g["t_before_ns"] = np.array([r.t_before_ns for _, r in rows], dtype=np.int64)
-        g["t_after_ns"] = np.array([r.t_after_ns for _, r in rows], dtype=np.int64)
-        g["value"] = np.array([np.nan if r.value is None else r.value for _, r in rows], dtype=np.float64)
-        g["status"] = np.array([STATUS_CODES[r.status] for _, r in rows], dtype=np.int8)
-        g["hw_timestamp_ns"] = np.array([-1 if r.hw_timestamp_ns is None else r.hw_timestamp_ns for _, r in rows],
-                                        dtype=np.int64)
+        _column(g, "sensor", np.array([i for i, _ in rows], dtype=np.int32))
+        _column(g, "t_before_ns", np.array([r.t_before_ns for _, r in rows], dtype=np.int64))
+        _column(g, "t_after_ns", np.array([r.t_after_ns for _, r in rows], dtype=np.int64))
+        _column(g, "value", np.array([np.nan if r.value is None else r.value for _, r in rows], dtype=np.float64))
+        _column(g, "status", np.array([STATUS_CODES[r.status] for _, r in rows], dtype=np.int8))
+        _column(g, "hw_timestamp_ns", np.array([-1 if r.hw_timestamp_ns is None else r.hw_timestamp_ns
+                                                for _, r in rows], dtype=np.int64))
         m = h5.create_group("metrics")
         m.attrs["columns"] = json.dumps(["domain", "name"])
-        m["domain"] = np.array([x.domain_id for x in data.metrics], dtype=h5py.string_dtype())
-        m["name"] = np.array([x.name for x in data.metrics], dtype=h5py.string_dtype())
-        m["t_ns"] = np.array([x.t_ns for x in data.metrics], dtype=np.int64)
-        m["value"] = np.array([x.value for x in data.metrics], dtype=np.float64)
+        _column(m, "domain", np.array([x.domain_id.encode() for x in data.metrics], dtype=np.bytes_))
+        _column(m, "name", np.array([x.name.encode() for x in data.metrics], dtype=np.bytes_))
+        _column(m, "t_ns", np.array([x.t_ns for x in data.metrics], dtype=np.int64))
+        _column(m, "value", np.array([x.value for x in data.metrics], dtype=np.float64))
         h5.attrs["marks"] = json.dumps([x.to_dict() for x in data.marks])
     os.replace(tmp, path)
     return path
+
+
+def _column(group: Any, name: str, values: np.ndarray) -> None:
+    compress = {"compression": "gzip", "shuffle": True} if len(values) else {}
+    group.create_dataset(name, data=values, **compress)
 
 
 def read_hdf5(path: Path) -> TraceData:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from jpwr.channel import Mark
 from jpwr.domains import Domain, Signal
+from jpwr.energy import WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
-from jpwr.record import WindowEnergy
 from jpwr.trace import SensorSeries, TraceData
 
 DEFAULT_P_MAX_W = 1000.0  # only when a device states no power limit and no sample exceeds it

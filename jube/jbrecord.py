@@ -22,7 +22,8 @@ from typing import Any
 
 from jbprofile import read_settings  # same directory: on sys.path when run as a script
 
-from jpwr.record import STATUSES, RunRecord, fmt, read_run_record, write_run_record
+from joulebench.record import STATUSES, RunRecord, read_run_record, write_run_record
+from jpwr.output import fmt
 
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"

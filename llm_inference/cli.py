@@ -47,8 +47,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jpwr.launch import LaunchEnv
-    from jpwr.torch_device import resolve_device
+    from joulebench.launch import LaunchEnv
+    from joulebench.torch_device import resolve_device
     from llm_inference import runner, validation
 
     cfg, shape = _checked(args)

@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from jpwr.energy import Window
 from jpwr.meter import WindowMeter
-from jpwr.record import Window
 from llm_inference.engine import Engine, Timing
 from llm_inference.tasks import Batch
 

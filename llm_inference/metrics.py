@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jpwr.record import WindowEnergy
+from jpwr.energy import WindowEnergy
 from llm_inference.engine import Timing
 from llm_inference.measure import PointWindows
 

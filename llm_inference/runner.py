@@ -2,7 +2,7 @@
 
 Record layout: a single point writes <out-dir>/run_record.json (what JUBE jobs read); a sweep
 writes <out-dir>/<task>_bs<N>/run_record.json, each point with its own in-process jpwr output
-beside it, so `jpwr report <out-dir>` finds every record and its trace. The model is built once
+beside it, so `joulebench report <out-dir>` finds every record and its trace. The model is built once
 and reused by all points. Work unit: `output_tokens` (generated tokens, padding never counted).
 
 Status: an exception gives FAILED for the point it happened in (record still written; the next
@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from jpwr.diagnose import steady_latents
-from jpwr.launch import LaunchEnv
+from joulebench.latents import steady_latents
+from joulebench.launch import LaunchEnv
+from joulebench.peaks import peak_flops
+from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
-from jpwr.peaks import peak_flops
-from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
-from jpwr.torch_device import hardware_info
 from jpwr.trace import TraceData, load_trace
 from llm_inference import engine as engine_module
 from llm_inference import memory, metrics, validation
@@ -76,7 +76,7 @@ def _trace_latents(jpwr_dir: Path) -> tuple[dict[str, dict[str, float]], str | N
     nodes = sorted(p.parent for p in jpwr_dir.glob("*/trace.h5"))
     if not nodes:
         return {}, ("no in-process jpwr trace (under an external sampler the trace is written when it stops; "
-                    "`jpwr report` reads it from beside the record)")
+                    "`joulebench report` reads it from beside the record)")
     traces: list[TraceData] = [load_trace(node) for node in nodes]
     return {name: steady_latents(traces, name) for name in ("prefill", "steady")}, None
 
@@ -149,7 +149,7 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, sh
         meter.close()
     latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
     if not cfg.energy_methods:
-        reason = "no in-process sampler; `jpwr report` reads the latents from a trace beside the record"
+        reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
     record.metrics = _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason,
                                     estimate)
     record.meter = {"sampler": has_sampler, "energy_methods": cfg.energy_methods,

@@ -74,8 +74,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from jpwr.launch import LaunchEnv
-    from jpwr.torch_device import resolve_device
+    from joulebench.launch import LaunchEnv
+    from joulebench.torch_device import resolve_device
     from llm_training import train, validation
 
     launch = LaunchEnv.from_env()

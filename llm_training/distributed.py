@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
-from jpwr.launch import LaunchEnv
+from joulebench.launch import LaunchEnv
 from llm_training.config import TrainConfig
 
 INIT_TIMEOUT = dt.timedelta(minutes=10)

@@ -33,12 +33,12 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
-from jpwr.launch import LaunchEnv
+from joulebench.launch import LaunchEnv
+from joulebench.peaks import peak_flops
+from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from joulebench.runcontrol import StopRequest
+from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
-from jpwr.peaks import peak_flops
-from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
-from jpwr.runcontrol import StopRequest
-from jpwr.torch_device import hardware_info
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count

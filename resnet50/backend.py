@@ -11,8 +11,8 @@ import importlib.util
 import os
 from typing import Any, Protocol
 
+from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv
 from resnet50.config import TrainConfig
 
 REQUIRED_MODULES = {"pytorch": ("torch", "torchvision"), "tensorflow": ("tensorflow", "keras")}

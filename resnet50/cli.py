@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError, exit_code_of
-from jpwr.launch import LaunchEnv
 from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
 

@@ -16,12 +16,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from joulebench.launch import LaunchEnv
+from joulebench.peaks import peak_flops
+from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from joulebench.runcontrol import StopRequest
 from jpwr.errors import OutputDirError
-from jpwr.launch import LaunchEnv
 from jpwr.meter import WindowMeter
-from jpwr.peaks import peak_flops
-from jpwr.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
-from jpwr.runcontrol import StopRequest
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from joulebench.runcontrol import StopRequest
+from jpwr.energy import Window
 from jpwr.meter import WindowMeter
-from jpwr.record import Window, fmt
-from jpwr.runcontrol import StopRequest
+from jpwr.output import fmt
 from resnet50.backend import Backend
 from resnet50.config import TrainConfig
 

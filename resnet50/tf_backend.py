@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from jpwr.launch import LaunchEnv
+from joulebench.launch import LaunchEnv
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.flops import NUM_CLASSES
 from resnet50.tf_cluster import export_tf_config

@@ -15,8 +15,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from joulebench.launch import LaunchEnv, expand_nodelist, tasks_on_node
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv, expand_nodelist, tasks_on_node
 
 TF_CONFIG = "TF_CONFIG"
 

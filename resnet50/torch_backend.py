@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 
+from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
 

@@ -92,3 +92,10 @@ def test_build_text_pins_the_digest_and_still_parses(tmp_path: Path) -> None:
     assert recipe.fromHeader == f"nvcr.io/nvidia/pytorch@{digest}"
     assert f"org.joulebench.base.digest {digest}" in recipe.labels
     assert recipe.install == parse(definition).install
+
+
+@pytest.mark.parametrize("definition", DEFINITIONS, ids=lambda p: p.stem)
+def test_every_image_carries_the_meter_and_the_core(definition: Path) -> None:
+    """Every driver imports jpwr and joulebench: an image without either cannot run any of them."""
+    sources = {line.split()[0] for line in parse(definition).files}
+    assert {"jpwr", "joulebench"} <= sources

@@ -105,7 +105,7 @@ def _serve(env, out: Path, cwd: Path, node: str) -> subprocess.Popen:
 
 RANK_SCRIPT = """
 import os, sys, time
-from jpwr.launch import LaunchEnv
+from joulebench.launch import LaunchEnv
 from jpwr.meter import WindowMeter
 launch = LaunchEnv.from_env()
 meter = WindowMeter.open(launch)
@@ -174,3 +174,12 @@ def test_sigterm_and_sigkill_leave_readable_traces(h100_env, tmp_path):
     trace = read_segments(out2 / "n2")
     assert not (out2 / "n2" / "summary.json").exists()
     assert sum(len(v) for v in trace.readings.values()) > 10
+
+
+def test_moved_analysis_verbs_forward_to_joulebench_and_say_so(no_gpu_env, tmp_path):
+    """`jpwr report|plot` still work for one release, in a separate process (the meter imports no analysis)."""
+    for verb in ("report", "plot"):
+        result = run([verb, "--help"], no_gpu_env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"`jpwr {verb}` moved to `joulebench {verb}`" in result.stderr
+        assert f"usage: joulebench {verb}" in result.stdout

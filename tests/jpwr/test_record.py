@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jpwr.record import RunRecord, Window, WindowEnergy, read_run_record, steady_metrics, write_run_record
+from joulebench.record import RunRecord, read_run_record, steady_metrics, write_run_record
+from jpwr.energy import Window, WindowEnergy
 
 
 def _window(devices_metered: int) -> Window:

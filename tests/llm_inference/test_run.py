@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from jpwr.record import RunRecord, read_run_record
-from jpwr.report import write_report
+from joulebench.analysis.report import write_report
+from joulebench.record import RunRecord, read_run_record
 from llm_inference.cli import main
 from tests.llm_inference.conftest import INFER, TINY, read_record, run_cmd, summaries
 

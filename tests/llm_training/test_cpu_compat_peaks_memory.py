@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jpwr.peaks import peak_flops
+from joulebench.peaks import peak_flops
 from llm_training import cpu_compat
 from llm_training.cli import build_parser
 from llm_training.config import resolve

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from jpwr.peaks import peak_flops
+from joulebench.peaks import peak_flops
 from llm_training.cli import build_parser
 from llm_training.config import resolve
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count

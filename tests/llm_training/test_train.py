@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from jpwr.record import RunRecord, summary_line
+from joulebench.record import RunRecord, summary_line
 from llm_training.cli import main
 from tests.llm_training.conftest import LLM, TINY, free_port, parse_summary, read_record, run_cmd, torchrun
 

@@ -3,7 +3,7 @@
 `replayed_runs` replays the real H100 NVML trace (tests/data/h100_trace) through the fake pynvml into the
 production sampler on a virtual clock, once per load phase, as if a benchmark had marked that phase as its
 steady window (the idle phase before it as warm-up). Each "run" is a directory like a driver's --out-dir:
-run_record.json (built with jpwr.record from the sampler's window energies) and jpwr/<node>/trace.h5 +
+run_record.json (built with joulebench.record from the sampler's window energies) and jpwr/<node>/trace.h5 +
 summary.json. The work unit is the recorder's load period ("steps": 60 of 100 ms, 109 of 37 ms); the
 recorder did not count matmuls, so these records carry no batch size.
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from joulebench.record import RunRecord, steady_metrics, write_run_record
 from jpwr.channel import Mark
 from jpwr.clock import VirtualClock
-from jpwr.record import RunRecord, Window, WindowEnergy, steady_metrics, write_run_record
+from jpwr.energy import Window, WindowEnergy
 from jpwr.sampler import Sampler, open_backends
 
 REPO = Path(__file__).resolve().parents[2]

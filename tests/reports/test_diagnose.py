@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jpwr.diagnose import UnitCost, decompose, diagnose, steady_latents
-from jpwr.record import J_PER_WH, read_run_record
-from jpwr.report import load_runs
+from joulebench.analysis.diagnose import UnitCost, decompose, diagnose
+from joulebench.analysis.report import load_runs
+from joulebench.latents import steady_latents
+from joulebench.record import read_run_record
+from jpwr.energy import J_PER_WH
 from jpwr.trace import read_hdf5
 
 positive = st.fractions(min_value=Fraction(1, 10**6), max_value=Fraction(10**6))

@@ -1,4 +1,4 @@
-"""`jpwr plot` on recorded traces: the committed H200 run and the replayed H100 trace (one and two nodes)."""
+"""`joulebench plot` on recorded traces: the committed H200 run and the replayed H100 trace (one and two nodes)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from jpwr.cli import main as jpwr_main
+from joulebench.analysis.cli import main as joulebench_main
+from joulebench.analysis.plot import find_trace_sources, load_nodes, plot_trace, save_figure
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.plot import find_trace_sources, load_nodes, plot_trace, save_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -57,7 +57,7 @@ def test_two_nodes_share_one_time_axis_and_energies_add(replayed_runs, tmp_path)
 
 def test_cli_writes_the_png(replayed_runs, tmp_path):
     out = tmp_path / "trace.png"
-    assert jpwr_main(["plot", str(replayed_runs / "burst37"), "-o", str(out)]) == ExitCode.OK
+    assert joulebench_main(["plot", str(replayed_runs / "burst37"), "-o", str(out)]) == ExitCode.OK
     assert out.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -65,16 +65,16 @@ def test_empty_directory_is_a_validation_error(tmp_path, capsys):
     with pytest.raises(ValidationError, match="no jpwr trace") as info:
         find_trace_sources(tmp_path)
     assert "Fix:" in str(info.value)
-    assert jpwr_main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")]) == ExitCode.USAGE
+    assert joulebench_main(["plot", str(tmp_path), "-o", str(tmp_path / "x.png")]) == ExitCode.USAGE
     assert "no jpwr trace" in capsys.readouterr().err
 
 
 def test_unknown_image_suffix_is_refused_before_reading(h200_trace, tmp_path, capsys):
-    assert jpwr_main(["plot", str(h200_trace), "-o", str(tmp_path / "trace.jpeg2")]) == ExitCode.USAGE
+    assert joulebench_main(["plot", str(h200_trace), "-o", str(tmp_path / "trace.jpeg2")]) == ExitCode.USAGE
     assert ".png" in capsys.readouterr().err
 
 
 def test_traces_of_several_runs_are_not_plotted_together(replayed_runs, capsys):
-    assert jpwr_main(["plot", str(replayed_runs), "-o", "unused.png"]) == ExitCode.USAGE
+    assert joulebench_main(["plot", str(replayed_runs), "-o", "unused.png"]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "holds traces of 2 runs (replay-burst100, replay-burst37)" in err and "Fix:" in err

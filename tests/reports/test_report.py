@@ -1,4 +1,4 @@
-"""`jpwr report` over recorded runs: charts, table, offline HTML, n/a for missing energy, clear input errors."""
+"""`joulebench report` over recorded runs: charts, table, offline HTML, n/a for missing energy, clear input errors."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from jpwr.cli import main as jpwr_main
+from joulebench.analysis.cli import main as joulebench_main
+from joulebench.analysis.report import (
+    compare_runs,
+    efficiency_figure,
+    energy_figure,
+    load_runs,
+    table_rows,
+    write_report,
+)
+from joulebench.record import RunRecord, read_run_record, steady_metrics, write_run_record
+from jpwr.energy import J_PER_WH, WindowEnergy
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.record import J_PER_WH, RunRecord, WindowEnergy, read_run_record, steady_metrics, write_run_record
-from jpwr.report import compare_runs, efficiency_figure, energy_figure, load_runs, table_rows, write_report
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_RECORDS = sorted((REPO / "benchmarks" / "results").rglob("run_record.json"))
@@ -81,7 +89,7 @@ def test_runs_without_batch_size_or_energy_are_na_never_zero(replayed_runs, tmp_
 
 def test_compare_prints_the_decomposition(replayed_runs, capsys):
     a, b = (str(replayed_runs / p / "run_record.json") for p in ("burst37", "burst100"))
-    assert jpwr_main(["report", "--compare", a, b]) == ExitCode.OK
+    assert joulebench_main(["report", "--compare", a, b]) == ExitCode.OK
     out = capsys.readouterr().out
     assert "more per step than" in out and "of the difference" in out and "Moved between the runs" in out
 
@@ -89,7 +97,7 @@ def test_compare_prints_the_decomposition(replayed_runs, capsys):
 def test_empty_directory(tmp_path, capsys):
     with pytest.raises(ValidationError, match=r"no run_record\.json under"):
         load_runs([tmp_path])
-    assert jpwr_main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == ExitCode.USAGE
+    assert joulebench_main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == ExitCode.USAGE
     assert "Fix:" in capsys.readouterr().err
 
 
@@ -115,7 +123,8 @@ def test_not_a_run_record(h200_trace, tmp_path):
 
 
 def test_compare_needs_one_record_per_side(replayed_runs, capsys):
-    code = jpwr_main(["report", "--compare", str(replayed_runs), str(replayed_runs / "burst37" / "run_record.json")])
+    record = replayed_runs / "burst37" / "run_record.json"
+    code = joulebench_main(["report", "--compare", str(replayed_runs), str(record)])
     assert code == ExitCode.USAGE
     assert "exactly one per side" in capsys.readouterr().err
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv
 from resnet50.tf_cluster import TF_CONFIG, export_tf_config, tf_config
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jpwr.record import RunRecord
+from joulebench.record import RunRecord
 from resnet50.cli import main
 from resnet50.flops import resnet50_flops
 from tests.resnet50.conftest import (
@@ -68,7 +68,7 @@ def test_compiled_backend_records_inductor_kernel_tuning(tuning: bool) -> None:
     """The record says whether inductor tuned its kernels (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING)."""
     from torch._inductor import config as inductor_config
 
-    from jpwr.launch import LaunchEnv
+    from joulebench.launch import LaunchEnv
     from resnet50.cli import build_parser
     from resnet50.config import TrainConfig
     from resnet50.torch_backend import TorchBackend

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import socket
 from collections.abc import Mapping
 
 from jpwr.errors import ValidationError
+from jpwr.node import node_name
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -70,12 +70,6 @@ class LaunchEnv:
             master_port=_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
             job_id=env.get("SLURM_JOB_ID"),
         )
-
-
-def node_name(environ: Mapping[str, str] | None = None) -> str:
-    """This node's name: Slurm's node name where set (unique per test node), else the hostname."""
-    env = os.environ if environ is None else environ
-    return env.get("SLURMD_NODENAME") or env.get("JPWR_NODE_NAME") or socket.gethostname()
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:

@@ -1,7 +1,7 @@
 """Device choice and hardware facts for PyTorch drivers (torch is imported by the caller, not by jpwr).
 
 `auto` is CUDA when torch sees a GPU (ROCm GPUs appear as CUDA too), else the CPU; the peak table
-(jpwr.peaks) is keyed by the `device_name` recorded here.
+(joulebench.peaks) is keyed by the `device_name` recorded here.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
-from jpwr.launch import LaunchEnv
 
 
 def resolve_device(requested: str) -> Any:

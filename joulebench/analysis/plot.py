@@ -1,4 +1,4 @@
-"""`jpwr plot RUN_DIR -o trace.png`: the power trace with each window shaded, clocks and utilisation below.
+"""`joulebench plot RUN_DIR -o trace.png`: the power trace with each window shaded, clocks and utilisation below.
 
 A glance at the trace shows whether a window's number can be trusted: is the steady window flat,
 does it start after the warm-up, did clocks drop or utilisation sag inside it. Nodes are put on
@@ -21,9 +21,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from jpwr.domains import Domain, Signal
+from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.meter import combine_energies
-from jpwr.record import WindowEnergy, fmt
+from jpwr.output import fmt
 from jpwr.sampler import SUMMARY_FILE
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, TraceData, load_trace, read_hdf5
 from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
@@ -256,12 +256,12 @@ def check_image_path(path: Path) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr plot", description="Plot a jpwr trace with its windows shaded.")
+    parser = argparse.ArgumentParser(prog="joulebench plot", description="Plot a jpwr trace with its windows shaded.")
     parser.add_argument("run_dir", type=Path, help="jpwr --out directory, one node directory, or a trace .h5 file")
     parser.add_argument("-o", "--output", type=Path, default=Path("trace.png"), help="image file (.png, .svg, .pdf)")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
     check_image_path(args.output)
     fig = plot_trace(load_nodes(args.run_dir), args.title)
-    print(f"jpwr plot: wrote {save_figure(fig, args.output)}")
+    print(f"joulebench plot: wrote {save_figure(fig, args.output)}")
     return ExitCode.OK

@@ -1,4 +1,4 @@
-"""`jpwr report PATH... -o OUTDIR`: charts, a table and an offline HTML page over many run records.
+"""`joulebench report PATH... -o OUTDIR`: charts, a table and an offline HTML page over many run records.
 
 Throughput and work per Wh per system and batch size answer "which setup is cheaper per token";
 energy per unit against utilisation and mean power, and the pairwise diagnosis, answer "why".
@@ -6,8 +6,8 @@ PATH is a JUBE run directory (run_record.json files are found recursively) or ru
 Traces next to a record (<record dir>/jpwr/<node>/, <record dir>/energy/<node>/) supply the latent
 metrics of the steady window. A missing energy figure is shown as n/a and never plotted as 0.
 
-    jpwr report jube/runs/llm -o report/
-    jpwr report --compare runA/run_record.json runB/run_record.json
+    joulebench report jube/runs/llm -o report/
+    joulebench report --compare runA/run_record.json runB/run_record.json
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from jpwr.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, steady_latents, unit_cost, work_unit
+from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
+from joulebench.analysis.plot import find_trace_sources, load_trace_data, save_figure
+from joulebench.latents import steady_latents
+from joulebench.record import SCHEMA_VERSION, RunRecord
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.plot import find_trace_sources, load_trace_data, save_figure
-from jpwr.record import SCHEMA_VERSION, RunRecord, fmt, utc_now
+from jpwr.output import fmt, utc_now
 from jpwr.trace import TraceData
 
 RECORD_FILE = "run_record.json"
@@ -101,7 +103,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
         kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise ValidationError(f"{path} is not a run record (kind {kind!r}, expected {RECORD_KIND!r})",
-                              "pass run_record.json files; for a jpwr trace use `jpwr plot`")
+                              "pass run_record.json files; for a jpwr trace use `joulebench plot`")
     return data
 
 
@@ -398,7 +400,8 @@ def _single(path: Path) -> Run:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr report", description="Charts, table and diagnosis over run records.")
+    parser = argparse.ArgumentParser(prog="joulebench report",
+                                     description="Charts, table and diagnosis over run records.")
     parser.add_argument("paths", nargs="*", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (index.html and PNGs)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
@@ -410,5 +413,5 @@ def main(argv: Sequence[str]) -> int:
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
-    print(f"jpwr report: wrote {write_report(args.paths, args.out)}")
+    print(f"joulebench report: wrote {write_report(args.paths, args.out)}")
     return ExitCode.OK

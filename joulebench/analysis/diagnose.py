@@ -14,17 +14,13 @@ then say in plain words what moved with it.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
+from joulebench.latents import STEADY
+from joulebench.record import RunRecord
+from jpwr.output import fmt
 
-from jpwr.record import RunRecord, fmt
-from jpwr.trace import TraceData
-from jpwr.windows import WindowSpan, accelerator_domains
-
-STEADY = "steady"
 # A latent metric "moved" when it changed by more than this fraction (utilisation: points, see _moved).
 MOVED_FRACTION = 0.05
 MOVED_UTILISATION_POINTS = 0.03
@@ -113,27 +109,6 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
     elif power is None:
         reason = f"energy n/a: {energy.unavailable_reason if energy else 'not measured'}"
     return UnitCost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason, **base)
-
-
-def steady_latents(traces: Iterable[TraceData], span_name: str = STEADY) -> dict[str, float]:
-    """Means of the latent metrics over each node's own steady span (marks), across all accelerators.
-
-    Each node's span comes from its own marks, on its own monotonic clock, so nodes are never
-    compared across clocks. Throttle reasons become the fraction of samples with any reason set.
-    """
-    from jpwr.windows import spans_from_marks
-
-    values: dict[str, list[float]] = {}
-    for trace in traces:
-        span: WindowSpan | None = spans_from_marks(trace.marks).get(span_name)
-        if span is None:
-            continue
-        accel = {d.id for d in accelerator_domains(trace.domains)}
-        for m in trace.metrics:
-            if m.domain_id in accel and span.t0_ns <= m.t_ns <= span.t1_ns and math.isfinite(m.value):
-                name = "throttled_fraction" if m.name == "throttle_reasons" else m.name
-                values.setdefault(name, []).append(float(m.value != 0) if name == "throttled_fraction" else m.value)
-    return {name: float(np.mean(v)) for name, v in values.items() if v}
 
 
 # How each latent metric reads in a sentence: label, scale to display unit, unit text.

@@ -1,4 +1,4 @@
-"""The run record: one JSON file per run, the same schema for every driver.
+"""The run record: one JSON file per run, the same schema for every driver (joulebench core).
 
 Throughput and energy come from the same named windows (warm-up, steady state), so a
 tokens/Wh figure divides work and energy measured over identical intervals. SI units
@@ -9,108 +9,27 @@ null in JSON and "n/a" in text, never 0. See docs/run-record.md.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jpwr.energy import Window, WindowEnergy
+from jpwr.output import fmt, utc_now, write_json_atomic
+
 SCHEMA_VERSION = 1
 STATUSES = ("OK", "FAILED", "TIMEOUT")
-J_PER_WH = 3600.0
 
 # Distributions whose versions change results; recorded in every run record.
 TRACKED_DISTRIBUTIONS = (
     "joulebench", "torch", "torchvision", "megatron-core", "tensorflow", "tensorflow-cpu",
     "keras", "numpy", "nvidia-ml-py", "amdsmi", "h5py",
 )
-
-
-@dataclasses.dataclass
-class WindowEnergy:
-    """Energy of one window on the accelerators of one node (or all nodes once combined)."""
-
-    energy_j: float | None
-    mean_power_w: float | None
-    devices: int
-    method: str | None  # "counter", "counter+power", "power" or None when unavailable
-    coverage: float | None  # fraction of window × devices with valid data, 0-1
-    error_bound_j: float | None
-    unavailable_reason: str | None = None
-    warnings: list[str] = dataclasses.field(default_factory=list)
-    per_device: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    other_domains: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # CPU/DRAM/module, never in total
-    nodes: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def energy_wh(self) -> float | None:
-        return None if self.energy_j is None else self.energy_j / J_PER_WH
-
-    @property
-    def mean_power_w_per_device(self) -> float | None:
-        if self.mean_power_w is None or self.devices <= 0:
-            return None
-        return self.mean_power_w / self.devices
-
-    @classmethod
-    def unavailable(cls, reason: str, devices: int = 0) -> WindowEnergy:
-        return cls(None, None, devices, None, None, None, unavailable_reason=reason)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["energy_wh"] = self.energy_wh
-        data["mean_power_w_per_device"] = self.mean_power_w_per_device
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> WindowEnergy:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
-
-
-@dataclasses.dataclass
-class Window:
-    """A named interval of the training loop: steps [first_step, last_step), its work and energy."""
-
-    name: str
-    first_step: int
-    last_step: int
-    t_start_ns: int  # monotonic, node-local
-    t_end_ns: int
-    work: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. {"tokens": 1.2e6, "samples": 600}
-    energy: WindowEnergy | None = None
-
-    @property
-    def steps(self) -> int:
-        return self.last_step - self.first_step
-
-    @property
-    def duration_s(self) -> float:
-        return (self.t_end_ns - self.t_start_ns) / 1e9
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "first_step": self.first_step, "last_step": self.last_step,
-            "steps": self.steps, "t_start_ns": self.t_start_ns, "t_end_ns": self.t_end_ns,
-            "duration_s": self.duration_s, "work": dict(self.work),
-            "energy": None if self.energy is None else self.energy.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Window:
-        energy = data.get("energy")
-        return cls(
-            name=data["name"], first_step=data["first_step"], last_step=data["last_step"],
-            t_start_ns=data["t_start_ns"], t_end_ns=data["t_end_ns"], work=dict(data.get("work", {})),
-            energy=None if energy is None else WindowEnergy.from_dict(energy),
-        )
 
 
 def steady_metrics(
@@ -215,10 +134,6 @@ class RunRecord:
         )
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
 def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
     """Versions actually installed (not the pins): Python, tracked distributions, CUDA where torch is loaded."""
     versions: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
@@ -248,48 +163,6 @@ def _source_version() -> str:
     return f"{__version__}+g{commit}" if commit else __version__
 
 
-def _json_default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item"):  # numpy / torch scalars
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN/inf (not valid JSON) by None, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write JSON via a temporary file and rename, so readers never see a half-written file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
 def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
     if record.finished_at is None:
         record.finished_at = utc_now()
@@ -298,15 +171,6 @@ def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
 
 def read_run_record(path: str | os.PathLike[str]) -> RunRecord:
     return RunRecord.from_dict(json.loads(Path(path).read_text()))
-
-
-def fmt(value: float | None, digits: int = 4) -> str:
-    """Format a number for tables and summary lines: None is "n/a", never 0."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
-        return str(int(value))
-    return f"{value:.{digits}g}"
 
 
 def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:

@@ -1,0 +1,43 @@
+"""`joulebench VERB ...`: the analysis verbs over run records and traces.
+
+    joulebench report PATH... -o OUTDIR | --compare A B   # efficiency charts, HTML report, energy diagnosis
+    joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
+
+Measuring is the meter's job (`jpwr -- CMD`, `jpwr serve`, `jpwr combine`, `jpwr info`,
+`jpwr selftest`). Each verb's module is imported only when that verb runs, so the usage text
+needs none of the optional extras.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from jpwr.errors import ExitCode, exit_code_of
+
+# verb -> (module with main(argv), one-line summary)
+VERBS = {
+    "report": ("joulebench.analysis.report", "charts, a table and an HTML page over run records; --compare A B"),
+    "plot": ("joulebench.analysis.plot", "a trace's power, clocks and utilisation with its windows shaded"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: joulebench VERB [options]   (joulebench VERB --help for a verb's options)", "", "verbs:"]
+    lines += [f"  {verb:<10} {summary}" for verb, (_, summary) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return ExitCode.OK if args else ExitCode.USAGE
+    verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        print(f"joulebench: error: unknown verb {verb!r}. Fix: use one of {', '.join(VERBS)}\n\n{usage()}",
+              file=sys.stderr)
+        return ExitCode.USAGE
+    module = importlib.import_module(VERBS[verb][0])
+    return exit_code_of(f"joulebench {verb}", lambda: module.main(rest))

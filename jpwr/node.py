@@ -1,0 +1,17 @@
+"""This node's name, as the sampler, its socket and the run record all spell it.
+
+Slurm's node name where set (test "nodes" of a local Slurm cluster share one host and one
+hostname), else JPWR_NODE_NAME (several node identities on one host without Slurm), else the hostname.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name: Slurm's node name where set (unique per test node), else the hostname."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME") or env.get("JPWR_NODE_NAME") or socket.gethostname()

@@ -1,0 +1,117 @@
+"""The import rule of docs/architecture.md, checked on the source tree (AST, no imports executed).
+
+Layers only point down: the meter (jpwr) imports nothing of ours and no framework at module
+level; the core (joulebench outside joulebench.analysis) imports no driver and no analysis;
+drivers never import each other or analysis; analysis never imports a driver. Imports inside
+functions count too (a lazy import is still a dependency), except the framework rule, which is
+about what `import jpwr` loads.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVERS = ("llm_training", "resnet50", "llm_inference")
+OURS = ("jpwr", "joulebench", *DRIVERS)
+FRAMEWORKS = ("torch", "tensorflow", "keras", "transformers", "megatron", "matplotlib", "pandas")
+ENTRY_POINTS = ("joulebench/__main__.py",)  # `python -m joulebench` starts the analysis CLI by design
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+    module: str  # dotted name of the importing module
+    target: str  # dotted name imported
+    line: int
+    top_level: bool  # at module level (not inside a function)
+
+
+def layer(module: str) -> str | None:
+    """'meter', 'core', 'analysis', a driver's name, or None for code outside the layers."""
+    top = module.split(".")[0]
+    if top == "jpwr":
+        return "meter"
+    if top == "joulebench":
+        return "analysis" if module.startswith("joulebench.analysis") else "core"
+    return top if top in DRIVERS else None
+
+
+def imports_of(path: Path, root: Path) -> list[Import]:
+    module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    function_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                      for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                parts = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                package = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*package, base] if base else package)
+            targets = [base]
+        else:
+            continue
+        found += [Import(module, t, node.lineno, id(node) not in function_nodes) for t in targets]
+    return found
+
+
+def violations(root: Path) -> list[str]:
+    """Every import that breaks the rule, as 'file:line: module imports target (why)'."""
+    problems = []
+    for package in OURS:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in ENTRY_POINTS:
+                continue
+            for imp in imports_of(path, root):
+                why = _breaks(imp)
+                if why:
+                    problems.append(f"{rel}:{imp.line}: {imp.module} imports {imp.target} ({why})")
+    return problems
+
+
+def _breaks(imp: Import) -> str | None:
+    source, target = layer(imp.module), layer(imp.target)
+    top = imp.target.split(".")[0]
+    if source == "meter":
+        if target not in (None, "meter"):
+            return "the meter imports nothing of the benchmarks built on it"
+        if imp.top_level and top in FRAMEWORKS:
+            return "the meter loads no framework at import time"
+    if source == "core" and target not in (None, "meter", "core"):
+        return "the core imports only the meter"
+    if source in DRIVERS and target not in (None, "meter", "core", source):
+        return "a driver imports only the meter, the core and itself"
+    if source == "analysis" and target in DRIVERS:
+        return "analysis reads records, it never imports a driver"
+    return None
+
+
+def test_the_tree_follows_the_import_rule():
+    assert violations(REPO) == []
+
+
+def test_a_forbidden_import_is_caught(tmp_path):
+    """The rule's own negative cases: each planted import must be reported, with its reason."""
+    planted = {
+        "jpwr/bad_meter.py": "from joulebench.record import RunRecord\n",
+        "jpwr/bad_framework.py": "import torch\n",
+        "joulebench/bad_core.py": "def f():\n    from llm_training import train\n",
+        "joulebench/analysis/bad_analysis.py": "import resnet50.driver\n",
+        "llm_inference/bad_driver.py": "from llm_training.flops import parameter_count\n",
+        "resnet50/bad_driver.py": "from joulebench.analysis import report\n",
+        "jpwr/fine_lazy_framework.py": "def f():\n    import torch\n",
+        "llm_training/fine.py": "from joulebench.record import RunRecord\nfrom jpwr.meter import WindowMeter\n",
+    }
+    for rel, text in planted.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    found = violations(tmp_path)
+    assert {line.split(":")[0] for line in found} == {rel for rel in planted if "bad_" in rel}
+    assert any("the meter loads no framework" in line for line in found)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jpwr.energy import Window, WindowEnergy
+from jpwr.errors import FormatError
 from jpwr.output import fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -170,7 +171,18 @@ def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
 
 
 def read_run_record(path: str | os.PathLike[str]) -> RunRecord:
-    return RunRecord.from_dict(json.loads(Path(path).read_text()))
+    """Load a run record; a file that is not one (truncated, foreign, a field of the wrong type) is a
+    FormatError naming the file and what is wrong with it, not a traceback."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"the top level is a {type(data).__name__}, not an object")
+        return RunRecord.from_dict(data)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise FormatError(f"{path} is not a readable joulebench run record ({what})",
+                          "point at a run_record.json written by a joulebench driver, or remove the damaged one"
+                          ) from None
 
 
 def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:

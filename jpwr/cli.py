@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jpwr import __version__
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, exit_code_of
+from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.output import fmt
 
 SUBCOMMANDS = ("serve", "combine", "info", "selftest")
@@ -63,15 +63,18 @@ def _run_id(explicit: str | None) -> str:
 
 def _start(args: argparse.Namespace):
     from jpwr.channel import resolve_addr
+    from jpwr.claims import claim_socket
     from jpwr.sampler import Sampler, SocketServer, default_socket_path, open_backends
 
     methods = _methods(args.methods)
     out = Path(args.out)
+    run_id = _run_id(args.run_id)
+    template = getattr(args, "addr", None) or default_socket_path(run_id)
+    addr = resolve_addr(template)
+    claim_socket(addr)  # before the sampler writes anything: a refused start leaves no trace behind
     backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
     sampler = Sampler(backends, discoveries, out, args.interval / 1000.0, args.counter_interval / 1000.0,
-                      run_id=_run_id(args.run_id)).start()
-    template = getattr(args, "addr", None) or default_socket_path(sampler.run_id)
-    addr = resolve_addr(template)
+                      run_id=run_id).start()
     server = SocketServer(sampler, addr).start()
     return sampler, server, template
 
@@ -82,6 +85,8 @@ def _print_windows(summary: dict, stream=sys.stderr) -> None:
           f"backends: {', '.join(info['backends']) or 'none'}", file=stream)
     for reason in info["unavailable"]:
         print(f"jpwr:   {reason}", file=stream)
+    if summary.get("trace_error"):
+        print(f"jpwr: warning: the trace was not saved completely: {summary['trace_error']}", file=stream)
     for name, w in summary["windows"].items():
         e = w["energy"]
         if e["energy_j"] is None:
@@ -116,11 +121,15 @@ def cmd_wrap(argv: Sequence[str]) -> int:
     sampler.add_mark(Mark("command", "begin", 0, SYSTEM_CLOCK.monotonic_ns()))
     try:
         child = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         server.stop()
         sampler.stop()
-        print(f"jpwr: command not found: {command[0]}", file=sys.stderr)
-        return ExitCode.NO_COMMAND
+        if isinstance(exc, FileNotFoundError):
+            print(f"jpwr: command not found: {command[0]}. Fix: check its name and PATH", file=sys.stderr)
+            return ExitCode.NO_COMMAND
+        print(f"jpwr: command not executable: {command[0]}. Fix: make it executable (chmod +x) or run it "
+              "through its interpreter", file=sys.stderr)
+        return ExitCode.NOT_EXECUTABLE
 
     def forward(signum: int, _frame: object) -> None:
         if child.poll() is None:
@@ -134,13 +143,20 @@ def cmd_wrap(argv: Sequence[str]) -> int:
             signal.signal(s, handler)
     sampler.add_mark(Mark("command", "end", 0, SYSTEM_CLOCK.monotonic_ns()))
     server.stop()
-    summary = sampler.stop()
-    _print_windows(summary)
-    if args.df_out:
-        from jpwr.legacy import write_dataframes
+    child_code = 128 - code if code < 0 else code
+    try:
+        summary = sampler.stop()
+        if args.df_out:
+            from jpwr.legacy import write_dataframes
 
-        write_dataframes(sampler.trace(), Path(args.df_out), args.df_filetype)
-    return 128 - code if code < 0 else code
+            write_dataframes(sampler.trace(), Path(args.df_out), args.df_filetype)
+    except OSError as exc:
+        # The command ran and was measured: say what failed, print what was measured, keep its exit code.
+        print(f"jpwr: error: could not write the results: {os_error_message(exc)}", file=sys.stderr)
+        _print_windows(sampler.in_memory_summary())
+        return child_code
+    _print_windows(summary)
+    return child_code
 
 
 def cmd_serve(argv: Sequence[str]) -> int:
@@ -166,13 +182,20 @@ def cmd_serve(argv: Sequence[str]) -> int:
 
 
 def cmd_combine(argv: Sequence[str]) -> int:
+    from jpwr.combine import combine_run, expected_nodes_from
+
     parser = argparse.ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
     parser.add_argument("directory")
-    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--run-id", default=None, help="the run to combine (needed when DIR holds several)")
+    parser.add_argument("--expected-nodes", type=int, default=expected_nodes_from(),
+                        help="nodes the run has (default: Slurm's SLURM_JOB_NUM_NODES); fewer found = no energy")
     args = parser.parse_args(argv)
-    from jpwr.combine import combine_run
-
-    result = combine_run(Path(args.directory), args.run_id)
+    result = combine_run(Path(args.directory), args.run_id, args.expected_nodes)
+    for node in result["recovered_nodes"]:
+        print(f"jpwr combine: warning: node {node} had no summary (sampler killed?); recovered from its segments",
+              file=sys.stderr)
+    if result["partial"]:
+        print(f"jpwr combine: warning: {result['partial']}", file=sys.stderr)
     for name, w in result["windows"].items():
         e = w["energy"]
         print(f"{name}: nodes={len(result['nodes'])} devices={e['devices']} energy_J={fmt(e['energy_j'], 6)} "
@@ -206,13 +229,13 @@ def cmd_moved(verb: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    debug, args = take_debug_flag(sys.argv[1:] if argv is None else argv)
     handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest}
     if args and args[0] in MOVED_VERBS:
         return cmd_moved(args[0], args[1:])
     if args and args[0] in handlers:
-        return exit_code_of("jpwr", lambda: handlers[args[0]](args[1:]))
-    return exit_code_of("jpwr", lambda: cmd_wrap(args))
+        return exit_code_of("jpwr", lambda: handlers[args[0]](args[1:]), debug)
+    return exit_code_of("jpwr", lambda: cmd_wrap(args), debug)
 
 
 if __name__ == "__main__":

@@ -2,25 +2,67 @@
 
 Nodes are found by run id in one directory (DIR/<node>/summary.json). A device whose UUID
 appears in two node summaries (two samplers on one host) is counted once, with a warning.
+A node whose sampler was killed before writing its summary is recovered from its segments.
+Nodes of another run are never added in, and a run with fewer nodes than expected has no
+combined energy (a partial sum would under-report silently): it says which nodes reported.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jpwr.energy import WindowEnergy, combine_energies
-from jpwr.errors import ValidationError
+from jpwr.errors import FormatError, ValidationError
 from jpwr.output import utc_now, write_json_atomic
-from jpwr.sampler import SUMMARY_FILE
+from jpwr.sampler import SUMMARY_FILE, summarize_trace
+from jpwr.trace import SEGMENT_DIR, read_segments
+
+EXPECTED_NODES_ENV = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+
+
+def read_node_summary(node_dir: Path) -> dict[str, Any]:
+    """A node's summary, or one rebuilt from its segments when its sampler died before writing it."""
+    path = node_dir / SUMMARY_FILE
+    if path.exists():
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            summary = {"error": str(exc)}
+        missing = [key for key in ("windows", "run_id", "node") if not isinstance(summary, dict) or key not in summary]
+        if missing:
+            raise FormatError(f"{path} is not a jpwr node summary (no {', '.join(missing)})",
+                              f"remove {node_dir} from {node_dir.parent}, or delete the file so that combine "
+                              f"recovers the node from its segments in {node_dir / SEGMENT_DIR}")
+        return summary
+    trace = read_segments(node_dir)
+    if not trace.info:
+        raise FormatError(f"{node_dir} has neither a summary nor readable segments",
+                          f"remove {node_dir} from {node_dir.parent}")
+    summary = summarize_trace(trace, float(trace.info.get("interval_s") or 0.1))
+    summary["recovered_from_segments"] = True
+    for window in summary["windows"].values():
+        window["energy"]["warnings"].append(
+            f"node {summary['node']}: its sampler ended without a summary (killed?); energy recovered from its "
+            "segments, which lose at most the last second before the kill")
+    return summary
 
 
 def node_summaries(directory: Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    paths = sorted(directory.glob(f"*/{SUMMARY_FILE}"))
-    found = [json.loads(p.read_text()) for p in paths]
+    node_dirs = sorted({p.parent for p in directory.glob(f"*/{SUMMARY_FILE}")} |
+                       {p.parent for p in directory.glob(f"*/{SEGMENT_DIR}")})
+    found = [read_node_summary(d) for d in node_dirs]
+    runs = sorted({str(s.get("run_id")) for s in found})
     if run_id is not None:
         found = [s for s in found if s.get("run_id") == run_id]
+    elif len(runs) > 1:
+        by_run = "; ".join(f"{r}: {', '.join(str(s['node']) for s in found if str(s.get('run_id')) == r)}"
+                           for r in runs)
+        raise ValidationError(f"{directory} holds node summaries of {len(runs)} runs ({by_run})",
+                              "pass --run-id with the run to combine (nodes of different runs never add up)")
     if not found:
         which = f" with run id {run_id!r}" if run_id else ""
         raise ValidationError(f"no node summaries{which} under {directory}",
@@ -28,38 +70,57 @@ def node_summaries(directory: Path, run_id: str | None = None) -> list[dict[str,
     return found
 
 
-def _drop_duplicate_devices(energies: list[dict[str, WindowEnergy]]) -> list[dict[str, WindowEnergy]]:
-    """Remove devices already counted on an earlier node from later nodes' totals."""
-    seen: set[str] = set()
-    for node in energies:
-        for name, energy in node.items():
+def expected_nodes_from(environ: Mapping[str, str] | None = None) -> int | None:
+    """Nodes the launch environment says the run has (Slurm's allocation), None outside Slurm."""
+    env = os.environ if environ is None else environ
+    for key in EXPECTED_NODES_ENV:
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return None
+
+
+def _drop_duplicate_devices(energies: list[dict[str, WindowEnergy]], nodes: list[str]) -> None:
+    """Remove devices already counted on an earlier node from later nodes' totals, naming both nodes."""
+    seen: dict[tuple[str, str], str] = {}
+    for node, per_window in zip(nodes, energies, strict=True):
+        for name, energy in per_window.items():
             keep, dropped = [], []
             for dev in energy.per_device:
                 uuid = dev.get("uuid")
                 (dropped if uuid and (name, uuid) in seen else keep).append(dev)
                 if uuid:
-                    seen.add((name, uuid))  # type: ignore[arg-type]
-            if dropped and energy.energy_j is not None:
-                removed = sum(float(d["energy_j"] or 0.0) for d in dropped)
-                energy.energy_j -= removed
-                if energy.mean_power_w is not None:
-                    energy.mean_power_w -= sum(float(d["mean_power_w"] or 0.0) for d in dropped)
-                energy.error_bound_j = (energy.error_bound_j or 0.0) - sum(
-                    float(d["error_bound_j"] or 0.0) for d in dropped)
-                energy.devices -= len(dropped)
-                energy.per_device = keep
-                energy.warnings.append(
-                    f"devices metered by more than one sampler counted once: {[d['uuid'] for d in dropped]}")
-    return energies
+                    seen.setdefault((name, uuid), node)
+            if not dropped or energy.energy_j is None:
+                continue
+            energy.energy_j -= sum(float(d["energy_j"] or 0.0) for d in dropped)
+            if energy.mean_power_w is not None:
+                energy.mean_power_w -= sum(float(d["mean_power_w"] or 0.0) for d in dropped)
+            energy.error_bound_j = (energy.error_bound_j or 0.0) - sum(float(d["error_bound_j"] or 0.0)
+                                                                        for d in dropped)
+            energy.devices -= len(dropped)
+            energy.per_device = keep
+            first = sorted({seen[(name, d['uuid'])] for d in dropped})
+            energy.warnings.append(
+                f"devices {[d['uuid'] for d in dropped]} were metered by the samplers of nodes {', '.join(first)} and "
+                f"{node}: counted once. Fix: restrict each node's sampler to its own devices (CUDA_VISIBLE_DEVICES "
+                "or the scheduler's GPU binding), or run one sampler per physical host")
 
 
-def combine_run(directory: Path, run_id: str | None = None) -> dict[str, Any]:
+def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int | None = None) -> dict[str, Any]:
     summaries = node_summaries(directory, run_id)
+    nodes = [str(s["node"]) for s in summaries]
     per_node = [
         {name: WindowEnergy.from_dict(w["energy"]) for name, w in s["windows"].items()}
         for s in summaries
     ]
-    combined = combine_energies(_drop_duplicate_devices(per_node))
+    _drop_duplicate_devices(per_node, nodes)
+    combined = combine_energies(per_node)
+    partial = None
+    if expected_nodes is not None and len(summaries) < expected_nodes:
+        partial = (f"only {len(summaries)} of {expected_nodes} nodes' samplers left a trace ({', '.join(nodes)}): "
+                   "the run's energy is not known")
+        combined = {name: WindowEnergy.unavailable(partial, energy.devices)
+                    for name, energy in combined.items()}
     windows = {}
     for name, energy in combined.items():
         spans = [s["windows"][name] for s in summaries if name in s["windows"]]
@@ -69,7 +130,9 @@ def combine_run(directory: Path, run_id: str | None = None) -> dict[str, Any]:
         }
     result = {
         "schema": "jpwr.summary/1", "kind": "combined", "run_id": summaries[0]["run_id"],
-        "nodes": [s["node"] for s in summaries], "finished_at": utc_now(), "windows": windows,
+        "nodes": nodes, "expected_nodes": expected_nodes, "partial": partial,
+        "recovered_nodes": [s["node"] for s in summaries if s.get("recovered_from_segments")],
+        "finished_at": utc_now(), "windows": windows,
     }
     write_json_atomic(directory / SUMMARY_FILE, result)
     return result

@@ -1,24 +1,31 @@
-"""Error types and process exit codes shared by jpwr and every driver."""
+"""Error types, process exit codes and the one error boundary shared by jpwr and every driver."""
 
 from __future__ import annotations
 
 import enum
+import errno
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
+
+DEBUG_FLAG = "--debug"
 
 
 class ExitCode(enum.IntEnum):
     """Exit codes of jpwr itself; a wrapped command's own code is passed through unchanged.
 
     They sit above the range used by ordinary programs (0-2) and below the 128+N signal range,
-    so a caller can tell a jpwr failure from the wrapped command's failure.
+    so a caller can tell a jpwr failure from the wrapped command's failure (BSD sysexits values).
     """
 
     OK = 0
     USAGE = 64  # bad command line or configuration (EX_USAGE)
+    DATA = 65  # an input file is corrupt, truncated or not what it claims to be (EX_DATAERR)
     UNAVAILABLE = 69  # an explicitly requested method is not available here (EX_UNAVAILABLE)
     SOFTWARE = 70  # internal error in jpwr (EX_SOFTWARE)
     CANT_CREATE = 73  # output directory cannot be created or written (EX_CANTCREAT)
+    IO = 74  # reading or writing a file failed (EX_IOERR), e.g. a full disk
+    NOT_EXECUTABLE = 126  # the wrapped command exists but cannot be executed (as a shell says)
     NO_COMMAND = 127  # the wrapped command was not found
 
 
@@ -43,6 +50,12 @@ class ValidationError(JpwrError):
         super().__init__(f"{self.problem}. Fix: {fix}")
 
 
+class FormatError(ValidationError):
+    """An input file that cannot be read as what it should be: names the file, the defect and the fix."""
+
+    exit_code = ExitCode.DATA
+
+
 class MethodUnavailableError(JpwrError):
     """An explicitly requested measurement method cannot run on this machine."""
 
@@ -55,11 +68,51 @@ class OutputDirError(JpwrError):
     exit_code = ExitCode.CANT_CREATE
 
 
-def exit_code_of(prog: str, command: Callable[[], int]) -> int:
-    """Run one CLI command; a JpwrError (raised before any device work) becomes "<prog>: error: ..." on
-    stderr and its own exit code, so every joulebench command reports bad input the same way."""
+def take_debug_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """Remove `--debug` from a command line (before a `--`: what follows belongs to a wrapped command)."""
+    args = list(argv)
+    end = args.index("--") if "--" in args else len(args)
+    if DEBUG_FLAG in args[:end]:
+        args.remove(DEBUG_FLAG)
+        return True, args
+    return False, args
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for a failed file operation: what failed, on which file, and what to do about it."""
+    where = f" {exc.filename}" if exc.filename else ""
+    fixes = {
+        errno.ENOSPC: "free space on that file system, or write the output elsewhere (--out / --out-dir)",
+        errno.EDQUOT: "free quota on that file system, or write the output elsewhere (--out / --out-dir)",
+        errno.EACCES: "check the permissions of that path, or choose another one",
+        errno.EPERM: "check the permissions of that path, or choose another one",
+        errno.ENOENT: "check the path: it (or its directory) does not exist",
+        errno.EROFS: "that file system is read-only: write the output elsewhere",
+    }
+    fix = fixes.get(exc.errno or 0, "check the path and the file system")
+    return f"{exc.strerror or exc}:{where}. Fix: {fix}"
+
+
+def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False) -> int:
+    """Run one CLI command behind the one error boundary every joulebench command shares.
+
+    A JpwrError (bad input, raised before any device work) and an OSError (a full disk, a missing
+    file) become one line "<prog>: error: ..." on stderr with their sysexits code; anything else is
+    an internal error (70). `--debug` (debug=True) adds the traceback.
+    """
     try:
         return int(command())
     except JpwrError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+        return _report(prog, str(exc), int(exc.exit_code), debug)
+    except OSError as exc:
+        return _report(prog, os_error_message(exc), int(ExitCode.IO), debug)
+    except Exception as exc:
+        return _report(prog, f"internal error: {type(exc).__name__}: {exc} (run again with --debug for the "
+                             "traceback, and please report it)", int(ExitCode.SOFTWARE), debug)
+
+
+def _report(prog: str, message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code

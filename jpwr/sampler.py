@@ -21,13 +21,14 @@ from typing import Any
 
 from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
+from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
 from jpwr.energy import WindowEnergy
-from jpwr.errors import MethodUnavailableError, OutputDirError
+from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
-from jpwr.trace import TRACE_FILE, SegmentWriter, TraceData, write_hdf5
+from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
@@ -117,6 +118,7 @@ class Sampler:
         self._data = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
         self._writer = SegmentWriter(self.node_dir)
         self._stopped = False
 
@@ -288,43 +290,66 @@ class Sampler:
 
     # --- stop -------------------------------------------------------------------------------
     def stop(self) -> dict[str, Any]:
-        """Stop polling, flush, assemble the HDF5 trace and write the node summary. Idempotent."""
+        """Stop polling, flush, assemble the HDF5 trace and write the node summary. Idempotent.
+
+        Backends are closed even when a write fails (a full disk): the caller still has the
+        measurement in memory (`in_memory_summary`) and can print it.
+        """
         if self._stopped:
             return json.loads((self.node_dir / SUMMARY_FILE).read_text())
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        spans = spans_from_marks(self.marks)
-        if spans:
-            self._settle_after(max(s.t1_ns for s in spans.values()))
-        self.read_counters()
-        self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
-        with self._data:
-            self._writer.close()
-        trace = self.trace()
-        windows = {}
-        for name, span in spans.items():
-            energy = window_energy(trace, span, self.interval_s, self.node, self.unavailable)
-            windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
-                             "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
-        trace_error = None
         try:
-            write_hdf5(self.node_dir / TRACE_FILE, trace)
-            trace_file: str | None = TRACE_FILE
-        except Exception as exc:  # the segments stay readable; never lose the summary over HDF5
-            trace_file, trace_error = None, repr(exc)
-        summary = {
-            "schema": "jpwr.summary/1", "kind": "node", "run_id": self.run_id, "node": self.node,
-            "finished_at": utc_now(), "info": self.info(), "missed_ticks": self.missed_ticks,
-            "domains": [d.to_dict() for d in self.domains], "sensors": [s.to_dict() for s in self.sensors],
-            "trace_file": trace_file, "trace_error": trace_error, "windows": windows,
-        }
-        write_json_atomic(self.node_dir / SUMMARY_FILE, summary)
-        for backend in self.backends:
-            with contextlib.suppress(Exception):
-                backend.close()
-        self._stopped = True
+            spans = spans_from_marks(self.marks)
+            if spans:
+                self._settle_after(max(s.t1_ns for s in spans.values()))
+            self.read_counters()
+            self._clock_pairs.append((self.clock.wall_ns(), self.clock.monotonic_ns()))
+            with self._data:
+                self._writer.close()
+            summary = self.in_memory_summary()
+            if self._writer.error is not None:
+                # The file system refused a write already; libhdf5 does not survive a failing write (it can
+                # crash the process), so the summary alone is attempted and the segments hold what was written.
+                summary["trace_error"] = f"segments stopped: {os_error_message(self._writer.error)}"
+            else:
+                try:
+                    write_hdf5(self.node_dir / TRACE_FILE, self.trace())
+                    summary["trace_file"] = TRACE_FILE
+                except Exception as exc:  # the segments stay readable; never lose the summary over HDF5
+                    summary["trace_error"] = repr(exc)
+            write_json_atomic(self.node_dir / SUMMARY_FILE, summary)
+        finally:
+            for backend in self.backends:
+                with contextlib.suppress(Exception):
+                    backend.close()
+            self._stopped = True
+            self._claim.close()  # the directory now holds a finished trace, which keeps later runs out
         return summary
+
+    def in_memory_summary(self) -> dict[str, Any]:
+        """The node summary from what this process holds, written nowhere (trace_file still unset)."""
+        return summarize_trace(self.trace(), self.interval_s, missed_ticks=self.missed_ticks)
+
+
+def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | None = None) -> dict[str, Any]:
+    """A node summary (jpwr.summary/1) from a node's trace: the sampler's at its stop, combine's for a
+    node whose sampler was killed before writing one (from its segments)."""
+    info = trace.info
+    node = str(info.get("node"))
+    unavailable = list(info.get("unavailable", []))
+    windows = {}
+    for name, span in spans_from_marks(trace.marks).items():
+        energy = window_energy(trace, span, interval_s, node, unavailable)
+        windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
+                         "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
+    return {
+        "schema": "jpwr.summary/1", "kind": "node", "run_id": info.get("run_id"), "node": node,
+        "finished_at": utc_now(), "info": info, "missed_ticks": missed_ticks,
+        "domains": [d.to_dict() for d in trace.domains], "sensors": [s.to_dict() for s in trace.sensors],
+        "trace_file": None, "trace_error": None, "windows": windows,
+    }
 
 
 def _with_cost(sensor: Sensor, cost: float) -> Sensor:
@@ -339,8 +364,7 @@ class SocketServer:
     def __init__(self, sampler: Sampler, addr: str) -> None:
         self.sampler = sampler
         self.addr = addr
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(addr)
+        claim_socket(addr)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(addr)
         self._sock.settimeout(0.2)
@@ -363,6 +387,10 @@ class SocketServer:
                 continue
             if msg.get("type") == "mark":
                 self.sampler.add_mark(Mark.from_dict(msg))
+            elif msg.get("type") == "who" and peer:
+                who = {"type": "who", "pid": os.getpid(), "node": self.sampler.node, "run_id": self.sampler.run_id}
+                with contextlib.suppress(OSError):
+                    self._sock.sendto(json.dumps(who).encode(), peer)
             elif msg.get("type") == "query" and peer:
                 # Answer from a worker thread: settling waits for the counter, marks keep flowing.
                 threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()

@@ -7,7 +7,9 @@ The same reader serves the HDF5 file and bare segments, so a killed run is still
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Iterable
@@ -18,6 +20,7 @@ import numpy as np
 
 from jpwr.channel import Mark
 from jpwr.domains import Domain, MetricReading, Reading, Sensor, Status
+from jpwr.errors import FormatError
 
 SEGMENT_DIR = "segments"
 TRACE_FILE = "trace.h5"
@@ -26,7 +29,11 @@ STATUS_CODES = {s: i for i, s in enumerate(Status)}
 
 
 class SegmentWriter:
-    """Writes readings, metrics and marks as JSON lines; rotates files so none grows unbounded."""
+    """Writes readings, metrics and marks as JSON lines; rotates files so none grows unbounded.
+
+    A write that fails (a full disk) must not stop the sampling thread: the first error is kept
+    in `error`, later rows are not written, and the sampler still holds every reading in memory.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory / SEGMENT_DIR
@@ -34,6 +41,7 @@ class SegmentWriter:
         self._index = len(list(self.directory.glob("seg-*.jsonl")))
         self._rows = 0
         self._handle: TextIO | None = None
+        self.error: OSError | None = None
 
     def _file(self) -> TextIO:
         if self._handle is None or self._rows >= ROWS_PER_SEGMENT:
@@ -45,7 +53,13 @@ class SegmentWriter:
         return self._handle
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file().write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.error is not None:
+            return
+        try:
+            self._file().write(json.dumps(record, separators=(",", ":")) + "\n")
+        except OSError as exc:
+            self.error = exc
+            return
         self._rows += 1
 
     def header(self, domains: Iterable[Domain], sensors: Iterable[Sensor], info: dict[str, Any]) -> None:
@@ -63,15 +77,20 @@ class SegmentWriter:
         self.write({"k": "mark", **m.to_dict()})
 
     def flush(self, sync: bool = False) -> None:
-        if self._handle is not None:
+        if self._handle is None or self.error is not None:
+            return
+        try:
             self._handle.flush()
             if sync:
                 os.fsync(self._handle.fileno())
+        except OSError as exc:
+            self.error = exc
 
     def close(self) -> None:
         if self._handle is not None:
             self.flush(sync=True)
-            self._handle.close()
+            with contextlib.suppress(OSError):  # a full disk: the error is already in self.error
+                self._handle.close()
             self._handle = None
 
 
@@ -205,6 +224,18 @@ def _column(group: Any, name: str, values: np.ndarray) -> None:
 
 
 def read_hdf5(path: Path) -> TraceData:
+    """Load a trace file; one that is truncated or not a jpwr trace is a FormatError naming the file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(errno.ENOENT, "no such trace file", str(path))
+    try:
+        return _read_hdf5(path)
+    except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
+        raise FormatError(f"{path} is not a readable jpwr trace ({type(exc).__name__}: {exc})",
+                          "use the trace.h5 a sampler wrote; a node directory's segments/ can be read instead "
+                          "(pass the node directory)") from None
+
+
+def _read_hdf5(path: Path) -> TraceData:
     import h5py
 
     statuses = list(Status)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, exit_code_of
+from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.presets import ModelPreset
 
@@ -58,6 +59,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
     handlers = {"run": _run, "validate": _validate}
-    return exit_code_of("llm_inference", lambda: handlers[args.command](args))
+    return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug)

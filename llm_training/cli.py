@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, exit_code_of
+from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
 
@@ -98,6 +98,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
     handlers = {"train": _train, "validate": _validate, "preprocess": _preprocess}
-    return exit_code_of("llm_training", lambda: handlers[args.command](args))
+    return exit_code_of("llm_training", lambda: handlers[args.command](args), debug)

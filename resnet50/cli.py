@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from joulebench.launch import LaunchEnv
-from jpwr.errors import ValidationError, exit_code_of
+from jpwr.errors import ValidationError, exit_code_of, take_debug_flag
 from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
 
@@ -99,7 +99,8 @@ def make_data(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
 
     def command() -> int:
         if args.command == "train":
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return validate(args)
         return make_data(args)
 
-    return exit_code_of("resnet50", command)  # ValidationError (64), OutputDirError (73)
+    return exit_code_of("resnet50", command, debug)  # ValidationError (64), OutputDirError (73), OSError (74)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, exit_code_of
+from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 
 # verb -> (module with main(argv), one-line summary)
 VERBS = {
@@ -30,7 +30,7 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    debug, args = take_debug_flag(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return ExitCode.OK if args else ExitCode.USAGE
@@ -40,4 +40,4 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return ExitCode.USAGE
     module = importlib.import_module(VERBS[verb][0])
-    return exit_code_of(f"joulebench {verb}", lambda: module.main(rest))
+    return exit_code_of(f"joulebench {verb}", lambda: module.main(rest), debug)

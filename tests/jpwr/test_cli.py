@@ -71,8 +71,26 @@ def test_own_errors_have_distinct_exit_codes(h100_env, tmp_path, args, code, tex
 
 def test_child_exit_code_and_signal_pass_through(h100_env, tmp_path):
     assert run(["--out", "o", "--", "sh", "-c", "exit 3"], h100_env, tmp_path).returncode == 3
-    killed = run(["--out", "o", "--", "sh", "-c", "kill -TERM $$"], h100_env, tmp_path)
+    killed = run(["--out", "o2", "--", "sh", "-c", "kill -TERM $$"], h100_env, tmp_path)
     assert killed.returncode == 128 + signal.SIGTERM
+
+
+def test_a_second_run_into_one_out_directory_is_refused_and_the_first_kept(h100_env, tmp_path):
+    assert run(["--out", "o", "--", "true"], h100_env, tmp_path).returncode == 0
+    first = (tmp_path / "o").rglob("summary.json").__next__().read_text()
+    second = run(["--out", "o", "--", "touch", "ran"], h100_env, tmp_path)
+    assert second.returncode == ExitCode.CANT_CREATE
+    assert "already holds the trace of run" in second.stderr and "Fix: give this run another --out" in second.stderr
+    assert not (tmp_path / "ran").exists()
+    assert (tmp_path / "o").rglob("summary.json").__next__().read_text() == first
+
+
+def test_a_command_that_is_not_executable_is_named(h100_env, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    result = run(["--out", "o", "--", str(script)], h100_env, tmp_path)
+    assert result.returncode == ExitCode.NOT_EXECUTABLE
+    assert "command not executable" in result.stderr and "chmod +x" in result.stderr
 
 
 def test_wrapped_command_on_replayed_h100_gets_counter_energy(h100_env, tmp_path):
@@ -183,3 +201,95 @@ def test_moved_analysis_verbs_forward_to_joulebench_and_say_so(no_gpu_env, tmp_p
         assert result.returncode == 0, result.stderr
         assert f"`jpwr {verb}` moved to `joulebench {verb}`" in result.stderr
         assert f"usage: joulebench {verb}" in result.stdout
+
+
+def test_a_second_sampler_on_a_live_socket_is_refused_with_the_first_ones_pid(h100_env, tmp_path):
+    first = _serve(h100_env, tmp_path / "o", tmp_path, "n1")
+    env = dict(h100_env, JPWR_ADDR=str(tmp_path / "s-{node}.sock"), JPWR_NODE_NAME="n1", JPWR_RUN_ID="job2")
+    second = run(["serve", "--out", str(tmp_path / "other")], env, tmp_path, timeout=60)
+    assert second.returncode == ExitCode.USAGE
+    assert f"served by a running jpwr sampler (pid {first.pid}, node n1, run job1)" in second.stderr
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0
+
+
+def test_a_stale_socket_is_reclaimed_and_bad_socket_paths_are_named(h100_env, tmp_path):
+    import socket
+
+    stale = tmp_path / "s-n1.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as dead:
+        dead.bind(str(stale))  # bound, then closed without unlinking: what a killed sampler leaves
+    proc = _serve(h100_env, tmp_path / "o", tmp_path, "n1")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "reclaimed the stale socket" in err
+    for addr, text in ((str(tmp_path / ("x" * 120) / "{node}.sock"), "more than the 107"),
+                       (str(tmp_path / "missing" / "{node}.sock"), "does not exist")):
+        result = run(["serve", "--out", str(tmp_path / "o2"), "--addr", addr], h100_env, tmp_path, timeout=60)
+        assert result.returncode == ExitCode.USAGE and text in result.stderr and "Fix:" in result.stderr
+
+
+def _two_runs(h100_env, tmp_path: Path) -> Path:
+    """Node n1 of run job1 and node n2 of run job2 in one directory, each with a steady window."""
+    out = tmp_path / "o"
+    for node, run_id in (("n1", "job1"), ("n2", "job2")):
+        env = dict(h100_env, JPWR_NODE_NAME=node, JPWR_RUN_ID=run_id)
+        result = subprocess.run([*JPWR, "--out", str(out), "--", sys.executable, "-c", "import time; time.sleep(1)"],
+                                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_combine_refuses_nodes_of_different_runs_unless_one_is_chosen(h100_env, tmp_path):
+    out = _two_runs(h100_env, tmp_path)
+    mixed = run(["combine", str(out)], h100_env, tmp_path)
+    assert mixed.returncode == ExitCode.USAGE
+    assert "node summaries of 2 runs (job1: n1; job2: n2)" in mixed.stderr and "--run-id" in mixed.stderr
+    chosen = run(["combine", str(out), "--run-id", "job2"], h100_env, tmp_path)
+    assert chosen.returncode == 0, chosen.stderr
+    assert json.loads((out / "summary.json").read_text())["nodes"] == ["n2"]
+
+
+def test_combine_recovers_a_killed_node_and_refuses_a_partial_sum(h100_env, tmp_path):
+    out = tmp_path / "o"
+    nodes = {n: _serve(h100_env | {"JPWR_FAKE_NVML_DEVICES": "1"}, out, tmp_path, n) for n in ("n1", "n2")}
+    for node in nodes:
+        env = dict(h100_env, JPWR_ADDR=str(tmp_path / "s-{node}.sock"), JPWR_NODE_NAME=node)
+        subprocess.run([sys.executable, "-c", RANK_SCRIPT], env=env, check=True, timeout=120, capture_output=True)
+    time.sleep(1.2)  # segments are flushed every second
+    nodes["n1"].send_signal(signal.SIGTERM)
+    nodes["n1"].wait(timeout=60)
+    os.kill(nodes["n2"].pid, signal.SIGKILL)  # n2 leaves segments and no summary
+    nodes["n2"].wait(timeout=60)
+    result = run(["combine", str(out), "--run-id", "job1"], h100_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "node n2 had no summary" in result.stderr
+    combined = json.loads((out / "summary.json").read_text())
+    assert combined["nodes"] == ["n1", "n2"] and combined["recovered_nodes"] == ["n2"]
+    steady = combined["windows"]["steady"]["energy"]
+    assert steady["energy_j"] is not None and any("recovered from its segments" in w for w in steady["warnings"])
+    # Slurm said three nodes: two traces are not the run's energy
+    short = run(["combine", str(out), "--run-id", "job1"], {**h100_env, "SLURM_JOB_NUM_NODES": "3"}, tmp_path)
+    assert short.returncode == 0 and "only 2 of 3 nodes" in short.stderr
+    steady = json.loads((out / "summary.json").read_text())["windows"]["steady"]["energy"]
+    assert steady["energy_j"] is None and "only 2 of 3 nodes" in steady["unavailable_reason"]
+
+
+@pytest.mark.parametrize(("limit", "says"), [
+    (20_000, "the trace was not saved completely: segments stopped: File too large"),  # summary still fits
+    (2_000, "could not write the results: File too large"),  # not even the summary fits
+])
+def test_a_full_disk_keeps_the_commands_exit_code_and_prints_the_energy(h100_env, tmp_path, limit, says):
+    """Writes past RLIMIT_FSIZE fail with EFBIG (Python ignores SIGXFSZ), as writes to a full disk fail."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    result = subprocess.run([*JPWR, "--out", "o", "--interval", "20", "--", "sh", "-c", "sleep 2; exit 5"],
+                            env=h100_env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            preexec_fn=small_files)
+    assert result.returncode == 5, result.stderr
+    assert "Traceback" not in result.stderr
+    assert says in result.stderr
+    assert "jpwr: window command:" in result.stderr and " J (" in result.stderr  # measured, and printed

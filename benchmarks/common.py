@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 
@@ -36,3 +37,76 @@ def split_at_double_dash(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     return argv[:split], argv[split + 1:]
+
+
+class CounterPoller:
+    """An independent reference: NVML's energy counter read by a thread of this process, no jpwr code involved.
+
+    Reads every device's `nvmlDeviceGetTotalEnergyConsumption` back to back (a read costs ~4 ms on the
+    H100 VMs), each stamped with CLOCK_MONOTONIC before and after, the clock the run record's window
+    edges use on the same host. `energy_j` interpolates the counter at two instants: each new value
+    becomes a knot midway between the read that first showed it and the read before; between knots
+    the counter is taken as linear. Its own uncertainty (the knots' half-widths times the power there)
+    is returned beside the energy.
+    """
+
+    def __init__(self, uuids: Sequence[str] | None = None, gap_s: float = 0.002) -> None:
+        import threading
+
+        import pynvml
+
+        self._nv = pynvml
+        pynvml.nvmlInit()
+        if uuids is None:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        self.handles = {uuid: pynvml.nvmlDeviceGetHandleByUUID(uuid) for uuid in uuids}
+        self.reads: dict[str, list[tuple[int, int, int]]] = {uuid: [] for uuid in self.handles}  # t0, t1, mJ
+        self.gap_s = gap_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="independent-counter", daemon=True)
+
+    def _loop(self) -> None:
+        import time
+
+        while not self._stop.is_set():
+            for uuid, handle in self.handles.items():
+                t0 = time.monotonic_ns()
+                value = self._nv.nvmlDeviceGetTotalEnergyConsumption(handle)
+                self.reads[uuid].append((t0, time.monotonic_ns(), int(value)))
+            self._stop.wait(self.gap_s)
+
+    def __enter__(self) -> CounterPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def energy_j(self, t0_ns: int, t1_ns: int, uuids: Sequence[str] | None = None) -> tuple[float, float]:
+        """(energy over [t0, t1] summed over the devices, its uncertainty), both in J."""
+        total = uncertainty = 0.0
+        for uuid in uuids or list(self.reads):
+            knots_t, knots_e, halves = [], [], []
+            reads = self.reads[uuid]
+            for (a0, a1, ea), (b0, b1, eb) in itertools.pairwise(reads):
+                if eb != ea:
+                    mid_a, mid_b = (a0 + a1) / 2, (b0 + b1) / 2
+                    knots_t.append((mid_a + mid_b) / 2)
+                    knots_e.append(eb / 1000.0)
+                    halves.append((mid_b - mid_a) / 2)
+            if len(knots_t) < 2 or not knots_t[0] <= t0_ns < t1_ns <= knots_t[-1]:
+                raise ValueError(f"the independent counter reads of {uuid} do not span the window")
+            for t, sign in ((t0_ns, -1.0), (t1_ns, 1.0)):
+                j = max(i for i, k in enumerate(knots_t) if k <= t)
+                j = min(j, len(knots_t) - 2)
+                f = (t - knots_t[j]) / (knots_t[j + 1] - knots_t[j])
+                total += sign * (knots_e[j] + f * (knots_e[j + 1] - knots_e[j]))
+                power = (knots_e[j + 1] - knots_e[j]) / ((knots_t[j + 1] - knots_t[j]) / 1e9)
+                uncertainty += power * max(halves[j], halves[j + 1]) / 1e9
+        return total, uncertainty
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

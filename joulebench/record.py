@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr.energy import Window, WindowEnergy
+from jpwr.energy import J_PER_WH, Window, WindowEnergy
 from jpwr.errors import FormatError
 from jpwr.output import fmt, utc_now, write_json_atomic
 
@@ -73,6 +73,10 @@ def steady_metrics(
         "energy_unavailable_reason": (energy.unavailable_reason if energy else "no energy measured"),
         "energy_devices": energy.devices if energy else None,
         "energy_warning": _device_mismatch(energy, devices),
+        "idle_power_w": window.split.idle_power_w if window.split else None,
+        "dynamic_energy_wh": (window.split.dynamic_j / J_PER_WH
+                              if window.split and window.split.dynamic_j is not None else None),
+        "dynamic_energy_error_bound_j": window.split.dynamic_bound_j if window.split else None,
     }
 
 

@@ -55,6 +55,8 @@ class Channel(Protocol):
 
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]: ...
 
+    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -78,19 +80,28 @@ class SocketChannel:
         with contextlib.suppress(BlockingIOError, FileNotFoundError, ConnectionRefusedError):
             self._sock.sendto(payload, self.addr)
 
-    def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
-        request = json.dumps({"type": "query", "names": list(names), "pid": os.getpid()}).encode()
+    def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send a request and wait for the sampler's reply; raises OSError/TimeoutError when it does not answer."""
         self._sock.setblocking(True)
         self._sock.settimeout(timeout_s)
         try:
-            self._sock.sendto(request, self.addr)
-            data = self._sock.recv(MAX_DATAGRAM * 16)
-        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
-            return {name: {"unavailable_reason": f"sampler at {self.addr} did not answer: {exc}"} for name in names}
+            self._sock.sendto(json.dumps({**request, "pid": os.getpid()}).encode(), self.addr)
+            return dict(json.loads(self._sock.recv(MAX_DATAGRAM * 16)))
         finally:
             self._sock.setblocking(False)
-        reply = json.loads(data)
+
+    def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+        try:
+            reply = self._ask({"type": "query", "names": list(names)}, timeout_s)
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
+            return {name: {"unavailable_reason": f"sampler at {self.addr} did not answer: {exc}"} for name in names}
         return dict(reply.get("windows", {}))
+
+    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]:
+        try:
+            return dict(self._ask({"type": "live", "span_s": span_s}, timeout_s).get("live", {}))
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
+            return {"span_s": span_s, "devices": [], "reason": f"sampler at {self.addr} did not answer: {exc}"}
 
     def close(self) -> None:
         self._sock.close()

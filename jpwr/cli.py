@@ -5,6 +5,7 @@
     jpwr combine DIR [--run-id ID]                        # merge node summaries of one run
     jpwr info                                             # sensors, signals, read cost, update period
     jpwr selftest                                         # periodic GPU load vs. the sensors (aliasing check)
+    jpwr qualify METER_A METER_B                          # a meter against a reference, MLPerf-style (5 windows)
 
 Reports and trace plots moved to `joulebench report` / `joulebench plot` (analysis is not the
 meter's job); `jpwr report` and `jpwr plot` forward there until the next minor release.
@@ -30,7 +31,7 @@ from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.output import fmt
 
-SUBCOMMANDS = ("serve", "combine", "info", "selftest")
+SUBCOMMANDS = ("serve", "combine", "info", "selftest", "qualify")
 MOVED_VERBS = ("plot", "report")  # now `joulebench VERB`; forwarded until the next minor release
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -201,6 +202,8 @@ def cmd_combine(argv: Sequence[str]) -> int:
         print(f"{name}: nodes={len(result['nodes'])} devices={e['devices']} energy_J={fmt(e['energy_j'], 6)} "
               f"energy_Wh={fmt(e['energy_wh'], 5)} method={e['method'] or 'n/a'} "
               f"{'reason=' + e['unavailable_reason'] if e['unavailable_reason'] else ''}".rstrip())
+        for warning in e["warnings"]:
+            print(f"{name}:   warning: {warning}")
     return ExitCode.OK
 
 
@@ -221,6 +224,12 @@ def cmd_selftest(argv: Sequence[str]) -> int:
     return selftest_main(argv)
 
 
+def cmd_qualify(argv: Sequence[str]) -> int:
+    from jpwr.qualify import main as qualify_main
+
+    return qualify_main(argv)
+
+
 def cmd_moved(verb: str, argv: Sequence[str]) -> int:
     """Forward a verb that moved to `joulebench` (a separate process: the meter imports nothing of the analysis)."""
     print(f"jpwr: `jpwr {verb}` moved to `joulebench {verb}`; this alias goes in the next minor release",
@@ -230,7 +239,8 @@ def cmd_moved(verb: str, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     debug, args = take_debug_flag(sys.argv[1:] if argv is None else argv)
-    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest}
+    handlers = {"serve": cmd_serve, "combine": cmd_combine, "info": cmd_info, "selftest": cmd_selftest,
+                "qualify": cmd_qualify}
     if args and args[0] in MOVED_VERBS:
         return cmd_moved(args[0], args[1:])
     if args and args[0] in handlers:

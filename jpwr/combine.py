@@ -1,7 +1,8 @@
 """Merge the per-node summaries of one run into one run-level summary without double counting.
 
 Nodes are found by run id in one directory (DIR/<node>/summary.json). A device whose UUID
-appears in two node summaries (two samplers on one host) is counted once, with a warning.
+appears in two node summaries (two samplers on one host) is counted once, with a warning naming
+the nodes and the fix (jpwr.energy.combine_energies, the same sum the drivers use).
 A node whose sampler was killed before writing its summary is recovered from its segments.
 Nodes of another run are never added in, and a run with fewer nodes than expected has no
 combined energy (a partial sum would under-report silently): it says which nodes reported.
@@ -79,33 +80,6 @@ def expected_nodes_from(environ: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
-def _drop_duplicate_devices(energies: list[dict[str, WindowEnergy]], nodes: list[str]) -> None:
-    """Remove devices already counted on an earlier node from later nodes' totals, naming both nodes."""
-    seen: dict[tuple[str, str], str] = {}
-    for node, per_window in zip(nodes, energies, strict=True):
-        for name, energy in per_window.items():
-            keep, dropped = [], []
-            for dev in energy.per_device:
-                uuid = dev.get("uuid")
-                (dropped if uuid and (name, uuid) in seen else keep).append(dev)
-                if uuid:
-                    seen.setdefault((name, uuid), node)
-            if not dropped or energy.energy_j is None:
-                continue
-            energy.energy_j -= sum(float(d["energy_j"] or 0.0) for d in dropped)
-            if energy.mean_power_w is not None:
-                energy.mean_power_w -= sum(float(d["mean_power_w"] or 0.0) for d in dropped)
-            energy.error_bound_j = (energy.error_bound_j or 0.0) - sum(float(d["error_bound_j"] or 0.0)
-                                                                        for d in dropped)
-            energy.devices -= len(dropped)
-            energy.per_device = keep
-            first = sorted({seen[(name, d['uuid'])] for d in dropped})
-            energy.warnings.append(
-                f"devices {[d['uuid'] for d in dropped]} were metered by the samplers of nodes {', '.join(first)} and "
-                f"{node}: counted once. Fix: restrict each node's sampler to its own devices (CUDA_VISIBLE_DEVICES "
-                "or the scheduler's GPU binding), or run one sampler per physical host")
-
-
 def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int | None = None) -> dict[str, Any]:
     summaries = node_summaries(directory, run_id)
     nodes = [str(s["node"]) for s in summaries]
@@ -113,7 +87,6 @@ def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int 
         {name: WindowEnergy.from_dict(w["energy"]) for name, w in s["windows"].items()}
         for s in summaries
     ]
-    _drop_duplicate_devices(per_node, nodes)
     combined = combine_energies(per_node)
     partial = None
     if expected_nodes is not None and len(summaries) < expected_nodes:

@@ -136,3 +136,15 @@ def job_devices(vendor: str = "nvidia", env: Mapping[str, str] | None = None) ->
         if var in env:
             return DeviceSelection(_parse_slurm(var, env[var]), var)
     return DeviceSelection(None, "all")
+
+
+def empty_selection(env: Mapping[str, str] | None = None) -> str | None:
+    """Why this node meters no accelerators on purpose, or None: the job's device selection is empty for
+    every vendor (e.g. CUDA_VISIBLE_DEVICES="" or Slurm's NoDevFiles). That is a node that meters
+    nothing, not a sensor that failed."""
+    env = os.environ if env is None else env
+    selections = [job_devices(vendor, env) for vendor in ("nvidia", "amd")]
+    if any(s.selectors is None or s.selectors for s in selections):
+        return None
+    sources = sorted({s.source for s in selections})
+    return "its device selection is empty (" + ", ".join(f"{v}={env.get(v, '')!r}" for v in sources) + ")"

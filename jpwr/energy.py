@@ -29,6 +29,9 @@ class WindowEnergy:
     per_device: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     other_domains: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # CPU/DRAM/module, never in total
     nodes: list[str] = dataclasses.field(default_factory=list)
+    # True for a node whose device selection is empty (e.g. CUDA_VISIBLE_DEVICES=""): it metered nothing on
+    # purpose, so a sum over nodes skips it instead of calling the whole window unavailable.
+    metered_nothing: bool = False
 
     @property
     def energy_wh(self) -> float | None:
@@ -67,6 +70,8 @@ class Window:
     t_end_ns: int
     work: dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. {"tokens": 1.2e6, "samples": 600}
     energy: WindowEnergy | None = None
+    end_reason: str | None = None  # why the window ended where it did (planned length reached, stop request...)
+    split: EnergySplit | None = None  # idle and dynamic parts of `energy` (split_energy)
 
     @property
     def steps(self) -> int:
@@ -81,24 +86,148 @@ class Window:
             "name": self.name, "first_step": self.first_step, "last_step": self.last_step,
             "steps": self.steps, "t_start_ns": self.t_start_ns, "t_end_ns": self.t_end_ns,
             "duration_s": self.duration_s, "work": dict(self.work),
-            "energy": None if self.energy is None else self.energy.to_dict(),
+            "energy": None if self.energy is None else self.energy.to_dict(), "end_reason": self.end_reason,
+            "energy_split": None if self.split is None else self.split.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Window:
         energy = data.get("energy")
+        split = data.get("energy_split")
         return cls(
             name=data["name"], first_step=data["first_step"], last_step=data["last_step"],
             t_start_ns=data["t_start_ns"], t_end_ns=data["t_end_ns"], work=dict(data.get("work", {})),
-            energy=None if energy is None else WindowEnergy.from_dict(energy),
+            energy=None if energy is None else WindowEnergy.from_dict(energy), end_reason=data.get("end_reason"),
+            split=None if split is None else EnergySplit.from_dict(split),
         )
+
+
+@dataclasses.dataclass
+class IdleBaseline:
+    """Power of the job's devices while idle, measured before the first window, and how settled they were.
+
+    "Idle" is the devices with the benchmark's process holding them (framework context open, model in
+    memory) and no work queued: what a window would cost if the device did nothing. Settling (waiting
+    until power and temperature stop moving, bounded) makes a hot device from a previous job cool down
+    first; whether it settled, and after how long, is stated.
+    """
+
+    power_w: float | None
+    error_bound_w: float | None
+    devices: int
+    duration_s: float | None = None
+    method: str | None = None
+    settled: bool | None = None  # None: no settling was attempted (no sampler)
+    settle_wait_s: float | None = None
+    settle_note: str | None = None
+    unavailable_reason: str | None = None
+    nodes: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> IdleBaseline:
+        return cls(None, None, 0, unavailable_reason=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IdleBaseline:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass
+class EnergySplit:
+    """A window's energy as idle (idle power × duration) plus dynamic (the rest), each with its bound."""
+
+    idle_j: float | None
+    idle_bound_j: float | None
+    dynamic_j: float | None
+    dynamic_bound_j: float | None
+    idle_power_w: float | None
+    unavailable_reason: str | None = None
+
+    @classmethod
+    def unavailable(cls, reason: str) -> EnergySplit:
+        return cls(None, None, None, None, None, reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EnergySplit:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def split_energy(energy: WindowEnergy | None, duration_s: float, idle: IdleBaseline | None) -> EnergySplit:
+    """Idle part = idle power × duration, dynamic part = window energy − idle part.
+
+    Bounds add: the idle part carries the baseline's power bound over the whole window, the dynamic
+    part that plus the window's own bound. Unknown energy or idle power gives None parts with the reason
+    (never a 0), as does a baseline over other devices than the window's.
+    """
+    if idle is None:
+        return EnergySplit.unavailable("no idle baseline was measured")
+    if idle.power_w is None:
+        return EnergySplit.unavailable(f"idle power unknown: {idle.unavailable_reason}")
+    if energy is None or energy.energy_j is None:
+        reason = energy.unavailable_reason if energy else "no energy measured"
+        return EnergySplit.unavailable(f"window energy unknown: {reason}")
+    if energy.devices != idle.devices:
+        return EnergySplit.unavailable(f"idle baseline covers {idle.devices} devices, the window {energy.devices}")
+    idle_j = idle.power_w * duration_s
+    idle_bound = (idle.error_bound_w or 0.0) * duration_s
+    return EnergySplit(idle_j, idle_bound, energy.energy_j - idle_j, (energy.error_bound_j or 0.0) + idle_bound,
+                       idle.power_w)
+
+
+def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnergy], list[str]]:
+    """Drop a device (by UUID) from every node after the first that metered it, with a warning naming them.
+
+    Two samplers that see the same device (two `jpwr serve` on one host, or a device selection that
+    overlaps) would otherwise add its energy twice.
+    """
+    first_node: dict[str, str] = {}
+    repeats: dict[str, list[str]] = {}
+    kept = []
+    for part in parts:
+        keep, dropped = [], []
+        for dev in part.per_device:
+            uuid = dev.get("uuid")
+            node = str(dev.get("node") or ",".join(part.nodes) or "?")
+            if uuid and uuid in first_node:
+                dropped.append(dev)
+                repeats.setdefault(uuid, [first_node[uuid]]).append(node)
+                continue
+            if uuid:
+                first_node[uuid] = node
+            keep.append(dev)
+        if dropped:
+            part = dataclasses.replace(
+                part, per_device=keep, devices=part.devices - len(dropped),
+                energy_j=(part.energy_j - sum(float(d["energy_j"] or 0.0) for d in dropped)
+                          if part.energy_j is not None else None),
+                mean_power_w=(part.mean_power_w - sum(float(d["mean_power_w"] or 0.0) for d in dropped)
+                              if part.mean_power_w is not None else None),
+                error_bound_j=(part.error_bound_j - sum(float(d["error_bound_j"] or 0.0) for d in dropped)
+                               if part.error_bound_j is not None else None))
+        kept.append(part)
+    warnings = [
+        f"device {uuid} was metered by the samplers of nodes {', '.join(nodes)}: counted once, on node {nodes[0]}. "
+        "Fix: run one sampler per host (one `jpwr serve` per node, distinct JPWR_NODE_NAME only across hosts), or "
+        "give each sampler its own devices (CUDA_VISIBLE_DEVICES / Slurm GPU binding)"
+        for uuid, nodes in repeats.items()]
+    return kept, warnings
 
 
 def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str, WindowEnergy]:
     """Sum one window's energy over nodes: energy, power, devices and bounds add; coverage is device-weighted.
 
-    A window missing or unavailable on any node makes the total unavailable (a partial sum would
-    silently under-report), with every node's reason kept.
+    Each device is counted once (by UUID), with a warning naming the nodes that both metered it. A node
+    that metered nothing on purpose (empty device selection) is skipped and named. A window missing or
+    unavailable on any other node makes the total unavailable (a partial sum would silently under-report),
+    with every node's reason kept.
     """
     names: list[str] = []
     for node in per_node:
@@ -106,13 +235,20 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
     combined: dict[str, WindowEnergy] = {}
     for name in names:
         parts = [node.get(name) for node in per_node]
+        empty = [p for p in parts if p is not None and p.metered_nothing]
+        parts = [p for p in parts if p is None or not p.metered_nothing]
+        notes = [p.unavailable_reason or "a node metered nothing" for p in empty]
+        if not parts:
+            combined[name] = WindowEnergy.unavailable("; ".join(notes))
+            combined[name].metered_nothing, combined[name].nodes = True, [n for p in empty for n in p.nodes]
+            continue
         missing = [p for p in parts if p is None or p.energy_j is None]
         if missing:
             reasons = sorted({(p.unavailable_reason or "unknown") if p else "window missing on a node"
                               for p in missing})
             combined[name] = WindowEnergy.unavailable("; ".join(reasons), sum(p.devices for p in parts if p))
             continue
-        present = [p for p in parts if p is not None]
+        present, overlap = _count_devices_once([p for p in parts if p is not None])
         devices = sum(p.devices for p in present)
         methods = sorted({p.method for p in present if p.method})
         combined[name] = WindowEnergy(
@@ -122,9 +258,9 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             method=",".join(methods) if len(methods) > 1 else (methods[0] if methods else None),
             coverage=(sum((p.coverage or 0.0) * p.devices for p in present) / devices) if devices else None,
             error_bound_j=sum(p.error_bound_j or 0.0 for p in present),
-            warnings=sorted({w for p in present for w in p.warnings}),
+            warnings=sorted({w for p in present for w in p.warnings}) + overlap + notes,
             per_device=[d for p in present for d in p.per_device],
             other_domains=[d for p in present for d in p.other_domains],
-            nodes=[n for p in present for n in p.nodes],
+            nodes=[n for p in present for n in p.nodes] + [n for p in empty for n in p.nodes],
         )
     return combined

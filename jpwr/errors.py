@@ -93,22 +93,34 @@ def os_error_message(exc: OSError) -> str:
     return f"{exc.strerror or exc}:{where}. Fix: {fix}"
 
 
-def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False) -> int:
+def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False, torch_extra: str | None = None) -> int:
     """Run one CLI command behind the one error boundary every joulebench command shares.
 
     A JpwrError (bad input, raised before any device work) and an OSError (a full disk, a missing
-    file) become one line "<prog>: error: ..." on stderr with their sysexits code; anything else is
-    an internal error (70). `--debug` (debug=True) adds the traceback.
+    file) become one line "<prog>: error: ..." on stderr with their sysexits code; a missing optional
+    library names the extra that installs it (jpwr.extras; `torch_extra` is the one bringing torch for
+    this command line, 69); anything else is an internal error (70). `--debug` adds the traceback.
     """
+    from jpwr.extras import missing_extra
+
     try:
         return int(command())
+    except ModuleNotFoundError as exc:
+        error = missing_extra(exc, torch_extra)
+        if error is not None:
+            return _report(prog, str(error), int(error.exit_code), debug)
+        return _internal(prog, exc, debug)
     except JpwrError as exc:
         return _report(prog, str(exc), int(exc.exit_code), debug)
     except OSError as exc:
         return _report(prog, os_error_message(exc), int(ExitCode.IO), debug)
     except Exception as exc:
-        return _report(prog, f"internal error: {type(exc).__name__}: {exc} (run again with --debug for the "
-                             "traceback, and please report it)", int(ExitCode.SOFTWARE), debug)
+        return _internal(prog, exc, debug)
+
+
+def _internal(prog: str, exc: Exception, debug: bool) -> int:
+    return _report(prog, f"internal error: {type(exc).__name__}: {exc} (run again with --debug for the "
+                         "traceback, and please report it)", int(ExitCode.SOFTWARE), debug)
 
 
 def _report(prog: str, message: str, code: int, debug: bool) -> int:

@@ -241,6 +241,19 @@ def power_window(curve: PowerCurve, t0: float, t1: float, p_max: float) -> Domai
     return DomainEnergy(energy, "power", coverage, bound, warnings)
 
 
+def planned_bound_j(edge_power_w: float, update_s: float) -> float:
+    """The bound a window will be stated with, for planning its length before it opens.
+
+    Only the two edge segments carry error (interior knots are exact and cancel). At each edge the
+    timing term is P·h with h at most half an update period (the sampler chases the counter after a
+    mark), and the interpolation term is at most the counter–power disagreement inside the edge
+    segment, which the chase keeps to about one update period of energy. So each edge contributes at
+    most about P·T, two edges 2·P·T. (On the H100 the stated bounds were 0.9–1.05 P·T in total, so
+    this plans conservatively.)
+    """
+    return 2.0 * edge_power_w * update_s
+
+
 def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None) -> str | None:
     """Warn when the loop's period keeps hitting the same sensor phases (see issue's aliasing rule).
 
@@ -278,6 +291,29 @@ def _counter_power_mismatch(result: DomainEnergy, curve: PowerCurve | None, t0_n
             "counter frozen or broken? (compare with the method `power` in the trace)")
 
 
+def failed_reads_warning(series: list[SensorSeries], t0_ns: int, t1_ns: int) -> str | None:
+    """Say when reads failed inside the window, and whether the device stopped answering for good.
+
+    A device that vanishes (GPU lost, reset, driver gone) leaves error readings, not values; the
+    estimator fills or bounds the gap, and this names what happened and when.
+    """
+    failed_at, last_ok, total = [], -math.inf, 0
+    for one in series:
+        t = one.t_ns
+        inside = (t >= t0_ns) & (t <= t1_ns)
+        total += int(inside.sum())
+        failed_at += list(t[inside & ~one.valid])
+        if one.valid.any():
+            last_ok = max(last_ok, float(t[one.valid].max()))
+    if not failed_at:
+        return None
+    first = (min(failed_at) - t0_ns) / 1e9
+    if last_ok < min(failed_at):
+        return (f"the device stopped answering {first:.2f} s into the window ({len(failed_at)} of {total} reads "
+                "failed from then on: lost, reset or unreachable); the rest of the window was not measured")
+    return f"{len(failed_at)} of {total} reads failed inside the window (the first {first:.2f} s after its start)"
+
+
 def domain_window_energy(
     counter: SensorSeries | None,
     power: SensorSeries | None,
@@ -303,6 +339,9 @@ def domain_window_energy(
     else:
         return DomainEnergy(None, None, 0.0, None, warnings, reason="no energy counter or power readings")
     result.warnings = warnings + result.warnings
+    failed = failed_reads_warning([x for x in (counter, power) if x is not None], t0_ns, t1_ns)
+    if failed:
+        result.warnings.append(failed)
     implausible = _counter_power_mismatch(result, curve, t0_ns, t1_ns)
     if implausible:
         result.warnings.append(implausible)

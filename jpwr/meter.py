@@ -18,7 +18,11 @@ from typing import Protocol
 
 from jpwr.channel import Channel, Mark, channel_from_env
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.energy import Window, WindowEnergy, combine_energies
+from jpwr.energy import IdleBaseline, Window, WindowEnergy, combine_energies, split_energy
+from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, wait_until_settled
+from jpwr.live import NodeLive
+from jpwr.node import node_name
+from jpwr.sizing import SteadyPlan, plan_steady_window
 
 NO_SAMPLER_REASON = (
     "no jpwr sampler was running for this job: run under `jpwr -- CMD`, start `jpwr serve` per node, "
@@ -60,6 +64,7 @@ class WindowMeter:
         self._open: dict[str, tuple[int, int]] = {}
         self._windows: list[Window] = []
         self._owned_sampler = owned_sampler  # in-process sampler started by `open`, stopped by `close`
+        self.idle: IdleBaseline | None = None  # set by measure_idle (or by the driver when it skips it)
 
     @classmethod
     def open(
@@ -110,14 +115,70 @@ class WindowMeter:
             raise RuntimeError(f"window {name!r} begun twice without end")
         self._open[name] = (step, self._edge(name, "begin", step))
 
-    def end(self, name: str, step: int, work: Mapping[str, float] | None = None) -> Window:
+    def end(self, name: str, step: int, work: Mapping[str, float] | None = None, reason: str | None = None) -> Window:
+        """Close a window; `reason` says why it ended here (recorded with it)."""
         if name not in self._open:
             raise RuntimeError(f"window {name!r} ended without begin")
         first_step, t_start = self._open.pop(name)
         t_end = self._edge(name, "end", step, work)
-        window = Window(name, first_step, step, t_start, t_end, dict(work or {}))
+        window = Window(name, first_step, step, t_start, t_end, dict(work or {}), end_reason=reason)
         self._windows.append(window)
         return window
+
+    def live(self, span_s: float, timeout_s: float = 10.0) -> NodeLive | None:
+        """The node's recent readings and sensor facts from its sampler; None without a sampler."""
+        if self.channel is None:
+            return None
+        return NodeLive.from_dict(self.channel.query_live(span_s, timeout_s))
+
+    def _everyone(self, obj: object, gather: Callable[[object], Sequence[object]] | None) -> list[object]:
+        """Every rank's `obj` in rank order (a collective, so also a barrier); just [obj] on one rank."""
+        return list(gather(obj)) if gather is not None and self.launch.world_size > 1 else [obj]
+
+    def plan_steady(self, step_s: float, seconds: float | None = None,
+                    gather: Callable[[object], Sequence[object]] | None = None) -> SteadyPlan:
+        """Size the steady window before it opens (jpwr.sizing): rank 0 plans from its sampler's live
+        readings and every rank gets that plan. Call on every rank (collective)."""
+        plan = None
+        if self.launch.rank == 0:
+            live = self.live(span_s=min(30.0, max(2.0, 3 * step_s)))
+            plan = plan_steady_window(step_s, live, seconds).to_dict()
+        return SteadyPlan.from_dict(self._everyone(plan, gather)[0])  # type: ignore[arg-type]
+
+    def take_idle_baseline(self, enabled: bool, accelerator: bool,
+                           gather: Callable[[object], Sequence[object]] | None = None) -> IdleBaseline:
+        """What a driver calls before its first window: measure_idle with the accelerator or CPU plan, or
+        record that the baseline was skipped (--no-idle-baseline). Collective when enabled."""
+        if not enabled:
+            self.idle = IdleBaseline.unavailable("skipped (--no-idle-baseline)")
+            return self.idle
+        return self.measure_idle(ACCELERATOR_IDLE if accelerator else CPU_IDLE, gather)
+
+    def measure_idle(self, plan: IdlePlan, gather: Callable[[object], Sequence[object]] | None = None) -> IdleBaseline:
+        """Cool down, then meter an `idle` window: the baseline every window's energy is split by.
+
+        Node leaders wait until their node's devices have settled (bounded by the plan); all ranks then
+        meet (collective) and mark the idle window together, so no rank computes inside it. Call on
+        every rank before the first measured window, with no work queued on the device.
+        """
+        if self.channel is None:
+            self.idle = IdleBaseline.unavailable(NO_SAMPLER_REASON)
+            return self.idle
+        settle = None
+        if self.launch.is_node_leader:
+            result = wait_until_settled(lambda span: self.live(span) or NodeLive("", span, ()), plan.settle,
+                                        self.clock)
+            settle = {"settled": result.settled, "waited_s": result.waited_s, "note": f"{node_name()}: {result.note}"}
+        settles = [s for s in self._everyone(settle, gather) if s]
+        self.begin("idle", 0)
+        self.clock.sleep_until_ns(self.clock.monotonic_ns() + int(plan.seconds * 1e9))
+        window = self.end("idle", 0, reason=f"idle baseline: {plan.seconds:g} s with no work queued")
+        mine = {name: energy.to_dict() for name, energy in self.node_energy(["idle"]).items()}
+        nodes = [{k: WindowEnergy.from_dict(v) for k, v in node.items()}  # type: ignore[attr-defined]
+                 for node in self._everyone(mine, gather) if node]
+        window.energy = combine_energies(nodes).get("idle")
+        self.idle = _baseline(window, settles)  # type: ignore[arg-type]
+        return self.idle
 
     @property
     def windows(self) -> list[Window]:
@@ -153,6 +214,7 @@ class WindowMeter:
         combined = combine_energies(per_node)  # type: ignore[arg-type]
         for window in self._windows:
             window.energy = combined.get(window.name)
+            window.split = split_energy(window.energy, window.duration_s, self.idle)
 
     def close(self) -> None:
         if self._owned_sampler is not None:
@@ -167,3 +229,17 @@ class WindowMeter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _baseline(window: Window, settles: Sequence[Mapping[str, object]]) -> IdleBaseline:
+    """Idle power from the idle window's energy, with the settling outcome of every node."""
+    settled = all(bool(s["settled"]) for s in settles) if settles else None
+    waited = max((float(s["waited_s"]) for s in settles), default=None)  # type: ignore[arg-type]
+    note = "; ".join(str(s["note"]) for s in settles) or None
+    energy = window.energy
+    if energy is None or energy.energy_j is None or window.duration_s <= 0:
+        reason = energy.unavailable_reason if energy else "no energy for the idle window"
+        return IdleBaseline(None, None, energy.devices if energy else 0, window.duration_s, None, settled, waited,
+                            note, f"idle window energy unavailable: {reason}", energy.nodes if energy else [])
+    return IdleBaseline(energy.energy_j / window.duration_s, (energy.error_bound_j or 0.0) / window.duration_s,
+                        energy.devices, window.duration_s, energy.method, settled, waited, note, None, energy.nodes)

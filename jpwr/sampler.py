@@ -23,13 +23,15 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
+from jpwr.devices import empty_selection
 from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
+from jpwr.live import NodeLive, node_live
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
-from jpwr.windows import spans_from_marks, window_energy
+from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
 CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
@@ -54,6 +56,7 @@ def open_backends(
     for name in names:
         known = [d for disc in discoveries for d in disc.domains]
         selectors = job_devices(vendor_of[name]).selector_list if name in vendor_of else None
+        nothing_selected = selectors == []  # the job owns no device of this vendor here: not a failure
         backend = create_backend(name, clock, selectors=selectors, gpu_domains=known)
         found = backend.discover()
         discoveries.append(found)
@@ -61,7 +64,7 @@ def open_backends(
             backends.append(backend)
         else:
             backend.close()
-            if methods and strict:
+            if methods and strict and not nothing_selected:
                 reasons = "; ".join(found.unavailable) or "no sensors found"
                 raise MethodUnavailableError(
                     f"method {name!r} is not available on this machine ({reasons}). "
@@ -102,6 +105,8 @@ class Sampler:
             raise OutputDirError(f"cannot write to output directory {self.node_dir}: {exc}. "
                                  "Fix: choose a writable --out directory") from exc
         self.domains = [d for disc in self.discoveries for d in disc.domains]
+        # Only a node without accelerators can have metered nothing on purpose.
+        self.empty_selection = None if accelerator_domains(self.domains) else empty_selection()
         self.sensors: list[Sensor] = []
         self._sensor_backend: dict[str, Backend] = {}
         for backend, disc in zip(self.backends, [d for d in self.discoveries if d.available], strict=True):
@@ -246,6 +251,12 @@ class Sampler:
                 if all(self.readings[s.id][-1].value != first[s.id] for s in counters):
                     return
 
+    def live(self, span_s: float) -> NodeLive:
+        """Recent power, temperature and update period per accelerator, from readings already taken."""
+        with self._data:
+            return node_live(self.node, accelerator_domains(self.domains), self.sensors, self.readings,
+                             self.metrics, self.clock.monotonic_ns(), span_s)
+
     def trace(self) -> TraceData:
         with self._data:
             return TraceData(
@@ -272,7 +283,8 @@ class Sampler:
                 result[name] = WindowEnergy.unavailable(f"window {name!r} was not marked (begin and end) on node "
                                                         f"{self.node}")
             else:
-                result[name] = window_energy(trace, span, self.interval_s, self.node, self.unavailable)
+                result[name] = window_energy(trace, span, self.interval_s, self.node, self.unavailable,
+                                             self.empty_selection)
         return result
 
     @property
@@ -284,7 +296,8 @@ class Sampler:
             "jpwr_version": __version__, "run_id": self.run_id, "node": self.node, "host": socket.gethostname(),
             "pid": os.getpid(), "interval_s": self.interval_s, "counter_interval_s": self.counter_interval_s,
             "backends": {d.backend: d.info for d in self.discoveries if d.available},
-            "unavailable": self.unavailable, "clock_pairs_wall_mono_ns": self._clock_pairs,
+            "unavailable": self.unavailable, "empty_selection": self.empty_selection,
+            "clock_pairs_wall_mono_ns": self._clock_pairs,
             "started_at": self.started_at,
         }
 
@@ -341,7 +354,7 @@ def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | Non
     unavailable = list(info.get("unavailable", []))
     windows = {}
     for name, span in spans_from_marks(trace.marks).items():
-        energy = window_energy(trace, span, interval_s, node, unavailable)
+        energy = window_energy(trace, span, interval_s, node, unavailable, info.get("empty_selection"))
         windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
                          "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
     return {
@@ -391,6 +404,10 @@ class SocketServer:
                 who = {"type": "who", "pid": os.getpid(), "node": self.sampler.node, "run_id": self.sampler.run_id}
                 with contextlib.suppress(OSError):
                     self._sock.sendto(json.dumps(who).encode(), peer)
+            elif msg.get("type") == "live" and peer:  # answered at once: only readings already held
+                reply = json.dumps({"type": "live", "live": self.sampler.live(float(msg.get("span_s", 1.0))).to_dict()})
+                with contextlib.suppress(OSError):
+                    self._sock.sendto(reply.encode(), peer)
             elif msg.get("type") == "query" and peer:
                 # Answer from a worker thread: settling waits for the counter, marks keep flowing.
                 threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()
@@ -420,6 +437,9 @@ class LocalChannel:
 
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
         return {k: v.to_dict() for k, v in self.sampler.window_energies(names).items()}
+
+    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]:
+        return self.sampler.live(span_s).to_dict()
 
     def close(self) -> None:
         """Nothing to release: the sampler is stopped by its owner."""

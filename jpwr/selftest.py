@@ -32,9 +32,9 @@ from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks
 MATMUL_N = 8192  # one bf16 product is 2·8192³ FLOP: ~1.6 ms on a GH100, long enough to keep the GPU busy
 
 
-def matmul_operands(torch: Any) -> tuple[Any, Any]:
-    """The two bf16 MATMUL_N² matrices on the current GPU that every matmul load multiplies."""
-    return tuple(torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+def matmul_operands(torch: Any, n: int = MATMUL_N) -> tuple[Any, Any]:
+    """The two bf16 n² matrices on the current GPU that a matmul load multiplies (MATMUL_N: the steady load)."""
+    return tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 
 
 def matmuls_until(torch: Any, a: Any, b: Any, deadline: float) -> int:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         import torch
     except ImportError:
-        print("jpwr selftest: needs PyTorch with a GPU (pip install torch)")
+        print("jpwr selftest: needs PyTorch with a GPU: pip install torch (the build for your GPUs)")
         return ExitCode.UNAVAILABLE
     if not torch.cuda.is_available():
         print("jpwr selftest: no CUDA/ROCm GPU visible; nothing to test")

@@ -72,9 +72,9 @@ def _p_max(domain: Domain, power: SensorSeries | None) -> float:
     return DEFAULT_P_MAX_W
 
 
-def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float) -> dict[str, object]:
+def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float, node: str) -> dict[str, object]:
     return {
-        "domain": domain.id, "kind": domain.kind.value, "name": domain.name, "uuid": domain.device_uuid,
+        "domain": domain.id, "node": node, "kind": domain.kind.value, "name": domain.name, "uuid": domain.device_uuid,
         "pci_bus_id": domain.pci_bus_id, "index": domain.index, "energy_j": result.energy_j,
         "mean_power_w": None if result.energy_j is None or duration_s <= 0 else result.energy_j / duration_s,
         "method": result.method, "coverage": result.coverage, "error_bound_j": result.error_bound_j,
@@ -83,9 +83,14 @@ def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float) -> dic
 
 
 def window_energy(
-    trace: TraceData, span: WindowSpan, interval_s: float, node: str, unavailable: Iterable[str] = ()
+    trace: TraceData, span: WindowSpan, interval_s: float, node: str, unavailable: Iterable[str] = (),
+    empty_selection: str | None = None,
 ) -> WindowEnergy:
-    """Energy of one window summed over the node's accelerators, other domains listed beside it."""
+    """Energy of one window summed over the node's accelerators, other domains listed beside it.
+
+    empty_selection: why the node owns no accelerators on purpose (its device selection is empty); such
+    a node reports that it metered nothing, and sums over nodes skip it.
+    """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
     accel = accelerator_domains(trace.domains)
     per_device, others = [], []
@@ -93,7 +98,11 @@ def window_energy(
         counter, power = _pick(trace, domain)
         result = domain_window_energy(counter, power, span.t0_ns, span.t1_ns, interval_s,
                                       _p_max(domain, power), span.steps)
-        (per_device if domain in accel else others).append(domain_entry(domain, result, duration_s))
+        (per_device if domain in accel else others).append(domain_entry(domain, result, duration_s, node))
+    if not accel and empty_selection:
+        energy = WindowEnergy.unavailable(f"node {node} metered no accelerators: {empty_selection}")
+        energy.metered_nothing, energy.other_domains, energy.nodes = True, others, [node]
+        return energy
     if not accel:
         reasons = "; ".join(unavailable) or "no backend found a device"
         return WindowEnergy.unavailable(f"no accelerator sensors on node {node}: {reasons}")

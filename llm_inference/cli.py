@@ -62,4 +62,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
     handlers = {"run": _run, "validate": _validate}
-    return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug)
+    return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug, torch_extra="inference")

@@ -9,12 +9,14 @@ import argparse
 import dataclasses
 from typing import Any
 
+from jpwr.sizing import add_window_arguments
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION = ("sdpa", "eager")
+CPU_WINDOW_S = 3.0  # prefill/steady window length of a CPU run without --steady-seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +29,7 @@ class InferenceConfig:
     batch_sizes: tuple[int, ...]
     num_batches: int  # distinct batches drawn per point; the windows cycle over them
     output_length: int | None  # override of the task's output length distribution
-    min_window_s: float  # prefill and steady windows last at least this long (sensor updates every ~0.1 s)
+    steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (jpwr.sizing)
     warmup_batches: int
     precision: str  # resolved against the device at run time ("auto": bf16 on GPUs, fp32 on CPUs)
     attention: str
@@ -77,8 +79,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--output-length", type=int, help="force this many new tokens instead of the task's draw")
     w.add_argument("--seed", type=int, default=1234)
     r = parser.add_argument_group("run control")
-    r.add_argument("--min-window-s", type=float, default=3.0,
-                   help="prefill and steady windows repeat their batches until at least this long")
+    add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; the prefill and steady windows each repeat "
+                                        "their batches in whole passes until at least this long",
+                         aliases=("--min-window-s",), idle=False)
     r.add_argument("--warmup-batches", type=int, default=1, help="generate calls before the measured windows")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--out-dir", default="llm_inference_out")
@@ -91,7 +94,7 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
     sizes = args.batch_sizes or ((args.batch_size,) if args.batch_size is not None else (1,))
     return InferenceConfig(
         preset=args.preset, checkpoint=args.checkpoint, tasks=tuple(args.task), batch_sizes=tuple(sizes),
-        num_batches=args.num_batches, output_length=args.output_length, min_window_s=args.min_window_s,
+        num_batches=args.num_batches, output_length=args.output_length, steady_seconds=args.steady_seconds,
         warmup_batches=args.warmup_batches, precision=args.precision, attention=args.attention,
         device=args.device, seed=args.seed, out_dir=args.out_dir, run_id=args.run_id,
         energy_methods=args.energy_methods,

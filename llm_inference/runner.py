@@ -29,10 +29,11 @@ from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
 from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
+from jpwr.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from jpwr.trace import TraceData, load_trace
 from llm_inference import engine as engine_module
 from llm_inference import memory, metrics, validation
-from llm_inference.config import InferenceConfig
+from llm_inference.config import CPU_WINDOW_S, InferenceConfig
 from llm_inference.measure import PointWindows, run_point
 from llm_inference.presets import ModelPreset
 from llm_inference.tasks import TASKS, draw_batches, longest_sequence
@@ -115,6 +116,13 @@ def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPr
     return result
 
 
+def _window_seconds(cfg: InferenceConfig, meter: WindowMeter, device: torch.device) -> WindowLength:
+    """How long the prefill and steady windows run: --steady-seconds, the CPU default, or jpwr's bound rule."""
+    if cfg.steady_seconds is None and device.type == "cpu":
+        return WindowLength(CPU_WINDOW_S, "cpu default", ASSUMED_UPDATE_S, "assumed (CPU run)", None, None)
+    return window_length(meter.live(span_s=2.0), cfg.steady_seconds)
+
+
 def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, shape: ModelPreset, precision: str,
              launch: LaunchEnv, device: torch.device, hardware: dict[str, object]) -> RunRecord:
     task = TASKS[spec.task]
@@ -134,7 +142,9 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, sh
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         inputs = [engine_module.make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
-        point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, cfg.min_window_s)
+        window_s = _window_seconds(cfg, meter, device)
+        record.meter["steady_seconds"] = window_s.to_dict()
+        point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds)
         record.windows = [point.warmup, point.prefill, point.steady]
         energies = meter.node_energy([w.name for w in record.windows])
         for window in record.windows:
@@ -152,8 +162,8 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, sh
         reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
     record.metrics = _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason,
                                     estimate)
-    record.meter = {"sampler": has_sampler, "energy_methods": cfg.energy_methods,
-                    "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None}
+    record.meter.update({"sampler": has_sampler, "energy_methods": cfg.energy_methods,
+                         "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None})
     write_run_record(spec.out_dir / "run_record.json", record)
     return record
 

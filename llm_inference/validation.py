@@ -51,8 +51,7 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
     if not cfg.batch_sizes or any(size <= 0 for size in cfg.batch_sizes):
         raise ValidationError(f"batch sizes {list(cfg.batch_sizes)} include a value below 1 (or none)",
                               "give positive batch sizes, e.g. --batch-sizes 1,2,4,8")
-    for name, value, lowest in (("--num-batches", cfg.num_batches, 1), ("--warmup-batches", cfg.warmup_batches, 0),
-                                ("--min-window-s", cfg.min_window_s, 0)):
+    for name, value, lowest in (("--num-batches", cfg.num_batches, 1), ("--warmup-batches", cfg.warmup_batches, 0)):
         if value < lowest:
             raise ValidationError(f"{name} is {value}", f"set {name} to at least {lowest}")
     if cfg.output_length is not None and cfg.output_length < 1:

@@ -101,4 +101,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
     handlers = {"train": _train, "validate": _validate, "preprocess": _preprocess}
-    return exit_code_of("llm_training", lambda: handlers[args.command](args), debug)
+    return exit_code_of("llm_training", lambda: handlers[args.command](args), debug, torch_extra="llm")

@@ -10,10 +10,12 @@ import argparse
 import dataclasses
 from typing import Any
 
+from jpwr.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+CPU_ITERATIONS = 50  # total iterations of a CPU run without --iterations: a smoke test, quick in CI
 RECOMPUTE = ("none", "selective", "full")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
@@ -42,8 +44,10 @@ class TrainConfig:
     global_batch_size: int
     precision: str
     recompute: str
-    iterations: int
+    iterations: int | None  # total, warm-up included; None: the steady window is sized by time (or the CPU default)
     warmup_iterations: int
+    steady_seconds: float | None  # None: auto (jpwr.sizing)
+    idle_baseline: bool
     exit_duration_mins: float | None
     device: str
     data_path: str | None
@@ -142,7 +146,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, sequence_parallel=sequence_parallel,
         micro_batch_size=mbs, global_batch_size=gbs,
         precision=_pick(args.precision, settings.precision), recompute=_pick(args.recompute, settings.recompute),
-        iterations=args.iterations, warmup_iterations=args.warmup_iterations,
+        iterations=args.iterations, warmup_iterations=args.warmup_iterations, steady_seconds=args.steady_seconds,
+        idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, data_path=args.data_path,
         out_dir=args.out_dir, run_id=args.run_id, energy_methods=args.energy_methods,
         log_interval=args.log_interval, seed=args.seed,
@@ -195,10 +200,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
     r = parser.add_argument_group("run control")
-    r.add_argument("--iterations", type=int, default=50,
-                   help="total training iterations, warm-up included, as Megatron's --train-iters (default 50)")
+    r.add_argument("--iterations", type=int, default=None,
+                   help="total training iterations, warm-up included, as Megatron's --train-iters; fixes the steady "
+                        f"window (measured = iterations - warm-up). Default: sized by --steady-seconds on "
+                        f"accelerators, {CPU_ITERATIONS} on the CPU")
     r.add_argument("--warmup-iterations", type=int, default=5,
-                   help="first iterations left out of the measured window (default 5); measured = iterations - warm-up")
+                   help="first iterations left out of the measured window; they time the step (default 5)")
+    add_window_arguments(r, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations in all")
     r.add_argument("--exit-duration-mins", type=float, help="stop cleanly after this many minutes of training")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")

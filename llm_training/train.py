@@ -39,10 +39,13 @@ from joulebench.record import RunRecord, software_versions, steady_metrics, summ
 from joulebench.runcontrol import StopRequest
 from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
+from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
 from llm_training import cpu_compat, data, distributed, memory
-from llm_training.config import TrainConfig, on_for_cuda
+from llm_training.config import CPU_ITERATIONS, TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
+
+DATASET_ITERATIONS = 1000  # dataset size (in global batches) of a run sized by time
 
 
 def _log(launch: LaunchEnv, text: str) -> None:
@@ -131,7 +134,8 @@ class Trainer:
             self.config.no_sync_func = self.model.no_sync
             self.config.grad_sync_func = self.model.start_grad_sync
         self.forward_backward = get_forward_backward_func()
-        samples = cfg.global_batch_size * (1 if cfg.overfit_batch else cfg.iterations)
+        # A steady window sized by time has no count yet: the stream wraps around the dataset if it runs longer.
+        samples = cfg.global_batch_size * (1 if cfg.overfit_batch else cfg.iterations or DATASET_ITERATIONS)
         dataset = data.build_train_dataset(cfg, samples)
         self.batches = data.micro_batches(dataset, cfg, parallel_state.get_data_parallel_rank(), device)
         self.skipped_updates = 0
@@ -188,8 +192,20 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _steady_plan(cfg: TrainConfig, device: torch.device) -> SteadyPlan | None:
+    """The steady window's length when a count decides it; None when the warm-up is timed first."""
+    if cfg.iterations is not None:
+        return fixed_plan(cfg.iterations - cfg.warmup_iterations, "iterations", f"--iterations {cfg.iterations} "
+                          f"minus {cfg.warmup_iterations} warm-up")
+    if not sized_by_time(False, cfg.steady_seconds, device.type):
+        return fixed_plan(CPU_ITERATIONS - cfg.warmup_iterations, "cpu default",
+                          f"CPU run: {CPU_ITERATIONS} iterations in all (pass --steady-seconds or --iterations)")
+    return None
+
+
 def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequest, record: RunRecord,
-           meter: WindowMeter) -> tuple[int, list[dict[str, float]]]:
+           meter: WindowMeter) -> tuple[int, int | None, list[dict[str, float]]]:
+    """Returns (iterations completed, iterations planned (None: stopped before planning), loss curve)."""
     trainer = Trainer(cfg, device)
     fusions = trainer.active_fusions()
     record.config["active_fusions"] = fusions
@@ -198,31 +214,50 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
                  f"({cfg.num_microbatches} micro-batch{'es' if cfg.num_microbatches != 1 else ''} per replica), "
                  f"recompute={cfg.recompute}, device={device}, "
                  f"fusions: {', '.join(name for name, on in fusions.items() if on) or 'none'}")
+    meter.take_idle_baseline(cfg.idle_baseline, device.type == "cuda", _all_gather)
+    record.windows += [w for w in meter.windows if w.name == "idle"]
+    plan = _steady_plan(cfg, device)
+    total = None if plan is None else cfg.warmup_iterations + plan.iterations
+    timer = StepTimer(meter.sync)
     curve: list[dict[str, float]] = []
     meter.begin("warmup", 0)
+    timer.tick()
     last_log_t, last_log_it, completed = time.monotonic(), 0, 0
-    for iteration in range(cfg.iterations):
-        if iteration == cfg.warmup_iterations:
-            record.windows.append(meter.end("warmup", iteration, {"tokens": iteration * cfg.tokens_per_iteration}))
-            meter.begin("steady", iteration)
+    while total is None or completed < total:
+        if completed == cfg.warmup_iterations:
+            record.windows.append(meter.end("warmup", completed, {"tokens": completed * cfg.tokens_per_iteration}))
+            if plan is None:
+                plan = meter.plan_steady(timer.step_s, cfg.steady_seconds, _all_gather)  # type: ignore[arg-type]
+                total = cfg.warmup_iterations + plan.iterations
+            _log(launch, f"steady window: {plan.reason}")
+            record.meter["steady_plan"] = plan.to_dict()
+            meter.begin("steady", completed)
         loss = trainer.step()
-        completed = iteration + 1
-        if completed % cfg.log_interval == 0 or completed == cfg.iterations:
+        completed += 1
+        if completed <= cfg.warmup_iterations:
+            timer.tick()
+        if completed % cfg.log_interval == 0 or completed == total:
             value = _pipeline_loss(loss, device)
             now = time.monotonic()
             s_per_iter = (now - last_log_t) / (completed - last_log_it)
             last_log_t, last_log_it = now, completed
             curve.append({"iteration": completed, "loss": value})
-            _log(launch, f"iter {completed}/{cfg.iterations} | loss {value:.4f} | {s_per_iter:.3f} s/iter | "
-                         f"{cfg.tokens_per_iteration / s_per_iter:,.0f} tokens/s | "
-                         f"ETA {_format_eta(s_per_iter * (cfg.iterations - completed))}")
-        if completed < cfg.iterations and _agree_to_stop(stop, device):
+            eta = _format_eta(s_per_iter * (total - completed)) if total else "after warm-up"
+            _log(launch, f"iter {completed}/{total or '?'} | loss {value:.4f} | {s_per_iter:.3f} s/iter | "
+                         f"{cfg.tokens_per_iteration / s_per_iter:,.0f} tokens/s | ETA {eta}")
+        if (total is None or completed < total) and _agree_to_stop(stop, device):
             break
-    open_name = "warmup" if completed <= cfg.warmup_iterations else "steady"
-    first = 0 if open_name == "warmup" else cfg.warmup_iterations
-    record.windows.append(meter.end(open_name, completed, {"tokens": (completed - first) * cfg.tokens_per_iteration}))
+    stopped = None if total is not None and completed >= total else (
+        stop.local_reason() or "another rank requested the stop")
+    if completed <= cfg.warmup_iterations:  # stopped before the steady window opened
+        record.windows.append(meter.end("warmup", completed, {"tokens": completed * cfg.tokens_per_iteration},
+                                        reason=f"stopped during warm-up: {stopped}"))
+    else:
+        steps = completed - cfg.warmup_iterations
+        record.windows.append(meter.end("steady", completed, {"tokens": steps * cfg.tokens_per_iteration},
+                                        reason=plan.end_reason(steps, stopped)))  # type: ignore[union-attr]
     record.metrics["skipped_updates"] = trainer.skipped_updates
-    return completed, curve
+    return completed, total, curve
 
 
 def _all_gather(obj: object) -> list[object]:
@@ -281,12 +316,13 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
             _log(launch, warning)
         meter = WindowMeter.open(launch, sync=torch.cuda.synchronize if device.type == "cuda" else None,
                                  methods=cfg.energy_methods, out_dir=out_dir / "jpwr")
-        completed, curve = _train(cfg, launch, device, stop, record, meter)
+        completed, planned, curve = _train(cfg, launch, device, stop, record, meter)
         record.metrics["loss_curve"] = curve
-        if completed < cfg.iterations:
+        if planned is None or completed < planned:
             record.status = "TIMEOUT"
             reason = stop.local_reason() or "another rank requested the stop"
-            record.status_reason = (f"{reason}: stopped cleanly after {completed} of {cfg.iterations} iterations; "
+            record.status_reason = (f"{reason}: stopped cleanly after {completed} of "
+                                    f"{planned if planned else 'the not yet planned'} iterations; "
                                     "the steady window covers the iterations completed")
         meter.attach_energy(_all_gather)  # record.windows are the meter's Window objects
     except BaseException as exc:  # the record is written on any failure, then the error propagates as exit code
@@ -298,10 +334,11 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
         if launch.is_global_zero:
             record.metrics = {**_metrics(cfg, record, device), **record.metrics}
             if meter is not None:
-                record.meter = {
+                record.meter.update({
                     "sampler": meter.has_sampler, "energy_methods": cfg.energy_methods,
                     "in_process_out_dir": str(out_dir / "jpwr") if cfg.energy_methods else None,
-                }
+                    "idle_baseline": meter.idle.to_dict() if meter.idle else None,
+                })
             write_run_record(out_dir / "run_record.json", record)
         if meter is not None:
             meter.close()

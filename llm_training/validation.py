@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from jpwr.errors import ValidationError
-from llm_training.config import TrainConfig
+from jpwr.sizing import check_warmup_for_timing, sized_by_time
+from llm_training.config import CPU_ITERATIONS, TrainConfig
 from llm_training.presets import MODEL_SHAPES
 
 
@@ -41,7 +42,8 @@ def check_config(cfg: TrainConfig) -> None:
         ("--micro-batch-size", cfg.micro_batch_size), ("--global-batch-size", cfg.global_batch_size),
         ("--seq-length", cfg.seq_length), ("--num-layers", cfg.num_layers), ("--hidden-size", cfg.hidden_size),
         ("--num-attention-heads", cfg.num_attention_heads), ("--ffn-hidden-size", cfg.ffn_hidden_size),
-        ("--vocab-size", cfg.vocab_size), ("--iterations", cfg.iterations), ("--log-interval", cfg.log_interval),
+        ("--vocab-size", cfg.vocab_size), ("--log-interval", cfg.log_interval),
+        *((("--iterations", cfg.iterations),) if cfg.iterations is not None else ()),
     ):
         _positive(name, value)
     model_parallel = cfg.tensor_parallel * cfg.pipeline_parallel
@@ -85,12 +87,15 @@ def check_config(cfg: TrainConfig) -> None:
             "(sequence parallel splits the sequence over TP ranks)",
             "use a sequence length divisible by the TP size, or --no-sequence-parallel",
         )
-    if cfg.warmup_iterations < 0 or cfg.warmup_iterations >= cfg.iterations:
+    counted = not sized_by_time(cfg.iterations is not None, cfg.steady_seconds, cfg.device)
+    total = cfg.iterations if cfg.iterations is not None else CPU_ITERATIONS
+    if cfg.warmup_iterations < 0 or (counted and cfg.warmup_iterations >= total):
         raise ValidationError(
             f"--warmup-iterations {cfg.warmup_iterations} leaves no steady-state iteration out of "
-            f"--iterations {cfg.iterations}",
+            f"{'--iterations' if cfg.iterations is not None else 'the CPU default of'} {total}",
             "use 0 <= warm-up iterations < iterations",
         )
+    check_warmup_for_timing(cfg.warmup_iterations, cfg.iterations is not None, cfg.steady_seconds, cfg.device)
     if cfg.exit_duration_mins is not None and cfg.exit_duration_mins <= 0:
         raise ValidationError(
             f"--exit-duration-mins {cfg.exit_duration_mins}", "give a positive number of minutes (or omit it)"

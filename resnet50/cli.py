@@ -9,7 +9,17 @@ from pathlib import Path
 
 from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError, exit_code_of, take_debug_flag
-from resnet50.config import DATA_FORMATS, DEVICES, FRAMEWORKS, PRECISIONS, TrainConfig, check_devices, check_static
+from jpwr.sizing import add_window_arguments
+from resnet50.config import (
+    CPU_ITERATIONS,
+    DATA_FORMATS,
+    DEVICES,
+    FRAMEWORKS,
+    PRECISIONS,
+    TrainConfig,
+    check_devices,
+    check_static,
+)
 from resnet50.flops import resnet50_flops
 
 
@@ -19,9 +29,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--global-batch-size", type=int, default=256, help="images per step over all devices (default 256)")
     add("--precision", choices=PRECISIONS, default="bf16", help="mixed precision compute type (default bf16)")
     add("--image-size", type=int, default=224)
-    add("--iterations", type=int, default=100,
-        help="measured iterations, warm-up not included, as tf_cnn_benchmarks' --num_batches (default 100)")
-    add("--warmup-iterations", type=int, default=10, help="iterations before the measured window (default 10)")
+    add("--iterations", type=int, default=None,
+        help="measured iterations, warm-up not included, as tf_cnn_benchmarks' --num_batches; fixes the steady "
+             f"window (default: sized by --steady-seconds on accelerators, {CPU_ITERATIONS} on the CPU)")
+    add("--warmup-iterations", type=int, default=10,
+        help="iterations before the measured window; they time the step (default 10)")
+    add_window_arguments(parser, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations")
     add("--exit-duration-mins", type=float, default=None, help="end the steady window after this many minutes")
     add("--data", default="synthetic", help="'synthetic' or a data directory (default synthetic)")
     add("--data-format", choices=DATA_FORMATS, default=None,
@@ -76,10 +89,18 @@ def validate(args: argparse.Namespace) -> int:
     print(
         f"OK: {config.framework} {flops.to_dict()['architecture']}, global batch {config.global_batch_size} = "
         f"{devices} devices x {config.per_device_batch(devices)}, {config.precision}, {config.image_size} px, "
-        f"{config.warmup_iterations} warm-up + {config.iterations} measured iterations, "
+        f"{config.warmup_iterations} warm-up + {_measured(config)} measured iterations, "
         f"{flops.training / 1e9:.2f} GFLOP per training image"
     )
     return 0
+
+
+def _measured(config: TrainConfig) -> str:
+    if config.iterations is not None:
+        return str(config.iterations)
+    if config.steady_seconds is not None:
+        return f"{config.steady_seconds:g} s of"
+    return f"time-sized (auto; {CPU_ITERATIONS} on the CPU)"
 
 
 def make_data(args: argparse.Namespace) -> int:
@@ -111,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return validate(args)
         return make_data(args)
 
-    return exit_code_of("resnet50", command, debug)  # ValidationError (64), OutputDirError (73), OSError (74)
+    # ValidationError (64), OutputDirError (73), OSError (74), a missing extra (69)
+    return exit_code_of("resnet50", command, debug, torch_extra="resnet-pytorch")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jpwr.errors import ValidationError
+from jpwr.sizing import check_warmup_for_timing
 from resnet50.flops import resnet50_flops
 
 FRAMEWORKS = ("pytorch", "tensorflow")
@@ -24,6 +25,7 @@ DATA_FORMATS = ("jpeg", "tfrecord")
 MIN_IMAGE_SIZE = 32  # Keras ResNet50 refuses smaller inputs; five stride-2 stages need it anyway
 VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
 DEFAULT_DATA_FORMAT = {"tensorflow": "tfrecord", "pytorch": "jpeg"}
+CPU_ITERATIONS = 100  # measured iterations of a CPU run without --iterations (tf_cnn_benchmarks' --num_batches)
 MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-5  # MLPerf ResNet-50 value; applied the same way in both backends (decoupled, on all weights)
 
@@ -36,8 +38,10 @@ class TrainConfig:
     global_batch_size: int = 256
     precision: str = "bf16"
     image_size: int = 224
-    iterations: int = 100
+    iterations: int | None = None  # measured iterations; None: sized by time (accelerators) or CPU_ITERATIONS
     warmup_iterations: int = 10
+    steady_seconds: float | None = None  # None: auto (jpwr.sizing)
+    idle_baseline: bool = True
     exit_duration_mins: float | None = None
     data: str = "synthetic"
     data_format: str | None = None
@@ -76,10 +80,6 @@ class TrainConfig:
     def variant(self) -> str:
         return VARIANT_OF[self.framework]
 
-    @property
-    def total_iterations(self) -> int:
-        return self.warmup_iterations + self.iterations
-
     def per_device_batch(self, devices: int) -> int:
         return self.global_batch_size // devices
 
@@ -95,10 +95,13 @@ class TrainConfig:
 def check_static(config: TrainConfig) -> None:
     """Checks that need neither a framework nor a device."""
     _positive("--global-batch-size", config.global_batch_size)
-    _positive("--iterations", config.iterations)
+    if config.iterations is not None:
+        _positive("--iterations", config.iterations)
     _positive("--log-interval", config.log_interval)
     if config.warmup_iterations < 0:
         raise ValidationError(f"--warmup-iterations {config.warmup_iterations} is negative", "pass 0 or more")
+    check_warmup_for_timing(config.warmup_iterations, config.iterations is not None, config.steady_seconds,
+                            config.device)
     if config.image_size < MIN_IMAGE_SIZE:
         raise ValidationError(
             f"--image-size {config.image_size} is below {MIN_IMAGE_SIZE}", f"pass --image-size {MIN_IMAGE_SIZE} or more"

@@ -55,12 +55,14 @@ def train(config: TrainConfig) -> int:
         backend = module.create(config, launch)
         record.hardware = backend.hardware()
         meter.sync = backend.sync
+        meter.take_idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
         loop = run_loop(backend, meter, config, stop, verbose=launch.is_global_zero)
         if loop.stop_reason:
             record.status = "TIMEOUT"
             record.status_reason = (
-                f"{loop.stop_reason}: stopped cleanly after {loop.completed} of {config.total_iterations} "
-                "iterations (warm-up included); the steady window covers the iterations completed"
+                f"{loop.stop_reason}: stopped cleanly after {loop.completed} of "
+                f"{loop.planned or 'the not yet planned'} iterations (warm-up included); the steady window covers "
+                "the iterations completed"
             )
         meter.attach_energy(backend.gather)
     except (Exception, KeyboardInterrupt) as exc:
@@ -72,6 +74,8 @@ def train(config: TrainConfig) -> int:
         signal.signal(signal.SIGTERM, previous_handler)
         meter.close()
     record.windows = meter.windows
+    record.meter.update(steady_plan=loop.plan.to_dict() if loop and loop.plan else None,
+                        idle_baseline=meter.idle.to_dict() if meter.idle else None)
     record.metrics = _metrics(record, config, loop)
     if launch.is_global_zero:
         _report(record, config)

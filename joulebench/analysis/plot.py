@@ -14,11 +14,9 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from jpwr.domains import Domain, Signal
 from jpwr.energy import WindowEnergy, combine_energies
@@ -27,6 +25,10 @@ from jpwr.output import fmt
 from jpwr.sampler import SUMMARY_FILE
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, TraceData, load_trace, read_hdf5
 from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
+
+if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 WINDOW_COLOURS = {"steady": "tab:green", "warmup": "tab:orange", "command": "tab:gray"}
@@ -99,7 +101,8 @@ def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:
     if node.summary is not None:
         return {name: WindowEnergy.from_dict(w["energy"]) for name, w in node.summary.get("windows", {}).items()}
     interval = float(node.trace.info.get("interval_s") or 0.1)
-    return {name: window_energy(node.trace, span, interval, node.name)
+    empty = node.trace.info.get("empty_selection")
+    return {name: window_energy(node.trace, span, interval, node.name, empty_selection=empty)
             for name, span in spans_from_marks(node.trace.marks).items()}
 
 
@@ -146,6 +149,8 @@ def _counter_power(t_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, n
 
 def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:
     """Power per device (instant, and counter-derived as steps), windows shaded; SM clock and utilisation below."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(13, 8.5), layout="constrained")
     ax_power, ax_clock, ax_util = fig.subplots(3, 1, sharex=True, height_ratios=(3, 1.3, 1.3))
     origin = _origin_ns(nodes)
@@ -218,6 +223,8 @@ def _plot_metric(trace: TraceData, domain_id: str, name: str, scale: float, node
 
 def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]:
     """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
+    from matplotlib.patches import Patch
+
     per_node = [node_window_energies(n) for n in nodes]
     combined = combine_energies(per_node) if per_node else {}
     handles = []

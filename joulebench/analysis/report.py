@@ -23,9 +23,7 @@ import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, load_trace_data, save_figure
@@ -34,6 +32,9 @@ from joulebench.record import SCHEMA_VERSION, RunRecord
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt, utc_now
 from jpwr.trace import TraceData
+
+if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
+    from matplotlib.figure import Figure
 
 RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
@@ -260,6 +261,8 @@ def _note_missing(ax, missing: int) -> None:
 def efficiency_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     """Throughput and work per Wh against batch size, one line per system and device count."""
     unit = work_unit(runs[0].record)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_rate, ax_wh = fig.subplots(1, 2)
     _plot_series(ax_rate, runs, lambda r: _value(r, f"{unit}_per_s"), f"{unit}/s (all devices)")
@@ -271,6 +274,8 @@ def efficiency_figure(runs: Sequence[Run], benchmark: str) -> Figure:
 def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     """Energy per unit against mean GPU utilisation and against mean power per device."""
     unit = work_unit(runs[0].record)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_util, ax_power = fig.subplots(1, 2)
     panels = (
@@ -301,6 +306,8 @@ def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
 def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     """Inference (work unit output_tokens): J per output token of whole generations and J per decode token,
     against batch size; the decode figure is the driver's prefill-subtracted estimate (llm_inference)."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_all, ax_decode = fig.subplots(1, 2)
     _plot_series(ax_all, runs, lambda r: r.cost.energy_per_unit_j if r.usable else None,

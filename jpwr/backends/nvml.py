@@ -31,6 +31,7 @@ from jpwr.clock import Clock
 from jpwr.devices import selector_kind
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
+from jpwr.extras import install_hint
 
 NAME = "nvml"
 FI_POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE
@@ -79,7 +80,8 @@ class NvmlBackend:
         try:
             import pynvml
         except ImportError:
-            disc.unavailable.append(unavailable(NAME, "nvidia-ml-py (module pynvml) not installed"))
+            missing = f"nvidia-ml-py (module pynvml) not installed: {install_hint('pynvml')}"
+            disc.unavailable.append(unavailable(NAME, missing))
             return disc
         try:
             pynvml.nvmlInit()

@@ -38,7 +38,8 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     assert len(losses) == 6
     assert losses[0] > 6.0 and losses[-1] < losses[0] - 1.0
 
-    # Windows: 3 warm-up + 27 steady iterations, tokens = iterations × GBS 4 × seq 64.
+    # Windows: idle baseline, 3 warm-up + 27 steady iterations, tokens = iterations × GBS 4 × seq 64.
+    assert [w.name for w in record.windows] == ["idle", "warmup", "steady"]
     warmup, steady = record.window("warmup"), record.window("steady")
     assert (warmup.first_step, warmup.last_step, steady.first_step, steady.last_step) == (0, 3, 3, 30)
     assert steady.work["tokens"] == 27 * 4 * 64
@@ -56,6 +57,16 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     assert m["tokens_per_wh"] == pytest.approx(steady.work["tokens"] / m["energy_wh"])
     assert (out / "jpwr").is_dir()
 
+    # The count decided the steady window; the idle baseline splits every window's energy.
+    assert data["meter"]["steady_plan"]["rule"] == "iterations" and steady.end_reason.startswith("planned length")
+    idle = data["meter"]["idle_baseline"]
+    assert idle["devices"] == 1 and idle["power_w"] > 0 and idle["method"] == "counter+power"
+    assert record.window("idle").energy.energy_j == pytest.approx(idle["power_w"] * idle["duration_s"])
+    assert steady.split.idle_j == pytest.approx(idle["power_w"] * steady.duration_s)
+    assert steady.split.dynamic_j == pytest.approx(steady.energy.energy_j - steady.split.idle_j)
+    assert m["idle_power_w"] == idle["power_w"]
+    assert m["dynamic_energy_wh"] == pytest.approx(steady.split.dynamic_j / 3600)
+
     # Progress lines, then the summary line last, matching the record.
     lines = result.stdout.strip().splitlines()
     progress = [line for line in lines if " | loss " in line]
@@ -65,6 +76,42 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     assert summary["status"] == "OK" and summary["iterations"] == "27"
     assert float(summary["tokens_per_s"]) == pytest.approx(m["tokens_per_s"], rel=1e-5)
     assert float(summary["tokens_per_wh"]) == pytest.approx(m["tokens_per_wh"], rel=1e-5)
+
+
+def test_steady_window_sized_by_time_is_planned_after_the_warmup(fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "run"
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
+    result = run_cmd([*LLM, "train", *TINY, "--overfit-batch", "--warmup-iterations", "3", "--steady-seconds", "1.5",
+                      "--log-interval", "5", "--out-dir", str(out), "--energy-methods", "nvml", "--no-idle-baseline"],
+                     env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(out)
+    plan = data["meter"]["steady_plan"]
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
+    assert plan["rule"] == "steady-seconds" and plan["update_period_source"] == "sampler"
+    assert steady["steps"] == plan["iterations"] == data["metrics"]["iterations"]
+    assert (plan["iterations"] - 1) * plan["step_s"] < 1.5 <= plan["iterations"] * plan["step_s"]
+    assert f"steady window: {plan['reason']}" in result.stdout
+    assert data["status"] == "OK" and steady["end_reason"].startswith("planned length reached")
+    assert data["meter"]["idle_baseline"]["unavailable_reason"] == "skipped (--no-idle-baseline)"
+    assert [w["name"] for w in data["windows"]] == ["warmup", "steady"]
+
+
+def test_cpu_runs_keep_a_small_fixed_count_unless_told_otherwise():
+    import torch
+
+    from llm_training.cli import build_parser, resolve_checked
+    from llm_training.config import CPU_ITERATIONS
+    from llm_training.train import _steady_plan
+
+    def plan(*args: str, device: str = "cpu"):
+        cfg = resolve_checked(build_parser().parse_args(["train", *TINY, *args]), 1)
+        return _steady_plan(cfg, torch.device(device))
+
+    default = plan()
+    assert default.rule == "cpu default" and default.iterations == CPU_ITERATIONS - 5  # minus the warm-up
+    assert plan("--iterations", "12").iterations == 12 - 5  # a count wins
+    assert plan("--steady-seconds", "2") is None and plan(device="cuda") is None  # timed after the warm-up
 
 
 # Dropout off and one fixed batch, so every layout computes the same training problem.
@@ -132,7 +179,7 @@ def test_two_processes_reproduce_the_single_process_losses(fake_env, h100_trace_
     losses = _losses(data)
     assert losses == pytest.approx(single_process_losses, abs=tolerance)
     assert losses[-1] < losses[0] - 0.3
-    steady = data["windows"][1]
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
     if metered:
         assert steady["energy"]["devices"] == 2 and steady["energy"]["energy_j"] > 0
         tokens_per_wh = steady["work"]["tokens"] / steady["energy"]["energy_wh"]
@@ -175,7 +222,7 @@ def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env,
     data = read_record(out)
     assert data["status"] == "TIMEOUT"
     assert "SIGTERM" in data["status_reason"] and "of 100000 iterations" in data["status_reason"]
-    steady = data["windows"][1]
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
     assert steady["name"] == "steady" and steady["first_step"] == 2 and steady["last_step"] >= 8
     assert data["metrics"]["tokens_per_s"] > 0
     assert parse_summary(rest)["status"] == "TIMEOUT"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -37,22 +38,41 @@ def test_h200_trace_has_power_clock_and_utilisation_panels_with_windows(h200_tra
     assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
 
 
+def _rename_gpu(node_dir, suffix: str) -> None:
+    """Give a copied node's GPU another UUID in its summary, as a second node's own GPU would have."""
+    summary = node_dir / "summary.json"
+    data = json.loads(summary.read_text())
+    for window in data["windows"].values():
+        for device in window["energy"]["per_device"]:
+            device["uuid"] += suffix
+    summary.write_text(json.dumps(data))
+
+
+def steady_joules(fig) -> float:
+    text = next(t for t in _legend_texts(fig.axes[0]) if t.startswith("steady:"))
+    return float(text.split(", ")[1].split(" J")[0])
+
+
 def test_two_nodes_share_one_time_axis_and_energies_add(replayed_runs, tmp_path):
-    # Two node directories of one run: the same replayed node copied under a second name.
+    # Two node directories of one run: the same replayed node copied under a second name, with its own GPU.
     run = tmp_path / "run"
     shutil.copytree(replayed_runs / "burst100" / "jpwr" / "n1", run / "n1")
     shutil.copytree(replayed_runs / "burst100" / "jpwr" / "n1", run / "n2")
+    _rename_gpu(run / "n2", "-n2")
     one = plot_trace(load_nodes(run / "n1"))
     two = plot_trace(load_nodes(run))
     assert len(find_trace_sources(run)) == 2
     assert "nodes aligned by wall clock" in two.axes[2].get_xlabel()
     assert len(two.axes[0].lines) == 2 * len(one.axes[0].lines)
-
-    def steady_joules(fig) -> float:
-        text = next(t for t in _legend_texts(fig.axes[0]) if t.startswith("steady:"))
-        return float(text.split(", ")[1].split(" J")[0])
-
     assert steady_joules(two) == pytest.approx(2 * steady_joules(one), rel=1e-3)
+
+
+def test_a_gpu_seen_by_two_nodes_is_counted_once_in_the_legend(replayed_runs, tmp_path):
+    run = tmp_path / "run"
+    for node in ("n1", "n2"):  # two samplers on one host, both metering the same GPU
+        shutil.copytree(replayed_runs / "burst100" / "jpwr" / "n1", run / node)
+    single = steady_joules(plot_trace(load_nodes(run / "n1")))
+    assert steady_joules(plot_trace(load_nodes(run))) == pytest.approx(single)
 
 
 def test_cli_writes_the_png(replayed_runs, tmp_path):

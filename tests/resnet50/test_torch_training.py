@@ -157,3 +157,43 @@ def test_ddp_two_processes_gloo_under_jpwr(tmp_path: Path, fake_env, h100_trace_
     assert metrics["energy_wh"] == pytest.approx(steady["energy"]["energy_j"] / 3600)
     assert metrics["images_per_wh"] == pytest.approx(steady["work"]["images"] / metrics["energy_wh"])
     assert metrics["mean_power_w_per_device"] > 0 and record["meter"]["sampler"] is True
+    # idle baseline first (both ranks idle, one collective), then every window split by it
+    assert [w["name"] for w in record["windows"]] == ["idle", "warmup", "steady"]
+    idle = record["meter"]["idle_baseline"]
+    assert idle["devices"] == 2 and idle["power_w"] > 0 and idle["settle_note"]
+    split = steady["energy_split"]
+    assert split["idle_j"] == pytest.approx(idle["power_w"] * steady["duration_s"])
+    assert split["dynamic_j"] == pytest.approx(steady["energy"]["energy_j"] - split["idle_j"])
+    assert metrics["idle_power_w"] == idle["power_w"]
+    assert record["meter"]["steady_plan"]["rule"] == "iterations" and steady["end_reason"].startswith("planned")
+
+
+def test_steady_window_sized_by_time_from_the_samplers_update_period(tmp_path: Path, fake_pynvml,
+                                                                      h100_trace_dir: Path) -> None:
+    fake_pynvml.configure(h100_trace_dir)
+    code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations", "3",
+                 "--steady-seconds", "1.5", "--energy-methods", "nvml", "--no-idle-baseline",
+                 "--out-dir", str(tmp_path)])
+    assert code == 0
+    record = read_record(tmp_path)
+    plan = record["meter"]["steady_plan"]
+    steady = record["windows"][-1]
+    assert plan["rule"] == "steady-seconds" and plan["update_period_source"] == "sampler"
+    assert plan["update_period_s"] == pytest.approx(0.1)  # the fake NVML counter's declared period
+    assert steady["steps"] == plan["iterations"] == record["metrics"]["iterations"]
+    assert (plan["iterations"] - 1) * plan["step_s"] < 1.5 <= plan["iterations"] * plan["step_s"]
+    assert steady["end_reason"] == f"planned length reached: {plan['iterations']} iterations ({plan['reason']})"
+    assert [w["name"] for w in record["windows"]] == ["warmup", "steady"]
+    assert record["meter"]["idle_baseline"]["unavailable_reason"] == "skipped (--no-idle-baseline)"
+    assert "skipped" in steady["energy_split"]["unavailable_reason"] and record["metrics"]["idle_power_w"] is None
+
+
+def test_cpu_runs_keep_a_small_fixed_count_unless_told_otherwise() -> None:
+    from resnet50.config import CPU_ITERATIONS, TrainConfig
+    from resnet50.loop import steady_plan
+
+    default = steady_plan(TrainConfig("pytorch", device="cpu"), "cpu")
+    assert default.rule == "cpu default" and default.iterations == CPU_ITERATIONS
+    assert steady_plan(TrainConfig("pytorch", iterations=7), "cuda").iterations == 7  # a count wins
+    assert steady_plan(TrainConfig("pytorch"), "cuda") is None  # on a GPU: timed after the warm-up
+    assert steady_plan(TrainConfig("pytorch", steady_seconds=2.0), "cpu") is None

@@ -1,0 +1,102 @@
+"""Default training runs against an independent read of the GPU's energy counter (issue 20, Done-when).
+
+    python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # three runs, ~8 min, one GPU
+    python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
+    python benchmarks/default_runs_accuracy.py --runs llm_training -- --model tiny --device cpu   # a CPU smoke run
+
+Each run is the README's command with no length options, under `jpwr --methods nvml --`: the steady window
+is sized by jpwr's rule, the idle baseline is taken. A thread of this process reads the GPU's energy counter
+on its own throughout (benchmarks.common.CounterPoller, no jpwr code); after each run the counter is
+interpolated at the run record's steady-window edges (CLOCK_MONOTONIC, same host) and compared with the
+record's energy. This checks windowing and integration, not the sensor (`jpwr qualify` is for that).
+Prints one `DEFAULT_RUN {json}` line per run, then a Markdown table; exit status 1 if a run fails or its
+stated bound or its deviation exceeds --target (0.5 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from a checkout
+
+from benchmarks.common import CounterPoller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402 (needs REPO on sys.path)
+
+RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-size", "256", "--precision", "bf16"]
+RUNS = {
+    "llm_training": ["-m", "llm_training", "train", "--model", "800M"],
+    "resnet50": RESNET,
+    "resnet50-compile": [*RESNET, "--compile"],
+}
+HEADER = ("run", "steady s", "iterations", "length rule", "stated bound %", "deviation %", "idle W", "settled", "ok")
+
+
+def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = out / name
+    command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
+               sys.executable, *RUNS[name], *args.driver_args, "--out-dir", str(run_dir / "run")]
+    env = first_gpus_env(1)
+    env["CUDA_VISIBLE_DEVICES"] = uuid  # the GPU the poller reads, whatever its index
+    started = time.monotonic()
+    with open(out / f"{name}.log", "w") as log:
+        proc = subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.timeout_s, check=False)
+    record = json.loads((run_dir / "run" / "run_record.json").read_text())
+    steady = next(w for w in record["windows"] if w["name"] == "steady")
+    energy = steady["energy"] or {}
+    independent_j, uncertainty_j = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
+    measured = energy.get("energy_j")
+    deviation = None if measured is None else measured / independent_j - 1.0
+    bound = None if measured is None else energy["error_bound_j"] / measured
+    plan = record["meter"].get("steady_plan") or {}
+    idle = record["meter"].get("idle_baseline") or {}
+    ok = (proc.returncode == 0 and record["status"] == "OK" and bound is not None and deviation is not None
+          and bound <= args.target and abs(deviation) <= args.target)
+    return {
+        "run": name, "command": " ".join(command), "wall_s": time.monotonic() - started, "status": record["status"],
+        "steady s": steady["duration_s"], "iterations": steady["steps"], "length rule": plan.get("rule"),
+        "plan": plan.get("reason"), "end_reason": steady.get("end_reason"), "record_energy_j": measured,
+        "record_bound_j": energy.get("error_bound_j"), "method": energy.get("method"),
+        "independent_j": independent_j, "independent_uncertainty_j": uncertainty_j,
+        "stated bound %": None if bound is None else 100 * bound,
+        "deviation %": None if deviation is None else 100 * deviation,
+        "idle W": idle.get("power_w"), "settled": str(idle.get("settled")), "settle_note": idle.get("settle_note"),
+        "dynamic_energy_j": (steady.get("energy_split") or {}).get("dynamic_j"), "ok": str(ok),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="default_runs_accuracy")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to run on")
+    parser.add_argument("--target", type=float, default=0.005)
+    parser.add_argument("--timeout-s", type=float, default=420.0, help="per run")
+    own, driver = split_at_double_dash(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    args.driver_args = driver  # after `--`: appended to every run's command (the CPU test shrinks the runs)
+    import pynvml
+
+    pynvml.nvmlInit()
+    raw = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(args.gpu))
+    uuid = raw.decode() if isinstance(raw, bytes) else raw
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with CounterPoller([uuid]) as poller:
+        for name in args.runs.split(","):
+            row = run_one(name, out, uuid, poller, args)
+            rows.append(row)
+            print("DEFAULT_RUN " + json.dumps(row), flush=True)
+    print(markdown_table(rows, HEADER, digits=4))
+    return 0 if all(row["ok"] == "True" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

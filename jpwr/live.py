@@ -1,0 +1,124 @@
+"""What the node's accelerators read right now: recent power and temperature, and each sensor's update period.
+
+Decisions taken before a window opens need them: how long the steady window must be for its bound
+(the update period and the power), and whether an idle device has settled. The sampler answers from
+the readings it already holds (no extra sensor reads), over the same channel as window energies, so an
+external `jpwr serve` and an in-process sampler answer alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jpwr.domains import Domain, MetricReading, Reading, Sensor, Signal, Status
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLive:
+    """One accelerator over the last `span_s` seconds."""
+
+    domain: str
+    update_period_s: float | None  # of the sensor energy is anchored on (counter, else power)
+    power_w: float | None  # mean over the span
+    power_min_w: float | None
+    power_max_w: float | None
+    power_covered_s: float  # time between the first and last power value used
+    temperature_c: float | None  # latest
+    temperature_min_c: float | None
+    temperature_max_c: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLive:
+    """The node's accelerators; `reason` says why there are none."""
+
+    node: str
+    span_s: float
+    devices: tuple[DeviceLive, ...]
+    reason: str | None = None
+
+    @property
+    def update_period_s(self) -> float | None:
+        """The slowest sensor's period: the one that limits every window's bound."""
+        periods = [d.update_period_s for d in self.devices if d.update_period_s]
+        return max(periods) if periods else None
+
+    @property
+    def power_w(self) -> float | None:
+        values = [d.power_w for d in self.devices]
+        return None if not values or None in values else sum(values)  # type: ignore[arg-type]
+
+    @property
+    def peak_power_w(self) -> float | None:
+        values = [d.power_max_w for d in self.devices]
+        return None if not values or None in values else sum(values)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "span_s": self.span_s, "reason": self.reason,
+                "devices": [dataclasses.asdict(d) for d in self.devices]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeLive:
+        return cls(str(data.get("node", "")), float(data.get("span_s", 0.0)),
+                   tuple(DeviceLive(**d) for d in data.get("devices", ())), data.get("reason"))
+
+
+def _recent(readings: Sequence[Reading], since_ns: int) -> list[Reading]:
+    """Valid readings at or after since_ns (scanned from the end: the lists only grow)."""
+    out = []
+    for r in reversed(readings):
+        if r.t_ns < since_ns:
+            break
+        if r.status is Status.OK and r.value is not None:
+            out.append(r)
+    return out[::-1]
+
+
+def _power(sensor: Sensor | None, readings: list[Reading]) -> tuple[float | None, float | None, float | None, float]:
+    """(mean, min, max, covered s) of power samples, or of the counter's slope when there is no power signal."""
+    if sensor is None or not readings:
+        return None, None, None, 0.0
+    covered = (readings[-1].t_ns - readings[0].t_ns) / 1e9
+    if sensor.signal is Signal.ENERGY_COUNTER:
+        if covered <= 0:
+            return None, None, None, 0.0
+        slope = (float(readings[-1].value) - float(readings[0].value)) / covered  # type: ignore[arg-type]
+        return slope, slope, slope, covered
+    values = [float(r.value) for r in readings]  # type: ignore[arg-type]
+    return sum(values) / len(values), min(values), max(values), covered
+
+
+def node_live(
+    node: str,
+    accelerators: Sequence[Domain],
+    sensors: Sequence[Sensor],
+    readings: Mapping[str, Sequence[Reading]],
+    metrics: Sequence[MetricReading],
+    now_ns: int,
+    span_s: float,
+) -> NodeLive:
+    """Summarise the last `span_s` seconds of the sampler's readings per accelerator."""
+    since = now_ns - int(span_s * 1e9)
+    if not accelerators:
+        return NodeLive(node, span_s, (), reason=f"no accelerator sensors on node {node}")
+    temps: dict[str, list[float]] = {}
+    for m in reversed(metrics):
+        if m.t_ns < since:
+            break
+        if m.name == "temperature_c":
+            temps.setdefault(m.domain_id, []).append(m.value)  # newest first
+    devices = []
+    for domain in accelerators:
+        own = {s.signal: s for s in sensors if s.domain_id == domain.id}
+        counter = own.get(Signal.ENERGY_COUNTER)
+        power_sensor = own.get(Signal.POWER_INSTANT) or own.get(Signal.POWER_AVERAGE) or counter
+        anchor = counter or power_sensor
+        recent = _recent(readings.get(power_sensor.id, ()), since) if power_sensor else []
+        mean, low, high, covered = _power(power_sensor, recent)
+        t = temps.get(domain.id, [])
+        devices.append(DeviceLive(
+            domain.id, anchor.est_update_s if anchor else None, mean, low, high, covered,
+            t[0] if t else None, min(t) if t else None, max(t) if t else None))
+    return NodeLive(node, span_s, tuple(devices))

@@ -1,0 +1,218 @@
+"""How many iterations the steady window gets: decided before it opens, from the sensor and the warm-up.
+
+The rule on accelerators (one place, every driver): the window lasts at least
+
+    D = max(30 s, 30 sensor update periods, the length at which the planned bound is ≤ 0.5 % of its energy)
+
+and at most 5 minutes, as a whole number of iterations N = ceil(D / step time). The planned bound is
+the estimator's own edge terms (`jpwr.estimator.planned_bound_j`: about P_edge·T per edge, two edges),
+the energy is P_mean·D, so the bound term asks for D ≥ 2·T·P_edge / (0.005·P_mean): 40 s at T = 100 ms
+and a flat power curve. T, P_edge (the highest recent power reading) and P_mean come from the node's
+sampler (`jpwr.live`) at the end of the warm-up; the step time is the warm-up's (median of its steps
+after the first). Rank 0 decides and every rank gets its plan, so all ranks run the same iterations.
+If the loop's period would alias with the sensor's, N grows until the loop drifts through every
+sensor phase (within the 5 minutes). Iteration counts given by the user win over all of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jpwr.errors import ValidationError
+from jpwr.estimator import aliasing_warning, planned_bound_j
+from jpwr.live import NodeLive
+
+TARGET_BOUND_FRACTION = 0.005
+MIN_UPDATE_PERIODS = 30
+MIN_SECONDS = 30.0
+MAX_SECONDS = 300.0
+ASSUMED_UPDATE_S = 0.1  # NVIDIA's and AMD's counters refresh about every 100 ms; used only without a sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class SteadyPlan:
+    """The steady window's length in iterations and what decided it."""
+
+    iterations: int
+    rule: str  # "iterations", "steady-seconds", "bound", "update periods", "minimum", "maximum", "cpu default"
+    reason: str
+    seconds: float | None = None  # the length aimed at; None when a count decided
+    step_s: float | None = None
+    update_period_s: float | None = None
+    update_period_source: str | None = None  # "sampler" or "assumed (no sampler)"
+    edge_power_w: float | None = None
+    mean_power_w: float | None = None
+    predicted_bound_fraction: float | None = None
+    aliasing: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SteadyPlan:
+        return cls(**dict(data))
+
+    def end_reason(self, steps: int, stopped: str | None = None) -> str:
+        """Why the steady window ended: its planned length, or a stop request before it."""
+        if stopped:
+            return f"stopped after {steps} of {self.iterations} planned iterations: {stopped}"
+        return f"planned length reached: {steps} iterations ({self.reason})"
+
+
+def fixed_plan(iterations: int, rule: str, reason: str) -> SteadyPlan:
+    """A count chosen without timing: the user's --iterations, or the CPU default."""
+    return SteadyPlan(iterations, rule, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowLength:
+    """The seconds a steady window aims at, the rule that set them and the sensor facts used."""
+
+    seconds: float
+    rule: str
+    update_period_s: float
+    update_period_source: str
+    edge_power_w: float | None
+    mean_power_w: float | None
+
+    @property
+    def power_ratio(self) -> float:
+        """P_edge / P_mean: how much more than average the window's edges may cost (1 when unknown)."""
+        return self.edge_power_w / self.mean_power_w if self.edge_power_w and self.mean_power_w else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def bound_fraction(self, seconds: float) -> float:
+        """Planned bound over planned energy for a window of `seconds`."""
+        return planned_bound_j(self.power_ratio, self.update_period_s) / seconds
+
+    def describe(self, explicit: float | None = None) -> str:
+        return {
+            "steady-seconds": f"--steady-seconds {explicit or self.seconds:g}",
+            "minimum": f"the {MIN_SECONDS:g} s minimum",
+            "update periods": f"{MIN_UPDATE_PERIODS} sensor update periods of {self.update_period_s * 1e3:.0f} ms",
+            "bound": f"planned bound <= {TARGET_BOUND_FRACTION:.1%} with a {self.update_period_s * 1e3:.0f} ms sensor",
+            "maximum": f"the {MAX_SECONDS:g} s maximum (the bound target needs longer)",
+        }[self.rule]
+
+
+def window_length(live: NodeLive | None, seconds: float | None = None) -> WindowLength:
+    """Seconds for the steady window: `seconds` when given, else the bound rule of this module's docstring."""
+    update_s = live.update_period_s if live else None
+    source = "sampler" if update_s else "assumed (no sampler)"
+    update_s = update_s or ASSUMED_UPDATE_S
+    edge_w, mean_w = (live.peak_power_w, live.power_w) if live else (None, None)
+    facts = (update_s, source, edge_w, mean_w)
+    if seconds is not None:
+        return WindowLength(seconds, "steady-seconds", *facts)
+    ratio = WindowLength(0.0, "", *facts).power_ratio
+    candidates = {"minimum": MIN_SECONDS, "update periods": MIN_UPDATE_PERIODS * update_s,
+                  "bound": planned_bound_j(ratio, update_s) / TARGET_BOUND_FRACTION}
+    rule = max(candidates, key=candidates.__getitem__)
+    if candidates[rule] > MAX_SECONDS:
+        return WindowLength(MAX_SECONDS, "maximum", *facts)
+    return WindowLength(candidates[rule], rule, *facts)
+
+
+def plan_steady_window(step_s: float, live: NodeLive | None, seconds: float | None = None) -> SteadyPlan:
+    """Iterations for a steady window of `seconds` (None: sized by the bound rule above)."""
+    if step_s <= 0:
+        raise ValueError(f"step time {step_s} s is not positive")
+    length = window_length(live, seconds)
+    update_s = length.update_period_s
+    iterations = max(1, math.ceil(length.seconds / step_s - 1e-9))
+    alias = aliasing_warning(iterations * step_s, iterations, update_s)
+    drifted = ""
+    if alias:  # lengthen until the loop's phase walks once around the sensor's, if that fits
+        delta = abs(step_s - round(step_s / update_s) * update_s)
+        drift = math.floor(update_s / delta) + 1 if delta > 1e-9 * update_s else None
+        if drift is not None and drift * step_s <= max(MAX_SECONDS, length.seconds):
+            iterations, drifted = drift, f", lengthened to {drift} so that the loop drifts through every sensor phase"
+            alias = aliasing_warning(iterations * step_s, iterations, update_s)
+    fraction = length.bound_fraction(iterations * step_s)
+    reason = (f"{iterations} × {step_s:.4g} s = {iterations * step_s:.1f} s for {length.describe(seconds)}{drifted}; "
+              f"planned bound {fraction:.2%} (update period {length.update_period_source})")
+    return SteadyPlan(iterations, length.rule, reason, length.seconds, step_s, update_s, length.update_period_source,
+                      length.edge_power_w, length.mean_power_w, fraction, alias)
+
+
+class StepTimer:
+    """Times warm-up steps, each after a device sync; the step time is the median after the first step.
+
+    The first step carries compilation and allocator growth; the median of the rest ignores a later
+    recompilation too. Warm-up is not measured, so the syncs cost nothing that is reported.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync
+        self._ticks: list[int] = []
+
+    def tick(self) -> None:
+        """Call once before the first warm-up step and after every warm-up step."""
+        if self.sync is not None:
+            self.sync()
+        self._ticks.append(time.monotonic_ns())
+
+    @property
+    def step_s(self) -> float | None:
+        steps = [(b - a) / 1e9 for a, b in itertools.pairwise(self._ticks)]
+        if not steps:
+            return None
+        return statistics.median(steps[1:] or steps)
+
+
+def steady_seconds_arg(text: str) -> float | None:
+    """argparse type of --steady-seconds: 'auto' (None: sized by the bound rule) or positive seconds."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (or 'auto')")
+    return value
+
+
+def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, aliases: tuple[str, ...] = (),
+                         idle: bool = True) -> None:
+    """--steady-seconds and (idle=True) --idle-baseline/--no-idle-baseline, worded the same in every driver."""
+    group.add_argument(
+        "--steady-seconds", *aliases, dest="steady_seconds", type=steady_seconds_arg, default=None, metavar="S|auto",
+        help=f"length of the steady window in seconds, grown to whole iterations and decided before it opens from "
+             f"the warm-up's step time (default auto: on accelerators long enough that the planned energy bound is "
+             f"<= {TARGET_BOUND_FRACTION:.1%} and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "
+             f"{MAX_SECONDS:g} s; {cpu_default}). An explicit iteration count wins")
+    if not idle:
+        return
+    group.add_argument(
+        "--idle-baseline", action=argparse.BooleanOptionalAction, default=True,
+        help="before the first window, wait until the devices have cooled down (bounded) and meter a few seconds "
+             "of idle power; every window's energy is then split into idle and dynamic parts (default on)")
+
+
+def sized_by_time(iterations_given: bool, steady_seconds: float | None, device: str) -> bool:
+    """Whether the steady window's length comes from timing the warm-up (not from a count).
+
+    A count decides when the user gave one, and on the CPU unless --steady-seconds was given (CPU runs
+    are smoke tests and CI: a fixed, small count keeps them fast). `device` is "cpu", "cuda" or "auto".
+    """
+    return not iterations_given and not (device == "cpu" and steady_seconds is None)
+
+
+def check_warmup_for_timing(warmup_iterations: int, iterations_given: bool, steady_seconds: float | None,
+                            device: str) -> None:
+    """A window sized by time needs at least one warm-up step to time."""
+    if sized_by_time(iterations_given, steady_seconds, device) and warmup_iterations < 1:
+        raise ValidationError(
+            f"--warmup-iterations {warmup_iterations} with a steady window sized by time (the step time is "
+            "measured in the warm-up)",
+            "pass --warmup-iterations 2 or more, or a fixed iteration count (--iterations N)")

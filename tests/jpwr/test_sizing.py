@@ -1,0 +1,137 @@
+"""Steady windows sized by time and bound (jpwr.sizing), planned from the sampler's live readings.
+
+The live readings come from the production sampler replaying the recorded H100 trace through the
+fake pynvml on a virtual clock; the rule's honesty is checked against the estimator's own bounds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jpwr.channel import Mark
+from jpwr.clock import VirtualClock
+from jpwr.estimator import planned_bound_j
+from jpwr.live import DeviceLive, NodeLive
+from jpwr.sampler import Sampler, open_backends
+from jpwr.sizing import (
+    ASSUMED_UPDATE_S,
+    MAX_SECONDS,
+    MIN_SECONDS,
+    TARGET_BOUND_FRACTION,
+    StepTimer,
+    plan_steady_window,
+    steady_seconds_arg,
+)
+
+NS = 10**9
+TICK_NS = 100_000_000
+# Phases of tests/data/h100_trace (meta.json), seconds from the trace's start.
+STEADY = (3.0, 11.0)
+IDLE_AFTER_STEADY = (11.0, 14.0)
+
+
+def _replay_sampler(fake_pynvml, trace_dir, tmp_path) -> tuple[Sampler, VirtualClock]:
+    clock = VirtualClock()
+    fake_pynvml.configure(trace_dir, clock, origin_ns=0)
+    backends, discoveries = open_backends(["nvml"], clock)
+    sampler = Sampler(backends, discoveries, tmp_path, 0.1, 1.0, clock=clock, node="n1", background=False)
+    return sampler.start(measure_costs=False), clock
+
+
+def _drive(sampler: Sampler, clock: VirtualClock, until_s: float) -> None:
+    tick = 0
+    while clock.monotonic_ns() < until_s * NS:
+        sampler.poll_once(tick)
+        tick += 1
+        clock.set_ns(clock.monotonic_ns() + TICK_NS - clock.monotonic_ns() % TICK_NS)
+
+
+def _live(update_s: float | None, power: float | None = None, peak: float | None = None) -> NodeLive:
+    device = DeviceLive("nvml:GPU-x", update_s, power, power, peak or power, 2.0, None, None, None)
+    return NodeLive("n1", 2.0, (device,))
+
+
+def test_plan_from_the_live_sampler_meets_the_bound_target_in_whole_iterations(fake_pynvml, h100_trace_dir,
+                                                                               tmp_path):
+    sampler, clock = _replay_sampler(fake_pynvml, h100_trace_dir, tmp_path)
+    _drive(sampler, clock, STEADY[1] - 0.5)  # end of a warm-up inside the steady matmul phase
+    live = sampler.live(2.0)
+    assert live.update_period_s == pytest.approx(0.1)  # the NVML counter's update period
+    assert 600 < live.power_w < live.peak_power_w  # the recorded matmul ran at the 700 W cap
+    step_s = 0.85
+    plan = plan_steady_window(step_s, live)
+    edge_over_mean = live.peak_power_w / live.power_w
+    needed = planned_bound_j(edge_over_mean, live.update_period_s) / TARGET_BOUND_FRACTION
+    assert plan.rule == "bound" and plan.update_period_source == "sampler"
+    assert plan.seconds == pytest.approx(needed)
+    assert (plan.iterations - 1) * step_s < needed <= plan.iterations * step_s  # whole iterations, no more
+    assert plan.predicted_bound_fraction <= TARGET_BOUND_FRACTION
+    assert MIN_SECONDS <= plan.iterations * step_s <= MAX_SECONDS
+    assert plan.aliasing is None and "planned bound" in plan.reason
+
+
+def test_planned_bound_covers_the_bound_the_estimator_states(fake_pynvml, h100_trace_dir, tmp_path):
+    """The planning model (2·P_edge·T) is at least the bound the estimator then states, on real H100 windows."""
+    sampler, clock = _replay_sampler(fake_pynvml, h100_trace_dir, tmp_path)
+    for name, (t0, t1) in {"steady": STEADY, "idle": IDLE_AFTER_STEADY}.items():
+        _drive(sampler, clock, t0 + 0.3)
+        sampler.add_mark(Mark(name, "begin", 0, clock.monotonic_ns()))
+        _drive(sampler, clock, t1 - 0.3)
+        sampler.add_mark(Mark(name, "end", 1, clock.monotonic_ns()))
+        live = sampler.live(t1 - t0 - 0.6)
+        energy = sampler.window_energies([name])[name]
+        assert energy.method == "counter+power"
+        assert 0 < energy.error_bound_j <= planned_bound_j(live.peak_power_w, live.update_period_s), name
+
+
+@pytest.mark.parametrize(("update_s", "rule", "seconds"), [
+    (None, "bound", 2 * ASSUMED_UPDATE_S / TARGET_BOUND_FRACTION),  # no sampler: a 100 ms sensor is assumed
+    (0.02, "minimum", MIN_SECONDS),  # a fast sensor: the bound needs only 8 s
+    (1.0, "maximum", MAX_SECONDS),  # a 1 s sensor would need 400 s: capped, and the plan says so
+])
+def test_rule_picks_the_binding_limit(update_s, rule, seconds):
+    plan = plan_steady_window(0.5, _live(update_s, 300.0) if update_s else None)
+    assert plan.rule == rule and plan.seconds == pytest.approx(seconds)
+    assert plan.update_period_source == ("sampler" if update_s else "assumed (no sampler)")
+    if rule == "maximum":
+        assert plan.predicted_bound_fraction > TARGET_BOUND_FRACTION and "maximum" in plan.reason
+
+
+def test_explicit_seconds_win_over_the_rule_and_are_whole_iterations():
+    plan = plan_steady_window(0.37, _live(0.1, 500.0), seconds=2.0)
+    assert plan.rule == "steady-seconds" and plan.iterations == 6  # 6 × 0.37 s is the first count >= 2 s
+    assert "--steady-seconds 2" in plan.reason
+
+
+def test_a_loop_aliasing_with_the_sensor_gets_enough_steps_to_drift_through_its_phases():
+    step_s, update_s = 0.1001, 0.1  # one step per sensor period, 0.1 ms off
+    plan = plan_steady_window(step_s, _live(update_s, 500.0))
+    assert plan.aliasing is None and "drifts through every sensor phase" in plan.reason
+    assert plan.iterations * abs(step_s - update_s) >= update_s  # the loop's phase walks once around the sensor's
+    locked = plan_steady_window(update_s, _live(update_s, 500.0))  # exactly in step: no length helps
+    assert locked.aliasing and "aliasing" in locked.aliasing
+
+
+def test_warmup_step_time_is_the_median_after_the_first_step():
+    pauses = iter([0.2, 0.01, 0.01, 0.01])
+    timer = StepTimer(sync=lambda: None)
+    timer.tick()
+    for pause in pauses:
+        time.sleep(pause)
+        timer.tick()
+    assert timer.step_s is not None and timer.step_s < 0.1  # the slow first (compiling) step is left out
+
+
+@pytest.mark.parametrize(("text", "value"), [("auto", None), ("AUTO", None), ("45", 45.0), ("0.5", 0.5)])
+def test_steady_seconds_option_values(text, value):
+    assert steady_seconds_arg(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "soon"])
+def test_steady_seconds_option_refuses_nonsense(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="auto"):
+        steady_seconds_arg(text)

@@ -1,0 +1,91 @@
+"""Every command line's --help, and the message for a missing extra, in a venv holding only numpy and h5py.
+
+The honest check for "works without the optional extras": a fresh venv (no pip, no system site-packages)
+whose only third-party packages are the two base dependencies, linked from this interpreter's install.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import venv
+from pathlib import Path
+
+import h5py
+import numpy
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HELP = [
+    ["jpwr", "--help"], *(["jpwr", verb, "--help"] for verb in
+                          ("serve", "combine", "info", "selftest", "qualify", "plot", "report")),
+    *(["llm_training", verb, "--help"] for verb in ("train", "validate", "preprocess")),
+    *(["resnet50", verb, "--help"] for verb in ("train", "validate", "make-data")),
+    *(["llm_inference", verb, "--help"] for verb in ("run", "validate")),
+]
+# A command that needs an extra, and the extra its message must name.
+NEEDS = [
+    (["llm_training", "train", "--model", "tiny", "--device", "cpu", "--iterations", "2"], "joulebench[llm]"),
+    (["llm_training", "preprocess", "--input", "x.jsonl", "--output-prefix", "y"], "joulebench[llm]"),
+    (["llm_inference", "run", "--preset", "tiny", "--device", "cpu"], "joulebench[inference]"),
+    (["resnet50", "train", "--framework", "pytorch", "--device", "cpu"], "joulebench[resnet-pytorch]"),
+    (["jpwr", "--out", "o", "--", "true"], None),  # meters nothing here, but writes a trace to plot
+    (["jpwr", "plot", "o", "-o", "trace.png"], "joulebench[reports]"),
+    (["jpwr", "--methods", "nvml", "--", "true"], "joulebench[nvidia]"),
+]
+SCRIPT = """
+import contextlib, importlib, io, json, sys
+results = []
+for argv in json.loads(sys.argv[1]):
+    main = importlib.import_module(argv[0] + ".cli").main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv[1:])
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    env_dir = tmp_path_factory.mktemp("bare") / "venv"
+    venv.EnvBuilder(with_pip=False, system_site_packages=False, symlinks=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for module in (numpy, h5py):
+        package = Path(module.__file__).parent
+        for item in [package, *package.parent.glob(f"{package.name}.libs")]:
+            (site / item.name).symlink_to(item)
+    return python
+
+
+def _run(python: Path, commands: list[list[str]], cwd: Path) -> list[tuple[int, str, str]]:
+    import json
+
+    result = subprocess.run([python, "-c", SCRIPT, json.dumps(commands)], cwd=cwd, capture_output=True, text=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [tuple(r) for r in json.loads(result.stdout.splitlines()[-1])]
+
+
+def test_the_bare_venv_really_lacks_the_extras(bare_python):
+    probe = "import importlib.util as u; print([m for m in ('torch', 'matplotlib', 'pandas', 'transformers', " \
+            "'megatron', 'pynvml', 'tensorflow') if u.find_spec(m)])"
+    assert subprocess.run([bare_python, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+
+
+def test_every_help_works_without_optional_extras(bare_python, tmp_path):
+    for argv, (code, out, err) in zip(HELP, _run(bare_python, HELP, tmp_path), strict=True):
+        assert code == 0 and "usage:" in out, (argv, err[-2000:])
+
+
+def test_a_missing_extra_names_what_to_install(bare_python, tmp_path):
+    for (argv, extra), (code, _, err) in zip(NEEDS, _run(bare_python, [a for a, _ in NEEDS], tmp_path), strict=True):
+        if extra is None:
+            assert code == 0, (argv, err[-2000:])
+            continue
+        assert code in (64, 69), (argv, err[-2000:])
+        assert f"pip install '{extra}'" in err and "Traceback" not in err, (argv, err[-2000:])

@@ -15,28 +15,30 @@ import numpy
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CLI = {"jpwr": "jpwr.cli", "joulebench": "joulebench.analysis.cli", "llm_training": "llm_training.cli",
+       "resnet50": "resnet50.cli", "llm_inference": "llm_inference.cli"}
 HELP = [
-    ["jpwr", "--help"], *(["jpwr", verb, "--help"] for verb in
-                          ("serve", "combine", "info", "selftest", "qualify", "plot", "report")),
+    ["jpwr", "--help"], *(["jpwr", verb, "--help"] for verb in ("serve", "combine", "info", "selftest", "qualify")),
+    ["joulebench", "--help"], *(["joulebench", verb, "--help"] for verb in ("plot", "report")),
     *(["llm_training", verb, "--help"] for verb in ("train", "validate", "preprocess")),
     *(["resnet50", verb, "--help"] for verb in ("train", "validate", "make-data")),
     *(["llm_inference", verb, "--help"] for verb in ("run", "validate")),
 ]
-# A command that needs an extra, and the extra its message must name.
+# A command that needs an extra, and the extra its message must name (None: it needs none).
 NEEDS = [
     (["llm_training", "train", "--model", "tiny", "--device", "cpu", "--iterations", "2"], "joulebench[llm]"),
     (["llm_training", "preprocess", "--input", "x.jsonl", "--output-prefix", "y"], "joulebench[llm]"),
     (["llm_inference", "run", "--preset", "tiny", "--device", "cpu"], "joulebench[inference]"),
     (["resnet50", "train", "--framework", "pytorch", "--device", "cpu"], "joulebench[resnet-pytorch]"),
     (["jpwr", "--out", "o", "--", "true"], None),  # meters nothing here, but writes a trace to plot
-    (["jpwr", "plot", "o", "-o", "trace.png"], "joulebench[reports]"),
+    (["joulebench", "plot", "o", "-o", "trace.png"], "joulebench[reports]"),
     (["jpwr", "--methods", "nvml", "--", "true"], "joulebench[nvidia]"),
 ]
 SCRIPT = """
 import contextlib, importlib, io, json, sys
 results = []
 for argv in json.loads(sys.argv[1]):
-    main = importlib.import_module(argv[0] + ".cli").main
+    main = importlib.import_module(CLI[argv[0]]).main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -46,6 +48,10 @@ for argv in json.loads(sys.argv[1]):
     results.append([code, out.getvalue(), err.getvalue()])
 print(json.dumps(results))
 """
+
+
+def _env() -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +71,9 @@ def bare_python(tmp_path_factory) -> Path:
 def _run(python: Path, commands: list[list[str]], cwd: Path) -> list[tuple[int, str, str]]:
     import json
 
-    result = subprocess.run([python, "-c", SCRIPT, json.dumps(commands)], cwd=cwd, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    script = f"CLI = {CLI!r}\n{SCRIPT}"
+    result = subprocess.run([python, "-c", script, json.dumps(commands)], cwd=cwd, capture_output=True, text=True,
+                            env=_env(), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return [tuple(r) for r in json.loads(result.stdout.splitlines()[-1])]
 
@@ -80,6 +87,13 @@ def test_the_bare_venv_really_lacks_the_extras(bare_python):
 def test_every_help_works_without_optional_extras(bare_python, tmp_path):
     for argv, (code, out, err) in zip(HELP, _run(bare_python, HELP, tmp_path), strict=True):
         assert code == 0 and "usage:" in out, (argv, err[-2000:])
+
+
+def test_jpwr_plot_and_report_help_forward_without_extras(bare_python, tmp_path):
+    for verb in ("plot", "report"):  # `jpwr VERB` forwards to `joulebench VERB` in a new process
+        result = subprocess.run([bare_python, "-m", "jpwr", verb, "--help"], cwd=tmp_path, capture_output=True,
+                                text=True, env=_env(), timeout=120)
+        assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-2000:]
 
 
 def test_a_missing_extra_names_what_to_install(bare_python, tmp_path):

@@ -39,5 +39,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"joulebench: error: unknown verb {verb!r}. Fix: use one of {', '.join(VERBS)}\n\n{usage()}",
               file=sys.stderr)
         return ExitCode.USAGE
-    module = importlib.import_module(VERBS[verb][0])
-    return exit_code_of(f"joulebench {verb}", lambda: module.main(rest), debug)
+    # imported inside the error boundary: a verb's missing extra is named, not a traceback
+    return exit_code_of(f"joulebench {verb}", lambda: importlib.import_module(VERBS[verb][0]).main(rest), debug)

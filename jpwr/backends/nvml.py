@@ -53,6 +53,51 @@ def _field_value(fv: Any) -> float:
     return float(getattr(fv.value, _VALUE_MEMBER.get(int(fv.valueType), "uiVal")))
 
 
+def resolve_gpus(nv: Any, selectors: Sequence[str] | None) -> tuple[list[tuple[int, Any, bool]], list[str]]:
+    """Selectors (None = every GPU) -> (NVML index, handle, shared with MIG instances), each GPU once, in NVML order,
+    and why a selector matched no single GPU. `nv` is the initialised pynvml module."""
+    count = nv.nvmlDeviceGetCount()
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
+    chosen: dict[int, bool] = {}
+    problems: list[str] = []
+    if selectors is None:
+        chosen = dict.fromkeys(range(count), False)
+    for selector in selectors or ():
+        try:
+            kind = selector_kind(selector)
+        except ValidationError as exc:
+            problems.append(str(exc))
+            continue
+        if kind == "index" and int(selector) < count:
+            chosen[int(selector)] = chosen.get(int(selector), False)
+        elif kind == "uuid" and len(match := [i for i, u in enumerate(uuids) if u.startswith(selector)]) == 1:
+            chosen[match[0]] = chosen.get(match[0], False)
+        elif kind in ("mig", "pci"):
+            try:
+                if kind == "mig":
+                    handle = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nv.nvmlDeviceGetHandleByUUID(selector))
+                else:
+                    handle = nv.nvmlDeviceGetHandleByPciBusId(selector)
+                index = uuids.index(_text(nv.nvmlDeviceGetUUID(handle)))
+            except (nv.NVMLError, ValueError) as exc:
+                problems.append(f"device {selector!r} not found: {exc}")
+                continue
+            chosen[index] = chosen.get(index, False) or kind == "mig"
+        else:
+            problems.append(f"device {selector!r} matches no single GPU of {count}")
+    for index in chosen:
+        chosen[index] = chosen[index] or _mig_enabled(nv, handles[index])
+    return [(i, handles[i], chosen[i]) for i in sorted(chosen)], problems
+
+
+def _mig_enabled(nv: Any, handle: Any) -> bool:
+    try:
+        return int(nv.nvmlDeviceGetMigMode(handle)[0]) == 1
+    except nv.NVMLError:
+        return False  # NOT_SUPPORTED on GPUs without MIG
+
+
 @dataclasses.dataclass
 class _Gpu:
     """One metered GPU and which NVML call feeds each of its sensors."""
@@ -92,55 +137,15 @@ class NvmlBackend:
         try:
             disc.info["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
             disc.info["nvml"] = _text(pynvml.nvmlSystemGetNVMLVersion())
-            for index, handle, shared in self._resolve(disc):
+            gpus, problems = resolve_gpus(pynvml, self._selectors)
+            disc.unavailable += [unavailable(NAME, problem) for problem in problems]
+            for index, handle, shared in gpus:
                 self._add_gpu(disc, index, handle, shared)
         except Exception as exc:  # NVMLError, or a function this nvidia-ml-py lacks: discover() must not raise
             disc.unavailable.append(unavailable(NAME, f"NVML query failed during discovery: {exc!r}"))
         if not disc.sensors and not disc.unavailable:
             disc.unavailable.append(unavailable(NAME, "no GPUs selected"))
         return disc
-
-    def _resolve(self, disc: Discovery) -> list[tuple[int, Any, bool]]:
-        """Selectors -> (NVML index, handle, shared-with-MIG), each GPU once, in NVML order."""
-        nv = self._nv
-        count = nv.nvmlDeviceGetCount()
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
-        chosen: dict[int, bool] = {}
-        if self._selectors is None:
-            chosen = dict.fromkeys(range(count), False)
-        for selector in self._selectors or ():
-            try:
-                kind = selector_kind(selector)
-            except ValidationError as exc:
-                disc.unavailable.append(unavailable(NAME, str(exc)))
-                continue
-            if kind == "index" and int(selector) < count:
-                chosen[int(selector)] = chosen.get(int(selector), False)
-            elif kind == "uuid" and len(match := [i for i, u in enumerate(uuids) if u.startswith(selector)]) == 1:
-                chosen[match[0]] = chosen.get(match[0], False)
-            elif kind in ("mig", "pci"):
-                try:
-                    if kind == "mig":
-                        handle = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nv.nvmlDeviceGetHandleByUUID(selector))
-                    else:
-                        handle = nv.nvmlDeviceGetHandleByPciBusId(selector)
-                    index = uuids.index(_text(nv.nvmlDeviceGetUUID(handle)))
-                except (nv.NVMLError, ValueError) as exc:
-                    disc.unavailable.append(unavailable(NAME, f"device {selector!r} not found: {exc}"))
-                    continue
-                chosen[index] = chosen.get(index, False) or kind == "mig"
-            else:
-                disc.unavailable.append(unavailable(NAME, f"device {selector!r} matches no single GPU of {count}"))
-        for index in chosen:
-            chosen[index] = chosen[index] or self._mig_enabled(handles[index])
-        return [(i, handles[i], chosen[i]) for i in sorted(chosen)]
-
-    def _mig_enabled(self, handle: Any) -> bool:
-        try:
-            return int(self._nv.nvmlDeviceGetMigMode(handle)[0]) == 1
-        except self._nv.NVMLError:
-            return False  # NOT_SUPPORTED on GPUs without MIG
 
     def _add_gpu(self, disc: Discovery, index: int, handle: Any, shared: bool) -> None:
         nv = self._nv

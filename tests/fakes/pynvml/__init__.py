@@ -12,10 +12,18 @@ usage_t_after_ns for GetPowerUsage, SM clock and utilisation); before the first 
 Past the end the trace loops, the counter continuing upward. Several devices are copies with distinct UUIDs
 and PCI bus ids. Values not in the trace are fixed, documented stand-ins (`SYNTHETIC`).
 
+Device settings (device_state.py has the details): nvmlDeviceSetPowerManagementLimit, nvmlDeviceSetGpuLockedClocks and
+nvmlDeviceResetGpuLockedClocks change a per-device state that the readers (power limit, clocks, power, the energy
+counter) follow through a documented clock response; they need a privileged caller, and every call is logged.
+Read-only companions: the limit's constraints and default, supported and maximum clocks, persistence mode and the
+API restriction; their values are SYNTHETIC stand-ins.
+
 Subprocesses: with JPWR_FAKE_NVML_TRACE=<dir> set at import, the fake configures itself on real
 time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPWR_FAKE_NVML_DEVICES=N copies,
-JPWR_FAKE_NVML_FAULTS=<json of Faults fields>, JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>,
-JPWR_FAKE_NVML_CALL_COSTS=1 (calls take as long as on the H100).
+JPWR_FAKE_NVML_FAULTS=<json of Faults fields, or {"per_device": {index: Faults fields}}>,
+JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>, JPWR_FAKE_NVML_CALL_COSTS=1 (calls take as long as on the H100),
+JPWR_FAKE_NVML_STATE=<file> (device settings shared between processes), JPWR_FAKE_NVML_PRIVILEGED=1 (set/reset calls
+are permitted), JPWR_FAKE_NVML_CLOCK_RESPONSE=<json of ClockResponse fields>.
 Unconfigured, it behaves like a machine without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound.
 """
 
@@ -35,6 +43,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from .device_state import ClockResponse, PhaseResponse, ScaledTrace, Settings, StateStore, state_path_from
+
+__all__ = ["ClockResponse", "PhaseResponse", "Settings"]  # re-exported for tests that configure the response
 
 # ---- constants (same names and values as nvidia-ml-py) ----------------------------------------------
 NVML_SUCCESS = 0
@@ -72,10 +84,17 @@ NVML_DEVICE_ARCH_AMPERE = 7
 NVML_DEVICE_ARCH_HOPPER = 9
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS = 0
+NVML_RESTRICTED_API_SET_AUTO_BOOSTED_CLOCKS = 1
+nvmlClocksEventReasonApplicationsClocksSetting = 0x2
+nvmlClocksEventReasonSwPowerCap = 0x4
 
 # Values the trace does not hold; fixed stand-ins so metric code paths run (not measurements).
 SYNTHETIC = {"memory_clock_MHz": 2619, "temperature_C": 40, "memory_used_bytes": 0, "util_memory_pct": 0,
-             "clocks_event_reasons": 0}
+             "clocks_event_reasons": 0, "power_limit_min_mW": 200_000, "sm_clocks_MHz": list(range(1980, 344, -15)),
+             "persistence_mode": NVML_FEATURE_ENABLED, "api_restricted": NVML_FEATURE_ENABLED}
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -180,10 +199,14 @@ class Trace:
         # phase marks as trace-relative ns: [(name, "begin"/"end", rel_ns), ...]
         self.marks = [(name, edge, int(t) - self.t_start_ns) for name, edge, t in self.meta["marks"]]
 
+    def index(self, series: list[int], rel_ns: int) -> tuple[int, int]:
+        """Index of the last row recorded at or before rel_ns (looping), and how many loops have passed."""
+        loops, within = divmod(max(rel_ns, 0), self.duration_ns)
+        return max(bisect.bisect_right(series, self.t_start_ns + within) - 1, 0), loops
+
     def row(self, series: list[int], rel_ns: int) -> tuple[dict[str, int], int]:
         """The last row recorded at or before rel_ns (looping), and how many loops have passed."""
-        loops, within = divmod(max(rel_ns, 0), self.duration_ns)
-        index = max(bisect.bisect_right(series, self.t_start_ns + within) - 1, 0)
+        index, loops = self.index(series, rel_ns)
         return self.rows[index], loops
 
     def energy_mj(self, rel_ns: int) -> int:
@@ -216,8 +239,16 @@ class Faults:
     slow_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # function -> ms spent inside it
 
     @classmethod
-    def from_json(cls, text: str) -> Faults:
+    def from_json(cls, text: str) -> Faults | dict[int, Faults]:
+        """Faults for every device, or {"per_device": {index: faults}} for some devices only."""
         data = json.loads(text)
+        if "per_device" in data:
+            return {int(index): cls._one(f) for index, f in data["per_device"].items()}
+        return cls._one(data)
+
+    @classmethod
+    def _one(cls, data: dict[str, Any]) -> Faults:
+        data = dict(data)
         data["fails"] = tuple(Fail(**f) for f in data.get("fails", ()))
         data["counter_steps"] = tuple(tuple(s) for s in data.get("counter_steps", ()))
         return cls(**data)
@@ -249,9 +280,14 @@ class Replay:
     """The configured fake: the trace, the devices, the clock, and helpers for tests."""
 
     def __init__(self, trace: Trace, clock: Any, origin_ns: int, devices: list[_Device], init_error: int | None,
-                 call_costs: bool = False) -> None:
+                 call_costs: bool = False, store: StateStore | None = None, privileged: bool = False,
+                 response: ClockResponse | None = None) -> None:
         self.trace, self.clock, self.origin_ns, self.devices, self.init_error = (
             trace, clock, origin_ns, devices, init_error)
+        limit = int(trace.meta["power_limit_mW"])
+        self.store = store or StateStore(None, {dev.uuid: limit for dev in devices})
+        self.privileged = privileged
+        self.scaled = ScaledTrace(trace, response or ClockResponse())
         # per-call cost measured on the H100 before recording (meta call_cost_s), if emulated
         measured = trace.meta.get("call_cost_s", {}) if call_costs else {}
         self.call_cost_ms = {function: measured[key] * 1000 for key, function in _COST_KEYS.items() if key in measured}
@@ -268,6 +304,36 @@ class Replay:
     def marks_ns(self) -> list[tuple[str, str, int]]:
         """The recorded phase marks on the configured clock."""
         return [(name, edge, self.clock_ns(rel)) for name, edge, rel in self.trace.marks]
+
+    def settings(self, index: int) -> Settings:
+        """Device `index`'s current power limit and locked clocks."""
+        return self.store.settings(self.devices[index].uuid)
+
+    def energy_mj(self, dev: _Device, rel_ns: int) -> float:
+        """The counter without faults: the recording's, or integrated over the device's settings history."""
+        history = self.store.history(dev.uuid)
+        if not history:
+            return self.trace.energy_mj(rel_ns)
+        edges = [(t - self.origin_ns, settings) for t, settings in history]
+        total = self.scaled.energy_mj(min(rel_ns, edges[0][0]), self.store.defaults(dev.uuid))
+        for k, (start, settings) in enumerate(edges):
+            if rel_ns <= start:
+                break
+            end = min(edges[k + 1][0], rel_ns) if k + 1 < len(edges) else rel_ns
+            total += self.scaled.energy_mj(end, settings) - self.scaled.energy_mj(start, settings)
+        return total
+
+    def phase_time_factor(self, phase: str, index: int = 0) -> float:
+        """How much longer `phase` takes under device `index`'s current settings than in the recording (the clock
+        response's time model; the fake cannot slow its caller, the caller applies the factor)."""
+        rows = self.scaled.phase_rows(phase)
+        if not rows:
+            raise ValueError(f"phase {phase!r} is not marked in the trace ({sorted(set(self.scaled.row_phase))})")
+        settings = self.settings(index)
+        recorded = sum(self.trace.rows[i]["sm_clock_MHz"] for i in rows)
+        running = sum(self.scaled.row_point(i, settings, self.trace.rows[i]["power_usage_mW"])[0] for i in rows)
+        share = self.scaled.response.phase(phase).compute_fraction
+        return (1 - share) + share * recorded / running
 
 
 _replay: Replay | None = None
@@ -295,13 +361,18 @@ def configure(
     init_error: int | None = None,
     origin_ns: int | None = None,
     call_costs: bool = False,
+    state_file: str | Path | None = None,
+    privileged: bool = False,
+    clock_response: ClockResponse | None = None,
 ) -> Replay:
     """Replay `trace_dir` as `devices` GPUs on `clock` (a jpwr VirtualClock; None = real monotonic time).
 
     faults: for all devices, or per device index. overrides: per device index, any of name, uuid,
     pci_bus_id, architecture, mig_uuids (MIG instance ids that resolve to this GPU).
     call_costs: each call takes as long as it did on the H100 (meta call_cost_s; the counter ~3.6 ms), on
-    top of any Faults.slow_ms.
+    top of any Faults.slow_ms. state_file: device settings shared with other processes ("{node}" = node name);
+    None keeps them in memory. privileged: set/reset calls are permitted. clock_response: how power, clock and
+    phase times follow the settings (device_state.py).
     """
     global _replay
     trace = Trace(trace_dir)
@@ -316,7 +387,9 @@ def configure(
             setattr(dev, key, tuple(value) if key == "mig_uuids" else value)
         devs.append(dev)
     origin = clock.monotonic_ns() if origin_ns is None else origin_ns
-    _replay = Replay(trace, clock, origin, devs, init_error, call_costs)
+    limits = {dev.uuid: int(meta["power_limit_mW"]) for dev in devs}
+    store = StateStore(None if state_file is None else state_path_from(str(state_file)), limits)
+    _replay = Replay(trace, clock, origin, devs, init_error, call_costs, store, privileged, clock_response)
     return _replay
 
 
@@ -445,17 +518,70 @@ def nvmlDeviceGetArchitecture(handle: _Handle) -> int:
 
 
 def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
-    return int(_device(handle, "nvmlDeviceGetEnforcedPowerLimit")[0].trace.meta["power_limit_mW"])
+    replay, dev, _ = _device(handle, "nvmlDeviceGetEnforcedPowerLimit")
+    return replay.store.settings(dev.uuid).power_limit_mw
+
+
+def nvmlDeviceGetPowerManagementLimit(handle: _Handle) -> int:
+    replay, dev, _ = _device(handle, "nvmlDeviceGetPowerManagementLimit")
+    return replay.store.settings(dev.uuid).power_limit_mw
+
+
+def nvmlDeviceGetPowerManagementDefaultLimit(handle: _Handle) -> int:
+    return int(_device(handle, "nvmlDeviceGetPowerManagementDefaultLimit")[0].trace.meta["power_limit_mW"])
+
+
+def nvmlDeviceGetPowerManagementLimitConstraints(handle: _Handle) -> list[int]:
+    replay = _device(handle, "nvmlDeviceGetPowerManagementLimitConstraints")[0]
+    return [SYNTHETIC["power_limit_min_mW"], int(replay.trace.meta["power_limit_mW"])]
+
+
+def nvmlDeviceGetMaxClockInfo(handle: _Handle, clock_type: int) -> int:
+    _device(handle, "nvmlDeviceGetMaxClockInfo")
+    return SYNTHETIC["memory_clock_MHz"] if clock_type == NVML_CLOCK_MEM else max(SYNTHETIC["sm_clocks_MHz"])
+
+
+def nvmlDeviceGetSupportedMemoryClocks(handle: _Handle) -> list[int]:
+    _device(handle, "nvmlDeviceGetSupportedMemoryClocks")
+    return [SYNTHETIC["memory_clock_MHz"]]
+
+
+def nvmlDeviceGetSupportedGraphicsClocks(handle: _Handle, memoryClockMHz: int) -> list[int]:
+    _device(handle, "nvmlDeviceGetSupportedGraphicsClocks")
+    if memoryClockMHz != SYNTHETIC["memory_clock_MHz"]:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return list(SYNTHETIC["sm_clocks_MHz"])
+
+
+def nvmlDeviceGetPersistenceMode(handle: _Handle) -> int:
+    _device(handle, "nvmlDeviceGetPersistenceMode")
+    return SYNTHETIC["persistence_mode"]
+
+
+def nvmlDeviceGetAPIRestriction(handle: _Handle, apiType: int) -> int:
+    _device(handle, "nvmlDeviceGetAPIRestriction")
+    if apiType not in (NVML_RESTRICTED_API_SET_APPLICATION_CLOCKS, NVML_RESTRICTED_API_SET_AUTO_BOOSTED_CLOCKS):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return SYNTHETIC["api_restricted"]
 
 
 def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:
     replay, dev, rel = _device(handle, "nvmlDeviceGetTotalEnergyConsumption")
     f = dev.faults
-    energy = replay.trace.energy_mj(rel)
+    energy = replay.energy_mj(dev, rel)
     if f.counter_reset_at_ns is not None and rel >= f.counter_reset_at_ns:
-        energy -= replay.trace.energy_mj(f.counter_reset_at_ns)
-    energy += sum(delta for start, delta in f.counter_steps if rel >= start)
+        energy -= replay.energy_mj(dev, f.counter_reset_at_ns)
+    energy = round(energy) + sum(delta for start, delta in f.counter_steps if rel >= start)
     return energy % f.counter_wrap_mj if f.counter_wrap_mj else energy
+
+
+def _operating_point(replay: Replay, dev: _Device, series: list[int], rel: int,
+                     column: str) -> tuple[float, float, bool]:
+    """(SM clock MHz, `column`'s power in mW, capped) of the row at rel under the device's current settings."""
+    index, _ = replay.trace.index(series, rel)
+    recorded_mw = replay.trace.rows[index][column]
+    clock, power_w, capped = replay.scaled.row_point(index, replay.store.settings(dev.uuid), recorded_mw)
+    return clock, power_w * 1000.0, capped
 
 
 def nvmlDeviceGetFieldValues(handle: _Handle, fieldIds: Sequence[int | tuple[int, int]]) -> Any:
@@ -475,22 +601,23 @@ def nvmlDeviceGetFieldValues(handle: _Handle, fieldIds: Sequence[int | tuple[int
             slot.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             slot.value.ullVal = nvmlDeviceGetTotalEnergyConsumption(handle)
         elif field_id in column and scope in (NVML_POWER_SCOPE_GPU, NVML_POWER_SCOPE_MODULE):
-            slot.value.uiVal = row[column[field_id]]  # an H100 SXM board: module scope = GPU scope
+            # an H100 SXM board: module scope = GPU scope
+            slot.value.uiVal = round(_operating_point(replay, dev, replay.trace.fields_t, rel, column[field_id])[1])
         else:
             slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
     return values
 
 
 def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
-    replay, _, rel = _device(handle, "nvmlDeviceGetPowerUsage")
-    return replay.trace.row(replay.trace.usage_t, rel)[0]["power_usage_mW"]
+    replay, dev, rel = _device(handle, "nvmlDeviceGetPowerUsage")
+    return round(_operating_point(replay, dev, replay.trace.usage_t, rel, "power_usage_mW")[1])
 
 
 def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
-    replay, _, rel = _device(handle, "nvmlDeviceGetClockInfo")
+    replay, dev, rel = _device(handle, "nvmlDeviceGetClockInfo")
     if clock_type == NVML_CLOCK_MEM:
         return SYNTHETIC["memory_clock_MHz"]
-    return replay.trace.row(replay.trace.usage_t, rel)[0]["sm_clock_MHz"]
+    return round(_operating_point(replay, dev, replay.trace.usage_t, rel, "power_usage_mW")[0])
 
 
 def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
@@ -511,11 +638,56 @@ def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
-    _device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-    return SYNTHETIC["clocks_event_reasons"]
+    """The recording's stand-in, plus 'applications clocks setting' while a clock below the maximum is locked and
+    'SW power cap' while a lowered power limit holds the clock down."""
+    replay, dev, rel = _device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+    reasons = SYNTHETIC["clocks_event_reasons"]
+    locked = replay.store.settings(dev.uuid).locked_mhz
+    if locked is not None and locked[1] < max(SYNTHETIC["sm_clocks_MHz"]):
+        reasons |= nvmlClocksEventReasonApplicationsClocksSetting
+    if _operating_point(replay, dev, replay.trace.usage_t, rel, "power_usage_mW")[2]:
+        reasons |= nvmlClocksEventReasonSwPowerCap
+    return reasons
 
 
 nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+# ---- device settings: need a privileged caller, change the shared state, and are logged -------------------------
+def _set_call(handle: _Handle, function: str, args: list[int], edit, valid: bool) -> None:
+    """Run one set/reset call like NVML: faults, then permission, then argument checks; log it either way."""
+    replay = _state()
+    dev = replay.devices[handle.index]
+    result = "ok"
+    try:
+        _device(handle, function)
+        if not replay.privileged:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        if not valid:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    except NVMLError as exc:
+        result = type(exc).__name__
+        raise
+    finally:
+        replay.store.log_call(function, dev.uuid, args, result, replay.clock.monotonic_ns())
+    replay.store.change(dev.uuid, replay.clock.monotonic_ns(), edit)
+
+
+def nvmlDeviceSetPowerManagementLimit(handle: _Handle, limit: int) -> None:
+    low, high = SYNTHETIC["power_limit_min_mW"], int(_state().trace.meta["power_limit_mW"])
+    _set_call(handle, "nvmlDeviceSetPowerManagementLimit", [int(limit)],
+              lambda s: dataclasses.replace(s, power_limit_mw=int(limit)), low <= limit <= high)
+
+
+def nvmlDeviceSetGpuLockedClocks(handle: _Handle, minGpuClockMHz: int, maxGpuClockMHz: int) -> None:
+    clocks = SYNTHETIC["sm_clocks_MHz"]
+    valid = min(clocks) <= minGpuClockMHz <= maxGpuClockMHz <= max(clocks)
+    _set_call(handle, "nvmlDeviceSetGpuLockedClocks", [int(minGpuClockMHz), int(maxGpuClockMHz)],
+              lambda s: dataclasses.replace(s, locked_mhz=(int(minGpuClockMHz), int(maxGpuClockMHz))), valid)
+
+
+def nvmlDeviceResetGpuLockedClocks(handle: _Handle) -> None:
+    _set_call(handle, "nvmlDeviceResetGpuLockedClocks", [], lambda s: dataclasses.replace(s, locked_mhz=None), True)
 
 
 def _configure_from_env() -> None:
@@ -525,6 +697,7 @@ def _configure_from_env() -> None:
     faults = os.environ.get("JPWR_FAKE_NVML_FAULTS")
     init_error = os.environ.get("JPWR_FAKE_NVML_INIT_ERROR")
     origin = os.environ.get("JPWR_FAKE_NVML_ORIGIN_NS")
+    response = os.environ.get("JPWR_FAKE_NVML_CLOCK_RESPONSE")
     configure(
         trace_dir,
         devices=int(os.environ.get("JPWR_FAKE_NVML_DEVICES", "1")),
@@ -532,6 +705,9 @@ def _configure_from_env() -> None:
         init_error=int(init_error) if init_error else None,
         origin_ns=int(origin) if origin else None,
         call_costs=os.environ.get("JPWR_FAKE_NVML_CALL_COSTS", "") == "1",
+        state_file=os.environ.get("JPWR_FAKE_NVML_STATE") or None,
+        privileged=os.environ.get("JPWR_FAKE_NVML_PRIVILEGED", "") == "1",
+        clock_response=ClockResponse.from_json(response) if response else None,
     )
 
 

@@ -24,7 +24,8 @@ class ExitCode(enum.IntEnum):
     UNAVAILABLE = 69  # an explicitly requested method is not available here (EX_UNAVAILABLE)
     SOFTWARE = 70  # internal error in jpwr (EX_SOFTWARE)
     CANT_CREATE = 73  # output directory cannot be created or written (EX_CANTCREAT)
-    IO = 74  # reading or writing a file failed (EX_IOERR), e.g. a full disk
+    IO = 74  # reading or writing a file failed (EX_IOERR), e.g. a full disk, or a device rejected a settings call
+    NO_PERMISSION = 77  # a device setting is not permitted on this system (EX_NOPERM)
     NOT_EXECUTABLE = 126  # the wrapped command exists but cannot be executed (as a shell says)
     NO_COMMAND = 127  # the wrapped command was not found
 

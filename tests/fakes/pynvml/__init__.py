@@ -658,13 +658,14 @@ def _set_call(handle: _Handle, function: str, args: list[int], edit, valid: bool
     """Run one set/reset call like NVML: faults, then permission, then argument checks; log it either way."""
     replay = _state()
     dev = replay.devices[handle.index]
-    result = "ok"
+    result = "interrupted"  # a signal inside a slow call: nothing changed
     try:
         _device(handle, function)
         if not replay.privileged:
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
         if not valid:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        result = "ok"
     except NVMLError as exc:
         result = type(exc).__name__
         raise

@@ -118,17 +118,20 @@ class ScaledTrace:
                                              self.recorded.power_limit_mw)
 
     def cumulative_mj(self, settings: Settings) -> list[float]:
-        """Counter value at each row under `settings`: the recorded increments scaled by each row's power ratio."""
+        """Counter value at each row under `settings`: each recorded increment scaled by the power ratio over the
+        counter period it closes (the counter advances every ~100 ms, the rows are read more often)."""
         if settings not in self._cumulative:
             rows = self.trace.rows
             values = [float(rows[0]["energy_mJ"])]
+            last_change_ns = rows[0]["counter_t_after_ns"]
             for i in range(1, len(rows)):
                 delta_mj = rows[i]["energy_mJ"] - rows[i - 1]["energy_mJ"]
-                delta_ns = rows[i]["counter_t_after_ns"] - rows[i - 1]["counter_t_after_ns"]
+                period_ns = rows[i]["counter_t_after_ns"] - last_change_ns
                 ratio = 1.0
-                if delta_mj > 0 and delta_ns > 0:
-                    recorded_mw = delta_mj / (delta_ns / 1e9)
+                if delta_mj > 0 and period_ns > 0:
+                    recorded_mw = delta_mj / (period_ns / 1e9)
                     ratio = self.row_point(i, settings, recorded_mw)[1] * 1000.0 / recorded_mw
+                    last_change_ns = rows[i]["counter_t_after_ns"]
                 values.append(values[-1] + delta_mj * ratio)
             self._cumulative[settings] = values
         return self._cumulative[settings]

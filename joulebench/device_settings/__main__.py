@@ -38,6 +38,7 @@ from joulebench.device_settings import (
     restore,
 )
 from joulebench.device_settings.nvml import NvmlDevices, Reading
+from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
 from jpwr.devices import job_devices
 from jpwr.errors import ExitCode, ValidationError, exit_code_of
@@ -147,8 +148,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     request = _request(args)
     node = node_name()
     path = state_path(args.state, args.state_dir, args.job_id, node)
-    record: dict[str, Any] = {"requested": request.to_dict(), "route": None, "node": node, "state_file": None,
-                              "devices": []}
+    record = node_block(request, None, node, None, [])
     if request.is_empty:
         print("device-settings: nothing requested: the devices keep their own settings")
     else:
@@ -162,7 +162,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             devices.close()
-        record.update(route=authorization.route, state_file=str(path), devices=applied)
+        record = node_block(request, authorization.route, node, str(path), applied)
         for device in applied:
             locked = device["locked_sm_clock_mhz"]
             print(f"device-settings: device {device['index']} ({device['name']}, {device['uuid']}): power limit "

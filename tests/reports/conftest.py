@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,17 +39,28 @@ def _phase_marks(replay, phase: str) -> tuple[int, int, int]:
     return marks[begin - 2][2], marks[begin][2], marks[begin + 1][2]
 
 
-def replay_run(phase: str, out_dir: Path) -> Path:
-    """Sample the recorded trace up to the end of `phase`, marking warm-up and steady; write the run record."""
+def replay_run(phase: str, out_dir: Path, steps: int | None = None, run_id: str | None = None,
+               sweep_point: Callable[[Any], tuple[dict[str, Any], float]] | None = None) -> Path:
+    """Sample the recorded trace up to the end of `phase`, marking warm-up and steady; write the run record.
+
+    sweep_point(replay), called before sampling on privileged fake GPUs, may change device settings; it returns
+    config entries for the record and the phase's time factor under them (the fake's clock response): the window
+    keeps the recording's length and the load gets `steps / factor` steps done in it.
+    """
     pynvml = sys.modules.get("pynvml") or __import__("pynvml")
     clock = VirtualClock()
-    replay = pynvml.configure(H100_TRACE_DIR, clock, origin_ns=0)
+    replay = pynvml.configure(H100_TRACE_DIR, clock, origin_ns=0, privileged=sweep_point is not None)
+    run_id = run_id or f"replay-{phase}"
+    steps = steps or PHASE_STEPS[phase]
+    extra_config: dict[str, Any] = {}
     try:
+        if sweep_point is not None:
+            extra_config, factor = sweep_point(replay)
+            steps = round(steps / factor)
         backends, discoveries = open_backends(["nvml"], clock)
-        sampler = Sampler(backends, discoveries, out_dir / "jpwr", 0.1, 1.0, clock=clock, run_id=f"replay-{phase}",
+        sampler = Sampler(backends, discoveries, out_dir / "jpwr", 0.1, 1.0, clock=clock, run_id=run_id,
                           node="n1", background=False).start()
         warm0, steady0, steady1 = _phase_marks(replay, phase)
-        steps = PHASE_STEPS[phase]
         pending = [Mark("warmup", "begin", 0, warm0), Mark("warmup", "end", 1, steady0),
                    Mark("steady", "begin", 1, steady0),
                    Mark("steady", "end", 1 + steps, steady1, work=(("steps", float(steps)),))]
@@ -69,8 +82,9 @@ def replay_run(phase: str, out_dir: Path) -> Path:
                                   WindowEnergy.from_dict(w["energy"])))
     steady = next(w for w in windows if w.name == "steady")
     record = RunRecord(
-        benchmark="h100_replay", run_id=f"replay-{phase}",
-        config={"system": f"H100 replay {phase}", "phase": phase, "source": str(H100_TRACE_DIR.relative_to(REPO))},
+        benchmark="h100_replay", run_id=run_id,
+        config={"system": f"H100 replay {phase}", "phase": phase, "source": str(H100_TRACE_DIR.relative_to(REPO)),
+                **extra_config},
         hardware={"device_name": json.loads((H100_TRACE_DIR / "meta.json").read_text())["name"], "devices": 1},
         windows=windows, metrics={**steady_metrics(steady, "steps", devices=1), "devices": 1},
     )

@@ -25,8 +25,7 @@ power P_r, in the trace phase p (the marked phase containing it: idle, steady, b
 device's settings at
     target clock  f = the locked maximum if a clock is locked, else f_r (the fake never boosts above the recording);
     power         P = S + (P_r - S) * (f / f_r) ** g_p      (S = static_w, g_p = the phase's power_exponent);
-    power cap     if L, the power limit, is below the recording's own limit and P exceeds it:
-                  P = L and f = f_r * ((L - S) / (P_r - S)) ** (1 / g_p).
+    power cap     if P exceeds the power limit L: P = L and f = f_r * ((L - S) / (P_r - S)) ** (1 / g_p).
 Rows at or below S have no dynamic part and keep P_r. Under the recording's settings (its limit, no lock) every value
 is the recording's, bit for bit. The energy counter integrates P over the rows (so it stays continuous across
 changes), the power fields and GetPowerUsage report P, GetClockInfo(SM) reports f. Time cannot be stretched from
@@ -83,9 +82,9 @@ class ClockResponse:
     def phase(self, name: str) -> PhaseResponse:
         return self.phases.get(name, self.default)
 
-    def operating_point(self, phase: str, recorded_mhz: float, recorded_w: float, settings: Settings,
-                        recorded_limit_mw: int) -> tuple[float, float, bool]:
-        """(SM clock MHz, power W, capped by a lowered power limit) of one recorded row under `settings`."""
+    def operating_point(self, phase: str, recorded_mhz: float, recorded_w: float,
+                        settings: Settings) -> tuple[float, float, bool]:
+        """(SM clock MHz, power W, capped by the power limit) of one recorded row under `settings`."""
         exponent = self.phase(phase).power_exponent
         target = float(settings.locked_mhz[1]) if settings.locked_mhz else float(recorded_mhz)
         dynamic = recorded_w - self.static_w
@@ -93,7 +92,7 @@ class ClockResponse:
             return target, recorded_w, False
         power = self.static_w + dynamic * (target / recorded_mhz) ** exponent
         limit = settings.power_limit_mw / 1000.0
-        if power <= limit or settings.power_limit_mw >= recorded_limit_mw:
+        if power <= limit:
             return target, power, False
         headroom = max(limit - self.static_w, 0.0) / dynamic
         return recorded_mhz * headroom ** (1.0 / exponent), limit, True
@@ -114,8 +113,7 @@ class ScaledTrace:
         row = self.trace.rows[index]
         if settings == self.recorded:
             return float(row["sm_clock_MHz"]), power_mw / 1000.0, False
-        return self.response.operating_point(self.row_phase[index], row["sm_clock_MHz"], power_mw / 1000.0, settings,
-                                             self.recorded.power_limit_mw)
+        return self.response.operating_point(self.row_phase[index], row["sm_clock_MHz"], power_mw / 1000.0, settings)
 
     def cumulative_mj(self, settings: Settings) -> list[float]:
         """Counter value at each row under `settings`: each recorded increment scaled by the power ratio over the

@@ -1,0 +1,255 @@
+"""`joulebench report --pareto RUNS...`: a power-limit / clock sweep as time per step against energy per unit of work.
+
+Every figure here is measured (each run's steady window); nothing is predicted. Per run: the requested setting, what
+the devices read back, the observed mean SM clock (from the run's trace, where kept), mean power, time per step and
+energy per unit, and the slowdown and saving against the sweep's default-setting row (the mean of its default runs).
+The Pareto front is the set of runs no other run beats in both time and energy; the waste-free point is the run with
+the least energy per unit whose slowdown stays within --max-slowdown (default 1 %). Runs whose energy cannot be
+trusted (FAILED, energy n/a, coverage below --min-coverage, energy covering other devices than the run's) are left
+out of the front and named with the reason.
+
+    joulebench report --pareto jube/runs/llm/000012 [--max-slowdown 1%] [-o OUTDIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from joulebench.device_settings.record import RecordedSettings, recorded_settings
+from jpwr.diagnose import readable, work_unit
+from jpwr.errors import ExitCode, ValidationError
+from jpwr.record import fmt
+from jpwr.report import SERIES_CONFIG_KEYS, Run, load_runs
+
+DEFAULT_MAX_SLOWDOWN = 0.01
+DEFAULT_MIN_COVERAGE = 0.99
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SweepPoint:
+    """One run of the sweep, with its figures or the reason it is left out."""
+
+    run: Run
+    settings: RecordedSettings
+    time_per_step_s: float | None
+    time_per_unit_s: float | None
+    energy_per_unit_j: float | None
+    excluded: str | None  # why the energy cannot be trusted; None = on the chart
+
+    @property
+    def name(self) -> str:
+        return self.run.record.run_id
+
+    @property
+    def cost(self) -> tuple[float, float]:
+        """(time, energy) per unit of a trusted point (both measured, else it would be excluded)."""
+        assert self.excluded is None and self.time_per_unit_s is not None and self.energy_per_unit_j is not None
+        return self.time_per_unit_s, self.energy_per_unit_j
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    time_per_unit_s: float
+    energy_per_unit_j: float
+    runs: tuple[str, ...]
+
+
+def parse_fraction(text: str) -> float:
+    """'1%' or '0.01'; a bare number of 1 or more is refused, since '1' could mean either."""
+    raw = text.strip()
+    try:
+        value = float(raw.rstrip("%")) / (100 if raw.endswith("%") else 1)
+    except ValueError:
+        raise ValidationError(f"--max-slowdown {text!r} is not a number", "write e.g. 1% or 0.01") from None
+    if not 0 <= value < 1 or (not raw.endswith("%") and value >= 1):
+        raise ValidationError(f"--max-slowdown {text!r} is not a fraction below 1", "write e.g. 1% or 0.01")
+    return value
+
+
+def _exclusion(run: Run, min_coverage: float) -> str | None:
+    record, metrics = run.record, run.record.metrics
+    if not run.usable:
+        return f"status {record.status}: {record.status_reason or 'no reason recorded'}"
+    if run.cost.energy_per_unit_j is None:
+        return run.cost.reason or "energy n/a"
+    coverage = metrics.get("energy_coverage")
+    if coverage is None or coverage < min_coverage:
+        return f"energy coverage {fmt(None if coverage is None else 100 * coverage, 3)} % is below " \
+               f"{fmt(100 * min_coverage, 3)} %"
+    if metrics.get("energy_warning"):
+        return str(metrics["energy_warning"])
+    return None
+
+
+def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE) -> list[SweepPoint]:
+    """The runs as one sweep; runs of different workloads are refused (a front across them means nothing)."""
+    def workload(run: Run) -> tuple[Any, ...]:
+        config = run.record.config
+        return (run.record.benchmark, work_unit(run.record), run.cost.devices, run.cost.batch_size,
+                *(config.get(k) for k in SERIES_CONFIG_KEYS))
+
+    kinds: dict[tuple[Any, ...], list[str]] = {}
+    for run in runs:
+        kinds.setdefault(workload(run), []).append(run.record.run_id)
+    if len(kinds) > 1:
+        listing = "; ".join(f"{k[0]} {k[1]} ×{k[2]} devices, batch {fmt(k[3])}, {[v for v in k[4:] if v]}: "
+                            f"{', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for k, ids in kinds.items())
+        raise ValidationError(f"the runs form {len(kinds)} different workloads ({listing})",
+                              "pass the runs of one sweep (one workload, only power_limit / sm_clock varied)")
+    points = []
+    for run in runs:
+        steps = run.record.metrics.get("iterations")
+        window = run.record.window("steady")
+        points.append(SweepPoint(
+            run, recorded_settings(run.record.config),
+            window.duration_s / steps if window and steps else None, run.cost.time_per_unit_s,
+            run.cost.energy_per_unit_j, _exclusion(run, min_coverage)))
+    return points
+
+
+def baseline(points: Sequence[SweepPoint]) -> Baseline:
+    defaults = [p for p in points if p.settings.is_default and p.excluded is None]
+    if not defaults:
+        raise ValidationError("the sweep has no default-setting run with trustworthy energy (power_limit and "
+                              "sm_clock empty)", "include a run at the device's own settings (the sweep's empty "
+                                                 "value) whose energy was measured")
+    return Baseline(sum(p.cost[0] for p in defaults) / len(defaults), sum(p.cost[1] for p in defaults) / len(defaults),
+                    tuple(p.name for p in defaults))
+
+
+def pareto_front(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """Trusted runs that no other trusted run beats in both time and energy per unit, fastest first."""
+    trusted = [p for p in points if p.excluded is None]
+
+    def dominated(p: SweepPoint) -> bool:
+        return any(q.cost[0] <= p.cost[0] and q.cost[1] <= p.cost[1] and q.cost != p.cost for q in trusted)
+
+    return sorted((p for p in trusted if not dominated(p)), key=lambda p: p.cost)
+
+
+def slowdown(point: SweepPoint, base: Baseline) -> float | None:
+    return None if point.time_per_unit_s is None else point.time_per_unit_s / base.time_per_unit_s - 1
+
+
+def saving(point: SweepPoint, base: Baseline) -> float | None:
+    return None if point.energy_per_unit_j is None else 1 - point.energy_per_unit_j / base.energy_per_unit_j
+
+
+def waste_free(points: Sequence[SweepPoint], base: Baseline, max_slowdown: float) -> SweepPoint | None:
+    """The trusted run with the least energy per unit whose slowdown is within max_slowdown (ties: the faster)."""
+    within = [p for p in points if p.excluded is None and p.cost[0] <= base.time_per_unit_s * (1 + max_slowdown)]
+    return min(within, key=lambda p: (p.cost[1], p.cost[0]), default=None)
+
+
+# ---- output ------------------------------------------------------------------------------------------------------
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.2f} %"
+
+
+def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoint],
+          best: SweepPoint | None) -> list[dict[str, str]]:
+    rows = []
+    for p in sorted(points, key=lambda p: (p.excluded is not None, p.time_per_unit_s or math.inf)):
+        sm = p.run.latents.get("sm_clock_hz")
+        unit = work_unit(p.run.record)
+        rows.append({
+            "run": p.name, "requested": p.settings.label, "read back": p.settings.applied_label,
+            "SM MHz (mean)": fmt(None if sm is None else sm / 1e6, 4),
+            "W per device": readable(p.run.record.metrics.get("mean_power_w_per_device")),
+            "s per step": fmt(p.time_per_step_s, 4), f"J per {unit[:-1]}": fmt(p.energy_per_unit_j, 4),
+            "slowdown": _pct(slowdown(p, base)), "saving": _pct(saving(p, base)),
+            "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
+            "note": f"excluded: {p.excluded}" if p.excluded else "",
+        })
+    return rows
+
+
+def render(rows: Sequence[dict[str, str]]) -> str:
+    head = list(rows[0])
+    widths = {h: max(len(h), *(len(r[h]) for r in rows)) for h in head}
+    lines = ["  ".join(h.ljust(widths[h]) for h in head)]
+    lines += ["  ".join(r[h].ljust(widths[h]) for h in head).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | None, max_slowdown: float) -> list[str]:
+    unit = work_unit(points[0].run.record)[:-1]
+    lines = [f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
+             f"(measured; mean of {', '.join(base.runs)})"]
+    if best is None or best.settings.is_default:
+        lines.append(f"waste-free point: the default; no setting saves energy within {_pct(max_slowdown)} slowdown")
+    else:
+        lines.append(f"waste-free point (least energy within {_pct(max_slowdown)} slowdown, measured): "
+                     f"{best.settings.label} (run {best.name}): {_pct(best.cost[1] / base.energy_per_unit_j - 1)} "
+                     f"energy per {unit}, {_pct(slowdown(best, base))} time")
+    lines += [f"excluded (energy not trustworthy): run {p.name} ({p.settings.label}): {p.excluded}"
+              for p in points if p.excluded]
+    return lines
+
+
+def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoint], best: SweepPoint | None,
+           max_slowdown: float) -> Any:
+    from matplotlib.figure import Figure
+
+    unit = work_unit(points[0].run.record)[:-1]
+    fig = Figure(figsize=(7.5, 5.5), layout="constrained")
+    ax = fig.subplots()
+    trusted = [p for p in points if p.excluded is None]
+    ax.scatter([p.cost[0] for p in trusted], [p.cost[1] for p in trusted], color="C0", label="run (measured)")
+    for p in trusted:
+        ax.annotate(p.settings.label, p.cost, xytext=(4, 4), textcoords="offset points", fontsize=7)
+    ax.plot([p.cost[0] for p in front], [p.cost[1] for p in front], color="C1", label="Pareto front")
+    ax.axvline(base.time_per_unit_s * (1 + max_slowdown), color="grey", linestyle="--",
+               label=f"slowdown limit {_pct(max_slowdown)}")
+    ax.scatter([base.time_per_unit_s], [base.energy_per_unit_j], marker="s", color="k", label="default (mean)")
+    if best is not None:
+        ax.scatter([best.cost[0]], [best.cost[1]], s=160, facecolors="none", edgecolors="C3",
+                   label="waste-free point")
+    ax.set_xlabel(f"time per {unit} (s), steady window")
+    ax.set_ylabel(f"energy per {unit} (J), accelerators")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    excluded = len(points) - len(trusted)
+    ax.set_title(f"power-limit / clock sweep{f' ({excluded} run(s) excluded, see table)' if excluded else ''}",
+                 fontsize=10)
+    return fig
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="joulebench report --pareto",
+                                     description="Time per step vs energy per unit across a sweep's runs.")
+    parser.add_argument("--pareto", action="store_true", help="(the verb's switch; implied here)")
+    parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")
+    parser.add_argument("--max-slowdown", default="1%", help="slowdown allowed for the waste-free point (1%% or 0.01)")
+    parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE,
+                        help="energy coverage below this fraction excludes a run (default 0.99)")
+    parser.add_argument("-o", "--out", type=Path, default=None, help="also write pareto.json and pareto.png here")
+    args = parser.parse_args(argv)
+    max_slowdown = parse_fraction(args.max_slowdown)
+    points = sweep_points(load_runs(args.paths), args.min_coverage)
+    base = baseline(points)
+    front = pareto_front(points)
+    best = waste_free(points, base, max_slowdown)
+    rows = table(points, base, front, best)
+    lines = summary(points, base, best, max_slowdown)
+    print(render(rows))
+    print("\n".join(lines))
+    if args.out is not None:
+        from jpwr.plot import save_figure
+        from jpwr.record import write_json_atomic
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(args.out / "pareto.json", {
+            "measured": True, "max_slowdown": max_slowdown, "min_coverage": args.min_coverage,
+            "baseline": dataclasses.asdict(base), "rows": rows, "summary": lines,
+            "front": [p.name for p in front], "waste_free": None if best is None else best.name,
+            "excluded": {p.name: p.excluded for p in points if p.excluded},
+        })
+        save_figure(figure(points, base, front, best, max_slowdown), args.out / "pareto.png")
+        print(f"joulebench report --pareto: wrote {args.out / 'pareto.json'} and {args.out / 'pareto.png'}")
+    return ExitCode.OK

@@ -1,0 +1,160 @@
+"""`joulebench plan`: the exact per-phase clock choice, the best single clock beside it, and its inputs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from joulebench.analysis import plan
+from joulebench.device_settings import Request
+from joulebench.device_settings.record import node_block
+from jpwr.errors import ValidationError
+from jpwr.record import RunRecord, Window, write_run_record
+
+STEP_PHASES = ("forward", "backward", "optimizer")
+
+
+def profile_of(table: dict[str, dict[plan.Clock, tuple[float, float]]]) -> plan.Profile:
+    return plan.Profile(list(table), {phase: {clock: plan.Option(t, e, ("test",)) for clock, (t, e) in by.items()}
+                                      for phase, by in table.items()})
+
+
+def brute_force(profile: plan.Profile, budget: float, latency: float) -> plan.Plan:
+    """Every assignment, evaluated one by one: the oracle for the exact search."""
+    feasible = [p for clocks in itertools.product(*(list(profile.options[ph]) for ph in profile.phases))
+                if (p := plan.evaluate(profile, clocks, latency)).time_s <= budget * (1 + 1e-12)]
+    return min(feasible, key=lambda p: p.energy_j)
+
+
+# A step of three phases at the default clock and two locked clocks, (time s, energy J) per step, built so that the
+# optimum under a 1 % slowdown is known: forward is memory-bound (same time at every clock, least energy at 1110 MHz);
+# any lower clock in backward alone costs over 10 % time; the optimizer at 1410 MHz takes exactly the 1 % slack.
+KNOWN = {
+    "forward": {None: (0.30, 180.0), 1410: (0.30, 150.0), 1110: (0.30, 130.0)},
+    "backward": {None: (0.50, 350.0), 1410: (0.60, 330.0), 1110: (0.75, 340.0)},
+    "optimizer": {None: (0.05, 40.0), 1410: (0.0585, 30.0), 1110: (0.07, 28.0)},
+}
+
+
+def test_the_known_optimum_is_found_exactly() -> None:
+    profile = profile_of(KNOWN)
+    default_time = sum(by[None][0] for by in KNOWN.values())
+    best = plan.best_plan(profile, default_time * 1.01, 0.0)
+    assert best is not None and best.clocks == (1110, None, 1410)
+    assert best.energy_j == sum(KNOWN[p][c][1] for p, c in zip(STEP_PHASES, best.clocks, strict=True))
+    lines, data = plan.summarise(profile, 0.01, 0.0)
+    assert data["plan"]["predicted"] is True and data["best_single_clock"]["clocks"] == [None] * 3
+    assert any(line.startswith("per-phase plan (PREDICTED") for line in lines)
+    assert "the per-phase plan saves a further" in lines[-1]
+
+
+def test_switch_latency_can_make_a_switch_not_worth_it() -> None:
+    profile = profile_of(KNOWN)
+    budget = sum(by[None][0] for by in KNOWN.values()) * 1.01
+    latency = 1e-3  # three switches (cyclic) no longer fit the 1 % slack; two do
+    best = plan.best_plan(profile, budget, latency)
+    assert best == brute_force(profile, budget, latency)
+    assert best.clocks == (1110, None, None) and best.switches == 2
+
+
+def test_one_clock_for_every_phase_means_the_plan_saves_nothing_more() -> None:
+    """Memory-bound phases: time is the same at every clock and 1410 MHz costs least in each of them."""
+    table = {name: {None: (t, 2.0 * e), 1410: (t, e), 1110: (t, 1.5 * e)}
+             for name, t, e in (("forward", 0.3, 100.0), ("backward", 0.5, 200.0), ("optimizer", 0.05, 20.0))}
+    profile = profile_of(table)
+    lines, data = plan.summarise(profile, 0.01, 0.0)
+    assert data["plan"]["clocks"] == [1410] * 3 == data["best_single_clock"]["clocks"]
+    assert data["plan"]["energy_j"] == data["best_single_clock"]["energy_j"]
+    assert "the per-phase plan saves nothing more than the best single clock" in lines
+
+
+costs = st.tuples(st.floats(0.001, 2.0), st.floats(0.0, 500.0))
+
+
+@st.composite
+def profiles(draw):
+    phases = [f"p{i}" for i in range(draw(st.integers(1, 5)))]
+    clocks = [None, *draw(st.lists(st.integers(300, 2000), min_size=0, max_size=3, unique=True))]
+    table = {}
+    for phase in phases:
+        present = [None] + [c for c in clocks[1:] if draw(st.booleans())]
+        table[phase] = {c: draw(costs) for c in present}
+    return profile_of(table)
+
+
+@settings(max_examples=300, deadline=None)
+@given(profile=profiles(), slowdown=st.floats(0.0, 0.5), latency=st.sampled_from([0.0, 1e-4, 1e-2, 0.1]))
+def test_the_search_matches_enumeration(profile, slowdown, latency) -> None:
+    budget = plan.evaluate(profile, [None] * len(profile.phases), 0.0).time_s * (1 + slowdown)
+    found, oracle = plan.best_plan(profile, budget, latency), brute_force(profile, budget, latency)
+    assert found is not None and found.time_s <= budget * (1 + 1e-12)
+    assert found.energy_j == pytest.approx(oracle.energy_j, rel=1e-12, abs=1e-12)
+
+
+# ---- inputs -----------------------------------------------------------------------------------------------------
+def write_attributed_run(root, run_id, clock, phases, steps=20, method="fit", power_limit=None, status="OK"):
+    """A run record with an attribution block of the documented shape (figures over the window)."""
+    window = Window("steady", 5, 5 + steps, 10**9, 10**9 + 10**9, {"tokens": 1000.0 * steps})
+    request = Request(power_limit_w=power_limit, sm_clock_mhz=clock)
+    record = RunRecord("llm_training", run_id, status=status, status_reason="x" if status != "OK" else None,
+                       config={"device_settings": node_block(request, "nvml", "n1", None, [])}, windows=[window])
+    path = write_run_record(root / run_id / "run_record.json", record)
+    data = json.loads(path.read_text())
+    data["attribution"] = {"window": "steady", "phases": [
+        {"name": name, "method": method, "energy_j": None if e is None else e * steps, "share": None,
+         "mean_power_w": None if e is None else e / t, "interval_j": None} for name, (t, e) in phases.items()]}
+    path.write_text(json.dumps(data))
+
+
+def test_profile_from_attributed_run_records(tmp_path) -> None:
+    for clock in (None, 1410, 1110):
+        write_attributed_run(tmp_path, f"sm-{clock or 'default'}", clock, {p: KNOWN[p][clock] for p in STEP_PHASES})
+    write_attributed_run(tmp_path, "replay-only", 1410, {"forward": (1.0, 1.0)}, method="replay")
+    write_attributed_run(tmp_path, "capped", None, {"forward": (1.0, 1.0)}, power_limit=300)
+    write_attributed_run(tmp_path, "coarse", 1260, {"forward": (0.3, None)})
+    profile = plan.profile_from_records([tmp_path], "fit")
+    assert profile.phases == list(STEP_PHASES)
+    for phase in STEP_PHASES:
+        for clock, (t, e) in KNOWN[phase].items():
+            assert profile.options[phase][clock].time_s == pytest.approx(t)
+            assert profile.options[phase][clock].energy_j == pytest.approx(e)
+    assert sorted(profile.excluded) == ["run capped: it sets power_limit=300 W; the plan varies clocks only",
+                                        "run coarse: phase forward has no energy or duration (below resolution?)",
+                                        "run replay-only: no phases by method 'fit'"]
+    best = plan.best_plan(profile, sum(KNOWN[p][None][0] for p in STEP_PHASES) * 1.01, 0.0)
+    assert best is not None and best.clocks == (1110, None, 1410)
+
+
+def test_cli_writes_the_profile_and_reads_it_back_as_json_and_csv(tmp_path, capsys) -> None:
+    runs = tmp_path / "runs"
+    for clock in (None, 1410, 1110):
+        write_attributed_run(runs, f"sm-{clock or 'default'}", clock, {p: KNOWN[p][clock] for p in STEP_PHASES})
+    exported, result = tmp_path / "profile.json", tmp_path / "plan.json"
+    assert plan.main([str(runs), "--write-profile", str(exported), "--json", str(result)]) == 0
+    from_runs = capsys.readouterr().out
+    assert json.loads(result.read_text())["plan"]["clocks"] == [1110, None, 1410]
+    assert plan.main(["--profile", str(exported)]) == 0
+    assert capsys.readouterr().out == from_runs
+    csv_file = tmp_path / "profile.csv"
+    csv_file.write_text("phase,clock,time_s,energy_j\n" + "".join(
+        f"{p},{'default' if c is None else c},{t},{e}\n" for p in STEP_PHASES for c, (t, e) in KNOWN[p].items()))
+    assert plan.main(["--profile", str(csv_file)]) == 0
+    assert capsys.readouterr().out == from_runs
+
+
+def test_bad_inputs_say_what_to_fix(tmp_path) -> None:
+    no_default = profile_of({"forward": {1410: (0.3, 100.0)}})
+    with pytest.raises(ValidationError, match="phases forward have no figures at the default setting"):
+        plan.summarise(no_default, 0.01, 0.0)
+    with pytest.raises(ValidationError, match="give either run records or --profile"):
+        plan.main([])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("phase,clock,time_s,energy_j\nforward,fast,0.3,100\n")
+    with pytest.raises(ValidationError, match="clock 'fast' is neither 'default' nor MHz"):
+        plan.main(["--profile", str(bad)])
+    with pytest.raises(ValidationError, match=r"--switch-latency -1\.0 is not a time"):
+        plan.main(["--profile", str(bad), "--switch-latency", "-1"])

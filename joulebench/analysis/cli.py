@@ -1,6 +1,8 @@
 """`joulebench VERB ...`: the analysis verbs over run records and traces.
 
     joulebench report PATH... -o OUTDIR | --compare A B   # efficiency charts, HTML report, energy diagnosis
+    joulebench report --pareto RUNS... [--max-slowdown 1%] # a sweep's Pareto front and waste-free point
+    joulebench plan RUNS... | --profile FILE              # one clock per phase under a slowdown limit (predicted)
     joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
 
 Measuring is the meter's job (`jpwr -- CMD`, `jpwr serve`, `jpwr combine`, `jpwr info`,
@@ -20,6 +22,8 @@ from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 VERBS = {
     "report": ("joulebench.analysis.report", "charts, a table and an HTML page over run records; --compare A B"),
     "plot": ("joulebench.analysis.plot", "a trace's power, clocks and utilisation with its windows shaded"),
+    "plan": ("joulebench.analysis.plan", "one SM clock per phase under a slowdown limit, beside the best single "
+                                         "clock (a prediction)"),
 }
 
 

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from joulebench.analysis.diagnose import readable, work_unit
+from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
-from jpwr.diagnose import readable, work_unit
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.record import fmt
-from jpwr.report import SERIES_CONFIG_KEYS, Run, load_runs
+from jpwr.output import fmt
 
 DEFAULT_MAX_SLOWDOWN = 0.01
 DEFAULT_MIN_COVERAGE = 0.99
@@ -240,8 +240,8 @@ def main(argv: Sequence[str]) -> int:
     print(render(rows))
     print("\n".join(lines))
     if args.out is not None:
-        from jpwr.plot import save_figure
-        from jpwr.record import write_json_atomic
+        from joulebench.analysis.plot import save_figure
+        from jpwr.output import write_json_atomic
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out / "pareto.json", {

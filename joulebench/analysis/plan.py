@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from joulebench.analysis.report import RECORD_KIND, record_paths
 from joulebench.device_settings.record import recorded_settings
 from jpwr.errors import ExitCode, ValidationError
-from jpwr.record import fmt, write_json_atomic
-from jpwr.report import RECORD_KIND, record_paths
+from jpwr.output import fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
 PROFILE_VERSION = 1

@@ -407,9 +407,15 @@ def _single(path: Path) -> Run:
 
 
 def main(argv: Sequence[str]) -> int:
+    if "--pareto" in argv:
+        from joulebench.analysis.pareto import main as pareto_main
+
+        return pareto_main(argv)
     parser = argparse.ArgumentParser(prog="joulebench report",
                                      description="Charts, table and diagnosis over run records.")
     parser.add_argument("paths", nargs="*", type=Path, help="JUBE run directories or run_record.json files")
+    parser.add_argument("--pareto", action="store_true", help="a power-limit / clock sweep: Pareto front and "
+                                                              "waste-free point (joulebench report --pareto --help)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (index.html and PNGs)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
                         help="print why run B costs more or less energy per unit than run A")

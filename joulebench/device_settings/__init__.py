@@ -29,7 +29,7 @@ from joulebench.device_settings.nvml import Device, DeviceCallError, NvmlDevices
 from joulebench.device_settings.state import DeviceState, SettingsState, prepare_state_dir
 from joulebench.device_settings.zeusd import ZeusdSetter, socket_problem
 from jpwr.errors import ExitCode, JpwrError, MethodUnavailableError, ValidationError
-from jpwr.record import fmt
+from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")

@@ -42,8 +42,8 @@ from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
 from jpwr.devices import job_devices
 from jpwr.errors import ExitCode, ValidationError, exit_code_of
-from jpwr.launch import node_name
-from jpwr.record import fmt, write_json_atomic
+from jpwr.node import node_name
+from jpwr.output import fmt, write_json_atomic
 
 PROG = "joulebench device-settings"
 INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)

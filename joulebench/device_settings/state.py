@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jpwr.errors import ValidationError
-from jpwr.record import utc_now, write_json_atomic
+from jpwr.output import utc_now, write_json_atomic
 
 STATE_KIND = "joulebench.device_settings_state"
 STATE_VERSION = 1

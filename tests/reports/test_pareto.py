@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from joulebench.analysis import pareto
+from joulebench.analysis.cli import main as joulebench_main
+from joulebench.analysis.report import load_runs
 from joulebench.device_settings import Privileges, Request, apply, authorize
 from joulebench.device_settings.nvml import NvmlDevices
 from joulebench.device_settings.record import node_block
+from joulebench.record import RunRecord, steady_metrics, write_run_record
+from jpwr.energy import Window, WindowEnergy
 from jpwr.errors import ValidationError
-from jpwr.record import RunRecord, Window, WindowEnergy, steady_metrics, write_run_record
-from jpwr.report import load_runs
 
 from .conftest import replay_run
 
@@ -103,7 +105,7 @@ def test_front_and_waste_free_point_follow_the_model(name, tmp_path) -> None:
 
 def test_untrustworthy_runs_are_excluded_and_named(clock_sweep, capsys) -> None:
     root, _ = clock_sweep
-    assert pareto.main(["--pareto", str(root)]) == 0
+    assert joulebench_main(["report", "--pareto", str(root)]) == 0
     out = capsys.readouterr().out
     assert "excluded (energy not trustworthy): run gappy (1830 MHz): energy coverage 80 % is below 99 %" in out
     assert "run crashed (300 W): status FAILED: OOM" in out

@@ -10,10 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from joulebench.analysis import plan
+from joulebench.analysis.cli import main as joulebench_main
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import node_block
+from joulebench.record import RunRecord, write_run_record
+from jpwr.energy import Window
 from jpwr.errors import ValidationError
-from jpwr.record import RunRecord, Window, write_run_record
 
 STEP_PHASES = ("forward", "backward", "optimizer")
 
@@ -134,7 +136,7 @@ def test_cli_writes_the_profile_and_reads_it_back_as_json_and_csv(tmp_path, caps
     for clock in (None, 1410, 1110):
         write_attributed_run(runs, f"sm-{clock or 'default'}", clock, {p: KNOWN[p][clock] for p in STEP_PHASES})
     exported, result = tmp_path / "profile.json", tmp_path / "plan.json"
-    assert plan.main([str(runs), "--write-profile", str(exported), "--json", str(result)]) == 0
+    assert joulebench_main(["plan", str(runs), "--write-profile", str(exported), "--json", str(result)]) == 0
     from_runs = capsys.readouterr().out
     assert json.loads(result.read_text())["plan"]["clocks"] == [1110, None, 1410]
     assert plan.main(["--profile", str(exported)]) == 0

@@ -162,6 +162,8 @@ def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoi
             "SM MHz (mean)": fmt(None if sm is None else sm / 1e6, 4),
             "W per device": readable(p.run.record.metrics.get("mean_power_w_per_device")),
             "s per step": fmt(p.time_per_step_s, 4), f"J per {unit[:-1]}": fmt(p.energy_per_unit_j, 4),
+            "method": str(p.run.record.metrics.get("energy_method") or "n/a"),
+            "coverage": fmt(p.run.record.metrics.get("energy_coverage"), 3),
             "slowdown": _pct(slowdown(p, base)), "saving": _pct(saving(p, base)),
             "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
             "note": f"excluded: {p.excluded}" if p.excluded else "",
@@ -179,8 +181,9 @@ def render(rows: Sequence[dict[str, str]]) -> str:
 
 def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | None, max_slowdown: float) -> list[str]:
     unit = work_unit(points[0].run.record)[:-1]
-    lines = [f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
-             f"(measured; mean of {', '.join(base.runs)})"]
+    lines = ["all figures: each run's steady window, measured; energy with the method and coverage shown",
+             f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
+             f"(mean of {', '.join(base.runs)})"]
     if best is None or best.settings.is_default:
         lines.append(f"waste-free point: the default; no setting saves energy within {_pct(max_slowdown)} slowdown")
     else:

@@ -73,6 +73,7 @@ class Option:
 class Profile:
     phases: list[str]
     options: dict[str, dict[Clock, Option]]  # phase -> clock -> option
+    origin: str  # where the figures come from (estimator and window, or the profile file)
     excluded: list[str] = dataclasses.field(default_factory=list)  # inputs left out, with the reason
 
     @property
@@ -125,6 +126,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     samples: dict[tuple[str, Clock], list[tuple[float, float, str]]] = {}
     phases: list[str] = []
     excluded: list[str] = []
+    windows: set[str] = set()
     for path in record_paths(paths):
         data = json.loads(path.read_text())
         if data.get("kind") != RECORD_KIND:
@@ -140,6 +142,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
             excluded.append(f"run {run}: {reason}")
             continue
         window_name = attribution.get("window", "steady")
+        windows.add(window_name)
         steps = next((w.get("steps") for w in data.get("windows", []) if w.get("name") == window_name), None)
         if not steps:
             raise ValidationError(f"{path}: no steps in window {window_name!r} that the attribution covers",
@@ -160,7 +163,8 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
                 continue
             samples.setdefault((name, settings.requested.sm_clock_mhz), []).append(
                 (duration / steps, energy / steps, f"run {run}"))
-    return Profile(phases, _average(samples), excluded)
+    origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
+    return Profile(phases, _average(samples), origin, excluded)
 
 
 def read_profile(path: Path) -> Profile:
@@ -191,7 +195,7 @@ def read_profile(path: Path) -> Profile:
             raise ValidationError(f"{where}: phase {row.get('phase')!r} is not in the phase list {phases}",
                                   "list every phase in 'phases', in execution order")
         samples.setdefault((str(row["phase"]), _parse_clock(row.get("clock"), where)), []).append(sample)
-    return Profile(phases, _average(samples))
+    return Profile(phases, _average(samples), f"profile {path.name}")
 
 
 # ---- the exact search ---------------------------------------------------------------------------------------------
@@ -280,7 +284,8 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
     plan = best_plan(profile, budget, latency_s)
     assert plan is not None  # the default assignment fits the budget
     width = max(len(p) for p in profile.phases)
-    lines = [f"{'phase':<{width}}  {'plan clock':>10}  {'time s':>10}  {'energy J':>10}  (per step; PREDICTED plan)"]
+    lines = [f"per-phase time and energy per step from {profile.origin}"]
+    lines += [f"{'phase':<{width}}  {'plan clock':>10}  {'time s':>10}  {'energy J':>10}  (per step; PREDICTED plan)"]
     for phase, clock in zip(profile.phases, plan.clocks, strict=True):
         option = profile.options[phase][clock]
         lines.append(f"{phase:<{width}}  {clock_name(clock):>10}  {fmt(option.time_s, 5):>10}  "
@@ -303,7 +308,8 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
                      "energy (predicted)")
     lines += [f"left out: {reason}" for reason in profile.excluded]
     data = {
-        "max_slowdown": max_slowdown, "switch_latency_s": latency_s, "phases": profile.phases,
+        "origin": profile.origin, "max_slowdown": max_slowdown, "switch_latency_s": latency_s,
+        "phases": profile.phases,
         "default": {"measured": True, **_as_dict(default)}, "best_single_clock": {"measured": True, **_as_dict(single)},
         "plan": {"predicted": True, **_as_dict(plan)}, "excluded": profile.excluded,
     }

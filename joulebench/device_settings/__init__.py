@@ -28,7 +28,7 @@ from typing import Any
 from joulebench.device_settings.nvml import Device, DeviceCallError, NvmlDevices, NvmlSetter, Reading
 from joulebench.device_settings.state import DeviceState, SettingsState, prepare_state_dir
 from joulebench.device_settings.zeusd import ZeusdSetter, socket_problem
-from jpwr.errors import ExitCode, JpwrError, MethodUnavailableError, ValidationError
+from jpwr.errors import ExitCode, JpwrError, MethodUnavailableError, OutputDirError, ValidationError
 from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
@@ -260,11 +260,15 @@ def apply(authorization: Authorization, request: Request, devices: NvmlDevices, 
         raise ValidationError(f"state file {state_file} exists: settings of an earlier apply may still be in place",
                               f"run `python -m joulebench.device_settings restore --state {state_file}` first")
     setter = setter_for(authorization, devices)
-    prepare_state_dir(state_file)
     entries = [DeviceState(p.device.uuid, p.device.index, p.device.pci_bus_id, p.device.name,
                            p.reading.power_limit_mw) for p in plans]
     state = SettingsState(state_file, job_id, node, authorization.route, request.to_dict(), entries)
-    state.save()
+    try:
+        prepare_state_dir(state_file)
+        state.save()
+    except OSError as exc:
+        raise OutputDirError(f"cannot write the state file {state_file} ({exc.strerror}); nothing was changed. Fix: "
+                             "pass --state-dir (or --state) a directory this user may write") from exc
     try:
         for plan, entry in zip(plans, entries, strict=True):
             if plan.power_limit_mw is not None:

@@ -270,6 +270,15 @@ def test_an_earlier_state_file_blocks_a_new_apply(gpus) -> None:
     assert gpus.run("restore", *ALLOWED, "--state", str(gpus.state)).returncode == 0 and _at_defaults(gpus)
 
 
+def test_a_state_file_that_cannot_be_written_stops_apply_before_any_change(gpus, tmp_path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    result = gpus.run("apply", *ALLOWED, "--power-limit", "300", "--state-dir", str(blocker / "state"))
+    assert result.returncode == ExitCode.CANT_CREATE
+    assert "cannot write the state file" in _one_line_error(result) and "nothing was changed" in result.stderr
+    assert gpus.calls() == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="ownership checks apply to a privileged restore")
 def test_a_privileged_restore_trusts_only_the_jobs_own_state_file(gpus) -> None:
     assert gpus.run("apply", *ALLOWED, "--power-limit", "300", "--state", str(gpus.state)).returncode == 0

@@ -37,9 +37,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from joulebench.analysis.report import RECORD_KIND, record_paths
+from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.device_settings.record import recorded_settings
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import ExitCode, FormatError, ValidationError
 from jpwr.output import fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
@@ -116,7 +116,7 @@ def _parse_clock(value: Any, where: str) -> Clock:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise ValidationError(f"{where}: clock {value!r} is neither 'default' nor MHz",
+        raise FormatError(f"{where}: clock {value!r} is neither 'default' nor MHz",
                               "write the clock as an integer MHz or 'default'") from None
 
 
@@ -127,10 +127,9 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     phases: list[str] = []
     excluded: list[str] = []
     windows: set[str] = set()
-    for path in record_paths(paths):
-        data = json.loads(path.read_text())
-        if data.get("kind") != RECORD_KIND:
-            raise ValidationError(f"{path} is not a run record", "pass run_record.json files or a JUBE run directory")
+    documents = {path: read_record_json(path) for path in record_paths(paths)}
+    check_versions(documents)
+    for path, data in documents.items():
         run = str(data.get("run_id"))
         settings = recorded_settings(data.get("config", {}))
         attribution = data.get("attribution")
@@ -178,21 +177,24 @@ def read_profile(path: Path) -> Profile:
         rows = list(csv.DictReader(text.splitlines()))
         phases = list(dict.fromkeys(r.get("phase", "") for r in rows))
     else:
-        data = json.loads(text)
-        if data.get("kind") != PROFILE_KIND or data.get("version") != PROFILE_VERSION:
-            raise ValidationError(f"{path} is not a {PROFILE_KIND} of version {PROFILE_VERSION}",
-                                  "write the JSON profile format of `joulebench plan --help`, or a CSV file")
-        rows, phases = data["points"], list(data["phases"])
+        try:
+            data = json.loads(text)
+            if data.get("kind") != PROFILE_KIND or data.get("version") != PROFILE_VERSION:
+                raise ValueError(f"kind {data.get('kind')!r}, version {data.get('version')!r}")
+            rows, phases = list(data["points"]), list(data["phases"])
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
+            raise FormatError(f"{path} is not a {PROFILE_KIND} of version {PROFILE_VERSION} ({exc})",
+                              "write the JSON profile format of `joulebench plan --help`, or a CSV file") from None
     samples: dict[tuple[str, Clock], list[tuple[float, float, str]]] = {}
     for number, row in enumerate(rows, start=1):
         where = f"{path} point {number}"
         try:
             sample = (float(row["time_s"]), float(row["energy_j"]), str(row.get("source") or path.name))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(f"{where}: needs phase, clock, time_s and energy_j ({exc})",
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise FormatError(f"{where}: needs phase, clock, time_s and energy_j ({exc})",
                                   "give every point all four fields, numbers for time_s and energy_j") from None
         if row.get("phase") not in phases:
-            raise ValidationError(f"{where}: phase {row.get('phase')!r} is not in the phase list {phases}",
+            raise FormatError(f"{where}: phase {row.get('phase')!r} is not in the phase list {phases}",
                                   "list every phase in 'phases', in execution order")
         samples.setdefault((str(row["phase"]), _parse_clock(row.get("clock"), where)), []).append(sample)
     return Profile(phases, _average(samples), f"profile {path.name}")

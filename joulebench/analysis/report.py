@@ -95,7 +95,8 @@ def record_paths(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_record_json(path: Path) -> dict[str, Any]:
+    """A run record as its JSON document (every key, also those RunRecord does not model, e.g. `attribution`)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -166,7 +167,7 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:
-    documents = {p: _read_json(p) for p in record_paths(paths)}
+    documents = {p: read_record_json(p) for p in record_paths(paths)}
     check_versions(documents)
     runs = []
     for path, data in documents.items():

@@ -9,10 +9,11 @@
     python -m joulebench.device_settings restore --device-settings allowed --job-id "$SLURM_JOB_ID"
 
 `--device-settings` carries the profile key of the same name (default off). Exit codes: 0 done (also: nothing
-requested, nothing to restore); 64 a bad value (unknown policy, out of range); 69 no NVML here (apply, restore);
-74 a device rejected a call (rolled back; the message says what is left); 77 refused (the site does not allow
-settings, or this process has no route: no root, no usable zeusd). Errors are one line:
-"joulebench device-settings: error: <setting>: <reason>. Fix: <fix>".
+requested, nothing to restore); 64 a bad value (unknown policy, out of range); 65 a damaged state file; 69 no NVML
+here (apply, restore); 73 the state file cannot be written (nothing changed); 74 a device rejected a call (rolled
+back; the message says what is left); 77 refused (the site does not allow settings, or this process has no route:
+no root, no usable zeusd). Errors are one line, "joulebench device-settings: error: <setting>: <reason>. Fix:
+<fix>"; --debug adds the traceback.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from joulebench.device_settings.nvml import NvmlDevices, Reading
 from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
 from jpwr.devices import job_devices
-from jpwr.errors import ExitCode, ValidationError, exit_code_of
+from jpwr.errors import ExitCode, ValidationError, exit_code_of, take_debug_flag
 from jpwr.node import node_name
 from jpwr.output import fmt, write_json_atomic
 
@@ -199,10 +200,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(rest)
     handlers = {"probe": cmd_probe, "apply": cmd_apply, "restore": cmd_restore}
-    return exit_code_of(PROG, lambda: handlers[args.verb](args))
+    return exit_code_of(PROG, lambda: handlers[args.verb](args), debug)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jpwr.errors import ValidationError
+from jpwr.errors import FormatError, ValidationError
 from jpwr.output import utc_now, write_json_atomic
 
 STATE_KIND = "joulebench.device_settings_state"
@@ -69,14 +69,14 @@ class SettingsState:
     def load(cls, path: Path) -> SettingsState:
         try:
             data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValidationError(f"state file {path} is not readable JSON ({exc})",
-                                  "restore by hand (docs/sweeps.md, 'Restore by hand') and delete the file") from exc
-        if data.get("kind") != STATE_KIND or data.get("version") != STATE_VERSION:
-            raise ValidationError(f"{path} is not a joulebench device-settings state file of version {STATE_VERSION}",
-                                  "pass the file `apply` wrote (its path is printed and in the run record)")
-        return cls(path, str(data["job_id"]), str(data["node"]), str(data["route"]), dict(data["request"]),
-                   [DeviceState(**d) for d in data["devices"]], str(data["created_at"]))
+            if data.get("kind") != STATE_KIND or data.get("version") != STATE_VERSION:
+                raise ValueError(f"kind {data.get('kind')!r}, version {data.get('version')!r}")
+            return cls(path, str(data["job_id"]), str(data["node"]), str(data["route"]), dict(data["request"]),
+                       [DeviceState(**d) for d in data["devices"]], str(data["created_at"]))
+        except (UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as exc:
+            raise FormatError(f"{path} is not a joulebench device-settings state file of version {STATE_VERSION} "
+                              f"({exc})", "restore by hand (docs/sweeps.md, 'Restore by hand') and delete the file"
+                              ) from None
 
 
 def state_path(explicit: str | None, state_dir: str, job_id: str, node: str) -> Path:

@@ -270,6 +270,14 @@ def test_an_earlier_state_file_blocks_a_new_apply(gpus) -> None:
     assert gpus.run("restore", *ALLOWED, "--state", str(gpus.state)).returncode == 0 and _at_defaults(gpus)
 
 
+def test_a_damaged_state_file_is_named_with_the_way_out(gpus) -> None:
+    gpus.state.write_text('{"kind": "joulebench.device_settings_state", "vers')
+    result = gpus.run("restore", *ALLOWED, "--state", str(gpus.state))
+    assert result.returncode == ExitCode.DATA
+    assert "is not a joulebench device-settings state file" in _one_line_error(result) and "by hand" in result.stderr
+    assert gpus.calls() == []
+
+
 def test_a_state_file_that_cannot_be_written_stops_apply_before_any_change(gpus, tmp_path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")

@@ -15,7 +15,7 @@ from joulebench.device_settings import Request
 from joulebench.device_settings.record import node_block
 from joulebench.record import RunRecord, write_run_record
 from jpwr.energy import Window
-from jpwr.errors import ValidationError
+from jpwr.errors import FormatError, ValidationError
 
 STEP_PHASES = ("forward", "backward", "optimizer")
 
@@ -158,7 +158,7 @@ def test_bad_inputs_say_what_to_fix(tmp_path) -> None:
         plan.main([])
     bad = tmp_path / "bad.csv"
     bad.write_text("phase,clock,time_s,energy_j\nforward,fast,0.3,100\n")
-    with pytest.raises(ValidationError, match="clock 'fast' is neither 'default' nor MHz"):
+    with pytest.raises(FormatError, match="clock 'fast' is neither 'default' nor MHz"):
         plan.main(["--profile", str(bad)])
     with pytest.raises(ValidationError, match=r"--switch-latency -1\.0 is not a time"):
         plan.main(["--profile", str(bad), "--switch-latency", "-1"])

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from jpwr.sizing import add_window_arguments
+from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS
 
@@ -32,6 +33,7 @@ class InferenceConfig:
     steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (jpwr.sizing)
     warmup_batches: int
     precision: str  # resolved against the device at run time ("auto": bf16 on GPUs, fp32 on CPUs)
+    engine: str  # "static" (compact model code, static KV cache, CUDA graphs) or "hf" (transformers generate)
     attention: str
     device: str
     seed: int
@@ -69,7 +71,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--checkpoint", help="local Hugging Face checkpoint directory (config.json + weights) "
                                         "instead of a preset's random weights")
     m.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPUs, fp32 on CPUs")
-    m.add_argument("--attention", choices=ATTENTION, default="sdpa", help="transformers attention implementation")
+    m.add_argument("--engine", choices=ENGINES, default="static",
+                   help="static: own model code, static KV cache, decode steps replayed as CUDA graphs (default); "
+                        "hf: transformers generate (the baseline)")
+    m.add_argument("--attention", choices=ATTENTION, default="sdpa",
+                   help="transformers attention implementation (--engine hf; the static engine uses SDPA)")
     w = parser.add_argument_group("workload")
     w.add_argument("--task", type=_name_list, default=("chat",),
                    help=f"task or comma-separated tasks: {', '.join(TASKS)}")
@@ -95,7 +101,7 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
     return InferenceConfig(
         preset=args.preset, checkpoint=args.checkpoint, tasks=tuple(args.task), batch_sizes=tuple(sizes),
         num_batches=args.num_batches, output_length=args.output_length, steady_seconds=args.steady_seconds,
-        warmup_batches=args.warmup_batches, precision=args.precision, attention=args.attention,
+        warmup_batches=args.warmup_batches, precision=args.precision, engine=args.engine, attention=args.attention,
         device=args.device, seed=args.seed, out_dir=args.out_dir, run_id=args.run_id,
         energy_methods=args.energy_methods,
     )

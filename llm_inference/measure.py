@@ -6,9 +6,12 @@ point's batches for at least --min-window-s; the `steady` window runs full gener
 same batches (whole passes) for at least as long. Decode energy is the steady window's energy
 minus the prefill energy of the same number of passes (see metrics.py).
 
-Windows, in order: `warmup` (a prefill and --warmup-batches generations of up to 8 tokens: allocator
-growth, kernel selection; excluded from every headline figure), `prefill`, `steady`. Each edge is
-taken after a device sync by WindowMeter.
+Before the windows, `engine.prepare` sets up the point's shapes (the static engine's KV cache and
+CUDA-graph capture); its time is reported as `engine_setup_s`, outside every window.
+
+Windows, in order: `warmup` (a prefill of each batch and --warmup-batches generations of up to 8 tokens:
+allocator growth, kernel selection for every prompt shape; excluded from every headline figure),
+`prefill`, `steady`. Each edge is taken after a device sync by WindowMeter.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class PointWindows:
     prefill_passes: int
     steady_passes: int
     timings: list[Timing]
+    setup_s: float
 
 
 def _work(batches: list[Batch], passes: int, calls: int, generated: bool) -> dict[str, float]:
@@ -60,13 +64,15 @@ def _check_length(new_tokens: torch.Tensor, batch: Batch) -> None:
 
 def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
               inputs: list[dict[str, torch.Tensor]], warmup_batches: int, min_window_s: float) -> PointWindows:
-    """Warm-up, then the prefill window, then the steady (generate) window; each window whole passes."""
+    """Set-up, warm-up, then the prefill window, then the steady (generate) window; each window whole passes."""
+    setup_s = engine.prepare(batches)
     meter.begin("warmup", 0)
-    engine.prefill(inputs[0])
+    for item in inputs:
+        engine.prefill(item)
     for call in range(warmup_batches):
         index = call % len(batches)
         engine.generate(inputs[index], min(batches[index].output_length, WARMUP_NEW_TOKENS))
-    warmup = meter.end("warmup", warmup_batches, {"calls": warmup_batches + 1})
+    warmup = meter.end("warmup", warmup_batches, {"calls": warmup_batches + len(inputs)})
 
     meter.begin("prefill", 0)
     started, passes = time.monotonic(), 0
@@ -81,11 +87,11 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
     started, steady_passes, timings = time.monotonic(), 0, []
     while steady_passes == 0 or time.monotonic() - started < min_window_s:
         for batch, item in zip(batches, inputs, strict=True):
-            new_tokens, _ = engine.generate(item, batch.output_length)
+            new_tokens = engine.generate(item, batch.output_length)
             engine.sync()  # the step clock's events must be complete before they are read
             _check_length(new_tokens, batch)
             timings.append(engine.timing())
         steady_passes += 1
     calls = steady_passes * len(batches)
     steady = meter.end("steady", calls, _work(batches, steady_passes, calls, True))
-    return PointWindows(warmup, prefill, steady, passes, steady_passes, timings)
+    return PointWindows(warmup, prefill, steady, passes, steady_passes, timings, setup_s)

@@ -1,18 +1,23 @@
-"""Device-memory estimate of one (model, task, batch size) point, to refuse batches that cannot fit.
+"""Device-memory estimate of one (model, task, batch size, engine) point, to refuse batches that cannot fit.
 
 First order, meant to catch batch sizes off by large factors before any device work:
 
 * weights: parameters × bytes per element (2 in bf16/fp16, 4 in fp32);
 * KV cache: 2 · layers · KV heads · head dim · bytes per token, for batch × (longest prompt + output);
-* prefill activations of one layer: batch × longest prompt × (4·hidden + 3·intermediate) elements
-  (the MLP's gate, up and product dominate; attention runs in SDPA without storing the score matrix);
+  the static engine allocates it once, its slots rounded up to SLOT_BUCKET;
+* prefill activations of one layer: tokens × (4·hidden + 3·intermediate) elements (the MLP's gate,
+  up and product dominate; attention runs in SDPA without storing the score matrix). `hf` prefills the
+  whole batch at once; `static` prefills PREFILL_CHUNK_TOKENS-sized groups of rows;
 * logits: batch × vocabulary in fp32 twice (last-position logits and the processed scores);
+* static only, the CUDA graphs' pool: one decode step's temporaries, twice over (Q/K/V, the MLP's
+  gate and up, the logits in the model's dtype);
 * +10 % and 1 GiB for the CUDA context, workspaces and fragmentation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from llm_inference.presets import ModelPreset
 
@@ -20,6 +25,21 @@ GIB = 1024**3
 CONTEXT_OVERHEAD_GIB = 1.0
 FRAGMENTATION = 1.10
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ENGINES = ("static", "hf")
+# Static engine shapes (the engine and this estimate share them): cache slots come in multiples of
+# SLOT_BUCKET (one captured decode graph per multiple); prefill runs at most this many padded tokens at once.
+SLOT_BUCKET = 64
+PREFILL_CHUNK_TOKENS = 16384
+
+
+def cache_slots(sequence_tokens: int) -> int:
+    """Slots the static engine allocates for sequences of up to `sequence_tokens` positions."""
+    return math.ceil(sequence_tokens / SLOT_BUCKET) * SLOT_BUCKET
+
+
+def prefill_rows_per_chunk(prompt_tokens: int) -> int:
+    """Rows the static engine prefills together when prompts are padded to `prompt_tokens`."""
+    return max(1, PREFILL_CHUNK_TOKENS // prompt_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,31 +48,38 @@ class MemoryEstimate:
     kv_cache_gib: float
     activations_gib: float
     logits_gib: float
+    graphs_gib: float
 
     @property
     def total_gib(self) -> float:
-        parts = self.weights_gib + self.kv_cache_gib + self.activations_gib + self.logits_gib
+        parts = self.weights_gib + self.kv_cache_gib + self.activations_gib + self.logits_gib + self.graphs_gib
         return parts * FRAGMENTATION + CONTEXT_OVERHEAD_GIB
 
 
 def estimate_memory(preset: ModelPreset, precision: str, batch_size: int, prompt_tokens: int,
-                    sequence_tokens: int) -> MemoryEstimate:
+                    sequence_tokens: int, engine: str) -> MemoryEstimate:
     """`prompt_tokens`: longest (padded) prompt; `sequence_tokens`: longest prompt + output."""
     width = BYTES[precision]
-    activations = batch_size * prompt_tokens * (4 * preset.hidden_size + 3 * preset.intermediate_size) * width
+    static = engine == "static"
+    slots = cache_slots(sequence_tokens) if static else sequence_tokens
+    prefill_rows = min(batch_size, prefill_rows_per_chunk(prompt_tokens)) if static else batch_size
+    per_token = (4 * preset.hidden_size + 3 * preset.intermediate_size) * width
+    qkv = (preset.num_attention_heads + 2 * preset.num_key_value_heads) * preset.head_dim
+    step = batch_size * (qkv + 2 * preset.intermediate_size + preset.vocab_size) * width
     return MemoryEstimate(
         weights_gib=preset.parameter_count() * width / GIB,
-        kv_cache_gib=batch_size * sequence_tokens * preset.kv_bytes_per_token(width) / GIB,
-        activations_gib=activations / GIB,
+        kv_cache_gib=batch_size * slots * preset.kv_bytes_per_token(width) / GIB,
+        activations_gib=prefill_rows * prompt_tokens * per_token / GIB,
         logits_gib=2 * batch_size * preset.vocab_size * 4 / GIB,
+        graphs_gib=2 * step / GIB if static else 0.0,
     )
 
 
 def largest_fitting_batch(preset: ModelPreset, precision: str, prompt_tokens: int, sequence_tokens: int,
-                          memory_gib: float) -> int:
+                          memory_gib: float, engine: str) -> int:
     """The largest power of two whose estimate fits (0 when not even batch 1 fits)."""
     size = 0
-    while estimate_memory(preset, precision, max(1, 2 * size), prompt_tokens, sequence_tokens).total_gib \
+    while estimate_memory(preset, precision, max(1, 2 * size), prompt_tokens, sequence_tokens, engine).total_gib \
             <= memory_gib and size < 2**16:
         size = max(1, 2 * size)
     return size

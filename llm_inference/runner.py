@@ -31,11 +31,13 @@ from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
 from jpwr.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from jpwr.trace import TraceData, load_trace
-from llm_inference import engine as engine_module
 from llm_inference import memory, metrics, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
+from llm_inference.engine import Engine, build_model, make_inputs
+from llm_inference.hf_engine import HFEngine
 from llm_inference.measure import PointWindows, run_point
 from llm_inference.presets import ModelPreset
+from llm_inference.static_engine import StaticEngine
 from llm_inference.tasks import TASKS, draw_batches, longest_sequence
 
 WORK_UNIT = "output_tokens"
@@ -101,7 +103,7 @@ def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPr
         result.update(metrics.latency_metrics(point.timings))
         result.update(metrics.energy_metrics(point))
         result.update(prefill_passes=point.prefill_passes, steady_passes=point.steady_passes,
-                      warmup_duration_s=point.warmup.duration_s)
+                      warmup_duration_s=point.warmup.duration_s, engine_setup_s=point.setup_s)
     steady = latents.get("steady", {})
     used = steady.get("memory_used_bytes")
     sm = steady.get("sm_clock_hz")
@@ -123,8 +125,8 @@ def _window_seconds(cfg: InferenceConfig, meter: WindowMeter, device: torch.devi
     return window_length(meter.live(span_s=2.0), cfg.steady_seconds)
 
 
-def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, shape: ModelPreset, precision: str,
-             launch: LaunchEnv, device: torch.device, hardware: dict[str, object]) -> RunRecord:
+def _run_one(cfg: InferenceConfig, spec: Point, engine: Engine, build_s: float, shape: ModelPreset,
+             precision: str, launch: LaunchEnv, device: torch.device, hardware: dict[str, object]) -> RunRecord:
     task = TASKS[spec.task]
     config = {**cfg.to_dict(), "model": cfg.preset if cfg.checkpoint is None else shape.name, "task": spec.task,
               "batch_size": spec.batch_size, "precision": precision, "out_dir": str(spec.out_dir),
@@ -135,13 +137,13 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, sh
     record.config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length}
                                 for b in batches]
     estimate = memory.estimate_memory(shape, precision, spec.batch_size, task.input_length.high,
-                                      longest_sequence(task, cfg.output_length)).total_gib
+                                      longest_sequence(task, cfg.output_length), cfg.engine).total_gib
     meter = WindowMeter.open(launch, sync=engine.sync, methods=cfg.energy_methods, out_dir=spec.out_dir / "jpwr")
     point: PointWindows | None = None
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        inputs = [engine_module.make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
+        inputs = [make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
         window_s = _window_seconds(cfg, meter, device)
         record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds)
@@ -162,10 +164,23 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: engine_module.Engine, sh
         reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
     record.metrics = _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason,
                                     estimate)
+    record.config["engine_detail"] = {**engine.describe(), "build_s": build_s}
     record.meter.update({"sampler": has_sampler, "energy_methods": cfg.energy_methods,
                          "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None})
     write_run_record(spec.out_dir / "run_record.json", record)
     return record
+
+
+def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device) -> Engine:
+    """The transformers model, used by `hf` as it is and by `static` as the source of its weights."""
+    model = build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
+    if cfg.engine == "hf":
+        return HFEngine(model, device)
+    engine = StaticEngine.from_transformers(model, device)
+    del model  # the unfused weights go; the engine holds its own (fused) copies
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return engine
 
 
 def _progress(record: RunRecord) -> str:
@@ -190,14 +205,14 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
     if device.type == "cuda":
         torch.cuda.set_device(0)
     started = time.monotonic()
-    model = engine_module.build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
+    engine = _make_engine(cfg, shape, precision, device)
+    build_s = time.monotonic() - started
     _log(f"model {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}, "
-         f"{'checkpoint' if cfg.checkpoint else 'random weights'}) built on {device} in "
-         f"{time.monotonic() - started:.1f} s")
-    engine = engine_module.Engine(model, shape.vocab_size, device)
+         f"{'checkpoint' if cfg.checkpoint else 'random weights'}) built on {device} for engine {engine.name} in "
+         f"{build_s:.1f} s")
     records = []
     for spec in plan_points(cfg):
-        record = _run_one(cfg, spec, engine, shape, precision, launch, device, hardware)
+        record = _run_one(cfg, spec, engine, build_s, shape, precision, launch, device, hardware)
         records.append(record)
         _log(_progress(record))
         if record.status == "TIMEOUT":

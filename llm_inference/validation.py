@@ -54,6 +54,10 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
     for name, value, lowest in (("--num-batches", cfg.num_batches, 1), ("--warmup-batches", cfg.warmup_batches, 0)):
         if value < lowest:
             raise ValidationError(f"{name} is {value}", f"set {name} to at least {lowest}")
+    if cfg.engine == "static" and cfg.attention != "sdpa":
+        raise ValidationError(f"--attention {cfg.attention} selects a transformers attention implementation, which "
+                              "the static engine does not use (it runs SDPA on its own KV cache)",
+                              "leave --attention out, or use --engine hf")
     if cfg.output_length is not None and cfg.output_length < 1:
         raise ValidationError(f"--output-length is {cfg.output_length}", "force at least one new token")
     for task in cfg.tasks:
@@ -74,14 +78,14 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
         task = TASKS[task_name]
         prompt, sequence = task.input_length.high, longest_sequence(task, cfg.output_length)
         for size in cfg.batch_sizes:
-            estimate = memory.estimate_memory(shape, precision, size, prompt, sequence)
+            estimate = memory.estimate_memory(shape, precision, size, prompt, sequence, cfg.engine)
             if estimate.total_gib > memory_gib:
-                fits = memory.largest_fitting_batch(shape, precision, prompt, sequence, memory_gib)
+                fits = memory.largest_fitting_batch(shape, precision, prompt, sequence, memory_gib, cfg.engine)
                 raise ValidationError(
-                    f"batch size {size} of task {task_name!r} on {shape.name} ({precision}) needs an estimated "
-                    f"{estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:.1f}, KV cache "
-                    f"{estimate.kv_cache_gib:.1f}, activations {estimate.activations_gib:.1f}) but the device "
-                    f"has {memory_gib:.1f} GiB",
+                    f"batch size {size} of task {task_name!r} on {shape.name} ({precision}, engine {cfg.engine}) "
+                    f"needs an estimated {estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:.1f}, KV "
+                    f"cache {estimate.kv_cache_gib:.1f}, activations {estimate.activations_gib:.1f}, CUDA graphs "
+                    f"{estimate.graphs_gib:.1f}) but the device has {memory_gib:.1f} GiB",
                     f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
 
 

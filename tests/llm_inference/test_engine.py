@@ -1,11 +1,13 @@
-"""Real transformers generation of the tiny preset on the CPU: forced lengths, step clock, prefill = first step."""
+"""The `hf` engine (real transformers generation of the tiny preset on the CPU): forced lengths, step clock,
+prefill = first step; model build and task draws shared by both engines."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from llm_inference.engine import Engine, build_model, make_inputs
+from llm_inference.engine import build_model, make_inputs
+from llm_inference.hf_engine import HFEngine
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS, Batch, draw_batches
 
@@ -13,17 +15,16 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    shape = PRESETS["tiny"]
-    return Engine(build_model(shape, None, "fp32", "sdpa", CPU, seed=7), shape.vocab_size, CPU)
+def engine() -> HFEngine:
+    return HFEngine(build_model(PRESETS["tiny"], None, "fp32", "sdpa", CPU, seed=7), CPU)
 
 
 def test_generate_gives_exactly_the_forced_length_with_left_padding(engine):
     batch = Batch(input_lengths=(5, 11, 8), output_length=9)
-    inputs = make_inputs(batch, engine.vocab_size, seed=3, device=CPU)
+    inputs = make_inputs(batch, PRESETS["tiny"].vocab_size, seed=3, device=CPU)
     assert inputs["input_ids"].shape == (3, 11)
     assert inputs["attention_mask"].sum(dim=1).tolist() == [5, 11, 8]  # padding is on the left, not counted
-    new_tokens, _ = engine.generate(inputs, batch.output_length)
+    new_tokens = engine.generate(inputs, batch.output_length)
     assert new_tokens.shape == (3, 9)
     timing = engine.timing()
     assert timing.ttft_s > 0 and len(timing.inter_token_s) == 8  # one stamp per new token
@@ -33,9 +34,9 @@ def test_generate_gives_exactly_the_forced_length_with_left_padding(engine):
 def test_prefill_call_picks_the_same_first_token_as_generate(engine):
     # The prefill window's call must do generate's first step: same positions under left padding, same token.
     batch = Batch(input_lengths=(4, 10), output_length=2)
-    inputs = make_inputs(batch, engine.vocab_size, seed=11, device=CPU)
+    inputs = make_inputs(batch, PRESETS["tiny"].vocab_size, seed=11, device=CPU)
     first = engine.prefill(inputs)
-    new_tokens, _ = engine.generate(inputs, batch.output_length)
+    new_tokens = engine.generate(inputs, batch.output_length)
     assert torch.equal(first, new_tokens[:, 0])
 
 
@@ -44,12 +45,12 @@ def test_a_models_own_end_of_sequence_token_neither_stops_nor_steers_generation(
     shape = PRESETS["tiny"]
     model = build_model(shape, None, "fp32", "sdpa", CPU, seed=7)
     batch = Batch(input_lengths=(6, 6), output_length=12)
-    probe = Engine(model, shape.vocab_size, CPU)
+    probe = HFEngine(model, CPU)
     inputs = make_inputs(batch, shape.vocab_size, seed=3, device=CPU)
     greedy_first = probe.prefill(inputs)
     model.generation_config.eos_token_id = int(greedy_first[0])  # the very token greedy decoding picks first
-    engine = Engine(model, shape.vocab_size, CPU)
-    new_tokens, _ = engine.generate(inputs, batch.output_length)
+    engine = HFEngine(model, CPU)
+    new_tokens = engine.generate(inputs, batch.output_length)
     assert new_tokens.shape == (2, 12)
     assert torch.equal(new_tokens[:, 0], greedy_first)  # not suppressed by a min-length rule either
 

@@ -30,6 +30,11 @@ def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_
     record = RunRecord.from_dict(data)  # the shared schema reads it back
     assert record.benchmark == "llm_inference" and record.status == "OK" and record.run_id == "inf-1"
     assert record.config["task"] == "tiny" and record.config["batch_size"] == 3 and record.config["model"] == "tiny"
+    # The default engine is named in the record, with its shapes and its set-up time (outside every window).
+    detail = record.config["engine_detail"]
+    assert record.config["engine"] == "static" and detail["engine"] == "static" and detail["cuda_graphs"] is False
+    assert detail["cache_slots"] % detail["slot_bucket"] == 0 and detail["build_s"] > 0
+    assert record.metrics["engine_setup_s"] >= 0
 
     warmup, prefill, steady = (record.window(n) for n in ("warmup", "prefill", "steady"))
     assert [w.name for w in record.windows] == ["warmup", "prefill", "steady"]
@@ -96,12 +101,14 @@ def test_sweep_with_in_process_metering_writes_a_record_per_point_and_charts(fak
 def test_without_a_sampler_energy_is_na_with_a_reason_never_zero(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("JPWR_ADDR", raising=False)
     handler = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main(["run", *TINY, "--batch-size", "2", "--output-length", "4", "--out-dir", str(tmp_path)])
+    try:  # through the transformers baseline engine
+        code = main(["run", *TINY, "--engine", "hf", "--batch-size", "2", "--output-length", "4",
+                     "--out-dir", str(tmp_path)])
     finally:
         signal.signal(signal.SIGTERM, handler)
     assert code == 0
     record = read_run_record(tmp_path / "run_record.json")
+    assert record.config["engine"] == "hf" and record.config["engine_detail"]["engine"] == "hf"
     m = record.metrics
     assert record.window("steady").work["output_tokens"] == m["steady_passes"] * 2 * 2 * 4
     for key in ("energy_wh", "energy_per_output_token_j", "decode_energy_per_token_j", "utilization_gpu"):
@@ -119,7 +126,7 @@ def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_
     for line in proc.stdout:  # the model is built: the first point's windows are running
         if "built on cpu" in line:
             break
-    time.sleep(1.0)
+    time.sleep(5.0)  # past the warm-up (first calls are slow on a loaded CPU); the prefill window lasts 120 s
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-3000:]

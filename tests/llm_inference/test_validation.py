@@ -22,8 +22,13 @@ def call(capsys, *args: str) -> tuple[int, str, str]:
         (["--preset", "llama-70b"], ["unknown preset --preset 'llama-70b'", "tiny, gpt2, llama-1b, llama-8b"]),
         (["--preset", "tiny", "--task", "chat,poetry"], ["unknown task --task 'poetry'", "summarization"]),
         (["--preset", "llama-8b", "--task", "summarization", "--batch-sizes", "1,8,512", "--device-memory-gib", "80"],
-         ["batch size 512 of task 'summarization' on llama-8b (bf16) needs an estimated", "80.0 GiB",
-          "use batch sizes up to 64"]),
+         ["batch size 512 of task 'summarization' on llama-8b (bf16, engine static) needs an estimated", "80.0 GiB",
+          "use batch sizes up to 128"]),
+        (["--preset", "llama-8b", "--task", "summarization", "--batch-sizes", "128", "--engine", "hf",
+          "--device-memory-gib", "80"], ["(bf16, engine hf)", "use batch sizes up to 64"]),
+        (["--preset", "llama-8b", "--batch-sizes", "1,256,512", "--device-memory-gib", "79.2"],
+         ["batch size 512 of task 'chat'", "CUDA graphs", "use batch sizes up to 256"]),
+        (["--preset", "tiny", "--attention", "eager"], ["--attention eager", "use --engine hf"]),
         (["--preset", "llama-8b", "--device-memory-gib", "8"], ["needs an estimated", "smaller model"]),
         (["--preset", "gpt2", "--task", "summarization"],
          ["task 'summarization' needs up to 3232 positions", "gpt2 has 1024"]),
@@ -49,6 +54,10 @@ def test_valid_sweep_reports_points_and_precision(capsys):
                           "1,2,4,8,16,32,64", "--device-memory-gib", "79.2")
     assert code == ExitCode.OK, err
     assert "llama-8b (8.03B parameters, bf16)" in out and "14 run record(s)" in out
+    # The static engine's cache and prefill groups let llama-8b reach batch 256 on an 80 GB GPU with the chat task.
+    code, out, err = call(capsys, "validate", "--preset", "llama-8b", "--batch-sizes", "1,8,64,256",
+                          "--device-memory-gib", "79.2")
+    assert code == ExitCode.OK, err
 
 
 def test_sweep_under_one_external_sampler_and_several_processes_are_refused():
@@ -59,15 +68,27 @@ def test_sweep_under_one_external_sampler_and_several_processes_are_refused():
     validation.check_launch(1, points=5, external_sampler=False)  # in-process metering: one sampler per point
 
 
-def test_memory_estimate_parts_follow_the_shape():
+@pytest.mark.parametrize("engine", memory.ENGINES)
+def test_memory_estimate_parts_follow_the_shape(engine):
     shape = PRESETS["llama-8b"]
-    one = memory.estimate_memory(shape, "bf16", 1, 1024, 1280)
+    one = memory.estimate_memory(shape, "bf16", 1, 1024, 1280, engine)
     assert one.weights_gib == pytest.approx(8.03e9 * 2 / 1024**3, rel=1e-3)
     # Llama-3.1-8B KV cache: 2 · 32 layers · 8 KV heads · 128 · 2 B = 128 KiB per token.
     assert shape.kv_bytes_per_token(2) == 128 * 1024
-    four = memory.estimate_memory(shape, "bf16", 4, 1024, 1280)
+    four = memory.estimate_memory(shape, "bf16", 4, 1024, 1280, engine)
     assert four.kv_cache_gib == pytest.approx(4 * one.kv_cache_gib)
     assert four.weights_gib == one.weights_gib
-    fits = memory.largest_fitting_batch(shape, "bf16", 1024, 1280, 80.0)
-    assert memory.estimate_memory(shape, "bf16", fits, 1024, 1280).total_gib <= 80.0
-    assert memory.estimate_memory(shape, "bf16", 2 * fits, 1024, 1280).total_gib > 80.0
+    fits = memory.largest_fitting_batch(shape, "bf16", 1024, 1280, 80.0, engine)
+    assert memory.estimate_memory(shape, "bf16", fits, 1024, 1280, engine).total_gib <= 80.0
+    assert memory.estimate_memory(shape, "bf16", 2 * fits, 1024, 1280, engine).total_gib > 80.0
+
+
+def test_static_estimate_counts_the_allocated_cache_bounded_prefill_and_graph_pool():
+    shape = PRESETS["llama-8b"]
+    static = memory.estimate_memory(shape, "bf16", 256, 512, 900, "static")
+    hf = memory.estimate_memory(shape, "bf16", 256, 512, 900, "hf")
+    # The static cache holds whole SLOT_BUCKET multiples: 900 positions take 960 slots.
+    assert static.kv_cache_gib == pytest.approx(hf.kv_cache_gib * 960 / 900)
+    # Prefill runs in groups of PREFILL_CHUNK_TOKENS // 512 = 32 rows, not all 256 at once.
+    assert static.activations_gib == pytest.approx(hf.activations_gib * 32 / 256)
+    assert static.graphs_gib > 0 and hf.graphs_gib == 0

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Engine `hf` vs engine `static` on one GPU: ms/token, J/token, GPU utilisation; bf16 logits vs transformers.
+
+Run from the repository root on a GPU machine (torch, transformers, nvidia-ml-py), in one go (~8 min on an H100):
+
+    python benchmarks/inference_engine_h100.py --out-dir $OUT/engine
+    python benchmarks/inference_engine_h100.py --presets llama-1b --batch-sizes 1,8 --out-dir /tmp/e   # quick check
+    python benchmarks/inference_engine_h100.py --presets tiny --batch-sizes 1,2 --device cpu --out-dir /tmp/e
+        # smoke test of the script itself (fp32; NVML from tests/fakes with JPWR_FAKE_NVML_TRACE)
+
+1. Logits check, per preset (a child process): the static engine's bf16 logits against the transformers
+   model it took its weights from (the prompt's last position, and one decode step), and the greedy
+   tokens of both engines for the same left-padded prompts.
+2. Per preset and engine one `python -m llm_inference run --engine E` process over the batch sizes
+   (`max`: the largest power of two that both engines' memory estimates allow on this GPU), task chat,
+   in-process NVML metering. Every point writes <out-dir>/<preset>/<engine>/chat_bs<N>/run_record.json.
+
+J/output token is ML.ENERGY's definition (the steady window's energy over its output tokens, prefill
+included); decode J/token is the project's (steady minus prefill energy over decode tokens). Random
+weights, synthetic lengths and static batches: ML.ENERGY's figures are vLLM serving real requests.
+A point that fails is a row with its error; the sweep goes on. results.md / results.json in --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
+
+TASK = "chat"
+COLUMNS = [
+    ("preset", None), ("batch", None), ("engine", None), ("status", None),
+    ("ms/token", "per_token_latency_median_s"), ("TTFT ms", "ttft_median_s"), ("tokens/s", "output_tokens_per_s"),
+    ("J/output token", "energy_per_output_token_j"), ("±", "energy_per_output_token_error_bound_j"),
+    ("decode J/token", "decode_energy_per_token_j"), ("±decode", "decode_energy_per_token_error_bound_j"),
+    ("tokens/Wh", "output_tokens_per_wh"), ("W", "mean_power_w"), ("GPU util %", "utilization_gpu"),
+    ("SM MHz", "sm_clock_mhz"), ("setup s", "engine_setup_s"), ("peak GiB", "peak_memory_allocated_gib"),
+    ("estimate GiB", "memory_estimate_gib"),
+]
+SHORT = ["preset", "batch", "engine", "status", "ms/token", "J/output token", "decode J/token", "GPU util %"]
+MILLISECONDS = {"per_token_latency_median_s", "ttft_median_s"}
+CHECK_COLUMNS = ["preset", "status", "where", "max |Δ|", "max |logit|", "max |Δ| / max |logit|", "cosine",
+                 "argmax agree", "tokens equal", "first divergence"]
+
+
+def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
+    """The static engine against the transformers model it came from (runs in a child process).
+
+    bf16 on a GPU: both engines' logits are compared with the same weights upcast to fp32 (the reference),
+    so the static engine's deviation reads against transformers' own bf16 deviation; then the greedy tokens
+    of both engines (informational: with random weights near-ties are common and bf16 rounding flips them).
+    """
+    import torch
+
+    from llm_inference.engine import build_model, make_inputs
+    from llm_inference.hf_engine import HFEngine
+    from llm_inference.presets import PRESETS
+    from llm_inference.static_engine import StaticEngine, attended_length
+    from llm_inference.tasks import Batch
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    shape = PRESETS[preset]
+    model = build_model(shape, None, "bf16" if cuda else "fp32", "sdpa", device, seed)
+    engine = StaticEngine.from_transformers(model, device)
+    batch = Batch((37, 120, 64, 120), 32)  # left padding in three rows
+    inputs = make_inputs(batch, shape.vocab_size, seed, device)
+    width = batch.padded_length
+
+    def transformers_logits() -> tuple[torch.Tensor, torch.Tensor]:
+        """Last-position logits of the prompt and of the prompt plus `first` (one decode step)."""
+        ones = torch.ones_like(first)[:, None]
+        step = model(input_ids=torch.cat([inputs["input_ids"], first[:, None]], 1),
+                     attention_mask=torch.cat([inputs["attention_mask"], ones], 1),
+                     position_ids=torch.cat([inputs["position_ids"], inputs["position_ids"][:, -1:] + 1], 1),
+                     logits_to_keep=1).logits[:, -1]
+        return model(**inputs, logits_to_keep=1).logits[:, -1].float(), step.float()
+
+    def compare(name: str, mine: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+        mine, ref = mine.float(), ref.float()
+        return {"where": name, "max |Δ|": (mine - ref).abs().max().item(), "max |logit|": ref.abs().max().item(),
+                "max |Δ| / max |logit|": ((mine - ref).abs().max() / ref.abs().max()).item(),
+                "cosine": torch.nn.functional.cosine_similarity(mine, ref, dim=-1).min().item(),
+                "argmax agree": (mine.argmax(-1) == ref.argmax(-1)).float().mean().item()}
+
+    with torch.inference_mode():
+        state, prefill = engine.prefill_logits(inputs)
+        first = prefill.argmax(-1)
+        state.tokens.copy_(first)
+        step = engine.decode_logits(state, attended_length(width + 1))
+        hf_prefill, hf_step = transformers_logits()
+        engine.prepare([batch])
+        static_tokens = engine.generate(inputs, batch.output_length)
+        hf_tokens = HFEngine(model, device).generate(inputs, batch.output_length)
+        del engine, state
+        model.float()  # the reference: the same weights in fp32 (in place, so the GPU holds one copy)
+        ref_prefill, ref_step = transformers_logits()
+    equal = static_tokens == hf_tokens
+    divergence = [int(row.logical_not().nonzero()[0]) if not row.all() else None for row in equal]
+    rows = [compare("prefill: static vs fp32", prefill, ref_prefill),
+            compare("prefill: hf vs fp32", hf_prefill, ref_prefill),
+            compare("decode step 1: static vs fp32", step, ref_step),
+            compare("decode step 1: hf vs fp32", hf_step, ref_step),
+            compare("decode step 1: static vs hf", step, hf_step),
+            {"where": f"greedy {batch.output_length} tokens: static (CUDA graphs) vs hf",
+             "tokens equal": equal.float().mean().item(), "first divergence": str(divergence)}]
+    return {"device_memory_gib": torch.cuda.get_device_properties(0).total_memory / 1024**3 if cuda else None,
+            "precision": "bf16" if cuda else "fp32", "rows": rows}
+
+
+def run_child_check(preset: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    out = Path(args.out_dir) / f"logits_{preset}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--check-logits", preset, "--out-dir", args.out_dir,
+           "--device", args.device]
+    try:
+        code = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.check_timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    if out.is_file():
+        return json.loads(out.read_text())
+    return {"error": f"logits check exited {code} without a result"}
+
+
+def max_batch(preset: str, memory_gib: float) -> int:
+    """Largest power of two both engines' estimates allow for the chat task (what `validate` accepts)."""
+    from llm_inference import memory
+    from llm_inference.presets import PRESETS
+    from llm_inference.tasks import TASKS, longest_sequence
+
+    task = TASKS[TASK]
+    return min(memory.largest_fitting_batch(PRESETS[preset], "bf16", task.input_length.high, longest_sequence(task),
+                                            memory_gib, engine) for engine in memory.ENGINES)
+
+
+def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namespace, env: dict[str, str]) -> int | str:
+    run_dir = Path(args.out_dir) / preset / engine
+    cmd = [sys.executable, "-m", "llm_inference", "run", "--preset", preset, "--engine", engine, "--task", TASK,
+           "--batch-sizes", ",".join(map(str, sizes)), "--num-batches", "1",
+           "--steady-seconds", str(args.steady_seconds), "--energy-methods", "nvml", "--device", args.device,
+           "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}-{engine}"]
+    print(f"=== {preset} {engine}: {' '.join(cmd)}", flush=True)
+    started = time.monotonic()
+    try:
+        code: int | str = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        code = f"timeout after {args.timeout_s:.0f} s"
+    print(f"=== {preset} {engine}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
+    return code
+
+
+def point_row(preset: str, engine: str, size: int, exit_code: int | str, run_dir: Path) -> dict[str, Any]:
+    row: dict[str, Any] = {"preset": preset, "batch": size, "engine": engine}
+    path = run_dir / f"{TASK}_bs{size}" / "run_record.json"
+    if not path.is_file():
+        return {**row, "status": f"no record (exit {exit_code})"}
+    record = json.loads(path.read_text())
+    metrics = record.get("metrics", {})
+    status = record["status"]
+    row["status"] = status if status == "OK" else f"{status}: {record.get('status_reason')}"
+    for label, key in COLUMNS:
+        if key:
+            value = metrics.get(key)
+            row[label] = value * 1e3 if key in MILLISECONDS and value is not None else value
+    if row.get("GPU util %") is not None:
+        row["GPU util %"] = 100 * row["GPU util %"]
+    row["device"] = record.get("hardware", {}).get("device_name")
+    row["engine_detail"] = record.get("config", {}).get("engine_detail")
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="llama-1b,llama-8b")
+    parser.add_argument("--engines", default="hf,static")
+    parser.add_argument("--batch-sizes", default="1,8,64,max", help="'max': largest power of two both engines fit")
+    parser.add_argument("--steady-seconds", type=float, default=2.0,
+                        help="prefill and steady window length per point (short: 16 points fit in ~8 min; the "
+                             "records carry each window's energy bound)")
+    parser.add_argument("--timeout-s", type=float, default=150, help="per (preset, engine) process")
+    parser.add_argument("--check-timeout-s", type=float, default=120)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script (preset tiny)")
+    parser.add_argument("--out-dir", default="inference_engine_out")
+    parser.add_argument("--tag", default=time.strftime("eng%Y%m%dT%H%M%S"))
+    parser.add_argument("--check-logits", metavar="PRESET", help=argparse.SUPPRESS)  # the child's job
+    args = parser.parse_args()
+    out_dir = Path(args.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args.out_dir = str(out_dir)
+    if args.check_logits:
+        result = check_logits(args.check_logits, args.seed, args.device)
+        (out_dir / f"logits_{args.check_logits}.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = first_gpus_env(1, {**os.environ, "PYTHONPATH": path})
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    checks, rows = [], []
+    for preset in presets:
+        check = run_child_check(preset, args, env)
+        memory_gib = check.get("device_memory_gib")
+        for item in check.get("rows", [{"where": "-"}]):
+            checks.append({"preset": preset, "status": check.get("error", "ok"), **item})
+        sizes = []
+        for text in args.batch_sizes.split(","):
+            if text == "max":
+                if memory_gib is None:
+                    rows.append({"preset": preset, "batch": "max",
+                                 "status": "device memory unknown (CPU, or the logits check failed)"})
+                    continue
+                sizes.append(max_batch(preset, memory_gib))
+            else:
+                sizes.append(int(text))
+        sizes = sorted(set(sizes))
+        for engine in args.engines.split(","):
+            code = run_engine(preset, engine, sizes, args, env)
+            rows += [point_row(preset, engine, size, code, out_dir / preset / engine) for size in sizes]
+            (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
+    rows.sort(key=lambda r: (str(r["preset"]), r["batch"] if isinstance(r["batch"], int) else 1 << 30,
+                             str(r.get("engine"))))
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    heading = (f"llm_inference engines on {', '.join(devices) or 'n/a'}, task {TASK}, bf16, random weights, static "
+               "batches; J/output token = steady-window energy / output tokens (ML.ENERGY's definition, prefill "
+               "included); decode J/token = (steady − prefill energy) / decode tokens")
+    text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n\n"
+            "Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
+            f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")
+    (out_dir / "results.md").write_text(text)
+    (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
+    print(f"\n{text}\n{heading}\n{markdown_table(rows, SHORT, digits=4)}")
+    return 0 if rows and all(r["status"] == "OK" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The static engine (`--engine static`, the default): a decode loop bound by the device, not by Python.
+
+Per batch shape, once and outside every measured window (`prepare`):
+
+* a KV cache of `layers × batch × KV heads × slots × head dim` is allocated, slots = longest prompt +
+  output of the point's batches, rounded up to SLOT_BUCKET;
+* on CUDA, one decode step is captured as a CUDA graph per attended cache length (multiples of
+  SLOT_BUCKET): a step attends to the first `length` slots only, so attention reads the filled part of
+  the cache (within one bucket), not all of it. All graphs share one memory pool.
+
+A generation is then the prefill (eager: prompt lengths vary) and one graph replay per new token: the
+step reads the last token, writes its K/V at the current slot, picks the next token by argmax on the
+device and advances its own counters, so the host only launches replays (no synchronisation, no
+per-step tensor set-up). On CPUs the same step runs eagerly.
+
+Left padding as in transformers: row i's prompt fills slots [start_i, W); its positions count from
+start_i, and attention masks slots before start_i (and after the current one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from llm_inference import memory
+from llm_inference.compact_model import CompactModel
+from llm_inference.engine import StepClock, Timing
+from llm_inference.tasks import Batch
+
+
+def attended_length(filled: int) -> int:
+    """Cache slots a step attends to when `filled` slots hold keys: the next multiple of SLOT_BUCKET."""
+    return math.ceil(filled / memory.SLOT_BUCKET) * memory.SLOT_BUCKET
+
+
+def decode_lengths(prompt: int, new_tokens: int) -> set[int]:
+    """Attended lengths of the decode steps of one generation (step t attends prompt + t + 1 slots)."""
+    return {attended_length(prompt + step + 1) for step in range(new_tokens - 1)}
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """Everything one batch shape's captured steps read and write: fixed shapes, fixed addresses."""
+
+    keys: torch.Tensor  # (layers, batch, KV heads, slots, head dim)
+    values: torch.Tensor
+    tokens: torch.Tensor  # (batch,) the last token of each row
+    start: torch.Tensor  # (batch,) first real slot of each row (left padding)
+    current: torch.Tensor  # (1,) slot the next step writes
+    step: torch.Tensor  # (1,) output column the next step writes
+    out: torch.Tensor  # (batch, outputs) generated tokens
+    slot_index: torch.Tensor  # arange(slots), for masks
+    rope: tuple[torch.Tensor, torch.Tensor] | None  # (cos, signed sin) per position
+    pool: Any  # the memory pool this shape's graphs share (a pool dies with its last graph: one per shape)
+    graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.keys.shape[3]
+
+    @property
+    def outputs(self) -> int:
+        return self.out.shape[1]
+
+
+class StaticEngine:
+    """Compact model code, a static KV cache and CUDA-graph decode steps (see the module docstring)."""
+
+    name = "static"
+
+    def __init__(self, model: CompactModel, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.capture = device.type == "cuda"
+        self.state: DecodeState | None = None
+        self.clock = StepClock(device)
+
+    @classmethod
+    def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> StaticEngine:
+        return cls(CompactModel.from_transformers(model), device)
+
+    def describe(self) -> dict[str, object]:
+        state = self.state
+        return {"engine": self.name, "cuda_graphs": self.capture, "slot_bucket": memory.SLOT_BUCKET,
+                "cache_slots": None if state is None else state.slots,
+                "captured_graphs": None if state is None else len(state.graphs),
+                "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # ---- shapes -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prepare(self, batches: list[Batch]) -> float:
+        """Cache and graphs for these batches (all of one size); returns the seconds spent (outside windows)."""
+        started = time.monotonic()
+        lengths = set().union(*(decode_lengths(b.padded_length, b.output_length) for b in batches))
+        self._ensure(batches[0].size, max(b.padded_length + b.output_length for b in batches),
+                     max(b.output_length for b in batches), lengths)
+        self.sync()
+        return time.monotonic() - started
+
+    def _ensure(self, batch: int, sequence: int, outputs: int, lengths: set[int]) -> DecodeState:
+        state = self.state
+        if state is None or state.batch != batch or state.slots < sequence or state.outputs < outputs:
+            state = self.state = None  # drop every reference to the old cache and graphs before allocating
+            if self.capture:
+                torch.cuda.empty_cache()
+            state = self.state = self._allocate(batch, memory.cache_slots(sequence), outputs)
+        if self.capture:
+            self._capture(state, lengths - state.graphs.keys())
+        return state
+
+    def _allocate(self, batch: int, slots: int, outputs: int) -> DecodeState:
+        model, device = self.model, self.device
+        dtype = model.embed.dtype
+        cache_shape = (len(model.layers), batch, model.kv_heads, slots, model.head_dim)
+
+        def index(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        return DecodeState(
+            keys=torch.zeros(cache_shape, dtype=dtype, device=device),
+            values=torch.zeros(cache_shape, dtype=dtype, device=device),
+            tokens=index(batch), start=index(batch), current=index(1), step=index(1), out=index(batch, outputs),
+            slot_index=torch.arange(slots, device=device), rope=model.rope_tables(slots, dtype),
+            pool=torch.cuda.graph_pool_handle() if self.capture else None)
+
+    def _capture(self, state: DecodeState, lengths: set[int]) -> None:
+        if not lengths:
+            return
+        state.current.zero_()  # the warm-up step really runs: keep its writes inside the buffers
+        state.step.zero_()
+        # Warm-up outside capture (cuBLAS workspaces, kernel choice), on a side stream as capture requires.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._decode(state, max(lengths))
+        torch.cuda.current_stream().wait_stream(side)
+        for length in sorted(lengths):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=state.pool):
+                self._decode(state, length)
+            state.graphs[length] = graph
+
+    # ---- the forward passes -------------------------------------------------------------------------------
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """A boolean attention mask as SDPA's additive form, once per pass rather than once per layer."""
+        zero = torch.zeros((), dtype=self.model.embed.dtype, device=visible.device)
+        return torch.where(visible, zero, torch.finfo(zero.dtype).min)
+
+    def _prefill_rows(self, state: DecodeState, rows: slice, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Prompt forward pass of some rows: their K/V into the cache; their last position's logits."""
+        model = self.model
+        count, width = ids.shape
+        slots = state.slot_index[:width]
+        positions = (slots[None, :] - start[:, None]).clamp(min=0)
+        rope = None if state.rope is None else (state.rope[0][positions], state.rope[1][positions])
+        causal = slots[None, :] <= slots[:, None]
+        # Padding queries see themselves, so no row of the mask is empty (an empty row gives NaN in SDPA).
+        own = torch.eye(width, dtype=torch.bool, device=ids.device)
+        mask = self._additive((causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None]))[:, None])
+        x = model.embed_tokens(ids, positions)
+        for index, layer in enumerate(model.layers):
+            q, k, v = model.attention_inputs(layer, x, rope)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            state.keys[index, rows, :, :width] = k
+            state.values[index, rows, :, :width] = v
+            attention = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
+                attn_mask=mask)
+            x = model.attention_output_and_mlp(layer, x, attention.transpose(1, 2).reshape(count, width, -1))
+        return model.logits(x[:, -1])
+
+    def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
+        """Logits after each row's last token, attending to the first `length` slots; writes that token's K/V."""
+        model = self.model
+        batch = state.batch
+        positions = state.current - state.start
+        rope = None if state.rope is None else (state.rope[0][positions][:, None], state.rope[1][positions][:, None])
+        slots = state.slot_index[:length]
+        visible = (slots[None, :] >= state.start[:, None]) & (slots[None, :] <= state.current)
+        mask = self._additive(visible[:, None, None])
+        x = model.embed_tokens(state.tokens[:, None], positions[:, None])
+        for index, layer in enumerate(model.layers):
+            q, k, v = model.attention_inputs(layer, x, rope)
+            keys, values = state.keys[index], state.values[index]
+            keys.index_copy_(2, state.current, k.transpose(1, 2))
+            values.index_copy_(2, state.current, v.transpose(1, 2))
+            # The query heads of one KV head share its keys and mask: they act as that head's query rows.
+            attention = F.scaled_dot_product_attention(
+                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), keys[:, :, :length],
+                values[:, :, :length], attn_mask=mask)
+            x = model.attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
+        return model.logits(x[:, 0])
+
+    def _decode(self, state: DecodeState, length: int) -> None:
+        """One decode step (what a graph replays): next token by argmax, counters advanced, all inside `state`."""
+        token = self.decode_logits(state, length).argmax(dim=-1)
+        state.tokens.copy_(token)
+        state.out.index_copy_(1, state.step, token[:, None])
+        state.current.add_(1)
+        state.step.add_(1)
+
+    @torch.inference_mode()
+    def prefill_logits(self, inputs: dict[str, torch.Tensor]) -> tuple[DecodeState, torch.Tensor]:
+        """The prompt's forward pass (PREFILL_CHUNK_TOKENS-sized groups of rows): cache filled, state set for
+        decoding except the last token; returns the state and the last position's logits."""
+        ids = inputs["input_ids"]
+        batch, width = ids.shape
+        state = self._ensure(batch, width + 1, 1, set())
+        start = (inputs["attention_mask"] == 0).sum(dim=-1)
+        rows = memory.prefill_rows_per_chunk(width)
+        logits = torch.cat([self._prefill_rows(state, slice(r, r + rows), ids[r:r + rows], start[r:r + rows])
+                            for r in range(0, batch, rows)])
+        state.start.copy_(start)
+        state.current.fill_(width)
+        state.step.fill_(1)
+        return state, logits
+
+    # ---- the calls the windows time -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The prompt's forward pass and the first token (argmax on the device); the state set for decoding."""
+        state, logits = self.prefill_logits(inputs)
+        first = logits.argmax(dim=-1)
+        state.tokens.copy_(first)
+        state.out[:, 0] = first
+        return first
+
+    @torch.inference_mode()
+    def generate(self, inputs: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+        """Exactly `new_tokens` greedy tokens per row: a prefill, then one replayed step per further token."""
+        batch, width = inputs["input_ids"].shape
+        lengths = decode_lengths(width, new_tokens)
+        state = self._ensure(batch, width + new_tokens, new_tokens, lengths)
+        self.clock.begin()
+        self.prefill(inputs)
+        self.clock.stamp()
+        for step in range(new_tokens - 1):
+            length = attended_length(width + step + 1)
+            if self.capture:
+                state.graphs[length].replay()
+            else:
+                self._decode(state, length)
+            self.clock.stamp()
+        return state.out[:, :new_tokens].clone()
+
+    def timing(self) -> Timing:
+        return self.clock.timing()

@@ -1,0 +1,120 @@
+"""The static engine on the CPU: its model code against transformers, its tokens against `--engine hf`, its shapes.
+
+On CPUs the decode step runs eagerly (no CUDA graphs): the same code the GPU captures, with the same cache,
+masks and attended lengths. The captured path is checked on a GPU by benchmarks/inference_engine_h100.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_inference import memory
+from llm_inference.engine import build_model, make_inputs
+from llm_inference.hf_engine import HFEngine
+from llm_inference.presets import PRESETS
+from llm_inference.static_engine import StaticEngine, attended_length, decode_lengths
+from llm_inference.tasks import Batch
+
+CPU = torch.device("cpu")
+# tiny: 11 + 70 positions cross a SLOT_BUCKET boundary (64), so steps attend to two cache lengths.
+CASES = {"tiny": Batch((5, 11, 8), 70), "gpt2": Batch((5, 9), 6)}
+
+
+def engines(name: str, seed: int = 7) -> tuple[HFEngine, StaticEngine]:
+    """Both engines on the same seeded random weights (two builds: the static engine takes its own copies)."""
+    shape = PRESETS[name]
+    return (HFEngine(build_model(shape, None, "fp32", "sdpa", CPU, seed), CPU),
+            StaticEngine.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, seed), CPU))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_tokens_equal_the_hf_engines_for_the_same_seed(name):
+    hf, static = engines(name)
+    batch = CASES[name]
+    inputs = make_inputs(batch, PRESETS[name].vocab_size, seed=3, device=CPU)
+    expected = hf.generate(inputs, batch.output_length)
+    static.prepare([batch])
+    tokens = static.generate(inputs, batch.output_length)
+    assert tokens.shape == (batch.size, batch.output_length)
+    assert torch.equal(tokens, expected)
+    assert torch.equal(static.prefill(inputs), expected[:, 0])  # the prefill window's call is generate's first step
+    timing = static.timing()
+    assert timing.ttft_s > 0 and len(timing.inter_token_s) == batch.output_length - 1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers_in_fp32_at_prefill_and_each_decode_step(name):
+    shape = PRESETS[name]
+    model = build_model(shape, None, "fp32", "sdpa", CPU, seed=5)
+    static = StaticEngine.from_transformers(model, CPU)
+    inputs = make_inputs(Batch((4, 9, 7), 4), shape.vocab_size, seed=2, device=CPU)
+    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+    with torch.inference_mode():
+        state, logits = static.prefill_logits(inputs)
+        for _ in range(4):
+            reference = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                              logits_to_keep=1).logits[:, -1]
+            torch.testing.assert_close(logits, reference, rtol=1e-5, atol=1e-5)
+            token = reference.argmax(-1)
+            state.tokens.copy_(token)
+            logits = static.decode_logits(state, attended_length(ids.shape[1] + 1))
+            state.current.add_(1)
+            ids = torch.cat([ids, token[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(token)[:, None]], 1)
+            positions = torch.cat([positions, positions[:, -1:] + 1], 1)
+
+
+def test_cache_graphs_and_counters_have_the_batch_shapes():
+    _, static = engines("tiny")
+    shape = PRESETS["tiny"]
+    batches = [Batch((5, 11, 8), 9), Batch((20, 3, 4), 50)]
+    assert static.prepare(batches) >= 0
+    state = static.state
+    slots = memory.cache_slots(20 + 50)
+    assert slots == 128 and slots % memory.SLOT_BUCKET == 0
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    assert state.keys.shape == state.values.shape == (shape.num_layers, 3, shape.num_key_value_heads, slots, head_dim)
+    assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
+    assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
+    assert static.describe() == {"engine": "static", "cuda_graphs": False, "slot_bucket": memory.SLOT_BUCKET,
+                                 "cache_slots": slots, "captured_graphs": 0,
+                                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
+    # Attended lengths: the filled slots rounded up to the bucket, never the whole cache.
+    assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()
+    assert [attended_length(n) for n in (1, 64, 65)] == [64, 64, 128]
+    keys = state.keys
+    static.prepare([Batch((7, 7, 7), 5)])  # fits the allocation: kept
+    assert static.state.keys is keys
+    static.prepare([Batch((7, 7), 5)])  # another batch size: reallocated
+    assert static.state.keys.shape[1] == 2
+
+
+def test_stale_cache_slots_from_a_longer_generation_do_not_leak_into_a_shorter_one():
+    _, used = engines("tiny")
+    _, fresh = engines("tiny")
+    vocab = PRESETS["tiny"].vocab_size
+    long_batch, short_batch = Batch((30, 12), 40), Batch((6, 9), 10)
+    used.prepare([long_batch, short_batch])
+    used.generate(make_inputs(long_batch, vocab, seed=1, device=CPU), long_batch.output_length)
+    short_inputs = make_inputs(short_batch, vocab, seed=2, device=CPU)
+    assert torch.equal(used.generate(short_inputs, short_batch.output_length),
+                       fresh.generate(short_inputs, short_batch.output_length))
+
+
+def test_prefill_in_groups_of_rows_gives_the_same_tokens(monkeypatch):
+    hf, static = engines("tiny")
+    batch = Batch((9, 4, 12, 7, 12), 5)
+    inputs = make_inputs(batch, PRESETS["tiny"].vocab_size, seed=4, device=CPU)
+    monkeypatch.setattr(memory, "PREFILL_CHUNK_TOKENS", 24)  # two rows of 12 positions per group: three groups
+    assert memory.prefill_rows_per_chunk(12) == 2
+    assert torch.equal(static.generate(inputs, batch.output_length), hf.generate(inputs, batch.output_length))
+
+
+def test_model_families_without_static_code_are_refused_with_the_reason():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**PRESETS["tiny"].hf_config_kwargs())
+    config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(ValueError, match="rope type 'dynamic'"):
+        StaticEngine.from_transformers(LlamaForCausalLM(config), CPU)

@@ -174,6 +174,7 @@ def point_row(preset: str, engine: str, size: int, exit_code: int | str, run_dir
     if row.get("GPU util %") is not None:
         row["GPU util %"] = 100 * row["GPU util %"]
     row["device"] = record.get("hardware", {}).get("device_name")
+    row["precision"] = record.get("config", {}).get("precision")
     row["engine_detail"] = record.get("config", {}).get("engine_detail")
     return row
 
@@ -228,9 +229,11 @@ def main() -> int:
     rows.sort(key=lambda r: (str(r["preset"]), r["batch"] if isinstance(r["batch"], int) else 1 << 30,
                              str(r.get("engine"))))
     devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
-    heading = (f"llm_inference engines on {', '.join(devices) or 'n/a'}, task {TASK}, bf16, random weights, static "
-               "batches; J/output token = steady-window energy / output tokens (ML.ENERGY's definition, prefill "
-               "included); decode J/token = (steady − prefill energy) / decode tokens")
+    precisions = sorted({str(r.get("precision")) for r in rows if r.get("precision")})
+    heading = (f"llm_inference engines on {', '.join(devices) or 'n/a'}, task {TASK}, "
+               f"{', '.join(precisions) or 'n/a'}, random weights, static batches; J/output token = steady-window "
+               "energy / output tokens (ML.ENERGY's definition, prefill included); decode J/token = (steady − "
+               "prefill energy) / decode tokens")
     text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n\n"
             "Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
             f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")

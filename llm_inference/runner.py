@@ -177,7 +177,7 @@ def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, devic
     if cfg.engine == "hf":
         return HFEngine(model, device)
     engine = StaticEngine.from_transformers(model, device)
-    del model  # the unfused weights go; the engine holds its own (fused) copies
+    del model  # frees the separate Q/K/V and gate/up matrices (fused copies in the engine; the rest is shared)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return engine

@@ -23,8 +23,14 @@ from jpwr.energy import J_PER_WH, Window, WindowEnergy
 from jpwr.errors import FormatError
 from jpwr.output import fmt, utc_now, write_json_atomic
 
-SCHEMA_VERSION = 1
-STATUSES = ("OK", "FAILED", "TIMEOUT")
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 records (three statuses, no `job`) load unchanged
+# OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).
+# TIMEOUT: stopped at the stop budget or Slurm's limit. CANCELLED: scancel-ed, preempted, or never startable.
+# FAILED: an error ended it. INVALID: refused before submission (no job ran). See docs/run-record.md.
+STATUSES = ("OK", "PARTIAL", "TIMEOUT", "CANCELLED", "FAILED", "INVALID")
+# Statuses whose steady window, where one exists, measured completed iterations (a clean early stop included).
+MEASURED_STATUSES = ("OK", "PARTIAL", "TIMEOUT", "CANCELLED")
 
 # Distributions whose versions change results; recorded in every run record.
 TRACKED_DISTRIBUTIONS = (
@@ -105,6 +111,7 @@ class RunRecord:
     windows: list[Window] = dataclasses.field(default_factory=list)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     meter: dict[str, Any] = dataclasses.field(default_factory=dict)  # jpwr summary path, methods, warnings
+    job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -121,13 +128,15 @@ class RunRecord:
             "finished_at": self.finished_at, "config": self.config, "launch": self.launch,
             "hardware": self.hardware, "software": self.software,
             "windows": [w.to_dict() for w in self.windows], "metrics": self.metrics, "meter": self.meter,
+            "job": self.job,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"run record schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+        if version not in READABLE_SCHEMA_VERSIONS:
+            raise ValueError(f"run record schema_version {version!r} is not supported (this reader reads "
+                             f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})")
         return cls(
             benchmark=data["benchmark"], run_id=data["run_id"], status=data["status"],
             status_reason=data.get("status_reason"), started_at=data["started_at"],
@@ -135,7 +144,7 @@ class RunRecord:
             launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
-            metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})),
+            metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})), job=dict(data.get("job") or {}),
         )
 
 

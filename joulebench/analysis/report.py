@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, load_trace_data, save_figure
 from joulebench.latents import steady_latents
-from joulebench.record import SCHEMA_VERSION, RunRecord
+from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt, utc_now
 from jpwr.trace import TraceData
@@ -69,8 +69,9 @@ class Run:
 
     @property
     def usable(self) -> bool:
-        """A FAILED run's figures are not a measurement; a TIMEOUT run stopped cleanly and its steady window is."""
-        return self.record.status != "FAILED"
+        """FAILED and INVALID runs measured nothing; a TIMEOUT or CANCELLED run stopped cleanly and its steady
+        window is a measurement of the iterations it completed."""
+        return self.record.status in MEASURED_STATUSES
 
     @property
     def cost(self) -> UnitCost:
@@ -110,21 +111,15 @@ def read_record_json(path: Path) -> dict[str, Any]:
 
 
 def check_versions(documents: dict[Path, dict[str, Any]]) -> None:
-    """One schema version across all inputs, and one this reader understands."""
-    versions: dict[Any, list[Path]] = {}
-    for path, data in documents.items():
-        versions.setdefault(data.get("schema_version"), []).append(path)
-    if len(versions) > 1:
-        listing = "; ".join(f"schema_version {v!r}: {', '.join(map(str, ps[:3]))}{' ...' if len(ps) > 3 else ''}"
-                            for v, ps in versions.items())
-        raise ValidationError(f"the inputs mix run record schema versions ({listing})",
-                              f"report runs of one schema version at a time (this jpwr reads {SCHEMA_VERSION}); "
-                              "re-run or convert the others")
-    (version,) = versions
-    if version != SCHEMA_VERSION:
-        raise ValidationError(f"run record schema_version {version!r} is not supported (e.g. {versions[version][0]})",
-                              f"use a jpwr that reads schema_version {version!r}, or records of version "
-                              f"{SCHEMA_VERSION}")
+    """Every input of a schema version this reader understands (version 1 records load as they are)."""
+    unreadable = {p: d.get("schema_version") for p, d in documents.items()
+                  if d.get("schema_version") not in READABLE_SCHEMA_VERSIONS}
+    if unreadable:
+        path, version = next(iter(unreadable.items()))
+        more = f" and {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
+        raise ValidationError(f"run record schema_version {version!r} is not supported (e.g. {path}{more})",
+                              f"use a joulebench that reads schema_version {version!r}, or records of version "
+                              f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
 
 
 def jube_system(record_path: Path) -> str | None:

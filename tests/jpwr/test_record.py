@@ -46,3 +46,29 @@ def test_record_round_trip_and_atomic_write(tmp_path):
     assert again.window("steady").energy.energy_j == 7200.0
     assert not list(tmp_path.glob(".run_record.json.*"))  # no temporary file left behind
     assert oct(path.stat().st_mode & 0o777) != "0o600"  # readable by others in a shared directory
+
+
+def test_version_one_records_still_load_and_are_written_back_as_version_two(tmp_path):
+    """Schema 2 added statuses (PARTIAL, CANCELLED, INVALID) and `job`; a version 1 file has neither."""
+    data = RunRecord(benchmark="resnet50", run_id="old", status="TIMEOUT").to_dict()
+    data["schema_version"] = 1
+    del data["job"]
+    old = RunRecord.from_dict(data)
+    assert (old.status, old.job) == ("TIMEOUT", {})
+    path = write_run_record(tmp_path / "run_record.json", old)
+    assert read_run_record(path).to_dict()["schema_version"] == 2
+    with pytest.raises(ValueError, match="schema_version 3 is not supported"):
+        RunRecord.from_dict({**data, "schema_version": 3})
+
+
+@pytest.mark.parametrize("status", ["PARTIAL", "CANCELLED", "INVALID"])
+def test_statuses_of_schema_two_round_trip_with_the_job_facts(tmp_path, status):
+    record = RunRecord(benchmark="llm_training", run_id="r2", status=status, status_reason="why",
+                       job={"job_id": "42", "time_limit_s": 60, "stop_budget_s": 50})
+    again = read_run_record(write_run_record(tmp_path / "run_record.json", record))
+    assert (again.status, again.status_reason, again.job) == (status, "why", record.job)
+
+
+def test_an_unknown_status_is_refused():
+    with pytest.raises(ValueError, match="status 'DONE' is not one of"):
+        RunRecord(benchmark="llm_training", run_id="r3", status="DONE")

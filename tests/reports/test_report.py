@@ -101,14 +101,18 @@ def test_empty_directory(tmp_path, capsys):
     assert "Fix:" in capsys.readouterr().err
 
 
-def test_mixed_schema_versions(replayed_runs, tmp_path):
+def test_version_one_records_load_beside_version_two_and_newer_ones_are_refused(replayed_runs, tmp_path):
+    """The stored CPU sweep records are schema version 1; the replayed runs are written now, as version 2."""
+    stored = sorted(DRIVER_SWEEP.rglob("run_record.json"))
+    assert stored and {json.loads(p.read_text())["schema_version"] for p in stored} == {1}
+    runs = load_runs([DRIVER_SWEEP, replayed_runs])
+    assert {run.record.run_id for run in runs} >= {read_run_record(p).run_id for p in stored}
     data = json.loads((replayed_runs / "burst37" / "run_record.json").read_text())
-    data["schema_version"] = 2
+    assert data["schema_version"] == 2
+    data["schema_version"] = 3
     (tmp_path / "run_record.json").write_text(json.dumps(data))
-    with pytest.raises(ValidationError, match=r"mix run record schema versions.*schema_version 1.*schema_version 2"):
+    with pytest.raises(ValidationError, match="schema_version 3 is not supported"):
         load_runs([replayed_runs, tmp_path])
-    with pytest.raises(ValidationError, match="schema_version 2 is not supported"):
-        load_runs([tmp_path])
 
 
 def test_not_a_run_record(h200_trace, tmp_path):

@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
 """Login-node side of the JUBE workflows: resolve tags and the system profile, validate, submit.
 
-    jbprofile.py prepare --benchmark llm --config RUNDIR/configuration.xml --run-id ID [--set key=value ...]
-    jbprofile.py submit --settings ../validate/job.env [--wait]
-    jbprofile.py show SYSTEM            # the resolved profile, after environment overrides
+    jbprofile.py prepare --benchmark llm --config RUNDIR/configuration.xml --run-id ID [--sweep NAMES] [--set K=V]
+    jbprofile.py submit --settings validate/job.env [--wait]
+    jbprofile.py verdict --settings validate/job.env   # exit 64 for a sweep point that validate refused
+    jbprofile.py summary --rundir RUNDIR               # how many sweep points validate refused
+    jbprofile.py show SYSTEM                           # the resolved profile, after environment overrides
 
 Why a script and not JUBE parameters: JUBE ignores unknown tags and lets the last of two system
 tags win silently (and Debian's JUBE 2.5.1 has no <check_tags>), so the tags JUBE recorded in the
 run's configuration.xml are checked here, and every site/vendor value comes from one data file
 (systems.ini) instead of tag-conditional parameters spread over the XML. Runs on the login node's
 `python3` (standard library only, Python >= 3.8); the drivers run with the profile's Python.
-Errors print "<problem>. Fix: <fix>" (the project's ValidationError form) and exit 64.
+
+Two kinds of refusal. A mistake of the whole workflow (a tag, a profile key, a system that cannot run the
+driver) stops the validate step (exit 64, "<problem>. Fix: <fix>"): nothing is submitted. A sweep point that
+cannot run (its values, the partition's limits, its time limit, a duplicate) becomes a row with status INVALID
+and the reason; the other points run, and the `verdict` step fails afterwards so that `jube run -e` and
+`jube status` say that points were refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import configparser
+import difflib
+import hashlib
+import math
 import os
 import re
 import shlex
@@ -28,10 +38,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
+import jbslurm
+
 JUBE_DIR = Path(__file__).resolve().parent
 REPO = JUBE_DIR.parent
 PROFILE_FILE = JUBE_DIR / "systems.ini"
 JOB_SCRIPT = JUBE_DIR / "job.sh"
+RECORD_TOOL = JUBE_DIR / "jbrecord.py"
 EX_USAGE = 64
 
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
@@ -40,24 +54,116 @@ INFERENCE_MODEL_TAGS = ("tiny", "gpt2", "llama-1b", "llama-8b")  # llm_inference
 MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
 FRAMEWORK_TAGS = ("pytorch", "tensorflow")
 FLAG_TAGS = ("wait", "synthetic", "container")
+RESERVED_NAMES = {t.lower() for t in (*MODEL_TAGS, *INFERENCE_MODEL_TAGS, *FRAMEWORK_TAGS, *FLAG_TAGS)}
 DEFAULT_SYSTEM = "local"
-SIGNAL_MARGIN_S = 60  # USR1 this long before the time limit: the job records TIMEOUT and cleans up
+CPU_OVERLAY = "cpu"  # [<system>.cpu]: applied over a `vendor = auto` system when no accelerator is found
+# The workflow parameters (JUBE's `sweep` parameterset) each benchmark takes; a comma list is a sweep.
+SWEEP_KEYS = {
+    "llm": ("nodes", "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel", "seq_length",
+            "precision", "iterations", "warmup_iterations", "steady_seconds"),
+    "resnet50": ("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
+                 "warmup_iterations", "steady_seconds"),
+    "inference": ("task", "batch_size", "min_window_s", "precision", "steady_seconds"),
+}
+# Valid numbers of the workflow parameters and profile keys the driver arguments come from:
+# (kind, minimum, whether the minimum itself is allowed).
+NUMBERS = {
+    "nodes": (int, 1, True), "devices_per_node": (int, 1, True), "cpu_threads_per_node": (int, 0, True),
+    "global_batch_size": (int, 1, True), "micro_batch_size": (int, 1, True), "tensor_parallel": (int, 1, True),
+    "pipeline_parallel": (int, 1, True), "seq_length": (int, 1, True), "iterations": (int, 1, True),
+    "warmup_iterations": (int, 0, True), "image_size": (int, 1, True), "batch_size": (int, 1, True),
+    "log_interval": (int, 1, True), "steady_seconds": (float, 0.0, False), "min_window_s": (float, 0.0, False),
+    "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True),
+}
+STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
+TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning
+PENDING_CHECK_S = 3.0  # after sbatch: how long to look for a pending reason that will never clear
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 class ConfigError(Exception):
     """A configuration that cannot work: the value, and what to do instead."""
 
     def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem.rstrip('.')}. Fix: {fix}")
+        self.problem, self.fix = problem.rstrip("."), fix
+        super().__init__(f"{self.problem}. Fix: {fix}")
+
+
+class PointRefused(ConfigError):
+    """One sweep point cannot run; it gets an INVALID row, the other points go on."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Names and numbers
+
+
+def check_name(value: str, what: str) -> str:
+    """Names that end up in paths and job names: no separators, no `..`, no spaces."""
+    if not NAME_RE.fullmatch(value) or ".." in value:
+        raise ConfigError(f"{what} {value!r} cannot be used as a file or job name",
+                          "use letters, digits and _ . + - only (no /, no .., no spaces)")
+    return value
+
+
+def _closest(word: str, known: list[str] | set[str]) -> str:
+    match = difflib.get_close_matches(word.lower(), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def number(value: str, what: str, key: str) -> int | float:
+    """`value` as the kind of number `key` takes, refusing NaN, infinity and values below its minimum."""
+    kind, minimum, inclusive = NUMBERS[key]
+    wanted = f"a {'whole ' if kind is int else 'finite '}number {'>=' if inclusive else '>'} {minimum}"
+    try:
+        parsed = kind(value)
+    except ValueError:
+        raise PointRefused(f"{what}={value!r} is not a number", f"set {what} to {wanted}") from None
+    if not math.isfinite(parsed) or parsed < minimum or (parsed == minimum and not inclusive):
+        raise PointRefused(f"{what}={value} is out of range", f"set {what} to {wanted}")
+    return parsed
 
 
 # ---------------------------------------------------------------------------------------------------
 # Profile
 
 
-def _read_profiles(environ: dict[str, str]) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str.lower  # type: ignore[assignment,method-assign]
+def _own_keys(path: Path) -> dict[str, dict[str, str]]:
+    """Section -> the keys written in that section of one file ([DEFAULT] as a section of its own)."""
+    raw = configparser.ConfigParser(interpolation=None, default_section="\0none")
+    raw.optionxform = str.lower  # type: ignore[assignment,method-assign]
+    try:
+        raw.read(path)
+    except configparser.Error as exc:
+        raise ConfigError(f"{path} is not a valid profile file ({exc.message.splitlines()[0]})",
+                          "write it in the form of jube/systems.ini: [SECTION] lines and key = value lines") from None
+    return {section: dict(raw.items(section)) for section in raw.sections()}
+
+
+def known_keys() -> set[str]:
+    """Every profile key: those of [DEFAULT] in jube/systems.ini, which documents each of them."""
+    return set(_own_keys(PROFILE_FILE).get("DEFAULT", {}))
+
+
+def _check_file(path: Path, sections: dict[str, dict[str, str]], known: set[str]) -> None:
+    """Unknown keys, sections named like tags, names that cannot become job or file names: errors."""
+    for section, values in sections.items():
+        system, _, overlay = section.partition(".")
+        if section != "DEFAULT":
+            check_name(system, f"profile section [{section}] of {path}:")
+            if system.lower() in RESERVED_NAMES:
+                raise ConfigError(f"profile section [{section}] of {path} has the name of a model, framework or flag "
+                                  "tag, so the tag would be ambiguous", "rename the section")
+            if overlay and overlay != CPU_OVERLAY:
+                raise ConfigError(f"profile section [{section}] of {path}: only [<system>.{CPU_OVERLAY}] overlays "
+                                  "exist", f"rename it to [{system}.{CPU_OVERLAY}] or remove it")
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"unknown key '{key}' in [{section}] of {path}{_closest(key, known)}",
+                                  "use a key listed at the top of jube/systems.ini, or remove it")
+
+
+def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, dict[str, dict[str, str]]]:
+    """All profile files merged, and the keys each section sets itself (overlays apply only those)."""
     files = [PROFILE_FILE]
     if environ.get("JOULEBENCH_PROFILE"):
         extra = Path(environ["JOULEBENCH_PROFILE"])
@@ -65,31 +171,76 @@ def _read_profiles(environ: dict[str, str]) -> configparser.ConfigParser:
             raise ConfigError(f"JOULEBENCH_PROFILE={extra} does not exist",
                               "point it to an .ini file of the form of jube/systems.ini")
         files.append(extra)
+    known = known_keys()
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str.lower  # type: ignore[assignment,method-assign]
+    own: dict[str, dict[str, str]] = {}
     for path in files:
+        sections = _own_keys(path)
+        _check_file(path, sections, known)
+        for section, values in sections.items():
+            own.setdefault(section, {}).update(values)
         parser.read(path)
-    return parser
+    return parser, own
 
 
 def system_names(environ: dict[str, str] | None = None) -> list[str]:
-    return _read_profiles(dict(os.environ if environ is None else environ)).sections()
+    """The systems (tags) of the profile files; [<system>.cpu] overlays are not systems."""
+    parser, _ = _read_profiles(dict(os.environ if environ is None else environ))
+    return [s for s in parser.sections() if "." not in s]
+
+
+def detect_accelerator(environ: dict[str, str]) -> tuple[str, str]:
+    """(vendor, what was found) on this machine, from the vendors' listing tools; torch is not imported."""
+    path = environ.get("PATH", os.defpath)
+    probes = (("nvidia", "nvidia-smi", ["-L"], r"^GPU (\d+): (.+?)(?: \(UUID.*)?$", ("CUDA_VISIBLE_DEVICES",)),
+              ("amd", "rocm-smi", ["--showproductname"], r"^GPU\[(\d+)\]\s*: Card [Ss]eries:\s*(.+)$",
+               ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")))
+    for vendor, tool, args, pattern, visibility in probes:
+        program = shutil.which(tool, path=path)
+        if program is None:
+            continue
+        try:
+            listing = subprocess.run([program, *args], capture_output=True, text=True, timeout=30, env=environ)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        found = {m.group(1): m.group(2).strip()
+                 for m in re.finditer(pattern, listing.stdout, re.MULTILINE)} if listing.returncode == 0 else {}
+        hidden = [v for v in visibility if v in environ and environ[v].strip() in ("", "-1", "none", "NoDevFiles")]
+        if found and not hidden:
+            names = sorted(set(found.values()))
+            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)})"
+        if found:
+            return "cpu", f"{tool} lists GPUs, but {hidden[0]}={environ[hidden[0]]!r} hides them"
+    return "cpu", "no GPU found (neither nvidia-smi -L nor rocm-smi lists one)"
 
 
 def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The system's settings: [DEFAULT] < [SYSTEM] < JOULEBENCH_<KEY> < JOULEBENCH_<SYSTEM>_<KEY>."""
+    """The system's settings: [DEFAULT] < [SYSTEM] < [SYSTEM.cpu] (`vendor = auto` and no accelerator)
+    < JOULEBENCH_<KEY> < JOULEBENCH_<SYSTEM>_<KEY>. `selection` says which settings `vendor = auto` chose."""
     env = dict(os.environ if environ is None else environ)
-    parser = _read_profiles(env)
-    section = next((s for s in parser.sections() if s.lower() == system.lower()), None)
+    parser, own = _read_profiles(env)
+    systems = [s for s in parser.sections() if "." not in s]
+    section = next((s for s in systems if s.lower() == system.lower()), None)
     if section is None:
         raise ConfigError(f"system '{system}' has no profile in {PROFILE_FILE}",
-                          f"use one of {', '.join(parser.sections())} or add a section (docs/jube.md)")
+                          f"use one of {', '.join(systems)} or add a section (docs/jube.md)")
     profile = {key: value.strip() for key, value in parser.items(section)}
+    upper_env = {key.upper(): value.strip() for key, value in env.items() if key.upper().startswith("JOULEBENCH_")}
+    overrides = {key: upper_env[prefix + key.upper()] for prefix in ("JOULEBENCH_", f"JOULEBENCH_{section.upper()}_")
+                 for key in sorted(profile) if prefix + key.upper() in upper_env}
+    profile["selection"] = ""
+    if overrides.get("vendor", profile["vendor"]) == "auto":
+        vendor, found = detect_accelerator(env)
+        overlay = f"{section}.{CPU_OVERLAY}"
+        if vendor == "cpu" and overlay in own:
+            profile.update({key: value.strip() for key, value in own[overlay].items()})
+            profile["selection"] = f"{section}: {found}: CPU-sized settings of [{overlay}]"
+        else:
+            profile["selection"] = f"{section}: {found}: the settings of a one-device node"
+        profile["vendor"] = vendor
+    profile.update(overrides)
     profile["system"] = section
-    overridable = set(profile) | {"nodes"}
-    upper_env = {key.upper(): value for key, value in env.items() if key.upper().startswith("JOULEBENCH_")}
-    for prefix in ("JOULEBENCH_", f"JOULEBENCH_{section.upper()}_"):
-        for key in sorted(overridable - {"system"}):
-            if prefix + key.upper() in upper_env:
-                profile[key] = upper_env[prefix + key.upper()].strip()
     return profile
 
 
@@ -137,131 +288,186 @@ def classify_tags(benchmark: str, tags: list[str], systems: list[str]) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------------------
+# Time limits
+
+
+def stop_margin_s(limit_s: int) -> int:
+    """How long before its time limit a job stops its run, leaving time for the samplers and the record."""
+    share, low, high = STOP_MARGIN
+    return int(min(high, max(low, share * limit_s)))
+
+
+def limit_for_budget(budget_s: float) -> int:
+    """The shortest time limit whose stop budget (limit minus margin) is at least `budget_s`, in whole minutes."""
+    share, low, high = STOP_MARGIN
+    limit = max(budget_s + low, min(budget_s / (1 - share), budget_s + high))
+    return int(math.ceil(limit / 60.0) * 60)
+
+
+def hms(seconds: int) -> str:
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str) -> str:
+    """Refuse a limit that cannot hold start-up, warm-up and the minimum steady window; a warning when tight."""
+    margin = stop_margin_s(limit_s)
+    budget, needed = limit_s - margin, startup_s + steady_s
+    detail = (f"time limit {hms(limit_s)} leaves {budget} s before the job stops its run ({margin} s are kept for "
+              f"the record), for about {startup_s:g} s of start-up and warm-up of {what} and a {steady_s:g} s "
+              "minimum steady window")
+    if budget < needed:
+        raise PointRefused(detail, f"set time_limit to at least {hms(limit_for_budget(needed))} "
+                                   "(JOULEBENCH_TIME_LIMIT), or shorten the run (steady_seconds)")
+    if budget < TIGHT * needed:
+        return f"tight time limit: {detail}; it may stop before the steady window is long enough"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------
 # Settings
 
 
-def _int(value: str, what: str, minimum: int = 1) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(f"{what}={value!r} is not a whole number", f"set {what} to an integer >= {minimum}") from None
-    if number < minimum:
-        raise ConfigError(f"{what}={number} is below {minimum}", f"set {what} to an integer >= {minimum}")
-    return number
-
-
-def time_limit_seconds(value: str) -> int:
-    """Slurm's [D-]H:MM:SS / MM:SS / MM forms, as seconds."""
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
-    if not match:
-        raise ConfigError(f"time_limit={value!r} is not a Slurm time", "write it as H:MM:SS, e.g. 0:20:00")
-    days, a, b, c = (int(g) if g else None for g in match.groups())
-    if c is not None:
-        seconds = a * 3600 + b * 60 + c
-    elif b is not None:
-        seconds = a * 3600 + b * 60 if days is not None else a * 60 + b
-    else:
-        seconds = a * 3600 if days is not None else a * 60
-    return seconds + (days or 0) * 86400
-
-
-def exit_duration_mins(limit_s: int) -> float:
-    """Training stops itself this long after start: the limit minus a margin for start-up and the record."""
-    margin = max(120.0, 0.15 * limit_s)
-    return round(max(1.0, (limit_s - margin) / 60.0), 1)
+def base_settings(benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str], run_id: str,
+                  sweep: dict[str, str]) -> dict[str, str]:
+    """What every row needs, also an INVALID one: who runs it, where, and the sweep point as given."""
+    system = profile["system"]
+    default_model = profile["inference_preset"] if benchmark == "inference" else profile["default_model"]
+    model = kinds["model"][0] if kinds["model"] else default_model
+    if benchmark == "resnet50":
+        model = f"resnet50-{sweep.get('framework') or 'pytorch'}"
+    settings = {
+        "JB_STATUS": "OK", "JB_REASON": "", "JB_BENCHMARK": benchmark, "JB_DRIVER": BENCHMARKS[benchmark],
+        "JB_SYSTEM": system, "JB_MODEL": model, "JB_LAUNCHER": profile["launcher"], "JB_RUN_ID": run_id,
+        "JB_PYTHON": resolve_python(profile), "JB_SETUP": profile["setup"], "JB_CONTAINER": profile["container"],
+        "JB_REPO": str(REPO), "JB_NOTE": profile["selection"], "JB_SWEEP": ",".join(SWEEP_KEYS[benchmark]),
+        "JB_PARTITION": profile["partition"], "JB_ACCOUNT": profile["account"],
+    }
+    settings.update({f"JB_COORD_{key.upper()}": sweep.get(key, "") for key in SWEEP_KEYS[benchmark]})
+    return settings
 
 
 def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], run_id: str,
                    environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Everything the job needs, as JB_* variables; raises ConfigError before anything is submitted."""
+    """Everything the job needs, as JB_* variables. Raises ConfigError for a mistake of the whole workflow,
+    PointRefused (with `.settings`, the row's coordinates) for a sweep point that cannot run."""
     env = dict(os.environ if environ is None else environ)
+    unknown = sorted(set(overrides) - set(SWEEP_KEYS[benchmark]))
+    if unknown:
+        raise ConfigError(f"unknown workflow parameter '{unknown[0]}' for the {benchmark} workflow"
+                          f"{_closest(unknown[0], set(SWEEP_KEYS[benchmark]))}",
+                          f"use one of {', '.join(SWEEP_KEYS[benchmark])}")
+    check_name(run_id, "run id")
     kinds = classify_tags(benchmark, tags, system_names(env))
-    system = kinds["system"][0] if kinds["system"] else DEFAULT_SYSTEM
-    profile = load_profile(system, env)
+    profile = load_profile(kinds["system"][0] if kinds["system"] else DEFAULT_SYSTEM, env)
+    system = profile["system"]
     if profile["unsupported"]:
         raise ConfigError(f"system {system} cannot run the {BENCHMARKS[benchmark]} driver: {profile['unsupported']}",
                           "pick a GPU or CPU system tag")
-    launcher = profile["launcher"]
-    if launcher not in ("slurm", "local"):
-        raise ConfigError(f"launcher={launcher!r} for system {system}", "set launcher to slurm or local")
-    if launcher == "slurm" and not shutil.which("sbatch"):
+    if profile["launcher"] not in ("slurm", "local"):
+        raise ConfigError(f"launcher={profile['launcher']!r} for system {system}", "set launcher to slurm or local")
+    if profile["launcher"] == "slurm" and not shutil.which("sbatch", path=env.get("PATH", os.defpath)):
         raise ConfigError(f"system {system} submits with Slurm, but sbatch is not on PATH",
                           "run on the cluster's login node, or use the local system (no system tag)")
-    value = {k: v for k, v in overrides.items() if v != ""}
-    model = kinds["model"][0] if kinds["model"] else profile["default_model"]
-    nodes = _int(value.get("nodes") or profile.get("nodes") or profile.get(f"nodes_{model.lower()}", "1"), "nodes")
-    per_node = _int(value.get("devices_per_node") or profile["devices_per_node"], "devices_per_node")
+    value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
+    settings = base_settings(benchmark, kinds, profile, run_id, value)
+    try:
+        point_settings(settings, benchmark, kinds, profile, value)
+    except PointRefused as exc:
+        exc.settings = settings  # type: ignore[attr-defined]
+        raise
+    if "container" in kinds["flag"]:
+        settings.update(container_settings(profile, value.get("framework", "pytorch"), env))
+    return settings
+
+
+def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str],
+                   value: dict[str, str]) -> None:
+    """The sweep point's own settings and driver arguments, into `settings`; PointRefused when it cannot run."""
+    for key, text in value.items():
+        if key in NUMBERS:
+            number(text, key, key)
+    model = settings["JB_MODEL"]
+    per_node = int(number(profile["devices_per_node"], "devices_per_node", "devices_per_node"))
+    nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{model.lower()}", "1")
+    nodes = int(number(nodes_text, "nodes", "nodes"))
     if benchmark == "inference":  # one process on one device per job; sweep points are separate jobs
-        model = kinds["model"][0] if kinds["model"] else profile["inference_preset"]
         nodes, per_node = 1, 1
-    if launcher == "local" and nodes * per_node != 1:
-        raise ConfigError(f"the local system runs one process, not {nodes} nodes x {per_node} devices",
-                          "use a Slurm system tag for more than one device")
-    limit_s = time_limit_seconds(profile["time_limit"])
-    threads = _int(profile["cpu_threads_per_node"] or "0", "cpu_threads_per_node", 0)
-    python = resolve_python(profile)
-    settings = {
-        "JB_BENCHMARK": benchmark, "JB_DRIVER": BENCHMARKS[benchmark], "JB_SYSTEM": system,
-        "JB_LAUNCHER": launcher, "JB_NODES": str(nodes), "JB_TASKS_PER_NODE": str(per_node),
-        "JB_WORLD_SIZE": str(nodes * per_node), "JB_GRES": profile["gres"],
-        "JB_CPUS_PER_TASK": str(max(1, threads // per_node)) if threads else "",
-        "JB_PARTITION": profile["partition"], "JB_ACCOUNT": profile["account"],
+    if profile["launcher"] == "local" and nodes * per_node != 1:
+        raise PointRefused(f"the local system runs one process, not {nodes} nodes x {per_node} devices",
+                           "use a Slurm system tag for more than one device")
+    limit_s = jbslurm.duration_s(profile["time_limit"])
+    if limit_s is None:
+        raise PointRefused(f"time_limit={profile['time_limit']!r} is not a Slurm time", "write it as H:MM:SS")
+    threads = int(number(profile["cpu_threads_per_node"] or "0", "cpu_threads_per_node", "cpu_threads_per_node"))
+    settings.update({
+        "JB_NODES": str(nodes), "JB_TASKS_PER_NODE": str(per_node), "JB_WORLD_SIZE": str(nodes * per_node),
+        "JB_GRES": profile["gres"], "JB_CPUS_PER_TASK": str(max(1, threads // per_node)) if threads else "",
         "JB_TIME_LIMIT": profile["time_limit"], "JB_TIME_LIMIT_S": str(limit_s),
-        "JB_SETUP": profile["setup"], "JB_PYTHON": python, "JB_SBATCH_ARGS": profile["sbatch_args"],
-        "JB_SRUN_ARGS": profile["srun_args"], "JB_CONTAINER": profile["container"],
-        "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto", "JB_RUN_ID": run_id, "JB_REPO": str(REPO),
+        "JB_STOP_MARGIN_S": str(stop_margin_s(limit_s)), "JB_STOP_BUDGET_S": str(limit_s - stop_margin_s(limit_s)),
+        "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
+        "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
         "JB_VENDOR": profile["vendor"], "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
-    }
+        "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
+    })
+    args = driver_arguments(benchmark, kinds, profile, value, model)
+    for key, text in args.items():
+        if key in NUMBERS and text != "":
+            number(text, key, key)
+    settings.update({f"JB_COORD_{key.upper()}": str(nodes) if key == "nodes" else args.get(key, value.get(key, ""))
+                     for key in SWEEP_KEYS[benchmark]})
+    startup_key = {"llm": f"startup_s_{model.lower()}", "resnet50": "resnet_startup_s",
+                   "inference": "inference_startup_s"}[benchmark]
+    startup = number(profile[startup_key], startup_key, "startup_s")
+    steady_text = args.get("steady_seconds") or args.get("min_window_s") or profile["min_steady_s"]
+    steady = number(steady_text, "steady_seconds", "min_steady_s")
+    warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}")
+    settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
+    shared = _cli_args(args)
+    settings["JB_VALIDATE_ARGS"] = shlex.join(shared if benchmark == "inference" else [
+        *shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
+    settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
+
+
+def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str], value: dict[str, str],
+                     model: str) -> dict[str, str]:
+    """The driver's options (name -> text, empty: the driver's default) from the point, the profile and the tags."""
     synthetic = "synthetic" in kinds["flag"]
-    prefix = "llm" if benchmark == "llm" else "resnet"
+    prefix = {"llm": "llm", "resnet50": "resnet", "inference": "inference"}[benchmark]
     common = {
         "precision": value.get("precision") or profile["precision"],
+        "steady_seconds": value.get("steady_seconds") or profile["steady_seconds"],
+        "device": profile["driver_device"],
+    }
+    if benchmark == "inference":
+        return {"preset": model, "task": value.get("task") or profile["inference_task"],
+                "batch_size": value.get("batch_size") or profile["inference_batch_size"],
+                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common}
+    common.update({
         "iterations": value.get("iterations") or profile[f"{prefix}_iterations"],
         "warmup_iterations": value.get("warmup_iterations") or profile[f"{prefix}_warmup_iterations"],
-        "device": value.get("device") or profile["driver_device"],
-    }
+        "log_interval": profile["log_interval"],
+    })
     if benchmark == "llm":
-        args = {
+        key = model.lower()
+        return {
             "model": model,
-            "tensor_parallel": value.get("tensor_parallel") or profile.get(f"tp_{model.lower()}", ""),
-            "pipeline_parallel": value.get("pipeline_parallel") or profile.get(f"pp_{model.lower()}", ""),
+            "tensor_parallel": value.get("tensor_parallel") or profile.get(f"tp_{key}", ""),
+            "pipeline_parallel": value.get("pipeline_parallel") or profile.get(f"pp_{key}", ""),
             "micro_batch_size": value.get("micro_batch_size", ""),
-            "global_batch_size": value.get("global_batch_size") or profile.get(f"gbs_{model.lower()}", ""),
+            "global_batch_size": value.get("global_batch_size") or profile.get(f"gbs_{key}", ""),
+            "seq_length": value.get("seq_length", ""),
             "data_path": "" if synthetic else profile["llm_data_path"],
             **common,
         }
-        settings["JB_MODEL"] = model
-    elif benchmark == "inference":
-        args = {
-            "preset": model, "task": value.get("task") or profile["inference_task"],
-            "batch_size": value.get("batch_size") or profile["inference_batch_size"],
-            "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"],
-            "precision": common["precision"], "device": common["device"],
-        }
-        settings["JB_MODEL"] = model
-    else:
-        framework = value.get("framework", "pytorch")
-        if framework not in FRAMEWORK_TAGS:
-            raise ConfigError(f"framework={framework!r}", f"use one of {', '.join(FRAMEWORK_TAGS)}")
-        args = {
-            "framework": framework, "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
-            "image_size": value.get("image_size") or profile["resnet_image_size"],
-            "data": "synthetic" if synthetic or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
-            **common,
-        }
-        settings["JB_MODEL"] = f"resnet50-{framework}"
-    if "container" in kinds["flag"]:
-        settings.update(container_settings(profile, args.get("framework", "pytorch"), env))
-    shared = _cli_args(args)
-    if benchmark == "inference":  # one device, no run-length budget: the driver's windows are seconds long
-        settings["JB_VALIDATE_ARGS"] = shlex.join(shared)
-        settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", run_id])
-        return settings
-    settings["JB_VALIDATE_ARGS"] = shlex.join(
-        [*shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
-    settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--exit-duration-mins", str(exit_duration_mins(limit_s)),
-                                            "--run-id", run_id])
-    return settings
+    framework = value.get("framework", "pytorch")
+    if framework not in FRAMEWORK_TAGS:
+        raise PointRefused(f"framework={framework!r}", f"use one of {', '.join(FRAMEWORK_TAGS)}")
+    return {
+        "framework": framework, "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
+        "image_size": value.get("image_size") or profile["resnet_image_size"],
+        "data": "synthetic" if synthetic or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
+        **common,
+    }
 
 
 def _jbcontainer() -> ModuleType:
@@ -321,52 +527,111 @@ def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", script, "jb-setup", *argv]
 
 
-def driver_validate(settings: dict[str, str]) -> int:
+def driver_validate(settings: dict[str, str]) -> None:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
     container = shlex.split(settings.get("JB_CONTAINER", ""))  # validate where the job will run the driver
     argv = [*container, settings["JB_PYTHON"], "-m", settings["JB_DRIVER"], "validate",
             *shlex.split(settings["JB_VALIDATE_ARGS"])]
     print("validate:", shlex.join(argv), flush=True)
     try:
-        return subprocess.call(in_profile_shell(settings, argv))
+        proc = subprocess.run(in_profile_shell(settings, argv), capture_output=True, text=True)
     except OSError as exc:
         raise ConfigError(f"cannot run {settings['JB_PYTHON']}: {exc}",
                           "set python in jube/systems.ini or JOULEBENCH_PYTHON to an interpreter with joulebench "
                           "installed (jube/setup.sh makes .venv)") from None
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode == EX_USAGE:
+        errors = [line.split(": error: ", 1)[1] for line in proc.stderr.splitlines() if ": error: " in line]
+        problem, _, fix = (errors[-1] if errors else proc.stderr.strip() or "rejected").partition(". Fix: ")
+        raise PointRefused(f"{settings['JB_DRIVER']} validate: {problem}", fix or "see the validate step's stderr")
+    if proc.returncode != 0:
+        raise ConfigError(f"{settings['JB_DRIVER']} validate could not run (exit {proc.returncode}) with "
+                          f"{settings['JB_PYTHON']}", "set python in jube/systems.ini or JOULEBENCH_PYTHON to an "
+                          "interpreter with joulebench installed (jube/setup.sh makes .venv)")
+
+
+def check_partition(settings: dict[str, str]) -> None:
+    """Slurm systems: refuse a point that its partition could never start (nodes, GPUs, CPUs, time limit)."""
+    if settings["JB_LAUNCHER"] != "slurm":
+        return
+    part = jbslurm.partition(settings["JB_PARTITION"])
+    if isinstance(part, str):
+        if part.startswith("partition "):  # the controller answered: the name is wrong
+            raise PointRefused(part, "set partition in jube/systems.ini or JOULEBENCH_PARTITION")
+        print(f"jbprofile: warning: partition limits not checked: {part}", file=sys.stderr)
+        return
+    per_node = int(settings["JB_TASKS_PER_NODE"])
+    gpus = per_node if settings["JB_GRES"].lower() in ("yes", "true", "1") else 0
+    problem = jbslurm.fit_problem(part, int(settings["JB_NODES"]), per_node, gpus,
+                                  int(settings["JB_CPUS_PER_TASK"] or 1), int(settings["JB_TIME_LIMIT_S"]))
+    if problem:
+        raise PointRefused(f"Slurm would never start this job: {problem}",
+                           "request fewer nodes or devices per node, a shorter time limit, or another partition")
+
+
+def claim_point(rundir: Path, settings: dict[str, str]) -> None:
+    """Refuse a sweep point whose resolved configuration another point of this run already has."""
+    identity = "\n".join(settings.get(k, "") for k in (
+        "JB_SYSTEM", "JB_DRIVER", "JB_MODEL", "JB_VALIDATE_ARGS", "JB_PARTITION", "JB_ACCOUNT", "JB_TIME_LIMIT",
+        "JB_SBATCH_ARGS", "JB_SRUN_ARGS", "JB_CONTAINER"))
+    marker = rundir / "points" / hashlib.sha256(identity.encode()).hexdigest()[:16]
+    marker.parent.mkdir(exist_ok=True)
+    try:
+        with open(marker, "x") as handle:
+            handle.write(settings["JB_RUN_ID"] + "\n")
+    except FileExistsError:
+        first = marker.read_text().strip()
+        raise PointRefused(f"duplicate sweep point: the same configuration as {first}",
+                           "list each value of a swept parameter once") from None
 
 
 # ---------------------------------------------------------------------------------------------------
 # Commands
 
 
+def sweep_values(args: argparse.Namespace) -> dict[str, str]:
+    """The point's workflow parameters: JUBE exports them (their names in --sweep), --set adds or overrides."""
+    names = [n for n in (args.sweep or "").split(",") if n]
+    values = {name: os.environ.get(name, "") for name in names}
+    for item in args.set:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r} has no '='", "write --set KEY=VALUE")
+        values[key] = val
+    return values
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     tags = recorded_tags(Path(args.config)) if args.config else list(args.tag)
-    overrides = dict(item.split("=", 1) for item in args.set)
-    settings = build_settings(args.benchmark, tags, overrides, args.run_id)
-    for key in ("JB_SYSTEM", "JB_MODEL", "JB_LAUNCHER", "JB_NODES", "JB_TASKS_PER_NODE", "JB_PARTITION"):
-        print(f"JOULEBENCH_SETTING {key[3:].lower()}={settings[key] or 'n/a'}")
-    if settings.get("JB_CONTAINER_IMAGE"):
-        ensure_container_image(settings)
-    rc = driver_validate(settings)
-    if rc == EX_USAGE:
-        print(f"jbprofile: {settings['JB_DRIVER']} validate rejected this configuration; nothing was submitted",
-              file=sys.stderr)
-        return EX_USAGE
-    if rc != 0:
-        print(f"jbprofile: {settings['JB_DRIVER']} validate could not run (exit {rc}) with {settings['JB_PYTHON']}; "
-              "nothing was submitted. Fix: set python in jube/systems.ini or JOULEBENCH_PYTHON to an interpreter "
-              "with joulebench installed (jube/setup.sh makes .venv)", file=sys.stderr)
-        return EX_USAGE
+    settings: dict[str, str] = {}
+    try:
+        settings = build_settings(args.benchmark, tags, sweep_values(args), args.run_id)
+        for key in ("JB_SYSTEM", "JB_MODEL", "JB_LAUNCHER", "JB_NODES", "JB_TASKS_PER_NODE", "JB_PARTITION"):
+            print(f"JOULEBENCH_SETTING {key[3:].lower()}={settings[key] or 'n/a'}")
+        if settings["JB_NOTE"]:
+            print(f"jbprofile: note: {settings['JB_NOTE']}")
+        check_partition(settings)
+        if args.config:
+            claim_point(Path(args.config).parent, settings)
+        if settings.get("JB_CONTAINER_IMAGE"):
+            ensure_container_image(settings)
+        driver_validate(settings)
+    except PointRefused as exc:
+        settings = {**getattr(exc, "settings", settings), "JB_STATUS": "INVALID", "JB_REASON": str(exc)}
+        print(f"jbprofile: sweep point refused, nothing submitted for it: {exc}", file=sys.stderr)
     write_settings(Path(args.out), settings)
     return 0
 
 
-def _finalize_without_job(settings_path: Path, reason: str) -> None:
-    """The job never ran to its end (sbatch refused it, or it was killed): record FAILED, mark it done."""
+def _finalize_here(settings_path: Path, *record_args: str) -> None:
+    """Record an outcome on this (login) node with the job's Python: a job that never ran or never reported.
+
+    `record_args`: jbrecord.py's command and options, e.g. ("finalize", "--status", "INVALID", "--reason", why)."""
     settings = read_settings(settings_path)
     container = shlex.split(settings.get("JB_CONTAINER", ""))
-    argv = [*container, settings["JB_PYTHON"], str(JUBE_DIR / "jbrecord.py"), "finalize", "--settings",
-            str(settings_path), "--status", "FAILED", "--reason", reason]
+    command, *options = record_args
+    argv = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), command, "--settings", str(settings_path), *options]
     subprocess.call(in_profile_shell(settings, argv))
     Path(settings["JB_DONE_FILE"]).touch()
 
@@ -376,66 +641,130 @@ def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
     argv = ["sbatch", "--parsable", f"--job-name=jb-{settings['JB_MODEL']}", f"--nodes={settings['JB_NODES']}",
             f"--ntasks-per-node={settings['JB_TASKS_PER_NODE']}", f"--time={settings['JB_TIME_LIMIT']}",
             f"--output={workdir / 'job.out'}", f"--error={workdir / 'job.err'}", f"--chdir={workdir}",
-            f"--signal=B:USR1@{SIGNAL_MARGIN_S}"]
+            f"--signal=B:USR1@{settings['JB_STOP_MARGIN_S']}"]  # a fallback: the job's own timer stops it first
     if settings["JB_GRES"].lower() in ("yes", "true", "1"):
         argv.append(f"--gpus-per-node={settings['JB_TASKS_PER_NODE']}")
     if settings["JB_CPUS_PER_TASK"]:
         argv.append(f"--cpus-per-task={settings['JB_CPUS_PER_TASK']}")
-    if settings["JB_PARTITION"]:
-        argv.append(f"--partition={settings['JB_PARTITION']}")
-    if settings["JB_ACCOUNT"]:
-        argv.append(f"--account={settings['JB_ACCOUNT']}")
-    return [*argv, *shlex.split(settings["JB_SBATCH_ARGS"]), str(JOB_SCRIPT), str(settings_path)]
+    return [*argv, *_site_args(settings), *shlex.split(settings["JB_SBATCH_ARGS"]), str(JOB_SCRIPT),
+            str(settings_path)]
 
 
-def wait_for_done(settings: dict[str, str], job_id: str | None) -> None:
-    """Block until the job touched its done file (the `wait` tag); give up once Slurm forgot the job."""
+def _site_args(settings: dict[str, str]) -> list[str]:
+    site = [f"--partition={settings['JB_PARTITION']}"] if settings["JB_PARTITION"] else []
+    return site + ([f"--account={settings['JB_ACCOUNT']}"] if settings["JB_ACCOUNT"] else [])
+
+
+def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str) -> list[str]:
+    """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not."""
+    workdir = Path(settings["JB_WORKDIR"])
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    record = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
+              "--job-id", job_id]
+    setup = settings["JB_SETUP"].strip()
+    limit = hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
+    return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
+            "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
+            f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
+            *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
+            "--wrap", (setup + "\n" if setup else "") + "exec " + shlex.join(record)]
+
+
+def wait_for_done(settings_path: Path, settings: dict[str, str], job_ids: list[str]) -> None:
+    """Block until the done file appears (the `wait` tag); once Slurm forgot the job and its finalizer
+    without one, record the job from here."""
     done = Path(settings["JB_DONE_FILE"])
     gone_since = None
     while not done.exists():
         time.sleep(1.0)
-        if job_id is None:
-            continue
-        probe = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-        if probe.stdout.strip():
+        if any(jbslurm.job_state(j) for j in job_ids):
             gone_since = None
         elif gone_since is None:
             gone_since = time.monotonic()
-        elif time.monotonic() - gone_since > 30:
-            print(f"jbprofile: job {job_id} left the queue without touching {done}", file=sys.stderr)
+        elif time.monotonic() - gone_since > 30 and not done.exists():
+            print(f"jbprofile: job {job_ids[0]} left the queue without touching {done}; recording it", file=sys.stderr)
+            _finalize_here(settings_path, "finalize-job", "--job-id", job_ids[0])
             return
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Never fails the JUBE step: a refused submission becomes a FAILED run record and a done file."""
+    """Never fails the JUBE step: every point ends as a row (INVALID, a refused submission, a job's outcome)."""
     workdir = Path.cwd().resolve()
     settings = read_settings(Path(args.settings))
-    settings["JB_WORKDIR"] = str(workdir)
-    settings["JB_OUT_DIR"] = str(workdir / "run")
-    settings["JB_DONE_FILE"] = str(workdir / "job.done")
+    settings.update(JB_WORKDIR=str(workdir), JB_OUT_DIR=str(workdir / "run"), JB_DONE_FILE=str(workdir / "job.done"))
     settings_path = workdir / "job.env"
     write_settings(settings_path, settings)
+    print(f"job log: {workdir / 'job.out'} and {workdir / 'job.err'}", flush=True)
+    if settings["JB_STATUS"] == "INVALID":
+        print(f"not submitted (INVALID): {settings['JB_REASON']}", flush=True)
+        _finalize_here(settings_path, "finalize", "--status", "INVALID", "--reason", settings["JB_REASON"])
+        return 0
+    env = {k: v for k, v in os.environ.items() if k not in settings["JB_SWEEP"].split(",")}  # JUBE's exports
     if settings["JB_LAUNCHER"] == "local":
         print(f"running locally: bash {JOB_SCRIPT} {settings_path}", flush=True)
         with open(workdir / "job.out", "ab") as out, open(workdir / "job.err", "ab") as err:
-            rc = subprocess.call(["bash", str(JOB_SCRIPT), str(settings_path)], stdout=out, stderr=err)
+            rc = subprocess.call(["bash", str(JOB_SCRIPT), str(settings_path)], stdout=out, stderr=err, env=env)
         print(f"local job finished with exit code {rc}")
         if not Path(settings["JB_DONE_FILE"]).exists():  # killed before its traps could run
-            _finalize_without_job(settings_path, f"the job script was killed (exit code {rc}) before it finished")
+            _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason",
+                           f"the job script was killed (exit code {rc}) before it finished")
         return 0
     argv = sbatch_command(settings, settings_path)
     print("submit:", shlex.join(argv), flush=True)
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         reason = f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}"
         print(reason, file=sys.stderr)
-        _finalize_without_job(settings_path, reason)
+        _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", reason)
         return 0
     job_id = proc.stdout.strip().split(";")[0]
     (workdir / "job.id").write_text(job_id + "\n")
     print(f"Submitted batch job {job_id}", flush=True)
+    finalizer = subprocess.run(finalizer_command(settings, settings_path, job_id), capture_output=True, text=True,
+                               env=env)
+    finalizer_id = finalizer.stdout.strip().split(";")[0] if finalizer.returncode == 0 else ""
+    if finalizer_id:
+        print(f"finalizer job {finalizer_id} records job {job_id} if it ends without recording itself", flush=True)
+    else:
+        print(f"jbprofile: warning: no finalizer job ({finalizer.stderr.strip()}): a job killed before its traps "
+              "run leaves `jube continue` waiting", file=sys.stderr)
+    blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, _fit_now(settings))
+    if blocker:
+        jbslurm.cancel(finalizer_id, job_id)
+        reason = f"Slurm would never start job {job_id} ({blocker}); cancelled by joulebench"
+        print(reason, file=sys.stderr)
+        _finalize_here(settings_path, "finalize", "--status", "CANCELLED", "--reason", reason)
+        return 0
     if args.wait:
-        wait_for_done(settings, job_id)
+        wait_for_done(settings_path, settings, [job_id, finalizer_id] if finalizer_id else [job_id])
+    return 0
+
+
+def _fit_now(settings: dict[str, str]) -> str | None:
+    try:
+        check_partition(settings)
+    except PointRefused as exc:
+        return exc.problem
+    return None
+
+
+def cmd_verdict(args: argparse.Namespace) -> int:
+    """Runs after every point was submitted (JUBE's barrier): fails for a refused point, so that `jube run -e`
+    exits non-zero and `jube status` says ERROR, without keeping the other points from running."""
+    settings = read_settings(Path(args.settings))
+    if settings["JB_STATUS"] == "INVALID":
+        point = ", ".join(f"{k}={settings.get('JB_COORD_' + k.upper()) or 'default'}"
+                          for k in settings["JB_SWEEP"].split(","))
+        print(f"jbprofile: sweep point refused ({point}): {settings['JB_REASON']}", file=sys.stderr)
+        return EX_USAGE
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    points = sorted(Path(args.rundir).glob("*_validate/work/job.env"))
+    refused = [p for p in points if read_settings(p).get("JB_STATUS") == "INVALID"]
+    print(f"{len(refused)} of {len(points)} sweep point(s) refused by validate" +
+          "".join(f"\n  {p.parent}: {read_settings(p)['JB_REASON']}" for p in refused))
     return 0
 
 
@@ -448,21 +777,27 @@ def cmd_show(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jbprofile.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    prepare = sub.add_parser("prepare", help="resolve tags + profile, run the driver's validate, write job.env")
+    prepare = sub.add_parser("prepare", help="resolve tags + profile, check the point, write job.env")
     prepare.add_argument("--benchmark", choices=sorted(BENCHMARKS), required=True)
     prepare.add_argument("--config", help="the run's configuration.xml (JUBE records the tags there)")
     prepare.add_argument("--tag", action="append", default=[], help="tags, when not read from --config")
     prepare.add_argument("--run-id", required=True)
+    prepare.add_argument("--sweep", help="comma list of workflow parameters JUBE exported ($jube_wp_envlist)")
     prepare.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="workflow parameter (empty values mean: profile or driver default)")
     prepare.add_argument("--out", default="job.env")
     submit = sub.add_parser("submit", help="run the job script locally or sbatch it")
     submit.add_argument("--settings", required=True)
     submit.add_argument("--wait", action="store_true", help="return only after the job finished")
+    verdict = sub.add_parser("verdict", help="fail for a sweep point that validate refused")
+    verdict.add_argument("--settings", required=True)
+    summary = sub.add_parser("summary", help="count the sweep points validate refused")
+    summary.add_argument("--rundir", required=True)
     show = sub.add_parser("show", help="print a system's resolved profile")
     show.add_argument("system")
     args = parser.parse_args(argv)
-    handler = {"prepare": cmd_prepare, "submit": cmd_submit, "show": cmd_show}[args.command]
+    handler = {"prepare": cmd_prepare, "submit": cmd_submit, "verdict": cmd_verdict, "summary": cmd_summary,
+               "show": cmd_show}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:

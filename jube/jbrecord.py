@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Job side of the JUBE workflows: make sure a run record exists, then flatten it for JUBE's patterns.
 
-    jbrecord.py finalize --settings job.env --status OK|FAILED|TIMEOUT [--reason TEXT]
-    jbrecord.py fields RUN_RECORD [--settings job.env]     # print the JB lines only
+    jbrecord.py finalize --settings job.env --status STATUS [--reason TEXT] [--elapsed-s S]
+    jbrecord.py finalize-job --settings job.env --job-id ID   # the finalizer job: the outcome from Slurm
+    jbrecord.py fields RUN_RECORD [--settings job.env]          # print the JB lines only
 
-Runs with the profile's Python (joulebench installed), at the very end of jube/job.sh, also after a
-failure or at the time limit. The driver's own run record is kept; the job's status can only make
-it worse (a job killed after the driver wrote "OK" is not OK), and a missing record becomes a
-FAILED/TIMEOUT record so that the configuration still gets its row. `result.txt` holds one
-`JB key=value` line per table column: JUBE's patterns read that file, never the drivers' logs, so
-the table shows the same numbers as run_record.json (n/a with the reason where there are none).
+Runs with the profile's Python (joulebench installed): at the very end of jube/job.sh (also after a failure,
+at the stop budget, on scancel), in the finalizer job Slurm starts once the benchmark job ended however it
+ended, and on the login node for points that never became a job (INVALID, refused by sbatch). The job's
+own outcome decides the status unless the job ended normally, then the driver's record does (OK, PARTIAL,
+or TIMEOUT from its own clock); a missing record becomes a record of the job's status so that every sweep
+point gets its row. `result.txt` holds one `JB key=value` line per table column: JUBE's patterns read that
+file, never the drivers' logs, so the table shows the same numbers as run_record.json (n/a with the reason
+where there are none). The exit code follows the final status (EXIT_CODES), which job.sh passes on, so
+Slurm's job state, the job log, the record and the table agree.
 """
 
 from __future__ import annotations
@@ -20,14 +24,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jbprofile import read_settings  # same directory: on sys.path when run as a script
+import jbslurm  # same directory: on sys.path when run as a script
+from jbprofile import read_settings
 
 from joulebench.record import STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr.output import fmt
 
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
-SEVERITY = {"OK": 0, "TIMEOUT": 1, "FAILED": 2}
+JOB_ID_FILE = "job.id"
+# Exit code of the job script per final status: Slurm shows 0 as COMPLETED and others as FAILED; TIMEOUT and
+# CANCELLED are Slurm's own verdicts (job.sh holds a TIMEOUT job until Slurm's limit ends it). INVALID never runs.
+EXIT_CODES = {"OK": 0, "PARTIAL": 0, "FAILED": 1, "TIMEOUT": 124, "CANCELLED": 143, "INVALID": 64}
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
@@ -35,25 +43,71 @@ INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_out
                   "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s")
 
 
-def finalize(settings: dict[str, str], status: str, reason: str) -> RunRecord:
+def job_id(settings: dict[str, str]) -> str | None:
+    """The benchmark's Slurm job id: the job.id file submit wrote (in the finalizer job SLURM_JOB_ID is the
+    finalizer's own), else the job's environment."""
+    path = Path(settings.get("JB_WORKDIR", ".")) / JOB_ID_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    return os.environ.get("SLURM_JOB_ID") if settings.get("JB_LAUNCHER") == "slurm" else None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) -> dict[str, Any]:
+    """The record's `job`: where it ran, its time limit and stop budget, how long it took, its exit code."""
+    return {
+        "scheduler": settings.get("JB_LAUNCHER"), "job_id": job_id(settings),
+        "time_limit_s": _int_or_none(settings.get("JB_TIME_LIMIT_S")),
+        "stop_margin_s": _int_or_none(settings.get("JB_STOP_MARGIN_S")),
+        "stop_budget_s": _int_or_none(settings.get("JB_STOP_BUDGET_S")),
+        "elapsed_s": elapsed_s, "exit_code": EXIT_CODES[status],
+    }
+
+
+def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None) -> RunRecord:
     """Merge the job's outcome into the driver's record, or write one when the driver left none."""
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
     if path.exists():
         record = read_run_record(path)
-        if SEVERITY[status] > SEVERITY[record.status]:
-            record.status_reason = f"{reason} (the driver had reported {record.status})"
+        if status != "OK" and record.status != status:  # the job knows what happened to it as a whole
+            driver = f"{record.status}: {record.status_reason}" if record.status_reason else record.status
+            record.status_reason = f"{reason} (the driver had reported {driver})"
             record.status = status
-            write_run_record(path, record)
-        return record
-    if status == "OK":
-        status, reason = "FAILED", "the driver exited without writing its run record (see job.err)"
-    record = RunRecord(
-        benchmark=settings["JB_DRIVER"], run_id=settings["JB_RUN_ID"], status=status, status_reason=reason,
-        config={"system": settings["JB_SYSTEM"], "nodes": int(settings["JB_NODES"]),
-                "devices": int(settings["JB_WORLD_SIZE"]), "train_args": settings["JB_TRAIN_ARGS"]},
-    )
+        elif status != "OK" and reason and reason not in (record.status_reason or ""):
+            record.status_reason = f"{reason}; the driver: {record.status_reason}"
+    else:
+        if status == "OK":
+            status, reason = "FAILED", "the driver exited without writing its run record (see job.err)"
+        record = RunRecord(
+            benchmark=settings["JB_DRIVER"], run_id=settings["JB_RUN_ID"], status=status, status_reason=reason,
+            config={"system": settings["JB_SYSTEM"], "model": settings.get("JB_MODEL"),
+                    "nodes": _int_or_none(settings.get("JB_NODES")),
+                    "devices": _int_or_none(settings.get("JB_WORLD_SIZE")),
+                    "train_args": settings.get("JB_TRAIN_ARGS")},
+        )
+    record.job = job_facts(settings, record.status, elapsed_s)
     write_run_record(path, record)
     return record
+
+
+def finalize_job(settings: dict[str, str], slurm_job: str) -> RunRecord | None:
+    """The finalizer: when the job ended without touching its done file, record what Slurm says happened."""
+    if Path(settings["JB_DONE_FILE"]).exists():
+        print(f"job {slurm_job} recorded its own outcome; nothing to do")
+        return None
+    state = jbslurm.job_state(slurm_job)
+    if state is None:
+        status = "FAILED"
+        reason = f"Slurm no longer knows job {slurm_job}, which left no record (node lost or controller state reset)"
+    else:
+        status = jbslurm.STATUS_OF_STATE.get(state[0], "FAILED")
+        because = f" ({state[1]})" if state[1] not in ("None", "") else ""
+        reason = (f"Slurm ended job {slurm_job} as {state[0]}{because} before it could record its outcome; "
+                  "recorded by its finalizer job")
+    return finalize(settings, status, reason)
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -67,25 +121,43 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None and v != ""), None)
 
 
+def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
+    """The sweep point of every row, whatever its status: the value asked for, else the one the driver used,
+    else `default` (the driver's default; a run that never started cannot say which)."""
+    names = [n for n in settings.get("JB_SWEEP", "").split(",") if n]
+    return {f"coord_{name}": str(_first(settings.get(f"JB_COORD_{name.upper()}"), record.config.get(name),
+                                        "default")) for name in names}
+
+
+def _note(record: RunRecord, settings: dict[str, str]) -> str:
+    """What a reader needs beside the numbers: which settings were chosen, why the run is not OK, or why
+    energy is missing."""
+    m = record.metrics
+    if record.status != "OK":
+        outcome = record.status_reason or record.status
+    elif m.get("energy_wh") is None:
+        outcome = f"energy n/a: {m.get('energy_unavailable_reason')}"
+    else:
+        outcome = ""
+    note = "; ".join(part for part in (settings.get("JB_NOTE", ""), outcome) if part)
+    return " ".join(note.split()) or "-"
+
+
 def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
     """One text value per result-table column; missing numbers are n/a, never 0."""
     m, c = record.metrics, record.config
     unit = m.get("work_unit") or ("images" if settings.get("JB_BENCHMARK") == "resnet50" else "tokens")
     tp, pp, dp = c.get("tensor_parallel"), c.get("pipeline_parallel"), c.get("data_parallel")
-    devices = _first(m.get("devices"), c.get("devices"), c.get("world_size"), settings.get("JB_WORLD_SIZE"))
-    energy_reason = m.get("energy_unavailable_reason")
-    if record.status != "OK":
-        note = record.status_reason or record.status
-    else:
-        note = f"energy n/a: {energy_reason}" if m.get("energy_wh") is None else "-"
+    devices = _int_or_none(str(_first(m.get("devices"), c.get("devices"), c.get("world_size"),
+                                      settings.get("JB_WORLD_SIZE"), "")))
+    launcher = settings.get("JB_LAUNCHER")
     fields = {
-        "job_id": os.environ.get("SLURM_JOB_ID") or ("local" if settings.get("JB_LAUNCHER") == "local" else "n/a"),
+        "job_id": _first(record.job.get("job_id"), job_id(settings), "local" if launcher == "local" else None),
         "system": settings.get("JB_SYSTEM", "n/a"),
-        "nodes": settings.get("JB_NODES", "n/a"),
-        "devices": fmt(devices if devices is None else int(devices)),
+        "devices": fmt(devices),
         "model": settings.get("JB_MODEL", "n/a"),
-        "gbs": fmt(_first(c.get("global_batch_size"), m.get("global_batch_size"))),
-        "mbs": fmt(_first(c.get("micro_batch_size"), c.get("per_device_batch_size"), m.get("per_device_batch_size"))),
+        **coordinates(record, settings),
+        "batch_per_device": fmt(_first(c.get("per_device_batch_size"), m.get("per_device_batch_size"))),
         "tp_pp_dp": "/".join(fmt(v) for v in (tp, pp, dp)) if dp is not None else f"1/1/{fmt(devices)}",
         "iterations": _num(m.get("iterations")),
         "time_per_iteration_s": _num(m.get("time_per_iteration_s")),
@@ -100,13 +172,12 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "energy_coverage": _num(m.get("energy_coverage"), 3),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
         "status": record.status,
-        "note": " ".join(str(note).split()),
+        "note": _note(record, settings),
     }
     if record.benchmark == "llm_inference":
-        fields["task"] = str(c.get("task") or "n/a")
         fields.update({key: _num(m.get(key)) for key in INFERENCE_KEYS})
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
-    return {key: (value if value else "n/a") for key, value in fields.items()}
+    return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -114,7 +185,18 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def render(fields: dict[str, str]) -> str:
-    return "".join(f"JB {key}={value}\n" for key, value in fields.items())
+    return "".join(f"JB {key}={' '.join(value.split())}\n" for key, value in fields.items())
+
+
+def write_result(settings: dict[str, str], record: RunRecord) -> str:
+    """result.txt (atomically: JUBE may analyse at any time), then the done file JUBE waits for."""
+    text = render(table_fields(record, settings))
+    target = Path(settings["JB_WORKDIR"]) / RESULT_FILE
+    tmp = target.with_name(f".{RESULT_FILE}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+    Path(settings["JB_DONE_FILE"]).touch()
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,21 +206,27 @@ def main(argv: list[str] | None = None) -> int:
     fin.add_argument("--settings", required=True, type=Path)
     fin.add_argument("--status", choices=STATUSES, required=True)
     fin.add_argument("--reason", default="")
+    fin.add_argument("--elapsed-s", type=float, help="seconds since the job started")
+    job = sub.add_parser("finalize-job", help="record a job that ended without recording itself (Slurm's view)")
+    job.add_argument("--settings", required=True, type=Path)
+    job.add_argument("--job-id", required=True)
     fields = sub.add_parser("fields", help="print the JB lines of a run record")
     fields.add_argument("record", type=Path)
     fields.add_argument("--settings", type=Path)
     args = parser.parse_args(argv)
-    if args.command == "finalize":
-        settings = read_settings(args.settings)
-        record = finalize(settings, args.status, args.reason or "")
-        text = render(table_fields(record, settings))
-        (Path(settings["JB_WORKDIR"]) / RESULT_FILE).write_text(text)
-        Path(settings["JB_DONE_FILE"]).touch()  # JUBE's done_file: the row can be analysed now
-        sys.stdout.write(text)
+    if args.command == "fields":
+        settings = read_settings(args.settings) if args.settings else {}
+        sys.stdout.write(render(table_fields(read_run_record(args.record), settings)))
         return 0
-    settings = read_settings(args.settings) if args.settings else {}
-    sys.stdout.write(render(table_fields(read_run_record(args.record), settings)))
-    return 0
+    settings = read_settings(args.settings)
+    if args.command == "finalize":
+        record = finalize(settings, args.status, args.reason, args.elapsed_s)
+        sys.stdout.write(write_result(settings, record))
+        return EXIT_CODES[record.status]
+    record = finalize_job(settings, args.job_id)
+    if record is not None:
+        sys.stdout.write(write_result(settings, record))
+    return 0  # the finalizer job itself succeeded, whatever the benchmark job's status
 
 
 if __name__ == "__main__":

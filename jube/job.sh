@@ -11,9 +11,20 @@
 #   3. launches the ranks (srun, or one process locally); they mark windows on the node's sampler
 #      and put the window energy into their run record,
 #   4. stops the samplers (they write <run>/energy/<node>/summary.json + trace.h5), `jpwr combine`s them,
-#   5. always finalises the run record (status OK / FAILED / TIMEOUT) and writes result.txt for JUBE,
-#   6. touches the done file JUBE waits for -- also on failure, USR1 (sent by Slurm 60 s before the
-#      time limit: --signal=B:USR1@60) and TERM, so every configuration shows up in the result table.
+#   5. always finalises the run record and writes result.txt for JUBE, then touches the done file JUBE
+#      waits for -- also on failure, at the stop budget and on scancel -- so every configuration gets its row.
+#
+# Time limit: the job's own timer, counted from its start, stops the run at the stop budget = time limit
+# minus a margin (JB_STOP_MARGIN_S: 10 % of the limit, at least 10 s, at most 5 min) that is kept for the
+# samplers and the record; the drivers get the same deadline (--exit-duration-mins) and stop themselves at
+# an iteration boundary. Slurm's USR1 (--signal=B:USR1@margin; Slurm sends it up to a minute early) only
+# re-reads the time left from Slurm: it stops the run when the limit is nearer than the margin (a lowered
+# limit, or a timer that did not fire). A TERM from Slurm is its time limit (squeue's reason TimeLimit) or
+# a cancellation (scancel, preemption).
+#
+# Exit code = the final status (jbrecord.EXIT_CODES, docs/jube.md): OK and PARTIAL 0 (Slurm: COMPLETED),
+# FAILED 1 (FAILED), TIMEOUT 124, CANCELLED 143. A TIMEOUT job holds its allocation until Slurm's limit ends
+# it, so that Slurm records TIMEOUT too (at most the margin); a cancelled job is CANCELLED in Slurm anyway.
 set -u
 
 settings=${1:?usage: job.sh SETTINGS_FILE}
@@ -26,18 +37,40 @@ status=OK
 reason=""
 ranks_pid=""
 sampler_pid=""
+timer_pid=""
+stop_at_s=""
 finished=""
 started_s=$(date +%s)
 out=$JB_OUT_DIR
 energy_dir=$out/energy
 mkdir -p "$energy_dir"
 
-log() { echo "joulebench-job: $*" >&2; }
+elapsed() { echo $(($(date +%s) - started_s)); }
+log() { echo "joulebench-job: [$(elapsed) s] $*" >&2; }
 
 # Samplers and ranks find each other through this socket path ({node} = Slurm node name).
 export JPWR_ADDR="${TMPDIR:-/tmp}/jpwr-${SLURM_JOB_ID:-local$$}-{node}.sock"
 export JPWR_RUN_ID=$JB_RUN_ID
 [ -n "$JB_CPUS_PER_TASK" ] && export OMP_NUM_THREADS=$JB_CPUS_PER_TASK
+
+# The job's own timer: USR2 to this script `$1` seconds after the job's start.
+arm_timer() {
+    [ -n "$timer_pid" ] && kill "$timer_pid" 2>/dev/null
+    local wait_s=$(($1 - $(elapsed)))
+    [ $wait_s -lt 0 ] && wait_s=0
+    (trap 'kill $sleeper 2>/dev/null; exit 0' TERM; sleep "$wait_s" & sleeper=$!; wait $sleeper && kill -USR2 $$) &
+    timer_pid=$!
+    stop_at_s=$1
+}
+
+# Seconds of the time limit Slurm still grants this job (empty outside Slurm or when squeue does not answer).
+slurm_seconds_left() {
+    [ "$JB_LAUNCHER" = slurm ] || return 0
+    squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null | awk -F'[-:]' '
+        NF == 4 {print $1 * 86400 + $2 * 3600 + $3 * 60 + $4; exit}
+        NF == 3 {print $1 * 3600 + $2 * 60 + $3; exit}
+        NF == 2 {print $1 * 60 + $2; exit}'
+}
 
 if [ -n "$JB_SETUP" ]; then
     eval "$JB_SETUP" || { status=FAILED; reason="profile setup lines failed: $JB_SETUP"; }
@@ -53,6 +86,9 @@ if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
     # the job knows (Apptainer appends $APPTAINER_BIND to the prefix's --bind list).
     export "$JB_CONTAINER_BIND_VAR=${!JB_CONTAINER_BIND_VAR:+${!JB_CONTAINER_BIND_VAR},}$JB_WORKDIR,${TMPDIR:-/tmp}"
 fi
+
+# Seconds to wait for ranks and samplers to stop: generous after a normal end, within the margin at a deadline.
+stop_wait_s=60
 
 start_samplers() {
     if [ "$JB_LAUNCHER" = slurm ]; then
@@ -81,18 +117,23 @@ start_samplers() {
     log "jpwr samplers ready on $ready node(s)"
 }
 
+wait_gone() {  # pid, seconds
+    local waited=0
+    while kill -0 "$1" 2>/dev/null && [ $waited -lt $(($2 * 10)) ]; do sleep 0.1; waited=$((waited + 1)); done
+    ! kill -0 "$1" 2>/dev/null
+}
+
+# Slurm: TERM to the tasks of this job's step named $1 (not to srun, which would kill the step at once).
+signal_step() {
+    local step
+    step=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk -v name="$1" '$2 == name {print $1}')
+    [ -n "$step" ] && scancel --signal=TERM "$step"
+}
+
 stop_samplers() {
     [ -n "$sampler_pid" ] || return 0
-    if [ "$JB_LAUNCHER" = slurm ]; then
-        local step
-        step=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' 2>/dev/null | awk '$2 == "jpwr-serve" {print $1}')
-        [ -n "$step" ] && scancel --signal=TERM "$step"
-    else
-        kill -TERM "$sampler_pid" 2>/dev/null
-    fi
-    local waited=0
-    while kill -0 "$sampler_pid" 2>/dev/null && [ $waited -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
-    kill -0 "$sampler_pid" 2>/dev/null && { log "samplers did not stop within 60 s"; kill -KILL "$sampler_pid"; }
+    if [ "$JB_LAUNCHER" = slurm ]; then signal_step jpwr-serve; else kill -TERM "$sampler_pid" 2>/dev/null; fi
+    wait_gone "$sampler_pid" "$stop_wait_s" || { log "samplers did not stop within $stop_wait_s s"; kill -KILL "$sampler_pid"; }
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
     # shellcheck disable=SC2086
@@ -102,53 +143,101 @@ stop_samplers() {
 
 stop_ranks() {
     [ -n "$ranks_pid" ] || return 0
-    kill -TERM "$ranks_pid" 2>/dev/null  # srun forwards it to every rank
-    local waited=0
-    while kill -0 "$ranks_pid" 2>/dev/null && [ $waited -lt 200 ]; do sleep 0.1; waited=$((waited + 1)); done
-    kill -KILL "$ranks_pid" 2>/dev/null
+    # The drivers stop at their next iteration boundary and write their record.
+    if [ "$JB_LAUNCHER" = slurm ]; then signal_step jb-ranks; else kill -TERM "$ranks_pid" 2>/dev/null; fi
+    wait_gone "$ranks_pid" "$stop_wait_s" || { log "ranks did not stop within $stop_wait_s s"; kill -KILL "$ranks_pid"; }
     wait "$ranks_pid" 2>/dev/null
     ranks_pid=""
+}
+
+# A TIMEOUT job waits for Slurm's limit when it is near (Slurm then records TIMEOUT as well).
+hold_until_time_limit() {
+    local left
+    left=$(slurm_seconds_left)
+    [ -n "$left" ] && [ "$left" -le $((JB_STOP_MARGIN_S + 60)) ] || return 0
+    log "holding the allocation until Slurm's time limit (${left} s left) so that Slurm records TIMEOUT too"
+    trap 'exit 124' TERM
+    while :; do sleep 5 & wait $!; done
 }
 
 finish() {
     [ -n "$finished" ] && return
     finished=1
-    trap '' USR1 TERM INT
+    trap '' USR1 USR2 TERM INT
+    [ -n "$timer_pid" ] && kill "$timer_pid" 2>/dev/null
+    [ "$status" = OK ] || stop_wait_s=$((JB_STOP_MARGIN_S / 3 > 5 ? JB_STOP_MARGIN_S / 3 : 5))
     stop_ranks
     stop_samplers
     # shellcheck disable=SC2086
-    $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" --reason "$reason" \
-        || log "could not finalise the run record"
+    $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
+        --reason "$reason" --elapsed-s "$(elapsed)" > "$out/finalize.log" 2>&1
+    code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
-    log "finished: status $status${reason:+ ($reason)} after $(($(date +%s) - started_s)) s"
+    final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
+    if [ -z "$final" ]; then
+        final=FAILED; code=1
+        log "could not finalise the run record, see $out/finalize.log"
+    fi
+    log "finished: status $final${reason:+ ($reason)} after $(elapsed) s; exit code $code"
+    [ "$final" = TIMEOUT ] && hold_until_time_limit
+    exit $code
 }
 
-on_signal() {
-    local elapsed=$(($(date +%s) - started_s))
-    if [ "$1" = USR1 ]; then
-        status=TIMEOUT; reason="time limit $JB_TIME_LIMIT reached (Slurm's warning signal after ${elapsed} s)"
-    elif [ $elapsed -ge $((JB_TIME_LIMIT_S - 90)) ]; then
-        status=TIMEOUT; reason="killed at the time limit $JB_TIME_LIMIT (SIG$1 after ${elapsed} s)"
+# The stop budget is reached (the job's timer) or Slurm's limit is nearer than the margin (USR1).
+stop_at_deadline() {
+    status=TIMEOUT
+    reason="$1"
+    log "$reason; stopping the run"
+    finish
+}
+
+on_timer() {
+    stop_at_deadline "stop budget reached after $(elapsed) s: time limit $JB_TIME_LIMIT minus ${JB_STOP_MARGIN_S} s kept for the record"
+}
+
+on_slurm_warning() {
+    local left
+    left=$(slurm_seconds_left)
+    if [ -z "$left" ] || [ "$left" -le "$JB_STOP_MARGIN_S" ]; then
+        stop_at_deadline "Slurm's time-limit warning after $(elapsed) s (${left:-unknown} s of $JB_TIME_LIMIT left)"
+    fi
+    log "Slurm's time-limit warning arrived early (${left} s left; Slurm signals up to a minute early)"
+    local slurm_stop=$(($(elapsed) + left - JB_STOP_MARGIN_S))
+    [ "$slurm_stop" -lt "$stop_at_s" ] && arm_timer "$slurm_stop"  # the limit was lowered: follow Slurm
+}
+
+on_terminate() {
+    local why=""
+    [ "$JB_LAUNCHER" = slurm ] && why=$(squeue -h -j "$SLURM_JOB_ID" -o %r 2>/dev/null)
+    if [ "$why" = TimeLimit ]; then
+        status=TIMEOUT; reason="Slurm's time limit $JB_TIME_LIMIT ended the job after $(elapsed) s (SIG$1) before its own stop"
     else
-        status=FAILED; reason="cancelled (SIG$1 after ${elapsed} s)"
+        status=CANCELLED; reason="cancelled: SIG$1 after $(elapsed) s (scancel, preemption or a signal to the job)"
     fi
     log "$reason"
     finish
-    exit 1
 }
 
-trap 'on_signal USR1' USR1
-trap 'on_signal TERM' TERM
-trap 'on_signal INT' INT
+trap on_timer USR2
+trap on_slurm_warning USR1
+trap 'on_terminate TERM' TERM
+trap 'on_terminate INT' INT
 trap finish EXIT
+arm_timer "$JB_STOP_BUDGET_S"
+log "time limit $JB_TIME_LIMIT: the run stops at ${JB_STOP_BUDGET_S} s, ${JB_STOP_MARGIN_S} s are kept for the record"
 
 if [ "$status" = OK ]; then
     start_samplers
     eval "train_args=($JB_TRAIN_ARGS)"  # shell-quoted by jbprofile.py
+    left_s=$((JB_STOP_BUDGET_S - $(elapsed)))
+    [ $left_s -gt 0 ] || on_timer
+    if [ "$JB_SELF_STOP" = yes ]; then  # the driver stops itself at the same deadline, at an iteration boundary
+        train_args+=(--exit-duration-mins "$(awk -v s=$left_s 'BEGIN {printf "%.3f", s / 60}')")
+    fi
     log "launching $JB_WORLD_SIZE rank(s) of $JB_DRIVER on $JB_NODES node(s)"
     if [ "$JB_LAUNCHER" = slurm ]; then
         # shellcheck disable=SC2086
-        srun --kill-on-bad-exit=1 --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
+        srun --kill-on-bad-exit=1 --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
             --ntasks-per-node="$JB_TASKS_PER_NODE" $JB_SRUN_ARGS \
             $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     else
@@ -158,6 +247,10 @@ if [ "$status" = OK ]; then
     ranks_pid=$!
     wait "$ranks_pid"
     rc=$?
+    while [ $rc -gt 128 ] && kill -0 "$ranks_pid" 2>/dev/null; do  # a trap (Slurm's early warning) interrupted
+        wait "$ranks_pid"
+        rc=$?
+    done
     ranks_pid=""
     if [ $rc -ne 0 ]; then
         status=FAILED; reason="ranks exited with code $rc (see job.err)"

@@ -1,10 +1,12 @@
-"""The system profile and tag rules of jube/jbprofile.py (no JUBE, no Slurm needed)."""
+"""The system profile, tag and input rules of jube/jbprofile.py (no JUBE, no Slurm needed)."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,37 +16,89 @@ _spec = importlib.util.spec_from_file_location("jbprofile", JUBE_DIR / "jbprofil
 jbprofile = importlib.util.module_from_spec(_spec)
 sys.modules["jbprofile"] = jbprofile
 _spec.loader.exec_module(jbprofile)
+jbslurm = sys.modules["jbslurm"]  # loaded by jbprofile from the same directory
 
 ISSUE_SYSTEMS = ("A100", "H100", "WAIH100", "GH200", "JEDI", "MI250", "GC200", "H200", "MI300X", "local", "CI")
-CLEAN_ENV = {"PATH": "/usr/bin:/bin"}
+CLEAN_ENV = {"PATH": "/usr/bin:/bin"}  # no nvidia-smi or rocm-smi here: `local` resolves to its CPU settings
 
 
 def test_every_system_of_the_issue_has_a_complete_profile() -> None:
     names = jbprofile.system_names(CLEAN_ENV)
-    assert set(ISSUE_SYSTEMS) <= set(names)
+    assert set(ISSUE_SYSTEMS) <= set(names) and "local.cpu" not in names  # an overlay is not a system
     for name in names:
         profile = jbprofile.load_profile(name, CLEAN_ENV)
         assert profile["vendor"] in ("nvidia", "amd", "graphcore", "cpu"), name
         assert int(profile["devices_per_node"]) >= 1, name
         assert profile["default_model"] in jbprofile.MODEL_TAGS, name
-        assert jbprofile.time_limit_seconds(profile["time_limit"]) > 0, name
+        assert jbslurm.duration_s(profile["time_limit"]) > 0, name
 
 
 def test_environment_overrides_every_system_then_one_system() -> None:
     env = {**CLEAN_ENV, "JOULEBENCH_PARTITION": "everywhere", "JOULEBENCH_A100_PARTITION": "only-a100",
-           "joulebench_account": "lower-case-name"}
+           "joulebench_account": "lower-case-name", "JOULEBENCH_NOT_A_KEY": "ignored"}
     assert jbprofile.load_profile("A100", env)["partition"] == "only-a100"
     assert jbprofile.load_profile("H100", env)["partition"] == "everywhere"
     assert jbprofile.load_profile("h100", env)["account"] == "lower-case-name"
+    assert "not_a_key" not in jbprofile.load_profile("h100", env)  # other variables are no profile keys
     assert jbprofile.load_profile("jedi", CLEAN_ENV)["system"] == "JEDI"  # case-insensitive (CARAML's Jedi bug)
 
 
-def test_extra_profile_file_adds_a_system(tmp_path) -> None:
+def test_extra_profile_file_adds_a_system(tmp_path: Path) -> None:
     extra = tmp_path / "site.ini"
     extra.write_text("[MYSITE]\npartition = gpu\ndevices_per_node = 2\n")
     env = {**CLEAN_ENV, "JOULEBENCH_PROFILE": str(extra)}
     profile = jbprofile.load_profile("MYSITE", env)
     assert (profile["partition"], profile["devices_per_node"], profile["vendor"]) == ("gpu", "2", "nvidia")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[MYSITE]\npartiton = gpu\n", "unknown key 'partiton' in \\[MYSITE\\] of .* \\(did you mean 'partition'\\?\\)"),
+    ("[DEFAULT]\ndevices_per_nod = 2\n", "unknown key 'devices_per_nod' in \\[DEFAULT\\]"),
+    ("[tiny]\npartition = gpu\n", "section \\[tiny\\] .* has the name of a model, framework or flag tag"),
+    ("[Llama-8b]\npartition = gpu\n", "section \\[Llama-8b\\] .* has the name of a model"),
+    ("[MYSITE.gpu]\npartition = gpu\n", "only \\[<system>.cpu\\] overlays exist"),
+    ("[my/site]\npartition = gpu\n", "cannot be used as a file or job name"),
+    ("[..]\npartition = gpu\n", "cannot be used as a file or job name"),
+    ("partition = gpu\n", "not a valid profile file"),
+])
+def test_profile_files_with_unknown_keys_or_ambiguous_sections_are_refused(tmp_path: Path, text: str,
+                                                                           message: str) -> None:
+    extra = tmp_path / "site.ini"
+    extra.write_text(text)
+    with pytest.raises(jbprofile.ConfigError, match=f"{message}.*Fix: "):
+        jbprofile.system_names({**CLEAN_ENV, "JOULEBENCH_PROFILE": str(extra)})
+
+
+def test_unknown_workflow_parameters_are_refused_with_the_closest_name() -> None:
+    with pytest.raises(jbprofile.ConfigError, match=r"unknown workflow parameter 'global_batchsize' .*did you mean "
+                                                    r"'global_batch_size'.*Fix: use one of nodes, "):
+        jbprofile.build_settings("llm", ["CI", "tiny"], {"global_batchsize": "8"}, "run", CLEAN_ENV)
+    with pytest.raises(jbprofile.ConfigError, match="unknown workflow parameter 'image_size' for the llm workflow"):
+        jbprofile.build_settings("llm", [], {"image_size": "64"}, "run", CLEAN_ENV)
+
+
+@pytest.mark.parametrize("run_id", ["a/b", "..", "x..y", "", "has space"])
+def test_run_ids_that_cannot_be_file_names_are_refused(run_id: str) -> None:
+    with pytest.raises(jbprofile.ConfigError, match=r"run id .* cannot be used as a file or job name"):
+        jbprofile.build_settings("llm", [], {}, run_id, CLEAN_ENV)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("global_batch_size", "nan"), ("global_batch_size", "0"), ("global_batch_size", "-1"), ("global_batch_size", "x"),
+    ("nodes", "inf"), ("nodes", "0"), ("iterations", "1e3"), ("warmup_iterations", "-1"), ("seq_length", "nan"),
+    ("steady_seconds", "nan"), ("steady_seconds", "inf"), ("steady_seconds", "0"), ("steady_seconds", "-5"),
+])
+def test_numbers_out_of_range_nan_and_infinity_refuse_the_point(key: str, value: str) -> None:
+    with pytest.raises(jbprofile.PointRefused, match=f"{key}='?{re.escape(value)}'? is (not a number|out of range)"
+                                                     ".*Fix: set "):
+        jbprofile.build_settings("llm", [], {key: value}, "run", CLEAN_ENV)
+
+
+def test_valid_edge_values_pass() -> None:
+    settings = jbprofile.build_settings("llm", [], {"warmup_iterations": "0", "steady_seconds": "0.5"}, "r",
+                                        CLEAN_ENV)
+    args = shlex.split(settings["JB_TRAIN_ARGS"])
+    assert args[args.index("--warmup-iterations") + 1] == "0" and args[args.index("--steady-seconds") + 1] == "0.5"
 
 
 @pytest.mark.parametrize(
@@ -59,7 +113,7 @@ def test_extra_profile_file_adds_a_system(tmp_path) -> None:
 def test_bad_tag_combinations_are_errors(tags: list[str], message: str) -> None:
     with pytest.raises(jbprofile.ConfigError, match="Fix:") as err:
         jbprofile.build_settings("llm", tags, {}, "run", CLEAN_ENV)
-    assert message in str(err.value)
+    assert message in str(err.value) and not isinstance(err.value, jbprofile.PointRefused)
 
 
 def test_gc200_says_why_it_cannot_run() -> None:
@@ -67,57 +121,126 @@ def test_gc200_says_why_it_cannot_run() -> None:
         jbprofile.build_settings("resnet50", ["GC200"], {}, "run", {**CLEAN_ENV, "PATH": "/nonexistent"})
 
 
-def test_no_tag_is_local_with_its_default_model() -> None:
+def _fake_tool(tmp_path: Path, name: str, output: str) -> dict[str, str]:
+    """A vendor listing tool on PATH (the hardware boundary): prints `output` as the real one would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")
+    tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{CLEAN_ENV['PATH']}"}
+
+
+def test_local_without_an_accelerator_uses_cpu_sized_settings_and_says_so() -> None:
     settings = jbprofile.build_settings("llm", [], {}, "run", CLEAN_ENV)
     assert (settings["JB_SYSTEM"], settings["JB_LAUNCHER"], settings["JB_MODEL"]) == ("local", "local", "tiny")
-    assert "--model tiny" in settings["JB_TRAIN_ARGS"]
+    assert "no GPU found" in settings["JB_NOTE"] and "CPU-sized settings of [local.cpu]" in settings["JB_NOTE"]
+    resnet = shlex.split(jbprofile.build_settings("resnet50", [], {"framework": "pytorch"}, "run", CLEAN_ENV)[
+        "JB_TRAIN_ARGS"])
+    assert [resnet[resnet.index(f"--{k}") + 1] for k in ("precision", "image-size", "global-batch-size")] == [
+        "fp32", "64", "8"]
+    assert resnet[resnet.index("--log-interval") + 1] == "1"  # a progress line per (slow) CPU iteration
 
 
-def test_cluster_defaults_and_parameters_reach_the_driver_arguments(tmp_path) -> None:
-    fake_sbatch = tmp_path / "sbatch"
-    fake_sbatch.write_text("#!/bin/sh\nexit 0\n")
-    fake_sbatch.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
-    settings = jbprofile.build_settings("llm", ["A100", "13B"], {"global_batch_size": "64"}, "run", env)
+def test_local_with_a_gpu_uses_the_settings_of_a_one_gpu_node(tmp_path: Path) -> None:
+    env = _fake_tool(tmp_path, "nvidia-smi", "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b6c)")
+    settings = jbprofile.build_settings("llm", [], {}, "run", env)
+    assert settings["JB_MODEL"] == "800M" and settings["JB_VENDOR"] == "nvidia"
+    assert settings["JB_NOTE"].startswith("local: 1 NVIDIA GPU(s) found by nvidia-smi (NVIDIA H100 80GB HBM3)")
+    args = shlex.split(settings["JB_TRAIN_ARGS"])
+    assert "--iterations" not in args and "--precision" not in args  # the drivers' own windows and precision
+    resnet = shlex.split(jbprofile.build_settings("resnet50", [], {}, "run", env)["JB_TRAIN_ARGS"])
+    assert resnet[resnet.index("--global-batch-size") + 1] == "256" and "--image-size" not in resnet
+    hidden = jbprofile.build_settings("llm", [], {}, "run", {**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert hidden["JB_MODEL"] == "tiny" and "CUDA_VISIBLE_DEVICES='' hides them" in hidden["JB_NOTE"]
+
+
+def test_local_with_an_amd_gpu(tmp_path: Path) -> None:
+    listing = "GPU[0]\t\t: Card series: \t\tAMD Instinct MI250X\nGPU[0]\t\t: Card model: \t\t0x740c"
+    settings = jbprofile.build_settings("resnet50", [], {}, "run", _fake_tool(tmp_path, "rocm-smi", listing))
+    assert settings["JB_VENDOR"] == "amd" and "1 AMD GPU(s) found by rocm-smi (AMD Instinct MI250X)" in settings[
+        "JB_NOTE"]
+
+
+def test_cluster_defaults_and_parameters_reach_the_driver_arguments(tmp_path: Path) -> None:
+    env = _fake_tool(tmp_path, "sbatch", "")
+    settings = jbprofile.build_settings("llm", ["A100", "13B"], {"global_batch_size": "64", "seq_length": "1024",
+                                                                 "steady_seconds": "45"}, "run", env)
     assert (settings["JB_NODES"], settings["JB_WORLD_SIZE"], settings["JB_PARTITION"]) == ("44", "176", "dc-gpu")
     args = shlex.split(settings["JB_TRAIN_ARGS"])
-    assert args[args.index("--tensor-parallel") + 1] == "2"
-    assert args[args.index("--global-batch-size") + 1] == "64"
+    for option, value in (("--tensor-parallel", "2"), ("--global-batch-size", "64"), ("--seq-length", "1024"),
+                          ("--steady-seconds", "45")):
+        assert args[args.index(option) + 1] == value
     validate = shlex.split(settings["JB_VALIDATE_ARGS"])
     assert validate[validate.index("--world-size") + 1] == "176"
+    assert (settings["JB_COORD_GLOBAL_BATCH_SIZE"], settings["JB_COORD_NODES"], settings["JB_COORD_PRECISION"]) == (
+        "64", "44", "")  # empty: the driver's default, filled from its record
     default = jbprofile.build_settings("llm", ["A100"], {}, "run", env)
-    assert default["JB_MODEL"] == "800M"
+    assert default["JB_MODEL"] == "800M" and "--steady-seconds" not in default["JB_TRAIN_ARGS"]
 
 
 def test_local_refuses_more_than_one_process() -> None:
-    with pytest.raises(jbprofile.ConfigError, match="local system runs one process"):
+    with pytest.raises(jbprofile.PointRefused, match="local system runs one process") as err:
         jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", CLEAN_ENV)
+    assert err.value.settings["JB_COORD_NODES"] == "2"  # the INVALID row keeps the point's coordinates
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("0:20:00", 1200), ("15", 900), ("1-0:00:00", 86400), ("5:30", 330)])
-def test_slurm_time_formats(text: str, seconds: int) -> None:
-    assert jbprofile.time_limit_seconds(text) == seconds
+@pytest.mark.parametrize(("text", "seconds"), [("0:20:00", 1200), ("15", 900), ("1-0:00:00", 86400), ("5:30", 330),
+                                                ("UNLIMITED", None)])
+def test_slurm_time_formats(text: str, seconds: int | None) -> None:
+    assert jbslurm.duration_s(text) == seconds
 
 
-def test_training_stops_itself_before_the_time_limit() -> None:
-    assert jbprofile.exit_duration_mins(15 * 60) == pytest.approx(12.8, abs=0.05)
-    assert jbprofile.exit_duration_mins(60) == 1.0
+@pytest.mark.parametrize(("limit_s", "margin_s"), [(60, 10), (120, 12), (1200, 120), (3600, 300), (86400, 300)])
+def test_the_stop_margin_follows_the_limit(limit_s: int, margin_s: int) -> None:
+    assert jbprofile.stop_margin_s(limit_s) == margin_s
 
 
-def _fake_sbatch_env(tmp_path) -> dict[str, str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "sbatch").chmod(0o755)
-    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+def test_a_time_limit_too_short_for_the_preset_is_refused_and_a_tight_one_noted(tmp_path: Path) -> None:
+    env = _fake_tool(tmp_path, "sbatch", "")
+    with pytest.raises(jbprofile.PointRefused, match=r"time limit 0:02:00 leaves 108 s .* about 120 s of start-up "
+                                                     r"and warm-up of 800M on A100 and a 30 s minimum steady window"
+                                                     r".*Fix: set time_limit to at least 0:03:00"):
+        jbprofile.build_settings("llm", ["A100"], {}, "run", {**env, "JOULEBENCH_TIME_LIMIT": "0:02:00"})
+    with pytest.raises(jbprofile.PointRefused, match=r"at least 0:05:00"):  # the steady window asked for counts
+        jbprofile.build_settings("llm", ["A100"], {"steady_seconds": "120"}, "run",
+                                 {**env, "JOULEBENCH_TIME_LIMIT": "0:03:00"})
+    tight = jbprofile.build_settings("llm", ["A100"], {}, "run", {**env, "JOULEBENCH_TIME_LIMIT": "0:03:00"})
+    assert tight["JB_NOTE"].startswith("tight time limit: time limit 0:03:00 leaves 162 s")
+    assert (tight["JB_STOP_MARGIN_S"], tight["JB_STOP_BUDGET_S"]) == ("18", "162")
+    assert jbprofile.build_settings("llm", ["A100"], {}, "run", env)["JB_NOTE"] == ""  # 20 minutes: roomy
 
 
-def test_every_systems_defaults_pass_the_real_drivers_validate(tmp_path, capsys) -> None:
-    """Each system x model (and ResNet) as the profile resolves it, through the drivers' own validate."""
+def test_partition_limits_are_checked_before_sbatch() -> None:
+    nodes = [jbslurm.Node(f"c{i}", "idle", 2, 2) for i in range(1, 5)]
+    booster = jbslurm.Partition("booster", 4, None, 3600, nodes)
+    assert jbslurm.fit_problem(booster, 4, 1, 1, 1, 600) is None
+    assert jbslurm.fit_problem(booster, 6, 1, 1, 1, 600) == "partition booster allows at most 4 nodes per job, 6 " \
+                                                            "requested"
+    assert "only 0 node(s) of partition booster have 4 GPUs" in jbslurm.fit_problem(booster, 1, 4, 4, 1, 600)
+    assert "2 CPUs" not in (jbslurm.fit_problem(booster, 1, 2, 0, 1, 600) or "")  # 2 tasks x 1 CPU fit
+    assert "above partition booster's maximum of 3600 s" in jbslurm.fit_problem(booster, 1, 1, 1, 1, 7200)
+    capped = jbslurm.Partition("devel", 4, 2, None, nodes)
+    assert "allows at most 2 nodes" in jbslurm.fit_problem(capped, 3, 1, 1, 1, 600)
+    drained = jbslurm.Partition("booster", 4, None, None, [*nodes[:2], jbslurm.Node("c3", "drained", 2, 2),
+                                                           jbslurm.Node("c4", "down*", 2, 2)])
+    assert jbslurm.fit_problem(drained, 4, 1, 1, 1, 600) == ("only 2 node(s) of partition booster are up, 4 "
+                                                             "requested; down or drained: c3 (drained), c4 (down*)")
+
+
+@pytest.mark.parametrize(("gres", "gpus"), [("gpu:2", 2), ("gpu:a100:4(S:0-1)", 4), ("gpu:4,nvme:1", 4),
+                                            ("(null)", 0), ("gpu:a100:2,gpu:h100:2", 4)])
+def test_gpus_per_node_from_slurm_gres(gres: str, gpus: int) -> None:
+    assert jbslurm._gpus(gres) == gpus
+
+
+def test_every_systems_defaults_pass_the_real_drivers_validate(tmp_path: Path, capsys) -> None:
+    """Each system x model (and ResNet) as the profile resolves it, through the drivers' own validate (with a
+    time limit long enough for the largest models, which the CI clusters only validate)."""
     from llm_training.cli import main as llm_main
     from resnet50.cli import main as resnet_main
 
-    env = _fake_sbatch_env(tmp_path)
+    env = {**_fake_tool(tmp_path, "sbatch", ""), "JOULEBENCH_TIME_LIMIT": "4:00:00"}
     rejected = []
     for system in jbprofile.system_names(env):
         if jbprofile.load_profile(system, env)["unsupported"]:

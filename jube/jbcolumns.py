@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Write each workflow's coordinate patterns and table columns from its `sweep` parameterset.
+
+    python3 jube/jbcolumns.py            # rewrite the generated regions of jube/*_benchmark.xml
+    python3 jube/jbcolumns.py --check    # exit 1 when a region is out of date (the tests run this)
+
+Why: every row must say which sweep point it is, whatever its status, and a dimension added to the sweep
+(power limit, clock, ...) must get its column without anyone remembering to list it. JUBE's tables are static
+XML, so the columns are derived here from the parameters and written between marker comments; jbrecord.py
+writes a `JB coord_<name>=` line for every sweep parameter from the job's settings. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+JUBE_DIR = Path(__file__).resolve().parent
+WORKFLOWS = sorted(JUBE_DIR.glob("*_benchmark.xml"))
+SWEEP_SET = "sweep"
+# Short titles where the parameter name is long; every other parameter is titled from its name.
+TITLES = {
+    "global_batch_size": "GBS", "micro_batch_size": "MBS", "tensor_parallel": "TP", "pipeline_parallel": "PP",
+    "seq_length": "Seq length", "image_size": "Image px", "iterations": "Iterations asked",
+    "warmup_iterations": "Warm-up iterations", "steady_seconds": "Steady s asked", "min_window_s": "Min window s",
+    "batch_size": "Batch",
+}
+REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated (?P<what>patterns|columns) \(jube/jbcolumns\.py\) -->\n"
+                    r".*?[ \t]*<!-- END generated (?P=what) -->\n", re.DOTALL)
+
+
+def sweep_parameters(path: Path) -> list[str]:
+    """Names of the `sweep` parameterset in order (a parameter with tag variants counts once)."""
+    sets = [s for s in ET.parse(path).getroot().iter("parameterset") if s.get("name") == SWEEP_SET]
+    if len(sets) != 1:
+        raise SystemExit(f"{path}: expected one <parameterset name=\"{SWEEP_SET}\">, found {len(sets)}")
+    return list(dict.fromkeys(p.get("name", "") for p in sets[0].iter("parameter")))
+
+
+def title(name: str) -> str:
+    return TITLES.get(name, name.replace("_", " ").capitalize())
+
+
+def region(what: str, names: list[str], indent: str) -> str:
+    if what == "patterns":
+        body = [f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>' for n in names]
+    else:
+        body = [f'<column title="{title(n)}">coord_{n}</column>' for n in names]
+    lines = [f"<!-- BEGIN generated {what} (jube/jbcolumns.py) -->", *body, f"<!-- END generated {what} -->"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def generate(text: str, names: list[str]) -> str:
+    return REGION.sub(lambda m: region(m.group("what"), names, m.group("indent")), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jbcolumns.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report regions that are out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in WORKFLOWS:
+        text = path.read_text()
+        if not REGION.search(text):
+            continue
+        new = generate(text, sweep_parameters(path))
+        if new != text:
+            stale.append(path.name)
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)}; run python3 jube/jbcolumns.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

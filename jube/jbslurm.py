@@ -1,0 +1,178 @@
+"""Slurm facts the JUBE workflows act on: will a job fit its partition, will a pending job ever start, how did it end.
+
+Used on the login node by jbprofile.py (validate and submit) and in the finalizer job by jbrecord.py. Standard
+library only (Python >= 3.8); Slurm is driven through its commands (`scontrol`, `sinfo`, `squeue`), which work
+with and without accounting. Why: JUBE's `continue` only looks for a done file, so a job that Slurm will never
+start, or that ends without running its own traps, must be recognised and recorded by us.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import time
+
+QUERY_TIMEOUT_S = 30  # a controller that does not answer in this time is treated as unreachable
+# Pending reasons that no amount of waiting clears: limits of the job itself, not of the queue's current load.
+NEVER_CLEARING = {
+    "PartitionNodeLimit": "the partition allows fewer nodes than requested",
+    "PartitionTimeLimit": "the time limit is above the partition's maximum",
+    "PartitionConfig": "the request does not match the partition's configuration",
+    "AccountNotAllowed": "the account may not use this partition",
+    "QOSNotAllowed": "the QOS may not use this partition",
+    "InvalidAccount": "the account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+    "BadConstraints": "no node satisfies the constraints",
+    "DependencyNeverSatisfied": "a dependency can never be satisfied",
+}
+# Slurm's final job states and the run record status each one means, when the job could not record it itself.
+STATUS_OF_STATE = {
+    "CANCELLED": "CANCELLED", "PREEMPTED": "CANCELLED", "DEADLINE": "CANCELLED", "TIMEOUT": "TIMEOUT",
+    "FAILED": "FAILED", "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
+    "COMPLETED": "FAILED",  # the script ended without writing its record: something killed it before its traps
+}
+UNUSABLE_NODE_STATES = ("down", "drain", "fail", "inval", "future", "unk", "maint")
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    state: str
+    gpus: int
+    cpus: int
+
+    @property
+    def usable(self) -> bool:
+        """Up and accepting jobs (a trailing * means: not responding)."""
+        return not self.state.endswith("*") and not self.state.lower().startswith(UNUSABLE_NODE_STATES)
+
+
+@dataclasses.dataclass
+class Partition:
+    name: str
+    total_nodes: int
+    max_nodes: int | None  # None: unlimited
+    max_time_s: int | None
+    nodes: list[Node]
+
+
+def query(argv: list[str]) -> str | None:
+    """stdout of a Slurm command, or None when it fails or the controller does not answer."""
+    proc = _run(argv)
+    return proc.stdout if proc is not None and proc.returncode == 0 else None
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def duration_s(text: str) -> int | None:
+    """Slurm's [D-]HH:MM:SS, MM:SS and MM forms as seconds; None for UNLIMITED, INVALID or anything else."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not match:
+        return None
+    days, a, b, c = (int(g) if g else None for g in match.groups())
+    if c is not None:
+        seconds = a * 3600 + b * 60 + c
+    elif b is not None:
+        seconds = a * 3600 + b * 60 if days is not None else a * 60 + b
+    else:
+        seconds = a * 3600 if days is not None else a * 60
+    return seconds + (days or 0) * 86400
+
+
+def _fields(line: str) -> dict[str, str]:
+    """`Key=Value Key=Value` as printed by `scontrol show ... -o` (values without spaces)."""
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
+def _gpus(gres: str) -> int:
+    """GPUs in a node's GRES string: gpu:2, gpu:a100:4(S:0-1), gpu:4,nvme:1; 0 when none."""
+    return sum(int(n) for n in re.findall(r"\bgpu(?::[^:,(]+)?:(\d+)", gres))
+
+
+def partition(name: str) -> Partition | str:
+    """The partition `name` (empty: the cluster's default) with its nodes, or why it cannot be read."""
+    proc = _run(["scontrol", "show", "partition", "-o", *([name] if name else [])])
+    if proc is None or proc.returncode != 0:
+        if proc is not None and "not found" in proc.stderr:
+            known = ", ".join(sorted(set((query(["sinfo", "-h", "-o", "%R"]) or "").split())))
+            return f"partition {name!r} does not exist on this cluster (partitions: {known or 'unknown'})"
+        return f"scontrol does not answer ({proc.stderr.strip() if proc else 'not runnable'})"
+    shown = proc.stdout
+    parts = [_fields(line) for line in shown.splitlines() if line.strip()]
+    chosen = parts[0] if name else next((p for p in parts if p.get("Default") == "YES"), None)
+    if chosen is None:
+        return "the cluster has no default partition"
+    listing = query(["sinfo", "-h", "-N", "-p", chosen["PartitionName"], "-o", "%N|%T|%G|%c"])
+    if listing is None:
+        return "sinfo does not answer"
+    nodes = []
+    for line in listing.splitlines():
+        node, state, gres, cpus = [*line.split("|"), "", "", ""][:4]
+        nodes.append(Node(node, state, _gpus(gres), int(cpus) if cpus.isdigit() else 0))
+    max_nodes = chosen.get("MaxNodes", "UNLIMITED")
+    return Partition(chosen["PartitionName"], int(chosen.get("TotalNodes", len(nodes))),
+                     int(max_nodes) if max_nodes.isdigit() else None, duration_s(chosen.get("MaxTime", "")), nodes)
+
+
+def fit_problem(part: Partition, nodes: int, tasks_per_node: int, gpus_per_node: int, cpus_per_task: int,
+                time_limit_s: int) -> str | None:
+    """Why Slurm would never start this job on `part` (checked before sbatch), or None when it can."""
+    name = part.name
+    if part.max_time_s is not None and time_limit_s > part.max_time_s:
+        return f"time limit {time_limit_s} s is above partition {name}'s maximum of {part.max_time_s} s"
+    limit = min(part.total_nodes, part.max_nodes or part.total_nodes)
+    if nodes > limit:
+        return f"partition {name} allows at most {limit} nodes per job, {nodes} requested"
+    cpus = tasks_per_node * max(cpus_per_task, 1)
+    fitting = [n for n in part.nodes if n.gpus >= gpus_per_node and n.cpus >= cpus]
+    if len(fitting) < nodes:
+        need = f"{gpus_per_node} GPUs and {cpus} CPUs" if gpus_per_node else f"{cpus} CPUs"
+        return f"only {len(fitting)} node(s) of partition {name} have {need}, {nodes} requested"
+    usable = [n for n in fitting if n.usable]
+    if len(usable) < nodes:
+        down = ", ".join(f"{n.name} ({n.state})" for n in fitting if not n.usable)
+        return f"only {len(usable)} node(s) of partition {name} are up, {nodes} requested; down or drained: {down}"
+    return None
+
+
+def job_state(job_id: str) -> tuple[str, str] | None:
+    """(state, reason) while the controller knows the job (it forgets it MinJobAge after its end), else None."""
+    shown = query(["scontrol", "show", "job", "-o", job_id])
+    if not shown:
+        return None
+    fields = _fields(shown.splitlines()[0])
+    return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
+
+
+def pending_blocker(job_id: str, wait_s: float, still_fits: str | None = None) -> str | None:
+    """A pending reason that will never clear, looked for during `wait_s` after submission; None otherwise.
+
+    `still_fits`: the partition check's verdict now (ReqNodeNotAvail clears when nodes return, unless the
+    partition lacks them for good)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = job_state(job_id)
+        if state is None or state[0] != "PENDING":
+            return None
+        reason = state[1]
+        if reason in NEVER_CLEARING:
+            return f"{reason}: {NEVER_CLEARING[reason]}"
+        if "PerJob" in reason:  # Assoc/QOS per-job limits (nodes, CPUs, GRES, wall time); group limits do clear
+            return f"{reason}: the request exceeds a per-job limit of the account or QOS"
+        if reason.startswith("ReqNodeNotAvail") and still_fits:
+            return f"{reason}: {still_fits}"
+        if reason != "None" or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.25)
+
+
+def cancel(*job_ids: str) -> None:
+    ids = [j for j in job_ids if j]
+    if ids:
+        query(["scancel", *ids])

@@ -1,0 +1,110 @@
+"""jube/jbrecord.py on real files: whose status wins, the job facts, a row for every point, the exit code."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from jpwr.record import RunRecord, read_run_record, write_run_record
+from tests.jube.conftest import JUBE_DIR
+from tests.jube.test_profile import jbprofile
+
+_spec = importlib.util.spec_from_file_location("jbrecord", JUBE_DIR / "jbrecord.py")
+jbrecord = importlib.util.module_from_spec(_spec)
+sys.modules["jbrecord"] = jbrecord
+_spec.loader.exec_module(jbrecord)
+
+SWEEP = "nodes,global_batch_size,precision"
+
+
+def job_dir(tmp_path: Path, driver_status: str | None, **settings: str) -> Path:
+    """A submit work directory: job.env as jbprofile writes it, and the driver's record when it left one."""
+    work = tmp_path / "work"
+    (work / "run").mkdir(parents=True)
+    values = {
+        "JB_STATUS": "OK", "JB_BENCHMARK": "llm", "JB_DRIVER": "llm_training", "JB_SYSTEM": "CI", "JB_MODEL": "tiny",
+        "JB_LAUNCHER": "slurm", "JB_RUN_ID": "llm-000000-000003", "JB_NODES": "2", "JB_WORLD_SIZE": "2",
+        "JB_TIME_LIMIT_S": "60", "JB_STOP_MARGIN_S": "10", "JB_STOP_BUDGET_S": "50", "JB_SWEEP": SWEEP,
+        "JB_COORD_NODES": "2", "JB_COORD_GLOBAL_BATCH_SIZE": "8", "JB_COORD_PRECISION": "", "JB_NOTE": "",
+        "JB_WORKDIR": str(work), "JB_OUT_DIR": str(work / "run"), "JB_DONE_FILE": str(work / "job.done"),
+        **settings,
+    }
+    jbprofile.write_settings(work / "job.env", values)
+    (work / "job.id").write_text("4711\n")
+    if driver_status:
+        write_run_record(work / "run" / "run_record.json", RunRecord(
+            benchmark="llm_training", run_id=values["JB_RUN_ID"], status=driver_status,
+            status_reason=None if driver_status == "OK" else "stopped cleanly after 9 of 100 iterations",
+            config={"global_batch_size": 8, "precision": "bf16"}))
+    return work
+
+
+def fields(work: Path) -> dict[str, str]:
+    lines = (work / "result.txt").read_text().splitlines()
+    return dict(line[3:].split("=", 1) for line in lines)
+
+
+@pytest.mark.parametrize(("driver", "job", "final", "code"), [
+    ("OK", "OK", "OK", 0),
+    ("TIMEOUT", "OK", "TIMEOUT", 124),  # the driver's own clock stopped it; the job ended normally
+    ("OK", "CANCELLED", "CANCELLED", 143),  # scancel during clean-up: the measurement is whole, the job was not
+    ("TIMEOUT", "TIMEOUT", "TIMEOUT", 124),
+    (None, "OK", "FAILED", 1),  # exited 0 without a record
+    (None, "FAILED", "FAILED", 1),
+])
+def test_the_final_status_and_the_exit_code_the_job_script_passes_on(tmp_path: Path, driver: str | None, job: str,
+                                                                     final: str, code: int) -> None:
+    work = job_dir(tmp_path, driver)
+    rc = jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", job, "--reason",
+                        "why the job says so", "--elapsed-s", "52"])
+    record = read_run_record(work / "run" / "run_record.json")
+    assert (rc, record.status, fields(work)["status"]) == (code, final, final)
+    assert record.job == {"scheduler": "slurm", "job_id": "4711", "time_limit_s": 60, "stop_margin_s": 10,
+                          "stop_budget_s": 50, "elapsed_s": 52.0, "exit_code": code}
+    assert (work / "job.done").exists() and fields(work)["job_id"] == "4711"
+    if driver and job not in ("OK", driver):
+        assert record.status_reason == f"why the job says so (the driver had reported {driver})"
+    if driver == job == "TIMEOUT":  # both clocks: the job's budget and the driver's completed iterations
+        assert record.status_reason == "why the job says so; the driver: stopped cleanly after 9 of 100 iterations"
+
+
+def test_every_row_carries_its_point_whatever_its_status(tmp_path: Path) -> None:
+    failed = job_dir(tmp_path / "failed", None)
+    jbrecord.main(["finalize", "--settings", str(failed / "job.env"), "--status", "FAILED", "--reason", "boom"])
+    row = fields(failed)
+    assert (row["coord_nodes"], row["coord_global_batch_size"], row["coord_precision"]) == ("2", "8", "default")
+    assert (row["job_id"], row["note"], row["tokens_per_s"]) == ("4711", "boom", "n/a")
+    ran = job_dir(tmp_path / "ran", "OK")  # precision left to the driver: its record says which it used
+    jbrecord.main(["finalize", "--settings", str(ran / "job.env"), "--status", "OK"])
+    assert fields(ran)["coord_precision"] == "bf16"
+
+
+def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, None, JB_STATUS="INVALID", JB_NOTE="local: no GPU found")
+    (work / "job.id").unlink()
+    reason = "Slurm would never start this job: partition booster allows at most 4 nodes per job, 6 requested"
+    rc = jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "INVALID", "--reason", reason])
+    record = read_run_record(work / "run" / "run_record.json")
+    assert (rc, record.status, record.job["job_id"], record.job["exit_code"]) == (64, "INVALID", None, 64)
+    row = fields(work)
+    assert (row["status"], row["job_id"], row["coord_nodes"]) == ("INVALID", "n/a", "2")
+    assert row["note"] == f"local: no GPU found; {reason}" and row["short_note"].endswith("...")
+
+
+def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_jobs_alone(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, "TIMEOUT")
+    assert jbrecord.main(["finalize-job", "--settings", str(work / "job.env"), "--job-id", "999999999"]) == 0
+    record = read_run_record(work / "run" / "run_record.json")
+    assert record.status == "FAILED" and "Slurm no longer knows job 999999999" in record.status_reason
+    assert "the driver had reported TIMEOUT" in record.status_reason and (work / "job.done").exists()
+    before = (work / "result.txt").read_text()
+    assert jbrecord.main(["finalize-job", "--settings", str(work / "job.env"), "--job-id", "999999999"]) == 0
+    assert (work / "result.txt").read_text() == before  # done already: the finalizer changes nothing
+
+
+def test_every_status_has_an_exit_code_and_job_states_map_to_statuses() -> None:
+    assert set(jbrecord.EXIT_CODES) == set(jbrecord.STATUSES)
+    assert set(sys.modules["jbslurm"].STATUS_OF_STATE.values()) <= set(jbrecord.STATUSES)

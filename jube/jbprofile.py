@@ -388,7 +388,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
             number(text, key, key)
     model = settings["JB_MODEL"]
     per_node = int(number(profile["devices_per_node"], "devices_per_node", "devices_per_node"))
-    nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{model.lower()}", "1")
+    sized_like = model if benchmark == "llm" else profile["default_model"]  # ResNet-50: the default model's nodes
+    nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{sized_like.lower()}", "1")
     nodes = int(number(nodes_text, "nodes", "nodes"))
     if benchmark == "inference":  # one process on one device per job; sweep points are separate jobs
         nodes, per_node = 1, 1

@@ -185,7 +185,8 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def render(fields: dict[str, str]) -> str:
-    return "".join(f"JB {key}={' '.join(value.split())}\n" for key, value in fields.items())
+    """The JB lines: one line per value, and no commas (JUBE's CSV tables do not quote; they become `;`)."""
+    return "".join(f"JB {key}={' '.join(value.split()).replace(',', ';')}\n" for key, value in fields.items())
 
 
 def write_result(settings: dict[str, str], record: RunRecord) -> str:

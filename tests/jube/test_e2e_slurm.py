@@ -1,12 +1,15 @@
 """End to end: real JUBE 2.5.1 submits real jobs to the local Slurm cluster; the drivers really train.
 
 Each test: `jube run` (validate + sbatch; returns at once) -> the jobs finish -> one `jube continue -a -r`
--> the CSV table JUBE wrote. Tiny models, few iterations, 2 CPU ranks on 2 nodes.
+-> the CSV table JUBE wrote. Tiny models, few iterations, CPU ranks. The jobs of one test run side by side
+where the cluster has room (2 nodes x 2 fake GPUs), since a 1-minute limit makes a job last over a minute.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from pathlib import Path
 
 from tests.jube.conftest import (
@@ -25,6 +28,7 @@ from tests.jube.conftest import (
 from tests.jube.test_static import assert_patterns_match
 
 pytestmark = requires_slurm
+SLURM_STATE = {"OK": "COMPLETED", "FAILED": "FAILED", "TIMEOUT": "TIMEOUT", "CANCELLED": "CANCELLED"}  # docs/jube.md
 ENERGY_COLUMNS = ("Energy(Wh)", "Power/device(W)", "Energy method", "Coverage", "Error bound(J)")
 
 
@@ -47,8 +51,9 @@ def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
     assert sorted(row["GBS"] for row in rows) == ["4", "8"]
     for row in rows:
         assert row["JobID"] in printed and row["Status"] == "OK", row
-        layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"])
-        assert layout == ("CI", "2", "2", "tiny", "1/1/2")
+        layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"], row["Precision"])
+        assert layout == ("CI", "2", "2", "tiny", "1/1/2", "fp32")
+        assert row["MBS"] == "2" and row["Seq length"] == "64"  # the driver's defaults, from its record
         assert float(row["Tokens/s"]) > 0 and is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
         assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
         assert row["Energy method"] in ("counter", "counter+power", "power")
@@ -73,7 +78,7 @@ def test_resnet50_both_frameworks_on_two_nodes_without_sensors(
     assert set(by_model) == {"resnet50-pytorch", "resnet50-tensorflow"}
     for model, row in by_model.items():
         assert row["Status"] == "OK", (model, row)
-        assert (row["Nodes"], row["Devices"]) == ("2", "2")
+        assert (row["Nodes"], row["Devices"], row["Image px"], row["Framework"]) == ("2", "2", "64", model[9:])
         assert float(row["Images/s"]) > 0 and float(row["Images/s/device"]) > 0
         # No power sensor on this machine: every energy column says n/a (never 0), the note says why.
         assert all(row[c] == "n/a" for c in (*ENERGY_COLUMNS, "Images/Wh")), row
@@ -82,82 +87,144 @@ def test_resnet50_both_frameworks_on_two_nodes_without_sensors(
         assert_patterns_match(RESNET_XML, (workdir / "result.txt").read_text())
 
 
-def test_failed_and_timed_out_jobs_get_rows_and_keep_their_traces(
+def _slurm_state(job_id: str, env: dict[str, str], timeout_s: float = 150.0) -> str:
+    """Slurm's final state of a job (scontrol: the controller keeps ended jobs for MinJobAge, 300 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True)
+        state = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f).get("JobState", "")
+        if state not in ("", "PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            return state
+        time.sleep(1.0)
+    raise AssertionError(f"job {job_id} still in the queue after {timeout_s} s")
+
+
+def _wait_for_text(path: Path, text: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} did not appear in {path} within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def _finished_line(workdir: Path) -> str | None:
+    """The job log's last word on the job (absent when Slurm killed the script before its traps ended)."""
+    err = workdir / "job.err"
+    lines = [line for line in err.read_text().splitlines() if "finished: status" in line] if err.exists() else []
+    return lines[-1].split("finished: status ")[1].split()[0] if lines else None
+
+
+def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    env = _cluster_env(jube_env, slurm_cluster)
-    # Passes validate (no device touched there), fails in the ranks: CUDA asked for on CPU-only nodes.
-    # The samplers ran and must keep their traces.
-    failing = {**env, "JOULEBENCH_DRIVER_DEVICE": "cuda"}
-    # A 1-minute limit with endless iterations: Slurm's USR1 (60 s before the limit) makes it a TIMEOUT.
-    timing_out = {**env, "JOULEBENCH_TIME_LIMIT": "0:01:00", "JOULEBENCH_LLM_ITERATIONS": "1000000"}
-    fail_out, timeout_out = tmp_path / "fail", tmp_path / "timeout"
-    jube_run(LLM_XML, ["CI", "tiny"], fail_out, failing)
-    jube_run(LLM_XML, ["CI", "tiny"], timeout_out, timing_out)
-    wait_for_jobs(fail_out)
-    wait_for_jobs(timeout_out, timeout_s=200)
-    (failed,) = continue_and_read(fail_out, "llm_csv", env)[1]
-    (timed_out,) = continue_and_read(timeout_out, "llm_csv", env)[1]
-    assert failed["Status"] == "FAILED" and "ranks exited with code" in failed["Note"], failed
-    assert timed_out["Status"] == "TIMEOUT" and "time limit" in timed_out["Note"], timed_out
-    for row in (failed, timed_out):
-        assert row["Energy(Wh)"] == "n/a" and row["Tokens/Wh"] == "n/a"
-    for out in (fail_out, timeout_out):
-        energy = submit_workdirs(out)[0] / "run" / "energy"
-        assert (energy / "n1" / "trace.h5").exists() and (energy / "n2" / "trace.h5").exists()
+    """Five one-node jobs at once. OK: a short job ends under a 1-minute limit. FAILED: CUDA asked for on CPU
+    nodes (passes validate, fails in the ranks). TIMEOUT: endless iterations under a 1-minute limit, stopped by
+    the job's own timer after at least 40 s and held until Slurm's limit. CANCELLED twice: scancel while it
+    trains (the job records itself) and while it waits to start (its finalizer job records it)."""
+    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_NODES": "1"}
+    endless = {"JOULEBENCH_LLM_ITERATIONS": "1000000"}
+    cases = {
+        "OK": {"JOULEBENCH_TIME_LIMIT": "0:01:00"},
+        "FAILED": {"JOULEBENCH_DRIVER_DEVICE": "cuda", "JOULEBENCH_SWEEP_GLOBAL_BATCH_SIZE": "4"},
+        "TIMEOUT": {"JOULEBENCH_TIME_LIMIT": "0:01:00", **endless},
+        "CANCELLED": endless,
+        "CANCELLED_PENDING": {"JOULEBENCH_SBATCH_ARGS": "--begin=now+3600"},
+    }
+    outs = {name: tmp_path / name.lower() for name in cases}
+    for name, extra in cases.items():
+        jube_run(LLM_XML, ["CI", "tiny"], outs[name], {**env, **extra})
+    work = {name: submit_workdirs(out)[0] for name, out in outs.items()}
+    job_ids = {name: (w / "job.id").read_text().strip() for name, w in work.items()}
+    subprocess.run(["scancel", job_ids["CANCELLED_PENDING"]], env=env, check=True)
+    _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] iter ")  # cancel it while it trains
+    subprocess.run(["scancel", job_ids["CANCELLED"]], env=env, check=True)
+    for out in outs.values():
+        wait_for_jobs(out, timeout_s=200)
+    for name, out in outs.items():
+        expected = name.split("_")[0]
+        (row,) = continue_and_read(out, "llm_csv", env)[1]
+        record = json.loads((work[name] / "run" / "run_record.json").read_text())
+        state = _slurm_state(job_ids[name], env)
+        assert (state, record["status"], row["Status"]) == (SLURM_STATE[expected], expected, expected), (name, row)
+        assert row["JobID"] == job_ids[name] == record["job"]["job_id"], name
+        if name != "CANCELLED_PENDING":  # that one never started: no job log, its finalizer recorded it
+            assert _finished_line(work[name]) in (expected, None), name
+        assert_patterns_match(LLM_XML, (work[name] / "result.txt").read_text())
+    ok, timeout = (json.loads((work[n] / "run" / "run_record.json").read_text()) for n in ("OK", "TIMEOUT"))
+    assert _finished_line(work["OK"]) == "OK" and ok["job"]["time_limit_s"] == 60
+    assert timeout["job"]["elapsed_s"] >= 40 and timeout["job"]["stop_budget_s"] == 50
+    assert "stop budget reached" in timeout["status_reason"] and "stopped cleanly" in timeout["status_reason"]
+    assert any(w["name"] == "steady" and w["steps"] > 0 for w in timeout["windows"])  # a readable measurement
+    assert (work["TIMEOUT"] / "run" / "energy" / "n1" / "trace.h5").exists() or \
+        (work["TIMEOUT"] / "run" / "energy" / "n2" / "trace.h5").exists()
+    (failed,) = read_table(outs["FAILED"], "llm_csv")
+    assert failed["GBS"] == "4" and "ranks exited with code" in failed["Note"], failed
+    pending = json.loads((work["CANCELLED_PENDING"] / "run" / "run_record.json").read_text())
+    assert "recorded by its finalizer job" in pending["status_reason"]
 
 
 def test_bad_configurations_stop_before_anything_is_submitted(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """Mistakes of the whole workflow stop the validate step; a point that cannot run gets an INVALID row.
+    Either way no job reaches Slurm and `jube status` says ERROR."""
     env = _cluster_env(jube_env, slurm_cluster)
-    queue_before = _job_count(env)
     cases = {
-        "two_systems": (["CI", "A100", "tiny"], {}, "2 system tags given"),
-        "unknown_system": (["A1000"], {}, "unknown tag 'A1000'"),
-        "gc200": (["GC200"], {}, "Poplar SDK"),
-        "gbs_not_divisible": (["CI", "tiny"], {"JOULEBENCH_GBS_TINY": "3"}, "3"),
+        "two_systems": (["CI", "A100", "tiny"], {}, "2 system tags given", None),
+        "unknown_system": (["A1000"], {}, "unknown tag 'A1000'", None),
+        "gc200": (["GC200"], {}, "Poplar SDK", None),
+        "gbs_not_divisible": (["CI", "tiny"], {"JOULEBENCH_GBS_TINY": "3"}, "--global-batch-size 3", "INVALID"),
+        "limit_too_short": (["CI", "tiny"], {"JOULEBENCH_TIME_LIMIT": "0:00:30"}, "time limit 0:00:30 leaves 20 s",
+                            "INVALID"),
     }
-    for name, (tags, extra, message) in cases.items():
+    for name, (tags, extra, message, status) in cases.items():
         out = tmp_path / name
         jube_run(LLM_XML, tags, out, {**env, **extra})
         assert "ERROR" in jube("status", str(out), env=env).stdout, name
-        assert not submit_workdirs(out), name
         stderr = next(out.glob("000000/*_validate/work/stderr")).read_text()
         assert message in stderr and "Fix:" in stderr, (name, stderr)
-    assert _job_count(env) == queue_before
+        assert not list(out.glob("000000/*_submit/work/job.id")), name  # nothing reached sbatch
+        if status:
+            jube("result", "-a", str(out), env=env)
+            (row,) = read_table(out, "llm_csv")
+            assert (row["Status"], row["JobID"], row["GBS"]) == (status, "n/a", "3" if "gbs" in name else "8"), row
+            assert message in row["Note"] and "Fix:" in row["Note"], row
 
 
-def test_four_node_shape_with_other_partition_names_through_the_environment(
+def test_four_node_shape_sweeps_nodes_and_refuses_what_the_partition_cannot_start(
     slurm_cluster_4: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Same XML and profile; only SLURM_CONF, the partition and the node count come from the environment."""
-    env = {**_cluster_env(jube_env, slurm_cluster_4), "JOULEBENCH_PARTITION": "booster", "JOULEBENCH_NODES": "4"}
+    """Same XML and profile; only SLURM_CONF and the partition come from the environment. 6 nodes on the 4-node
+    partition and a duplicate point are INVALID rows, refused before sbatch; `jube run -e` says so (exit 1)
+    only after the 4-node job ran (`wait`)."""
+    env = {**_cluster_env(jube_env, slurm_cluster_4), "JOULEBENCH_PARTITION": "booster",
+           "JOULEBENCH_SWEEP_NODES": "4,6,4"}
     out = tmp_path / "four"
-    jube_run(LLM_XML, ["CI", "tiny", "wait"], out, env)
-    assert (submit_workdirs(out)[0] / "job.done").exists()  # `wait`: no jube continue needed
+    proc = jube("run", str(LLM_XML), "-o", str(out), "--hide-animation", "-e", "--tag", "CI", "tiny", "wait",
+                env=env, check=False)
+    assert proc.returncode == 1 and "sweep point refused (nodes=" in proc.stdout + proc.stderr, proc.stdout
+    jube("continue", str(out), "--hide-animation", env=env)
+    assert "ERROR" in jube("status", str(out), env=env).stdout
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
-    assert (row["Status"], row["Nodes"], row["Devices"], row["TP/PP/DP"]) == ("OK", "4", "4", "1/1/4"), row
-    assert float(row["Tokens/s"]) > 0
-    assert {p.name for p in (submit_workdirs(out)[0] / "run" / "energy").iterdir()} >= {"c1", "c2", "c3", "c4"}
-
-
-def _job_count(env: dict[str, str]) -> int:
-    """Jobs the controller knows (it keeps finished ones for MinJobAge, 300 s): a submission adds one."""
-    shown = subprocess.run(["scontrol", "show", "jobs", "-o"], env=env, capture_output=True, text=True).stdout
-    return len([line for line in shown.splitlines() if line.startswith("JobId=")])
+    rows = {(row["Nodes"], row["Status"]): row for row in read_table(out, "llm_csv")}
+    assert set(rows) == {("4", "OK"), ("6", "INVALID"), ("4", "INVALID")}, rows
+    ran = rows[("4", "OK")]
+    assert (ran["Devices"], ran["TP/PP/DP"]) == ("4", "1/1/4") and float(ran["Tokens/s"]) > 0
+    assert "partition booster allows at most 4 nodes per job; 6 requested" in rows[("6", "INVALID")]["Note"]
+    assert "duplicate sweep point: the same configuration as llm-000000-000000" in rows[("4", "INVALID")]["Note"]
+    assert [len(list(out.glob("000000/*_submit/work/job.id")))] == [1]
+    (workdir,) = [w for w in submit_workdirs(out) if (w / "job.id").exists()]
+    assert {p.name for p in (workdir / "run" / "energy").iterdir()} >= {"c1", "c2", "c3", "c4"}
 
 
 def test_a_refused_submission_still_gets_a_failed_row(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """sbatch rejects an unknown partition: the submit step does not fail, the row says why."""
-    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_PARTITION": "no-such-partition"}
+    """sbatch rejects a constraint no node has: the submit step does not fail, the row says why."""
+    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_SBATCH_ARGS": "--constraint=no-such-feature"}
     out = tmp_path / "refused"
     jube_run(LLM_XML, ["CI", "tiny"], out, env)
     _, rows = continue_and_read(out, "llm_csv", env)
     (row,) = rows
     assert row["Status"] == "FAILED" and "sbatch refused the job" in row["Note"], row
-    assert "no-such-partition" in row["Note"], row
-    assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a"
+    assert "Invalid feature specification" in row["Note"], row
+    assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a" and row["GBS"] == "8"

@@ -91,7 +91,8 @@ def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Pat
     assert (rc, record.status, record.job["job_id"], record.job["exit_code"]) == (64, "INVALID", None, 64)
     row = fields(work)
     assert (row["status"], row["job_id"], row["coord_nodes"]) == ("INVALID", "n/a", "2")
-    assert row["note"] == f"local: no GPU found; {reason}" and row["short_note"].endswith("...")
+    assert row["note"] == f"local: no GPU found; {reason.replace(',', ';')}"  # JUBE's CSV does not quote
+    assert row["short_note"].endswith("...") and record.status_reason == reason
 
 
 def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_jobs_alone(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, requi
 from tests.jube.test_profile import jbprofile
 
 COMMON_XML = JUBE_DIR / "common.xml"
-WORKFLOWS = (LLM_XML, RESNET_XML)
+INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
+WORKFLOWS = (LLM_XML, RESNET_XML, INFERENCE_XML)
+BENCHMARK_OF = {LLM_XML: "llm", RESNET_XML: "resnet50", INFERENCE_XML: "inference"}
 JUBE_DTD = Path("/usr/share/jube/contrib/schema/jube.dtd")  # shipped by Debian's jube package; never copied here
 
 
@@ -57,8 +59,27 @@ def test_every_reference_resolves(path: Path) -> None:
         assert "," not in (element.get("tag") or ""), "a comma in a tag expression is an error in JUBE 2.7"
 
 
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_sweep_parameter_has_a_column_in_every_table_and_reaches_jbprofile(path: Path) -> None:
+    """The coordinate columns are generated from the sweep parameterset (jube/jbcolumns.py); jbprofile knows
+    each parameter (an unknown one would be refused at validate) and JUBE exports each to it."""
+    proc = subprocess.run([sys.executable, str(JUBE_DIR / "jbcolumns.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (sweep,) = [s for s in _root(path).iter("parameterset") if s.get("name") == "sweep"]
+    names = list(dict.fromkeys(p.get("name") for p in sweep.iter("parameter")))
+    assert tuple(names) == jbprofile.SWEEP_KEYS[BENCHMARK_OF[path]]
+    assert all(p.get("export") == "true" for p in sweep.iter("parameter"))
+    tables = list(_root(path).iter("table"))
+    assert len(tables) == 2
+    for table in tables:
+        assert [c.text for c in table.iter("column") if (c.text or "").startswith("coord_")] == [
+            f"coord_{n}" for n in names], table.get("name")
+    assert '--sweep "$jube_wp_envlist"' in next(d.text for d in _root(path).iter("do") if "prepare" in (d.text or ""))
+
+
 @requires_jube
-@pytest.mark.parametrize(("path", "tags"), [(LLM_XML, ["CI", "tiny"]), (RESNET_XML, ["A100", "pytorch"])])
+@pytest.mark.parametrize(("path", "tags"), [(LLM_XML, ["CI", "tiny"]), (RESNET_XML, ["A100", "pytorch"]),
+                                           (INFERENCE_XML, ["CI", "tiny"])])
 def test_jube_dry_run_parses_and_expands(path: Path, tags: list[str], jube_env: dict[str, str]) -> None:
     proc = jube("--debug", "run", str(path), "--tag", *tags, env=jube_env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -91,13 +112,6 @@ def test_documented_tags_exist_in_the_workflows() -> None:
     allowed = {k.upper() for k in known | examples} | {"SYSTEM", "MODEL"}
     unknown = sorted({t for t in tags if t.upper() not in allowed})
     assert not unknown, f"documented tags unknown to the workflows: {unknown}"
-
-
-def _driver_record(tmp_path: Path, module: str, args: list[str]) -> Path:
-    out = tmp_path / module
-    subprocess.run([sys.executable, "-m", module, "train", *args, "--device", "cpu", "--out-dir", str(out),
-                    "--run-id", f"static-{module}"], check=True, capture_output=True, cwd=REPO, timeout=300)
-    return out / "run_record.json"
 
 
 def assert_patterns_match(path: Path, fields: str) -> None:

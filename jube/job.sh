@@ -154,7 +154,7 @@ stop_ranks() {
 hold_until_time_limit() {
     local left
     left=$(slurm_seconds_left)
-    [ -n "$left" ] && [ "$left" -le $((JB_STOP_MARGIN_S + 60)) ] || return 0
+    [ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le $((JB_STOP_MARGIN_S + 60)) ] || return 0
     log "holding the allocation until Slurm's time limit (${left} s left) so that Slurm records TIMEOUT too"
     trap 'exit 124' TERM
     while :; do sleep 5 & wait $!; done

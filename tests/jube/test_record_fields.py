@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jpwr.record import RunRecord, read_run_record, write_run_record
+from joulebench.record import RunRecord, read_run_record, write_run_record
 from tests.jube.conftest import JUBE_DIR
 from tests.jube.test_profile import jbprofile
 

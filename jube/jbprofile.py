@@ -47,6 +47,7 @@ PROFILE_FILE = JUBE_DIR / "systems.ini"
 JOB_SCRIPT = JUBE_DIR / "job.sh"
 RECORD_TOOL = JUBE_DIR / "jbrecord.py"
 EX_USAGE = 64
+ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
 
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
 MODEL_TAGS = ("tiny", "117M", "800M", "13B", "175B")
@@ -542,7 +543,7 @@ def driver_validate(settings: dict[str, str]) -> None:
                           "installed (jube/setup.sh makes .venv)") from None
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    if proc.returncode == EX_USAGE:
+    if proc.returncode in (EX_USAGE, ARGPARSE_USAGE):  # the driver refused these values or options
         errors = [line.split(": error: ", 1)[1] for line in proc.stderr.splitlines() if ": error: " in line]
         problem, _, fix = (errors[-1] if errors else proc.stderr.strip() or "rejected").partition(". Fix: ")
         raise PointRefused(f"{settings['JB_DRIVER']} validate: {problem}", fix or "see the validate step's stderr")

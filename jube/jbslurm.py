@@ -32,7 +32,9 @@ STATUS_OF_STATE = {
     "FAILED": "FAILED", "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
     "COMPLETED": "FAILED",  # the script ended without writing its record: something killed it before its traps
 }
-UNUSABLE_NODE_STATES = ("down", "drain", "fail", "inval", "future", "unk", "maint")
+# Node states that keep a node out of service until someone acts (unknown, not responding (*), maintenance and
+# power-saving states clear by themselves).
+UNUSABLE_NODE_STATES = ("down", "drain", "fail", "inval", "future")
 
 
 @dataclasses.dataclass
@@ -44,8 +46,7 @@ class Node:
 
     @property
     def usable(self) -> bool:
-        """Up and accepting jobs (a trailing * means: not responding)."""
-        return not self.state.endswith("*") and not self.state.lower().startswith(UNUSABLE_NODE_STATES)
+        return not self.state.lower().startswith(UNUSABLE_NODE_STATES)
 
 
 @dataclasses.dataclass

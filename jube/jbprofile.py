@@ -23,41 +23,42 @@ and the reason; the other points run, and the `verdict` step fails afterwards so
 from __future__ import annotations
 
 import argparse
-import configparser
-import difflib
 import hashlib
 import math
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
 import jbslurm
+import jbsubmit
+from jbsettings import in_profile_shell, write_settings
+from jbsystems import (
+    FLAG_TAGS,
+    FRAMEWORK_TAGS,
+    INFERENCE_MODEL_TAGS,
+    MODEL_TAGS,
+    REPO,
+    ConfigError,
+    PointRefused,
+    check_name,
+    closest,
+    load_profile,
+    resolve_python,
+    system_names,
+)
 
-JUBE_DIR = Path(__file__).resolve().parent
-REPO = JUBE_DIR.parent
-PROFILE_FILE = JUBE_DIR / "systems.ini"
-JOB_SCRIPT = JUBE_DIR / "job.sh"
-RECORD_TOOL = JUBE_DIR / "jbrecord.py"
 EX_USAGE = 64
 ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
 
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
-MODEL_TAGS = ("tiny", "117M", "800M", "13B", "175B")
-INFERENCE_MODEL_TAGS = ("tiny", "gpt2", "llama-1b", "llama-8b")  # llm_inference presets
 MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
-FRAMEWORK_TAGS = ("pytorch", "tensorflow")
-FLAG_TAGS = ("wait", "synthetic", "container")
-RESERVED_NAMES = {t.lower() for t in (*MODEL_TAGS, *INFERENCE_MODEL_TAGS, *FRAMEWORK_TAGS, *FLAG_TAGS)}
 DEFAULT_SYSTEM = "local"
-CPU_OVERLAY = "cpu"  # [<system>.cpu]: applied over a `vendor = auto` system when no accelerator is found
 # The workflow parameters (JUBE's `sweep` parameterset) each benchmark takes; a comma list is a sweep.
 SWEEP_KEYS = {
     "llm": ("nodes", "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel", "seq_length",
@@ -78,37 +79,10 @@ NUMBERS = {
 }
 STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
 TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning
-PENDING_CHECK_S = 3.0  # after sbatch: how long to look for a pending reason that will never clear
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-
-
-class ConfigError(Exception):
-    """A configuration that cannot work: the value, and what to do instead."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        self.problem, self.fix = problem.rstrip("."), fix
-        super().__init__(f"{self.problem}. Fix: {fix}")
-
-
-class PointRefused(ConfigError):
-    """One sweep point cannot run; it gets an INVALID row, the other points go on."""
 
 
 # ---------------------------------------------------------------------------------------------------
 # Names and numbers
-
-
-def check_name(value: str, what: str) -> str:
-    """Names that end up in paths and job names: no separators, no `..`, no spaces."""
-    if not NAME_RE.fullmatch(value) or ".." in value:
-        raise ConfigError(f"{what} {value!r} cannot be used as a file or job name",
-                          "use letters, digits and _ . + - only (no /, no .., no spaces)")
-    return value
-
-
-def _closest(word: str, known: list[str] | set[str]) -> str:
-    match = difflib.get_close_matches(word.lower(), sorted(known), n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 def number(value: str, what: str, key: str) -> int | float:
@@ -122,136 +96,6 @@ def number(value: str, what: str, key: str) -> int | float:
     if not math.isfinite(parsed) or parsed < minimum or (parsed == minimum and not inclusive):
         raise PointRefused(f"{what}={value} is out of range", f"set {what} to {wanted}")
     return parsed
-
-
-# ---------------------------------------------------------------------------------------------------
-# Profile
-
-
-def _own_keys(path: Path) -> dict[str, dict[str, str]]:
-    """Section -> the keys written in that section of one file ([DEFAULT] as a section of its own)."""
-    raw = configparser.ConfigParser(interpolation=None, default_section="\0none")
-    raw.optionxform = str.lower  # type: ignore[assignment,method-assign]
-    try:
-        raw.read(path)
-    except configparser.Error as exc:
-        raise ConfigError(f"{path} is not a valid profile file ({exc.message.splitlines()[0]})",
-                          "write it in the form of jube/systems.ini: [SECTION] lines and key = value lines") from None
-    return {section: dict(raw.items(section)) for section in raw.sections()}
-
-
-def known_keys() -> set[str]:
-    """Every profile key: those of [DEFAULT] in jube/systems.ini, which documents each of them."""
-    return set(_own_keys(PROFILE_FILE).get("DEFAULT", {}))
-
-
-def _check_file(path: Path, sections: dict[str, dict[str, str]], known: set[str]) -> None:
-    """Unknown keys, sections named like tags, names that cannot become job or file names: errors."""
-    for section, values in sections.items():
-        system, _, overlay = section.partition(".")
-        if section != "DEFAULT":
-            check_name(system, f"profile section [{section}] of {path}:")
-            if system.lower() in RESERVED_NAMES:
-                raise ConfigError(f"profile section [{section}] of {path} has the name of a model, framework or flag "
-                                  "tag, so the tag would be ambiguous", "rename the section")
-            if overlay and overlay != CPU_OVERLAY:
-                raise ConfigError(f"profile section [{section}] of {path}: only [<system>.{CPU_OVERLAY}] overlays "
-                                  "exist", f"rename it to [{system}.{CPU_OVERLAY}] or remove it")
-        for key in values:
-            if key not in known:
-                raise ConfigError(f"unknown key '{key}' in [{section}] of {path}{_closest(key, known)}",
-                                  "use a key listed at the top of jube/systems.ini, or remove it")
-
-
-def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, dict[str, dict[str, str]]]:
-    """All profile files merged, and the keys each section sets itself (overlays apply only those)."""
-    files = [PROFILE_FILE]
-    if environ.get("JOULEBENCH_PROFILE"):
-        extra = Path(environ["JOULEBENCH_PROFILE"])
-        if not extra.is_file():
-            raise ConfigError(f"JOULEBENCH_PROFILE={extra} does not exist",
-                              "point it to an .ini file of the form of jube/systems.ini")
-        files.append(extra)
-    known = known_keys()
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str.lower  # type: ignore[assignment,method-assign]
-    own: dict[str, dict[str, str]] = {}
-    for path in files:
-        sections = _own_keys(path)
-        _check_file(path, sections, known)
-        for section, values in sections.items():
-            own.setdefault(section, {}).update(values)
-        parser.read(path)
-    return parser, own
-
-
-def system_names(environ: dict[str, str] | None = None) -> list[str]:
-    """The systems (tags) of the profile files; [<system>.cpu] overlays are not systems."""
-    parser, _ = _read_profiles(dict(os.environ if environ is None else environ))
-    return [s for s in parser.sections() if "." not in s]
-
-
-def detect_accelerator(environ: dict[str, str]) -> tuple[str, str]:
-    """(vendor, what was found) on this machine, from the vendors' listing tools; torch is not imported."""
-    path = environ.get("PATH", os.defpath)
-    probes = (("nvidia", "nvidia-smi", ["-L"], r"^GPU (\d+): (.+?)(?: \(UUID.*)?$", ("CUDA_VISIBLE_DEVICES",)),
-              ("amd", "rocm-smi", ["--showproductname"], r"^GPU\[(\d+)\]\s*: Card [Ss]eries:\s*(.+)$",
-               ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")))
-    for vendor, tool, args, pattern, visibility in probes:
-        program = shutil.which(tool, path=path)
-        if program is None:
-            continue
-        try:
-            listing = subprocess.run([program, *args], capture_output=True, text=True, timeout=30, env=environ)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        found = {m.group(1): m.group(2).strip()
-                 for m in re.finditer(pattern, listing.stdout, re.MULTILINE)} if listing.returncode == 0 else {}
-        hidden = [v for v in visibility if v in environ and environ[v].strip() in ("", "-1", "none", "NoDevFiles")]
-        if found and not hidden:
-            names = sorted(set(found.values()))
-            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)})"
-        if found:
-            return "cpu", f"{tool} lists GPUs, but {hidden[0]}={environ[hidden[0]]!r} hides them"
-    return "cpu", "no GPU found (neither nvidia-smi -L nor rocm-smi lists one)"
-
-
-def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The system's settings: [DEFAULT] < [SYSTEM] < [SYSTEM.cpu] (`vendor = auto` and no accelerator)
-    < JOULEBENCH_<KEY> < JOULEBENCH_<SYSTEM>_<KEY>. `selection` says which settings `vendor = auto` chose."""
-    env = dict(os.environ if environ is None else environ)
-    parser, own = _read_profiles(env)
-    systems = [s for s in parser.sections() if "." not in s]
-    section = next((s for s in systems if s.lower() == system.lower()), None)
-    if section is None:
-        raise ConfigError(f"system '{system}' has no profile in {PROFILE_FILE}",
-                          f"use one of {', '.join(systems)} or add a section (docs/jube.md)")
-    profile = {key: value.strip() for key, value in parser.items(section)}
-    upper_env = {key.upper(): value.strip() for key, value in env.items() if key.upper().startswith("JOULEBENCH_")}
-    overrides = {key: upper_env[prefix + key.upper()] for prefix in ("JOULEBENCH_", f"JOULEBENCH_{section.upper()}_")
-                 for key in sorted(profile) if prefix + key.upper() in upper_env}
-    profile["selection"] = ""
-    if overrides.get("vendor", profile["vendor"]) == "auto":
-        vendor, found = detect_accelerator(env)
-        overlay = f"{section}.{CPU_OVERLAY}"
-        if vendor == "cpu" and overlay in own:
-            profile.update({key: value.strip() for key, value in own[overlay].items()})
-            profile["selection"] = f"{section}: {found}: CPU-sized settings of [{overlay}]"
-        else:
-            profile["selection"] = f"{section}: {found}: the settings of a one-device node"
-        profile["vendor"] = vendor
-    profile.update(overrides)
-    profile["system"] = section
-    return profile
-
-
-def resolve_python(profile: dict[str, str]) -> str:
-    """`auto`: the repository's .venv (made by jube/setup.sh) if present, else python3 on PATH."""
-    python = profile.get("python", "auto") or "auto"
-    if python != "auto":
-        return python
-    venv = REPO / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else "python3"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -305,19 +149,15 @@ def limit_for_budget(budget_s: float) -> int:
     return int(math.ceil(limit / 60.0) * 60)
 
 
-def hms(seconds: int) -> str:
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str) -> str:
     """Refuse a limit that cannot hold start-up, warm-up and the minimum steady window; a warning when tight."""
     margin = stop_margin_s(limit_s)
     budget, needed = limit_s - margin, startup_s + steady_s
-    detail = (f"time limit {hms(limit_s)} leaves {budget} s before the job stops its run ({margin} s are kept for "
-              f"the record), for about {startup_s:g} s of start-up and warm-up of {what} and a {steady_s:g} s "
+    detail = (f"time limit {jbslurm.hms(limit_s)} leaves {budget} s before the job stops its run ({margin} s are "
+              f"kept for the record), for about {startup_s:g} s of start-up and warm-up of {what} and a {steady_s:g} s "
               "minimum steady window")
     if budget < needed:
-        raise PointRefused(detail, f"set time_limit to at least {hms(limit_for_budget(needed))} "
+        raise PointRefused(detail, f"set time_limit to at least {jbslurm.hms(limit_for_budget(needed))} "
                                    "(JOULEBENCH_TIME_LIMIT), or shorten the run (steady_seconds)")
     if budget < TIGHT * needed:
         return f"tight time limit: {detail}; it may stop before the steady window is long enough"
@@ -355,7 +195,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     unknown = sorted(set(overrides) - set(SWEEP_KEYS[benchmark]))
     if unknown:
         raise ConfigError(f"unknown workflow parameter '{unknown[0]}' for the {benchmark} workflow"
-                          f"{_closest(unknown[0], set(SWEEP_KEYS[benchmark]))}",
+                          f"{closest(unknown[0], set(SWEEP_KEYS[benchmark]))}",
                           f"use one of {', '.join(SWEEP_KEYS[benchmark])}")
     check_name(run_id, "run id")
     kinds = classify_tags(benchmark, tags, system_names(env))
@@ -508,27 +348,6 @@ def _cli_args(values: dict[str, str]) -> list[str]:
     return args
 
 
-def write_settings(path: Path, settings: dict[str, str]) -> None:
-    text = "# joulebench job settings (written by jube/jbprofile.py; sourced by jube/job.sh)\n"
-    text += "".join(f"{key}={shlex.quote(val)}\n" for key, val in settings.items())
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def read_settings(path: Path) -> dict[str, str]:
-    """The inverse of write_settings (values may span lines: a profile's setup can)."""
-    words = shlex.split(path.read_text(), comments=True)
-    return dict(word.split("=", 1) for word in words)
-
-
-def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
-    """Run argv after the profile's setup lines (module loads, venv), as the job script does."""
-    setup = settings["JB_SETUP"].strip()
-    script = (setup + "\n" if setup else "") + 'exec "$@"'
-    return ["/bin/sh", "-c", script, "jb-setup", *argv]
-
-
 def driver_validate(settings: dict[str, str]) -> None:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
     container = shlex.split(settings.get("JB_CONTAINER", ""))  # validate where the job will run the driver
@@ -557,19 +376,13 @@ def check_partition(settings: dict[str, str]) -> None:
     """Slurm systems: refuse a point that its partition could never start (nodes, GPUs, CPUs, time limit)."""
     if settings["JB_LAUNCHER"] != "slurm":
         return
-    part = jbslurm.partition(settings["JB_PARTITION"])
-    if isinstance(part, str):
-        if part.startswith("partition "):  # the controller answered: the name is wrong
-            raise PointRefused(part, "set partition in jube/systems.ini or JOULEBENCH_PARTITION")
-        print(f"jbprofile: warning: partition limits not checked: {part}", file=sys.stderr)
-        return
-    per_node = int(settings["JB_TASKS_PER_NODE"])
-    gpus = per_node if settings["JB_GRES"].lower() in ("yes", "true", "1") else 0
-    problem = jbslurm.fit_problem(part, int(settings["JB_NODES"]), per_node, gpus,
-                                  int(settings["JB_CPUS_PER_TASK"] or 1), int(settings["JB_TIME_LIMIT_S"]))
+    problem, unchecked = jbslurm.job_fit(settings)
+    if unchecked:
+        print(f"jbprofile: warning: partition limits not checked: {unchecked}", file=sys.stderr)
     if problem:
         raise PointRefused(f"Slurm would never start this job: {problem}",
-                           "request fewer nodes or devices per node, a shorter time limit, or another partition")
+                           "request fewer nodes or devices per node, a shorter time limit, another partition "
+                           "(partition in jube/systems.ini or JOULEBENCH_PARTITION)")
 
 
 def claim_point(rundir: Path, settings: dict[str, str]) -> None:
@@ -626,150 +439,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finalize_here(settings_path: Path, *record_args: str) -> None:
-    """Record an outcome on this (login) node with the job's Python: a job that never ran or never reported.
-
-    `record_args`: jbrecord.py's command and options, e.g. ("finalize", "--status", "INVALID", "--reason", why)."""
-    settings = read_settings(settings_path)
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
-    command, *options = record_args
-    argv = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), command, "--settings", str(settings_path), *options]
-    subprocess.call(in_profile_shell(settings, argv))
-    Path(settings["JB_DONE_FILE"]).touch()
-
-
-def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
-    workdir = Path(settings["JB_WORKDIR"])
-    argv = ["sbatch", "--parsable", f"--job-name=jb-{settings['JB_MODEL']}", f"--nodes={settings['JB_NODES']}",
-            f"--ntasks-per-node={settings['JB_TASKS_PER_NODE']}", f"--time={settings['JB_TIME_LIMIT']}",
-            f"--output={workdir / 'job.out'}", f"--error={workdir / 'job.err'}", f"--chdir={workdir}",
-            f"--signal=B:USR1@{settings['JB_STOP_MARGIN_S']}"]  # a fallback: the job's own timer stops it first
-    if settings["JB_GRES"].lower() in ("yes", "true", "1"):
-        argv.append(f"--gpus-per-node={settings['JB_TASKS_PER_NODE']}")
-    if settings["JB_CPUS_PER_TASK"]:
-        argv.append(f"--cpus-per-task={settings['JB_CPUS_PER_TASK']}")
-    return [*argv, *_site_args(settings), *shlex.split(settings["JB_SBATCH_ARGS"]), str(JOB_SCRIPT),
-            str(settings_path)]
-
-
-def _site_args(settings: dict[str, str]) -> list[str]:
-    site = [f"--partition={settings['JB_PARTITION']}"] if settings["JB_PARTITION"] else []
-    return site + ([f"--account={settings['JB_ACCOUNT']}"] if settings["JB_ACCOUNT"] else [])
-
-
-def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str) -> list[str]:
-    """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not."""
-    workdir = Path(settings["JB_WORKDIR"])
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
-    record = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
-              "--job-id", job_id]
-    setup = settings["JB_SETUP"].strip()
-    limit = hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
-    return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
-            "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
-            f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
-            *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
-            "--wrap", (setup + "\n" if setup else "") + "exec " + shlex.join(record)]
-
-
-def wait_for_done(settings_path: Path, settings: dict[str, str], job_ids: list[str]) -> None:
-    """Block until the done file appears (the `wait` tag); once Slurm forgot the job and its finalizer
-    without one, record the job from here."""
-    done = Path(settings["JB_DONE_FILE"])
-    gone_since = None
-    while not done.exists():
-        time.sleep(1.0)
-        if any(jbslurm.job_state(j) for j in job_ids):
-            gone_since = None
-        elif gone_since is None:
-            gone_since = time.monotonic()
-        elif time.monotonic() - gone_since > 30 and not done.exists():
-            print(f"jbprofile: job {job_ids[0]} left the queue without touching {done}; recording it", file=sys.stderr)
-            _finalize_here(settings_path, "finalize-job", "--job-id", job_ids[0])
-            return
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    """Never fails the JUBE step: every point ends as a row (INVALID, a refused submission, a job's outcome)."""
-    workdir = Path.cwd().resolve()
-    settings = read_settings(Path(args.settings))
-    settings.update(JB_WORKDIR=str(workdir), JB_OUT_DIR=str(workdir / "run"), JB_DONE_FILE=str(workdir / "job.done"))
-    settings_path = workdir / "job.env"
-    write_settings(settings_path, settings)
-    print(f"job log: {workdir / 'job.out'} and {workdir / 'job.err'}", flush=True)
-    if settings["JB_STATUS"] == "INVALID":
-        print(f"not submitted (INVALID): {settings['JB_REASON']}", flush=True)
-        _finalize_here(settings_path, "finalize", "--status", "INVALID", "--reason", settings["JB_REASON"])
-        return 0
-    env = {k: v for k, v in os.environ.items() if k not in settings["JB_SWEEP"].split(",")}  # JUBE's exports
-    if settings["JB_LAUNCHER"] == "local":
-        print(f"running locally: bash {JOB_SCRIPT} {settings_path}", flush=True)
-        with open(workdir / "job.out", "ab") as out, open(workdir / "job.err", "ab") as err:
-            rc = subprocess.call(["bash", str(JOB_SCRIPT), str(settings_path)], stdout=out, stderr=err, env=env)
-        print(f"local job finished with exit code {rc}")
-        if not Path(settings["JB_DONE_FILE"]).exists():  # killed before its traps could run
-            _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason",
-                           f"the job script was killed (exit code {rc}) before it finished")
-        return 0
-    argv = sbatch_command(settings, settings_path)
-    print("submit:", shlex.join(argv), flush=True)
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        reason = f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}"
-        print(reason, file=sys.stderr)
-        _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", reason)
-        return 0
-    job_id = proc.stdout.strip().split(";")[0]
-    (workdir / "job.id").write_text(job_id + "\n")
-    print(f"Submitted batch job {job_id}", flush=True)
-    finalizer = subprocess.run(finalizer_command(settings, settings_path, job_id), capture_output=True, text=True,
-                               env=env)
-    finalizer_id = finalizer.stdout.strip().split(";")[0] if finalizer.returncode == 0 else ""
-    if finalizer_id:
-        print(f"finalizer job {finalizer_id} records job {job_id} if it ends without recording itself", flush=True)
-    else:
-        print(f"jbprofile: warning: no finalizer job ({finalizer.stderr.strip()}): a job killed before its traps "
-              "run leaves `jube continue` waiting", file=sys.stderr)
-    blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, _fit_now(settings))
-    if blocker:
-        jbslurm.cancel(finalizer_id, job_id)
-        reason = f"Slurm would never start job {job_id} ({blocker}); cancelled by joulebench"
-        print(reason, file=sys.stderr)
-        _finalize_here(settings_path, "finalize", "--status", "CANCELLED", "--reason", reason)
-        return 0
-    if args.wait:
-        wait_for_done(settings_path, settings, [job_id, finalizer_id] if finalizer_id else [job_id])
-    return 0
-
-
-def _fit_now(settings: dict[str, str]) -> str | None:
-    try:
-        check_partition(settings)
-    except PointRefused as exc:
-        return exc.problem
-    return None
-
-
-def cmd_verdict(args: argparse.Namespace) -> int:
-    """Runs after every point was submitted (JUBE's barrier): fails for a refused point, so that `jube run -e`
-    exits non-zero and `jube status` says ERROR, without keeping the other points from running."""
-    settings = read_settings(Path(args.settings))
-    if settings["JB_STATUS"] == "INVALID":
-        point = ", ".join(f"{k}={settings.get('JB_COORD_' + k.upper()) or 'default'}"
-                          for k in settings["JB_SWEEP"].split(","))
-        print(f"jbprofile: sweep point refused ({point}): {settings['JB_REASON']}", file=sys.stderr)
-        return EX_USAGE
-    return 0
-
-
-def cmd_summary(args: argparse.Namespace) -> int:
-    points = sorted(Path(args.rundir).glob("*_validate/work/job.env"))
-    refused = [p for p in points if read_settings(p).get("JB_STATUS") == "INVALID"]
-    print(f"{len(refused)} of {len(points)} sweep point(s) refused by validate" +
-          "".join(f"\n  {p.parent}: {read_settings(p)['JB_REASON']}" for p in refused))
-    return 0
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     for key, value in sorted(load_profile(args.system).items()):
         print(f"{key} = {value}")
@@ -798,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("show", help="print a system's resolved profile")
     show.add_argument("system")
     args = parser.parse_args(argv)
-    handler = {"prepare": cmd_prepare, "submit": cmd_submit, "verdict": cmd_verdict, "summary": cmd_summary,
-               "show": cmd_show}[args.command]
+    handler = {"prepare": cmd_prepare, "submit": jbsubmit.cmd_submit, "verdict": jbsubmit.cmd_verdict,
+               "summary": jbsubmit.cmd_summary, "show": cmd_show}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:

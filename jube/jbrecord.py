@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jbslurm  # same directory: on sys.path when run as a script
-from jbprofile import read_settings
+from jbsettings import read_settings
 
 from joulebench.record import STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr.output import fmt

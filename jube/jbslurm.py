@@ -86,6 +86,11 @@ def duration_s(text: str) -> int | None:
     return seconds + (days or 0) * 86400
 
 
+def hms(seconds: int) -> str:
+    """Seconds as Slurm's H:MM:SS."""
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
 def _fields(line: str) -> dict[str, str]:
     """`Key=Value Key=Value` as printed by `scontrol show ... -o` (values without spaces)."""
     return dict(item.split("=", 1) for item in line.split() if "=" in item)
@@ -140,6 +145,18 @@ def fit_problem(part: Partition, nodes: int, tasks_per_node: int, gpus_per_node:
         down = ", ".join(f"{n.name} ({n.state})" for n in fitting if not n.usable)
         return f"only {len(usable)} node(s) of partition {name} are up, {nodes} requested; down or drained: {down}"
     return None
+
+
+def job_fit(settings: dict[str, str]) -> tuple[str | None, str | None]:
+    """(why Slurm would never start the job of these JB_* settings, why that could not be checked)."""
+    part = partition(settings["JB_PARTITION"])
+    if isinstance(part, str):
+        return (part, None) if part.startswith("partition ") else (None, part)  # a wrong name, or no answer
+    per_node = int(settings["JB_TASKS_PER_NODE"])
+    gpus = per_node if settings["JB_GRES"].lower() in ("yes", "true", "1") else 0
+    problem = fit_problem(part, int(settings["JB_NODES"]), per_node, gpus, int(settings["JB_CPUS_PER_TASK"] or 1),
+                          int(settings["JB_TIME_LIMIT_S"]))
+    return problem, None
 
 
 def job_state(job_id: str) -> tuple[str, str] | None:

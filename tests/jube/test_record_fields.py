@@ -10,8 +10,9 @@ import pytest
 
 from joulebench.record import RunRecord, read_run_record, write_run_record
 from tests.jube.conftest import JUBE_DIR
-from tests.jube.test_profile import jbprofile
+from tests.jube.test_profile import jbprofile  # noqa: F401  (loads jbprofile and its jbsettings, jbslurm)
 
+jbsettings = sys.modules["jbsettings"]  # loaded by jbprofile from the same directory
 _spec = importlib.util.spec_from_file_location("jbrecord", JUBE_DIR / "jbrecord.py")
 jbrecord = importlib.util.module_from_spec(_spec)
 sys.modules["jbrecord"] = jbrecord
@@ -32,7 +33,7 @@ def job_dir(tmp_path: Path, driver_status: str | None, **settings: str) -> Path:
         "JB_WORKDIR": str(work), "JB_OUT_DIR": str(work / "run"), "JB_DONE_FILE": str(work / "job.done"),
         **settings,
     }
-    jbprofile.write_settings(work / "job.env", values)
+    jbsettings.write_settings(work / "job.env", values)
     (work / "job.id").write_text("4711\n")
     if driver_status:
         write_run_record(work / "run" / "run_record.json", RunRecord(

@@ -1,0 +1,32 @@
+"""The job's settings file (`job.env`): JB_* variables that jube/job.sh sources and the tools read back.
+
+Standard library only (Python >= 3.8): used on the login node (jbprofile.py, jbsubmit.py) and in the job
+(jbrecord.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+
+def write_settings(path: Path, settings: dict[str, str]) -> None:
+    text = "# joulebench job settings (written by jube/jbprofile.py; sourced by jube/job.sh)\n"
+    text += "".join(f"{key}={shlex.quote(val)}\n" for key, val in settings.items())
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_settings(path: Path) -> dict[str, str]:
+    """The inverse of write_settings (values may span lines: a profile's setup can)."""
+    words = shlex.split(path.read_text(), comments=True)
+    return dict(word.split("=", 1) for word in words)
+
+
+def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
+    """Run argv after the profile's setup lines (module loads, venv), as the job script does."""
+    setup = settings["JB_SETUP"].strip()
+    script = (setup + "\n" if setup else "") + 'exec "$@"'
+    return ["/bin/sh", "-c", script, "jb-setup", *argv]

@@ -1,0 +1,162 @@
+"""Submission side of the JUBE workflows: run or sbatch the job, make sure every sweep point ends as a row.
+
+Called through jbprofile.py (`submit`, `verdict`, `summary`). Why: JUBE's `continue` only looks for each
+job's done file, so every path here ends with one: a point validate refused (INVALID), a job sbatch refuses
+(FAILED), a job Slurm would never start (cancelled, CANCELLED), and a job that ends without recording itself
+(its finalizer job records what Slurm says). Standard library only (Python >= 3.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jbslurm
+from jbsettings import in_profile_shell, read_settings, write_settings
+
+JUBE_DIR = Path(__file__).resolve().parent
+JOB_SCRIPT = JUBE_DIR / "job.sh"
+RECORD_TOOL = JUBE_DIR / "jbrecord.py"
+EX_USAGE = 64
+PENDING_CHECK_S = 3.0  # after sbatch: how long to look for a pending reason that will never clear
+
+
+def _finalize_here(settings_path: Path, *record_args: str) -> None:
+    """Record an outcome on this (login) node with the job's Python: a job that never ran or never reported.
+
+    `record_args`: jbrecord.py's command and options, e.g. ("finalize", "--status", "INVALID", "--reason", why)."""
+    settings = read_settings(settings_path)
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    command, *options = record_args
+    argv = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), command, "--settings", str(settings_path), *options]
+    subprocess.call(in_profile_shell(settings, argv))
+    Path(settings["JB_DONE_FILE"]).touch()
+
+
+def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
+    workdir = Path(settings["JB_WORKDIR"])
+    argv = ["sbatch", "--parsable", f"--job-name=jb-{settings['JB_MODEL']}", f"--nodes={settings['JB_NODES']}",
+            f"--ntasks-per-node={settings['JB_TASKS_PER_NODE']}", f"--time={settings['JB_TIME_LIMIT']}",
+            f"--output={workdir / 'job.out'}", f"--error={workdir / 'job.err'}", f"--chdir={workdir}",
+            f"--signal=B:USR1@{settings['JB_STOP_MARGIN_S']}"]  # a fallback: the job's own timer stops it first
+    if settings["JB_GRES"].lower() in ("yes", "true", "1"):
+        argv.append(f"--gpus-per-node={settings['JB_TASKS_PER_NODE']}")
+    if settings["JB_CPUS_PER_TASK"]:
+        argv.append(f"--cpus-per-task={settings['JB_CPUS_PER_TASK']}")
+    return [*argv, *_site_args(settings), *shlex.split(settings["JB_SBATCH_ARGS"]), str(JOB_SCRIPT),
+            str(settings_path)]
+
+
+def _site_args(settings: dict[str, str]) -> list[str]:
+    site = [f"--partition={settings['JB_PARTITION']}"] if settings["JB_PARTITION"] else []
+    return site + ([f"--account={settings['JB_ACCOUNT']}"] if settings["JB_ACCOUNT"] else [])
+
+
+def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str) -> list[str]:
+    """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not."""
+    workdir = Path(settings["JB_WORKDIR"])
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    record = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
+              "--job-id", job_id]
+    setup = settings["JB_SETUP"].strip()
+    limit = jbslurm.hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
+    return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
+            "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
+            f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
+            *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
+            "--wrap", (setup + "\n" if setup else "") + "exec " + shlex.join(record)]
+
+
+def wait_for_done(settings_path: Path, settings: dict[str, str], job_ids: list[str]) -> None:
+    """Block until the done file appears (the `wait` tag); once Slurm forgot the job and its finalizer
+    without one, record the job from here."""
+    done = Path(settings["JB_DONE_FILE"])
+    gone_since = None
+    while not done.exists():
+        time.sleep(1.0)
+        if any(jbslurm.job_state(j) for j in job_ids):
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since > 30 and not done.exists():
+            print(f"jbprofile: job {job_ids[0]} left the queue without touching {done}; recording it", file=sys.stderr)
+            _finalize_here(settings_path, "finalize-job", "--job-id", job_ids[0])
+            return
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Never fails the JUBE step: every point ends as a row (INVALID, a refused submission, a job's outcome)."""
+    workdir = Path.cwd().resolve()
+    settings = read_settings(Path(args.settings))
+    settings.update(JB_WORKDIR=str(workdir), JB_OUT_DIR=str(workdir / "run"), JB_DONE_FILE=str(workdir / "job.done"))
+    settings_path = workdir / "job.env"
+    write_settings(settings_path, settings)
+    print(f"job log: {workdir / 'job.out'} and {workdir / 'job.err'}", flush=True)
+    if settings["JB_STATUS"] == "INVALID":
+        print(f"not submitted (INVALID): {settings['JB_REASON']}", flush=True)
+        _finalize_here(settings_path, "finalize", "--status", "INVALID", "--reason", settings["JB_REASON"])
+        return 0
+    env = {k: v for k, v in os.environ.items() if k not in settings["JB_SWEEP"].split(",")}  # JUBE's exports
+    if settings["JB_LAUNCHER"] == "local":
+        print(f"running locally: bash {JOB_SCRIPT} {settings_path}", flush=True)
+        with open(workdir / "job.out", "ab") as out, open(workdir / "job.err", "ab") as err:
+            rc = subprocess.call(["bash", str(JOB_SCRIPT), str(settings_path)], stdout=out, stderr=err, env=env)
+        print(f"local job finished with exit code {rc}")
+        if not Path(settings["JB_DONE_FILE"]).exists():  # killed before its traps could run
+            _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason",
+                           f"the job script was killed (exit code {rc}) before it finished")
+        return 0
+    argv = sbatch_command(settings, settings_path)
+    print("submit:", shlex.join(argv), flush=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        reason = f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}"
+        print(reason, file=sys.stderr)
+        _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", reason)
+        return 0
+    job_id = proc.stdout.strip().split(";")[0]
+    (workdir / "job.id").write_text(job_id + "\n")
+    print(f"Submitted batch job {job_id}", flush=True)
+    finalizer = subprocess.run(finalizer_command(settings, settings_path, job_id), capture_output=True, text=True,
+                               env=env)
+    finalizer_id = finalizer.stdout.strip().split(";")[0] if finalizer.returncode == 0 else ""
+    if finalizer_id:
+        print(f"finalizer job {finalizer_id} records job {job_id} if it ends without recording itself", flush=True)
+    else:
+        print(f"jbprofile: warning: no finalizer job ({finalizer.stderr.strip()}): a job killed before its traps "
+              "run leaves `jube continue` waiting", file=sys.stderr)
+    blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, jbslurm.job_fit(settings)[0])
+    if blocker:
+        jbslurm.cancel(finalizer_id, job_id)
+        reason = f"Slurm would never start job {job_id} ({blocker}); cancelled by joulebench"
+        print(reason, file=sys.stderr)
+        _finalize_here(settings_path, "finalize", "--status", "CANCELLED", "--reason", reason)
+        return 0
+    if args.wait:
+        wait_for_done(settings_path, settings, [job_id, finalizer_id] if finalizer_id else [job_id])
+    return 0
+
+
+def cmd_verdict(args: argparse.Namespace) -> int:
+    """Runs after every point was submitted (JUBE's barrier): fails for a refused point, so that `jube run -e`
+    exits non-zero and `jube status` says ERROR, without keeping the other points from running."""
+    settings = read_settings(Path(args.settings))
+    if settings["JB_STATUS"] == "INVALID":
+        point = ", ".join(f"{k}={settings.get('JB_COORD_' + k.upper()) or 'default'}"
+                          for k in settings["JB_SWEEP"].split(","))
+        print(f"jbprofile: sweep point refused ({point}): {settings['JB_REASON']}", file=sys.stderr)
+        return EX_USAGE
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    points = sorted(Path(args.rundir).glob("*_validate/work/job.env"))
+    refused = [p for p in points if read_settings(p).get("JB_STATUS") == "INVALID"]
+    print(f"{len(refused)} of {len(points)} sweep point(s) refused by validate" +
+          "".join(f"\n  {p.parent}: {read_settings(p)['JB_REASON']}" for p in refused))
+    return 0

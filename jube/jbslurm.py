@@ -168,10 +168,10 @@ def job_state(job_id: str) -> tuple[str, str] | None:
     return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
 
 
-def pending_blocker(job_id: str, wait_s: float, still_fits: str | None = None) -> str | None:
+def pending_blocker(job_id: str, wait_s: float, fit_problem_now: str | None = None) -> str | None:
     """A pending reason that will never clear, looked for during `wait_s` after submission; None otherwise.
 
-    `still_fits`: the partition check's verdict now (ReqNodeNotAvail clears when nodes return, unless the
+    `fit_problem_now`: the partition check's verdict now (ReqNodeNotAvail clears when nodes return, unless the
     partition lacks them for good)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -183,8 +183,8 @@ def pending_blocker(job_id: str, wait_s: float, still_fits: str | None = None) -
             return f"{reason}: {NEVER_CLEARING[reason]}"
         if "PerJob" in reason:  # Assoc/QOS per-job limits (nodes, CPUs, GRES, wall time); group limits do clear
             return f"{reason}: the request exceeds a per-job limit of the account or QOS"
-        if reason.startswith("ReqNodeNotAvail") and still_fits:
-            return f"{reason}: {still_fits}"
+        if reason.startswith("ReqNodeNotAvail") and fit_problem_now:
+            return f"{reason}: {fit_problem_now}"
         if reason != "None" or time.monotonic() >= deadline:
             return None
         time.sleep(0.25)

@@ -2,15 +2,18 @@
 
     python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # three runs, ~8 min, one GPU
     python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
+    python benchmarks/default_runs_accuracy.py --runs jube-llm,jube-resnet50       # the JUBE workflows on `local`
     python benchmarks/default_runs_accuracy.py --runs llm_training -- --model tiny --device cpu   # a CPU smoke run
 
 Each run is the README's command with no length options, under `jpwr --methods nvml --`: the steady window
-is sized by jpwr's rule, the idle baseline is taken. A thread of this process reads the GPU's energy counter
-on its own throughout (benchmarks.common.CounterPoller, no jpwr code); after each run the counter is
-interpolated at the run record's steady-window edges (CLOCK_MONOTONIC, same host) and compared with the
-record's energy. This checks windowing and integration, not the sensor (`jpwr qualify` is for that).
-Prints one `DEFAULT_RUN {json}` line per run, then a Markdown table; exit status 1 if a run fails or its
-stated bound or its deviation exceeds --target (0.5 %).
+is sized by jpwr's rule, the idle baseline is taken. The `jube-*` runs are the README's JUBE commands on the
+`local` system (its job script starts the sampler; on a GPU machine `local` picks the one-GPU defaults). A
+thread of this process reads the GPU's energy counter on its own throughout
+(benchmarks.common.CounterPoller, no jpwr code); after each run the counter is interpolated at the run
+record's steady-window edges (CLOCK_MONOTONIC, same host) and compared with the record's energy. This checks
+windowing and integration, not the sensor (`jpwr qualify` is for that). Prints one `DEFAULT_RUN {json}` line
+per run, then a Markdown table; exit status 1 if a run fails or its stated bound or its deviation exceeds
+--target (0.5 %).
 """
 
 from __future__ import annotations
@@ -34,20 +37,30 @@ RUNS = {
     "resnet50": RESNET,
     "resnet50-compile": [*RESNET, "--compile"],
 }
+# JUBE workflows on `local` (no system tag): the job script starts `jpwr serve` itself
+JUBE_RUNS = {
+    "jube-llm": ["jube/llm_benchmark.xml"],
+    "jube-resnet50": ["jube/resnet50_benchmark.xml", "--tag", "local", "pytorch"],
+}
 HEADER = ("run", "steady s", "iterations", "length rule", "stated bound %", "deviation %", "idle W", "settled", "ok")
 
 
 def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = out / name
-    command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
-               sys.executable, *RUNS[name], *args.driver_args, "--out-dir", str(run_dir / "run")]
+    if name in JUBE_RUNS:
+        xml, *tags = JUBE_RUNS[name]
+        command = [args.jube, "run", xml, *tags, "--outpath", str(run_dir), "-e"]
+    else:
+        command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
+                   sys.executable, *RUNS[name], *args.driver_args, "--out-dir", str(run_dir / "run")]
     env = first_gpus_env(1)
     env["CUDA_VISIBLE_DEVICES"] = uuid  # the GPU the poller reads, whatever its index
     started = time.monotonic()
     with open(out / f"{name}.log", "w") as log:
         proc = subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               timeout=args.timeout_s, check=False)
-    record = json.loads((run_dir / "run" / "run_record.json").read_text())
+    (record_path,) = run_dir.rglob("run_record.json")  # one run: the driver's, or the JUBE workpackage's
+    record = json.loads(record_path.read_text())
     steady = next(w for w in record["windows"] if w["name"] == "steady")
     energy = steady["energy"] or {}
     independent_j, uncertainty_j = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
@@ -74,7 +87,8 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="default_runs_accuracy")
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join([*RUNS, *JUBE_RUNS])}")
+    parser.add_argument("--jube", default="jube", help="the jube command (for the jube-* runs)")
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to run on")
     parser.add_argument("--target", type=float, default=0.005)
     parser.add_argument("--timeout-s", type=float, default=420.0, help="per run")

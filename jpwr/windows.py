@@ -101,7 +101,8 @@ def _untrusted_reason(device: dict[str, object], min_coverage: float) -> str:
     """One device's line for the window's untrusted_reason: device, when, and the error the sensors gave."""
     gaps = [f for f in device["faults"] if f["kind"] == "gap"]  # type: ignore[attr-defined]
     where = "; ".join(str(g["detail"]) for g in gaps) or str(device["unavailable_reason"] or "no data")
-    return f"{device['domain']}: coverage {float(device['coverage']):.1%} < {min_coverage:.0%} ({where})"  # type: ignore[arg-type]
+    coverage = float(device["coverage"])  # type: ignore[arg-type]
+    return f"{device['domain']}: coverage {coverage:.1%} < {min_coverage * 100:g}% ({where})"
 
 
 def window_energy(
@@ -137,11 +138,14 @@ def window_energy(
     warnings = sorted({f"{d['domain']}: {w}" for d in per_device for w in d["warnings"]})  # type: ignore[attr-defined]
     methods = sorted({str(d["method"]) for d in per_device if d["method"]})
     coverage = sum(float(d["coverage"]) for d in per_device) / len(per_device)  # type: ignore[arg-type]
+    shared = [d["domain"] for d in per_device if d["shared_with"]]
+    if shared:
+        warnings.append(f"sensor shared with devices outside this job (energy covers them too): {', '.join(shared)}")
     untrusted = [d for d in per_device if d["energy_j"] is None]
     if untrusted:
         reason = "; ".join(_untrusted_reason(d, min_coverage) for d in untrusted)
         measured = [d for d in per_device if d["covered_s"]]
-        energy = WindowEnergy(
+        return WindowEnergy(
             None, None, len(per_device), ",".join(methods) or None, coverage, None,
             unavailable_reason=f"untrusted: {reason}", warnings=warnings, per_device=per_device,
             other_domains=others, nodes=[node], trusted=False, untrusted_reason=reason, faults=faults,
@@ -150,11 +154,7 @@ def window_energy(
             partial_error_bound_j=_sum(measured, "error_bound_j", "partial_error_bound_j"),
             partial_mean_power_w=_sum(measured, "mean_power_w", "partial_mean_power_w"),
         )
-        return energy
     total = sum(float(d["energy_j"]) for d in per_device)  # type: ignore[arg-type]
-    shared = [d["domain"] for d in per_device if d["shared_with"]]
-    if shared:
-        warnings.append(f"sensor shared with devices outside this job (energy covers them too): {', '.join(shared)}")
     return WindowEnergy(
         energy_j=total,
         mean_power_w=total / duration_s if duration_s > 0 else None,

@@ -30,10 +30,11 @@ S = 1_000_000_000
 SLEEP = (50_000_000, 3_050_000_000)  # a 3 s window in the trace's first idle phase (trace-relative ns)
 
 
-def _replay(fake_pynvml, trace_dir, out, faults=None, devices=1, window=SLEEP, min_coverage=None):
+def _replay(fake_pynvml, trace_dir, out, faults=None, devices=1, window=SLEEP, min_coverage=None, overrides=None):
     """Run the sampler over the trace with one window; return (replay, sampler, energy of the window)."""
     clock = VirtualClock()
-    replay = fake_pynvml.configure(trace_dir, clock, devices=devices, call_costs=True, faults=faults, origin_ns=0)
+    replay = fake_pynvml.configure(trace_dir, clock, devices=devices, call_costs=True, faults=faults, origin_ns=0,
+                                   overrides=overrides)
     backends, discoveries = open_backends(["nvml"], clock)
     extra = {} if min_coverage is None else {"min_coverage": min_coverage}
     sampler = Sampler(backends, discoveries, out, 0.1, 1.0, clock=clock, run_id="faults", node="n1",
@@ -139,7 +140,9 @@ def test_coverage_threshold_is_configurable(fake_pynvml, h100_trace_dir, tmp_pat
 
 def test_untrusted_nodes_make_the_combined_window_untrusted(fake_pynvml, h100_trace_dir, tmp_path):
     _, _, healthy = _replay(fake_pynvml, h100_trace_dir, tmp_path / "a")
-    _, _, lost = _replay(fake_pynvml, h100_trace_dir, tmp_path / "b", fake_pynvml.Faults(lost_at_ns=S))
+    other_gpu = {0: {"uuid": "GPU-0badc0de-0000-1111-2222-333344445555", "pci_bus_id": "00000000:00:07.0"}}
+    _, _, lost = _replay(fake_pynvml, h100_trace_dir, tmp_path / "b", fake_pynvml.Faults(lost_at_ns=S),
+                         overrides=other_gpu)
     lost.nodes = ["n2"]
     total = combine_energies([{"sleep": healthy}, {"sleep": lost}])["sleep"]
     assert not total.trusted and total.energy_j is None and total.untrusted_reason.startswith("n2: ")
@@ -175,3 +178,13 @@ def test_wrapped_sleep_with_a_counter_jump_is_bridged(fake_pynvml, h100_trace_di
     assert abs(energy["energy_j"] - truth) <= energy["error_bound_j"]
     assert energy["energy_j"] < truth + 200  # the 1,500 J jump is not in it
     assert any("counter" in f["kind"] for f in energy["faults"])
+
+
+def test_a_lost_gpu_metered_by_two_samplers_counts_its_partial_energy_once(fake_pynvml, h100_trace_dir, tmp_path):
+    _, _, first = _replay(fake_pynvml, h100_trace_dir, tmp_path / "a", fake_pynvml.Faults(lost_at_ns=S))
+    _, _, second = _replay(fake_pynvml, h100_trace_dir, tmp_path / "b", fake_pynvml.Faults(lost_at_ns=S))
+    second.nodes = ["n2"]
+    total = combine_energies([{"sleep": first}, {"sleep": second}])["sleep"]
+    assert not total.trusted and total.devices == 1
+    assert total.partial_energy_j == pytest.approx(first.partial_energy_j)
+    assert any("counted once" in w for w in total.warnings)

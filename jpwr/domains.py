@@ -94,6 +94,7 @@ class Reading:
     value: float | None  # SI; None unless status is OK
     status: Status = Status.OK
     hw_timestamp_ns: int | None = None  # the vendor's own stamp where it gives one (wall clock)
+    error: str | None = None  # why a read failed, by the vendor's name (e.g. NVML_ERROR_GPU_IS_LOST)
 
     @property
     def t_ns(self) -> int:

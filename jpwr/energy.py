@@ -16,7 +16,15 @@ J_PER_WH = 3600.0
 
 @dataclasses.dataclass
 class WindowEnergy:
-    """Energy of one window on the accelerators of one node (or all nodes once combined)."""
+    """Energy of one window on the accelerators of one node (or all nodes once combined).
+
+    Trust (docs/jpwr.md, "Faults and what the meter does about them"): when the meter has data for the
+    window but not enough to stand behind a total (a device's data cover less than `coverage_threshold`
+    of the window: lost, added late, failing reads), `trusted` is False, energy_j, mean_power_w and
+    error_bound_j are None, `untrusted_reason` names device, time and read error, and the covered part is
+    given in the partial_* fields (to be shown only when asked for, and labelled partial). A window with
+    nothing to measure is not untrusted but unavailable (energy_j None, unavailable_reason).
+    """
 
     energy_j: float | None
     mean_power_w: float | None
@@ -32,6 +40,16 @@ class WindowEnergy:
     # True for a node whose device selection is empty (e.g. CUDA_VISIBLE_DEVICES=""): it metered nothing on
     # purpose, so a sum over nodes skips it instead of calling the whole window unavailable.
     metered_nothing: bool = False
+    trusted: bool = True
+    untrusted_reason: str | None = None  # "<device>: coverage 26.0% < 99% (no data from 0.95 s ... (NVML_ERROR_...))"
+    # {"device", "node", "kind", "from_s", "to_s" (s from the window's start), "error" (vendor name), "detail"};
+    # kinds: gap, counter_fault, counter_power_disagree, counter_backward, out_of_order. Trusted windows list
+    # the faults that were bridged too.
+    faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    coverage_threshold: float | None = None  # the threshold applied (None in summaries written before it existed)
+    partial_energy_j: float | None = None  # untrusted only: energy over the covered time, never a headline
+    partial_error_bound_j: float | None = None  # its bound (uncovered time not charged)
+    partial_mean_power_w: float | None = None  # sum over devices of energy / seconds measured (not / window)
 
     @property
     def energy_wh(self) -> float | None:
@@ -211,7 +229,8 @@ def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnerg
                 mean_power_w=(part.mean_power_w - sum(float(d["mean_power_w"] or 0.0) for d in dropped)
                               if part.mean_power_w is not None else None),
                 error_bound_j=(part.error_bound_j - sum(float(d["error_bound_j"] or 0.0) for d in dropped)
-                               if part.error_bound_j is not None else None))
+                               if part.error_bound_j is not None else None),
+                **_without_partial(part, dropped))
         kept.append(part)
     warnings = [
         f"device {uuid} was metered by the samplers of nodes {', '.join(nodes)}: counted once, on node {nodes[0]}. "
@@ -221,13 +240,26 @@ def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnerg
     return kept, warnings
 
 
+def _without_partial(part: WindowEnergy, dropped: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """An untrusted node's partial figures less those of devices counted on another node."""
+    out: dict[str, float | None] = {}
+    for field, whole in (("partial_energy_j", "energy_j"), ("partial_error_bound_j", "error_bound_j"),
+                         ("partial_mean_power_w", "mean_power_w")):
+        total = getattr(part, field)
+        if total is not None:
+            out[field] = total - sum(float((d.get(whole) if d.get("trusted", True) else d.get(field)) or 0.0)
+                                     for d in dropped)
+    return out
+
+
 def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str, WindowEnergy]:
     """Sum one window's energy over nodes: energy, power, devices and bounds add; coverage is device-weighted.
 
     Each device is counted once (by UUID), with a warning naming the nodes that both metered it. A node
     that metered nothing on purpose (empty device selection) is skipped and named. A window missing or
     unavailable on any other node makes the total unavailable (a partial sum would silently under-report),
-    with every node's reason kept.
+    with every node's reason kept. A window untrusted on any node is untrusted in total, with each node's
+    reason and the partial figures summed (trusted nodes add their whole ones).
     """
     names: list[str] = []
     for node in per_node:
@@ -242,7 +274,7 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             combined[name] = WindowEnergy.unavailable("; ".join(notes))
             combined[name].metered_nothing, combined[name].nodes = True, [n for p in empty for n in p.nodes]
             continue
-        missing = [p for p in parts if p is None or p.energy_j is None]
+        missing = [p for p in parts if p is None or (p.energy_j is None and p.trusted)]
         if missing:
             reasons = sorted({(p.unavailable_reason or "unknown") if p else "window missing on a node"
                               for p in missing})
@@ -251,6 +283,7 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
         present, overlap = _count_devices_once([p for p in parts if p is not None])
         devices = sum(p.devices for p in present)
         methods = sorted({p.method for p in present if p.method})
+        thresholds = [p.coverage_threshold for p in present if p.coverage_threshold is not None]
         combined[name] = WindowEnergy(
             energy_j=sum(p.energy_j or 0.0 for p in present),
             mean_power_w=sum(p.mean_power_w or 0.0 for p in present),
@@ -262,5 +295,25 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             per_device=[d for p in present for d in p.per_device],
             other_domains=[d for p in present for d in p.other_domains],
             nodes=[n for p in present for n in p.nodes] + [n for p in empty for n in p.nodes],
+            faults=[f for p in present for f in p.faults],
+            coverage_threshold=max(thresholds) if thresholds else None,
         )
+        untrusted = [p for p in present if not p.trusted]
+        if untrusted:
+            reason = "; ".join(f"{','.join(p.nodes)}: {p.untrusted_reason}" for p in untrusted)
+            _withhold(combined[name], present, reason)
     return combined
+
+
+def _withhold(total: WindowEnergy, parts: Sequence[WindowEnergy], reason: str) -> None:
+    """Turn a node sum into an untrusted total: headline figures None, the partial ones summed."""
+
+    def partial(whole: str, part: str) -> float | None:
+        values = [getattr(p, whole) if p.trusted else getattr(p, part) for p in parts]
+        return sum(v for v in values if v is not None) if any(v is not None for v in values) else None
+
+    total.partial_energy_j = partial("energy_j", "partial_energy_j")
+    total.partial_error_bound_j = partial("error_bound_j", "partial_error_bound_j")
+    total.partial_mean_power_w = partial("mean_power_w", "partial_mean_power_w")
+    total.energy_j = total.mean_power_w = total.error_bound_j = None
+    total.trusted, total.untrusted_reason, total.unavailable_reason = False, reason, f"untrusted: {reason}"

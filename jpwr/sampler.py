@@ -31,7 +31,7 @@ from jpwr.live import NodeLive, node_live
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
-from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
+from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
 CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
@@ -86,6 +86,7 @@ class Sampler:
         run_id: str | None = None,
         node: str | None = None,
         background: bool = True,
+        min_coverage: float = DEFAULT_MIN_COVERAGE,
     ) -> None:
         self.backends = list(backends)
         self.discoveries = list(discoveries)
@@ -93,6 +94,7 @@ class Sampler:
         self.counter_interval_s = counter_interval_s
         self.clock = clock
         self.background = background  # False: the caller drives poll_once() (replay tests on a virtual clock)
+        self.min_coverage = min_coverage  # below it a window's energy is withheld as untrusted (docs/jpwr.md)
         self.node = node or node_name()
         self.run_id = run_id or f"run-{int(time.time())}"
         self.node_dir = Path(out_dir) / self.node
@@ -284,7 +286,7 @@ class Sampler:
                                                         f"{self.node}")
             else:
                 result[name] = window_energy(trace, span, self.interval_s, self.node, self.unavailable,
-                                             self.empty_selection)
+                                             self.empty_selection, self.min_coverage)
         return result
 
     @property
@@ -295,6 +297,7 @@ class Sampler:
         return {
             "jpwr_version": __version__, "run_id": self.run_id, "node": self.node, "host": socket.gethostname(),
             "pid": os.getpid(), "interval_s": self.interval_s, "counter_interval_s": self.counter_interval_s,
+            "min_coverage": self.min_coverage,
             "backends": {d.backend: d.info for d in self.discoveries if d.available},
             "unavailable": self.unavailable, "empty_selection": self.empty_selection,
             "clock_pairs_wall_mono_ns": self._clock_pairs,
@@ -354,7 +357,8 @@ def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | Non
     unavailable = list(info.get("unavailable", []))
     windows = {}
     for name, span in spans_from_marks(trace.marks).items():
-        energy = window_energy(trace, span, interval_s, node, unavailable, info.get("empty_selection"))
+        energy = window_energy(trace, span, interval_s, node, unavailable, info.get("empty_selection"),
+                               float(info.get("min_coverage", DEFAULT_MIN_COVERAGE)))
         windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
                          "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
     return {

@@ -67,8 +67,11 @@ class SegmentWriter:
                     "sensors": [s.to_dict() for s in sensors], "info": info})
 
     def reading(self, r: Reading) -> None:
-        self.write({"k": "r", "s": r.sensor_id, "a": r.t_before_ns, "b": r.t_after_ns, "v": r.value,
-                    "st": r.status.value, "hw": r.hw_timestamp_ns})
+        record = {"k": "r", "s": r.sensor_id, "a": r.t_before_ns, "b": r.t_after_ns, "v": r.value,
+                  "st": r.status.value, "hw": r.hw_timestamp_ns}
+        if r.error is not None:
+            record["e"] = r.error
+        self.write(record)
 
     def metric(self, m: MetricReading) -> None:
         self.write({"k": "m", "d": m.domain_id, "n": m.name, "t": m.t_ns, "v": m.value})
@@ -96,12 +99,15 @@ class SegmentWriter:
 
 @dataclasses.dataclass
 class SensorSeries:
-    """All readings of one sensor as arrays (monotonic ns; value NaN where not OK)."""
+    """All readings of one sensor as arrays (monotonic ns; value NaN where not OK), in the order they arrived."""
 
     sensor: Sensor
     t_before_ns: np.ndarray
     t_after_ns: np.ndarray
     value: np.ndarray
+    error: np.ndarray | None = None  # the vendor's error name per failed reading (object array), None if unknown
+    reordered: int = 0  # readings that had arrived after a later-stamped one (set by `ordered`)
+    duplicates: int = 0  # exact repeats dropped by `ordered`
 
     @property
     def t_ns(self) -> np.ndarray:
@@ -110,6 +116,36 @@ class SensorSeries:
     @property
     def valid(self) -> np.ndarray:
         return ~np.isnan(self.value)
+
+    def ordered(self) -> SensorSeries:
+        """The readings in time order, exact repeats dropped, with how many were out of order or repeated.
+
+        A sampler whose threads interleave, or segments concatenated in the wrong order, can store readings
+        out of time order; integrating them in arrival order turns a counter's normal increments into
+        backward jumps. Ties in time are broken by value (a counter read twice at one stamp only rises).
+        """
+        n = len(self.value)
+        if n == 0:
+            return self
+        order = np.lexsort((self.value, self.t_after_ns, self.t_before_ns))
+        tb, ta, v = self.t_before_ns[order], self.t_after_ns[order], self.value[order]
+        err = self.error[order] if self.error is not None else None
+        same = (tb[1:] == tb[:-1]) & (ta[1:] == ta[:-1]) & ((v[1:] == v[:-1]) | (np.isnan(v[1:]) & np.isnan(v[:-1])))
+        keep = np.concatenate(([True], ~same))
+        reordered = int(np.sum(self.t_before_ns[1:] < np.maximum.accumulate(self.t_before_ns)[:-1]))
+        return SensorSeries(self.sensor, tb[keep], ta[keep], v[keep], None if err is None else err[keep],
+                            self.reordered + reordered, self.duplicates + int(np.sum(~keep)))
+
+    def failures_between(self, a_ns: float, b_ns: float) -> tuple[list[str], float | None]:
+        """The failed readings stamped in [a, b]: their distinct reasons (the vendor's error name, else the
+        status) and when the first of them started (ns), or ([], None)."""
+        inside = ~self.valid & (self.t_after_ns >= a_ns) & (self.t_before_ns <= b_ns)
+        if not inside.any():
+            return [], None
+        first = float(self.t_before_ns[inside].min())
+        if self.error is None:
+            return ["read failed"], first
+        return sorted({str(e) if e is not None else "read failed" for e in self.error[inside]}), first
 
 
 @dataclasses.dataclass
@@ -132,6 +168,7 @@ class TraceData:
             np.array([r.t_after_ns for r in rows], dtype=np.int64),
             np.array([r.value if r.status is Status.OK and r.value is not None else np.nan for r in rows],
                      dtype=np.float64),
+            np.array([r.error or (None if r.status is Status.OK else r.status.value) for r in rows], dtype=object),
         )
 
 
@@ -171,7 +208,7 @@ def read_segments(directory: Path) -> TraceData:
             kind = rec.get("k")
             if kind == "r":
                 readings.setdefault(rec["s"], []).append(Reading(
-                    rec["s"], rec["a"], rec["b"], rec["v"], Status(rec["st"]), rec.get("hw")))
+                    rec["s"], rec["a"], rec["b"], rec["v"], Status(rec["st"]), rec.get("hw"), rec.get("e")))
             elif kind == "m":
                 metrics.append(MetricReading(rec["d"], rec["n"], rec["t"], rec["v"]))
             elif kind == "mark":
@@ -207,6 +244,9 @@ def write_hdf5(path: Path, data: TraceData) -> Path:
         _column(g, "status", np.array([STATUS_CODES[r.status] for _, r in rows], dtype=np.int8))
         _column(g, "hw_timestamp_ns", np.array([-1 if r.hw_timestamp_ns is None else r.hw_timestamp_ns
                                                 for _, r in rows], dtype=np.int64))
+        failed = [(k, r.error) for k, (_, r) in enumerate(rows) if r.error]  # few rows: stored sparsely
+        _column(g, "error_row", np.array([k for k, _ in failed], dtype=np.int64))
+        _column(g, "error_name", np.array([e.encode() for _, e in failed], dtype=np.bytes_))
         m = h5.create_group("metrics")
         m.attrs["columns"] = json.dumps(["domain", "name"])
         _column(m, "domain", np.array([x.domain_id.encode() for x in data.metrics], dtype=np.bytes_))
@@ -244,13 +284,17 @@ def _read_hdf5(path: Path) -> TraceData:
         sensors = [_sensor_from_dict(s) for s in json.loads(h5.attrs["sensors"])]
         info = json.loads(h5.attrs["info"])
         g = h5["readings"]
+        errors: dict[int, str] = {}  # traces written before error names were kept have none
+        if "error_row" in g:
+            errors = {int(k): e.decode() for k, e in zip(g["error_row"][:], g["error_name"][:], strict=True)}
         readings: dict[str, list[Reading]] = {}
-        for idx, a, b, v, st, hw in zip(g["sensor"][:], g["t_before_ns"][:], g["t_after_ns"][:], g["value"][:],
-                                        g["status"][:], g["hw_timestamp_ns"][:], strict=True):
+        for row, (idx, a, b, v, st, hw) in enumerate(zip(g["sensor"][:], g["t_before_ns"][:], g["t_after_ns"][:],
+                                                         g["value"][:], g["status"][:], g["hw_timestamp_ns"][:],
+                                                         strict=True)):
             sid = sensors[int(idx)].id
             readings.setdefault(sid, []).append(Reading(
                 sid, int(a), int(b), None if np.isnan(v) else float(v), statuses[int(st)],
-                None if hw < 0 else int(hw)))
+                None if hw < 0 else int(hw), errors.get(row)))
         m = h5["metrics"]
         metrics = [MetricReading(d.decode() if isinstance(d, bytes) else str(d),
                                  n.decode() if isinstance(n, bytes) else str(n), int(t), float(v))

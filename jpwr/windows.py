@@ -17,6 +17,9 @@ from jpwr.estimator import DomainEnergy, domain_window_energy
 from jpwr.trace import SensorSeries, TraceData
 
 DEFAULT_P_MAX_W = 1000.0  # only when a device states no power limit and no sample exceeds it
+# Below this share of a window with data on every device, the window's energy is withheld (docs/jpwr.md,
+# "Faults and what the meter does about them"); Sampler(min_coverage=...) and window_energy() take another.
+DEFAULT_MIN_COVERAGE = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,24 +75,48 @@ def _p_max(domain: Domain, power: SensorSeries | None) -> float:
     return DEFAULT_P_MAX_W
 
 
-def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float, node: str) -> dict[str, object]:
+def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float, node: str,
+                 min_coverage: float = DEFAULT_MIN_COVERAGE) -> dict[str, object]:
+    """One device's figures for a window. Below `min_coverage` its energy is withheld (None): the covered part
+    is reported as partial, and its mean power is over the seconds it was measured, never over the window."""
+    trusted = bool(result.energy_j is not None and result.coverage >= min_coverage)
+    partial = None if trusted else result.energy_j
+    energy = result.energy_j if trusted else None
     return {
         "domain": domain.id, "node": node, "kind": domain.kind.value, "name": domain.name, "uuid": domain.device_uuid,
-        "pci_bus_id": domain.pci_bus_id, "index": domain.index, "energy_j": result.energy_j,
-        "mean_power_w": None if result.energy_j is None or duration_s <= 0 else result.energy_j / duration_s,
-        "method": result.method, "coverage": result.coverage, "error_bound_j": result.error_bound_j,
+        "pci_bus_id": domain.pci_bus_id, "index": domain.index, "energy_j": energy,
+        "mean_power_w": None if energy is None or duration_s <= 0 else energy / duration_s,
+        "method": result.method, "coverage": result.coverage,
+        "error_bound_j": result.error_bound_j if trusted else None,
         "warnings": result.warnings, "unavailable_reason": result.reason, "shared_with": list(domain.shared_with),
+        "trusted": trusted, "covered_s": result.covered_s, "faults": result.faults,
+        "partial_energy_j": partial,
+        "partial_error_bound_j": None if partial is None else max(0.0, float(result.error_bound_j or 0.0)
+                                                                  - result.gap_bound_j),
+        "partial_mean_power_w": None if partial is None or result.covered_s <= 0 else partial / result.covered_s,
     }
+
+
+def _untrusted_reason(device: dict[str, object], min_coverage: float) -> str:
+    """One device's line for the window's untrusted_reason: device, when, and the error the sensors gave."""
+    gaps = [f for f in device["faults"] if f["kind"] == "gap"]  # type: ignore[attr-defined]
+    where = "; ".join(str(g["detail"]) for g in gaps) or str(device["unavailable_reason"] or "no data")
+    coverage = float(device["coverage"])  # type: ignore[arg-type]
+    return f"{device['domain']}: coverage {coverage:.1%} < {min_coverage * 100:g}% ({where})"
 
 
 def window_energy(
     trace: TraceData, span: WindowSpan, interval_s: float, node: str, unavailable: Iterable[str] = (),
-    empty_selection: str | None = None,
+    empty_selection: str | None = None, min_coverage: float = DEFAULT_MIN_COVERAGE,
 ) -> WindowEnergy:
     """Energy of one window summed over the node's accelerators, other domains listed beside it.
 
     empty_selection: why the node owns no accelerators on purpose (its device selection is empty); such
     a node reports that it metered nothing, and sums over nodes skip it.
+
+    A window where any accelerator's data cover less than `min_coverage` of it is not trusted: its energy,
+    mean power and bound are None (so nothing derived from them is computed), the reason names the device,
+    the uncovered time and the read errors, and the covered part is given as partial_* figures.
     """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
     accel = accelerator_domains(trace.domains)
@@ -98,7 +125,8 @@ def window_energy(
         counter, power = _pick(trace, domain)
         result = domain_window_energy(counter, power, span.t0_ns, span.t1_ns, interval_s,
                                       _p_max(domain, power), span.steps)
-        (per_device if domain in accel else others).append(domain_entry(domain, result, duration_s, node))
+        entry = domain_entry(domain, result, duration_s, node, min_coverage)
+        (per_device if domain in accel else others).append(entry)
     if not accel and empty_selection:
         energy = WindowEnergy.unavailable(f"node {node} metered no accelerators: {empty_selection}")
         energy.metered_nothing, energy.other_domains, energy.nodes = True, others, [node]
@@ -106,28 +134,46 @@ def window_energy(
     if not accel:
         reasons = "; ".join(unavailable) or "no backend found a device"
         return WindowEnergy.unavailable(f"no accelerator sensors on node {node}: {reasons}")
-    missing = [d for d in per_device if d["energy_j"] is None]
-    if missing:
-        reasons = "; ".join(f"{d['domain']}: {d['unavailable_reason']}" for d in missing)
-        energy = WindowEnergy.unavailable(f"no data for {len(missing)} of {len(per_device)} devices ({reasons})",
-                                          devices=len(per_device))
-        energy.per_device, energy.other_domains, energy.nodes = per_device, others, [node]
-        return energy
-    total = sum(float(d["energy_j"]) for d in per_device)  # type: ignore[arg-type]
-    methods = sorted({str(d["method"]) for d in per_device})
+    faults = [{"device": d["domain"], "node": node, **f} for d in per_device for f in d["faults"]]  # type: ignore[attr-defined]
     warnings = sorted({f"{d['domain']}: {w}" for d in per_device for w in d["warnings"]})  # type: ignore[attr-defined]
+    methods = sorted({str(d["method"]) for d in per_device if d["method"]})
+    coverage = sum(float(d["coverage"]) for d in per_device) / len(per_device)  # type: ignore[arg-type]
     shared = [d["domain"] for d in per_device if d["shared_with"]]
     if shared:
         warnings.append(f"sensor shared with devices outside this job (energy covers them too): {', '.join(shared)}")
+    untrusted = [d for d in per_device if d["energy_j"] is None]
+    if untrusted:
+        reason = "; ".join(_untrusted_reason(d, min_coverage) for d in untrusted)
+        measured = [d for d in per_device if d["covered_s"]]
+        return WindowEnergy(
+            None, None, len(per_device), ",".join(methods) or None, coverage, None,
+            unavailable_reason=f"untrusted: {reason}", warnings=warnings, per_device=per_device,
+            other_domains=others, nodes=[node], trusted=False, untrusted_reason=reason, faults=faults,
+            coverage_threshold=min_coverage,
+            partial_energy_j=_sum(measured, "energy_j", "partial_energy_j"),
+            partial_error_bound_j=_sum(measured, "error_bound_j", "partial_error_bound_j"),
+            partial_mean_power_w=_sum(measured, "mean_power_w", "partial_mean_power_w"),
+        )
+    total = sum(float(d["energy_j"]) for d in per_device)  # type: ignore[arg-type]
     return WindowEnergy(
         energy_j=total,
         mean_power_w=total / duration_s if duration_s > 0 else None,
         devices=len(per_device),
         method=",".join(methods),
-        coverage=sum(float(d["coverage"]) for d in per_device) / len(per_device),  # type: ignore[arg-type]
+        coverage=coverage,
         error_bound_j=sum(float(d["error_bound_j"] or 0.0) for d in per_device),  # type: ignore[arg-type]
         warnings=warnings,
         per_device=per_device,
         other_domains=others,
         nodes=[node],
+        faults=faults,
+        coverage_threshold=min_coverage,
     )
+
+
+def _sum(devices: list[dict[str, object]], whole: str, partial: str) -> float | None:
+    """Sum a figure over devices, taking each device's whole figure where it is trusted and its partial one
+    where it is not; None when no device has it."""
+    values = [d[whole] if d["trusted"] else d[partial] for d in devices]
+    present = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
+    return sum(present) if present else None

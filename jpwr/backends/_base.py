@@ -14,9 +14,10 @@ def unavailable(backend: str, reason: str) -> str:
     return f"{backend}: unavailable: {reason}"
 
 
-def failed(sensor_id: str, t_before_ns: int, t_after_ns: int, status: Status = Status.ERROR) -> Reading:
-    """A reading that did not produce a value: never 0 W, always None with a status."""
-    return Reading(sensor_id, t_before_ns, t_after_ns, None, status)
+def failed(sensor_id: str, t_before_ns: int, t_after_ns: int, status: Status = Status.ERROR,
+           error: str | None = None) -> Reading:
+    """A reading that did not produce a value: never 0 W, always None with a status (and the vendor's error name)."""
+    return Reading(sensor_id, t_before_ns, t_after_ns, None, status, error=error)
 
 
 def read_sysfs(path: Path) -> str:

@@ -241,9 +241,15 @@ class NvmlBackend:
         readings.extend(failed(sid, now, now) for sid in sorted(wanted - known))
         return readings
 
-    def _status(self, exc: Exception | int) -> Status:
+    def _failed(self, sensor_id: str, t0: int, t1: int, exc: Exception | int) -> Reading:
+        """A failed read, with NVML's own name for the error so that a fault report can say what happened."""
         code = exc if isinstance(exc, int) else getattr(exc, "value", None)
-        return Status.UNSUPPORTED if code == self._nv.NVML_ERROR_NOT_SUPPORTED else Status.ERROR
+        status = Status.UNSUPPORTED if code == self._nv.NVML_ERROR_NOT_SUPPORTED else Status.ERROR
+        return failed(sensor_id, t0, t1, status, self._error_name(code))
+
+    def _error_name(self, code: int | None) -> str:
+        names = [n for n in dir(self._nv) if n.startswith("NVML_ERROR_") and getattr(self._nv, n) == code]
+        return names[0] if names else f"NVML error {code}"
 
     def _read_scalar(self, sensor_id: str, handle: Any, function: str) -> Reading:
         """Counter (mJ) or GetPowerUsage (mW): both are thousandths of the SI unit."""
@@ -251,7 +257,7 @@ class NvmlBackend:
         try:
             value = getattr(self._nv, function)(handle)
         except self._nv.NVMLError as exc:
-            return failed(sensor_id, t0, self._clock.monotonic_ns(), self._status(exc))
+            return self._failed(sensor_id, t0, self._clock.monotonic_ns(), exc)
         return Reading(sensor_id, t0, self._clock.monotonic_ns(), value / 1000.0)
 
     def _read_fields(self, handle: Any, fields: list[tuple[Sensor, int, int]]) -> list[Reading]:
@@ -260,12 +266,12 @@ class NvmlBackend:
             values = self._nv.nvmlDeviceGetFieldValues(handle, [(fid, scope) for _, fid, scope in fields])
         except self._nv.NVMLError as exc:
             t1 = self._clock.monotonic_ns()
-            return [failed(sensor.id, t0, t1, self._status(exc)) for sensor, _, _ in fields]
+            return [self._failed(sensor.id, t0, t1, exc) for sensor, _, _ in fields]
         t1 = self._clock.monotonic_ns()
         readings = []
         for (sensor, _, _), fv in zip(fields, values, strict=True):
             if int(fv.nvmlReturn) != 0:
-                readings.append(failed(sensor.id, t0, t1, self._status(int(fv.nvmlReturn))))
+                readings.append(self._failed(sensor.id, t0, t1, int(fv.nvmlReturn)))
                 continue
             hw_ns = int(fv.timestamp) * 1000 if int(fv.timestamp) > 0 else None  # µs since the Unix epoch
             readings.append(Reading(sensor.id, t0, t1, _field_value(fv) / 1000.0, Status.OK, hw_ns))

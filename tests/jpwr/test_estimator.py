@@ -78,9 +78,10 @@ def test_counter_reset_splits_and_power_fills_the_gap():
     counter = counter_series(LOAD, reads)
     counter.value[12:] -= counter.value[12] - 10.0  # driver reload: counter restarts near zero
     power = power_series(LOAD, 0.0, 12.0)
-    segments, warnings = counter_segments(counter, 0.1)
-    assert len(segments) == 2 and any("backwards" in w for w in warnings)
+    segments, breaks = counter_segments(counter, 0.1)
+    assert len(segments) == 2 and [k.kind for k in breaks] == ["counter_backward"]
     result = domain_window_energy(counter, power, int(1.0 * NS), int(11.0 * NS), 0.1, 840.0)
+    assert any("went backwards" in w for w in result.warnings)
     assert abs(result.energy_j - integral(LOAD, 1.0, 11.0)) <= result.error_bound_j
 
 

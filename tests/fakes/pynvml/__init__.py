@@ -237,6 +237,7 @@ class Faults:
     counter_reset_at_ns: int | None = None  # the counter restarts at 0 here (driver reload)
     counter_wrap_mj: int | None = None  # the counter is reported modulo this
     slow_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)  # function -> ms spent inside it
+    lost_at_ns: int | None = None  # from here every call on the device raises NVML_ERROR_GPU_IS_LOST (fell off the bus)
 
     @classmethod
     def from_json(cls, text: str) -> Faults | dict[int, Faults]:
@@ -419,6 +420,8 @@ def _device(handle: _Handle, function: str) -> tuple[Replay, _Device, int]:
         else:
             time.sleep(delay / 1000)
     rel = replay.rel_ns()
+    if dev.faults.lost_at_ns is not None and rel >= dev.faults.lost_at_ns:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     for fail in dev.faults.fails:
         if fail.active(function, rel):
             raise NVMLError(fail.code)

@@ -31,6 +31,7 @@ class InferenceConfig:
     num_batches: int  # distinct batches drawn per point; the windows cycle over them
     output_length: int | None  # override of the task's output length distribution
     steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (jpwr.sizing)
+    idle_baseline: bool  # cool down and meter idle power once, before the first point (jpwr.idle)
     warmup_batches: int
     precision: str  # resolved against the device at run time ("auto": bf16 on GPUs, fp32 on CPUs)
     engine: str  # "static" (compact model code, static KV cache, CUDA graphs) or "hf" (transformers generate)
@@ -87,7 +88,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("run control")
     add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; the prefill and steady windows each repeat "
                                         "their batches in whole passes until at least this long",
-                         aliases=("--min-window-s",), idle=False)
+                         aliases=("--min-window-s",))
     r.add_argument("--warmup-batches", type=int, default=1, help="generate calls before the measured windows")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--out-dir", default="llm_inference_out")
@@ -101,6 +102,7 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
     return InferenceConfig(
         preset=args.preset, checkpoint=args.checkpoint, tasks=tuple(args.task), batch_sizes=tuple(sizes),
         num_batches=args.num_batches, output_length=args.output_length, steady_seconds=args.steady_seconds,
+        idle_baseline=args.idle_baseline,
         warmup_batches=args.warmup_batches, precision=args.precision, engine=args.engine, attention=args.attention,
         device=args.device, seed=args.seed, out_dir=args.out_dir, run_id=args.run_id,
         energy_methods=args.energy_methods,

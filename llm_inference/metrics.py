@@ -10,6 +10,11 @@ Energy (accelerator total, not above idle) comes with its method, coverage and b
   produces). Bound: b_steady + b_prefill · (steady passes / prefill passes). It assumes a prefill in
   the loop costs what generate's first step costs (same shapes, same kernels), stated in the record.
 
+With an idle baseline (measured once per invocation, before the first point), each of these splits into
+an idle part (idle power × time: what the device draws doing nothing) and a dynamic part (the rest):
+`steady_idle_share` says how much of a token's cost is the GPU waiting, and the decode figure is also
+given above idle (`decode_dynamic_energy_per_token_j`, same subtraction on the dynamic parts).
+
 Latencies come from the steady window's generate calls: time to first token (all requests of a
 static batch arrive together, so no queueing is included) and the per-token gaps after it.
 """
@@ -75,7 +80,36 @@ def energy_metrics(point: PointWindows) -> dict[str, Any]:
             tokens = steady.work.get("decode_tokens")
             metrics.update(decode_energy_j=decode_j, decode_energy_per_token_j=_divide(decode_j, tokens),
                            decode_energy_per_token_error_bound_j=_divide(decode_bound, tokens))
+    metrics.update(_idle_split_metrics(point))
     return metrics
+
+
+def _idle_split_metrics(point: PointWindows) -> dict[str, Any]:
+    """The steady window's idle share and the prefill and decode energies above idle; None without a baseline."""
+    steady, prefill = point.steady.split, point.prefill.split
+    reasons = [split.unavailable_reason if split else "no idle baseline" for split in (steady, prefill)]
+    reason = next((r for r in reasons if r), None)
+    result: dict[str, Any] = {"steady_idle_energy_j": None, "steady_dynamic_energy_j": None, "steady_idle_share": None,
+                              "prefill_dynamic_energy_j": None, "decode_dynamic_energy_j": None,
+                              "decode_dynamic_energy_per_token_j": None,
+                              "decode_dynamic_energy_per_token_error_bound_j": None, "idle_split_unavailable_reason":
+                              reason}
+    if steady is None or steady.dynamic_j is None or steady.idle_j is None:
+        return result
+    total = steady.idle_j + steady.dynamic_j
+    result.update(steady_idle_energy_j=steady.idle_j, steady_dynamic_energy_j=steady.dynamic_j,
+                  steady_idle_share=steady.idle_j / total if total > 0 else None, idle_split_unavailable_reason=None)
+    if prefill is None or prefill.dynamic_j is None:
+        result["idle_split_unavailable_reason"] = f"prefill window: {reason}"
+        return result
+    ratio = point.steady_passes / point.prefill_passes
+    decode_j = steady.dynamic_j - prefill.dynamic_j * ratio
+    bound = (steady.dynamic_bound_j or 0.0) + (prefill.dynamic_bound_j or 0.0) * ratio
+    tokens = point.steady.work.get("decode_tokens")
+    result.update(prefill_dynamic_energy_j=prefill.dynamic_j, decode_dynamic_energy_j=decode_j,
+                  decode_dynamic_energy_per_token_j=_divide(decode_j, tokens),
+                  decode_dynamic_energy_per_token_error_bound_j=_divide(bound, tokens))
+    return result
 
 
 def rate_metrics(point: PointWindows) -> dict[str, float | None]:

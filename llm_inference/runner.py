@@ -28,6 +28,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
 from joulebench.torch_device import hardware_info
+from jpwr.energy import IdleBaseline
 from jpwr.meter import WindowMeter
 from jpwr.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from jpwr.trace import TraceData, load_trace
@@ -125,8 +126,19 @@ def _window_seconds(cfg: InferenceConfig, meter: WindowMeter, device: torch.devi
     return window_length(meter.live(span_s=2.0), cfg.steady_seconds)
 
 
+def _idle_baseline(cfg: InferenceConfig, meter: WindowMeter, device: torch.device,
+                   first: IdleBaseline | None) -> IdleBaseline:
+    """The run's idle power: measured once, before the first point (cooldown, then an `idle` window), and
+    reused by the later points, so every window's energy splits into idle and dynamic parts alike."""
+    if first is None:
+        return meter.take_idle_baseline(cfg.idle_baseline, device.type == "cuda")
+    meter.idle = first
+    return first
+
+
 def _run_one(cfg: InferenceConfig, spec: Point, engine: Engine, build_s: float, shape: ModelPreset,
-             precision: str, launch: LaunchEnv, device: torch.device, hardware: dict[str, object]) -> RunRecord:
+             precision: str, launch: LaunchEnv, device: torch.device, hardware: dict[str, object],
+             idle: IdleBaseline | None) -> tuple[RunRecord, IdleBaseline | None]:
     task = TASKS[spec.task]
     config = {**cfg.to_dict(), "model": cfg.preset if cfg.checkpoint is None else shape.name, "task": spec.task,
               "batch_size": spec.batch_size, "precision": precision, "out_dir": str(spec.out_dir),
@@ -144,13 +156,15 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: Engine, build_s: float, 
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         inputs = [make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
+        measured_here = idle is None
+        idle = _idle_baseline(cfg, meter, device, idle)
+        record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this point" if measured_here else
+                                         "before the first point of this invocation"}
         window_s = _window_seconds(cfg, meter, device)
         record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds)
-        record.windows = [point.warmup, point.prefill, point.steady]
-        energies = meter.node_energy([w.name for w in record.windows])
-        for window in record.windows:
-            window.energy = energies.get(window.name)
+        meter.attach_energy()  # energy and its idle/dynamic split on every window (single process)
+        record.windows = meter.windows
     except BaseException as exc:
         record.status = "TIMEOUT" if isinstance(exc, Stopped) else "FAILED"
         record.status_reason = f"{type(exc).__name__}: {exc}"
@@ -168,7 +182,7 @@ def _run_one(cfg: InferenceConfig, spec: Point, engine: Engine, build_s: float, 
     record.meter.update({"sampler": has_sampler, "energy_methods": cfg.energy_methods,
                          "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None})
     write_run_record(spec.out_dir / "run_record.json", record)
-    return record
+    return record, idle
 
 
 def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device) -> Engine:
@@ -211,8 +225,9 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
          f"{'checkpoint' if cfg.checkpoint else 'random weights'}) built on {device} for engine {engine.name} in "
          f"{build_s:.1f} s")
     records = []
+    idle: IdleBaseline | None = None
     for spec in plan_points(cfg):
-        record = _run_one(cfg, spec, engine, build_s, shape, precision, launch, device, hardware)
+        record, idle = _run_one(cfg, spec, engine, build_s, shape, precision, launch, device, hardware, idle)
         records.append(record)
         _log(_progress(record))
         if record.status == "TIMEOUT":

@@ -36,8 +36,9 @@ def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_
     assert detail["cache_slots"] % detail["slot_bucket"] == 0 and detail["build_s"] > 0
     assert record.metrics["engine_setup_s"] >= 0
 
-    warmup, prefill, steady = (record.window(n) for n in ("warmup", "prefill", "steady"))
-    assert [w.name for w in record.windows] == ["warmup", "prefill", "steady"]
+    idle, warmup, prefill, steady = (record.window(n) for n in ("idle", "warmup", "prefill", "steady"))
+    assert [w.name for w in record.windows] == ["idle", "warmup", "prefill", "steady"]
+    assert idle.t_end_ns <= warmup.t_start_ns
     assert warmup.t_end_ns <= prefill.t_start_ns < prefill.t_end_ns <= steady.t_start_ns < steady.t_end_ns
     assert prefill.duration_s >= 0.3 and steady.duration_s >= 0.3  # --min-window-s
 
@@ -72,6 +73,18 @@ def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_
         (e_steady.error_bound_j + e_prefill.error_bound_j * ratio) / steady.work["decode_tokens"])
     assert m["output_tokens_per_wh"] == pytest.approx(steady.work["output_tokens"] / (e_steady.energy_j / 3600))
 
+    # The idle baseline (issue 16 item 4) splits each window: idle power × time, and the rest above it.
+    baseline = record.meter["idle_baseline"]
+    assert baseline["power_w"] == pytest.approx(idle.energy.energy_j / idle.duration_s)
+    assert baseline["measured"] == "before this point"
+    split_s, split_p = steady.split, prefill.split
+    assert split_s.idle_j == pytest.approx(baseline["power_w"] * steady.duration_s)
+    assert split_s.idle_j + split_s.dynamic_j == pytest.approx(e_steady.energy_j)
+    assert m["steady_idle_share"] == pytest.approx(split_s.idle_j / e_steady.energy_j)
+    assert m["decode_dynamic_energy_per_token_j"] == pytest.approx(
+        (split_s.dynamic_j - split_p.dynamic_j * ratio) / steady.work["decode_tokens"])
+    assert m["decode_dynamic_energy_per_token_error_bound_j"] > m["decode_energy_per_token_error_bound_j"]
+
     (line,) = summaries(result.stdout)
     assert line["benchmark"] == "llm_inference" and line["status"] == "OK" and line["batch_size"] == "3"
     assert float(line["energy_per_output_token_j"]) == pytest.approx(m["energy_per_output_token_j"], rel=1e-5)
@@ -85,9 +98,15 @@ def test_sweep_with_in_process_metering_writes_a_record_per_point_and_charts(fak
     assert result.returncode == 0, result.stderr[-3000:]
     lines = summaries(result.stdout)
     assert [(s["run_id"], s["batch_size"]) for s in lines] == [("sw-tiny-bs1", "1"), ("sw-tiny-bs2", "2")]
+    first = None
     for size in (1, 2):
         record = read_run_record(out / f"tiny_bs{size}" / "run_record.json")
         assert record.metrics["batch_size"] == size and record.metrics["global_batch_size"] == size
+        # one idle baseline per invocation, measured before the first point and reused by the next
+        baseline = record.meter["idle_baseline"]
+        first = first or baseline
+        assert baseline["power_w"] == first["power_w"] and (record.window("idle") is not None) == (size == 1)
+        assert record.window("steady").split.idle_power_w == first["power_w"]
         assert record.window("steady").energy.energy_j > 0
         # Latent metrics of the windows from this point's own in-process trace (fake H100 clocks).
         latents = record.metrics["latents"]
@@ -132,7 +151,7 @@ def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_
     assert proc.returncode == 1, stderr[-3000:]
     record = read_run_record(out / "tiny_bs1" / "run_record.json")
     assert record.status == "TIMEOUT" and "SIGTERM received" in record.status_reason
-    assert record.windows and record.windows[0].name == "warmup"  # windows completed before the signal are kept
+    assert record.window("warmup") is not None  # windows completed before the signal are kept
     assert not (out / "tiny_bs2").exists()  # the sweep ended
     (line,) = summaries(stdout)
     assert line["status"] == "TIMEOUT"

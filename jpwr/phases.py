@@ -15,6 +15,7 @@ once, when the window ends (split over a few datagrams for long windows), never 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -180,17 +181,7 @@ class _PhaseContext:
         self.recorder.end(self.name)
 
 
-class _NoPhase:
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_PHASE = _NoPhase()
+_NO_PHASE = contextlib.nullcontext()  # reusable: what `phase()` returns while the recorder is off
 
 
 class PhaseRecorder:
@@ -234,7 +225,7 @@ class PhaseRecorder:
         self.stamps = stamps
 
     # --- marking (the training loop) --------------------------------------------------------------------
-    def phase(self, name: str) -> _PhaseContext | _NoPhase:
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         if not self._enabled:
             return _NO_PHASE
         context = self._contexts.get(name)

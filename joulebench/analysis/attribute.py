@@ -38,7 +38,7 @@ from joulebench.analysis.plot import find_trace_sources, load_trace_data
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
 from joulebench.record import RunRecord, read_run_record, write_run_record
 from jpwr.domains import Domain, Signal
-from jpwr.energy import WindowEnergy
+from jpwr.energy import IdleBaseline, WindowEnergy
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.estimator import counter_segments
 from jpwr.output import utc_now
@@ -318,13 +318,27 @@ def counter_period_s(traces: Sequence[TraceData]) -> float | None:
     return max(periods) if periods else None
 
 
+def recorded_idle_w(record: RunRecord) -> tuple[float | None, str]:
+    """Idle power per device from the record's idle baseline (meter.idle_baseline), and where it came from."""
+    baseline = IdleBaseline.from_dict(record.meter.get("idle_baseline") or {"power_w": None, "error_bound_w": None,
+                                                                             "devices": 0})
+    if baseline.power_w is None or not baseline.devices:
+        return None, f"no idle baseline in the record ({baseline.unavailable_reason or 'not measured'})"
+    settled = {True: "settled", False: "not settled", None: "settling not checked"}[baseline.settled]
+    return baseline.power_w / baseline.devices, (f"the record's idle baseline: {baseline.power_w:.1f} W over "
+                                                 f"{baseline.devices} device(s), {baseline.method}, {settled}")
+
+
 def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | None = None,
               profile: Path | None = None, draws: int = DEFAULT_DRAWS, seed: int = 0,
               idle_power_w: float | None = None) -> tuple[Path, RunRecord, dict[str, Any]]:
-    """The attribution block of one run (not yet written)."""
+    """The attribution block of one run (not yet written); idle power per device: given, else the record's."""
     path, record = load_record(run_dir)
+    idle_source = "--idle-power-w"
+    if idle_power_w is None:
+        idle_power_w, idle_source = recorded_idle_w(record)
     block: dict[str, Any] = {"window": window, "computed_at": utc_now(), "tool": "joulebench attribute",
-                             "idle_power_w_per_device": idle_power_w, "estimators": {}}
+                             "idle_power_w_per_device": idle_power_w, "idle_source": idle_source, "estimators": {}}
     if record.benchmark == "llm_inference":
         block["estimators"]["windows"] = inference_estimator(record, idle_power_w)
         return path, record, block
@@ -361,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "--intervals-out: also fit kernel classes")
     parser.add_argument("--bootstrap", type=int, default=DEFAULT_DRAWS, help="bootstrap draws (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--idle-power-w", type=float, help="idle power per device: adds the idle/dynamic split")
+    parser.add_argument("--idle-power-w", type=float, help="idle power per device for the idle/dynamic split "
+                                                           "(default: the record's idle baseline, when it has one)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave the run record as it is")
     return parser
 

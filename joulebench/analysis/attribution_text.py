@@ -108,7 +108,8 @@ def render(record: RunRecord, block: dict[str, Any]) -> str:
         head += (f" ({fmt(block['window_duration_s'], 4)} s, {block['steps']} steps, "
                  f"{fmt(block['window_energy_j'], 6)} J ± {fmt(block['window_error_bound_j'], 3)} J)")
     if block.get("idle_power_w_per_device") is not None:
-        head += f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device (dynamic = energy − idle × time)"
+        head += (f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device from {block.get('idle_source')} "
+                 "(dynamic = energy − idle × time)")
     lines = [head, "estimators are reported side by side and never mixed"]
     renderers = {"fit": lambda b: _fit_lines("fit (phases)", b), "fit_kernel_classes":
                  lambda b: _fit_lines("fit (kernel classes)", b), "replay": _replay_lines, "windows": _window_lines}

@@ -253,6 +253,8 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]
 def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
     """Phase marks (jpwr.phases) as a strip along the bottom of the power axis, one row per node (its lowest
     local rank): where each step's forward, backward, optimizer... ran on the device."""
+    from matplotlib.patches import Patch
+
     colours: dict[str, str] = {}
     for row, node in enumerate(nodes):
         batches = node.trace.phases

@@ -332,6 +332,8 @@ def _attribution_bars(run: Run) -> list[tuple[str, list[tuple[str, float]], str]
 
 def attribution_figure(runs: Sequence[Run], benchmark: str) -> Figure | None:
     """A stacked bar per run and estimator: each phase's share of the window (fit) or of the step (replay)."""
+    from matplotlib.figure import Figure
+
     bars = [bar for run in runs for bar in _attribution_bars(run)]
     if not bars:
         return None

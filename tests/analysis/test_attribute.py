@@ -18,12 +18,12 @@ from joulebench.analysis import cli
 from joulebench.analysis.attribute import attribute
 from joulebench.analysis.attribution_text import render
 from joulebench.analysis.replay import inference_estimator
-from joulebench.record import RunRecord, read_run_record
-from jpwr.energy import Window, WindowEnergy
+from joulebench.record import RunRecord, read_run_record, write_run_record
+from jpwr.energy import IdleBaseline, Window, WindowEnergy
 from jpwr.errors import ExitCode
 from jpwr.phases import BACKWARD, FORWARD, OPTIMIZER, REPLAY_PREFIX
 from tests.analysis.conftest import MeteredRun, metered
-from tests.analysis.synthetic_run import NS, Schedule
+from tests.analysis.synthetic_run import IDLE_W, NS, Schedule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,6 +193,20 @@ def test_idle_power_adds_the_idle_dynamic_split(steady_run: MeteredRun) -> None:
             assert row["dynamic_j"] == pytest.approx(row["energy_j"] - idle_w * row["device_seconds"])
     forward = _row(block["estimators"]["replay"], FORWARD)
     assert forward["dynamic_j"] == pytest.approx(forward["energy_per_step_j"] - idle_w * forward["seconds_per_step"])
+
+
+def test_the_records_idle_baseline_gives_the_split_without_an_option(steady_run: MeteredRun, fresh_copy) -> None:
+    run_dir = fresh_copy(steady_run)
+    _, _, plain = attribute(run_dir)
+    assert plain["idle_power_w_per_device"] is None and "no idle baseline" in plain["idle_source"]
+    record = read_run_record(run_dir / "run_record.json")
+    record.meter["idle_baseline"] = IdleBaseline(power_w=2 * IDLE_W, error_bound_w=1.0, devices=2, duration_s=5.0,
+                                                 method="counter", settled=True).to_dict()
+    write_run_record(run_dir / "run_record.json", record)
+    _, _, block = attribute(run_dir)
+    assert block["idle_power_w_per_device"] == IDLE_W and "the record's idle baseline" in block["idle_source"]
+    forward = _row(block["estimators"]["fit"], FORWARD)
+    assert forward["dynamic_j"] == pytest.approx(forward["energy_j"] - IDLE_W * forward["device_seconds"])
 
 
 def test_inference_records_split_prefill_and_decode_with_the_drivers_rule() -> None:

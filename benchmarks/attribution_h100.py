@@ -14,8 +14,9 @@ Per workload, each step a real process as users run it (raw files stay under --o
 --overhead (or --overhead-only) adds benchmarks/jpwr_overhead.py --compare phase-marks (10 alternations,
 same process) for each workload: overhead.txt. A compact table is printed last (also results.md).
 
-Time on one H100 (estimated): GPT-800M driver ~2.5 min, its profile ~1.5 min; ResNet-50 compiled driver
-~2 min (compilation ~1 min), its profile ~1.5 min; each overhead alternation run ~2.5 min.
+Time on one H100 (estimated): GPT-800M driver ~3 min (idle baseline and cooldown up to ~1 min included),
+its profile ~1.5 min; ResNet-50 compiled driver ~2.5 min (compilation ~1 min), its profile ~1.5 min; each
+overhead alternation run ~2.5 min. Past the ~8 minutes of one call, split it: --only llm, then --only resnet50.
 """
 
 from __future__ import annotations

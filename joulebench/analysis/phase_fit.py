@@ -57,7 +57,8 @@ def window_segments(knot_sets: Sequence[Knots], t0_ns: float, t1_ns: float) -> S
     parts: list[tuple[np.ndarray, ...]] = []
     for knots in knot_sets:
         inside = (knots.tau_ns >= t0_ns) & (knots.tau_ns <= t1_ns)
-        tau, half, energy = knots.tau_ns[inside], knots.half_ns[inside], knots.energy_j[inside]
+        tau, energy = knots.tau_ns[inside], knots.energy_j[inside]
+        half = (knots.hi_ns[inside] - knots.lo_ns[inside]) / 2
         if len(tau) >= 2:
             parts.append((tau[:-1], tau[1:], np.diff(energy), half[:-1], half[1:]))
     if not parts:

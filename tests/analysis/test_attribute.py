@@ -219,7 +219,7 @@ def test_inference_records_split_prefill_and_decode_with_the_drivers_rule() -> N
 
     prefill = window("prefill", 2.0, 500.0, {"calls": 40.0, "input_tokens": 40_000.0})
     steady = window("steady", 8.0, 350.0, {"requests": 80.0, "output_tokens": 10_000.0, "decode_tokens": 9_920.0})
-    point = PointWindows(window("warmup", 1.0, 300.0, {}), prefill, steady, 2, 4, [])
+    point = PointWindows(window("warmup", 1.0, 300.0, {}), prefill, steady, 2, 4, [], setup_s=0.0)
     record = RunRecord("llm_inference", "inference", windows=[point.warmup, prefill, steady],
                        metrics=energy_metrics(point))
     result = inference_estimator(record, idle_power_w=80.0)

@@ -12,54 +12,39 @@ profiles --steps steps and writes: the device time per category, the top kernels
 time, and the idle share of the profiled span. One process, no jpwr sampler: this explains a
 throughput number, it does not replace the metered runs of llm_h100.py / resnet50_h100.py.
 
-Categories (first match wins, on lower-cased kernel names): attention comes first so cuDNN's
-SDPA kernels ("..._sdpa_..._flash_fprop_...") are not taken for convolutions; convolution comes
-before gemm because cuDNN's convolutions are implicit GEMMs named "sm90_xmma_fprop_implicit_gemm..."
-or "cutlass_..._s16816fprop_..."; it skips Triton kernels, whose names list the fused ATen ops
-("triton_poi_fused_convolution_..." is an epilogue, not a convolution). Inductor fusions that
-contain a batch norm ("triton_red_fused__native_batch_norm_legit_functional_relu_0") get their own
-row "triton (batch-norm fusions)": a fused kernel also does the ReLU/add, so counting it as
-batchnorm would overstate BN, yet lumping it with the other fusions would hide that compiled
-ResNet time is mostly BN. "batchnorm" itself is the eager kernels (ATen batch_norm_*, cuDNN
-bn_fw/bn_bw/batchnorm_*); "welford" is not a pattern since layer-norm kernels use Welford too.
-GPT's kernels land where they did before the ResNet rows existed.
+With --intervals-out FILE the script also writes every profiled kernel's interval on the node's monotonic
+clock, for `joulebench attribute RUN_DIR --profile FILE` (the kernel-class fit). Run it then under a sampler
+that reads the counter often, e.g. `python -m jpwr --interval 20 --counter-interval 20 --out DIR -- python
+benchmarks/kernel_profile.py ... --intervals-out DIR/kernels.json`: the profiled steps are marked as the
+window --window (default `profiled`) and DIR holds its trace. The profiler's clock is mapped onto the
+monotonic clock through two anchors taken right after a device sync, before and after the steps.
+
+Kernel categories: joulebench.analysis.kernel_classes (shared with `joulebench attribute --profile`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import split_at_double_dash  # noqa: E402 (needs REPO on sys.path)
+from joulebench.analysis.kernel_classes import category  # noqa: E402 (needs REPO on sys.path)
+from joulebench.launch import LaunchEnv  # noqa: E402 (needs REPO on sys.path)
+from jpwr.channel import ADDR_ENV  # noqa: E402 (needs REPO on sys.path)
 from jpwr.errors import ValidationError, exit_code_of  # noqa: E402 (needs REPO on sys.path)
+from jpwr.meter import WindowMeter  # noqa: E402 (needs REPO on sys.path)
+from jpwr.output import write_json_atomic  # noqa: E402 (needs REPO on sys.path)
+from jpwr.phases import PhaseRecorder  # noqa: E402 (needs REPO on sys.path)
 from resnet50.config import TrainConfig, check_devices, check_static  # noqa: E402 (imports no torch)
-
-# First match wins; patterns are matched against lower-cased kernel names (see the docstring for the order).
-CATEGORIES = [
-    ("attention", r"flash|fmha|sdpa|cudnn.*attn|attention|efficient_attention"),
-    ("convolution", r"^(?!triton).*(conv(?!ert)|implicit_gemm|fprop|dgrad|wgrad|winograd)"),
-    ("gemm", r"gemm|sm90_xmma|cutlass|nvjet|cublas|matmul"),
-    ("optimizer", r"adam|multi_tensor|foreach|l2norm"),
-    ("communication", r"nccl"),
-    ("memcpy/memset", r"memcpy|memset"),
-    ("triton (batch-norm fusions)", r"^triton.*batch_norm"),
-    ("triton (compiled fusions)", r"triton"),
-    ("batchnorm", r"batch_norm|batchnorm|bn_fw|bn_bw"),
-    ("elementwise/other", r".*"),
-]
-
-
-def category(name: str) -> str:
-    lowered = name.lower()
-    return next(label for label, pattern in CATEGORIES if re.search(pattern, lowered))
 
 
 @dataclasses.dataclass
@@ -69,6 +54,7 @@ class Workload:
     step: Callable[[], object]
     close: Callable[[], None]
     settings: str
+    mark_phases: Callable[[PhaseRecorder], None]  # the driver's own phase marking (jpwr_overhead.py toggles it)
 
 
 def require_cuda(device: str) -> None:
@@ -79,7 +65,6 @@ def require_cuda(device: str) -> None:
 
 def build_llm(argv: Sequence[str]) -> Workload:
     """The Trainer of `python -m llm_training train --device cuda ARGV`."""
-    from joulebench.launch import LaunchEnv
     from joulebench.torch_device import resolve_device
     from llm_training import distributed
     from llm_training.cli import build_parser, resolve_checked
@@ -93,7 +78,7 @@ def build_llm(argv: Sequence[str]) -> Workload:
     distributed.init_distributed(launch, device, cfg)
     trainer = Trainer(cfg, device)
     return Workload(trainer.step, distributed.shutdown_distributed,
-                    f"{cfg.micro_batch_size=} {cfg.global_batch_size=}")
+                    f"{cfg.micro_batch_size=} {cfg.global_batch_size=}", trainer.mark_phases)
 
 
 def resnet50_config(argv: Sequence[str]) -> TrainConfig:
@@ -112,7 +97,6 @@ def resnet50_config(argv: Sequence[str]) -> TrainConfig:
 
 def build_resnet50(argv: Sequence[str]) -> Workload:
     """The torch backend of `python -m resnet50 train`, created the way resnet50.driver.train does."""
-    from joulebench.launch import LaunchEnv
     from resnet50.backend import load_backend
 
     config = resnet50_config(argv)
@@ -124,7 +108,8 @@ def build_resnet50(argv: Sequence[str]) -> Workload:
     return Workload(backend.train_step, backend.close,
                     f"global_batch_size={config.global_batch_size} per_device_batch="
                     f"{config.per_device_batch(devices)} precision={config.precision} compile={config.compile} "
-                    f"compile_mode={config.compile_mode} channels_last={config.channels_last} data={config.data}")
+                    f"compile_mode={config.compile_mode} channels_last={config.channels_last} data={config.data}",
+                    backend.mark_phases)
 
 
 WORKLOADS: dict[str, Callable[[Sequence[str]], Workload]] = {"llm": build_llm, "resnet50": build_resnet50}
@@ -139,11 +124,48 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--warmup", type=int, default=4, help="unprofiled steps first (default 4)")
     parser.add_argument("--steps", type=int, default=2, help="profiled steps (default 2)")
     parser.add_argument("--top", type=int, default=15, help="kernels listed by device time (default 15)")
+    parser.add_argument("--intervals-out", help="also write each kernel's interval (JSON) for joulebench attribute "
+                                                "--profile; needs a jpwr sampler (run under `jpwr -- ...`)")
+    parser.add_argument("--window", default="profiled", help="window marked around the profiled steps")
     args = parser.parse_args(own)
     if args.steps < 1 or args.warmup < 0:
         raise ValidationError(f"--steps {args.steps} / --warmup {args.warmup}",
                               "pass --steps 1 or more and --warmup 0 or more")
+    if args.intervals_out and not os.environ.get(ADDR_ENV):
+        raise ValidationError("--intervals-out without a jpwr sampler (the kernels could not be joined with energy)",
+                              "run under `python -m jpwr --interval 20 --counter-interval 20 --out DIR -- ...`")
     return args, workload_argv
+
+
+ANCHOR = "joulebench_clock_anchor"
+KERNEL_FILE_KIND = "joulebench.kernel_intervals"
+
+
+def clock_anchor(torch: Any) -> int:
+    """Monotonic time of a profiler event recorded right after a device sync (`torch` passed in: no import here)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    with torch.profiler.record_function(ANCHOR):
+        return time.monotonic_ns()
+
+
+def kernel_intervals(events: Sequence[Any], anchors_ns: Sequence[int], device_type: Any) -> dict[str, Any]:
+    """Kernels of `device_type` as (name index, start, end) on the monotonic clock: the profiler's times (us from
+    its own start) are mapped linearly through the two anchor events, whose monotonic times are `anchors_ns`."""
+    marks = sorted(e.time_range.start for e in events if e.name == ANCHOR)
+    if len(marks) != 2 or len(anchors_ns) != 2:
+        raise RuntimeError(f"expected 2 clock anchors in the profile, found {len(marks)}")
+    (us_a, us_b), (ns_a, ns_b) = marks, anchors_ns
+    scale = (ns_b - ns_a) / (us_b - us_a) if us_b > us_a else 1000.0
+    names: dict[str, int] = {}
+    index, starts, ends = [], [], []
+    for e in events:
+        if e.device_type == device_type and e.name != ANCHOR:
+            index.append(names.setdefault(e.name, len(names)))
+            starts.append(round(ns_a + (e.time_range.start - us_a) * scale))
+            ends.append(round(ns_a + (e.time_range.end - us_a) * scale))
+    return {"kind": KERNEL_FILE_KIND, "clock": "monotonic ns, mapped through two synced anchors",
+            "names": list(names), "name_index": index, "t0_ns": starts, "t1_ns": ends}
 
 
 def report(kernels: dict[str, tuple[float, float]], span_us: float, header: str, top: int) -> str:
@@ -169,18 +191,32 @@ def profile_workload(args: argparse.Namespace, workload_argv: list[str]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     workload = WORKLOADS[args.workload](workload_argv)
+    meter = WindowMeter.open(LaunchEnv.from_env(), sync=torch.cuda.synchronize) if args.intervals_out else None
+    anchors: list[int] = []
     try:
         for _ in range(args.warmup):
             workload.step()
         torch.cuda.synchronize()
         start = time.perf_counter()
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            anchors.append(clock_anchor(torch))
+            if meter is not None:
+                meter.begin(args.window, 0)
             for _ in range(args.steps):
                 workload.step()
-            torch.cuda.synchronize()
+            if meter is not None:
+                meter.end(args.window, args.steps, {"steps": float(args.steps)})
+            anchors.append(clock_anchor(torch))
         span_us = (time.perf_counter() - start) * 1e6 / args.steps
     finally:
         workload.close()
+        if meter is not None:
+            meter.close()
+    if args.intervals_out:
+        data = {**kernel_intervals(prof.events(), anchors, torch.autograd.DeviceType.CUDA), "window": args.window,
+                "steps": args.steps, "local_rank": LaunchEnv.from_env().local_rank, "workload": args.workload,
+                "config": workload_argv}
+        write_json_atomic(args.intervals_out, data)
     kernels: dict[str, tuple[float, float]] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

@@ -112,6 +112,7 @@ class RunRecord:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     meter: dict[str, Any] = dataclasses.field(default_factory=dict)  # jpwr summary path, methods, warnings
     job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
+    attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -129,6 +130,7 @@ class RunRecord:
             "hardware": self.hardware, "software": self.software,
             "windows": [w.to_dict() for w in self.windows], "metrics": self.metrics, "meter": self.meter,
             "job": self.job,
+            **({} if self.attribution is None else {"attribution": self.attribution}),
         }
 
     @classmethod
@@ -145,6 +147,7 @@ class RunRecord:
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})), job=dict(data.get("job") or {}),
+            attribution=data.get("attribution"),
         )
 
 

@@ -1,7 +1,9 @@
 """The node-local channel between training ranks and their node's sampler.
 
 Ranks send window marks as small JSON datagrams over a Unix socket whose path is in
-JPWR_ADDR; a send costs microseconds and never blocks the training loop. The path may hold
+JPWR_ADDR; a send costs microseconds and never blocks the training loop. A window's phase
+intervals follow its end mark as one batch (a few datagrams when long), sent blocking with a
+timeout: the window has ended, and a full socket queue must not drop them. The path may hold
 "{node}", replaced by the node name, so that test "nodes" sharing one host (and one /tmp)
 each reach their own sampler. A query (window energies) waits for the sampler's reply.
 """
@@ -17,9 +19,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from jpwr.node import node_name
+from jpwr.phases import PhaseBatch
 
 ADDR_ENV = "JPWR_ADDR"
 MAX_DATAGRAM = 65507
+PHASES_SEND_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Channel(Protocol):
 
     def send_mark(self, mark: Mark) -> None: ...
 
+    def send_phases(self, batch: PhaseBatch) -> None: ...
+
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]: ...
 
     def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]: ...
@@ -79,6 +85,18 @@ class SocketChannel:
         # and the sampler reports the window as unmarked.
         with contextlib.suppress(BlockingIOError, FileNotFoundError, ConnectionRefusedError):
             self._sock.sendto(payload, self.addr)
+
+    def send_phases(self, batch: PhaseBatch) -> None:
+        """Every part of the batch, each in its own datagram; a sampler that is gone loses them (as marks)."""
+        self._sock.settimeout(PHASES_SEND_TIMEOUT_S)
+        try:
+            for part in batch.split():
+                payload = json.dumps({"type": "phases", **part.to_dict()}, separators=(",", ":")).encode()
+                self._sock.sendto(payload, self.addr)
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError):
+            pass
+        finally:
+            self._sock.setblocking(False)
 
     def _ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send a request and wait for the sampler's reply; raises OSError/TimeoutError when it does not answer."""

@@ -6,7 +6,8 @@
     energies = meter.node_energy()          # on node leaders; combine across nodes with combine_energies
 
 Edges are taken after a device sync on the monotonic clock; the sampler does all the
-measurement work, so a mark costs the loop a timestamp and one datagram.
+measurement work, so a mark costs the loop a timestamp and one datagram. Phase marks inside a
+window (`meter.phases`, see jpwr.phases) go to the sampler in one batch when the window ends.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from jpwr.channel import Channel, Mark, channel_from_env
 from jpwr.clock import SYSTEM_CLOCK, Clock
@@ -22,6 +23,7 @@ from jpwr.energy import IdleBaseline, Window, WindowEnergy, combine_energies, sp
 from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, wait_until_settled
 from jpwr.live import NodeLive
 from jpwr.node import node_name
+from jpwr.phases import PhaseRecorder, Stamps
 from jpwr.sizing import SteadyPlan, plan_steady_window
 
 NO_SAMPLER_REASON = (
@@ -56,11 +58,14 @@ class WindowMeter:
         sync: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         owned_sampler: object | None = None,
+        phase_stamps: Stamps | None = None,
     ) -> None:
         self.launch = launch
         self.channel = channel
         self.sync = sync
         self.clock = clock
+        # Without a sampler nothing would store phase marks: the recorder stays off and costs nothing.
+        self.phases = PhaseRecorder(phase_stamps, enabled=channel is not None)
         self._open: dict[str, tuple[int, int]] = {}
         self._windows: list[Window] = []
         self._owned_sampler = owned_sampler  # in-process sampler started by `open`, stopped by `close`
@@ -74,6 +79,7 @@ class WindowMeter:
         methods: str | None = None,
         out_dir: str | os.PathLike[str] | None = None,
         interval_s: float = 0.1,
+        phase_stamps: Stamps | None = None,
     ) -> WindowMeter:
         """Connect to the node's sampler (JPWR_ADDR), or start one in-process when `methods` is given.
 
@@ -82,7 +88,7 @@ class WindowMeter:
         """
         channel = channel_from_env()
         if channel is not None or not methods:
-            return cls(launch, channel, sync)
+            return cls(launch, channel, sync, phase_stamps=phase_stamps)
         if launch.world_size > 1:
             from jpwr.errors import ValidationError
 
@@ -93,13 +99,15 @@ class WindowMeter:
         from jpwr.sampler import start_local_sampler
 
         sampler, channel = start_local_sampler(methods, Path(out_dir or "jpwr_out"), interval_s)
-        return cls(launch, channel, sync, owned_sampler=sampler)
+        return cls(launch, channel, sync, owned_sampler=sampler, phase_stamps=phase_stamps)
 
     @property
     def has_sampler(self) -> bool:
         return self.channel is not None
 
-    def _edge(self, name: str, edge: str, step: int, work: Mapping[str, float] | None = None) -> int:
+    def _edge(self, name: str, edge: str, step: int, work: Mapping[str, float] | None = None) -> tuple[int, Any]:
+        """(edge time, phase stamp): the stamp is taken before the sync so that it completes just before it."""
+        stamp = self.phases.edge_stamp()
         if self.sync is not None:
             self.sync()
         t_ns = self.clock.monotonic_ns()
@@ -108,21 +116,26 @@ class WindowMeter:
                 name=name, edge=edge, step=step, t_ns=t_ns, rank=self.launch.rank,
                 local_rank=self.launch.local_rank, work=tuple(sorted((work or {}).items())),
             ))
-        return t_ns
+        return t_ns, stamp
 
     def begin(self, name: str, step: int) -> None:
         if name in self._open:
             raise RuntimeError(f"window {name!r} begun twice without end")
-        self._open[name] = (step, self._edge(name, "begin", step))
+        t_ns, stamp = self._edge(name, "begin", step)
+        self._open[name] = (step, t_ns)
+        self.phases.window_begin(name, stamp, t_ns)
 
     def end(self, name: str, step: int, work: Mapping[str, float] | None = None, reason: str | None = None) -> Window:
         """Close a window; `reason` says why it ended here (recorded with it)."""
         if name not in self._open:
             raise RuntimeError(f"window {name!r} ended without begin")
         first_step, t_start = self._open.pop(name)
-        t_end = self._edge(name, "end", step, work)
+        t_end, stamp = self._edge(name, "end", step, work)
         window = Window(name, first_step, step, t_start, t_end, dict(work or {}), end_reason=reason)
         self._windows.append(window)
+        batch = self.phases.window_end(name, stamp, t_end, self.launch.rank, self.launch.local_rank)
+        if batch is not None and self.channel is not None:
+            self.channel.send_phases(batch)  # after the edge: converting and sending is outside the window
         return window
 
     def live(self, span_s: float, timeout_s: float = 10.0) -> NodeLive | None:

@@ -30,6 +30,7 @@ from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.live import NodeLive, node_live
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
+from jpwr.phases import PhaseBatch, phase_summary
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, spans_from_marks, window_energy
 
@@ -118,6 +119,7 @@ class Sampler:
         self.readings: dict[str, list[Reading]] = {s.id: [] for s in self.sensors}
         self.metrics: list[MetricReading] = []
         self.marks: list[Mark] = []
+        self.phases: list[PhaseBatch] = []
         self.missed_ticks = 0
         self.started_at = utc_now()
         self._clock_pairs: list[tuple[int, int]] = []
@@ -231,6 +233,12 @@ class Sampler:
         else:
             self._chase_counters()
 
+    def add_phases(self, batch: PhaseBatch) -> None:
+        """Store a rank's phase intervals of one window (no counter chase: the window's end mark did that)."""
+        with self._data:
+            self.phases.append(batch)
+            self._writer.phases(batch)
+
     def _chase_counters(self) -> None:
         """Read the counters every CHASE_S until each has ticked once.
 
@@ -263,7 +271,8 @@ class Sampler:
         with self._data:
             return TraceData(
                 list(self.domains), list(self.sensors), self.info(),
-                {k: list(v) for k, v in self.readings.items()}, list(self.metrics), list(self.marks))
+                {k: list(v) for k, v in self.readings.items()}, list(self.metrics), list(self.marks),
+                list(self.phases))
 
     def _settle_after(self, t_end_ns: int) -> None:
         """Wait until counters have updated past the window end, then read them once more."""
@@ -360,7 +369,8 @@ def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | Non
         energy = window_energy(trace, span, interval_s, node, unavailable, info.get("empty_selection"),
                                float(info.get("min_coverage", DEFAULT_MIN_COVERAGE)))
         windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
-                         "steps": span.steps, "work": span.work, "energy": energy.to_dict()}
+                         "steps": span.steps, "work": span.work, "energy": energy.to_dict(),
+                         "phases": phase_summary([b for b in trace.phases if b.window == name])}
     return {
         "schema": "jpwr.summary/1", "kind": "node", "run_id": info.get("run_id"), "node": node,
         "finished_at": utc_now(), "info": info, "missed_ticks": missed_ticks,
@@ -412,6 +422,8 @@ class SocketServer:
                 reply = json.dumps({"type": "live", "live": self.sampler.live(float(msg.get("span_s", 1.0))).to_dict()})
                 with contextlib.suppress(OSError):
                     self._sock.sendto(reply.encode(), peer)
+            elif msg.get("type") == "phases":
+                self.sampler.add_phases(PhaseBatch.from_dict(msg))
             elif msg.get("type") == "query" and peer:
                 # Answer from a worker thread: settling waits for the counter, marks keep flowing.
                 threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()
@@ -438,6 +450,9 @@ class LocalChannel:
 
     def send_mark(self, mark: Mark) -> None:
         self.sampler.add_mark(mark)
+
+    def send_phases(self, batch: PhaseBatch) -> None:
+        self.sampler.add_phases(batch)
 
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
         return {k: v.to_dict() for k, v in self.sampler.window_energies(names).items()}

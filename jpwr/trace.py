@@ -21,6 +21,7 @@ import numpy as np
 from jpwr.channel import Mark
 from jpwr.domains import Domain, MetricReading, Reading, Sensor, Status
 from jpwr.errors import FormatError
+from jpwr.phases import PhaseBatch
 
 SEGMENT_DIR = "segments"
 TRACE_FILE = "trace.h5"
@@ -78,6 +79,9 @@ class SegmentWriter:
 
     def mark(self, m: Mark) -> None:
         self.write({"k": "mark", **m.to_dict()})
+
+    def phases(self, batch: PhaseBatch) -> None:
+        self.write({"k": "phases", **batch.to_dict()})
 
     def flush(self, sync: bool = False) -> None:
         if self._handle is None or self.error is not None:
@@ -158,6 +162,7 @@ class TraceData:
     readings: dict[str, list[Reading]]
     metrics: list[MetricReading]
     marks: list[Mark]
+    phases: list[PhaseBatch] = dataclasses.field(default_factory=list)  # per rank and window (jpwr.phases)
 
     def series(self, sensor_id: str) -> SensorSeries:
         sensor = next(s for s in self.sensors if s.id == sensor_id)
@@ -199,6 +204,7 @@ def read_segments(directory: Path) -> TraceData:
     readings: dict[str, list[Reading]] = {}
     metrics: list[MetricReading] = []
     marks: list[Mark] = []
+    phases: list[PhaseBatch] = []
     for path in sorted((directory / SEGMENT_DIR).glob("seg-*.jsonl")):
         for line in path.read_text().splitlines():
             try:
@@ -213,11 +219,13 @@ def read_segments(directory: Path) -> TraceData:
                 metrics.append(MetricReading(rec["d"], rec["n"], rec["t"], rec["v"]))
             elif kind == "mark":
                 marks.append(Mark.from_dict(rec))
+            elif kind == "phases":
+                phases.append(PhaseBatch.from_dict(rec))
             elif kind == "header":
                 domains.update({d["id"]: _domain_from_dict(d) for d in rec["domains"]})
                 sensors.update({s["id"]: _sensor_from_dict(s) for s in rec["sensors"]})
                 info.update(rec["info"])
-    return TraceData(list(domains.values()), list(sensors.values()), info, readings, metrics, marks)
+    return TraceData(list(domains.values()), list(sensors.values()), info, readings, metrics, marks, phases)
 
 
 def write_hdf5(path: Path, data: TraceData) -> Path:
@@ -254,6 +262,7 @@ def write_hdf5(path: Path, data: TraceData) -> Path:
         _column(m, "t_ns", np.array([x.t_ns for x in data.metrics], dtype=np.int64))
         _column(m, "value", np.array([x.value for x in data.metrics], dtype=np.float64))
         h5.attrs["marks"] = json.dumps([x.to_dict() for x in data.marks])
+        _write_phases(h5, data.phases)
     os.replace(tmp, path)
     return path
 
@@ -300,7 +309,33 @@ def _read_hdf5(path: Path) -> TraceData:
                                  n.decode() if isinstance(n, bytes) else str(n), int(t), float(v))
                    for d, n, t, v in zip(m["domain"][:], m["name"][:], m["t_ns"][:], m["value"][:], strict=True)]
         marks = [Mark.from_dict(x) for x in json.loads(h5.attrs["marks"])]
-    return TraceData(domains, sensors, info, readings, metrics, marks)
+        phases = _read_phases(h5)
+    return TraceData(domains, sensors, info, readings, metrics, marks, phases)
+
+
+def _write_phases(h5: Any, batches: list[PhaseBatch]) -> None:
+    """One row per interval; each batch's identity (window, rank, clock, part) in a small JSON table."""
+    g = h5.create_group("phases")
+    g.attrs["batches"] = json.dumps([{k: v for k, v in b.to_dict().items() if k not in ("phase", "t0", "t1",
+                                                                                           "base_ns")}
+                                     for b in batches])
+    _column(g, "batch", np.array([i for i, b in enumerate(batches) for _ in range(len(b))], dtype=np.int32))
+    _column(g, "phase", np.array([k for b in batches for k in b.phase], dtype=np.int16))
+    _column(g, "t0_ns", np.array([t for b in batches for t in b.t0_ns], dtype=np.int64))
+    _column(g, "t1_ns", np.array([t for b in batches for t in b.t1_ns], dtype=np.int64))
+
+
+def _read_phases(h5: Any) -> list[PhaseBatch]:
+    if "phases" not in h5:  # traces written before phase marks existed
+        return []
+    g = h5["phases"]
+    index, phase, t0, t1 = (g[name][:] for name in ("batch", "phase", "t0_ns", "t1_ns"))
+    batches = []
+    for i, meta in enumerate(json.loads(g.attrs["batches"])):
+        rows = index == i
+        batches.append(PhaseBatch.from_dict({**meta, "phase": phase[rows].tolist(), "t0": t0[rows].tolist(),
+                                             "t1": t1[rows].tolist(), "base_ns": 0}))
+    return batches
 
 
 def load_trace(node_dir: Path) -> TraceData:

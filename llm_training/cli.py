@@ -7,6 +7,7 @@ and exits with ExitCode.USAGE (64).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -76,10 +77,13 @@ def _train(args: argparse.Namespace) -> int:
 
     from joulebench.launch import LaunchEnv
     from joulebench.torch_device import resolve_device
+    from jpwr.channel import ADDR_ENV
+    from jpwr.phases import check_replay_seconds
     from llm_training import train, validation
 
     launch = LaunchEnv.from_env()
     cfg = resolve_checked(args, launch.world_size)
+    check_replay_seconds(cfg.replay_phases_s, bool(cfg.energy_methods or os.environ.get(ADDR_ENV)))
     device = resolve_device(cfg.device)
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)

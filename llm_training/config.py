@@ -79,6 +79,7 @@ class TrainConfig:
     rope_fusion: bool | None  # None: on for CUDA (torch.compile of megatron's RoPE), off for CPU
     cross_entropy_fusion: bool | None  # None: on for CUDA (llm_training.cross_entropy, compiled)
     fused_optimizer: bool | None  # None: on for CUDA (torch's fused AdamW kernel instead of foreach)
+    replay_phases_s: float = 0.0  # > 0: after training, each phase alone for this long (jpwr.phases.replay_phases)
 
     @property
     def num_microbatches(self) -> int:
@@ -163,7 +164,7 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         overlap_grad_reduce=args.overlap_grad_reduce, bias_fusion=args.bias_fusion,
         attention_backend=args.attention_backend,
         rope_fusion=args.rope_fusion, cross_entropy_fusion=args.cross_entropy_fusion,
-        fused_optimizer=args.fused_optimizer,
+        fused_optimizer=args.fused_optimizer, replay_phases_s=args.replay_phases,
     )
 
 
@@ -214,6 +215,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--out-dir", default="llm_training_out")
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. pynvml")
+    r.add_argument("--replay-phases", type=float, default=0.0, metavar="SECONDS",
+                   help="after training, run forward, forward+backward, the optimizer step and the whole step each "
+                        "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "
+                        "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
     r.add_argument("--log-interval", type=int, default=5)
     r.add_argument("--seed", type=int, default=p.SEED)
     o = parser.add_argument_group("optimizer (CARAML's values by default)")

@@ -39,11 +39,13 @@ from joulebench.record import RunRecord, software_versions, steady_metrics, summ
 from joulebench.runcontrol import StopRequest
 from joulebench.torch_device import hardware_info
 from jpwr.meter import WindowMeter
+from jpwr.phases import OPTIMIZER, DeviceEventStamps, PhaseRecorder, Replay, replay_phases
 from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import CPU_ITERATIONS, TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
+from llm_training.phases import MegatronPhaseTimers
 
 DATASET_ITERATIONS = 1000  # dataset size (in global batches) of a run sized by time
 
@@ -139,6 +141,12 @@ class Trainer:
         dataset = data.build_train_dataset(cfg, samples)
         self.batches = data.micro_batches(dataset, cfg, parallel_state.get_data_parallel_rank(), device)
         self.skipped_updates = 0
+        self.phases = PhaseRecorder(enabled=False)
+
+    def mark_phases(self, recorder: PhaseRecorder) -> None:
+        """Forward, backward, grad_reduce through megatron's timer hooks (llm_training.phases); the optimizer here."""
+        self.phases = recorder
+        self.config.timers = MegatronPhaseTimers(recorder, self.cfg.data_parallel)
 
     def active_fusions(self) -> dict[str, bool]:
         """Which optional kernels this run really uses, read from the built objects (the options may be unset)."""
@@ -151,16 +159,24 @@ class Trainer:
             "fused_adam": bool(groups) and all(g.get("fused") for g in groups),
         }
 
-    def step(self) -> torch.Tensor | None:
-        """One global batch; returns the mean micro-batch loss (on the last pipeline stage, else None)."""
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        losses = self.forward_backward(
+    def _forward_backward(self, forward_only: bool = False) -> list[dict[str, torch.Tensor]]:
+        return self.forward_backward(
             forward_step_func=_forward_step, data_iterator=self.batches, model=[self.model],
             num_microbatches=self.cfg.num_microbatches, seq_length=self.cfg.seq_length,
-            micro_batch_size=self.cfg.micro_batch_size, forward_only=False,
+            micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only,
         )
-        update_successful, _grad_norm, _zeros = self.optimizer.step()
+
+    def _gradients(self) -> list[dict[str, torch.Tensor]]:
+        """Forward and backward of one global batch into freshly zeroed gradient buffers."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        return self._forward_backward()
+
+    def step(self) -> torch.Tensor | None:
+        """One global batch; returns the mean micro-batch loss (on the last pipeline stage, else None)."""
+        losses = self._gradients()
+        with self.phases.phase(OPTIMIZER):
+            update_successful, _grad_norm, _zeros = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=self.cfg.global_batch_size)
         else:
@@ -168,6 +184,15 @@ class Trainer:
         if not losses:
             return None
         return torch.stack([item["lm loss"] for item in losses]).mean()
+
+    def phase_replays(self) -> list[Replay]:
+        """The replay estimator's parts: forward of all micro-batches (graph kept, as in training, then
+        dropped), forward + backward (with DP > 1 the gradient reduction too: it needs backward's buckets),
+        the optimizer step alone on the real gradients, and the whole step for comparison."""
+        return [Replay("forward", lambda: self._forward_backward(forward_only=True)),
+                Replay("forward+backward", self._gradients),
+                Replay("optimizer", self.optimizer.step, setup=self._gradients),
+                Replay("step", self.step)]
 
 
 def _pipeline_loss(loss: torch.Tensor | None, device: torch.device) -> float:
@@ -207,6 +232,7 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
            meter: WindowMeter) -> tuple[int, int | None, list[dict[str, float]]]:
     """Returns (iterations completed, iterations planned (None: stopped before planning), loss curve)."""
     trainer = Trainer(cfg, device)
+    trainer.mark_phases(meter.phases)
     fusions = trainer.active_fusions()
     record.config["active_fusions"] = fusions
     _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
@@ -257,6 +283,10 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
         record.windows.append(meter.end("steady", completed, {"tokens": steps * cfg.tokens_per_iteration},
                                         reason=plan.end_reason(steps, stopped)))  # type: ignore[union-attr]
     record.metrics["skipped_updates"] = trainer.skipped_updates
+    if cfg.replay_phases_s and stopped is None:  # a stopped run has no time to spare
+        _log(launch, f"replaying each phase alone for >= {cfg.replay_phases_s:g} s")
+        agree = None if launch.world_size == 1 else (lambda count: max(_all_gather(count)))  # type: ignore[type-var]
+        record.windows += replay_phases(meter, trainer.phase_replays(), cfg.replay_phases_s, agree)
     return completed, total, curve
 
 
@@ -314,8 +344,10 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
         warning = memory.fit_warning(cfg, record.hardware.get("device_memory_gib"))  # type: ignore[arg-type]
         if warning:
             _log(launch, warning)
-        meter = WindowMeter.open(launch, sync=torch.cuda.synchronize if device.type == "cuda" else None,
-                                 methods=cfg.energy_methods, out_dir=out_dir / "jpwr")
+        cuda = device.type == "cuda"
+        meter = WindowMeter.open(launch, sync=torch.cuda.synchronize if cuda else None,
+                                 methods=cfg.energy_methods, out_dir=out_dir / "jpwr",
+                                 phase_stamps=DeviceEventStamps(torch) if cuda else None)
         completed, planned, curve = _train(cfg, launch, device, stop, record, meter)
         record.metrics["loss_curve"] = curve
         if planned is None or completed < planned:

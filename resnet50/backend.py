@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
+from jpwr.phases import PhaseRecorder, Replay
 from resnet50.config import TrainConfig
 
 REQUIRED_MODULES = {"pytorch": ("torch", "torchvision"), "tensorflow": ("tensorflow", "keras")}
@@ -38,6 +39,14 @@ class Backend(Protocol):
 
     def sync(self) -> None:
         """Block until every queued step has finished on the device (window edges)."""
+        ...
+
+    def mark_phases(self, recorder: PhaseRecorder) -> None:
+        """Mark forward, backward, optimizer (and gradient reduction) of each step on `recorder`."""
+        ...
+
+    def phase_replays(self) -> list[Replay]:
+        """Each phase as a callable for the replay estimator (jpwr.phases.replay_phases)."""
         ...
 
     def loss_value(self, handle: Any) -> float:

@@ -52,6 +52,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
     add("--seed", type=int, default=42)
     add("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    add("--replay-phases", type=float, default=0.0, metavar="SECONDS",
+        help="pytorch: after training, run forward, forward+backward, the optimizer step and the whole step each "
+             "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>, the replay "
+             "estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,6 +58,7 @@ class TrainConfig:
     seed: int = 42
     lr: float = 0.1
     data_workers: int = 4
+    replay_phases: float = 0.0  # > 0: after training, each phase alone for this many seconds (pytorch)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
@@ -156,6 +157,9 @@ def _check_framework_options(config: TrainConfig) -> None:
     else:
         if config.compile:
             raise ValidationError("--compile with --framework tensorflow", "use --xla for XLA compilation")
+        if config.replay_phases:
+            raise ValidationError("--replay-phases with --framework tensorflow (its step is one compiled function "
+                                  "without phase marks)", "use --framework pytorch, or drop --replay-phases")
         if config.data_format == "jpeg":
             raise ValidationError(
                 "--data-format jpeg with --framework tensorflow (the TF backend reads ImageNet TFRecords)",

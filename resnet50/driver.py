@@ -9,6 +9,7 @@ line is the last line rank 0 prints.
 
 from __future__ import annotations
 
+import os
 import signal
 import tempfile
 import time
@@ -20,8 +21,10 @@ from joulebench.launch import LaunchEnv
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
 from joulebench.runcontrol import StopRequest
+from jpwr.channel import ADDR_ENV
 from jpwr.errors import OutputDirError
 from jpwr.meter import WindowMeter
+from jpwr.phases import check_replay_seconds, replay_phases
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
@@ -36,6 +39,7 @@ def train(config: TrainConfig) -> int:
     started = time.monotonic()
     launch = LaunchEnv.from_env()
     check_static(config)
+    check_replay_seconds(config.replay_phases, bool(config.energy_methods or os.environ.get(ADDR_ENV)))
     module = load_backend(config.framework)
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
@@ -56,7 +60,10 @@ def train(config: TrainConfig) -> int:
         record.hardware = backend.hardware()
         meter.sync = backend.sync
         meter.take_idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
+        backend.mark_phases(meter.phases)
         loop = run_loop(backend, meter, config, stop, verbose=launch.is_global_zero)
+        if config.replay_phases and not loop.stop_reason:  # a stopped run has no time to spare
+            replay_phases(meter, backend.phase_replays(), config.replay_phases, lambda n: max(backend.gather(n)))
         if loop.stop_reason:
             record.status = "TIMEOUT"
             record.status_reason = (

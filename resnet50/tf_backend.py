@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from joulebench.launch import LaunchEnv
+from jpwr.phases import PhaseRecorder, Replay
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.flops import NUM_CLASSES
 from resnet50.tf_cluster import export_tf_config
@@ -141,6 +142,12 @@ class TensorFlowBackend:
 
     def loss_value(self, handle: tf.Tensor) -> float:
         return float(handle.numpy())
+
+    def mark_phases(self, recorder: PhaseRecorder) -> None:
+        """No phase marks: forward, backward and the update run inside one tf.function (out of scope, issue 17)."""
+
+    def phase_replays(self) -> list[Replay]:
+        return []  # config validation refuses --replay-phases with TensorFlow
 
     def _per_replica(self, value: Any) -> Any:
         return self.strategy.experimental_distribute_values_from_function(lambda _context: tf.constant(value))

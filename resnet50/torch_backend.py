@@ -19,6 +19,7 @@ import torchvision
 
 from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
+from jpwr.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, DeviceEventStamps, PhaseRecorder, Replay
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
 
@@ -76,6 +77,7 @@ class TorchBackend:
             self.fixed = synthetic_batch(config, batch, self.device, seed=config.seed + 1 + launch.rank)
         else:
             self.batches = jpeg_batches(config, batch, self.device, launch.rank, launch.world_size)
+        self.phases = PhaseRecorder(enabled=False)
 
     def hardware(self) -> dict[str, Any]:
         name = torch.cuda.get_device_name(self.device) if self.device_kind == "cuda" else "cpu"
@@ -98,20 +100,56 @@ class TorchBackend:
 
         return bool(inductor_config.coordinate_descent_tuning)
 
-    def train_step(self) -> torch.Tensor:
+    def mark_phases(self, recorder: PhaseRecorder) -> None:
+        """forward (model and loss under autocast), backward (autograd; DDP's all-reduce of the buckets that are
+        ready early runs inside it), grad_reduce (with DDP only: from the last gradient computed, the input
+        layer's, to the end of backward: the all-reduce not hidden behind backward), optimizer (step, zeroing)."""
+        if self.device_kind == "cuda":
+            recorder.set_stamps(DeviceEventStamps(torch))
+        self.phases = recorder
+        if self.distributed:
+            first = next(p for p in self.model.parameters() if p.requires_grad)  # backward reaches it last
+            first.register_post_accumulate_grad_hook(self._backward_done)
+
+    def _backward_done(self, _param: torch.Tensor) -> None:
+        if self.phases.current == BACKWARD:  # not in the replays, which run backward outside any phase
+            self.phases.begin(GRAD_REDUCE)
+
+    def _forward(self) -> torch.Tensor:
         images, labels = self.fixed if self.fixed is not None else next(self.batches)  # type: ignore[arg-type]
         amp = self.amp_dtype is not None
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=amp):
-            loss = F.cross_entropy(self.model(images), labels)
+            return F.cross_entropy(self.model(images), labels)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def _update(self) -> None:
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_step(self) -> torch.Tensor:
+        with self.phases.phase(FORWARD):
+            loss = self._forward()
+        with self.phases.phase(BACKWARD):  # ending backward also ends grad_reduce begun inside it
+            self._backward(loss)
+        with self.phases.phase(OPTIMIZER):
+            self._update()
+            self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def _gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._backward(self._forward())
+
+    def phase_replays(self) -> list[Replay]:
+        """forward (graph built, then dropped), forward + backward (with DDP its all-reduce too), the update alone
+        on the last gradients (zeroing with set_to_none launches no kernel), and the whole step."""
+        return [Replay("forward", self._forward), Replay("forward+backward", self._gradients),
+                Replay("optimizer", self._update, setup=self._gradients), Replay("step", self.train_step)]
 
     def sync(self) -> None:
         if self.device_kind == "cuda":

@@ -4,6 +4,7 @@
     joulebench report --pareto RUNS... [--max-slowdown 1%] # a sweep's Pareto front and waste-free point
     joulebench plan RUNS... | --profile FILE              # one clock per phase under a slowdown limit (predicted)
     joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
+    joulebench attribute RUN_DIR [--profile KERNELS.json] # a window's energy per phase: fit and replay estimators
 
 Measuring is the meter's job (`jpwr -- CMD`, `jpwr serve`, `jpwr combine`, `jpwr info`,
 `jpwr selftest`). Each verb's module is imported only when that verb runs, so the usage text
@@ -24,6 +25,8 @@ VERBS = {
     "plot": ("joulebench.analysis.plot", "a trace's power, clocks and utilisation with its windows shaded"),
     "plan": ("joulebench.analysis.plan", "one SM clock per phase under a slowdown limit, beside the best single "
                                          "clock (a prediction)"),
+    "attribute": ("joulebench.analysis.attribute", "where a window's joules go: per phase (fit, replay), kernel "
+                                                   "classes; writes the record's attribution block"),
 }
 
 

@@ -1,4 +1,4 @@
-"""`joulebench plot RUN_DIR -o trace.png`: the power trace with each window shaded, clocks and utilisation below.
+"""`joulebench plot RUN_DIR -o trace.png`: power with the windows shaded and the phases marked, clocks, utilisation.
 
 A glance at the trace shows whether a window's number can be trusted: is the steady window flat,
 does it start after the warm-up, did clocks drop or utilisation sag inside it. Nodes are put on
@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 WINDOW_COLOURS = {"steady": "tab:green", "warmup": "tab:orange", "command": "tab:gray"}
+PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:purple", "grad_reduce": "tab:brown",
+                 "pipeline_p2p": "tab:olive"}
 SEARCH_DEPTH = 5  # RUN_DIR/<node>, <record dir>/energy/<node>, JUBE <run>/<step>/work/run/energy/<node>
 COUNTER_MIN_GAP_S = 0.5
 
@@ -157,7 +159,8 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:
     several = len(nodes) > 1
     for node in nodes:
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
-    window_handles = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util))
+    window_handles = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util)) + _mark_phases(nodes, origin,
+                                                                                                   ax_power)
     ax_power.set_ylabel("accelerator power (W)")
     ax_power.set_ylim(bottom=0)
     ax_clock.set_ylabel("clock (MHz)")
@@ -245,6 +248,27 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]
                 handles.append(Patch(color=colour, alpha=0.35,
                                      label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9)))
     return handles
+
+
+def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
+    """Phase marks (jpwr.phases) as a strip along the bottom of the power axis, one row per node (its lowest
+    local rank): where each step's forward, backward, optimizer... ran on the device."""
+    from matplotlib.patches import Patch
+
+    colours: dict[str, str] = {}
+    for row, node in enumerate(nodes):
+        batches = node.trace.phases
+        if not batches:
+            continue
+        rank = min(b.local_rank for b in batches)
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for batch in (b for b in batches if b.local_rank == rank):
+            for name, a, b in batch.intervals():
+                spans.setdefault(name, []).append(((a + node.wall_offset_ns - origin) / 1e9, (b - a) / 1e9))
+        for name, bars in spans.items():
+            colour = colours.setdefault(name, PHASE_COLOURS.get(name, f"C{(len(colours) + 5) % 10}"))
+            ax.broken_barh(bars, (0.005 + 0.035 * row, 0.03), transform=ax.get_xaxis_transform(), color=colour, lw=0)
+    return [Patch(color=c, label=f"phase: {name} (strip at the bottom)") for name, c in colours.items()]
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

@@ -316,6 +316,49 @@ def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     return fig
 
 
+def _attribution_bars(run: Run) -> list[tuple[str, list[tuple[str, float]], str]]:
+    """(bar label, [(phase, share)], what the rest is) per estimator of a run's attribution block, never mixed."""
+    block = run.record.attribution or {}
+    bars = []
+    for name, estimator in block.get("estimators", {}).items():
+        rows = estimator.get("rows") or []
+        key = "share_of_step" if name == "replay" else "share"
+        parts = [(r["phase"], float(r[key])) for r in rows if isinstance(r.get(key), int | float)]
+        if parts:
+            rest = "rest of the step (unmarked work, misfit)" if name == "replay" else "below resolution or n/a"
+            bars.append((f"{run.label}\n{name}", parts, rest))
+    return bars
+
+
+def attribution_figure(runs: Sequence[Run], benchmark: str) -> Figure | None:
+    """A stacked bar per run and estimator: each phase's share of the window (fit) or of the step (replay)."""
+    from matplotlib.figure import Figure
+
+    bars = [bar for run in runs for bar in _attribution_bars(run)]
+    if not bars:
+        return None
+    fig = Figure(figsize=(12, 1.2 + 0.6 * len(bars)), layout="constrained")
+    ax = fig.subplots()
+    colours: dict[str, str] = {}
+    for y, (_label, parts, rest) in enumerate(bars):
+        left = 0.0
+        for phase, share in parts:
+            new = phase not in colours
+            colour = colours.setdefault(phase, f"C{len(colours) % 10}")
+            ax.barh(y, 100 * share, left=100 * left, color=colour, label=phase if new else None)
+            left += share
+        if left < 1:
+            new = rest not in colours
+            colours.setdefault(rest, "0.85")
+            ax.barh(y, 100 * (1 - left), left=100 * left, color="0.85", hatch="//", label=rest if new else None)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(range(len(bars)), [label for label, _, _ in bars], fontsize=7)
+    ax.set_xlabel("share of the window's energy (fit) or of one step (replay), %")
+    ax.set_xlim(0, 100)
+    fig.suptitle(f"{benchmark}: where the joules go (joulebench attribute; estimators never mixed)")
+    return fig
+
+
 # ---- diagnosis -------------------------------------------------------------------------------------------
 def compare_runs(a: Run, b: Run) -> Diagnosis:
     return diagnose(a.cost, b.cost, a.latents, b.latents)
@@ -385,6 +428,10 @@ def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
         for stem, build, alt in charts:
             images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
                            f"{benchmark}: {alt}"))
+        attribution = attribution_figure(group, benchmark)
+        if attribution is not None:
+            images.append((save_figure(attribution, out_dir / f"attribution_{benchmark}.png"),
+                           f"{benchmark}: energy per phase (joulebench attribute)"))
         pair = extreme_pair(group)
         if pair:
             diagnoses.append((f"{benchmark}: {pair[1].label} vs {pair[0].label}", compare_runs(*pair)))

@@ -117,3 +117,34 @@ def test_importing_the_script_does_not_import_torch() -> None:
             "m = sys.modules['kp'] = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
             "assert m.category('nvjet_sm90_tst') == 'gemm'; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_profiled_intervals_land_on_the_monotonic_clock_between_the_anchors() -> None:
+    """The mapping --intervals-out uses, on CPU ops (a CUDA kernel is a device event of the same profile)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.ones(256, 256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        anchors = [kernel_profile.clock_anchor(torch)]
+        before = time.monotonic_ns()
+        for _ in range(5):
+            a @ a
+        after = time.monotonic_ns()
+        anchors.append(kernel_profile.clock_anchor(torch))
+    data = kernel_profile.kernel_intervals(prof.events(), anchors, torch.autograd.DeviceType.CPU)
+    assert data["kind"] == "joulebench.kernel_intervals" and kernel_profile.ANCHOR not in data["names"]
+    matmuls = [i for i, k in enumerate(data["name_index"]) if data["names"][k] == "aten::mm"]
+    assert len(matmuls) == 5
+    slack = 2_000_000  # the profiler's own clock against the host's: well under the 2 ms allowed here
+    for i in matmuls:
+        assert before - slack <= data["t0_ns"][i] <= data["t1_ns"][i] <= after + slack
+
+
+def test_intervals_out_needs_a_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JPWR_ADDR", raising=False)
+    with pytest.raises(ValidationError, match="--intervals-out without a jpwr sampler"):
+        kernel_profile.parse_args(["--workload", "llm", "--out", "p.txt", "--intervals-out", "k.json"])

@@ -178,5 +178,8 @@ class TorchBackend:
         return gathered
 
     def close(self) -> None:
+        """Ranks leave together: rank 0 writes the record after the others are done, and a rank that tears its
+        gloo connections down while a peer still holds them open was seen to abort the peer (SIGABRT, CI)."""
         if self.distributed and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()

@@ -64,3 +64,5 @@ POSITIVE = Number(float, 0.0, low_open=True)  # durations, intervals, rates, siz
 NON_NEGATIVE = Number(float, 0.0)  # weight decay, gradient clip (0 = off), probe time
 PROBABILITY = Number(float, 0.0, 1.0, high_open=True)  # dropout: 1 would drop everything
 UNIT_OPEN = Number(float, 0.0, 1.0, low_open=True, high_open=True)  # Adam betas, fractions strictly inside (0, 1)
+FINITE = Number(float)  # offsets: any sign
+FRACTION = Number(float, 0.0, 1.0)  # coverage thresholds: 0 and 1 both meaningful

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jpwr import __version__
+from jpwr.arguments import COUNT, NON_NEGATIVE, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.output import fmt
@@ -40,8 +41,8 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", nargs="+", default=["auto"],
                    help="auto (default) or names: nvml, amdsmi, rapl, hwmon_gh, gcipuinfo "
                         "(aliases pynvml, rocm, gh, gc); comma or space separated")
-    p.add_argument("--interval", type=float, default=100.0, help="power/metrics sampling interval in ms")
-    p.add_argument("--counter-interval", type=float, default=1000.0, help="energy counter read interval in ms")
+    p.add_argument("--interval", type=POSITIVE, default=100.0, help="power/metrics sampling interval in ms")
+    p.add_argument("--counter-interval", type=POSITIVE, default=1000.0, help="energy counter read interval in ms")
     p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
     p.add_argument("--run-id", default=None, help="run id shared by all nodes of one run")
 
@@ -188,7 +189,7 @@ def cmd_combine(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
     parser.add_argument("directory")
     parser.add_argument("--run-id", default=None, help="the run to combine (needed when DIR holds several)")
-    parser.add_argument("--expected-nodes", type=int, default=expected_nodes_from(),
+    parser.add_argument("--expected-nodes", type=COUNT, default=expected_nodes_from(),
                         help="nodes the run has (default: Slurm's SLURM_JOB_NUM_NODES); fewer found = no energy")
     args = parser.parse_args(argv)
     result = combine_run(Path(args.directory), args.run_id, args.expected_nodes)
@@ -210,7 +211,7 @@ def cmd_combine(argv: Sequence[str]) -> int:
 def cmd_info(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr info", description="List sensors, signals, read cost, update period.")
     parser.add_argument("--methods", nargs="+", default=["auto"])
-    parser.add_argument("--probe-seconds", type=float, default=1.0, help="time spent measuring update periods")
+    parser.add_argument("--probe-seconds", type=NON_NEGATIVE, default=1.0, help="time spent measuring update periods")
     args = parser.parse_args(argv)
     from jpwr.info import describe
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from jpwr.arguments import FINITE, NON_NEGATIVE, POSITIVE
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt, write_json_atomic
 from jpwr.qualify_meters import SPEC_FORMS, CsvMeter, Meter, parse_meter
@@ -213,19 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("meter_a", metavar="METER_A", help=f"the meter under test: {SPEC_FORMS}")
     parser.add_argument("meter_b", metavar="METER_B", help="the reference meter, same forms")
-    parser.add_argument("--window-seconds", type=float, default=60.0, help="length of each window (default 60)")
-    parser.add_argument("--lead-seconds", type=float, default=10.0,
+    parser.add_argument("--window-seconds", type=POSITIVE, default=60.0, help="length of each window (default 60)")
+    parser.add_argument("--lead-seconds", type=NON_NEGATIVE, default=10.0,
                         help="a load starts this long before its window opens (default 10)")
     parser.add_argument("--load1", help="command for load 1 (default: built-in 8192² bf16 matmuls)")
     parser.add_argument("--load2", help="command for load 2 (default: built-in 2048² bf16 matmuls)")
     parser.add_argument("--windows", type=Path, help="evaluate this recorded schedule (qualify.json) instead of "
                                                      "running one; CSV meters only")
-    parser.add_argument("--offset-a", type=float, default=0.0, help="seconds added to our clock to reach A's clock")
-    parser.add_argument("--offset-b", type=float, default=0.0, help="the same for B")
-    parser.add_argument("--max-clock-offset", type=float, default=1.0, help="seconds a CSV meter may be off (1)")
-    parser.add_argument("--offset-search", type=float, default=120.0, help="seconds searched for a CSV offset")
-    parser.add_argument("--pass-limit", type=float, default=PASS_LIMIT)
-    parser.add_argument("--target", type=float, default=TARGET)
+    parser.add_argument("--offset-a", type=FINITE, default=0.0, help="seconds added to our clock to reach A's clock")
+    parser.add_argument("--offset-b", type=FINITE, default=0.0, help="the same for B")
+    parser.add_argument("--max-clock-offset", type=NON_NEGATIVE, default=1.0, help="seconds a CSV meter may be off (1)")
+    parser.add_argument("--offset-search", type=NON_NEGATIVE, default=120.0, help="seconds searched for a CSV offset")
+    parser.add_argument("--pass-limit", type=POSITIVE, default=PASS_LIMIT)
+    parser.add_argument("--target", type=POSITIVE, default=TARGET)
     parser.add_argument("--out", type=Path, default=Path("jpwr_qualify"))
     return parser
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jpwr.arguments import POSITIVE
 from jpwr.errors import ValidationError
 from jpwr.estimator import aliasing_warning, planned_bound_j
 from jpwr.live import NodeLive
@@ -174,12 +175,9 @@ def steady_seconds_arg(text: str) -> float | None:
     if text.strip().lower() == "auto":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (or 'auto')")
-    return value
+        return POSITIVE(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 'auto'") from None
 
 
 def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, aliases: tuple[str, ...] = (),

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from jpwr.arguments import POSITIVE
 from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.presets import ModelPreset
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
     add_run_arguments(validate)
-    validate.add_argument("--device-memory-gib", type=float, help="device memory for the fit estimate")
+    validate.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
     return parser
 
 

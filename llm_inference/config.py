@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, SEED
 from jpwr.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
@@ -55,10 +56,14 @@ class InferenceConfig:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    """A sweep of batch sizes: each at least 1, none twice (a repeated point would overwrite its record)."""
+    values = tuple(COUNT(part) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} names no batch size (expected e.g. 1,8,64)")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} lists {', '.join(map(str, repeated))} more than once")
+    return values
 
 
 def _name_list(text: str) -> tuple[str, ...]:
@@ -80,16 +85,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--task", type=_name_list, default=("chat",),
                    help=f"task or comma-separated tasks: {', '.join(TASKS)}")
-    w.add_argument("--batch-size", type=int, help="one batch size (requests per generate call)")
+    w.add_argument("--batch-size", type=COUNT, help="one batch size (requests per generate call)")
     w.add_argument("--batch-sizes", type=_int_list, help="sweep, e.g. 1,2,4,8 (one run record per point)")
-    w.add_argument("--num-batches", type=int, default=2, help="distinct batches drawn per point")
-    w.add_argument("--output-length", type=int, help="force this many new tokens instead of the task's draw")
-    w.add_argument("--seed", type=int, default=1234)
+    w.add_argument("--num-batches", type=COUNT, default=2, help="distinct batches drawn per point")
+    w.add_argument("--output-length", type=COUNT, help="force this many new tokens instead of the task's draw")
+    w.add_argument("--seed", type=SEED, default=1234)
     r = parser.add_argument_group("run control")
     add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; the prefill and steady windows each repeat "
                                         "their batches in whole passes until at least this long",
                          aliases=("--min-window-s",))
-    r.add_argument("--warmup-batches", type=int, default=1, help="generate calls before the measured windows")
+    r.add_argument("--warmup-batches", type=COUNT_OR_ZERO, default=1, help="generate calls before the measured windows")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--out-dir", default="llm_inference_out")
     r.add_argument("--run-id")

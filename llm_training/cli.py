@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from jpwr.arguments import COUNT, POSITIVE
 from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
@@ -23,10 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
     add_run_arguments(validate)
     layout = validate.add_argument_group("job layout (train reads it from torchrun/srun)")
-    layout.add_argument("--world-size", type=int)
-    layout.add_argument("--nodes", type=int)
-    layout.add_argument("--devices-per-node", type=int)
-    layout.add_argument("--device-memory-gib", type=float, help="device memory for the fit estimate")
+    layout.add_argument("--world-size", type=COUNT)
+    layout.add_argument("--nodes", type=COUNT)
+    layout.add_argument("--devices-per-node", type=COUNT)
+    layout.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
     prep = commands.add_parser("preprocess", help="JSONL text -> Megatron PREFIX.bin/.idx")
     prep.add_argument("--input", required=True, help="JSON lines, one document per line")
     prep.add_argument("--output-prefix", required=True)

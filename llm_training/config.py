@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED
 from jpwr.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
@@ -174,17 +175,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and parallelism")
     g.add_argument("--model", default="800M", help=f"preset: {', '.join(p.MODEL_SHAPES)}")
     g.add_argument("--caraml", action="store_true", help="use CARAML's exact run settings instead of the fastest")
-    g.add_argument("--tensor-parallel", type=int)
-    g.add_argument("--pipeline-parallel", type=int)
+    g.add_argument("--tensor-parallel", type=COUNT)
+    g.add_argument("--pipeline-parallel", type=COUNT)
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--seq-length", type=int)
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--ffn-hidden-size", type=int)
-    g.add_argument("--vocab-size", type=int, help="tokenizer vocabulary before padding (GPT-2: 50257)")
+    g.add_argument("--micro-batch-size", type=COUNT)
+    g.add_argument("--global-batch-size", type=COUNT)
+    g.add_argument("--seq-length", type=COUNT)
+    g.add_argument("--num-layers", type=COUNT)
+    g.add_argument("--hidden-size", type=COUNT)
+    g.add_argument("--num-attention-heads", type=COUNT)
+    g.add_argument("--ffn-hidden-size", type=COUNT)
+    g.add_argument("--vocab-size", type=COUNT, help="tokenizer vocabulary before padding (GPT-2: 50257)")
     g.add_argument("--precision", choices=PRECISIONS)
     g.add_argument("--recompute", choices=RECOMPUTE)
     g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
@@ -201,40 +202,40 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
     r = parser.add_argument_group("run control")
-    r.add_argument("--iterations", type=int, default=None,
+    r.add_argument("--iterations", type=COUNT, default=None,
                    help="total training iterations, warm-up included, as Megatron's --train-iters; fixes the steady "
                         f"window (measured = iterations - warm-up). Default: sized by --steady-seconds on "
                         f"accelerators, {CPU_ITERATIONS} on the CPU")
-    r.add_argument("--warmup-iterations", type=int, default=5,
+    r.add_argument("--warmup-iterations", type=COUNT_OR_ZERO, default=5,
                    help="first iterations left out of the measured window; they time the step (default 5)")
     add_window_arguments(r, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations in all")
-    r.add_argument("--exit-duration-mins", type=float, help="stop cleanly after this many minutes of training")
+    r.add_argument("--exit-duration-mins", type=POSITIVE, help="stop cleanly after this many minutes of training")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")
     r.add_argument("--overfit-batch", action="store_true", help="train on the first global batch every step")
     r.add_argument("--out-dir", default="llm_training_out")
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. pynvml")
-    r.add_argument("--replay-phases", type=float, default=0.0, metavar="SECONDS",
+    r.add_argument("--replay-phases", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
                    help="after training, run forward, forward+backward, the optimizer step and the whole step each "
                         "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "
                         "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
-    r.add_argument("--log-interval", type=int, default=5)
-    r.add_argument("--seed", type=int, default=p.SEED)
+    r.add_argument("--log-interval", type=COUNT, default=5)
+    r.add_argument("--seed", type=SEED, default=p.SEED)
     o = parser.add_argument_group("optimizer (CARAML's values by default)")
-    o.add_argument("--lr", type=float)
-    o.add_argument("--min-lr", type=float)
-    o.add_argument("--lr-warmup-samples", type=int)
-    o.add_argument("--lr-decay-samples", type=int)
-    o.add_argument("--weight-decay", type=float, default=p.WEIGHT_DECAY)
-    o.add_argument("--clip-grad", type=float, default=p.CLIP_GRAD)
-    o.add_argument("--adam-beta1", type=float, default=p.ADAM_BETA1)
-    o.add_argument("--adam-beta2", type=float, default=p.ADAM_BETA2)
-    o.add_argument("--adam-eps", type=float, default=p.ADAM_EPS)
-    o.add_argument("--init-method-std", type=float, default=p.INIT_METHOD_STD)
-    o.add_argument("--attention-dropout", type=float, default=p.DROPOUT)
-    o.add_argument("--hidden-dropout", type=float, default=p.DROPOUT)
-    o.add_argument("--initial-loss-scale", type=float, default=p.INITIAL_LOSS_SCALE)
-    o.add_argument("--loss-scale-window", type=int, default=p.LOSS_SCALE_WINDOW)
-    o.add_argument("--loss-scale-hysteresis", type=int, default=p.LOSS_SCALE_HYSTERESIS)
-    o.add_argument("--min-loss-scale", type=float, default=p.MIN_LOSS_SCALE)
+    o.add_argument("--lr", type=POSITIVE)
+    o.add_argument("--min-lr", type=NON_NEGATIVE)
+    o.add_argument("--lr-warmup-samples", type=COUNT_OR_ZERO)
+    o.add_argument("--lr-decay-samples", type=COUNT_OR_ZERO)
+    o.add_argument("--weight-decay", type=NON_NEGATIVE, default=p.WEIGHT_DECAY)
+    o.add_argument("--clip-grad", type=NON_NEGATIVE, default=p.CLIP_GRAD)
+    o.add_argument("--adam-beta1", type=PROBABILITY, default=p.ADAM_BETA1)
+    o.add_argument("--adam-beta2", type=PROBABILITY, default=p.ADAM_BETA2)
+    o.add_argument("--adam-eps", type=POSITIVE, default=p.ADAM_EPS)
+    o.add_argument("--init-method-std", type=POSITIVE, default=p.INIT_METHOD_STD)
+    o.add_argument("--attention-dropout", type=PROBABILITY, default=p.DROPOUT)
+    o.add_argument("--hidden-dropout", type=PROBABILITY, default=p.DROPOUT)
+    o.add_argument("--initial-loss-scale", type=POSITIVE, default=p.INITIAL_LOSS_SCALE)
+    o.add_argument("--loss-scale-window", type=COUNT, default=p.LOSS_SCALE_WINDOW)
+    o.add_argument("--loss-scale-hysteresis", type=COUNT, default=p.LOSS_SCALE_HYSTERESIS)
+    o.add_argument("--min-loss-scale", type=POSITIVE, default=p.MIN_LOSS_SCALE)

@@ -100,8 +100,25 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValidationError(
             f"--exit-duration-mins {cfg.exit_duration_mins}", "give a positive number of minutes (or omit it)"
         )
+    check_optimizer(cfg)
     if cfg.data_path is not None:
         check_data_path(cfg.data_path)
+
+
+def check_optimizer(cfg: TrainConfig) -> None:
+    """What argparse's ranges cannot see: values that come from a preset, and pairs that must agree."""
+    if cfg.min_lr > cfg.lr:
+        raise ValidationError(f"--min-lr {cfg.min_lr:g} is above --lr {cfg.lr:g}: the schedule would decay upwards",
+                              "use --min-lr <= --lr (the preset's ratio is 0.1)")
+    for name, value in (("--adam-beta1", cfg.adam_beta1), ("--adam-beta2", cfg.adam_beta2),
+                        ("--attention-dropout", cfg.attention_dropout), ("--hidden-dropout", cfg.hidden_dropout)):
+        if not 0.0 <= value < 1.0:
+            raise ValidationError(f"{name} {value:g} is outside [0, 1)", f"pass {name} as a number in [0, 1)")
+    for name, value in (("--lr", cfg.lr), ("--adam-eps", cfg.adam_eps)):
+        if not value > 0.0:
+            raise ValidationError(f"{name} {value:g} is not positive", f"pass {name} > 0")
+    if cfg.clip_grad < 0.0:
+        raise ValidationError(f"--clip-grad {cfg.clip_grad:g} is negative", "pass --clip-grad >= 0 (0 turns it off)")
 
 
 def check_data_path(prefix: str) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from joulebench.launch import LaunchEnv
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED
 from jpwr.errors import ValidationError, exit_code_of, take_debug_flag
 from jpwr.sizing import add_window_arguments
 from resnet50.config import (
@@ -26,20 +27,20 @@ from resnet50.flops import resnet50_flops
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--framework", choices=FRAMEWORKS, required=True)
-    add("--global-batch-size", type=int, default=256, help="images per step over all devices (default 256)")
+    add("--global-batch-size", type=COUNT, default=256, help="images per step over all devices (default 256)")
     add("--precision", choices=PRECISIONS, default="bf16", help="mixed precision compute type (default bf16)")
-    add("--image-size", type=int, default=224)
-    add("--iterations", type=int, default=None,
+    add("--image-size", type=COUNT, default=224)
+    add("--iterations", type=COUNT, default=None,
         help="measured iterations, warm-up not included, as tf_cnn_benchmarks' --num_batches; fixes the steady "
              f"window (default: sized by --steady-seconds on accelerators, {CPU_ITERATIONS} on the CPU)")
-    add("--warmup-iterations", type=int, default=10,
+    add("--warmup-iterations", type=COUNT_OR_ZERO, default=10,
         help="iterations before the measured window; they time the step (default 10)")
     add_window_arguments(parser, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations")
-    add("--exit-duration-mins", type=float, default=None, help="end the steady window after this many minutes")
+    add("--exit-duration-mins", type=POSITIVE, default=None, help="end the steady window after this many minutes")
     add("--data", default="synthetic", help="'synthetic' or a data directory (default synthetic)")
     add("--data-format", choices=DATA_FORMATS, default=None,
         help="tfrecord (tensorflow default) or jpeg ImageFolder tree (pytorch default)")
-    add("--data-workers", type=int, default=4, help="torch DataLoader worker processes per rank (default 4)")
+    add("--data-workers", type=COUNT_OR_ZERO, default=4, help="torch DataLoader worker processes per rank (default 4)")
     add("--channels-last", action=argparse.BooleanOptionalAction, default=True, help="NHWC layout (default on)")
     add("--compile", action="store_true", help="torch.compile the model (pytorch)")
     add("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune (default: default)")
@@ -48,11 +49,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
     add("--run-id", default=None)
     add("--energy-methods", default=None, help="in-process jpwr methods for single-process runs, e.g. pynvml")
-    add("--log-interval", type=int, default=10, help="progress line every N iterations (default 10)")
+    add("--log-interval", type=COUNT, default=10, help="progress line every N iterations (default 10)")
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
-    add("--seed", type=int, default=42)
-    add("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    add("--replay-phases", type=float, default=0.0, metavar="SECONDS",
+    add("--seed", type=SEED, default=42)
+    add("--lr", type=POSITIVE, default=0.1, help="SGD learning rate (default 0.1)")
+    add("--replay-phases", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
         help="pytorch: after training, run forward, forward+backward, the optimizer step and the whole step each "
              "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>, the replay "
              "estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
@@ -64,17 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(sub.add_parser("train", help="train ResNet-50 and write a run record"))
     validate = sub.add_parser("validate", help="check a configuration without touching a device")
     _add_run_options(validate)
-    validate.add_argument("--world-size", type=int, default=None, help="data-parallel devices of the planned run")
-    validate.add_argument("--nodes", type=int, default=None)
-    validate.add_argument("--devices-per-node", type=int, default=None)
+    validate.add_argument("--world-size", type=COUNT, default=None, help="data-parallel devices of the planned run")
+    validate.add_argument("--nodes", type=COUNT, default=None)
+    validate.add_argument("--devices-per-node", type=COUNT, default=None)
     make = sub.add_parser("make-data", help="write a tiny data set of noise images for tests")
     make.add_argument("out", type=Path)
     make.add_argument("--format", choices=DATA_FORMATS, required=True)
-    make.add_argument("--images", type=int, default=32, help="training images (default 32)")
-    make.add_argument("--classes", type=int, default=4, help="classes of a JPEG tree (default 4)")
-    make.add_argument("--shards", type=int, default=2, help="TFRecord shards (default 2)")
-    make.add_argument("--image-size", type=int, default=64)
-    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--images", type=COUNT, default=32, help="training images (default 32)")
+    make.add_argument("--classes", type=COUNT, default=4, help="classes of a JPEG tree (default 4)")
+    make.add_argument("--shards", type=COUNT, default=2, help="TFRecord shards (default 2)")
+    make.add_argument("--image-size", type=COUNT, default=64)
+    make.add_argument("--seed", type=SEED, default=0)
     return parser
 
 

@@ -37,6 +37,7 @@ from joulebench.analysis.phase_fit import (
 from joulebench.analysis.plot import find_trace_sources, load_trace_data
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
 from joulebench.record import RunRecord, read_run_record, write_run_record
+from jpwr.arguments import COUNT, NON_NEGATIVE, SEED
 from jpwr.domains import Domain, Signal
 from jpwr.energy import IdleBaseline, WindowEnergy
 from jpwr.errors import ExitCode, ValidationError
@@ -373,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--phases", help="comma list of phases to fit; the others count as unmarked")
     parser.add_argument("--profile", type=Path, help="kernel intervals from benchmarks/kernel_profile.py "
                                                      "--intervals-out: also fit kernel classes")
-    parser.add_argument("--bootstrap", type=int, default=DEFAULT_DRAWS, help="bootstrap draws (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--idle-power-w", type=float, help="idle power per device for the idle/dynamic split "
+    parser.add_argument("--bootstrap", type=COUNT, default=DEFAULT_DRAWS, help="bootstrap draws (default 200)")
+    parser.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--idle-power-w", type=NON_NEGATIVE, help="idle power per device for the idle/dynamic split "
                                                            "(default: the record's idle baseline, when it has one)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave the run record as it is")
     return parser

@@ -23,6 +23,7 @@ from typing import Any
 from joulebench.analysis.diagnose import readable, work_unit
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
+from jpwr.arguments import FRACTION
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt
 
@@ -229,7 +230,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--pareto", action="store_true", help="(the verb's switch; implied here)")
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--max-slowdown", default="1%", help="slowdown allowed for the waste-free point (1%% or 0.01)")
-    parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE,
+    parser.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
                         help="energy coverage below this fraction excludes a run (default 0.99)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="also write pareto.json and pareto.png here")
     args = parser.parse_args(argv)

@@ -39,6 +39,7 @@ from typing import Any
 
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.device_settings.record import recorded_settings
+from jpwr.arguments import NON_NEGATIVE
 from jpwr.errors import ExitCode, FormatError, ValidationError
 from jpwr.output import fmt, write_json_atomic
 
@@ -328,7 +329,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="a JSON or CSV profile instead of run records")
     parser.add_argument("--method", default="fit", help="attribution estimator to use: fit (default) or replay")
     parser.add_argument("--max-slowdown", default="1%", help="time allowed above the default clocks (1%% or 0.01)")
-    parser.add_argument("--switch-latency", type=float, default=0.0, metavar="S",
+    parser.add_argument("--switch-latency", type=NON_NEGATIVE, default=0.0, metavar="S",
                         help="seconds one clock switch costs (default 0)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     parser.add_argument("--write-profile", type=Path, default=None, help="write the per-phase profile (JSON)")
@@ -336,8 +337,6 @@ def main(argv: Sequence[str]) -> int:
     if bool(args.paths) == bool(args.profile):
         raise ValidationError("give either run records or --profile", "e.g. `joulebench plan jube/runs/llm/000003` "
                                                                       "or `joulebench plan --profile clocks.csv`")
-    if not (math.isfinite(args.switch_latency) and args.switch_latency >= 0):
-        raise ValidationError(f"--switch-latency {args.switch_latency} is not a time", "give seconds, 0 or more")
     profile = read_profile(args.profile) if args.profile else profile_from_records(args.paths, args.method)
     if args.write_profile:
         write_json_atomic(args.write_profile, profile.to_json())

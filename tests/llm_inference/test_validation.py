@@ -32,9 +32,6 @@ def call(capsys, *args: str) -> tuple[int, str, str]:
         (["--preset", "llama-8b", "--device-memory-gib", "8"], ["needs an estimated", "smaller model"]),
         (["--preset", "gpt2", "--task", "summarization"],
          ["task 'summarization' needs up to 3232 positions", "gpt2 has 1024"]),
-        (["--preset", "tiny", "--batch-sizes", "2,0"], ["batch sizes [2, 0] include a value below 1"]),
-        (["--preset", "tiny", "--num-batches", "0"], ["--num-batches is 0"]),
-        (["--preset", "tiny", "--output-length", "0"], ["--output-length is 0"]),
         (["--checkpoint", "/nonexistent/ckpt"], ["--checkpoint '/nonexistent/ckpt' has no config.json"]),
     ],
 )
@@ -47,6 +44,14 @@ def test_invalid_configurations_name_the_value_and_the_fix(capsys, args, expecte
         assert "Fix:" in err
         for text in expected:
             assert text in err
+
+
+@pytest.mark.parametrize("args", [["--batch-sizes", "2,0"], ["--num-batches", "0"], ["--output-length", "0"]])
+def test_counts_below_one_are_refused_by_the_parser(capsys, args):
+    for command in ("validate", "run"):
+        with pytest.raises(SystemExit) as ended:
+            call(capsys, command, "--preset", "tiny", *args)
+        assert ended.value.code == 2 and args[0] in capsys.readouterr().err
 
 
 def test_valid_sweep_reports_points_and_precision(capsys):

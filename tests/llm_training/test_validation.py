@@ -32,7 +32,6 @@ def validate(capsys, *args: str) -> tuple[int, str, str]:
          ["/nonexistent/oscar_text_document.bin", "PREFIX.bin and PREFIX.idx"]),
         (["--model", "800M", "--iterations", "5", "--warmup-iterations", "5"],
          ["--warmup-iterations 5 leaves no steady-state iteration out of --iterations 5"]),
-        (["--model", "800M", "--micro-batch-size", "0"], ["--micro-batch-size is 0"]),
         (["--model", "800M", "--hidden-size", "2050"],
          ["--hidden-size 2050 is not divisible by --num-attention-heads 8"]),
         (["--model", "800M", "--world-size", "2", "--tensor-parallel", "2", "--ffn-hidden-size", "8191",
@@ -41,8 +40,6 @@ def validate(capsys, *args: str) -> tuple[int, str, str]:
           "--seq-length", "2047"], ["--seq-length 2047 is not divisible by --tensor-parallel 2"]),
         (["--model", "800M", "--nodes", "2", "--devices-per-node", "4", "--world-size", "6"],
          ["--nodes 2 × --devices-per-node 4 = 8 is not --world-size 6"]),
-        (["--model", "800M", "--exit-duration-mins", "0"], ["--exit-duration-mins 0"]),
-        (["--model", "800M", "--world-size", "0"], ["world size is 0"]),
     ],
 )
 def test_each_invalid_configuration_names_values_and_fix(capsys, args, expected):
@@ -52,6 +49,13 @@ def test_each_invalid_configuration_names_values_and_fix(capsys, args, expected)
     assert "Fix:" in err
     for text in expected:
         assert text in err
+
+
+@pytest.mark.parametrize("option", ["--micro-batch-size", "--exit-duration-mins", "--world-size"])
+def test_zero_is_refused_by_the_parser_with_the_option_named(capsys, option):
+    with pytest.raises(SystemExit) as ended:
+        validate(capsys, "--model", "800M", option, "0")
+    assert ended.value.code == 2 and option in capsys.readouterr().err
 
 
 def test_caraml_13b_layout_on_44_nodes_is_valid_and_reports_derived_batch(capsys):

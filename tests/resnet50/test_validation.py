@@ -39,14 +39,18 @@ def test_validate_accepts_and_prints_plan(capsys: pytest.CaptureFixture) -> None
     (["--framework", "pytorch", "--data-format", "tfrecord"], "--data-format tfrecord with --framework pytorch"),
     (["--framework", "tensorflow", "--data-format", "jpeg"], "--data-format jpeg with --framework tensorflow"),
     (["--framework", "pytorch", "--image-size", "16"], "--image-size 16"),
-    (["--framework", "pytorch", "--iterations", "0"], "--iterations 0"),
-    (["--framework", "pytorch", "--warmup-iterations", "-1"], "--warmup-iterations -1"),
-    (["--framework", "pytorch", "--lr", "0"], "--lr 0"),
-    (["--framework", "pytorch", "--exit-duration-mins", "0"], "--exit-duration-mins 0"),
     (["--framework", "pytorch", "--data", "/nonexistent/imagenet"], "/nonexistent/imagenet is not a directory"),
 ])
 def test_bad_options(capsys: pytest.CaptureFixture, argv: list[str], fragment: str) -> None:
     refused(capsys, ["validate", *argv, "--world-size", "1"], fragment)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--iterations", "0"), ("--warmup-iterations", "-1"), ("--lr", "0"),
+                                               ("--lr", "nan"), ("--exit-duration-mins", "0")])
+def test_out_of_range_values_end_at_the_parser(capsys: pytest.CaptureFixture, option: str, value: str) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", "--framework", "pytorch", option, value, "--world-size", "1"])
+    assert ended.value.code == 2 and option in capsys.readouterr().err
 
 
 def test_data_dirs_without_the_expected_layout(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

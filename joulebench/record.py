@@ -83,7 +83,31 @@ def steady_metrics(
         "dynamic_energy_wh": (window.split.dynamic_j / J_PER_WH
                               if window.split and window.split.dynamic_j is not None else None),
         "dynamic_energy_error_bound_j": window.split.dynamic_bound_j if window.split else None,
+        **partial_figures(energy, work_unit, work, duration, devices),
     }
+
+
+def partial_figures(energy: WindowEnergy | None, work_unit: str, work: float | None, duration: float,
+                    devices: int) -> dict[str, Any]:
+    """An untrusted window's figures from the time its devices did cover: never headline figures (those are
+    None), shown only when asked for (`joulebench report --allow-partial`) and labelled partial there."""
+    reason = energy.untrusted_reason if energy else None
+    power = energy.partial_mean_power_w if energy and reason else None
+    estimate_wh = power * duration / J_PER_WH if power is not None and duration > 0 else None
+    return {
+        "energy_untrusted_reason": reason,
+        "partial_mean_power_w_per_device": power / devices if power is not None and devices > 0 else None,
+        f"partial_{work_unit}_per_wh": work / estimate_wh if work is not None and estimate_wh else None,
+    }
+
+
+def settle_status(record: RunRecord) -> None:
+    """A run that ended as planned but whose headline window's energy is untrusted (coverage below the
+    threshold, faults) is PARTIAL, with the meter's reason (device, time, read error)."""
+    reason = record.metrics.get("energy_untrusted_reason")
+    if record.status == "OK" and reason:
+        record.status = "PARTIAL"
+        record.status_reason = f"energy of the {record.metrics.get('window', 'steady')} window untrusted: {reason}"
 
 
 def _device_mismatch(energy: WindowEnergy | None, devices: int) -> str | None:
@@ -181,6 +205,8 @@ def _source_version() -> str:
 
 
 def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
+    """Every driver writes through here, so the PARTIAL rule applies to all of them alike."""
+    settle_status(record)
     if record.finished_at is None:
         record.finished_at = utc_now()
     return write_json_atomic(path, record.to_dict())

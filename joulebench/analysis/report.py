@@ -176,13 +176,20 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 # ---- table -----------------------------------------------------------------------------------------------
-def table_rows(runs: Sequence[Run]) -> list[dict[str, str]]:
+def _partial(m: dict[str, Any], key: str, allow_partial: bool) -> str:
+    """A PARTIAL run's figure from its covered time: n/a unless asked for, and then labelled."""
+    value = m.get(f"partial_{key}") if allow_partial else None
+    return "n/a" if value is None else f"{readable(value)} (partial)"
+
+
+def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[str, str]]:
     """One row per run, text only; n/a (with the reason in the note) wherever a value is missing."""
     rows = []
     for run in runs:
         m, cost = run.record.metrics, run.cost
         unit = work_unit(run.record)
         energy_unit = cost.energy_per_unit_j
+        partial = run.record.status == "PARTIAL"
         util = run.latents.get("utilization_gpu")
         sm = run.latents.get("sm_clock_hz")
         note = run.record.status_reason if run.record.status != "OK" else (cost.reason or "")
@@ -191,8 +198,10 @@ def table_rows(runs: Sequence[Run]) -> list[dict[str, str]]:
             "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": unit,
             "per s": readable(m.get(f"{unit}_per_s")), "per s per device": readable(m.get(f"{unit}_per_s_per_device")),
-            "per Wh": readable(m.get(f"{unit}_per_wh")), "J per unit": readable(energy_unit),
-            "mean W per device": readable(m.get("mean_power_w_per_device")),
+            "per Wh": _partial(m, f"{unit}_per_wh", allow_partial) if partial else readable(m.get(f"{unit}_per_wh")),
+            "J per unit": readable(energy_unit),
+            "mean W per device": (_partial(m, "mean_power_w_per_device", allow_partial) if partial
+                                  else readable(m.get("mean_power_w_per_device"))),
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
             "coverage": fmt(m.get("energy_coverage"), 3), "bound J": fmt(m.get("energy_error_bound_j"), 3),
@@ -366,7 +375,7 @@ def compare_runs(a: Run, b: Run) -> Diagnosis:
 
 def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:
     """The cheapest and the dearest run per unit (among runs with energy): the spread worth explaining."""
-    measured = [r for r in runs if r.usable and r.cost.energy_per_unit_j is not None]
+    measured = [r for r in runs if r.usable and r.record.status != "PARTIAL" and r.cost.energy_per_unit_j is not None]
     if len(measured) < 2:
         return None
     ordered = sorted(measured, key=lambda r: r.cost.energy_per_unit_j)  # type: ignore[arg-type,return-value]
@@ -413,8 +422,9 @@ def _write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
-def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
-    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html."""
+def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
+    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html.
+    PARTIAL runs never enter a diagnosis (their energy covers part of the window only)."""
     runs = load_runs(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
     images: list[tuple[Path, str]] = []
@@ -434,8 +444,12 @@ def write_report(paths: Sequence[Path], out_dir: Path) -> Path:
                            f"{benchmark}: energy per phase (joulebench attribute)"))
         pair = extreme_pair(group)
         if pair:
-            diagnoses.append((f"{benchmark}: {pair[1].label} vs {pair[0].label}", compare_runs(*pair)))
-    rows = table_rows(runs)
+            left_out = [r.label for r in group if r.record.status == "PARTIAL"]
+            title = f"{benchmark}: {pair[1].label} vs {pair[0].label}"
+            if left_out:
+                title += f" (PARTIAL runs left out of the diagnosis: {', '.join(left_out)})"
+            diagnoses.append((title, compare_runs(*pair)))
+    rows = table_rows(runs, allow_partial)
     _write_text_atomic(out_dir / "runs.json", json.dumps(
         {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses]}, indent=2))
     return _write_text_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths))
@@ -462,12 +476,20 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("-o", "--out", type=Path, default=None, help="output directory (index.html and PNGs)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
                         help="print why run B costs more or less energy per unit than run A")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="show PARTIAL runs' figures from the time their energy covers, labelled (partial)")
     args = parser.parse_args(argv)
     if args.compare:
         a, b = (_single(p) for p in args.compare)
+        partial = [run for run in (a, b) if run.record.status == "PARTIAL"]
+        if partial:
+            for run in partial:
+                print(f"joulebench report: {run.label} is PARTIAL ({run.record.status_reason}): "
+                      "left out of the diagnosis")
+            return ExitCode.OK
         print(compare_runs(a, b).text())
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
-    print(f"joulebench report: wrote {write_report(args.paths, args.out)}")
+    print(f"joulebench report: wrote {write_report(args.paths, args.out, args.allow_partial)}")
     return ExitCode.OK

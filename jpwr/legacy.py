@@ -13,13 +13,30 @@ from pathlib import Path
 import numpy as np
 
 from jpwr.domains import Signal
-from jpwr.trace import TraceData
+from jpwr.trace import SensorSeries, TraceData
 from jpwr.windows import WindowSpan, window_energy
 
 
 def _device_label(trace: TraceData, domain_id: str) -> str:
     domain = next(d for d in trace.domains if d.id == domain_id)
     return f"{domain.backend}:{domain.index if domain.index is not None else domain.id}"
+
+
+def _power_column(series: SensorSeries, times: list[int]) -> np.ndarray:
+    """One device's power at the table's times: interpolated only between neighbouring good reads. Where a
+    read failed in between (a gap), the cell stays empty (NaN) instead of drawing a line across the gap."""
+    t = np.asarray(times, dtype=float)
+    if not series.valid.any():
+        return np.full(len(t), np.nan)
+    good_t, good_v = series.t_ns[series.valid], series.value[series.valid]
+    values = np.interp(t, good_t, good_v, left=np.nan, right=np.nan)
+    failed_before = np.cumsum(~series.valid)[series.valid]  # failed reads before each good one
+    after = np.searchsorted(good_t, t, side="right")  # the first good read after each time
+    between = (after > 0) & (after < len(good_t)) & ~np.isin(t, good_t)
+    gap = np.zeros(len(t), dtype=bool)
+    gap[between] = failed_before[after[between]] != failed_before[after[between] - 1]
+    values[gap] = np.nan
+    return values
 
 
 def write_dataframes(trace: TraceData, out_dir: Path, filetype: str) -> list[Path]:
@@ -32,9 +49,7 @@ def write_dataframes(trace: TraceData, out_dir: Path, filetype: str) -> list[Pat
     series = {d: trace.series(s.id) for d, s in per_domain.items()}
     times = sorted({int(t) for ser in series.values() for t in ser.t_ns})
     t_first = times[0] if times else 0
-    columns = {_device_label(trace, d): np.interp(times, ser.t_ns[ser.valid], ser.value[ser.valid],
-                                                  left=np.nan, right=np.nan) if ser.valid.any()
-               else np.full(len(times), np.nan) for d, ser in series.items()}
+    columns = {_device_label(trace, d): _power_column(ser, times) for d, ser in series.items()}
     t_last = max(times) if times else 0
     energy = window_energy(trace, WindowSpan("run", t_first, t_last, 0, {}), 0.1, trace.info.get("node", "node"))
     energy_rows = [(_device_label(trace, d["domain"]), None if d["energy_j"] is None else d["energy_j"] / 3600.0)

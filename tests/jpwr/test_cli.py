@@ -135,6 +135,22 @@ print("RANK", launch.rank, launch.local_rank, energy["steady"].energy_j if energ
 """
 
 
+def test_legacy_power_table_leaves_a_failed_stretch_empty(fake_env, h100_trace_dir, tmp_path):
+    """jpwr 0.0.10's power.csv: rows whose instant power read failed stay empty; no line is drawn across them."""
+    fails = json.dumps({"fails": [{"target": "field:186", "code": 999, "from_ns": 1_400_000_000,
+                                   "until_ns": 2_000_000_000}]})
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_FAULTS=fails,
+                   JPWR_FAKE_NVML_ORIGIN_NS=str(time.monotonic_ns()))
+    result = run(["--methods", "nvml", "--interval", "50", "--out", "o", "--df-out", "df", "--", "sleep", "3"],
+                 env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    cells = [line.split(",")[1] for line in (tmp_path / "df" / "power.csv").read_text().splitlines()[1:]]
+    empty = [i for i, cell in enumerate(cells) if cell == ""]
+    assert len(empty) >= 5, cells  # ~0.6 s of 50 ms reads failed
+    assert cells[0] != "" and cells[-1] != ""  # before and after the failed stretch the table has values
+    assert empty == list(range(empty[0], empty[-1] + 1))  # one stretch, nothing filled in inside it
+
+
 def test_one_sampler_per_node_serves_several_ranks(h100_env, tmp_path):
     out = tmp_path / "o"
     sampler = _serve(h100_env, out, tmp_path, "n1")

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jpwr import __version__
-from jpwr.arguments import COUNT, NON_NEGATIVE, POSITIVE
+from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.output import fmt
@@ -38,6 +38,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR
 
 
 def _add_meter_options(p: argparse.ArgumentParser) -> None:
+    from jpwr.windows import DEFAULT_MIN_COVERAGE
+
     p.add_argument("--methods", nargs="+", default=["auto"],
                    help="auto (default) or names: nvml, amdsmi, rapl, hwmon_gh, gcipuinfo "
                         "(aliases pynvml, rocm, gh, gc); comma or space separated")
@@ -45,6 +47,9 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--counter-interval", type=POSITIVE, default=1000.0, help="energy counter read interval in ms")
     p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
     p.add_argument("--run-id", default=None, help="run id shared by all nodes of one run")
+    p.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
+                   help="fraction of a window each device's data must cover for its energy to be trusted "
+                        f"(default {DEFAULT_MIN_COVERAGE:g}); below it the energy is n/a and the run PARTIAL")
 
 
 def _methods(raw: Sequence[str]) -> list[str] | None:
@@ -76,7 +81,7 @@ def _start(args: argparse.Namespace):
     claim_socket(addr)  # before the sampler writes anything: a refused start leaves no trace behind
     backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
     sampler = Sampler(backends, discoveries, out, args.interval / 1000.0, args.counter_interval / 1000.0,
-                      run_id=run_id).start()
+                      run_id=run_id, min_coverage=args.min_coverage).start()
     server = SocketServer(sampler, addr).start()
     return sampler, server, template
 

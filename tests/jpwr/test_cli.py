@@ -151,6 +151,14 @@ def test_legacy_power_table_leaves_a_failed_stretch_empty(fake_env, h100_trace_d
     assert empty == list(range(empty[0], empty[-1] + 1))  # one stretch, nothing filled in inside it
 
 
+def test_min_coverage_option_reaches_the_summary(h100_env, tmp_path):
+    result = run(["--methods", "nvml", "--min-coverage", "0.5", "--out", "o", "--", "sleep", "0.5"], h100_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(next((tmp_path / "o").glob("*/summary.json")).read_text())
+    assert summary["info"]["min_coverage"] == 0.5
+    assert summary["windows"]["command"]["energy"]["coverage_threshold"] == 0.5
+
+
 def test_one_sampler_per_node_serves_several_ranks(h100_env, tmp_path):
     out = tmp_path / "o"
     sampler = _serve(h100_env, out, tmp_path, "n1")

@@ -98,6 +98,13 @@ def number(value: str, what: str, key: str) -> int | float:
     return parsed
 
 
+def yes_or_no(value: str, key: str) -> str:
+    """A profile switch: yes or no, nothing else (a typo must not silently mean either)."""
+    if value.strip().lower() not in ("yes", "no"):
+        raise ConfigError(f"profile key {key} = {value!r} is neither yes nor no", f"set {key} = yes or {key} = no")
+    return value.strip().lower()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Tags
 
@@ -248,7 +255,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_STOP_MARGIN_S": str(stop_margin_s(limit_s)), "JB_STOP_BUDGET_S": str(limit_s - stop_margin_s(limit_s)),
         "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
         "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
-        "JB_VENDOR": profile["vendor"], "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
+        "JB_VENDOR": profile["vendor"], "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
+        "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
         "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
     })
     args = driver_arguments(benchmark, kinds, profile, value, model)

@@ -143,6 +143,15 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     return " ".join(note.split()) or "-"
 
 
+def _headline(record: RunRecord, settings: dict[str, str], key: str) -> str:
+    """A headline figure; for a PARTIAL run n/a, or with the profile's allow_partial = yes the figure of the time
+    its energy covered, labelled (partial)."""
+    if record.status != "PARTIAL":
+        return _num(record.metrics.get(key))
+    value = record.metrics.get(f"partial_{key}") if settings.get("JB_ALLOW_PARTIAL") == "yes" else None
+    return "n/a" if value is None else f"{_num(value)} (partial)"
+
+
 def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
     """One text value per result-table column; missing numbers are n/a, never 0."""
     m, c = record.metrics, record.config
@@ -166,8 +175,8 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "model_tflops_per_device": _num(m.get("model_tflops_per_device")),
         "mfu": _num(m.get("mfu"), 3),
         "energy_wh": _num(m.get("energy_wh")),
-        "mean_power_w_per_device": _num(m.get("mean_power_w_per_device")),
-        f"{unit}_per_wh": _num(m.get(f"{unit}_per_wh")),
+        "mean_power_w_per_device": _headline(record, settings, "mean_power_w_per_device"),
+        f"{unit}_per_wh": _headline(record, settings, f"{unit}_per_wh"),
         "energy_method": m.get("energy_method") or "n/a",
         "energy_coverage": _num(m.get("energy_coverage"), 3),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),

@@ -94,6 +94,14 @@ def test_numbers_out_of_range_nan_and_infinity_refuse_the_point(key: str, value:
         jbprofile.build_settings("llm", [], {key: value}, "run", CLEAN_ENV)
 
 
+def test_allow_partial_is_a_yes_or_no_switch() -> None:
+    assert jbprofile.build_settings("llm", [], {}, "r", CLEAN_ENV)["JB_ALLOW_PARTIAL"] == "no"
+    assert jbprofile.build_settings("llm", [], {}, "r", {**CLEAN_ENV, "JOULEBENCH_ALLOW_PARTIAL": "yes"}
+                                    )["JB_ALLOW_PARTIAL"] == "yes"
+    with pytest.raises(jbprofile.ConfigError, match="allow_partial = 'maybe' is neither yes nor no"):
+        jbprofile.build_settings("llm", [], {}, "r", {**CLEAN_ENV, "JOULEBENCH_ALLOW_PARTIAL": "maybe"})
+
+
 def test_valid_edge_values_pass() -> None:
     settings = jbprofile.build_settings("llm", [], {"warmup_iterations": "0", "steady_seconds": "0.5"}, "r",
                                         CLEAN_ENV)

@@ -83,6 +83,23 @@ def test_every_row_carries_its_point_whatever_its_status(tmp_path: Path) -> None
     assert fields(ran)["coord_precision"] == "bf16"
 
 
+@pytest.mark.parametrize(("allow", "per_wh", "watts"), [("no", "n/a", "n/a"),
+                                                        ("yes", "412800 (partial)", "650 (partial)")])
+def test_a_partial_run_shows_its_covered_figures_only_when_the_profile_allows(tmp_path: Path, allow: str,
+                                                                             per_wh: str, watts: str) -> None:
+    work = job_dir(tmp_path, None, JB_ALLOW_PARTIAL=allow)
+    write_run_record(work / "run" / "run_record.json", RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", status="PARTIAL",
+        status_reason="energy of the steady window untrusted: GPU-0: coverage 60.0% < 99% (NVML_ERROR_GPU_IS_LOST)",
+        metrics={"work_unit": "tokens", "tokens_per_s": 76_000.0, "tokens_per_wh": None,
+                 "mean_power_w_per_device": None, "partial_tokens_per_wh": 412_800.0,
+                 "partial_mean_power_w_per_device": 650.0}))
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"]) == 0
+    row = fields(work)
+    assert (row["status"], row["tokens_per_wh"], row["mean_power_w_per_device"]) == ("PARTIAL", per_wh, watts)
+    assert row["tokens_per_s"] != "n/a" and "GPU_IS_LOST" in row["note"]
+
+
 def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Path) -> None:
     work = job_dir(tmp_path, None, JB_STATUS="INVALID", JB_NOTE="local: no GPU found")
     (work / "job.id").unlink()

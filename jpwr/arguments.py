@@ -66,3 +66,16 @@ PROBABILITY = Number(float, 0.0, 1.0, high_open=True)  # dropout: 1 would drop e
 UNIT_OPEN = Number(float, 0.0, 1.0, low_open=True, high_open=True)  # Adam betas, fractions strictly inside (0, 1)
 FINITE = Number(float)  # offsets: any sign
 FRACTION = Number(float, 0.0, 1.0)  # coverage thresholds: 0 and 1 both meaningful
+
+
+def method_names(text: str) -> str:
+    """An argparse `type` for a drivers' --energy-methods: every name known to jpwr (checked before anything
+    runs); the text itself is kept, WindowMeter parses it when the run opens its meter."""
+    from jpwr.backends import parse_methods
+    from jpwr.errors import ValidationError
+
+    try:
+        parse_methods(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

@@ -30,6 +30,7 @@ from jpwr import __version__
 from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
+from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt
 
 SUBCOMMANDS = ("serve", "combine", "info", "selftest", "qualify")
@@ -75,7 +76,8 @@ def _start(args: argparse.Namespace):
 
     methods = _methods(args.methods)
     out = Path(args.out)
-    run_id = _run_id(args.run_id)
+    run_id = check_file_name(_run_id(args.run_id), "run id", "pass --run-id (or JPWR_RUN_ID) without '/' or '..'")
+    check_file_name(node_name(), "node name", "set JPWR_NODE_NAME (or the hostname) to a name without '/' or '..'")
     template = getattr(args, "addr", None) or default_socket_path(run_id)
     addr = resolve_addr(template)
     claim_socket(addr)  # before the sampler writes anything: a refused start leaves no trace behind

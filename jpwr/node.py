@@ -15,3 +15,12 @@ def node_name(environ: Mapping[str, str] | None = None) -> str:
     """This node's name: Slurm's node name where set (unique per test node), else the hostname."""
     env = os.environ if environ is None else environ
     return env.get("SLURMD_NODENAME") or env.get("JPWR_NODE_NAME") or socket.gethostname()
+
+
+def check_file_name(value: str, what: str, fix: str) -> str:
+    """A name that becomes a directory or socket file name (node names, run ids): no separators, no `..`."""
+    from jpwr.errors import ValidationError
+
+    if not value or "/" in value or "\\" in value or ".." in value or value.strip() != value:
+        raise ValidationError(f"{what} {value!r} cannot be used as a file name (separators, '..' or blanks)", fix)
+    return value

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, SEED
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, SEED, method_names
 from jpwr.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
@@ -98,7 +98,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--out-dir", default="llm_inference_out")
     r.add_argument("--run-id")
-    r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. nvml")
+    r.add_argument("--energy-methods", type=method_names,
+                   help="in-process jpwr metering (single process only), e.g. nvml")
 
 
 def resolve(args: argparse.Namespace) -> InferenceConfig:

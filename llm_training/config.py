@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
 from jpwr.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
@@ -215,7 +215,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--overfit-batch", action="store_true", help="train on the first global batch every step")
     r.add_argument("--out-dir", default="llm_training_out")
     r.add_argument("--run-id")
-    r.add_argument("--energy-methods", help="in-process jpwr metering (single process only), e.g. pynvml")
+    r.add_argument("--energy-methods", type=method_names,
+                   help="in-process jpwr metering (single process only), e.g. pynvml")
     r.add_argument("--replay-phases", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
                    help="after training, run forward, forward+backward, the optimizer step and the whole step each "
                         "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from joulebench.launch import LaunchEnv
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, method_names
 from jpwr.errors import ValidationError, exit_code_of, take_debug_flag
 from jpwr.sizing import add_window_arguments
 from resnet50.config import (
@@ -48,7 +48,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--device", choices=DEVICES, default="auto")
     add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
     add("--run-id", default=None)
-    add("--energy-methods", default=None, help="in-process jpwr methods for single-process runs, e.g. pynvml")
+    add("--energy-methods", type=method_names, default=None,
+        help="in-process jpwr methods for single-process runs, e.g. pynvml")
     add("--log-interval", type=COUNT, default=10, help="progress line every N iterations (default 10)")
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
     add("--seed", type=SEED, default=42)

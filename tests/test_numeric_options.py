@@ -172,3 +172,13 @@ def test_inference_batch_sweep_refuses_repeats_and_non_counts(value: str, monkey
     with pytest.raises(SystemExit) as ended:
         parser.parse_args(["validate", f"--batch-sizes={value}"])
     assert ended.value.code == 2 and "--batch-sizes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("driver", ["llm_training", "resnet50", "llm_inference"])
+def test_unknown_energy_methods_end_at_the_parser(driver: str, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _capture(_commands()[f"python -m {driver}"], monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args(["validate", "--energy-methods", "nvml,joulemeter"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "--energy-methods" in err and "joulemeter" in err

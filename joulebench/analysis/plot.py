@@ -108,9 +108,14 @@ def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:
             for name, span in spans_from_marks(node.trace.marks).items()}
 
 
-def energy_label(name: str, energy: WindowEnergy | None, duration_s: float) -> str:
-    """Legend text of a window: energy with method, coverage and bound, or n/a with the reason."""
+def energy_label(name: str, energy: WindowEnergy | None, duration_s: float, allow_partial: bool = False) -> str:
+    """Legend text of a window: energy with method, coverage and bound, or n/a with the reason; an untrusted
+    window's energy over the time its data cover only when asked for (--allow-partial), labelled partial."""
     head = f"{name}: {duration_s:.1f} s"
+    if allow_partial and energy is not None and energy.untrusted_reason and energy.partial_energy_j is not None:
+        return (f"{head}, {fmt(energy.partial_energy_j, 5)} J (partial: covered time only, "
+                f"coverage {fmt(None if energy.coverage is None else 100 * energy.coverage, 3)}%), "
+                f"±{fmt(energy.partial_error_bound_j, 2)} J")
     if energy is None or energy.energy_j is None:
         reason = energy.unavailable_reason if energy else "not measured"
         return f"{head}, energy n/a ({_shorten(reason or 'unknown', 60)})"
@@ -149,7 +154,7 @@ def _counter_power(t_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, n
     return kt, np.append(watts, watts[-1])  # repeat the last value so the last step is drawn to its end
 
 
-def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:
+def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_partial: bool = False) -> Figure:
     """Power per device (instant, and counter-derived as steps), windows shaded; SM clock and utilisation below."""
     from matplotlib.figure import Figure
 
@@ -159,8 +164,8 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None) -> Figure:
     several = len(nodes) > 1
     for node in nodes:
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
-    window_handles = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util)) + _mark_phases(nodes, origin,
-                                                                                                   ax_power)
+    window_handles = (_shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
+                      + _mark_phases(nodes, origin, ax_power))
     ax_power.set_ylabel("accelerator power (W)")
     ax_power.set_ylim(bottom=0)
     ax_clock.set_ylabel("clock (MHz)")
@@ -224,7 +229,7 @@ def _plot_metric(trace: TraceData, domain_id: str, name: str, scale: float, node
     ax.plot((t + node.wall_offset_ns - origin) / 1e9, v * scale, lw=0.9, color=colour, ls=style, label=label)
 
 
-def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]:
+def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> list[Patch]:
     """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
     from matplotlib.patches import Patch
 
@@ -246,7 +251,8 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes) -> list[Patch]
                 axes[0].text(t0, y, f" {name}", transform=axes[0].get_xaxis_transform(), va="top", fontsize=8,
                              color=colour)
                 handles.append(Patch(color=colour, alpha=0.35,
-                                     label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9)))
+                                     label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9,
+                                                        allow_partial)))
     return handles
 
 
@@ -291,8 +297,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="jpwr --out directory, one node directory, or a trace .h5 file")
     parser.add_argument("-o", "--output", type=Path, default=Path("trace.png"), help="image file (.png, .svg, .pdf)")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="label untrusted windows with the energy of the time their data cover, marked partial")
     args = parser.parse_args(argv)
     check_image_path(args.output)
-    fig = plot_trace(load_nodes(args.run_dir), args.title)
+    fig = plot_trace(load_nodes(args.run_dir), args.title, args.allow_partial)
     print(f"joulebench plot: wrote {save_figure(fig, args.output)}")
     return ExitCode.OK

@@ -159,6 +159,16 @@ def test_min_coverage_option_reaches_the_summary(h100_env, tmp_path):
     assert summary["windows"]["command"]["energy"]["coverage_threshold"] == 0.5
 
 
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["--run-id", "../up"], {}, "run id '../up'"),
+    ([], {"JPWR_NODE_NAME": "rack/n1"}, "node name 'rack/n1'"),
+])
+def test_names_that_become_paths_are_refused_before_anything_starts(h100_env, tmp_path, args, env, named):
+    result = run(["--methods", "nvml", *args, "--out", "o", "--", "touch", "ran"], {**h100_env, **env}, tmp_path)
+    assert result.returncode == ExitCode.USAGE and named in result.stderr and "Fix:" in result.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "o").exists()
+
+
 def test_one_sampler_per_node_serves_several_ranks(h100_env, tmp_path):
     out = tmp_path / "o"
     sampler = _serve(h100_env, out, tmp_path, "n1")

@@ -60,3 +60,12 @@ def test_report_shows_partial_figures_only_when_asked_and_labels_them(fake_pynvm
     assert report_main(["--compare", str(whole_path), str(lost_path)]) == 0
     out = capsys.readouterr().out
     assert "lost" in out and "is PARTIAL" in out and "left out of the diagnosis" in out
+
+
+def test_plot_labels_an_untrusted_window_partial_only_when_asked(fake_pynvml, h100_trace_dir, tmp_path):
+    from joulebench.analysis.plot import energy_label
+
+    lost, _ = _lost_and_whole(fake_pynvml, h100_trace_dir, tmp_path)
+    assert "energy n/a (untrusted" in energy_label("steady", lost, 3.0)
+    shown = energy_label("steady", lost, 3.0, allow_partial=True)
+    assert "partial: covered time only" in shown and "n/a" not in shown

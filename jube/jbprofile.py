@@ -98,6 +98,25 @@ def number(value: str, what: str, key: str) -> int | float:
     return parsed
 
 
+def check_local_layout(nodes: int, per_node: int, profile: dict[str, str]) -> None:
+    """`local` runs one rank per node identity on this host (several identities: issue 21), each on its own GPU."""
+    if per_node != 1:
+        raise PointRefused(f"the local system runs one rank per node identity, not {per_node} devices per node",
+                           "set devices_per_node = 1 for local, and nodes = N for N node identities on this host")
+    gpus = profile.get("local_gpus")
+    if profile["vendor"] != "cpu" and gpus is not None and nodes > int(gpus):
+        raise PointRefused(f"the local system has {gpus} GPU(s), the point asks for {nodes} node identities of one GPU"
+                           " each", f"use nodes <= {gpus} on this machine")
+
+
+def local_node_devices(profile: dict[str, str]) -> str:
+    value = profile["local_node_devices"].strip().lower()
+    if value not in ("own", "all"):
+        raise ConfigError(f"profile key local_node_devices = {value!r} is neither own nor all",
+                          "set local_node_devices = own (each node identity's sampler meters its GPU) or all")
+    return value
+
+
 def yes_or_no(value: str, key: str) -> str:
     """A profile switch: yes or no, nothing else (a typo must not silently mean either)."""
     if value.strip().lower() not in ("yes", "no"):
@@ -241,9 +260,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
     nodes = int(number(nodes_text, "nodes", "nodes"))
     if benchmark == "inference":  # one process on one device per job; sweep points are separate jobs
         nodes, per_node = 1, 1
-    if profile["launcher"] == "local" and nodes * per_node != 1:
-        raise PointRefused(f"the local system runs one process, not {nodes} nodes x {per_node} devices",
-                           "use a Slurm system tag for more than one device")
+    if profile["launcher"] == "local":
+        check_local_layout(nodes, per_node, profile)
     limit_s = jbslurm.duration_s(profile["time_limit"])
     if limit_s is None:
         raise PointRefused(f"time_limit={profile['time_limit']!r} is not a Slurm time", "write it as H:MM:SS")
@@ -255,7 +273,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_STOP_MARGIN_S": str(stop_margin_s(limit_s)), "JB_STOP_BUDGET_S": str(limit_s - stop_margin_s(limit_s)),
         "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
         "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
-        "JB_VENDOR": profile["vendor"], "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
+        "JB_VENDOR": profile["vendor"], "JB_LOCAL_NODE_DEVICES": local_node_devices(profile),
+        "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
         "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
     })

@@ -115,8 +115,9 @@ def system_names(environ: dict[str, str] | None = None) -> list[str]:
     return [s for s in parser.sections() if "." not in s]
 
 
-def detect_accelerator(environ: dict[str, str]) -> tuple[str, str]:
-    """(vendor, what was found) on this machine, from the vendors' listing tools; torch is not imported."""
+def detect_accelerator(environ: dict[str, str]) -> tuple[str, str, int]:
+    """(vendor, what was found, how many GPUs) on this machine, from the vendors' listing tools; torch is not
+    imported."""
     path = environ.get("PATH", os.defpath)
     probes = (("nvidia", "nvidia-smi", ["-L"], r"^GPU (\d+): (.+?)(?: \(UUID.*)?$", ("CUDA_VISIBLE_DEVICES",)),
               ("amd", "rocm-smi", ["--showproductname"], r"^GPU\[(\d+)\]\s*: Card [Ss]eries:\s*(.+)$",
@@ -134,10 +135,10 @@ def detect_accelerator(environ: dict[str, str]) -> tuple[str, str]:
         hidden = [v for v in visibility if v in environ and environ[v].strip() in ("", "-1", "none", "NoDevFiles")]
         if found and not hidden:
             names = sorted(set(found.values()))
-            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)})"
+            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)})", len(found)
         if found:
-            return "cpu", f"{tool} lists GPUs, but {hidden[0]}={environ[hidden[0]]!r} hides them"
-    return "cpu", "no GPU found (neither nvidia-smi -L nor rocm-smi lists one)"
+            return "cpu", f"{tool} lists GPUs, but {hidden[0]}={environ[hidden[0]]!r} hides them", 0
+    return "cpu", "no GPU found (neither nvidia-smi -L nor rocm-smi lists one)", 0
 
 
 def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -156,7 +157,8 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
                  for key in sorted(profile) if prefix + key.upper() in upper_env}
     profile["selection"] = ""
     if overrides.get("vendor", profile["vendor"]) == "auto":
-        vendor, found = detect_accelerator(env)
+        vendor, found, count = detect_accelerator(env)
+        profile["local_gpus"] = str(count)
         overlay = f"{section}.{CPU_OVERLAY}"
         if vendor == "cpu" and overlay in own:
             profile.update({key: value.strip() for key, value in own[overlay].items()})

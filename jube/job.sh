@@ -90,8 +90,54 @@ fi
 # Seconds to wait for ranks and samplers to stop: generous after a normal end, within the margin at a deadline.
 stop_wait_s=60
 
+# The local system with several node identities on this host (JB_NODES > 1; issue 21): node i is named
+# <host>-n<i> (JPWR_NODE_NAME) and owns device i (one rank per node identity). Its sampler meters that device
+# (JB_LOCAL_NODE_DEVICES=own) or every device (=all: each is then counted once, on one node, with a warning).
+local_node_name() { echo "$(hostname -s)-n$1"; }
+local_devices() {  # the device list node $1 sees: its own first, then the others (a rank's cuda:0 is its own)
+    local i others=""
+    for ((i = 0; i < JB_NODES; i++)); do [ "$i" -ne "$1" ] && others="$others,$i"; done
+    echo "$1$others"
+}
+
+start_local_samplers() {
+    export CUDA_DEVICE_ORDER=PCI_BUS_ID  # device index i is NVML's index i, for the samplers and the ranks
+    (
+        trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
+        for ((i = 0; i < JB_NODES; i++)); do
+            seen=$i
+            [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
+            # shellcheck disable=SC2086
+            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen $JB_CONTAINER "$PY" -m jpwr serve \
+                --methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID" &
+        done
+        wait
+    ) >> "$out/jpwr-serve.log" 2>&1 &
+}
+
+launch_local_ranks() {  # one rank per node identity, as torchrun would set them up on that many nodes
+    (
+        trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
+        pids=()
+        for ((i = 0; i < JB_NODES; i++)); do
+            # shellcheck disable=SC2086
+            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
+                LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
+                $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+            pids+=($!)
+        done
+        code=0
+        for pid in "${pids[@]}"; do
+            wait "$pid" || { rc=$?; [ $code -eq 0 ] && code=$rc; kill -TERM "${pids[@]}" 2>/dev/null; }
+        done
+        exit $code
+    ) &
+}
+
 start_samplers() {
-    if [ "$JB_LAUNCHER" = slurm ]; then
+    if [ "$JB_LAUNCHER" = local ] && [ "$JB_NODES" -gt 1 ]; then
+        start_local_samplers
+    elif [ "$JB_LAUNCHER" = slurm ]; then
         # One task per node; --overlap shares the allocation with the ranks' step.
         # shellcheck disable=SC2086
         srun --overlap --job-name=jpwr-serve --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
@@ -137,7 +183,8 @@ stop_samplers() {
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
     # shellcheck disable=SC2086
-    $JB_CONTAINER "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 \
+    $JB_CONTAINER "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
+        >> "$out/jpwr-serve.log" 2>&1 \
         || log "jpwr combine failed, see $out/jpwr-serve.log"
 }
 
@@ -240,6 +287,8 @@ if [ "$status" = OK ]; then
         srun --kill-on-bad-exit=1 --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
             --ntasks-per-node="$JB_TASKS_PER_NODE" $JB_SRUN_ARGS \
             $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+    elif [ "$JB_NODES" -gt 1 ]; then
+        launch_local_ranks
     else
         # shellcheck disable=SC2086
         $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from pathlib import Path
 
-from tests.jube.conftest import LLM_XML, RESNET_XML, jube, jube_run, read_table, requires_jube, submit_workdirs
+import pytest
+
+from tests.jube.conftest import (
+    LLM_XML,
+    RESNET_XML,
+    jube,
+    jube_run,
+    read_table,
+    requires_jube,
+    submit_workdirs,
+    with_fake_nvml,
+)
 from tests.jube.test_static import assert_patterns_match
 
 pytestmark = requires_jube
@@ -47,3 +60,43 @@ def test_local_llm_tagged_and_resnet50_untagged_run_without_slurm(jube_env: dict
                 if line.startswith("[resnet50] step ")]
     assert len(progress) == 12 and "ETA" in progress[0]  # 2 warm-up + 10 measured iterations
     assert not called.exists(), f"the local workflow called Slurm: {called.read_text()}"
+
+
+@pytest.mark.parametrize("node_devices", ["own", "all"])
+def test_local_runs_several_node_identities_with_a_sampler_each(jube_env: dict[str, str], tmp_path: Path,
+                                                                 node_devices: str) -> None:
+    """nodes = 2 on `local` (issue 21): two node identities on this host, one rank and one `jpwr serve` each, the
+    job script's own combine. Two fake GPUs: each metered by its node (own), or by both and counted once (all)."""
+    env, called = _no_slurm(with_fake_nvml(jube_env), tmp_path)
+    env.update(JOULEBENCH_NODES="2", JOULEBENCH_LOCAL_NODE_DEVICES=node_devices)
+    out = tmp_path / "llm"
+    proc = jube_run(LLM_XML, ["local", "tiny"], out, env)
+    assert "FINISHED" in jube("status", str(out), env=env).stdout, proc.stdout
+    jube("result", "-a", str(out), env=env)
+    (row,) = read_table(out, "llm_csv")
+    assert (row["Status"], row["Devices"]) == ("OK", "2"), row
+    (workdir,) = submit_workdirs(out)
+    record = json.loads((workdir / "run" / "run_record.json").read_text())
+    steady = next(w for w in record["windows"] if w["name"] == "steady")["energy"]
+    combined = json.loads((workdir / "run" / "energy" / "summary.json").read_text())["windows"]["steady"]["energy"]
+    assert steady["devices"] == combined["devices"] == 2 and steady["energy_j"] > 0
+    assert sorted(combined["nodes"]) == [f"{socket.gethostname().split('.')[0]}-n{i}" for i in (0, 1)]
+    overlap = [w for w in combined["warnings"] if "metered by the samplers of nodes" in w]
+    assert (len(overlap) == 2) if node_devices == "all" else not overlap, combined["warnings"]
+    assert abs(combined["energy_j"] - steady["energy_j"]) <= steady["error_bound_j"]
+    assert not called.exists()
+
+
+def test_local_refuses_more_node_identities_than_gpus(jube_env: dict[str, str], tmp_path: Path) -> None:
+    """With a GPU listed by nvidia-smi, each node identity needs its own: the point is INVALID before any job."""
+    bin_dir = tmp_path / "gpu-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    env, _ = _no_slurm({**jube_env, "PATH": f"{bin_dir}:{jube_env['PATH']}", "JOULEBENCH_NODES": "2"}, tmp_path)
+    out = tmp_path / "llm"
+    jube_run(LLM_XML, ["local", "tiny"], out, env)
+    jube("result", "-a", str(out), env=env)
+    (row,) = read_table(out, "llm_csv")
+    assert row["Status"] == "INVALID" and "has 1 GPU(s)" in row["Note"], row

@@ -187,10 +187,15 @@ def test_cluster_defaults_and_parameters_reach_the_driver_arguments(tmp_path: Pa
     assert default["JB_MODEL"] == "800M" and "--steady-seconds" not in default["JB_TRAIN_ARGS"]
 
 
-def test_local_refuses_more_than_one_process() -> None:
-    with pytest.raises(jbprofile.PointRefused, match="local system runs one process") as err:
-        jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", CLEAN_ENV)
+def test_local_runs_one_rank_per_node_identity() -> None:
+    settings = jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", CLEAN_ENV)
+    assert (settings["JB_NODES"], settings["JB_WORLD_SIZE"], settings["JB_LOCAL_NODE_DEVICES"]) == ("2", "2", "own")
+    env = {**CLEAN_ENV, "JOULEBENCH_LOCAL_DEVICES_PER_NODE": "2"}
+    with pytest.raises(jbprofile.PointRefused, match="one rank per node identity, not 2 devices") as err:
+        jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", env)
     assert err.value.settings["JB_COORD_NODES"] == "2"  # the INVALID row keeps the point's coordinates
+    with pytest.raises(jbprofile.ConfigError, match="local_node_devices = 'both' is neither own nor all"):
+        jbprofile.build_settings("llm", ["local"], {}, "run", {**CLEAN_ENV, "JOULEBENCH_LOCAL_NODE_DEVICES": "both"})
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("0:20:00", 1200), ("15", 900), ("1-0:00:00", 86400), ("5:30", 330),

@@ -19,6 +19,10 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+# The columns of trace.csv.gz, what the fake pynvml (tests/fakes/pynvml) replays; synthetic traces use them too.
+TRACE_COLUMNS = ("counter_t_before_ns", "counter_t_after_ns", "energy_mJ", "fields_t_before_ns", "fields_t_after_ns",
+                 "power_instant_mW", "power_instant_hw_us", "power_average_mW", "usage_t_before_ns",
+                 "usage_t_after_ns", "power_usage_mW", "sm_clock_MHz", "util_gpu_pct")
 PHASES = [  # (name, seconds, period_s or None for steady, on-fraction)
     ("idle", 3.0, None, 0.0),
     ("steady", 8.0, None, 1.0),
@@ -136,12 +140,9 @@ def main() -> None:
     proc.join()
     meta["marks"] = phase_marks
     meta["t_start_ns"] = t_start
-    header = ["counter_t_before_ns", "counter_t_after_ns", "energy_mJ", "fields_t_before_ns", "fields_t_after_ns",
-              "power_instant_mW", "power_instant_hw_us", "power_average_mW", "usage_t_before_ns", "usage_t_after_ns",
-              "power_usage_mW", "sm_clock_MHz", "util_gpu_pct"]
     with gzip.open(out / "trace.csv.gz", "wt", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(header)
+        w.writerow(TRACE_COLUMNS)
         w.writerows(rows)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     dt = [(rows[i + 1][0] - rows[i][0]) / 1e6 for i in range(len(rows) - 1)]

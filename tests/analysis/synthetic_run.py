@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.record_nvml_trace import TRACE_COLUMNS
 from joulebench.launch import LaunchEnv
 from joulebench.record import RunRecord, write_run_record
 from jpwr.clock import VirtualClock
@@ -125,12 +126,9 @@ def write_fake_trace(schedule: Schedule, directory: Path, seed: int) -> Path:
     counter_mj = (5_000_000 + energy(update_t) * 1000).astype(np.int64)
     power_mw = (watts[np.clip(np.searchsorted(edges, update_t, side="right") - 1, 0, len(watts) - 1)] * 1000)
     directory.mkdir(parents=True, exist_ok=True)
-    columns = ["counter_t_before_ns", "counter_t_after_ns", "energy_mJ", "fields_t_before_ns", "fields_t_after_ns",
-               "power_instant_mW", "power_instant_hw_us", "power_average_mW", "usage_t_before_ns", "usage_t_after_ns",
-               "power_usage_mW", "sm_clock_MHz", "util_gpu_pct"]
     with gzip.open(directory / "trace.csv.gz", "wt", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(columns)
+        writer.writerow(TRACE_COLUMNS)
         for t, e, p in zip((rows_t * NS).astype(np.int64), counter_mj, power_mw.astype(np.int64), strict=True):
             writer.writerow([t, t, e, t, t, p, t // 1000, p, t, t, p, 1980, 100])
     meta = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-00000000-1111-2222-3333-444444444444",

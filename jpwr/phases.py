@@ -331,6 +331,7 @@ class Replay:
     setup: Callable[[], object] | None = None
 
 
+TIMING_INVOCATIONS = 3  # timed invocations that fix a replay's count, after one that warms up
 MIN_REPLAY_INVOCATIONS = 3
 
 
@@ -348,21 +349,25 @@ def replay_phases(meter: Any, replays: Sequence[Replay], min_seconds: float,
                   agree_max: Callable[[int], int] | None = None) -> list[Any]:
     """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
 
-    One untimed invocation (after `setup`) measures the phase's duration, which fixes the count for at least
-    `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a collective, e.g. a max over ranks) makes all
-    ranks run the same count, since phases with collectives inside must be called equally often everywhere.
-    `min_seconds` should cover at least 30 updates of the energy counter (3 s at the H100's 100 ms).
+    Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
+    allocations and first-call costs made the count, and so the window, too short), the next TIMING_INVOCATIONS
+    are timed. That fixes the count for at least `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a
+    collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
+    must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
+    (3 s at the H100's 100 ms).
     """
     sync = meter.sync or (lambda: None)
     windows = []
     for replay in replays:
         if replay.setup is not None:
             replay.setup()
-        sync()
-        started = time.monotonic()
         replay.run()
         sync()
-        once_s = max(time.monotonic() - started, 1e-6)
+        started = time.monotonic()
+        for _ in range(TIMING_INVOCATIONS):
+            replay.run()
+        sync()
+        once_s = max((time.monotonic() - started) / TIMING_INVOCATIONS, 1e-6)
         count = max(MIN_REPLAY_INVOCATIONS, int(min_seconds / once_s) + 1)
         count = agree_max(count) if agree_max is not None else count
         name = REPLAY_PREFIX + replay.name

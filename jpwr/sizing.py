@@ -187,7 +187,7 @@ def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, al
         "--steady-seconds", *aliases, dest="steady_seconds", type=steady_seconds_arg, default=None, metavar="S|auto",
         help=f"length of the steady window in seconds, grown to whole iterations and decided before it opens from "
              f"the warm-up's step time (default auto: on accelerators long enough that the planned energy bound is "
-             f"<= {TARGET_BOUND_FRACTION:.1%} and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "
+             f"<= {TARGET_BOUND_FRACTION * 100:.1f}%% and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "
              f"{MAX_SECONDS:g} s; {cpu_default}). An explicit iteration count wins")
     if not idle:
         return

@@ -182,3 +182,19 @@ def test_unknown_energy_methods_end_at_the_parser(driver: str, monkeypatch: pyte
         parser.parse_args(["validate", "--energy-methods", "nvml,joulemeter"])
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "--energy-methods" in err and "joulemeter" in err
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_help_text_renders_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse %-formats help: a bare '%' before a letter printed the option's internals ('0.5{'option_strings'...')."""
+    for command, build in _commands().items():
+        for parser in _parsers(_capture(build, monkeypatch)):
+            text = parser.format_help()
+            assert "'option_strings'" not in text and "%(" not in text, (command, parser.prog, text)

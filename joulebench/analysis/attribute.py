@@ -52,6 +52,9 @@ UNMARKED = "unmarked"
 NO_KERNEL = "idle (no kernel)"
 KERNEL_FILE_KIND = "joulebench.kernel_intervals"
 DEFAULT_DRAWS = 200
+DRIFT_REASON = ("the two halves of the window misfit in opposite directions: the device's power drifted between them "
+                "(a window that is not steady, e.g. a GPU still warming up after a low-power start-up or compilation); "
+                "lengthen the warm-up (--warmup-iterations) so that the window opens at a steady temperature")
 SLOW_COUNTER_S = 0.3  # segments longer than this: the counter was read too rarely to separate phases
 FIT_METHOD = ("non-negative least squares of the counter's segment energies on the seconds each {what} ran in "
               "them, corrected for knot timing; 95 % intervals from a bootstrap over 1 s blocks; closure: each "
@@ -198,19 +201,28 @@ def combine(fits: Sequence[DeviceFit], energy: WindowEnergy | None, steps: int, 
         fold["residual_j"] = fold["measured_j"] - fold["predicted_j"]
         fold["status"] = "closes" if abs(fold["residual_j"]) <= fold["bound_j"] else "misfit"
     first = fits[0].fit
+    closure = {
+        "held_out": held_out,
+        "status": "closes" if held_out and all(f["status"] == "closes" for f in held_out) else "misfit",
+        "in_sample": {"fitted_j": float(fitted), "measured_j": total,
+                      "bound_j": energy.error_bound_j if energy is not None else None,
+                      "note": "on the segments the fit used: closes almost by construction, not the test"},
+    }
+    if _halves_differ(held_out):
+        closure["reason"] = DRIFT_REASON
     return {
         "method": FIT_METHOD.format(what=what), "devices": [f.where for f in fits], "rows": rows,
         "segments": sum(f.fit.segments for f in fits), "segment_s": first.segment_s, "knot_half_s": first.knot_half_s,
         "bootstrap_draws": int(first.draws_w.shape[0]),
-        "closure": {
-            "held_out": held_out,
-            "status": "closes" if held_out and all(f["status"] == "closes" for f in held_out) else "misfit",
-            "in_sample": {"fitted_j": float(fitted), "measured_j": total,
-                          "bound_j": energy.error_bound_j if energy is not None else None,
-                          "note": "on the segments the fit used: closes almost by construction, not the test"},
-        },
+        "closure": closure,
         "notes": _slow_counter_note(first),
     }
+
+
+def _halves_differ(held_out: list[dict[str, Any]]) -> bool:
+    """Both folds misfit with opposite residuals: one half's power differs from the other's, whatever the phases."""
+    return (len(held_out) == 2 and all(f["status"] == "misfit" for f in held_out)
+            and held_out[0]["residual_j"] * held_out[1]["residual_j"] < 0)
 
 
 def _slow_counter_note(fit: LabelFit) -> list[str]:

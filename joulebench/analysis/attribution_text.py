@@ -56,6 +56,8 @@ def _fit_lines(title: str, block: dict[str, Any]) -> list[str]:
         lines.append(f"  held-out fold {i}: measured {fmt(fold['measured_j'], 6)} J, predicted "
                      f"{fmt(fold['predicted_j'], 6)} J, residual {fmt(fold['residual_j'], 3)} J ({fmt(pct, 2)} %), "
                      f"bound ±{fmt(fold['bound_j'], 3)} J: {verdict}")
+    if closure.get("reason"):
+        lines.append(f"  misfit: {closure['reason']}")
     own = closure["in_sample"]
     lines.append(f"  in-sample (not the test): fitted {fmt(own['fitted_j'], 6)} J vs window {fmt(own['measured_j'], 6)}"
                  f" J ± {fmt(own['bound_j'], 3)} J")

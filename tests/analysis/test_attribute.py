@@ -60,7 +60,7 @@ def test_fit_recovers_the_known_phase_powers_within_its_interval(steady_run: Met
         row = _row(fit, phase)
         assert row["status"] == "below resolution" and "energy_j" not in row
         assert "varies by only" in row["reason"]
-    assert fit["closure"]["status"] == "closes"
+    assert fit["closure"]["status"] == "closes" and "reason" not in fit["closure"]
     assert all(abs(f["residual_j"]) <= f["bound_j"] for f in fit["closure"]["held_out"])
     assert any("grad_reduce was not marked" in note for note in fit["notes"])
 
@@ -92,8 +92,10 @@ def test_unmarked_work_in_half_the_window_is_a_misfit_with_its_residual(interfer
     assert fit["closure"]["status"] == "misfit"
     assert first["residual_j"] < -first["bound_j"] and second["residual_j"] > second["bound_j"]
     assert 0.5 * extra_j < second["residual_j"] < 1.5 * extra_j
+    assert "power drifted between them" in fit["closure"]["reason"]  # what the opposite residuals say
     text = render(record, block)
     assert "MISFIT" in text and f"residual {second['residual_j']:.3g} J" in text
+    assert f"misfit: {fit['closure']['reason']}" in text
 
 
 def test_cli_prints_both_estimators_and_stores_the_block(steady_run: MeteredRun, fresh_copy, capsys) -> None:

@@ -132,8 +132,9 @@ def check_policy(policy: str) -> None:
 
 
 def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socket: str | None,
-              vendor: str = "nvidia") -> Authorization:
-    """The refusal path: raise SettingRefused naming the setting, the reason and the fix. Touches no device."""
+              vendor: str = "nvidia", socket_here: bool = True) -> Authorization:
+    """The refusal path: raise SettingRefused naming the setting, the reason and the fix. Touches no device.
+    socket_here=False: the zeusd socket lives on the GPU nodes, not here (a login node); apply checks it there."""
     check_policy(policy)
     setting = request.names
     if request.is_empty:
@@ -147,6 +148,9 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
                                       f"{policy})",
                              f"sweep power limits and clocks only on a system whose admins allow it ({PROFILE_KEY} = "
                              "allowed in its profile, docs/sweeps.md); here leave power_limit and sm_clock empty")
+    if zeusd_socket and not socket_here:
+        return Authorization("zeusd", f"through zeusd at {zeusd_socket} (the socket is checked on each GPU node "
+                                      "when the job applies the setting)", zeusd_socket, _TOKEN)
     if zeusd_socket:
         problem = socket_problem(zeusd_socket)
         if problem:
@@ -235,10 +239,15 @@ class ProbeResult:
 
 
 def probe(policy: str, request: Request, privileges: Privileges, zeusd_socket: str | None, vendor: str,
-          selectors: Sequence[str] | None) -> ProbeResult:
-    """Can `request` be applied here? Reads only; raises the refusal or the range error, else says how."""
+          selectors: Sequence[str] | None, login_node: bool = False) -> ProbeResult:
+    """Can `request` be applied here? Reads only; raises the refusal or the range error, else says how.
+    login_node: the GPUs (and a zeusd socket) are on other nodes: check the policy and the route only."""
     check_policy(policy)
-    authorization = None if request.is_empty else authorize(policy, request, privileges, zeusd_socket, vendor)
+    authorization = None if request.is_empty else authorize(policy, request, privileges, zeusd_socket, vendor,
+                                                            socket_here=not login_node)
+    if login_node:
+        return ProbeResult(authorization, None, [], "login node: the device checks (ranges, persistence mode, clock "
+                                                    "state) run in the job, on every GPU node, before any change")
     try:
         devices = NvmlDevices()
     except MethodUnavailableError as exc:

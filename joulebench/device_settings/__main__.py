@@ -3,6 +3,8 @@
     probe    can the requested settings be applied here? Reads only; prints each device's current settings.
     apply    check every device, save the prior values to the state file, set; roll back on any failure.
     restore  put back what the state file says was changed; no state file = nothing to do.
+    hold     apply, then keep the settings until a stop signal or the parent's exit, then restore (the job
+             script's guard: one per node, living as long as the run).
 
     python -m joulebench.device_settings probe --device-settings allowed --power-limit 300
     python -m joulebench.device_settings apply --device-settings allowed --sm-clock 1410 --record settings.json
@@ -72,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
     verbs = {"probe": "can the settings be applied here? (reads only)",
              "apply": "check, save the prior values, set; roll back on failure",
-             "restore": "put back what the state file says was changed"}
+             "restore": "put back what the state file says was changed",
+             "hold": "apply, keep the settings until TERM/INT/HUP/USR1 or the parent exits, then restore"}
     for verb, text in verbs.items():
         p = sub.add_parser(verb, help=text, description=text)
         p.add_argument(f"--{PROFILE_KEY.replace('_', '-')}", dest="policy", default="off",
@@ -89,9 +92,12 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--state", default=None, help="state file (default <state-dir>/<job id>.<node>.json)")
             p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
             p.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", "local"))
-        if verb == "apply":
-            p.add_argument("--record", type=Path, default=None, help="write requested and read-back values (JSON) "
-                                                                    "for the run record")
+        if verb in ("apply", "hold"):
+            p.add_argument("--record", default=None, help="write requested and read-back values (JSON) for the run "
+                                                          "record; {node} becomes this node's name")
+        if verb == "probe":
+            p.add_argument("--login-node", action="store_true", help="the GPUs are on other nodes: check the site's "
+                                                                     "policy and the route only (the validate step)")
     return parser
 
 
@@ -135,7 +141,7 @@ def _print_probe(result: ProbeResult, request: Request) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     request = _request(args)
     result = probe(args.policy, request, Privileges.of_this_process(), args.zeusd_socket or None, args.vendor,
-                   _selectors(args.devices))
+                   _selectors(args.devices), args.login_node)
     _print_probe(result, request)
     return ExitCode.OK
 
@@ -144,35 +150,104 @@ def _raise_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _apply_here(args: argparse.Namespace, request: Request, devices: NvmlDevices) -> tuple[Any, Path, dict[str, Any]]:
+    """Authorise and apply on this node's devices (a signal meanwhile rolls back and exits), print what was set;
+    returns the authorization, the state file and this node's record block."""
+    node = node_name()
+    path = state_path(args.state, args.state_dir, args.job_id, node)
+    authorization = authorize(args.policy, request, Privileges.of_this_process(), args.zeusd_socket or None,
+                              args.vendor)
+    _, applied = apply(authorization, request, devices, _selectors(args.devices), path, args.job_id, node)
+    for device in applied:
+        locked = device["locked_sm_clock_mhz"]
+        print(f"device-settings: device {device['index']} ({device['name']}, {device['uuid']}): power limit "
+              f"{fmt(device['prior_power_limit_w'])} -> {fmt(device['power_limit_w'])} W"
+              + (f", SM clock locked at {locked} MHz (reads {fmt(device['sm_clock_mhz_after_apply'])} MHz)"
+                 if locked is not None else "") + "".join(f"; {note}" for note in device["notes"]), flush=True)
+    print(f"device-settings: applied {request.names} {authorization.detail}; prior values in {path}", flush=True)
+    return authorization, path, node_block(request, authorization.route, node, str(path), applied)
+
+
+def _record_path(args: argparse.Namespace) -> Path | None:
+    """--record, with {node} replaced: one file per node when every node runs the same command line (srun)."""
+    return Path(str(args.record).replace("{node}", node_name())) if args.record else None
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     check_policy(args.policy)
     request = _request(args)
-    node = node_name()
-    path = state_path(args.state, args.state_dir, args.job_id, node)
-    record = node_block(request, None, node, None, [])
+    record = node_block(request, None, node_name(), None, [])
     if request.is_empty:
         print("device-settings: nothing requested: the devices keep their own settings")
     else:
-        authorization = authorize(args.policy, request, Privileges.of_this_process(), args.zeusd_socket or None,
-                                  args.vendor)
         devices = NvmlDevices()
         previous = {s: signal.signal(s, _raise_on_signal) for s in INTERRUPTING_SIGNALS}  # a signal rolls back
         try:
-            _, applied = apply(authorization, request, devices, _selectors(args.devices), path, args.job_id, node)
+            _, _, record = _apply_here(args, request, devices)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             devices.close()
-        record = node_block(request, authorization.route, node, str(path), applied)
-        for device in applied:
-            locked = device["locked_sm_clock_mhz"]
-            print(f"device-settings: device {device['index']} ({device['name']}, {device['uuid']}): power limit "
-                  f"{fmt(device['prior_power_limit_w'])} -> {fmt(device['power_limit_w'])} W"
-                  + (f", SM clock locked at {locked} MHz (reads {fmt(device['sm_clock_mhz_after_apply'])} MHz)"
-                     if locked is not None else "") + "".join(f"; {note}" for note in device["notes"]))
-        print(f"device-settings: applied {request.names} {authorization.detail}; prior values in {path}")
-    if args.record:
-        write_json_atomic(args.record, record)
+    if (path := _record_path(args)) is not None:
+        write_json_atomic(path, record)
+    return ExitCode.OK
+
+
+def _wait_for_stop(watched_parent: int) -> str:
+    """Block until a stop signal (held pending: none is lost) or until the process that started us is gone."""
+    while True:
+        info = signal.sigtimedwait(INTERRUPTING_SIGNALS, 1.0)
+        if info is not None:
+            return f"SIG{signal.Signals(info.si_signo).name.removeprefix('SIG')}"
+        if os.getppid() != watched_parent:
+            return "its parent (the job script or srun) exited"
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    """Apply, hold the settings while the run goes on, restore when told to stop: the job script's guard.
+
+    Living as long as the run, on the node itself, it restores on every way a job ends that leaves time for it: the
+    job script's TERM after a normal end, a failure or its own stop budget, Slurm's TERM at the time limit or on
+    scancel (sent to every step at once), USR1, or the job script vanishing. Only SIGKILL defeats it: then the
+    epilog's `restore` reads the state file (docs/sweeps.md)."""
+    check_policy(args.policy)
+    request = _request(args)
+    if request.is_empty:
+        raise ValidationError("hold: no setting requested", "give --power-limit and/or --sm-clock (the job script "
+                                                             "starts hold only for a point that asks for a setting)")
+    watched = os.getppid()
+    record_path = _record_path(args)
+    devices = NvmlDevices()
+    previous = {s: signal.signal(s, _raise_on_signal) for s in INTERRUPTING_SIGNALS}  # during apply: roll back
+    path: Path | None = None
+    try:
+        try:
+            authorization, path, record = _apply_here(args, request, devices)
+            if record_path is not None:
+                write_json_atomic(record_path, record)  # the job script waits for this file: the run may start
+            signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTING_SIGNALS)
+            stopped_by = _wait_for_stop(watched)
+        except SystemExit as exc:
+            if path is None or not path.exists():
+                raise  # the signal came during apply, which rolled every device back
+            stopped_by = f"signal {int(exc.code) - 128} right after apply"
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        print(f"device-settings: stopping ({stopped_by}); restoring", flush=True)
+        try:
+            restored = restore(SettingsState.load(path), devices, authorization)
+        except Exception as exc:
+            record["restore"] = {"status": "failed", "stopped_by": stopped_by, "detail": str(exc)}
+            raise
+        finally:
+            if record_path is not None and "restore" not in record:
+                record["restore"] = {"status": "restored", "stopped_by": stopped_by}
+            if record_path is not None:
+                write_json_atomic(record_path, record)
+    finally:
+        devices.close()
+    print(f"device-settings: restored the prior settings of {len(restored)} device(s); removed {path}")
     return ExitCode.OK
 
 
@@ -202,7 +277,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(rest)
-    handlers = {"probe": cmd_probe, "apply": cmd_apply, "restore": cmd_restore}
+    handlers = {"probe": cmd_probe, "apply": cmd_apply, "restore": cmd_restore, "hold": cmd_hold}
     return exit_code_of(PROG, lambda: handlers[args.verb](args), debug)
 
 

@@ -344,3 +344,65 @@ def test_a_zeusd_socket_that_is_not_there_is_refused(gpus, tmp_path) -> None:
     assert f"{missing} is not a socket" in _one_line_error(result)
     assert gpus.calls() == []
 
+
+
+# ---- hold: the job script's guard --------------------------------------------------------------------------------
+def _held(gpus, template: str, record: Path) -> subprocess.Popen:
+    """Start hold and wait until it applied (it writes the record then: the job script waits for the same file)."""
+    hold = gpus.popen("hold", *ALLOWED, "--power-limit", "400", "--sm-clock", "1410", "--state", str(gpus.state),
+                      "--record", template, extra_env={})
+    deadline = time.monotonic() + 60
+    while not record.exists() and hold.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert record.exists(), hold.communicate(timeout=30)
+    assert all(d == {"power_limit_mW": 400_000, "locked_clocks_MHz": [1410, 1410]} for d in gpus.devices().values())
+    return hold
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_hold_keeps_the_settings_until_a_stop_signal_then_restores(gpus, tmp_path, signum) -> None:
+    record = tmp_path / "settings-n1.json"  # {node} is SLURMD_NODENAME's n1
+    hold = _held(gpus, str(tmp_path / "settings-{node}.json"), record)
+    assert hold.poll() is None and gpus.state.exists()
+    time.sleep(1.5)  # a while of the run: nothing changes
+    assert hold.poll() is None and not _at_defaults(gpus)
+    hold.send_signal(signum)
+    stdout, stderr = hold.communicate(timeout=60)
+    assert hold.returncode == 0, stderr
+    assert _at_defaults(gpus) and not gpus.state.exists()
+    block = json.loads(record.read_text())
+    assert block["restore"] == {"status": "restored", "stopped_by": signal.Signals(signum).name}
+    assert [d["power_limit_w"] for d in block["devices"]] == [400.0] * 3
+    assert "restored the prior settings of 3 device(s)" in stdout
+
+
+def test_hold_restores_when_its_parent_is_gone(gpus, tmp_path) -> None:
+    """The job script killed outright (SIGKILL to the script alone): its guard notices and restores."""
+    record = tmp_path / "settings.json"
+    script = f"{' '.join(DEVICE_SETTINGS)} hold {' '.join(ALLOWED)} --power-limit 400 --state {gpus.state} " \
+             f"--record {record} & while [ ! -e {record} ]; do sleep 0.05; done; sleep 0.5; kill -KILL $$"
+    shell = subprocess.run(["/bin/sh", "-c", script], env=gpus.environ, cwd=tmp_path, timeout=120)
+    assert shell.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while not _at_defaults(gpus) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _at_defaults(gpus) and not gpus.state.exists()
+    while "restore" not in json.loads(record.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert json.loads(record.read_text())["restore"]["stopped_by"].startswith("its parent")
+
+
+def test_hold_refused_by_the_site_changes_nothing(gpus, tmp_path) -> None:
+    result = gpus.run("hold", "--power-limit", "400", "--record", str(tmp_path / "r.json"))
+    assert result.returncode == ExitCode.NO_PERMISSION and "device settings are off" in _one_line_error(result)
+    assert gpus.calls() == [] and not (tmp_path / "r.json").exists()
+
+
+def test_probe_on_a_login_node_checks_policy_and_route_only(gpus, tmp_path) -> None:
+    """The zeusd socket lives on the GPU nodes; a login node without it must not refuse, a policy of off must."""
+    socket_path = str(tmp_path / "no-such.sock")
+    here = gpus.run("probe", *ALLOWED, "--power-limit", "400", "--zeusd-socket", socket_path, "--login-node")
+    assert here.returncode == 0 and "checked on each GPU node" in here.stdout, here.stderr
+    assert "login node" in here.stdout and gpus.calls() == []
+    off = gpus.run("probe", "--power-limit", "400", "--zeusd-socket", socket_path, "--login-node")
+    assert off.returncode == ExitCode.NO_PERMISSION

@@ -26,8 +26,15 @@ TITLES = {
     "global_batch_size": "GBS", "micro_batch_size": "MBS", "tensor_parallel": "TP", "pipeline_parallel": "PP",
     "seq_length": "Seq length", "image_size": "Image px", "iterations": "Iterations asked",
     "warmup_iterations": "Warm-up iterations", "steady_seconds": "Steady s asked", "min_window_s": "Min window s",
-    "batch_size": "Batch",
+    "batch_size": "Batch", "power_limit": "Power limit W asked", "sm_clock": "SM MHz asked",
 }
+# Result columns a sweep dimension brings beside its coordinate (pattern name, title): what the job read back and
+# observed for a GPU setting, and the compare step's figures against the sweep's default-setting row.
+RESULTS_OF = {
+    "power_limit": (("power_limit_read_back_w", "Power limit W read back"),),
+    "sm_clock": (("locked_sm_clock_mhz", "SM MHz locked"), ("sm_clock_mean_mhz", "SM MHz mean")),
+}
+COMPARED = (("slowdown", "Slowdown vs default"), ("energy_saving", "Energy saving vs default"))
 REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated (?P<what>patterns|columns) \(jube/jbcolumns\.py\) -->\n"
                     r".*?[ \t]*<!-- END generated (?P=what) -->\n", re.DOTALL)
 
@@ -44,11 +51,19 @@ def title(name: str) -> str:
     return TITLES.get(name, name.replace("_", " ").capitalize())
 
 
+def results(names: list[str]) -> list[tuple[str, str]]:
+    """(pattern, title) of the result columns the sweep's GPU-setting dimensions bring."""
+    found = [item for n in names for item in RESULTS_OF.get(n, ())]
+    return found + list(COMPARED) if found else []
+
+
 def region(what: str, names: list[str], indent: str) -> str:
     if what == "patterns":
         body = [f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>' for n in names]
+        body += [f'<pattern name="{p}" type="string">^JB {p}=(\\S+)</pattern>' for p, _ in results(names)]
     else:
         body = [f'<column title="{title(n)}">coord_{n}</column>' for n in names]
+        body += [f'<column title="{t}">{p}</column>' for p, t in results(names)]
     lines = [f"<!-- BEGIN generated {what} (jube/jbcolumns.py) -->", *body, f"<!-- END generated {what} -->"]
     return "".join(f"{indent}{line}\n" for line in lines)
 

@@ -5,6 +5,7 @@
     jbprofile.py submit --settings validate/job.env [--wait]
     jbprofile.py verdict --settings validate/job.env   # exit 64 for a sweep point that validate refused
     jbprofile.py summary --rundir RUNDIR               # how many sweep points validate refused
+    jbprofile.py compare --rundir RUNDIR               # each row against its sweep's default-setting row
     jbprofile.py show SYSTEM                           # the resolved profile, after environment overrides
 
 Why a script and not JUBE parameters: JUBE ignores unknown tags and lets the last of two system
@@ -37,7 +38,7 @@ from types import ModuleType
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
 import jbslurm
 import jbsubmit
-from jbsettings import in_profile_shell, write_settings
+from jbsettings import in_profile_shell, read_settings, write_settings
 from jbsystems import (
     FLAG_TAGS,
     FRAMEWORK_TAGS,
@@ -60,13 +61,17 @@ BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_i
 MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
 DEFAULT_SYSTEM = "local"
 # The workflow parameters (JUBE's `sweep` parameterset) each benchmark takes; a comma list is a sweep.
+# power_limit (W) and sm_clock (MHz) are device settings, not driver options: the job applies them (docs/sweeps.md).
+DEVICE_SETTING_KEYS = ("power_limit", "sm_clock")
 SWEEP_KEYS = {
     "llm": ("nodes", "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel", "seq_length",
-            "precision", "iterations", "warmup_iterations", "steady_seconds"),
+            "precision", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
     "resnet50": ("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
-                 "warmup_iterations", "steady_seconds"),
-    "inference": ("task", "batch_size", "min_window_s", "precision", "steady_seconds"),
+                 "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
+    "inference": ("task", "batch_size", "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
 }
+DEVICE_SETTINGS_POLICIES = ("off", "allowed")
+EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
 # Valid numbers of the workflow parameters and profile keys the driver arguments come from:
 # (kind, minimum, whether the minimum itself is allowed).
 NUMBERS = {
@@ -75,7 +80,8 @@ NUMBERS = {
     "pipeline_parallel": (int, 1, True), "seq_length": (int, 1, True), "iterations": (int, 1, True),
     "warmup_iterations": (int, 0, True), "image_size": (int, 1, True), "batch_size": (int, 1, True),
     "log_interval": (int, 1, True), "steady_seconds": (float, 0.0, False), "min_window_s": (float, 0.0, False),
-    "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True),
+    "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True), "power_limit": (float, 0.0, False),
+    "sm_clock": (int, 1, True),
 }
 STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
 TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning
@@ -114,6 +120,16 @@ def local_node_devices(profile: dict[str, str]) -> str:
     if value not in ("own", "all"):
         raise ConfigError(f"profile key local_node_devices = {value!r} is neither own nor all",
                           "set local_node_devices = own (each node identity's sampler meters its GPU) or all")
+    return value
+
+
+def device_settings_policy(profile: dict[str, str]) -> str:
+    """The site's opt-in for power-limit and clock sweeps; a typo must not mean either."""
+    value = profile["device_settings"].strip().lower()
+    if value not in DEVICE_SETTINGS_POLICIES:
+        raise ConfigError(f"profile key device_settings = {value!r} is neither off nor allowed",
+                          "set device_settings = off (the default) or, where the admins allow sweeps, allowed "
+                          "(docs/sweeps.md)")
     return value
 
 
@@ -275,6 +291,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
         "JB_VENDOR": profile["vendor"], "JB_LOCAL_NODE_DEVICES": local_node_devices(profile),
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
+        "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],
+        "JB_POWER_LIMIT": value.get("power_limit", ""), "JB_SM_CLOCK": value.get("sm_clock", ""),
         "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
         "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
     })
@@ -375,11 +393,11 @@ def _cli_args(values: dict[str, str]) -> list[str]:
     return args
 
 
-def driver_validate(settings: dict[str, str]) -> None:
-    """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
-    container = shlex.split(settings.get("JB_CONTAINER", ""))  # validate where the job will run the driver
-    argv = [*container, settings["JB_PYTHON"], "-m", settings["JB_DRIVER"], "validate",
-            *shlex.split(settings["JB_VALIDATE_ARGS"])]
+def run_module(settings: dict[str, str], module: str, args: list[str], refused: tuple[int, ...]) -> None:
+    """`python -m module args` where the job will run it (profile shell, container); an exit code in `refused` is
+    this point's refusal (its last "error: <problem>. Fix: <fix>" line), any other failure a broken interpreter."""
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    argv = [*container, settings["JB_PYTHON"], "-m", module, *args]
     print("validate:", shlex.join(argv), flush=True)
     try:
         proc = subprocess.run(in_profile_shell(settings, argv), capture_output=True, text=True)
@@ -389,14 +407,38 @@ def driver_validate(settings: dict[str, str]) -> None:
                           "installed (jube/setup.sh makes .venv)") from None
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
-    if proc.returncode in (EX_USAGE, ARGPARSE_USAGE):  # the driver refused these values or options
+    what = f"{module} {args[0]}"
+    if proc.returncode in refused:
         errors = [line.split(": error: ", 1)[1] for line in proc.stderr.splitlines() if ": error: " in line]
         problem, _, fix = (errors[-1] if errors else proc.stderr.strip() or "rejected").partition(". Fix: ")
-        raise PointRefused(f"{settings['JB_DRIVER']} validate: {problem}", fix or "see the validate step's stderr")
+        raise PointRefused(f"{what}: {problem}", fix or "see the validate step's stderr")
     if proc.returncode != 0:
-        raise ConfigError(f"{settings['JB_DRIVER']} validate could not run (exit {proc.returncode}) with "
-                          f"{settings['JB_PYTHON']}", "set python in jube/systems.ini or JOULEBENCH_PYTHON to an "
-                          "interpreter with joulebench installed (jube/setup.sh makes .venv)")
+        raise ConfigError(f"{what} could not run (exit {proc.returncode}) with {settings['JB_PYTHON']}",
+                          "set python in jube/systems.ini or JOULEBENCH_PYTHON to an interpreter with joulebench "
+                          "installed (jube/setup.sh makes .venv)")
+
+
+def driver_validate(settings: dict[str, str]) -> None:
+    """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
+    run_module(settings, settings["JB_DRIVER"], ["validate", *shlex.split(settings["JB_VALIDATE_ARGS"])],
+               (EX_USAGE, ARGPARSE_USAGE))
+
+
+def probe_device_settings(settings: dict[str, str]) -> None:
+    """A point asking for a power limit or clock: may this system apply it? Reads only, before anything is submitted.
+    On a Slurm login node the GPUs are elsewhere: the site's policy and the route are checked here, the devices
+    themselves by the job's apply step on every node."""
+    if not (settings["JB_POWER_LIMIT"] or settings["JB_SM_CLOCK"]):
+        return
+    if settings["JB_VENDOR"] not in ("nvidia", "amd"):
+        raise PointRefused(f"power_limit/sm_clock asked for on {settings['JB_SYSTEM']}, whose devices are "
+                           f"{settings['JB_VENDOR']}: there is no GPU setting to change",
+                           "leave power_limit and sm_clock empty on this system")
+    args = ["probe", "--device-settings", settings["JB_DEVICE_SETTINGS"], "--vendor", settings["JB_VENDOR"],
+            "--power-limit", settings["JB_POWER_LIMIT"], "--sm-clock", settings["JB_SM_CLOCK"]]
+    args += ["--zeusd-socket", settings["JB_ZEUSD_SOCKET"]] if settings["JB_ZEUSD_SOCKET"] else []
+    args += ["--login-node"] if settings["JB_LAUNCHER"] == "slurm" else []
+    run_module(settings, "joulebench.device_settings", args, (EX_USAGE, ARGPARSE_USAGE, EX_REFUSED))
 
 
 def check_partition(settings: dict[str, str]) -> None:
@@ -416,7 +458,7 @@ def claim_point(rundir: Path, settings: dict[str, str]) -> None:
     """Refuse a sweep point whose resolved configuration another point of this run already has."""
     identity = "\n".join(settings.get(k, "") for k in (
         "JB_SYSTEM", "JB_DRIVER", "JB_MODEL", "JB_VALIDATE_ARGS", "JB_PARTITION", "JB_ACCOUNT", "JB_TIME_LIMIT",
-        "JB_SBATCH_ARGS", "JB_SRUN_ARGS", "JB_CONTAINER"))
+        "JB_SBATCH_ARGS", "JB_SRUN_ARGS", "JB_CONTAINER", "JB_POWER_LIMIT", "JB_SM_CLOCK"))
     marker = rundir / "points" / hashlib.sha256(identity.encode()).hexdigest()[:16]
     marker.parent.mkdir(exist_ok=True)
     try:
@@ -459,10 +501,28 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         if settings.get("JB_CONTAINER_IMAGE"):
             ensure_container_image(settings)
         driver_validate(settings)
+        probe_device_settings(settings)
     except PointRefused as exc:
         settings = {**getattr(exc, "settings", settings), "JB_STATUS": "INVALID", "JB_REASON": str(exc)}
         print(f"jbprofile: sweep point refused, nothing submitted for it: {exc}", file=sys.stderr)
     write_settings(Path(args.out), settings)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The compare step, once every point has its row: jbrecord.py compare with the profile's Python. Never fails
+    the step (the rows exist already); a failure leaves the comparison n/a and says why on stderr."""
+    points = sorted(Path(args.rundir).glob("*_submit/work/job.env"))
+    if not points:
+        print("jbprofile: compare: no submitted points")
+        return 0
+    settings = read_settings(points[0])
+    argv = [*shlex.split(settings.get("JB_CONTAINER", "")), settings["JB_PYTHON"], str(REPO / "jube" / "jbrecord.py"),
+            "compare", "--rundir", str(Path(args.rundir).resolve())]
+    code = subprocess.call(in_profile_shell(settings, argv))
+    if code != 0:
+        print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
+              file=sys.stderr)
     return 0
 
 
@@ -491,11 +551,13 @@ def main(argv: list[str] | None = None) -> int:
     verdict.add_argument("--settings", required=True)
     summary = sub.add_parser("summary", help="count the sweep points validate refused")
     summary.add_argument("--rundir", required=True)
+    compare = sub.add_parser("compare", help="slowdown and saving of every point against its default-setting row")
+    compare.add_argument("--rundir", required=True)
     show = sub.add_parser("show", help="print a system's resolved profile")
     show.add_argument("system")
     args = parser.parse_args(argv)
     handler = {"prepare": cmd_prepare, "submit": jbsubmit.cmd_submit, "verdict": jbsubmit.cmd_verdict,
-               "summary": jbsubmit.cmd_summary, "show": cmd_show}[args.command]
+               "summary": jbsubmit.cmd_summary, "compare": cmd_compare, "show": cmd_show}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:

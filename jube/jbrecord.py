@@ -4,6 +4,7 @@
     jbrecord.py finalize --settings job.env --status STATUS [--reason TEXT] [--elapsed-s S]
     jbrecord.py finalize-job --settings job.env --job-id ID   # the finalizer job: the outcome from Slurm
     jbrecord.py fields RUN_RECORD [--settings job.env]          # print the JB lines only
+    jbrecord.py compare --rundir RUNDIR                         # slowdown and saving against the default rows
 
 Runs with the profile's Python (joulebench installed): at the very end of jube/job.sh (also after a failure,
 at the stop budget, on scancel), in the finalizer job Slurm starts once the benchmark job ended however it
@@ -19,6 +20,7 @@ Slurm's job state, the job log, the record and the table agree.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,8 +29,13 @@ from typing import Any
 import jbslurm  # same directory: on sys.path when run as a script
 from jbsettings import read_settings
 
+from joulebench.device_settings import Request
+from joulebench.device_settings.record import RECORD_KEY, recorded_settings
+from joulebench.latents import steady_latents
 from joulebench.record import STATUSES, RunRecord, read_run_record, write_run_record
+from jpwr.errors import JpwrError
 from jpwr.output import fmt
+from jpwr.trace import load_trace
 
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
@@ -36,6 +43,7 @@ JOB_ID_FILE = "job.id"
 # Exit code of the job script per final status: Slurm shows 0 as COMPLETED and others as FAILED; TIMEOUT and
 # CANCELLED are Slurm's own verdicts (job.sh holds a TIMEOUT job until Slurm's limit ends it). INVALID never runs.
 EXIT_CODES = {"OK": 0, "PARTIAL": 0, "FAILED": 1, "TIMEOUT": 124, "CANCELLED": 143, "INVALID": 64}
+SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
@@ -89,8 +97,40 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
                     "train_args": settings.get("JB_TRAIN_ARGS")},
         )
     record.job = job_facts(settings, record.status, elapsed_s)
+    record.config[RECORD_KEY] = settings_block(settings, record)
     write_run_record(path, record)
     return record
+
+
+def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
+    """The point's GPU settings: requested, what each node's guard read back and whether it restored them, and what
+    the devices did in the steady window (mean SM clock from the samplers' traces, mean power from the record)."""
+    text = {key: settings.get(f"JB_{key.upper()}", "") for key in ("power_limit", "sm_clock")}
+    requested = Request(float(text["power_limit"]) if text["power_limit"] else None,
+                        int(text["sm_clock"]) if text["sm_clock"] else None)
+    out = Path(settings["JB_OUT_DIR"])
+    nodes = [json.loads(p.read_text()) for p in sorted((out / "device_settings").glob("*.json"))]
+    observed: dict[str, Any] = {"power_w_per_device": record.metrics.get("mean_power_w_per_device")}
+    try:
+        traces = [load_trace(d) for d in sorted((out / "energy").iterdir()) if d.is_dir()]
+        clock = steady_latents(traces).get("sm_clock_hz")
+        observed["sm_clock_mhz"] = None if clock is None else clock / 1e6
+    except (OSError, JpwrError, ValueError) as exc:
+        observed.update(sm_clock_mhz=None, sm_clock_unavailable_reason=f"no trace to read it from: {exc}")
+    return {"requested": requested.to_dict(), "route": nodes[0].get("route") if nodes else None, "nodes": nodes,
+            "observed": observed}
+
+
+def settings_problem(block: dict[str, Any]) -> str:
+    """Requested settings that a node did not apply, or did not restore: the note must say so (the epilog's job)."""
+    if not block or Request.from_dict(block.get("requested") or {}).is_empty:
+        return ""
+    if not block.get("nodes"):
+        return "device settings were not applied"
+    unrestored = [f"{n['node']}: {n.get('restore', {}).get('detail', 'no restore recorded')}" for n in block["nodes"]
+                  if n.get("restore", {}).get("status") != "restored"]
+    return ("device settings NOT restored on " + "; ".join(unrestored) + " (the epilog or `python -m "
+            "joulebench.device_settings restore` must put them back, docs/sweeps.md)") if unrestored else ""
 
 
 def finalize_job(settings: dict[str, str], slurm_job: str) -> RunRecord | None:
@@ -139,7 +179,8 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
         outcome = f"energy n/a: {m.get('energy_unavailable_reason')}"
     else:
         outcome = ""
-    note = "; ".join(part for part in (settings.get("JB_NOTE", ""), outcome) if part)
+    settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})
+    note = "; ".join(part for part in (settings.get("JB_NOTE", ""), outcome, settings_note) if part)
     return " ".join(note.split()) or "-"
 
 
@@ -180,6 +221,7 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "energy_method": m.get("energy_method") or "n/a",
         "energy_coverage": _num(m.get("energy_coverage"), 3),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
+        **settings_fields(record),
         "status": record.status,
         "note": _note(record, settings),
     }
@@ -187,6 +229,24 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         fields.update({key: _num(m.get(key)) for key in INFERENCE_KEYS})
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
+
+
+def settings_fields(record: RunRecord) -> dict[str, str]:
+    """Read-back power limit and locked clock (every distinct value over the devices, `default` for the device's
+    own settings) and the observed mean SM clock of the steady window."""
+    recorded = recorded_settings(record.config)
+    block = record.config.get(RECORD_KEY) or {}
+
+    def read_back(values: tuple[float, ...], asked: float | None) -> str:
+        if asked is None:
+            return "default"
+        return "/".join(fmt(v) for v in sorted(set(values))) or "n/a"
+
+    return {
+        "power_limit_read_back_w": read_back(recorded.power_limit_w_read_back, recorded.requested.power_limit_w),
+        "locked_sm_clock_mhz": read_back(recorded.locked_sm_clock_mhz, recorded.requested.sm_clock_mhz),
+        "sm_clock_mean_mhz": _num((block.get("observed") or {}).get("sm_clock_mhz")),
+    }
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -209,6 +269,61 @@ def write_result(settings: dict[str, str], record: RunRecord) -> str:
     return text
 
 
+def sweep_group(settings: dict[str, str]) -> tuple[str, ...]:
+    """Points that differ only in their GPU settings share a group: the system, the model, every other coordinate."""
+    names = [n for n in settings.get("JB_SWEEP", "").split(",") if n and n not in SETTING_COORDINATES]
+    return (settings.get("JB_SYSTEM", ""), settings.get("JB_MODEL", ""),
+            *(f"{n}={settings.get('JB_COORD_' + n.upper(), '')}" for n in names))
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.2f}%"
+
+
+def compare(rundir: Path) -> dict[str, dict[str, str]]:
+    """Per run id: slowdown and energy saving against its group's default-setting rows (power_limit and sm_clock
+    empty, energy trusted), computed as `joulebench report --pareto` does; `-` where the group sweeps no setting."""
+    from joulebench.analysis.pareto import baseline, saving, slowdown, sweep_points
+    from joulebench.analysis.report import load_runs
+
+    groups: dict[tuple[str, ...], list[tuple[str, Path]]] = {}
+    for env_path in sorted(rundir.glob("*_submit/work/job.env")):
+        settings = read_settings(env_path)
+        record_path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
+        if record_path.exists():
+            groups.setdefault(sweep_group(settings), []).append((settings["JB_RUN_ID"], record_path))
+    rows: dict[str, dict[str, str]] = {}
+    for members in groups.values():
+        runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
+        if all(recorded_settings(run.record.config).is_default for run in runs.values()):
+            rows.update({run_id: {"slowdown": "-", "energy_saving": "-"} for run_id, _ in members})
+            continue
+        try:
+            points = {p.name: p for p in sweep_points(list(runs.values()))}
+            base = baseline(list(points.values()))
+        except JpwrError as exc:
+            rows.update({run_id: {"slowdown": "n/a", "energy_saving": "n/a", "compare_note": str(exc)}
+                         for run_id, _ in members})
+            continue
+        for run_id, _ in members:
+            point = points.get(run_id)
+            trusted = point is not None and point.excluded is None
+            rows[run_id] = {"slowdown": _percent(slowdown(point, base)) if trusted else "n/a",
+                            "energy_saving": _percent(saving(point, base)) if trusted else "n/a"}
+    return rows
+
+
+def write_comparison(rundir: Path) -> Path:
+    """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own)."""
+    target = rundir / "compare"
+    target.mkdir(exist_ok=True)
+    for run_id, fields in compare(rundir).items():
+        tmp = target / f".{run_id}.tmp"
+        tmp.write_text(render(fields))
+        os.replace(tmp, target / f"{run_id}.txt")
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jbrecord.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -223,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     fields = sub.add_parser("fields", help="print the JB lines of a run record")
     fields.add_argument("record", type=Path)
     fields.add_argument("--settings", type=Path)
+    comparison = sub.add_parser("compare", help="slowdown and energy saving of every point against its default row")
+    comparison.add_argument("--rundir", required=True, type=Path)
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        print(f"wrote {write_comparison(args.rundir)}")
+        return 0
     if args.command == "fields":
         settings = read_settings(args.settings) if args.settings else {}
         sys.stdout.write(render(table_fields(read_run_record(args.record), settings)))

@@ -7,7 +7,9 @@
 # SETTINGS is a file of JB_* variables written by jube/jbprofile.py (the resolved system profile and
 # driver arguments); nothing site-specific lives here. The script
 #   1. runs the profile's setup lines (module loads, venv),
-#   2. starts one `jpwr serve` sampler per node (srun, one task per node, overlapping the ranks),
+#   2. for a point that asks for GPU settings (power_limit, sm_clock), starts one `device_settings hold` per
+#      node that applies them and restores them when the run ends (docs/sweeps.md), then
+#      starts one `jpwr serve` sampler per node (srun, one task per node, overlapping the ranks),
 #   3. launches the ranks (srun, or one process locally); they mark windows on the node's sampler
 #      and put the window energy into their run record,
 #   4. stops the samplers (they write <run>/energy/<node>/summary.json + trace.h5), `jpwr combine`s them,
@@ -37,12 +39,14 @@ status=OK
 reason=""
 ranks_pid=""
 sampler_pid=""
+settings_pid=""
 timer_pid=""
 stop_at_s=""
 finished=""
 started_s=$(date +%s)
 out=$JB_OUT_DIR
 energy_dir=$out/energy
+settings_dir=$out/device_settings  # one <node>.json per node: requested, read back, restored (jbrecord.py merges)
 mkdir -p "$energy_dir"
 
 elapsed() { echo $(($(date +%s) - started_s)); }
@@ -163,6 +167,50 @@ start_samplers() {
     log "jpwr samplers ready on $ready node(s)"
 }
 
+# GPU settings of this point: one `hold` per node (node identities of `local` share one) applies them, keeps them
+# during the run and restores them when stop_settings_guard TERMs it, when Slurm TERMs every step (time limit,
+# scancel) or when this script vanishes; after SIGKILL the epilog's `restore` does (docs/sweeps.md).
+start_settings_guard() {
+    [ -n "$JB_POWER_LIMIT$JB_SM_CLOCK" ] || return 0
+    mkdir -p "$settings_dir"
+    local nodes=1 args=(hold --device-settings "$JB_DEVICE_SETTINGS" --vendor "$JB_VENDOR"
+        --power-limit "$JB_POWER_LIMIT" --sm-clock "$JB_SM_CLOCK" --job-id "${SLURM_JOB_ID:-local-$JB_RUN_ID}"
+        --record "$settings_dir/{node}.json")
+    [ -n "$JB_ZEUSD_SOCKET" ] && args+=(--zeusd-socket "$JB_ZEUSD_SOCKET")
+    log "applying device settings (power_limit=${JB_POWER_LIMIT:-own} W, sm_clock=${JB_SM_CLOCK:-own} MHz)"
+    if [ "$JB_LAUNCHER" = slurm ]; then
+        nodes=$JB_NODES
+        # shellcheck disable=SC2086
+        srun --overlap --job-name=jb-settings --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
+            $JB_CONTAINER "$PY" -m joulebench.device_settings "${args[@]}" >> "$out/device-settings.log" 2>&1 &
+    else
+        [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && args+=(--devices "$(local_devices 0)")  # the GPUs the ranks will use
+        # shellcheck disable=SC2086
+        CUDA_DEVICE_ORDER=PCI_BUS_ID $JB_CONTAINER "$PY" -m joulebench.device_settings "${args[@]}" \
+            >> "$out/device-settings.log" 2>&1 &
+    fi
+    settings_pid=$!
+    while [ "$(find "$settings_dir" -maxdepth 1 -name '*.json' | wc -l)" -lt "$nodes" ]; do
+        if ! kill -0 "$settings_pid" 2>/dev/null; then
+            status=FAILED
+            reason="device settings not applied: $(sed -n 's/.*error: //p' "$out/device-settings.log" | tail -n 1)"
+            log "$reason"
+            return 1
+        fi
+        sleep 0.1
+    done
+    log "device settings applied on $nodes node(s), see $out/device-settings.log"
+}
+
+stop_settings_guard() {
+    [ -n "$settings_pid" ] || return 0
+    if [ "$JB_LAUNCHER" = slurm ]; then signal_step jb-settings; else kill -TERM "$settings_pid" 2>/dev/null; fi
+    wait_gone "$settings_pid" "$stop_wait_s" || { log "device settings guard did not stop within $stop_wait_s s"; \
+        kill -KILL "$settings_pid"; }
+    wait "$settings_pid" 2>/dev/null || log "device settings not restored on every node, see $out/device-settings.log"
+    settings_pid=""
+}
+
 wait_gone() {  # pid, seconds
     local waited=0
     while kill -0 "$1" 2>/dev/null && [ $waited -lt $(($2 * 10)) ]; do sleep 0.1; waited=$((waited + 1)); done
@@ -215,6 +263,7 @@ finish() {
     [ "$status" = OK ] || stop_wait_s=$((JB_STOP_MARGIN_S / 3 > 5 ? JB_STOP_MARGIN_S / 3 : 5))
     stop_ranks
     stop_samplers
+    stop_settings_guard
     # shellcheck disable=SC2086
     $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
         --reason "$reason" --elapsed-s "$(elapsed)" > "$out/finalize.log" 2>&1
@@ -273,6 +322,7 @@ trap finish EXIT
 arm_timer "$JB_STOP_BUDGET_S"
 log "time limit $JB_TIME_LIMIT: the run stops at ${JB_STOP_BUDGET_S} s, ${JB_STOP_MARGIN_S} s are kept for the record"
 
+[ "$status" = OK ] && start_settings_guard
 if [ "$status" = OK ]; then
     start_samplers
     eval "train_args=($JB_TRAIN_ARGS)"  # shell-quoted by jbprofile.py

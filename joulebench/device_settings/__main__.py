@@ -49,6 +49,7 @@ from jpwr.node import node_name
 from jpwr.output import fmt, write_json_atomic
 
 PROG = "joulebench device-settings"
+STATE_DIR_VARIABLE = "JOULEBENCH_DEVICE_SETTINGS_STATE_DIR"
 INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
@@ -90,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                                                            "CUDA_VISIBLE_DEVICES, else every GPU)")
         if verb != "probe":
             p.add_argument("--state", default=None, help="state file (default <state-dir>/<job id>.<node>.json)")
-            p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+            p.add_argument("--state-dir", default=os.environ.get(STATE_DIR_VARIABLE) or DEFAULT_STATE_DIR,
+                           help=f"default ${STATE_DIR_VARIABLE}, else {DEFAULT_STATE_DIR} (the epilog must look in "
+                                "the same place)")
             p.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", "local"))
         if verb in ("apply", "hold"):
             p.add_argument("--record", default=None, help="write requested and read-back values (JSON) for the run "

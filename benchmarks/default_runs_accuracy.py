@@ -3,6 +3,7 @@
     python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # three runs, ~8 min, one GPU
     python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
     python benchmarks/default_runs_accuracy.py --runs jube-llm,jube-resnet50       # the JUBE workflows on `local`
+    python benchmarks/default_runs_accuracy.py --runs jube-llm-sweep               # a refused power-limit point
     python benchmarks/default_runs_accuracy.py --runs llm_training -- --model tiny --device cpu   # a CPU smoke run
 
 Each run is the README's command with no length options, under `jpwr --methods nvml --`: the steady window
@@ -41,7 +42,11 @@ RUNS = {
 JUBE_RUNS = {
     "jube-llm": ["jube/llm_benchmark.xml"],
     "jube-resnet50": ["jube/resnet50_benchmark.xml", "--tag", "local", "pytorch"],
+    "jube-llm-sweep": ["jube/llm_benchmark.xml"],
 }
+# jube-llm-sweep: a power-limit sweep on a system that does not allow device settings (local's default): the 300 W
+# point must be refused before anything runs (an INVALID row, no NVML set call) and the default row must run.
+JUBE_ENV = {"jube-llm-sweep": {"JOULEBENCH_SWEEP_POWER_LIMIT": ",300"}}
 HEADER = ("run", "steady s", "iterations", "length rule", "stated bound %", "deviation %", "idle W", "settled", "ok")
 
 
@@ -53,14 +58,19 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
     else:
         command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
                    sys.executable, *RUNS[name], *args.driver_args, "--out-dir", str(run_dir / "run")]
-    env = first_gpus_env(1)
+    env = {**first_gpus_env(1), **JUBE_ENV.get(name, {})}
     env["CUDA_VISIBLE_DEVICES"] = uuid  # the GPU the poller reads, whatever its index
     started = time.monotonic()
     with open(out / f"{name}.log", "w") as log:
         proc = subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               timeout=args.timeout_s, check=False)
-    (record_path,) = run_dir.rglob("run_record.json")  # one run: the driver's, or the JUBE workpackage's
-    record = json.loads(record_path.read_text())
+    if name in JUBE_RUNS:
+        with open(out / f"{name}.log", "a") as log:  # the table as JUBE prints it
+            subprocess.run([args.jube, "result", str(run_dir), "-a"], env=env, cwd=REPO, stdout=log,
+                           stderr=subprocess.STDOUT, timeout=120, check=False)
+    records = [json.loads(p.read_text()) for p in sorted(run_dir.rglob("run_record.json"))]
+    measured_runs = [r for r in records if any(w["name"] == "steady" for w in r["windows"])]
+    (record,) = measured_runs  # one measured run: the driver's, or the JUBE workpackage's (a refused point has none)
     steady = next(w for w in record["windows"] if w["name"] == "steady")
     energy = steady["energy"] or {}
     independent_j, uncertainty_j = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
@@ -81,6 +91,7 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
         "deviation %": None if deviation is None else 100 * deviation,
         "idle W": idle.get("power_w"), "settled": str(idle.get("settled")), "settle_note": idle.get("settle_note"),
         "dynamic_energy_j": (steady.get("energy_split") or {}).get("dynamic_j"), "ok": str(ok),
+        "points": [f"{r['status']}: {r.get('status_reason') or '-'}" for r in records],
     }
 
 

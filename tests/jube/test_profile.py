@@ -102,6 +102,21 @@ def test_allow_partial_is_a_yes_or_no_switch() -> None:
         jbprofile.build_settings("llm", [], {}, "r", {**CLEAN_ENV, "JOULEBENCH_ALLOW_PARTIAL": "maybe"})
 
 
+def test_device_settings_policy_and_values_are_checked() -> None:
+    """Off by default everywhere; a typo stops the workflow; a setting's value is a point's number."""
+    for name in jbprofile.system_names(CLEAN_ENV):
+        assert jbprofile.load_profile(name, CLEAN_ENV)["device_settings"] == "off", name
+    settings = jbprofile.build_settings("llm", ["CI"], {"power_limit": "300", "sm_clock": ""}, "r",
+                                        {**CLEAN_ENV, "JOULEBENCH_LAUNCHER": "local"})
+    assert (settings["JB_POWER_LIMIT"], settings["JB_SM_CLOCK"], settings["JB_DEVICE_SETTINGS"]) == ("300", "", "off")
+    assert (settings["JB_COORD_POWER_LIMIT"], settings["JB_COORD_SM_CLOCK"]) == ("300", "")
+    with pytest.raises(jbprofile.ConfigError, match="device_settings = 'on' is neither off nor allowed"):
+        jbprofile.build_settings("llm", [], {}, "r", {**CLEAN_ENV, "JOULEBENCH_DEVICE_SETTINGS": "on"})
+    for key, value in (("power_limit", "0"), ("power_limit", "nan"), ("sm_clock", "1410.5"), ("sm_clock", "-1")):
+        with pytest.raises(jbprofile.PointRefused, match=f"{key}="):
+            jbprofile.build_settings("llm", [], {key: value}, "r", CLEAN_ENV)
+
+
 def test_valid_edge_values_pass() -> None:
     settings = jbprofile.build_settings("llm", [], {"warmup_iterations": "0", "steady_seconds": "0.5"}, "r",
                                         CLEAN_ENV)

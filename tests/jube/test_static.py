@@ -114,9 +114,17 @@ def test_documented_tags_exist_in_the_workflows() -> None:
     assert not unknown, f"documented tags unknown to the workflows: {unknown}"
 
 
-def assert_patterns_match(path: Path, fields: str) -> None:
+COMPARED = ("slowdown", "energy_saving", "compare_note")  # the compare step's file (compare.txt), not result.txt
+
+
+def assert_patterns_match(path: Path, fields: str, compared: str | None = None) -> None:
     """Every pattern of the workflow matches the JB lines exactly once. Called on the result.txt of real
-    workflow runs (test_local.py: LLM; test_e2e_slurm.py: ResNet-50 with numeric energy), not on typed lines."""
+    workflow runs (test_local.py: LLM; test_e2e_slurm.py: ResNet-50 with numeric energy), not on typed lines;
+    the compare step's patterns on its compare.txt where given."""
     for name, regex in _patterns(path).items():
+        if name in COMPARED:
+            if compared is not None:
+                assert len(re.findall(regex, compared, re.MULTILINE)) == 1, f"pattern {name} in\n{compared}"
+            continue
         matches = re.findall(regex, fields, re.MULTILINE)
         assert len(matches) == 1, f"pattern {name} ({regex}) matched {matches} in\n{fields}"

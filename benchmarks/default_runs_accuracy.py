@@ -79,7 +79,10 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
     bound = None if measured is None else energy["error_bound_j"] / measured
     plan = record["meter"].get("steady_plan") or {}
     idle = record["meter"].get("idle_baseline") or {}
-    ok = (proc.returncode == 0 and record["status"] == "OK" and bound is not None and deviation is not None
+    # the sweep's refused point makes `jube run -e` exit 1 by design (its verdict step); it must be there, INVALID
+    exited_as_meant = (proc.returncode != 0 and any(r["status"] == "INVALID" for r in records)) if name in JUBE_ENV \
+        else proc.returncode == 0
+    ok = (exited_as_meant and record["status"] == "OK" and bound is not None and deviation is not None
           and bound <= args.target and abs(deviation) <= args.target)
     return {
         "run": name, "command": " ".join(command), "wall_s": time.monotonic() - started, "status": record["status"],

@@ -298,8 +298,9 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
         if all(recorded_settings(run.record.config).is_default for run in runs.values()):
             rows.update({run_id: {"slowdown": "-", "energy_saving": "-"} for run_id, _ in members})
             continue
+        measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
         try:
-            points = {p.name: p for p in sweep_points(list(runs.values()))}
+            points = {p.name: p for p in sweep_points(measured)}
             base = baseline(list(points.values()))
         except JpwrError as exc:
             rows.update({run_id: {"slowdown": "n/a", "energy_saving": "n/a", "compare_note": str(exc)}

@@ -88,8 +88,8 @@ def test_a_power_limit_by_clock_sweep_applies_records_compares_and_restores_on_e
         default = (power, clock) == ("default", "default")
         assert (row["Slowdown vs default"], row["Energy saving vs default"]) == ("+0.00%", "+0.00%") or not default
         assert row["Slowdown vs default"].endswith("%") and row["Energy saving vs default"].endswith("%"), row
-    assert float(points[("400", "default")]["Power/device(W)"]) <= 400.5  # the fake caps power at the limit
-    assert float(points[("default", "default")]["Power/device(W)"]) > 400.5
+    for clock in ("default", "1410"):  # the fake caps power at the limit (the replayed trace reaches ~700 W)
+        assert float(points[("400", clock)]["Power/device(W)"]) <= 400.5
     assert len(list(outs["sweep"].glob("000000/*_compare/work/compare.txt"))) == 6  # each point copied its own
     for workdir in submit_workdirs(outs["sweep"]):
         run_id = next(line.split("=", 1)[1] for line in (workdir / "job.env").read_text().splitlines()

@@ -68,7 +68,8 @@ SWEEP_KEYS = {
             "precision", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
     "resnet50": ("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
                  "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
-    "inference": ("task", "batch_size", "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
+    "inference": ("task", "batch_size", "engine", "min_window_s", "precision", "steady_seconds",
+                  *DEVICE_SETTING_KEYS),
 }
 DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
@@ -328,6 +329,7 @@ def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[
     if benchmark == "inference":
         return {"preset": model, "task": value.get("task") or profile["inference_task"],
                 "batch_size": value.get("batch_size") or profile["inference_batch_size"],
+                "engine": value.get("engine", ""),
                 "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common}
     common.update({
         "iterations": value.get("iterations") or profile[f"{prefix}_iterations"],

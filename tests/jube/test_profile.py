@@ -117,6 +117,14 @@ def test_device_settings_policy_and_values_are_checked() -> None:
             jbprofile.build_settings("llm", [], {key: value}, "r", CLEAN_ENV)
 
 
+def test_the_inference_engine_is_a_sweep_parameter() -> None:
+    """`hf` reaches the driver; empty leaves the driver's default engine (static), which its record names."""
+    hf = jbprofile.build_settings("inference", [], {"engine": "hf"}, "r", CLEAN_ENV)
+    assert "--engine hf" in hf["JB_TRAIN_ARGS"] and hf["JB_COORD_ENGINE"] == "hf"
+    default = jbprofile.build_settings("inference", [], {"engine": ""}, "r", CLEAN_ENV)
+    assert "--engine" not in default["JB_TRAIN_ARGS"] and default["JB_COORD_ENGINE"] == ""
+
+
 def test_valid_edge_values_pass() -> None:
     settings = jbprofile.build_settings("llm", [], {"warmup_iterations": "0", "steady_seconds": "0.5"}, "r",
                                         CLEAN_ENV)

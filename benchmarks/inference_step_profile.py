@@ -11,7 +11,8 @@ parts at a time, and the current `--engine hf`; then a torch.profiler table of t
 Section `static`: the static engine's set-up (cache + CUDA-graph capture) and its ms per token for chat-
 like prompts at several batch sizes, with the peak memory beside the driver's memory estimate.
 Section `compiled` (experiment, opt-in): the same with the layer pieces outside attention compiled by
-torch.compile (inductor) before capture. Writes profile_<sections>.json (+ profile_table.txt).
+torch.compile (inductor) before capture; `compiled-step`: the whole decode step compiled, per attended length.
+Writes profile_<sections>.json (+ profile_table.txt).
 """
 
 from __future__ import annotations
@@ -101,19 +102,43 @@ def hf_variants(new_tokens: int, repeats: int) -> dict[str, Any]:
     return result
 
 
-def static_speed(preset: str, sizes: list[int], new_tokens: int, compiled: bool) -> list[dict[str, Any]]:
+def compile_whole_step(engine: StaticEngine) -> None:
+    """Experiment: the whole decode step (embedding, every layer, cache writes, logits) compiled by inductor, one
+    specialisation per attended length, each compiled before its capture (dynamo must not compile inside one)."""
+    torch._dynamo.config.cache_size_limit = 64
+    engine.decode_logits = torch.compile(engine.decode_logits, dynamic=False)
+    capture = engine._capture
+
+    def compile_then_capture(state: Any, lengths: set[int]) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for length in sorted(lengths):
+                state.current.zero_()
+                state.step.zero_()
+                engine._decode(state, length)
+        torch.cuda.current_stream().wait_stream(side)
+        capture(state, lengths)
+
+    engine._capture = compile_then_capture
+
+
+def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -> list[dict[str, Any]]:
+    """variant: static (as shipped), compiled (inductor-fused layer pieces), compiled-step (the whole step)."""
     shape = PRESETS[preset]
     started = time.monotonic()
     engine = StaticEngine.from_transformers(build_model(shape, None, "bf16", "sdpa", CUDA, seed=1), CUDA)
     torch.cuda.empty_cache()
-    if compiled:  # experiment: inductor-fused layer pieces under the same CUDA graphs (attention stays SDPA)
+    if variant == "compiled":  # experiment: inductor-fused layer pieces under the same CUDA graphs (attention: SDPA)
         for method in ("attention_inputs", "attention_output_and_mlp"):
             object.__setattr__(engine.model, method, torch.compile(getattr(engine.model, method)))
+    elif variant == "compiled-step":
+        compile_whole_step(engine)
     build_s = time.monotonic() - started
     rows = []
     task = TASKS["chat"]
     for size in sizes:
-        row: dict[str, Any] = {"preset": preset, "batch": size, "compiled": compiled, "build_s": build_s}
+        row: dict[str, Any] = {"preset": preset, "batch": size, "variant": variant, "build_s": build_s}
         try:
             torch.cuda.reset_peak_memory_stats()
             (batch,) = draw_batches(task, size, 1, seed=1234, output_length=new_tokens)
@@ -149,7 +174,7 @@ def static_speed(preset: str, sizes: list[int], new_tokens: int, compiled: bool)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="hf,static", help="any of hf, static, compiled")
+    parser.add_argument("--sections", default="hf,static", help="any of hf, static, compiled, compiled-step")
     parser.add_argument("--hf-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--static-new-tokens", type=int, default=128)
@@ -157,6 +182,8 @@ def main() -> int:
                         help="preset:batch sizes;... for the static section")
     parser.add_argument("--compiled", default="llama-1b:1,64;llama-8b:1,8",
                         help="preset:batch sizes;... for the compiled section (experiment)")
+    parser.add_argument("--compiled-step", default="llama-1b:1",
+                        help="preset:batch sizes;... for the compiled-step section (experiment)")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     out = Path(args.out_dir)
@@ -172,18 +199,18 @@ def main() -> int:
             result["hf"] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
-    for section in ("static", "compiled"):
+    for section in ("static", "compiled", "compiled-step"):
         if section not in sections:
             continue
         result[section] = []
-        for item in getattr(args, section).split(";"):
+        for item in getattr(args, section.replace("-", "_")).split(";"):
             preset, sizes = item.split(":")
             result[section] += static_speed(preset, [int(s) for s in sizes.split(",")], args.static_new_tokens,
-                                            compiled=section == "compiled")
+                                            section)
             (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("static", "compiled")}, indent=1))
-    for row in result.get("static", []) + result.get("compiled", []):
+    print(json.dumps({k: v for k, v in result.items() if k not in ("static", "compiled", "compiled-step")}, indent=1))
+    for row in result.get("static", []) + result.get("compiled", []) + result.get("compiled-step", []):
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     return 0
 

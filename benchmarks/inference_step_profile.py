@@ -10,8 +10,8 @@ plain `model.generate` beside the call the driver made before issue 16 and that 
 parts at a time, and the current `--engine hf`; then a torch.profiler table of the driver's old call.
 Section `static`: the static engine's set-up (cache + CUDA-graph capture) and its ms per token for chat-
 like prompts at several batch sizes, with the peak memory beside the driver's memory estimate.
-Section `compiled` (experiment, opt-in): the same with the layer pieces outside attention compiled by
-torch.compile (inductor) before capture; `compiled-step`: the whole decode step compiled, per attended length.
+Section `eager-decode`: the same with the decode step's layer pieces uncompiled (the engine before they were
+compiled); `compiled-step` (experiment): the whole decode step compiled by inductor, per attended length.
 Writes profile_<sections>.json (+ profile_table.txt).
 """
 
@@ -33,6 +33,7 @@ import torch  # noqa: E402 (after the repository is on sys.path)
 from transformers import GenerationConfig, LogitsProcessorList  # noqa: E402
 
 from llm_inference import memory  # noqa: E402
+from llm_inference.compact_model import CompactModel  # noqa: E402
 from llm_inference.engine import PAD_TOKEN, StepClock, build_model, make_inputs  # noqa: E402
 from llm_inference.hf_engine import HFEngine  # noqa: E402
 from llm_inference.presets import PRESETS  # noqa: E402
@@ -124,15 +125,14 @@ def compile_whole_step(engine: StaticEngine) -> None:
 
 
 def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -> list[dict[str, Any]]:
-    """variant: static (as shipped), compiled (inductor-fused layer pieces), compiled-step (the whole step)."""
+    """variant: static (as shipped: inductor-compiled layer pieces in the decode step), eager-decode (the same
+    pieces uncompiled, the engine before that change), compiled-step (experiment: the whole step compiled)."""
     shape = PRESETS[preset]
     started = time.monotonic()
-    engine = StaticEngine.from_transformers(build_model(shape, None, "bf16", "sdpa", CUDA, seed=1), CUDA)
+    model = CompactModel.from_transformers(build_model(shape, None, "bf16", "sdpa", CUDA, seed=1))
+    engine = StaticEngine(model, CUDA, compile_decode=variant == "static")
     torch.cuda.empty_cache()
-    if variant == "compiled":  # experiment: inductor-fused layer pieces under the same CUDA graphs (attention: SDPA)
-        for method in ("attention_inputs", "attention_output_and_mlp"):
-            object.__setattr__(engine.model, method, torch.compile(getattr(engine.model, method)))
-    elif variant == "compiled-step":
+    if variant == "compiled-step":
         compile_whole_step(engine)
     build_s = time.monotonic() - started
     rows = []
@@ -174,14 +174,14 @@ def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="hf,static", help="any of hf, static, compiled, compiled-step")
+    parser.add_argument("--sections", default="hf,static", help="any of hf, static, eager-decode, compiled-step")
     parser.add_argument("--hf-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--static-new-tokens", type=int, default=128)
     parser.add_argument("--static", default="llama-1b:1,64,1024;llama-8b:1,8,64,256",
                         help="preset:batch sizes;... for the static section")
-    parser.add_argument("--compiled", default="llama-1b:1,64;llama-8b:1,8",
-                        help="preset:batch sizes;... for the compiled section (experiment)")
+    parser.add_argument("--eager-decode", default="llama-1b:1,64;llama-8b:1,8",
+                        help="preset:batch sizes;... for the eager-decode section (the uncompiled pieces)")
     parser.add_argument("--compiled-step", default="llama-1b:1",
                         help="preset:batch sizes;... for the compiled-step section (experiment)")
     parser.add_argument("--out-dir", required=True)
@@ -199,7 +199,7 @@ def main() -> int:
             result["hf"] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
-    for section in ("static", "compiled", "compiled-step"):
+    for section in ("static", "eager-decode", "compiled-step"):
         if section not in sections:
             continue
         result[section] = []
@@ -209,8 +209,9 @@ def main() -> int:
                                             section)
             (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("static", "compiled", "compiled-step")}, indent=1))
-    for row in result.get("static", []) + result.get("compiled", []) + result.get("compiled-step", []):
+    variants = ("static", "eager-decode", "compiled-step")
+    print(json.dumps({k: v for k, v in result.items() if k not in variants}, indent=1))
+    for row in [row for variant in variants for row in result.get(variant, [])]:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     return 0
 

@@ -148,8 +148,9 @@ class CompactModel:
         return x if self.position_embed is None else x + F.embedding(positions, self.position_embed)
 
     def attention_inputs(self, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q (b, s, heads, d), K and V (b, s, kv_heads, d) of one layer, RoPE applied; rope: (cos, sin) (b, s, d)."""
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q (b, s, heads, d) and K/V together (b, s, 2, kv_heads, d) of one layer, RoPE applied; rope: (cos, sin)
+        (b, s, d). K and V in one tensor so that the cache takes them in one write (compiled: one fused kernel)."""
         b, s, _ = x.shape
         qkv = F.linear(self.norm(x, layer.norm1), layer.qkv.weight, layer.qkv.bias)
         qkv = qkv.view(b, s, self.heads + 2 * self.kv_heads, self.head_dim)
@@ -157,7 +158,8 @@ class CompactModel:
         if rope is not None:
             cos, sin = (t.unsqueeze(2) for t in rope)
             qk = torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), sin)
-        return qk[:, :, :self.heads], qk[:, :, self.heads:], v
+        kv = torch.cat([qk[:, :, self.heads:], v], dim=2).view(b, s, 2, self.kv_heads, self.head_dim)
+        return qk[:, :, :self.heads], kv
 
     def attention_output_and_mlp(self, layer: Layer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """The rest of one layer: output projection, residual, norm, MLP, residual; attention (b, s, heads·d)."""

@@ -6,7 +6,11 @@ Per batch shape, once and outside every measured window (`prepare`):
   output of the point's batches, rounded up to SLOT_BUCKET;
 * on CUDA, one decode step is captured as a CUDA graph per attended cache length (multiples of
   SLOT_BUCKET): a step attends to the first `length` slots only, so attention reads the filled part of
-  the cache (within one bucket), not all of it. All graphs share one memory pool.
+  the cache (within one bucket), not all of it. All graphs share one memory pool. The layer pieces around
+  attention (norms, projections, RoPE, the K/V write's source, MLP, residuals) are compiled by inductor for
+  the decode step (fewer, fused kernels: at batch 1 a step is ~16 × 14 small kernels whose gaps cost as much
+  as the weight reads); compilation happens at the capture's warm-up, outside every window. Prefill stays
+  eager (its shapes vary: no compilation may land in a measured window).
 
 A generation is then the prefill (eager: prompt lengths vary) and one graph replay per new token: the
 step reads the last token, writes its K/V at the current slot, picks the next token by argmax on the
@@ -47,8 +51,7 @@ def decode_lengths(prompt: int, new_tokens: int) -> set[int]:
 class DecodeState:
     """Everything one batch shape's captured steps read and write: fixed shapes, fixed addresses."""
 
-    keys: torch.Tensor  # (layers, batch, KV heads, slots, head dim)
-    values: torch.Tensor
+    cache: torch.Tensor  # (layers, 2, batch, KV heads, slots, head dim): keys [:, 0], values [:, 1]
     tokens: torch.Tensor  # (batch,) the last token of each row
     start: torch.Tensor  # (batch,) first real slot of each row (left padding)
     current: torch.Tensor  # (1,) slot the next step writes
@@ -64,8 +67,16 @@ class DecodeState:
         return self.tokens.shape[0]
 
     @property
+    def keys(self) -> torch.Tensor:
+        return self.cache[:, 0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.cache[:, 1]
+
+    @property
     def slots(self) -> int:
-        return self.keys.shape[3]
+        return self.cache.shape[4]
 
     @property
     def outputs(self) -> int:
@@ -77,10 +88,13 @@ class StaticEngine:
 
     name = "static"
 
-    def __init__(self, model: CompactModel, device: torch.device) -> None:
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
         self.model = model
         self.device = device
         self.capture = device.type == "cuda"
+        self.compile_decode = self.capture if compile_decode is None else compile_decode
+        pieces = (model.attention_inputs, model.attention_output_and_mlp)
+        self.decode_pieces = tuple(torch.compile(p) for p in pieces) if self.compile_decode else pieces
         self.state: DecodeState | None = None
         self.clock = StepClock(device)
 
@@ -90,7 +104,8 @@ class StaticEngine:
 
     def describe(self) -> dict[str, object]:
         state = self.state
-        return {"engine": self.name, "cuda_graphs": self.capture, "slot_bucket": memory.SLOT_BUCKET,
+        return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
+                "slot_bucket": memory.SLOT_BUCKET,
                 "cache_slots": None if state is None else state.slots,
                 "captured_graphs": None if state is None else len(state.graphs),
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
@@ -124,14 +139,13 @@ class StaticEngine:
     def _allocate(self, batch: int, slots: int, outputs: int) -> DecodeState:
         model, device = self.model, self.device
         dtype = model.embed.dtype
-        cache_shape = (len(model.layers), batch, model.kv_heads, slots, model.head_dim)
+        cache_shape = (len(model.layers), 2, batch, model.kv_heads, slots, model.head_dim)
 
         def index(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
 
         return DecodeState(
-            keys=torch.zeros(cache_shape, dtype=dtype, device=device),
-            values=torch.zeros(cache_shape, dtype=dtype, device=device),
+            cache=torch.zeros(cache_shape, dtype=dtype, device=device),
             tokens=index(batch), start=index(batch), current=index(1), step=index(1), out=index(batch, outputs),
             slot_index=torch.arange(slots, device=device), rope=model.rope_tables(slots, dtype),
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
@@ -172,10 +186,9 @@ class StaticEngine:
         mask = self._additive((causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None]))[:, None])
         x = model.embed_tokens(ids, positions)
         for index, layer in enumerate(model.layers):
-            q, k, v = model.attention_inputs(layer, x, rope)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
-            state.keys[index, rows, :, :width] = k
-            state.values[index, rows, :, :width] = v
+            q, kv = model.attention_inputs(layer, x, rope)
+            state.cache[index, :, rows, :, :width] = kv.permute(2, 0, 3, 1, 4)
+            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
                 attn_mask=mask)
@@ -192,16 +205,16 @@ class StaticEngine:
         visible = (slots[None, :] >= state.start[:, None]) & (slots[None, :] <= state.current)
         mask = self._additive(visible[:, None, None])
         x = model.embed_tokens(state.tokens[:, None], positions[:, None])
+        attention_inputs, attention_output_and_mlp = self.decode_pieces
         for index, layer in enumerate(model.layers):
-            q, k, v = model.attention_inputs(layer, x, rope)
-            keys, values = state.keys[index], state.values[index]
-            keys.index_copy_(2, state.current, k.transpose(1, 2))
-            values.index_copy_(2, state.current, v.transpose(1, 2))
+            q, kv = attention_inputs(layer, x, rope)
+            cache = state.cache[index]
+            cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current slot, one write
             # The query heads of one KV head share its keys and mask: they act as that head's query rows.
             attention = F.scaled_dot_product_attention(
-                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), keys[:, :, :length],
-                values[:, :, :length], attn_mask=mask)
-            x = model.attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
+                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), cache[0, :, :, :length],
+                cache[1, :, :, :length], attn_mask=mask)
+            x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
         return model.logits(x[:, 0])
 
     def _decode(self, state: DecodeState, length: int) -> None:

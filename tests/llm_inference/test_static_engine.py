@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from llm_inference import memory
+from llm_inference.compact_model import CompactModel
 from llm_inference.engine import build_model, make_inputs
 from llm_inference.hf_engine import HFEngine
 from llm_inference.presets import PRESETS
@@ -77,15 +78,16 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert state.keys.shape == state.values.shape == (shape.num_layers, 3, shape.num_key_value_heads, slots, head_dim)
     assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
-    assert static.describe() == {"engine": "static", "cuda_graphs": False, "slot_bucket": memory.SLOT_BUCKET,
+    assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
+                                 "slot_bucket": memory.SLOT_BUCKET,
                                  "cache_slots": slots, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
     # Attended lengths: the filled slots rounded up to the bucket, never the whole cache.
     assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()
     assert [attended_length(n) for n in (1, 64, 65)] == [64, 64, 128]
-    keys = state.keys
+    cache = state.cache
     static.prepare([Batch((7, 7, 7), 5)])  # fits the allocation: kept
-    assert static.state.keys is keys
+    assert static.state.cache is cache
     static.prepare([Batch((7, 7), 5)])  # another batch size: reallocated
     assert static.state.keys.shape[1] == 2
 
@@ -118,3 +120,18 @@ def test_model_families_without_static_code_are_refused_with_the_reason():
     config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     with pytest.raises(ValueError, match="rope type 'dynamic'"):
         StaticEngine.from_transformers(LlamaForCausalLM(config), CPU)
+
+
+def test_the_compiled_decode_pieces_give_the_eager_tokens():
+    """The GPU default compiles the decode step's layer pieces (inductor); on the CPU in fp32 its tokens must equal
+    the eager step's (the GPU's bf16 logits are checked by benchmarks/inference_engine_h100.py)."""
+    shape, batch = PRESETS["tiny"], CASES["tiny"]
+    inputs = make_inputs(batch, shape.vocab_size, seed=3, device=CPU)
+    results = []
+    for compiled in (False, True):
+        model = CompactModel.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, 7))
+        engine = StaticEngine(model, CPU, compile_decode=compiled)
+        engine.prepare([batch])
+        results.append(engine.generate(inputs, batch.output_length))
+        assert engine.describe()["compiled_decode"] is compiled
+    assert torch.equal(*results)

@@ -161,6 +161,10 @@ def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namesp
 def point_row(preset: str, engine: str, size: int, exit_code: int | str, run_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"preset": preset, "batch": size, "engine": engine}
     path = run_dir / f"{TASK}_bs{size}" / "run_record.json"
+    if not path.is_file():  # a run of one point writes into --out-dir itself (llm_inference.runner)
+        single = run_dir / "run_record.json"
+        path = single if single.is_file() and json.loads(single.read_text())["config"].get("batch_size") == size \
+            else path
     if not path.is_file():
         return {**row, "status": f"no record (exit {exit_code})"}
     record = json.loads(path.read_text())

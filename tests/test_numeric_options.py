@@ -193,7 +193,7 @@ def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParse
 
 
 def test_every_help_text_renders_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """argparse %-formats help: a bare '%' before a letter printed the option's internals ('0.5{'option_strings'...')."""
+    """argparse %-formats help: a bare '%' before a letter printed the option's internals (0.5{'option_strings'...)."""
     for command, build in _commands().items():
         for parser in _parsers(_capture(build, monkeypatch)):
             text = parser.format_help()

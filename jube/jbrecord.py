@@ -115,8 +115,8 @@ def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any
         traces = [load_trace(d) for d in sorted((out / "energy").iterdir()) if d.is_dir()]
         clock = steady_latents(traces).get("sm_clock_hz")
         observed["sm_clock_mhz"] = None if clock is None else clock / 1e6
-    except (OSError, JpwrError, ValueError) as exc:
-        observed.update(sm_clock_mhz=None, sm_clock_unavailable_reason=f"no trace to read it from: {exc}")
+    except (OSError, JpwrError, ValueError, KeyError) as exc:  # a damaged trace must not cost the row
+        observed.update(sm_clock_mhz=None, sm_clock_unavailable_reason=f"no trace to read it from: {exc!r}")
     return {"requested": requested.to_dict(), "route": nodes[0].get("route") if nodes else None, "nodes": nodes,
             "observed": observed}
 

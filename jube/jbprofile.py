@@ -519,9 +519,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("jbprofile: compare: no submitted points")
         return 0
     settings = read_settings(points[0])
+    rundir = str(Path(args.rundir).resolve())
     argv = [*shlex.split(settings.get("JB_CONTAINER", "")), settings["JB_PYTHON"], str(REPO / "jube" / "jbrecord.py"),
-            "compare", "--rundir", str(Path(args.rundir).resolve())]
-    code = subprocess.call(in_profile_shell(settings, argv))
+            "compare", "--rundir", rundir]
+    env = dict(os.environ)
+    if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the points' records and writes compare/
+        env[bind_var] = ",".join(filter(None, [env.get(bind_var), rundir]))
+    code = subprocess.call(in_profile_shell(settings, argv), env=env)
     if code != 0:
         print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
               file=sys.stderr)

@@ -53,7 +53,9 @@ def test_job_runs_every_step_inside_the_image(tmp_path: Path) -> None:
     commands = [argv.removeprefix(prefix).split()[:3] for _, argv in calls]
     assert all(argv.startswith(prefix) for _, argv in calls), calls  # local is a CPU system: no --nv/--rocm
     assert commands == [["-m", "llm_training", "validate"], ["-m", "jpwr", "serve"], ["-m", "llm_training", "train"],
-                        ["-m", "jpwr", "combine"], [str(REPO / "jube" / "jbrecord.py"), "finalize", "--settings"]]
-    validate_bind, *job_binds = [bind for bind, _ in calls]
+                        ["-m", "jpwr", "combine"], [str(REPO / "jube" / "jbrecord.py"), "finalize", "--settings"],
+                        [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir"]]
+    validate_bind, *job_binds, compare_bind = [bind for bind, _ in calls]
     assert validate_bind == ""  # the login-node check needs only the repository
     assert all(bind.split(",")[0] == str(workdir) for bind in job_binds), job_binds
+    assert compare_bind == str((out / "000000").resolve()), compare_bind  # compare reads every point's record

@@ -11,8 +11,7 @@ parts at a time, and the current `--engine hf`; then a torch.profiler table of t
 Section `static`: the static engine's set-up (cache + CUDA-graph capture) and its ms per token for chat-
 like prompts at several batch sizes, with the peak memory beside the driver's memory estimate.
 Section `eager-decode`: the same with the decode step's layer pieces uncompiled (the engine before they were
-compiled); `compiled-step` (experiment): the whole decode step compiled by inductor, per attended length;
-`matvec`: at batch 1 the projections as product-and-sum reductions (StaticEngine(matvec=True)).
+compiled); `compiled-step` (experiment): the whole decode step compiled by inductor, per attended length.
 Writes profile_<sections>.json (+ profile_table.txt).
 """
 
@@ -127,12 +126,11 @@ def compile_whole_step(engine: StaticEngine) -> None:
 
 def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -> list[dict[str, Any]]:
     """variant: static (as shipped: inductor-compiled layer pieces in the decode step), eager-decode (the same
-    pieces uncompiled, the engine before that change), compiled-step (experiment: the whole step compiled),
-    matvec (batch 1: the projections as product-and-sum reductions inductor fuses with norms and pointwise work)."""
+    pieces uncompiled, the engine before that change), compiled-step (experiment: the whole step compiled)."""
     shape = PRESETS[preset]
     started = time.monotonic()
     model = CompactModel.from_transformers(build_model(shape, None, "bf16", "sdpa", CUDA, seed=1))
-    engine = StaticEngine(model, CUDA, compile_decode=variant in ("static", "matvec"), matvec=variant == "matvec")
+    engine = StaticEngine(model, CUDA, compile_decode=variant == "static")
     torch.cuda.empty_cache()
     if variant == "compiled-step":
         compile_whole_step(engine)
@@ -176,8 +174,7 @@ def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="hf,static",
-                        help="any of hf, static, eager-decode, compiled-step, matvec")
+    parser.add_argument("--sections", default="hf,static", help="any of hf, static, eager-decode, compiled-step")
     parser.add_argument("--hf-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--static-new-tokens", type=int, default=128)
@@ -187,8 +184,6 @@ def main() -> int:
                         help="preset:batch sizes;... for the eager-decode section (the uncompiled pieces)")
     parser.add_argument("--compiled-step", default="llama-1b:1",
                         help="preset:batch sizes;... for the compiled-step section (experiment)")
-    parser.add_argument("--matvec", default="llama-1b:1;llama-8b:1",
-                        help="preset:batch sizes;... for the matvec section (batch 1 projections as reductions)")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     out = Path(args.out_dir)
@@ -204,7 +199,7 @@ def main() -> int:
             result["hf"] = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
         torch.cuda.empty_cache()
-    for section in ("static", "eager-decode", "compiled-step", "matvec"):
+    for section in ("static", "eager-decode", "compiled-step"):
         if section not in sections:
             continue
         result[section] = []
@@ -214,7 +209,7 @@ def main() -> int:
                                             section)
             (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"profile_{'_'.join(sections)}.json").write_text(json.dumps(result, indent=2) + "\n")
-    variants = ("static", "eager-decode", "compiled-step", "matvec")
+    variants = ("static", "eager-decode", "compiled-step")
     print(json.dumps({k: v for k, v in result.items() if k not in variants}, indent=1))
     for row in [row for variant in variants for row in result.get(variant, [])]:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})

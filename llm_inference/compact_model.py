@@ -147,22 +147,12 @@ class CompactModel:
         x = F.embedding(tokens, self.embed)
         return x if self.position_embed is None else x + F.embedding(positions, self.position_embed)
 
-    def project(self, x: torch.Tensor, affine: Affine, matvec: bool = False) -> torch.Tensor:
-        """x·Wᵀ + b. matvec (one token, compiled only): as a product-and-sum that inductor turns into a reduction
-        kernel reading W once, into which it fuses the norm before and the pointwise work after (a cuBLAS GEMV
-        cannot take either), fp32 accumulation as cuBLAS does."""
-        if not matvec:
-            return F.linear(x, affine.weight, affine.bias)
-        y = (x.float().unsqueeze(-2) * affine.weight.float()).sum(-1)
-        return (y if affine.bias is None else y + affine.bias.float()).to(x.dtype)
-
-    def attention_inputs(self, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                         matvec: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_inputs(self, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Q (b, s, heads, d) and K/V together (b, s, 2, kv_heads, d) of one layer, RoPE applied; rope: (cos, sin)
-        (b, s, d). K and V in one tensor so that the cache takes them in one write (compiled: one fused kernel).
-        matvec: see `project` (used when b·s = 1)."""
+        (b, s, d). K and V in one tensor so that the cache takes them in one write (compiled: one fused kernel)."""
         b, s, _ = x.shape
-        qkv = self.project(self.norm(x, layer.norm1), layer.qkv, matvec and b * s == 1)
+        qkv = F.linear(self.norm(x, layer.norm1), layer.qkv.weight, layer.qkv.bias)
         qkv = qkv.view(b, s, self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv[:, :, :self.heads + self.kv_heads], qkv[:, :, self.heads + self.kv_heads:]
         if rope is not None:
@@ -171,24 +161,16 @@ class CompactModel:
         kv = torch.cat([qk[:, :, self.heads:], v], dim=2).view(b, s, 2, self.kv_heads, self.head_dim)
         return qk[:, :, :self.heads], kv
 
-    def attention_output_and_mlp(self, layer: Layer, x: torch.Tensor, attention: torch.Tensor,
-                                 matvec: bool = False) -> torch.Tensor:
-        """The rest of one layer: output projection, residual, norm, MLP, residual; attention (b, s, heads·d).
-        matvec: see `project` (used when b·s = 1; Llama's gate and up as two reductions inductor fuses into one
-        kernel with SiLU·up)."""
-        matvec = matvec and x.shape[0] * x.shape[1] == 1
-        x = x + self.project(attention, layer.out, matvec)
-        normed = self.norm(x, layer.norm2)
+    def attention_output_and_mlp(self, layer: Layer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The rest of one layer: output projection, residual, norm, MLP, residual; attention (b, s, heads·d)."""
+        x = x + F.linear(attention, layer.out.weight, layer.out.bias)
+        hidden = F.linear(self.norm(x, layer.norm2), layer.up.weight, layer.up.bias)
         if self.family == "gpt2":
-            hidden = F.gelu(self.project(normed, layer.up, matvec), approximate="tanh")
-        elif matvec:
-            half = layer.up.weight.shape[0] // 2
-            hidden = F.silu(self.project(normed, Affine(layer.up.weight[:half]), True)) \
-                * self.project(normed, Affine(layer.up.weight[half:]), True)
+            hidden = F.gelu(hidden, approximate="tanh")
         else:
-            gate, up = F.linear(normed, layer.up.weight, layer.up.bias).chunk(2, dim=-1)
+            gate, up = hidden.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
-        return x + self.project(hidden, layer.down, matvec)
+        return x + F.linear(hidden, layer.down.weight, layer.down.bias)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(x, self.final_norm), self.lm_head)

@@ -25,7 +25,6 @@ start_i, and attention masks slots before start_i (and after the current one).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any
@@ -90,15 +89,12 @@ class StaticEngine:
 
     name = "static"
 
-    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
-                 matvec: bool = False) -> None:
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
         self.model = model
         self.device = device
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
-        self.matvec = matvec and self.compile_decode  # eager, the product-and-sum would materialise W·x
-        pieces = (functools.partial(model.attention_inputs, matvec=self.matvec),
-                  functools.partial(model.attention_output_and_mlp, matvec=self.matvec))
+        pieces = (model.attention_inputs, model.attention_output_and_mlp)
         self.decode_pieces = tuple(torch.compile(p) for p in pieces) if self.compile_decode else pieces
         self.state: DecodeState | None = None
         self.clock = StepClock(device)
@@ -110,7 +106,6 @@ class StaticEngine:
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
-                "matvec_decode": self.matvec,
                 "slot_bucket": memory.SLOT_BUCKET,
                 "cache_slots": None if state is None else state.slots,
                 "captured_graphs": None if state is None else len(state.graphs),

@@ -79,7 +79,6 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
-                                 "matvec_decode": False,
                                  "slot_bucket": memory.SLOT_BUCKET,
                                  "cache_slots": slots, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
@@ -142,16 +141,11 @@ def test_the_compiled_decode_pieces_give_the_eager_tokens():
     the eager step's (the GPU's bf16 logits are checked by benchmarks/inference_engine_h100.py)."""
     shape, batch = PRESETS["tiny"], CASES["tiny"]
     inputs = make_inputs(batch, shape.vocab_size, seed=3, device=CPU)
-    single = Batch((11,), 70)  # batch 1: the matvec form of the projections applies
-    single_inputs = make_inputs(single, shape.vocab_size, seed=3, device=CPU)
     results = []
-    for compiled, matvec in ((False, False), (True, False), (True, True)):
+    for compiled in (False, True):
         model = CompactModel.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, 7))
-        engine = StaticEngine(model, CPU, compile_decode=compiled, matvec=matvec)
+        engine = StaticEngine(model, CPU, compile_decode=compiled)
         engine.prepare([batch])
-        tokens = engine.generate(inputs, batch.output_length)
-        engine.prepare([single])
-        results.append((tokens, engine.generate(single_inputs, single.output_length)))
-        assert engine.describe()["compiled_decode"] is compiled and engine.describe()["matvec_decode"] is matvec
-    for tokens, single_tokens in results[1:]:
-        assert torch.equal(tokens, results[0][0]) and torch.equal(single_tokens, results[0][1])
+        results.append(engine.generate(inputs, batch.output_length))
+        assert engine.describe()["compiled_decode"] is compiled
+    assert torch.equal(*results)

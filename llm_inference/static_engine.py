@@ -12,7 +12,8 @@ Per batch shape, once and outside every measured window (`prepare`):
   as the weight reads); compilation happens at the capture's warm-up, outside every window. Prefill stays
   eager (its shapes vary: no compilation may land in a measured window).
 
-A generation is then the prefill (eager: prompt lengths vary) and one graph replay per new token: the
+A generation is then the prefill (eager: prompt lengths vary; rows of similar prompt length grouped, each group
+at its own longest prompt, so the left padding is hardly computed) and one graph replay per new token: the
 step reads the last token, writes its K/V at the current slot, picks the next token by argmax on the
 device and advances its own counters, so the host only launches replays (no synchronisation, no
 per-step tensor set-up). On CPUs the same step runs eagerly.
@@ -173,8 +174,10 @@ class StaticEngine:
         zero = torch.zeros((), dtype=self.model.embed.dtype, device=visible.device)
         return torch.where(visible, zero, torch.finfo(zero.dtype).min)
 
-    def _prefill_rows(self, state: DecodeState, rows: slice, ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        """Prompt forward pass of some rows: their K/V into the cache; their last position's logits."""
+    def _prefill_rows(self, state: DecodeState, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor,
+                      offset: int) -> torch.Tensor:
+        """Prompt forward pass of some rows (indices `rows`) over cache slots [offset, offset + width): their K/V
+        into the cache; their last position's logits. `ids` and `start` count from slot `offset`."""
         model = self.model
         count, width = ids.shape
         slots = state.slot_index[:width]
@@ -187,7 +190,7 @@ class StaticEngine:
         x = model.embed_tokens(ids, positions)
         for index, layer in enumerate(model.layers):
             q, kv = model.attention_inputs(layer, x, rope)
-            state.cache[index, :, rows, :, :width] = kv.permute(2, 0, 3, 1, 4)
+            state.cache[index, :, :, :, offset:offset + width].index_copy_(1, rows, kv.permute(2, 0, 3, 1, 4))
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
@@ -227,15 +230,20 @@ class StaticEngine:
 
     @torch.inference_mode()
     def prefill_logits(self, inputs: dict[str, torch.Tensor]) -> tuple[DecodeState, torch.Tensor]:
-        """The prompt's forward pass (PREFILL_CHUNK_TOKENS-sized groups of rows): cache filled, state set for
-        decoding except the last token; returns the state and the last position's logits."""
-        ids = inputs["input_ids"]
+        """The prompt's forward pass in groups of rows of similar length (`memory.prefill_groups`, each at its own
+        longest prompt, so padding is hardly computed): cache filled, state set for decoding except the last
+        token; returns the state and the last position's logits. Reading the prompt lengths is the call's one
+        host synchronisation, before the model's first kernel."""
+        ids, real = inputs["input_ids"], inputs["attention_mask"]
         batch, width = ids.shape
         state = self._ensure(batch, width + 1, 1, set())
-        start = (inputs["attention_mask"] == 0).sum(dim=-1)
-        rows = memory.prefill_rows_per_chunk(width)
-        logits = torch.cat([self._prefill_rows(state, slice(r, r + rows), ids[r:r + rows], start[r:r + rows])
-                            for r in range(0, batch, rows)])
+        start = (real == 0).sum(dim=-1)
+        logits = torch.empty((batch, self.model.lm_head.shape[0]), dtype=self.model.embed.dtype, device=ids.device)
+        for rows, group_width in memory.prefill_groups(real.sum(dim=-1).tolist()):  # the host sync
+            offset = width - group_width
+            index = torch.tensor(rows, device=ids.device)
+            logits.index_copy_(0, index, self._prefill_rows(state, index, ids[index, offset:], start[index] - offset,
+                                                            offset))
         state.start.copy_(start)
         state.current.fill_(width)
         state.step.fill_(1)

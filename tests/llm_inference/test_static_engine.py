@@ -15,7 +15,7 @@ from llm_inference.engine import build_model, make_inputs
 from llm_inference.hf_engine import HFEngine
 from llm_inference.presets import PRESETS
 from llm_inference.static_engine import StaticEngine, attended_length, decode_lengths
-from llm_inference.tasks import Batch
+from llm_inference.tasks import TASKS, Batch, draw_batches
 
 CPU = torch.device("cpu")
 # tiny: 11 + 70 positions cross a SLOT_BUCKET boundary (64), so steps attend to two cache lengths.
@@ -108,9 +108,23 @@ def test_prefill_in_groups_of_rows_gives_the_same_tokens(monkeypatch):
     hf, static = engines("tiny")
     batch = Batch((9, 4, 12, 7, 12), 5)
     inputs = make_inputs(batch, PRESETS["tiny"].vocab_size, seed=4, device=CPU)
-    monkeypatch.setattr(memory, "PREFILL_CHUNK_TOKENS", 24)  # two rows of 12 positions per group: three groups
+    monkeypatch.setattr(memory, "PREFILL_CHUNK_TOKENS", 24)  # groups of at most 24 tokens, each at its own width
     assert memory.prefill_rows_per_chunk(12) == 2
+    assert memory.prefill_groups(list(batch.input_lengths)) == [([2, 4], 12), ([0, 3], 9), ([1], 4)]
     assert torch.equal(static.generate(inputs, batch.output_length), hf.generate(inputs, batch.output_length))
+
+
+def test_prefill_groups_cover_every_row_once_within_the_token_bound():
+    (batch,) = draw_batches(TASKS["chat"], 448, 1, seed=1234)
+    lengths = list(batch.input_lengths)
+    groups = memory.prefill_groups(lengths)
+    assert sorted(row for rows, _ in groups for row in rows) == list(range(len(lengths)))
+    for rows, width in groups:
+        assert width == max(lengths[row] for row in rows)
+        assert len(rows) * width <= max(memory.PREFILL_CHUNK_TOKENS, width)
+    # Tokens computed: within a fifth of the real ones, where every row at the longest prompt is over twice as many.
+    computed = sum(len(rows) * width for rows, width in groups)
+    assert computed < 1.2 * batch.input_tokens and batch.size * batch.padded_length > 2 * batch.input_tokens
 
 
 def test_model_families_without_static_code_are_refused_with_the_reason():

@@ -1,6 +1,6 @@
-"""Default training runs against an independent read of the GPU's energy counter (issue 20, Done-when).
+"""Default training and inference runs against an independent read of the GPU's energy counter (issue 20, Done-when).
 
-    python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # three runs, ~8 min, one GPU
+    python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # four runs, ~10 min, one GPU
     python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
     python benchmarks/default_runs_accuracy.py --runs jube-llm,jube-resnet50       # the JUBE workflows on `local`
     python benchmarks/default_runs_accuracy.py --runs jube-llm-sweep               # a refused power-limit point
@@ -37,6 +37,8 @@ RUNS = {
     "llm_training": ["-m", "llm_training", "train", "--model", "800M"],
     "resnet50": RESNET,
     "resnet50-compile": [*RESNET, "--compile"],
+    # the static decode engine at ML.ENERGY's batch-8 anchor (llama-8b); its steady window is one point's
+    "llm_inference": ["-m", "llm_inference", "run", "--preset", "llama-8b", "--task", "chat", "--batch-sizes", "8"],
 }
 # JUBE workflows on `local` (no system tag): the job script starts `jpwr serve` itself
 JUBE_RUNS = {

@@ -8,7 +8,8 @@ First order, meant to catch batch sizes off by large factors before any device w
 * prefill activations of one layer: tokens × (4·hidden + 3·intermediate) elements (the MLP's gate,
   up and product dominate; attention runs in SDPA without storing the score matrix). `hf` prefills the
   whole batch at once; `static` prefills groups of rows of at most PREFILL_CHUNK_TOKENS tokens (each group at
-  its own longest prompt, `prefill_groups`), bounded here by that many tokens of the longest prompt;
+  its own longest prompt, the cheapest split: `prefill_groups`), bounded here by that many tokens of the longest
+  prompt;
 * logits: batch × vocabulary in fp32 twice (last-position logits and the processed scores);
 * static only, the CUDA graphs' pool: one decode step's temporaries, twice over (Q/K/V, the MLP's
   gate and up, the logits in the model's dtype);
@@ -18,7 +19,9 @@ First order, meant to catch batch sizes off by large factors before any device w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Sequence
 
 from llm_inference.presets import ModelPreset
 
@@ -31,6 +34,10 @@ ENGINES = ("static", "hf")
 # SLOT_BUCKET (one captured decode graph per multiple); prefill runs at most this many padded tokens at once.
 SLOT_BUCKET = 64
 PREFILL_CHUNK_TOKENS = 16384
+# What one more prefill group costs, in tokens of computation: its forward pass reads every weight once, and in that
+# time the device computes about (peak matrix FLOP/s) / (memory bandwidth) tokens' worth (H100: ~800e12 / 3.35e12
+# ≈ 240; A100 ~150, MI300X ~250). A split pays when it saves more padding than this.
+PREFILL_GROUP_COST_TOKENS = 256
 
 
 def cache_slots(sequence_tokens: int) -> int:
@@ -44,22 +51,45 @@ def prefill_rows_per_chunk(prompt_tokens: int) -> int:
     return max(1, PREFILL_CHUNK_TOKENS // prompt_tokens)
 
 
-def prefill_groups(prompt_lengths: list[int]) -> list[tuple[list[int], int]]:
+def prefill_groups(prompt_lengths: Sequence[int]) -> list[tuple[list[int], int]]:
     """The static engine's prefill groups: (row indices, width), rows sorted by prompt length, longest first.
 
     Why: a batch is left-padded to its longest prompt, and prefilling every row at that width computes the
-    padding too (chat at batch 448: 512 positions per row for 221 real ones on average, so over half of the
-    prefill's matrix work was padding). A group takes rows of similar length and runs at its own longest
-    prompt, as many rows as fit in PREFILL_CHUNK_TOKENS (at least one).
+    padding too (chat at batch 448: 512 positions per row for 221 real ones on average; at batch 8: 4,096 for
+    1,977). Each group runs at its own longest prompt; the split is the cheapest one (`_group_ends`).
     """
     order = sorted(range(len(prompt_lengths)), key=lambda row: -prompt_lengths[row])
-    groups: list[tuple[list[int], int]] = []
-    for row in order:
-        if groups and (len(groups[-1][0]) + 1) * groups[-1][1] <= PREFILL_CHUNK_TOKENS:
-            groups[-1][0].append(row)
-        else:
-            groups.append(([row], prompt_lengths[row]))
+    ends = _group_ends(tuple(prompt_lengths[row] for row in order), PREFILL_CHUNK_TOKENS, PREFILL_GROUP_COST_TOKENS)
+    groups, begin = [], 0
+    for end in ends:
+        groups.append((order[begin:end], prompt_lengths[order[begin]]))
+        begin = end
     return groups
+
+
+@functools.lru_cache(maxsize=64)  # a point's batches repeat every pass: split once, at the warm-up's prefill
+def _group_ends(lengths: tuple[int, ...], chunk_tokens: int, group_cost_tokens: int) -> tuple[int, ...]:
+    """Ends of the cheapest split of `lengths` (longest first) into runs of consecutive rows, by dynamic programming.
+
+    A group costs its rows × its longest prompt (the tokens it computes, padding included) plus
+    `group_cost_tokens` (each group's forward pass reads every weight once), and holds at most `chunk_tokens`
+    tokens unless it is a single row.
+    """
+    best = [0] + [math.inf] * len(lengths)
+    begin_of = [0] * (len(lengths) + 1)
+    for end in range(1, len(lengths) + 1):
+        for begin in range(end - 1, -1, -1):
+            rows = end - begin
+            if rows > 1 and rows * lengths[begin] > chunk_tokens:
+                break  # longer rows and more of them further back: every earlier begin is over the bound too
+            cost = best[begin] + rows * lengths[begin] + group_cost_tokens
+            if cost < best[end]:
+                best[end], begin_of[end] = cost, begin
+    ends, end = [], len(lengths)
+    while end:
+        ends.append(end)
+        end = begin_of[end]
+    return tuple(reversed(ends))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,9 @@ masks and attended lengths. The captured path is checked on a GPU by benchmarks/
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 import torch
 
@@ -125,6 +128,43 @@ def test_prefill_groups_cover_every_row_once_within_the_token_bound():
     # Tokens computed: within a fifth of the real ones, where every row at the longest prompt is over twice as many.
     computed = sum(len(rows) * width for rows, width in groups)
     assert computed < 1.2 * batch.input_tokens and batch.size * batch.padded_length > 2 * batch.input_tokens
+
+
+def _contiguous_splits(count: int):
+    """Every split of `count` sorted rows into runs of consecutive rows, as the runs' end indices."""
+    for cuts in itertools.product((False, True), repeat=count - 1):
+        yield (*(i + 1 for i, cut in enumerate(cuts) if cut), count)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_prefill_groups_are_the_cheapest_split_within_the_token_bound(seed, monkeypatch):
+    monkeypatch.setattr(memory, "PREFILL_CHUNK_TOKENS", 64)
+    monkeypatch.setattr(memory, "PREFILL_GROUP_COST_TOKENS", 12)
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 40) for _ in range(rng.randint(1, 10))]
+    ordered = sorted(lengths, reverse=True)
+
+    def cost(ends: tuple[int, ...]) -> float:
+        total, begin = 0, 0
+        for end in ends:
+            rows = end - begin
+            if rows > 1 and rows * ordered[begin] > 64:
+                return float("inf")
+            total, begin = total + rows * ordered[begin] + 12, end
+        return total
+
+    groups = memory.prefill_groups(lengths)
+    assert sorted(row for rows, _ in groups for row in rows) == list(range(len(lengths)))
+    found = sum(len(rows) * width + 12 for rows, width in groups)
+    assert found == min(cost(ends) for ends in _contiguous_splits(len(lengths)))
+
+
+def test_a_small_batch_is_split_where_its_padding_costs_more_than_a_group():
+    (batch,) = draw_batches(TASKS["chat"], 8, 1, seed=1234)  # 1,977 real prompt tokens, longest 512 (4,096 padded)
+    groups = memory.prefill_groups(list(batch.input_lengths))
+    computed = sum(len(rows) * width for rows, width in groups)
+    assert len(groups) > 1 and computed < 1.2 * batch.input_tokens
+    assert memory.prefill_groups([300] * 8) == [(list(range(8)), 300)]  # equal prompts: one group
 
 
 def test_model_families_without_static_code_are_refused_with_the_reason():

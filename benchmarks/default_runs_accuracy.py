@@ -79,7 +79,8 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
     measured = energy.get("energy_j")
     deviation = None if measured is None else measured / independent_j - 1.0
     bound = None if measured is None else energy["error_bound_j"] / measured
-    plan = record["meter"].get("steady_plan") or {}
+    # training plans steps (steady_plan); inference runs whole passes for at least a planned time (steady_seconds)
+    plan = record["meter"].get("steady_plan") or record["meter"].get("steady_seconds") or {}
     idle = record["meter"].get("idle_baseline") or {}
     # the sweep's refused point makes `jube run -e` exit 1 by design (its verdict step); it must be there, INVALID
     exited_as_meant = (proc.returncode != 0 and any(r["status"] == "INVALID" for r in records)) if name in JUBE_ENV \

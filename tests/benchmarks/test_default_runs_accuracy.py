@@ -29,7 +29,8 @@ def test_a_run_record_is_checked_against_an_independent_counter_read(run, tiny, 
     assert len(rows) == 1, result.stdout[-3000:] + result.stderr[-3000:]
     row = rows[0]
     assert row["status"] == "OK" and row["method"] == "counter+power" and row["length rule"] == "steady-seconds"
-    assert row["end_reason"].startswith("planned length reached")
+    if run == "llm_training":  # a planned number of steps; inference windows are whole passes of a planned time
+        assert row["end_reason"].startswith("planned length reached")
     allowed = row["record_bound_j"] + row["independent_uncertainty_j"]
     assert abs(row["record_energy_j"] - row["independent_j"]) <= allowed
     assert row["idle W"] > 0 and f"| {run} |" in result.stdout

@@ -71,6 +71,13 @@ def pci_key(bus_id: str) -> str:
     return f"{int(domain or '0', 16):04x}:{bus}:{rest}"
 
 
+def selector_matches(selector: str, kind: str, index: int, uuid: str, bus_id: str) -> bool:
+    """Whether a device matches `selector` of `kind` (selector_kind): its index, a prefix of its UUID, its bus id."""
+    return ((kind == "index" and int(selector) == index)
+            or (kind == "uuid" and uuid.lower().startswith(selector.lower()))
+            or (kind == "pci" and pci_key(bus_id) == pci_key(selector)))
+
+
 def _parse_list(var: str, value: str) -> tuple[str, ...]:
     """Split a visible-devices list the way CUDA/HIP do: stop at the first negative index."""
     if value.strip() in _NO_DEVICES:

@@ -14,7 +14,8 @@ Safety first, because a wrong setting outlives the job and this project's own GP
 Mechanism: nvmlDeviceSetPowerManagementLimit for the power limit; nvmlDeviceSetGpuLockedClocks(f, f) locks the SM clock
 and nvmlDeviceResetGpuLockedClocks undoes it (or the same calls through zeusd). NVML cannot read a locked range back:
 the read-back is the SM clock just after the call, and a clock that some setting already holds before the sweep is
-refused, since it could not be restored.
+refused, since it could not be restored. AMD GPUs go through amdsmi (amdsmi.py: power cap, GFX clock range,
+performance level), with the same checks, state file and restore.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from joulebench.device_settings.amdsmi import AmdsmiDevices, AmdsmiSetter
 from joulebench.device_settings.nvml import Device, DeviceCallError, NvmlDevices, NvmlSetter, Reading
 from joulebench.device_settings.state import DeviceState, SettingsState, prepare_state_dir
 from joulebench.device_settings.zeusd import ZeusdSetter, socket_problem
@@ -33,6 +35,7 @@ from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")
+VENDORS = ("nvidia", "amd")
 CAP_SYS_ADMIN = 21  # bit in /proc/<pid>/status CapEff
 _TOKEN = object()
 
@@ -104,7 +107,8 @@ class Privileges:
         return cls(os.geteuid(), bool(effective >> CAP_SYS_ADMIN & 1))
 
     @property
-    def may_set_nvml(self) -> bool:
+    def may_set_devices(self) -> bool:
+        """NVML's set functions and amdsmi's sysfs writes both need root or CAP_SYS_ADMIN."""
         return self.euid == 0 or self.cap_sys_admin
 
     def describe(self) -> str:
@@ -115,7 +119,7 @@ class Privileges:
 class Authorization:
     """Proof that the site allows settings and that this process has a route to the devices (made by authorize)."""
 
-    route: str  # "nvml" (this process has the rights) or "zeusd"
+    route: str  # "nvml" or "amdsmi" (this process has the rights), or "zeusd"
     detail: str  # why the route works, for the log
     zeusd_socket: str | None = None
     token: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -139,15 +143,17 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
     setting = request.names
     if request.is_empty:
         raise ValueError("authorize() needs a requested setting")
-    if vendor != "nvidia":
-        raise SettingRefused(setting, f"joulebench changes GPU settings through NVML only; {vendor} GPUs "
-                                      "(amdsmi_set_power_cap, amdsmi_set_gpu_clk_range) are not supported yet",
-                             "leave power_limit and sm_clock empty on this system")
+    if vendor not in VENDORS:
+        raise SettingRefused(setting, f"joulebench changes GPU settings on {' and '.join(VENDORS)} GPUs only, not "
+                                      f"on {vendor} devices", "leave power_limit and sm_clock empty on this system")
     if policy != "allowed":
         raise SettingRefused(setting, f"device settings are off for this system (profile key {PROFILE_KEY} = "
                                       f"{policy})",
                              f"sweep power limits and clocks only on a system whose admins allow it ({PROFILE_KEY} = "
                              "allowed in its profile, docs/sweeps.md); here leave power_limit and sm_clock empty")
+    if zeusd_socket and vendor != "nvidia":
+        raise SettingRefused(setting, f"zeusd drives NVIDIA GPUs only, and this system's GPUs are {vendor}",
+                             "remove zeusd_socket from the profile; jobs that may change AMD GPU settings run as root")
     if zeusd_socket and not socket_here:
         return Authorization("zeusd", f"through zeusd at {zeusd_socket} (the socket is checked on each GPU node "
                                       "when the job applies the setting)", zeusd_socket, _TOKEN)
@@ -157,22 +163,36 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
             raise SettingRefused(setting, problem, "start zeusd on the node with a socket the job's user may write "
                                                    "(docs/sweeps.md), or remove zeusd_socket from the profile")
         return Authorization("zeusd", f"through zeusd at {zeusd_socket}", zeusd_socket, _TOKEN)
-    if not privileges.may_set_nvml:
-        raise SettingRefused(setting, f"NVML set functions need root or CAP_SYS_ADMIN, and this process has "
-                                      f"{privileges.describe()}",
-                             "ask the admins for zeusd and name its socket in the profile (zeusd_socket = "
-                             "/var/run/zeusd.sock), or run where jobs may change GPU settings (docs/sweeps.md)")
-    return Authorization("nvml", f"through NVML ({privileges.describe()})", None, _TOKEN)
+    library = "NVML" if vendor == "nvidia" else "amdsmi"
+    if not privileges.may_set_devices:
+        fix = ("ask the admins for zeusd and name its socket in the profile (zeusd_socket = /var/run/zeusd.sock), or "
+               "run where jobs may change GPU settings (docs/sweeps.md)") if vendor == "nvidia" else (
+               "run where jobs may change GPU settings as root (docs/sweeps.md), or leave power_limit and sm_clock "
+               "empty")
+        raise SettingRefused(setting, f"{library} set functions need root or CAP_SYS_ADMIN, and this process has "
+                                      f"{privileges.describe()}", fix)
+    return Authorization(library.lower(), f"through {library} ({privileges.describe()})", None, _TOKEN)
 
 
-def setter_for(authorization: Authorization, devices: NvmlDevices) -> NvmlSetter | ZeusdSetter:
+Devices = NvmlDevices | AmdsmiDevices
+Setter = NvmlSetter | AmdsmiSetter | ZeusdSetter
+
+
+def open_devices(vendor: str) -> Devices:
+    """The vendor's device access (initialises its library; MethodUnavailableError where it is missing)."""
+    return AmdsmiDevices() if vendor == "amd" else NvmlDevices()
+
+
+def setter_for(authorization: Authorization, devices: Devices) -> Setter:
     """The object that changes settings, for an authorised route only."""
     if not isinstance(authorization, Authorization) or authorization.token is not _TOKEN:
         raise TypeError("setter_for needs the Authorization that authorize() returned")
     if authorization.route == "zeusd":
         assert authorization.zeusd_socket is not None
         return ZeusdSetter(authorization.zeusd_socket)
-    return NvmlSetter(devices)
+    if isinstance(devices, AmdsmiDevices) != (authorization.route == "amdsmi"):
+        raise TypeError(f"route {authorization.route} does not match the devices opened ({type(devices).__name__})")
+    return AmdsmiSetter(devices) if isinstance(devices, AmdsmiDevices) else NvmlSetter(devices)
 
 
 # ---- per device: the checks before any change ------------------------------------------------------------------
@@ -217,13 +237,19 @@ def plan_device(device: Device, reading: Reading, request: Request) -> DevicePla
             raise ValidationError(f"sm_clock={wanted} MHz is outside the supported SM clocks of {device.label}, "
                                   f"{clocks[0]}-{clocks[-1]} MHz", f"choose clocks within {clocks[0]}-{clocks[-1]} MHz")
         if reading.clock_held_by_setting:
+            why, fix = (("its performance level is not AUTO", "amd-smi set --perf-level AUTO") if
+                        reading.sm_clocks_continuous else
+                        ("NVML clock event reason 'applications clocks setting'", "nvidia-smi -rgc, -rac"))
             raise SettingRefused(f"sm_clock={wanted} MHz", f"a clock setting already holds the clock of "
-                                                           f"{device.label} (NVML clock event reason 'applications "
-                                                           "clocks setting'), and NVML cannot read it back to "
-                                                           "restore it",
-                                 "ask the admins to reset it (nvidia-smi -rgc, -rac) before sweeping clocks, or sweep "
-                                 "power_limit only")
-        lock = min(clocks, key=lambda c: (abs(c - wanted), -c))
+                                                           f"{device.label} ({why}), and it could not be restored "
+                                                           "after the sweep",
+                                 f"ask the admins to reset it ({fix}) before sweeping clocks, or sweep power_limit "
+                                 "only")
+        if reading.sm_clocks_continuous and reading.sm_clock_range_mhz is None:
+            raise SettingRefused(f"sm_clock={wanted} MHz", f"{device.label} reports no current clock range, which "
+                                                           "restore must write back", "sweep power_limit only on "
+                                                                                      "this GPU model")
+        lock = wanted if reading.sm_clocks_continuous else min(clocks, key=lambda c: (abs(c - wanted), -c))
         if lock != wanted:
             notes.append(f"{wanted} MHz is not a supported SM clock; locking the nearest, {lock} MHz")
     return DevicePlan(device, reading, power, lock, tuple(notes))
@@ -249,7 +275,7 @@ def probe(policy: str, request: Request, privileges: Privileges, zeusd_socket: s
         return ProbeResult(authorization, None, [], "login node: the device checks (ranges, persistence mode, clock "
                                                     "state) run in the job, on every GPU node, before any change")
     try:
-        devices = NvmlDevices()
+        devices = open_devices(vendor)
     except MethodUnavailableError as exc:
         return ProbeResult(authorization, None, [], f"{exc}; the device checks (ranges, persistence mode, clock "
                                                     "state) run again in `apply` on the GPU node")
@@ -261,7 +287,7 @@ def probe(policy: str, request: Request, privileges: Privileges, zeusd_socket: s
     return ProbeResult(authorization, readings, plans)
 
 
-def apply(authorization: Authorization, request: Request, devices: NvmlDevices, selectors: Sequence[str] | None,
+def apply(authorization: Authorization, request: Request, devices: Devices, selectors: Sequence[str] | None,
           state_file: Path, job_id: str, node: str) -> tuple[SettingsState, list[dict[str, Any]]]:
     """Check every device, save the prior values, then set; on any failure roll every device back."""
     plans = [plan_device(d, devices.read(d), request) for d in devices.select(selectors)]
@@ -270,7 +296,8 @@ def apply(authorization: Authorization, request: Request, devices: NvmlDevices, 
                               f"run `python -m joulebench.device_settings restore --state {state_file}` first")
     setter = setter_for(authorization, devices)
     entries = [DeviceState(p.device.uuid, p.device.index, p.device.pci_bus_id, p.device.name,
-                           p.reading.power_limit_mw) for p in plans]
+                           p.reading.power_limit_mw, prior_sm_clock_range_mhz=None if p.reading.sm_clock_range_mhz
+                           is None else list(p.reading.sm_clock_range_mhz)) for p in plans]
     state = SettingsState(state_file, job_id, node, authorization.route, request.to_dict(), entries)
     try:
         prepare_state_dir(state_file)
@@ -325,7 +352,7 @@ def _w(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000
 
 
-def restore(state: SettingsState, devices: NvmlDevices, authorization: Authorization) -> list[str]:
+def restore(state: SettingsState, devices: Devices, authorization: Authorization) -> list[str]:
     """Put back what the state file says was touched, verify by reading back, remove the file. A device that fails
     stays in the file (the others are restored) and DeviceSettingFailed says which."""
     setter = setter_for(authorization, devices)
@@ -338,7 +365,7 @@ def restore(state: SettingsState, devices: NvmlDevices, authorization: Authoriza
     return done_before
 
 
-def _restore_entries(state: SettingsState, devices: NvmlDevices, setter: NvmlSetter | ZeusdSetter) -> list[str]:
+def _restore_entries(state: SettingsState, devices: Devices, setter: Setter) -> list[str]:
     """Restore every device of the state; remove the file when all succeeded, else keep only the failed ones."""
     failures, remaining = [], []
     for entry in state.devices:
@@ -355,16 +382,20 @@ def _restore_entries(state: SettingsState, devices: NvmlDevices, setter: NvmlSet
     return failures
 
 
-def _restore_device(entry: DeviceState, devices: NvmlDevices, setter: NvmlSetter | ZeusdSetter) -> None:
+def _restore_device(entry: DeviceState, devices: Devices, setter: Setter) -> None:
     device = devices.by_uuid(entry.uuid)
     prior = entry.prior_power_limit_mw
     if "power_limit" in entry.touched and prior is not None and devices.read(device).power_limit_mw != prior:
         setter.set_power_limit(device.index, device.handle, prior)
     if "sm_clock" in entry.touched:
-        setter.reset_sm_clock(device.index, device.handle)
+        setter.reset_sm_clock(device.index, device.handle, entry.prior_sm_clock_range_mhz)
     after = devices.read(device)
     if "power_limit" in entry.touched and after.power_limit_mw != entry.prior_power_limit_mw:
         raise DeviceCallError(f"power limit reads {fmt(_w(after.power_limit_mw))} W after the restore, prior "
                               f"{fmt(_w(entry.prior_power_limit_mw))} W")
     if "sm_clock" in entry.touched and after.clock_held_by_setting:
-        raise DeviceCallError("a clock setting still holds the SM clock after nvmlDeviceResetGpuLockedClocks")
+        raise DeviceCallError("a clock setting still holds the SM clock after the reset")
+    prior_range = entry.prior_sm_clock_range_mhz
+    if "sm_clock" in entry.touched and prior_range is not None and list(after.sm_clock_range_mhz or ()) != prior_range:
+        raise DeviceCallError(f"the SM clock range reads {after.sm_clock_range_mhz} MHz after the restore, prior "
+                              f"{tuple(prior_range)} MHz")

@@ -31,16 +31,19 @@ from typing import Any
 from joulebench.device_settings import (
     POLICIES,
     PROFILE_KEY,
+    VENDORS,
+    Devices,
     Privileges,
     ProbeResult,
     Request,
     apply,
     authorize,
     check_policy,
+    open_devices,
     probe,
     restore,
 )
-from joulebench.device_settings.nvml import NvmlDevices, Reading
+from joulebench.device_settings.nvml import Reading
 from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
 from jpwr.devices import job_devices
@@ -83,12 +86,13 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"the profile's {PROFILE_KEY} key, {' or '.join(POLICIES)}: the site's opt-in "
                             "(default off)")
         p.add_argument("--zeusd-socket", default="", help="the profile's zeusd_socket: change settings through zeusd")
-        p.add_argument("--vendor", default="nvidia", choices=("nvidia", "amd"))
+        p.add_argument("--vendor", default="nvidia", choices=VENDORS, help="whose library changes the settings: "
+                                                                             "NVML (nvidia) or amdsmi (amd)")
         if verb != "restore":
             p.add_argument("--power-limit", default=None, metavar="W", help="empty: the device's own limit")
             p.add_argument("--sm-clock", default=None, metavar="MHz", help="empty: the device's own clocks")
-            p.add_argument("--devices", default=None, help="NVML indices or GPU UUIDs, comma separated (default: "
-                                                           "CUDA_VISIBLE_DEVICES, else every GPU)")
+            p.add_argument("--devices", default=None, help="NVML/amdsmi indices or GPU UUIDs, comma separated "
+                                                           "(default: the job's visible devices, else every GPU)")
         if verb != "probe":
             p.add_argument("--state", default=None, help="state file (default <state-dir>/<job id>.<node>.json)")
             p.add_argument("--state-dir", default=os.environ.get(STATE_DIR_VARIABLE) or DEFAULT_STATE_DIR,
@@ -104,10 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _selectors(devices: str | None) -> list[str] | None:
+def _selectors(devices: str | None, vendor: str) -> list[str] | None:
     if devices:
         return [d.strip() for d in devices.split(",") if d.strip()]
-    return job_devices("nvidia").selector_list
+    return job_devices(vendor).selector_list
 
 
 def _describe(reading: Reading) -> str:
@@ -144,7 +148,7 @@ def _print_probe(result: ProbeResult, request: Request) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     request = _request(args)
     result = probe(args.policy, request, Privileges.of_this_process(), args.zeusd_socket or None, args.vendor,
-                   _selectors(args.devices), args.login_node)
+                   _selectors(args.devices, args.vendor), args.login_node)
     _print_probe(result, request)
     return ExitCode.OK
 
@@ -153,14 +157,14 @@ def _raise_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _apply_here(args: argparse.Namespace, request: Request, devices: NvmlDevices) -> tuple[Any, Path, dict[str, Any]]:
+def _apply_here(args: argparse.Namespace, request: Request, devices: Devices) -> tuple[Any, Path, dict[str, Any]]:
     """Authorise and apply on this node's devices (a signal meanwhile rolls back and exits), print what was set;
     returns the authorization, the state file and this node's record block."""
     node = node_name()
     path = state_path(args.state, args.state_dir, args.job_id, node)
     authorization = authorize(args.policy, request, Privileges.of_this_process(), args.zeusd_socket or None,
                               args.vendor)
-    _, applied = apply(authorization, request, devices, _selectors(args.devices), path, args.job_id, node)
+    _, applied = apply(authorization, request, devices, _selectors(args.devices, args.vendor), path, args.job_id, node)
     for device in applied:
         locked = device["locked_sm_clock_mhz"]
         print(f"device-settings: device {device['index']} ({device['name']}, {device['uuid']}): power limit "
@@ -183,7 +187,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if request.is_empty:
         print("device-settings: nothing requested: the devices keep their own settings")
     else:
-        devices = NvmlDevices()
+        devices = open_devices(args.vendor)
         previous = {s: signal.signal(s, _raise_on_signal) for s in INTERRUPTING_SIGNALS}  # a signal rolls back
         try:
             _, _, record = _apply_here(args, request, devices)
@@ -220,7 +224,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
                                                              "starts hold only for a point that asks for a setting)")
     watched = os.getppid()
     record_path = _record_path(args)
-    devices = NvmlDevices()
+    devices = open_devices(args.vendor)
     previous = {s: signal.signal(s, _raise_on_signal) for s in INTERRUPTING_SIGNALS}  # during apply: roll back
     path: Path | None = None
     try:
@@ -265,7 +269,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     state = SettingsState.load(path)
     authorization = authorize(args.policy, Request.from_dict(state.request), privileges,
                               args.zeusd_socket or None, args.vendor)
-    devices = NvmlDevices()
+    devices = open_devices(args.vendor)
     try:
         restored = restore(state, devices, authorization)
     finally:

@@ -56,6 +56,8 @@ class Reading:
     clock_held_by_setting: bool | None  # clock event reason "applications clocks setting" active now
     persistence_mode: bool | None
     application_clocks_restricted: bool | None
+    sm_clocks_continuous: bool = False  # any MHz between the supported min and max can be locked (AMD), not a list
+    sm_clock_range_mhz: tuple[int, int] | None = None  # the clock range a setting narrows (AMD); NVML has none
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -159,5 +161,6 @@ class NvmlSetter:
     def lock_sm_clock(self, index: int, handle: Any, mhz: int) -> None:
         self._call("nvmlDeviceSetGpuLockedClocks", self.nv.nvmlDeviceSetGpuLockedClocks, handle, mhz, mhz)
 
-    def reset_sm_clock(self, index: int, handle: Any) -> None:
+    def reset_sm_clock(self, index: int, handle: Any, prior_range_mhz: Sequence[int] | None) -> None:
+        """NVML's reset returns the device's own clock behaviour: no prior range is needed."""
         self._call("nvmlDeviceResetGpuLockedClocks", self.nv.nvmlDeviceResetGpuLockedClocks, handle)

@@ -25,7 +25,8 @@ SETTINGS = ("power_limit", "sm_clock")
 
 @dataclasses.dataclass
 class DeviceState:
-    """One device as the state file keeps it: identity, prior power limit, settings possibly changed."""
+    """One device as the state file keeps it: identity, prior power limit (and clock range), settings possibly
+    changed."""
 
     uuid: str
     index: int
@@ -33,6 +34,7 @@ class DeviceState:
     name: str
     prior_power_limit_mw: int
     touched: list[str] = dataclasses.field(default_factory=list)
+    prior_sm_clock_range_mhz: list[int] | None = None  # AMD: the clock range restore writes back (NVML resets)
 
     @property
     def label(self) -> str:

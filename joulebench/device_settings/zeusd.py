@@ -86,5 +86,5 @@ class ZeusdSetter:
     def lock_sm_clock(self, index: int, handle: object, mhz: int) -> None:
         self._post(index, "set_gpu_locked_clocks", min_clock_mhz=mhz, max_clock_mhz=mhz)
 
-    def reset_sm_clock(self, index: int, handle: object) -> None:
+    def reset_sm_clock(self, index: int, handle: object, prior_range_mhz: object) -> None:
         self._post(index, "reset_gpu_locked_clocks")

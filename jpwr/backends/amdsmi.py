@@ -25,7 +25,7 @@ from typing import Any
 
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
-from jpwr.devices import pci_key, selector_kind
+from jpwr.devices import selector_kind, selector_matches
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
 
@@ -140,10 +140,8 @@ class AmdSmiBackend:
             except ValidationError as exc:
                 disc.unavailable.append(unavailable(NAME, str(exc)))
                 continue
-            matches = [g for g in gcds if (
-                (kind == "index" and int(selector) == (g.position if g.hip_id is None else g.hip_id))
-                or (kind == "uuid" and g.uuid.lower().startswith(selector.lower()))
-                or (kind == "pci" and pci_key(g.bdf) == pci_key(selector)))]
+            matches = [g for g in gcds if selector_matches(
+                selector, kind, g.position if g.hip_id is None else g.hip_id, g.uuid, g.bdf)]
             if len(matches) == 1:
                 chosen.add(matches[0].uuid)
             else:

@@ -111,8 +111,18 @@ def test_without_root_or_zeusd_the_refusal_names_both_routes() -> None:
     assert refused.value.exit_code == ExitCode.NO_PERMISSION
     assert "uid 1000, without CAP_SYS_ADMIN" in str(refused.value) and "zeusd_socket" in refused.value.fix
     assert authorize("allowed", request, Privileges(euid=1000, cap_sys_admin=True), None).route == "nvml"
-    with pytest.raises(SettingRefused, match="through NVML only"):
-        authorize("allowed", request, Privileges(euid=0, cap_sys_admin=True), None, vendor="amd")
+
+
+def test_amd_gpus_are_changed_through_amdsmi_by_root_only() -> None:
+    request = Request(power_limit_w=300)
+    assert authorize("allowed", request, Privileges(euid=0, cap_sys_admin=True), None, vendor="amd").route == "amdsmi"
+    with pytest.raises(SettingRefused, match="amdsmi set functions need root") as refused:
+        authorize("allowed", request, Privileges(euid=1000, cap_sys_admin=False), None, vendor="amd")
+    assert "zeusd" not in refused.value.fix  # zeusd is no route for AMD GPUs
+    with pytest.raises(SettingRefused, match="zeusd drives NVIDIA GPUs only"):
+        authorize("allowed", request, Privileges(euid=0, cap_sys_admin=True), "/run/zeusd.sock", vendor="amd")
+    with pytest.raises(SettingRefused, match="not on graphcore devices"):
+        authorize("allowed", request, Privileges(euid=0, cap_sys_admin=True), None, vendor="graphcore")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")

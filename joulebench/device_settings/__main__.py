@@ -267,9 +267,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     privileges = Privileges.of_this_process()
     check_owner(path, privileges.euid, os.environ.get("SLURM_JOB_UID"))
     state = SettingsState.load(path)
+    vendor = "amd" if state.route == "amdsmi" else "nvidia"  # the file says whose library changed the devices
     authorization = authorize(args.policy, Request.from_dict(state.request), privileges,
-                              args.zeusd_socket or None, args.vendor)
-    devices = open_devices(args.vendor)
+                              args.zeusd_socket or None, vendor)
+    devices = open_devices(vendor)
     try:
         restored = restore(state, devices, authorization)
     finally:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from joulebench.device_settings.nvml import Device, DeviceCallError, Reading
+from joulebench.device_settings.nvml import Device, DeviceCallError, LibrarySetter, Reading
 from jpwr.devices import selector_kind, selector_matches
 from jpwr.errors import MethodUnavailableError, ValidationError
 
@@ -130,19 +130,15 @@ def _range(low: int | None, high: int | None) -> tuple[int, int] | None:
     return None if low is None or high is None or low > high else (low, high)
 
 
-class AmdsmiSetter:
+class AmdsmiSetter(LibrarySetter):
     """Set and restore through amdsmi in this process (needs root: amdsmi writes the amdgpu driver's sysfs files)."""
 
     route = "amdsmi"
+    library = "amdsmi"
 
     def __init__(self, devices: AmdsmiDevices) -> None:
         self.smi = devices.smi
-
-    def _call(self, what: str, function: Any, *args: Any) -> None:
-        try:
-            function(*args)
-        except self.smi.AmdSmiException as exc:
-            raise DeviceCallError(f"amdsmi {what}: {exc}") from exc
+        self.error = devices.smi.AmdSmiException
 
     def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> None:
         self._call("amdsmi_set_power_cap", self.smi.amdsmi_set_power_cap, handle, POWER_SENSOR, milliwatts * 1000)

@@ -141,19 +141,28 @@ class NvmlDevices:
         return [int(c) for c in self._try(lambda: nv.nvmlDeviceGetSupportedGraphicsClocks(handle, memory)) or []]
 
 
-class NvmlSetter:
-    """Set and reset through NVML in this process (needs root or CAP_SYS_ADMIN)."""
+class LibrarySetter:
+    """Calls one of a vendor library's set functions; the library's error becomes a DeviceCallError naming the call."""
 
-    route = "nvml"
-
-    def __init__(self, devices: NvmlDevices) -> None:
-        self.nv = devices.nv
+    library = ""
+    error: type[Exception] = Exception
 
     def _call(self, what: str, function: Any, *args: Any) -> None:
         try:
             function(*args)
-        except self.nv.NVMLError as exc:
-            raise DeviceCallError(f"NVML {what}: {exc}") from exc
+        except self.error as exc:
+            raise DeviceCallError(f"{self.library} {what}: {exc}") from exc
+
+
+class NvmlSetter(LibrarySetter):
+    """Set and reset through NVML in this process (needs root or CAP_SYS_ADMIN)."""
+
+    route = "nvml"
+    library = "NVML"
+
+    def __init__(self, devices: NvmlDevices) -> None:
+        self.nv = devices.nv
+        self.error = devices.nv.NVMLError
 
     def set_power_limit(self, index: int, handle: Any, milliwatts: int) -> None:
         self._call("nvmlDeviceSetPowerManagementLimit", self.nv.nvmlDeviceSetPowerManagementLimit, handle, milliwatts)

@@ -4,6 +4,7 @@
     python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
     python benchmarks/default_runs_accuracy.py --runs jube-llm,jube-resnet50       # the JUBE workflows on `local`
     python benchmarks/default_runs_accuracy.py --runs jube-llm-sweep               # a refused power-limit point
+    python benchmarks/default_runs_accuracy.py --runs jube-inference               # llama-8b chat batch 8 via JUBE
     python benchmarks/default_runs_accuracy.py --runs llm_training -- --model tiny --device cpu   # a CPU smoke run
 
 Each run is the README's command with no length options, under `jpwr --methods nvml --`: the steady window
@@ -45,6 +46,7 @@ JUBE_RUNS = {
     "jube-llm": ["jube/llm_benchmark.xml"],
     "jube-resnet50": ["jube/resnet50_benchmark.xml", "--tag", "local", "pytorch"],
     "jube-llm-sweep": ["jube/llm_benchmark.xml"],
+    "jube-inference": ["jube/inference_benchmark.xml"],
 }
 # jube-llm-sweep: a power-limit sweep on a system that does not allow device settings (local's default): the 300 W
 # point must be refused before anything runs (an INVALID row, no NVML set call) and the default row must run.

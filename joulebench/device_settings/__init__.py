@@ -35,7 +35,14 @@ from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")
-VENDORS = ("nvidia", "amd")
+# Per vendor: the library that changes settings in the job, and how a user without root gets a route.
+LIBRARIES = {
+    "nvidia": ("NVML", "ask the admins for zeusd and name its socket in the profile (zeusd_socket = "
+                       "/var/run/zeusd.sock), or run where jobs may change GPU settings (docs/sweeps.md)"),
+    "amd": ("amdsmi", "run where jobs may change GPU settings as root (docs/sweeps.md), or leave power_limit and "
+                      "sm_clock empty"),
+}
+VENDORS = tuple(LIBRARIES)
 CAP_SYS_ADMIN = 21  # bit in /proc/<pid>/status CapEff
 _TOKEN = object()
 
@@ -163,12 +170,8 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
             raise SettingRefused(setting, problem, "start zeusd on the node with a socket the job's user may write "
                                                    "(docs/sweeps.md), or remove zeusd_socket from the profile")
         return Authorization("zeusd", f"through zeusd at {zeusd_socket}", zeusd_socket, _TOKEN)
-    library = "NVML" if vendor == "nvidia" else "amdsmi"
+    library, fix = LIBRARIES[vendor]
     if not privileges.may_set_devices:
-        fix = ("ask the admins for zeusd and name its socket in the profile (zeusd_socket = /var/run/zeusd.sock), or "
-               "run where jobs may change GPU settings (docs/sweeps.md)") if vendor == "nvidia" else (
-               "run where jobs may change GPU settings as root (docs/sweeps.md), or leave power_limit and sm_clock "
-               "empty")
         raise SettingRefused(setting, f"{library} set functions need root or CAP_SYS_ADMIN, and this process has "
                                       f"{privileges.describe()}", fix)
     return Authorization(library.lower(), f"through {library} ({privileges.describe()})", None, _TOKEN)

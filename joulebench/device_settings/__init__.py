@@ -24,7 +24,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from joulebench.device_settings.amdsmi import AmdsmiDevices, AmdsmiSetter
 from joulebench.device_settings.nvml import Device, DeviceCallError, NvmlDevices, NvmlSetter, Reading
@@ -35,12 +35,21 @@ from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")
-# Per vendor: the library that changes settings in the job, and how a user without root gets a route.
+class Library(NamedTuple):
+    """How one vendor's settings are changed in the job: the library (its lower-case name is the route a state file
+    records), its device access, and how a user without root gets a route."""
+
+    name: str
+    devices: type[NvmlDevices | AmdsmiDevices]
+    no_root_fix: str
+
+
 LIBRARIES = {
-    "nvidia": ("NVML", "ask the admins for zeusd and name its socket in the profile (zeusd_socket = "
-                       "/var/run/zeusd.sock), or run where jobs may change GPU settings (docs/sweeps.md)"),
-    "amd": ("amdsmi", "run where jobs may change GPU settings as root (docs/sweeps.md), or leave power_limit and "
-                      "sm_clock empty"),
+    "nvidia": Library("NVML", NvmlDevices, "ask the admins for zeusd and name its socket in the profile "
+                                           "(zeusd_socket = /var/run/zeusd.sock), or run where jobs may change GPU "
+                                           "settings (docs/sweeps.md)"),
+    "amd": Library("amdsmi", AmdsmiDevices, "run where jobs may change GPU settings as root (docs/sweeps.md), or "
+                                            "leave power_limit and sm_clock empty"),
 }
 VENDORS = tuple(LIBRARIES)
 CAP_SYS_ADMIN = 21  # bit in /proc/<pid>/status CapEff
@@ -170,11 +179,11 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
             raise SettingRefused(setting, problem, "start zeusd on the node with a socket the job's user may write "
                                                    "(docs/sweeps.md), or remove zeusd_socket from the profile")
         return Authorization("zeusd", f"through zeusd at {zeusd_socket}", zeusd_socket, _TOKEN)
-    library, fix = LIBRARIES[vendor]
+    library = LIBRARIES[vendor]
     if not privileges.may_set_devices:
-        raise SettingRefused(setting, f"{library} set functions need root or CAP_SYS_ADMIN, and this process has "
-                                      f"{privileges.describe()}", fix)
-    return Authorization(library.lower(), f"through {library} ({privileges.describe()})", None, _TOKEN)
+        raise SettingRefused(setting, f"{library.name} set functions need root or CAP_SYS_ADMIN, and this process has "
+                                      f"{privileges.describe()}", library.no_root_fix)
+    return Authorization(library.name.lower(), f"through {library.name} ({privileges.describe()})", None, _TOKEN)
 
 
 Devices = NvmlDevices | AmdsmiDevices
@@ -183,7 +192,12 @@ Setter = NvmlSetter | AmdsmiSetter | ZeusdSetter
 
 def open_devices(vendor: str) -> Devices:
     """The vendor's device access (initialises its library; MethodUnavailableError where it is missing)."""
-    return AmdsmiDevices() if vendor == "amd" else NvmlDevices()
+    return LIBRARIES[vendor].devices()
+
+
+def vendor_of_route(route: str) -> str:
+    """The vendor whose devices a state file's route changed (zeusd drives NVIDIA GPUs)."""
+    return next((vendor for vendor, library in LIBRARIES.items() if library.name.lower() == route), "nvidia")
 
 
 def setter_for(authorization: Authorization, devices: Devices) -> Setter:

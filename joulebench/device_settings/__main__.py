@@ -42,6 +42,7 @@ from joulebench.device_settings import (
     open_devices,
     probe,
     restore,
+    vendor_of_route,
 )
 from joulebench.device_settings.nvml import Reading
 from joulebench.device_settings.record import node_block
@@ -267,7 +268,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     privileges = Privileges.of_this_process()
     check_owner(path, privileges.euid, os.environ.get("SLURM_JOB_UID"))
     state = SettingsState.load(path)
-    vendor = "amd" if state.route == "amdsmi" else "nvidia"  # the file says whose library changed the devices
+    vendor = vendor_of_route(state.route)  # the file says whose library changed the devices
     authorization = authorize(args.policy, Request.from_dict(state.request), privileges,
                               args.zeusd_socket or None, vendor)
     devices = open_devices(vendor)

@@ -65,11 +65,12 @@ class AmdsmiDevices:
             raise ValidationError("no AMD GPU on this node", "run on a GPU node, or check --devices")
         if selectors is None:
             return devices
+        hip_indices = [self._hip_index(d.index) for d in devices]  # one query per device, not per selector
         chosen, problems = [], []
         for selector in selectors:
             kind = selector_kind(selector)
-            matches = [d for d in devices if selector_matches(selector, kind, self._hip_index(d.index), d.uuid,
-                                                              d.pci_bus_id)]
+            matches = [d for d, hip in zip(devices, hip_indices, strict=True)
+                       if selector_matches(selector, kind, hip, d.uuid, d.pci_bus_id)]
             if len(matches) == 1:
                 chosen.append(matches[0])
             else:

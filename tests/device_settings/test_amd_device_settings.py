@@ -135,3 +135,13 @@ def test_hold_restores_on_sigterm(node, tmp_path) -> None:
     assert hold.returncode == 0, stderr
     assert _at_defaults(node) and not node.state.exists()
     assert json.loads(Path(record).read_text())["restore"] == {"status": "restored", "stopped_by": "SIGTERM"}
+
+
+def test_devices_are_chosen_by_hip_index_or_refused_by_name(node) -> None:
+    one = node.run("probe", *AMD, "--power-limit", "300", "--devices", "1")
+    assert one.returncode == 0, one.stderr
+    assert "device 1 (" in one.stdout and "device 0 (" not in one.stdout
+    visible = node.run("probe", *AMD, "--power-limit", "300", ROCR_VISIBLE_DEVICES="0")
+    assert "device 0 (" in visible.stdout and "device 1 (" not in visible.stdout, visible.stderr
+    missing = node.run("probe", *AMD, "--power-limit", "300", "--devices", "5")
+    assert missing.returncode == ExitCode.USAGE and "'5' matches no single GPU of 2" in missing.stderr

@@ -81,9 +81,9 @@ if [ -n "$JB_SETUP" ]; then
 fi
 PY=$JB_PYTHON
 # The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
-# MASTER_PORT (TF workers on MASTER_PORT + local index): a port free right now, not one derived from the
-# job id, which collides with whatever else runs on a shared node.
-MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])') \
+# MASTER_PORT (TF workers on MASTER_PORT + rank): free right now and below the kernel's ephemeral range (see
+# jbport.py), not one derived from the job id, which collides with whatever else runs on a shared node.
+MASTER_PORT=$("$PY" "$JB_REPO/jube/jbport.py" --span "${JB_WORLD_SIZE:-1}") \
     && export MASTER_PORT || log "no free port found; the drivers fall back to their default"
 if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
     # `container` tag: the image also needs the run directory and the samplers' socket directory, which only

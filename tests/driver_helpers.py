@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import socket
+import random
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+_JBPORT = Path(__file__).resolve().parents[1] / "jube" / "jbport.py"
+_spec = importlib.util.spec_from_file_location("jbport", _JBPORT)
+jbport = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jbport)
+
 
 def free_port(count: int = 1) -> int:
-    """A port p such that p .. p+count-1 were free a moment ago (TF workers listen on consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + count < 65535 and all(_is_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError("no free consecutive ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    """A port p such that p .. p+count-1 are free now (TF workers listen on consecutive ports): the job script's
+    own pick (jube/jbport.py), below the ephemeral range, so no outgoing connection takes it before the listen."""
+    return jbport.pick_port(count, jbport.ephemeral_low(), random.SystemRandom())
 
 
 def run_cmd(cmd: Sequence[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import socket
 import subprocess
@@ -11,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.driver_helpers import jbport
 from tests.jube.conftest import JUBE_DIR
-
-_spec = importlib.util.spec_from_file_location("jbport", JUBE_DIR / "jbport.py")
-jbport = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(jbport)
 
 
 def test_the_script_prints_a_free_span_below_the_ephemeral_range() -> None:

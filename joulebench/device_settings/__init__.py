@@ -35,21 +35,23 @@ from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")
-class Library(NamedTuple):
-    """How one vendor's settings are changed in the job: the library (its lower-case name is the route a state file
-    records), its device access, and how a user without root gets a route."""
 
-    name: str
+
+class Library(NamedTuple):
+    """How one vendor's settings are changed in the job: its device access, the setter whose library name and route
+    (what a state file records) it uses, and how a user without root gets a route."""
+
     devices: type[NvmlDevices | AmdsmiDevices]
+    setter: type[NvmlSetter | AmdsmiSetter]
     no_root_fix: str
 
 
 LIBRARIES = {
-    "nvidia": Library("NVML", NvmlDevices, "ask the admins for zeusd and name its socket in the profile "
-                                           "(zeusd_socket = /var/run/zeusd.sock), or run where jobs may change GPU "
-                                           "settings (docs/sweeps.md)"),
-    "amd": Library("amdsmi", AmdsmiDevices, "run where jobs may change GPU settings as root (docs/sweeps.md), or "
-                                            "leave power_limit and sm_clock empty"),
+    "nvidia": Library(NvmlDevices, NvmlSetter, "ask the admins for zeusd and name its socket in the profile "
+                                               "(zeusd_socket = /var/run/zeusd.sock), or run where jobs may change "
+                                               "GPU settings (docs/sweeps.md)"),
+    "amd": Library(AmdsmiDevices, AmdsmiSetter, "run where jobs may change GPU settings as root (docs/sweeps.md), or "
+                                                "leave power_limit and sm_clock empty"),
 }
 VENDORS = tuple(LIBRARIES)
 CAP_SYS_ADMIN = 21  # bit in /proc/<pid>/status CapEff
@@ -180,10 +182,11 @@ def authorize(policy: str, request: Request, privileges: Privileges, zeusd_socke
                                                    "(docs/sweeps.md), or remove zeusd_socket from the profile")
         return Authorization("zeusd", f"through zeusd at {zeusd_socket}", zeusd_socket, _TOKEN)
     library = LIBRARIES[vendor]
+    name = library.setter.library
     if not privileges.may_set_devices:
-        raise SettingRefused(setting, f"{library.name} set functions need root or CAP_SYS_ADMIN, and this process has "
+        raise SettingRefused(setting, f"{name} set functions need root or CAP_SYS_ADMIN, and this process has "
                                       f"{privileges.describe()}", library.no_root_fix)
-    return Authorization(library.name.lower(), f"through {library.name} ({privileges.describe()})", None, _TOKEN)
+    return Authorization(library.setter.route, f"through {name} ({privileges.describe()})", None, _TOKEN)
 
 
 Devices = NvmlDevices | AmdsmiDevices
@@ -197,7 +200,7 @@ def open_devices(vendor: str) -> Devices:
 
 def vendor_of_route(route: str) -> str:
     """The vendor whose devices a state file's route changed (zeusd drives NVIDIA GPUs)."""
-    return next((vendor for vendor, library in LIBRARIES.items() if library.name.lower() == route), "nvidia")
+    return next((vendor for vendor, library in LIBRARIES.items() if library.setter.route == route), "nvidia")
 
 
 def setter_for(authorization: Authorization, devices: Devices) -> Setter:
@@ -207,9 +210,10 @@ def setter_for(authorization: Authorization, devices: Devices) -> Setter:
     if authorization.route == "zeusd":
         assert authorization.zeusd_socket is not None
         return ZeusdSetter(authorization.zeusd_socket)
-    if isinstance(devices, AmdsmiDevices) != (authorization.route == "amdsmi"):
+    library = LIBRARIES[vendor_of_route(authorization.route)]
+    if not isinstance(devices, library.devices):
         raise TypeError(f"route {authorization.route} does not match the devices opened ({type(devices).__name__})")
-    return AmdsmiSetter(devices) if isinstance(devices, AmdsmiDevices) else NvmlSetter(devices)
+    return library.setter(devices)
 
 
 # ---- per device: the checks before any change ------------------------------------------------------------------

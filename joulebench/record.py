@@ -23,14 +23,21 @@ from jpwr.energy import J_PER_WH, Window, WindowEnergy
 from jpwr.errors import FormatError
 from jpwr.output import fmt, utc_now, write_json_atomic
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 records (three statuses, no `job`) load unchanged
+SCHEMA_VERSION = 3
+# Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 # OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).
 # TIMEOUT: stopped at the stop budget or Slurm's limit. CANCELLED: scancel-ed, preempted, or never startable.
 # FAILED: an error ended it. INVALID: refused before submission (no job ran). See docs/run-record.md.
 STATUSES = ("OK", "PARTIAL", "TIMEOUT", "CANCELLED", "FAILED", "INVALID")
 # Statuses whose steady window, where one exists, measured completed iterations (a clean early stop included).
 MEASURED_STATUSES = ("OK", "PARTIAL", "TIMEOUT", "CANCELLED")
+# The one exit-code table: a driver's process and a JUBE job script both exit with the code of their final status.
+# 0 is Slurm's COMPLETED; 124 (coreutils `timeout`) and 143 (128 + SIGTERM) match what Slurm itself records for a
+# time limit and a cancellation; INVALID (64, sysexits' EX_USAGE) never starts a run. A FAILED run exits 1, or with
+# the code of the joulebench error that ended it (64 for a configuration refused on the device, 73 for an output
+# directory that cannot be written, ...), so that a wrapper can tell a bad configuration from a crash.
+EXIT_CODES = {"OK": 0, "PARTIAL": 0, "FAILED": 1, "TIMEOUT": 124, "CANCELLED": 143, "INVALID": 64}
 
 # Distributions whose versions change results; recorded in every run record.
 TRACKED_DISTRIBUTIONS = (
@@ -137,6 +144,15 @@ class RunRecord:
     meter: dict[str, Any] = dataclasses.field(default_factory=dict)  # jpwr summary path, methods, warnings
     job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
+    # Every warning of the run (driver, meter, record checks), in the order they arose; the JUBE table's Note reads it.
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    # Schema 3's optional blocks, reserved here and filled by the drivers and analysis that produce them
+    # (docs/run-record.md): the per-request table's reference, what disturbed the run, carbon and cost, and the
+    # energy domain of the headline figures. Absent (None) until a producer writes them.
+    requests: dict[str, Any] | None = None
+    disturbed: dict[str, Any] | None = None
+    footprint: dict[str, Any] | None = None
+    energy_domain: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -153,9 +169,18 @@ class RunRecord:
             "finished_at": self.finished_at, "config": self.config, "launch": self.launch,
             "hardware": self.hardware, "software": self.software,
             "windows": [w.to_dict() for w in self.windows], "metrics": self.metrics, "meter": self.meter,
-            "job": self.job,
-            **({} if self.attribution is None else {"attribution": self.attribution}),
+            "job": self.job, "warnings": list(self.warnings),
+            **{key: value for key, value in self._optional_blocks().items() if value is not None},
         }
+
+    def _optional_blocks(self) -> dict[str, Any]:
+        return {"attribution": self.attribution, "requests": self.requests, "disturbed": self.disturbed,
+                "footprint": self.footprint, "energy_domain": self.energy_domain}
+
+    def warn(self, text: str) -> None:
+        """Add a warning once (the same text from two sources is one warning)."""
+        if text and text not in self.warnings:
+            self.warnings.append(text)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
@@ -171,7 +196,9 @@ class RunRecord:
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})), job=dict(data.get("job") or {}),
-            attribution=data.get("attribution"),
+            attribution=data.get("attribution"), warnings=[str(w) for w in data.get("warnings") or []],
+            requests=data.get("requests"), disturbed=data.get("disturbed"), footprint=data.get("footprint"),
+            energy_domain=data.get("energy_domain"),
         )
 
 
@@ -204,9 +231,19 @@ def _source_version() -> str:
     return f"{__version__}+g{commit}" if commit else __version__
 
 
+def collect_warnings(record: RunRecord) -> None:
+    """Bring the warnings that arose in other parts of the record (the metrics' device mismatch, each window's
+    energy) into `record.warnings`, so that one list carries all of them to tables and reports."""
+    record.warn(str(record.metrics.get("energy_warning") or ""))
+    for window in record.windows:
+        for text in window.energy.warnings if window.energy else ():
+            record.warn(f"{window.name} window: {text}")
+
+
 def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
-    """Every driver writes through here, so the PARTIAL rule applies to all of them alike."""
+    """Every record is written through here, so the PARTIAL rule and the warnings list apply to all alike."""
     settle_status(record)
+    collect_warnings(record)
     if record.finished_at is None:
         record.finished_at = utc_now()
     return write_json_atomic(path, record.to_dict())

@@ -32,7 +32,7 @@ from jbsettings import read_settings
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.latents import steady_latents
-from joulebench.record import STATUSES, RunRecord, read_run_record, write_run_record
+from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr.errors import JpwrError
 from jpwr.output import fmt
 from jpwr.trace import load_trace
@@ -40,9 +40,6 @@ from jpwr.trace import load_trace
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 JOB_ID_FILE = "job.id"
-# Exit code of the job script per final status: Slurm shows 0 as COMPLETED and others as FAILED; TIMEOUT and
-# CANCELLED are Slurm's own verdicts (job.sh holds a TIMEOUT job until Slurm's limit ends it). INVALID never runs.
-EXIT_CODES = {"OK": 0, "PARTIAL": 0, "FAILED": 1, "TIMEOUT": 124, "CANCELLED": 143, "INVALID": 64}
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones

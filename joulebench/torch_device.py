@@ -13,6 +13,12 @@ from joulebench.launch import LaunchEnv
 from jpwr.errors import ValidationError
 
 
+def no_gpu_error() -> ValidationError:
+    """--device cuda where the framework sees no GPU: the same words from every driver and framework."""
+    return ValidationError("--device cuda but no CUDA/ROCm device is visible",
+                           "run on a GPU node, or pass --device cpu or auto")
+
+
 def resolve_device(requested: str) -> Any:
     """torch.device for "auto", "cuda" or "cpu"; asking for CUDA without a GPU is a ValidationError."""
     import torch
@@ -20,7 +26,7 @@ def resolve_device(requested: str) -> Any:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ValidationError("--device cuda but torch sees no GPU", "run on a GPU node, or use --device cpu")
+        raise no_gpu_error()
     return torch.device(requested)
 
 

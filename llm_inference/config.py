@@ -9,7 +9,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, SEED, method_names
+from joulebench.lifecycle import default_out_dir, new_run_id
+from jpwr.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, method_names
 from jpwr.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
@@ -34,13 +35,14 @@ class InferenceConfig:
     steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (jpwr.sizing)
     idle_baseline: bool  # cool down and meter idle power once, before the first point (jpwr.idle)
     warmup_batches: int
+    exit_duration_mins: float | None  # stop cleanly (TIMEOUT) this long after the start, like the training drivers
     precision: str  # resolved against the device at run time ("auto": bf16 on GPUs, fp32 on CPUs)
     engine: str  # "static" (compact model code, static KV cache, CUDA graphs) or "hf" (transformers generate)
     attention: str
     device: str
     seed: int
     out_dir: str
-    run_id: str | None
+    run_id: str
     energy_methods: str | None
 
     @property
@@ -95,8 +97,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                                         "their batches in whole passes until at least this long",
                          aliases=("--min-window-s",))
     r.add_argument("--warmup-batches", type=COUNT_OR_ZERO, default=1, help="generate calls before the measured windows")
+    r.add_argument("--exit-duration-mins", type=POSITIVE, default=None,
+                   help="stop cleanly at the next call boundary this many minutes after the start (status TIMEOUT)")
     r.add_argument("--device", choices=DEVICES, default="auto")
-    r.add_argument("--out-dir", default="llm_inference_out")
+    r.add_argument("--out-dir", help="run directory (default runs/llm_inference/<run-id>)")
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", type=method_names,
                    help="in-process jpwr metering (single process only), e.g. nvml")
@@ -105,11 +109,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> InferenceConfig:
     """Combine options; --batch-sizes wins over --batch-size, and 1 is the default."""
     sizes = args.batch_sizes or ((args.batch_size,) if args.batch_size is not None else (1,))
+    run_id = args.run_id or new_run_id("inf", args.preset)
     return InferenceConfig(
         preset=args.preset, checkpoint=args.checkpoint, tasks=tuple(args.task), batch_sizes=tuple(sizes),
         num_batches=args.num_batches, output_length=args.output_length, steady_seconds=args.steady_seconds,
         idle_baseline=args.idle_baseline,
-        warmup_batches=args.warmup_batches, precision=args.precision, engine=args.engine, attention=args.attention,
-        device=args.device, seed=args.seed, out_dir=args.out_dir, run_id=args.run_id,
+        warmup_batches=args.warmup_batches, exit_duration_mins=args.exit_duration_mins, precision=args.precision,
+        engine=args.engine, attention=args.attention,
+        device=args.device, seed=args.seed, out_dir=args.out_dir or default_out_dir("llm_inference", run_id),
+        run_id=run_id,
         energy_methods=args.energy_methods,
     )

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
+from joulebench.lifecycle import StopRequested
 from jpwr.energy import Window
 from jpwr.meter import WindowMeter
 from llm_inference.engine import Engine, Timing
@@ -62,9 +64,19 @@ def _check_length(new_tokens: torch.Tensor, batch: Batch) -> None:
                            f"{(batch.size, batch.output_length)}: the forced output length did not hold")
 
 
-def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
-              inputs: list[dict[str, torch.Tensor]], warmup_batches: int, min_window_s: float) -> PointWindows:
-    """Set-up, warm-up, then the prefill window, then the steady (generate) window; each window whole passes."""
+def _stop_here(meter: WindowMeter, stop: Callable[[], str | None], name: str, step: int,
+               work: dict[str, float]) -> None:
+    """At a call boundary: when a stop was requested, close the open window there and end the point."""
+    reason = stop()
+    if reason:
+        meter.end(name, step, work, reason=f"stopped after {step} calls: {reason}")
+        raise StopRequested(f"{reason}: stopped cleanly in the {name} window after {step} calls")
+
+
+def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: list[dict[str, torch.Tensor]],
+              warmup_batches: int, min_window_s: float, stop: Callable[[], str | None]) -> PointWindows:
+    """Set-up, warm-up, then the prefill window, then the steady (generate) window; each window whole passes.
+    `stop` is asked after every pass (and warm-up call): a requested stop ends the point there (StopRequested)."""
     setup_s = engine.prepare(batches)
     meter.begin("warmup", 0)
     for item in inputs:
@@ -72,6 +84,7 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
     for call in range(warmup_batches):
         index = call % len(batches)
         engine.generate(inputs[index], min(batches[index].output_length, WARMUP_NEW_TOKENS))
+        _stop_here(meter, stop, "warmup", call + 1, {"calls": call + 1 + len(inputs)})
     warmup = meter.end("warmup", warmup_batches, {"calls": warmup_batches + len(inputs)})
 
     meter.begin("prefill", 0)
@@ -81,6 +94,8 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
             engine.prefill(item)
         engine.sync()
         passes += 1
+        calls = passes * len(batches)
+        _stop_here(meter, stop, "prefill", calls, _work(batches, passes, calls, False))
     prefill = meter.end("prefill", passes * len(batches), _work(batches, passes, passes * len(batches), False))
 
     meter.begin("steady", 0)
@@ -92,6 +107,8 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch],
             _check_length(new_tokens, batch)
             timings.append(engine.timing())
         steady_passes += 1
+        calls = steady_passes * len(batches)
+        _stop_here(meter, stop, "steady", calls, _work(batches, steady_passes, calls, True))
     calls = steady_passes * len(batches)
     steady = meter.end("steady", calls, _work(batches, steady_passes, calls, True))
     return PointWindows(warmup, prefill, steady, passes, steady_passes, timings, setup_s)

@@ -5,19 +5,16 @@ writes <out-dir>/<task>_bs<N>/run_record.json, each point with its own in-proces
 beside it, so `joulebench report <out-dir>` finds every record and its trace. The model is built once
 and reused by all points. Work unit: `output_tokens` (generated tokens, padding never counted).
 
-Status: an exception gives FAILED for the point it happened in (record still written; the next
-points still run, so one batch size that does not fit loses only its own point); SIGTERM (Slurm's
-time limit) gives TIMEOUT and ends the sweep. The exit code is 1 when any point was not OK.
+Status (joulebench.lifecycle, as in every driver): an exception gives FAILED for the point it happened in
+(record still written; the next points still run, so one batch size that does not fit loses only its own
+point); SIGTERM or SIGUSR1 ends the point at its next call boundary as TIMEOUT and ends the sweep. The exit
+code is the first point's that did not end OK (joulebench.record.EXIT_CODES).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
-import sys
 import time
-import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +22,9 @@ import torch
 
 from joulebench.latents import steady_latents
 from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
 from joulebench.peaks import peak_flops
-from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
+from joulebench.record import RunRecord, steady_metrics
 from joulebench.torch_device import hardware_info
 from jpwr.energy import IdleBaseline
 from jpwr.meter import WindowMeter
@@ -48,14 +46,6 @@ SUMMARY_EXTRA = ("batch_size", "requests_per_s", "energy_per_output_token_j", "e
 WARMUP_NOTE = "the warmup window (first prefill and generate calls) is excluded from every figure"
 
 
-class Stopped(Exception):
-    """SIGTERM arrived (Slurm time limit or cancellation)."""
-
-
-def _on_sigterm(signum: int, _frame: object) -> None:
-    raise Stopped(f"{signal.Signals(signum).name} received (Slurm time limit or job cancelled)")
-
-
 def _log(text: str) -> None:
     print(f"[llm_inference] {text}", flush=True)
 
@@ -69,7 +59,7 @@ class Point:
 
 
 def plan_points(cfg: InferenceConfig) -> list[Point]:
-    base = cfg.run_id or f"inf-{cfg.preset}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    base = cfg.run_id
     single = len(cfg.points) == 1
     return [Point(task, size, Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"{task}_bs{size}",
                   base if single else f"{base}-{task}-bs{size}") for task, size in cfg.points]
@@ -126,63 +116,61 @@ def _window_seconds(cfg: InferenceConfig, meter: WindowMeter, device: torch.devi
     return window_length(meter.live(span_s=2.0), cfg.steady_seconds)
 
 
-def _idle_baseline(cfg: InferenceConfig, meter: WindowMeter, device: torch.device,
-                   first: IdleBaseline | None) -> IdleBaseline:
-    """The run's idle power: measured once, before the first point (cooldown, then an `idle` window), and
-    reused by the later points, so every window's energy splits into idle and dynamic parts alike."""
-    if first is None:
-        return meter.take_idle_baseline(cfg.idle_baseline, device.type == "cuda")
-    meter.idle = first
-    return first
+class BuiltModel:
+    """The engine, built once, inside the first point's run: a build that fails is that point's FAILED record."""
+
+    def __init__(self, cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device) -> None:
+        self.cfg, self.shape, self.precision, self.device = cfg, shape, precision, device
+        self.engine: Engine | None = None
+        self.build_s: float | None = None
+
+    def get(self) -> Engine:
+        if self.engine is None:
+            started = time.monotonic()
+            self.engine = _make_engine(self.cfg, self.shape, self.precision, self.device)
+            self.build_s = time.monotonic() - started
+            _log(f"model {self.shape.name} ({self.shape.parameter_count() / 1e9:.2f}B parameters, {self.precision}, "
+                 f"{'checkpoint' if self.cfg.checkpoint else 'random weights'}) built on {self.device} for engine "
+                 f"{self.engine.name} in {self.build_s:.1f} s")
+        return self.engine
+
+    def describe(self) -> dict[str, Any] | None:
+        return None if self.engine is None else {**self.engine.describe(), "build_s": self.build_s}
 
 
-def _run_one(cfg: InferenceConfig, spec: Point, engine: Engine, build_s: float, shape: ModelPreset,
-             precision: str, launch: LaunchEnv, device: torch.device, hardware: dict[str, object],
+def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltModel, shape: ModelPreset,
+             precision: str, device: torch.device, hardware: dict[str, object],
              idle: IdleBaseline | None) -> tuple[RunRecord, IdleBaseline | None]:
+    """One point, one record: the idle baseline is measured before the first point and reused by the others."""
     task = TASKS[spec.task]
     config = {**cfg.to_dict(), "model": cfg.preset if cfg.checkpoint is None else shape.name, "task": spec.task,
               "batch_size": spec.batch_size, "precision": precision, "out_dir": str(spec.out_dir),
               "weights": "checkpoint" if cfg.checkpoint else "random (seeded)", "model_source": shape.source}
-    record = RunRecord(benchmark="llm_inference", run_id=spec.run_id, config=config, launch=launch.to_dict(),
-                       hardware=dict(hardware), software=software_versions(extra=("transformers",)))
     batches = draw_batches(task, spec.batch_size, cfg.num_batches, cfg.seed, cfg.output_length)
-    record.config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length}
-                                for b in batches]
+    config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length} for b in batches]
     estimate = memory.estimate_memory(shape, precision, spec.batch_size, task.input_length.high,
                                       longest_sequence(task, cfg.output_length), cfg.engine).total_gib
-    meter = WindowMeter.open(launch, sync=engine.sync, methods=cfg.energy_methods, out_dir=spec.out_dir / "jpwr")
     point: PointWindows | None = None
-    try:
+
+    def point_metrics(record: RunRecord) -> dict[str, Any]:
+        latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
+        if not cfg.energy_methods:
+            reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
+        record.config["engine_detail"] = model.describe()
+        return _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason, estimate)
+
+    with life.run(spec.run_id, spec.out_dir, config, metrics=point_metrics, hardware=hardware) as run:
+        engine = model.get()
+        meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         inputs = [make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
-        measured_here = idle is None
-        idle = _idle_baseline(cfg, meter, device, idle)
-        record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this point" if measured_here else
-                                         "before the first point of this invocation"}
+        idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)
         window_s = _window_seconds(cfg, meter, device)
-        record.meter["steady_seconds"] = window_s.to_dict()
-        point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds)
-        meter.attach_energy()  # energy and its idle/dynamic split on every window (single process)
-        record.windows = meter.windows
-    except BaseException as exc:
-        record.status = "TIMEOUT" if isinstance(exc, Stopped) else "FAILED"
-        record.status_reason = f"{type(exc).__name__}: {exc}"
-        record.windows = meter.windows
-        traceback.print_exc()
-    finally:
-        has_sampler = meter.has_sampler
-        meter.close()
-    latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
-    if not cfg.energy_methods:
-        reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
-    record.metrics = _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason,
-                                    estimate)
-    record.config["engine_detail"] = {**engine.describe(), "build_s": build_s}
-    record.meter.update({"sampler": has_sampler, "energy_methods": cfg.energy_methods,
-                         "in_process_out_dir": str(spec.out_dir / "jpwr") if cfg.energy_methods else None})
-    write_run_record(spec.out_dir / "run_record.json", record)
-    return record, idle
+        run.record.meter["steady_seconds"] = window_s.to_dict()
+        point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds,
+                          lambda: life.stop_requested)
+    return run.record, idle
 
 
 def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device) -> Engine:
@@ -212,29 +200,19 @@ def _progress(record: RunRecord) -> str:
 
 def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.device) -> int:
     """All points; returns the exit code. Config and launch are already validated."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
     precision = validation.resolve_precision(cfg.precision, device.type)
     hardware = hardware_info(device, launch)
-    validation.check_memory(cfg, shape, precision, hardware.get("device_memory_gib"))  # type: ignore[arg-type]
+    validation.check_memory(cfg, shape, precision, hardware.get("device_memory_gib"))
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    started = time.monotonic()
-    engine = _make_engine(cfg, shape, precision, device)
-    build_s = time.monotonic() - started
-    _log(f"model {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}, "
-         f"{'checkpoint' if cfg.checkpoint else 'random weights'}) built on {device} for engine {engine.name} in "
-         f"{build_s:.1f} s")
-    records = []
-    idle: IdleBaseline | None = None
-    for spec in plan_points(cfg):
-        record, idle = _run_one(cfg, spec, engine, build_s, shape, precision, launch, device, hardware, idle)
-        records.append(record)
-        _log(_progress(record))
-        if record.status == "TIMEOUT":
-            break  # the job is being stopped: no further point can finish
-        if record.status == "FAILED" and device.type == "cuda":
-            torch.cuda.empty_cache()  # e.g. out of memory at a large batch: the smaller points stay valid
-    for record in records:
-        print(summary_line(record, SUMMARY_EXTRA), flush=True)
-    sys.stdout.flush()
-    return 0 if all(r.status == "OK" for r in records) else 1
+    with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
+        model = BuiltModel(cfg, shape, precision, device)
+        idle: IdleBaseline | None = None
+        for spec in plan_points(cfg):
+            record, idle = _run_one(life, cfg, spec, model, shape, precision, device, hardware, idle)
+            _log(_progress(record))
+            if record.status == "TIMEOUT" or model.engine is None:
+                break  # the job is being stopped, or the model could not be built: no further point can finish
+            if record.status == "FAILED" and device.type == "cuda":
+                torch.cuda.empty_cache()  # e.g. out of memory at a large batch: the smaller points stay valid
+        return life.exit_code(SUMMARY_EXTRA)

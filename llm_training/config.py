@@ -10,13 +10,15 @@ import argparse
 import dataclasses
 from typing import Any
 
+from joulebench.lifecycle import default_out_dir, new_run_id
+from joulebench.loop import LoopSpec
 from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
 from jpwr.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-CPU_ITERATIONS = 50  # total iterations of a CPU run without --iterations: a smoke test, quick in CI
+CPU_ITERATIONS = 45  # measured iterations of a CPU run without --iterations (50 with the default warm-up): quick in CI
 RECOMPUTE = ("none", "selective", "full")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
@@ -45,7 +47,7 @@ class TrainConfig:
     global_batch_size: int
     precision: str
     recompute: str
-    iterations: int | None  # total, warm-up included; None: the steady window is sized by time (or the CPU default)
+    iterations: int | None  # measured steady iterations, warm-up not included; None: sized by time (or the CPU default)
     warmup_iterations: int
     steady_seconds: float | None  # None: auto (jpwr.sizing)
     idle_baseline: bool
@@ -53,7 +55,7 @@ class TrainConfig:
     device: str
     data_path: str | None
     out_dir: str
-    run_id: str | None
+    run_id: str
     energy_methods: str | None
     log_interval: int
     seed: int
@@ -97,6 +99,13 @@ class TrainConfig:
             self.seq_length, self.vocab_size, self.eod_token,
         )
 
+    def loop_spec(self) -> LoopSpec:
+        """What joulebench's shared training loop needs: counts, window sizing, tokens per step (all replicas)."""
+        return LoopSpec(iterations=self.iterations, warmup_iterations=self.warmup_iterations,
+                        steady_seconds=self.steady_seconds, cpu_iterations=CPU_ITERATIONS,
+                        log_interval=self.log_interval, work_unit="tokens",
+                        work_per_step=float(self.tokens_per_iteration))
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["num_microbatches"] = self.num_microbatches
@@ -122,6 +131,7 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
     """Combine preset, profile and overrides. Call llm_training.validation.check_model_name first."""
     shape = presets.MODEL_SHAPES[args.model]
     settings = settings_for(args.model, args.caraml)
+    run_id = args.run_id or new_run_id("llm", args.model)
     tp = _pick(args.tensor_parallel, settings.tensor_parallel)
     pp = _pick(args.pipeline_parallel, settings.pipeline_parallel)
     model_parallel = tp * pp
@@ -151,7 +161,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         iterations=args.iterations, warmup_iterations=args.warmup_iterations, steady_seconds=args.steady_seconds,
         idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, data_path=args.data_path,
-        out_dir=args.out_dir, run_id=args.run_id, energy_methods=args.energy_methods,
+        out_dir=args.out_dir or default_out_dir("llm_training", run_id), run_id=run_id,
+        energy_methods=args.energy_methods,
         log_interval=args.log_interval, seed=args.seed,
         lr=_pick(args.lr, settings.lr), min_lr=_pick(args.min_lr, settings.min_lr),
         lr_warmup_samples=_pick(args.lr_warmup_samples, settings.lr_warmup_samples),
@@ -203,17 +214,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
     r = parser.add_argument_group("run control")
     r.add_argument("--iterations", type=COUNT, default=None,
-                   help="total training iterations, warm-up included, as Megatron's --train-iters; fixes the steady "
-                        f"window (measured = iterations - warm-up). Default: sized by --steady-seconds on "
-                        f"accelerators, {CPU_ITERATIONS} on the CPU")
+                   help="measured iterations, warm-up not included (Megatron's --train-iters = warm-up + this); "
+                        "fixes the steady window. Default: sized by --steady-seconds on accelerators, "
+                        f"{CPU_ITERATIONS} on the CPU")
     r.add_argument("--warmup-iterations", type=COUNT_OR_ZERO, default=5,
                    help="first iterations left out of the measured window; they time the step (default 5)")
-    add_window_arguments(r, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations in all")
+    add_window_arguments(r, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations")
     r.add_argument("--exit-duration-mins", type=POSITIVE, help="stop cleanly after this many minutes of training")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")
     r.add_argument("--overfit-batch", action="store_true", help="train on the first global batch every step")
-    r.add_argument("--out-dir", default="llm_training_out")
+    r.add_argument("--out-dir", help="run directory (default runs/llm_training/<run-id>)")
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", type=method_names,
                    help="in-process jpwr metering (single process only), e.g. pynvml")

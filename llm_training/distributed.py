@@ -34,6 +34,10 @@ def init_distributed(launch: LaunchEnv, device: torch.device, cfg: TrainConfig) 
 
 
 def shutdown_distributed() -> None:
+    """Ranks leave together: rank 0 writes the run record before the others exit, so that a launcher that ends
+    the job at the first non-zero exit (srun --kill-on-bad-exit, with TIMEOUT's 124) cannot cut the write short."""
+    if dist.is_initialized():
+        dist.barrier()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():

@@ -1,26 +1,14 @@
 """The training loop: model, megatron DDP + distributed optimizer, schedule, windows, run record.
 
-Run control and status:
-* `warmup` window: the first --warmup-iterations (JIT, allocator growth, first NCCL calls);
-  `steady` window: the rest. Throughput and energy both come from `steady`.
-* All ranks agree every iteration (one all-reduce of a flag) whether to stop, so a stop request
-  never leaves ranks in mismatched collectives.
-* --exit-duration-mins counts from the driver's start (init included), like Megatron-LM, so the
-  run ends before a Slurm limit. Stopping that way, or on SIGTERM (Slurm's time limit), gives
-  status TIMEOUT; the steady window then covers the iterations completed and its metrics are a
-  valid measurement of those iterations (status_reason says how many of how many).
-* An exception gives status FAILED; the run record is still written by rank 0.
+The windows and the stop at a step boundary are joulebench.loop's (`warmup`: --warmup-iterations for JIT,
+allocator growth and the first NCCL calls; `steady`: --iterations measured iterations, or as many as the bound
+rule plans); statuses, signals, the record and the exit code are joulebench.lifecycle's, as in every driver.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import signal
-import sys
-import time
-import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +22,14 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
 from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle, Run, StopRequest
+from joulebench.loop import LoopResult, Progress, TrainSteps, run_loop
 from joulebench.peaks import peak_flops
-from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
-from joulebench.runcontrol import StopRequest
+from joulebench.record import RunRecord, steady_metrics
 from joulebench.torch_device import hardware_info
-from jpwr.meter import WindowMeter
 from jpwr.phases import OPTIMIZER, DeviceEventStamps, PhaseRecorder, Replay, replay_phases
-from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
 from llm_training import cpu_compat, data, distributed, memory
-from llm_training.config import CPU_ITERATIONS, TrainConfig, on_for_cuda
+from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
 from llm_training.phases import MegatronPhaseTimers
@@ -137,7 +124,8 @@ class Trainer:
             self.config.grad_sync_func = self.model.start_grad_sync
         self.forward_backward = get_forward_backward_func()
         # A steady window sized by time has no count yet: the stream wraps around the dataset if it runs longer.
-        samples = cfg.global_batch_size * (1 if cfg.overfit_batch else cfg.iterations or DATASET_ITERATIONS)
+        steps = cfg.warmup_iterations + cfg.iterations if cfg.iterations else DATASET_ITERATIONS
+        samples = cfg.global_batch_size * (1 if cfg.overfit_batch else steps)
         dataset = data.build_train_dataset(cfg, samples)
         self.batches = data.micro_batches(dataset, cfg, parallel_state.get_data_parallel_rank(), device)
         self.skipped_updates = 0
@@ -206,31 +194,18 @@ def _pipeline_loss(loss: torch.Tensor | None, device: torch.device) -> float:
     return float(value.item())
 
 
-def _agree_to_stop(stop: StopRequest, device: torch.device) -> bool:
-    flag = torch.tensor([1 if stop.local_reason() else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    value = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
-def _format_eta(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def _steady_plan(cfg: TrainConfig, device: torch.device) -> SteadyPlan | None:
-    """The steady window's length when a count decides it; None when the warm-up is timed first."""
-    if cfg.iterations is not None:
-        return fixed_plan(cfg.iterations - cfg.warmup_iterations, "iterations", f"--iterations {cfg.iterations} "
-                          f"minus {cfg.warmup_iterations} warm-up")
-    if not sized_by_time(False, cfg.steady_seconds, device.type):
-        return fixed_plan(CPU_ITERATIONS - cfg.warmup_iterations, "cpu default",
-                          f"CPU run: {CPU_ITERATIONS} iterations in all (pass --steady-seconds or --iterations)")
-    return None
-
-
-def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequest, record: RunRecord,
-           meter: WindowMeter) -> tuple[int, int | None, list[dict[str, float]]]:
-    """Returns (iterations completed, iterations planned (None: stopped before planning), loss curve)."""
+def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: StopRequest, run: Run) -> LoopResult:
+    """Build the model, take the idle baseline, run the windows (joulebench.loop), replay phases if asked."""
+    record = run.record
+    cuda = device.type == "cuda"
+    meter = run.open_meter(sync=torch.cuda.synchronize if cuda else None, methods=cfg.energy_methods,
+                           phase_stamps=DeviceEventStamps(torch) if cuda else None)
     trainer = Trainer(cfg, device)
     trainer.mark_phases(meter.phases)
     fusions = trainer.active_fusions()
@@ -240,54 +215,22 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
                  f"({cfg.num_microbatches} micro-batch{'es' if cfg.num_microbatches != 1 else ''} per replica), "
                  f"recompute={cfg.recompute}, device={device}, "
                  f"fusions: {', '.join(name for name, on in fusions.items() if on) or 'none'}")
-    meter.take_idle_baseline(cfg.idle_baseline, device.type == "cuda", _all_gather)
-    record.windows += [w for w in meter.windows if w.name == "idle"]
-    plan = _steady_plan(cfg, device)
-    total = None if plan is None else cfg.warmup_iterations + plan.iterations
-    timer = StepTimer(meter.sync)
-    curve: list[dict[str, float]] = []
-    meter.begin("warmup", 0)
-    timer.tick()
-    last_log_t, last_log_it, completed = time.monotonic(), 0, 0
-    while total is None or completed < total:
-        if completed == cfg.warmup_iterations:
-            record.windows.append(meter.end("warmup", completed, {"tokens": completed * cfg.tokens_per_iteration}))
-            if plan is None:
-                plan = meter.plan_steady(timer.step_s, cfg.steady_seconds, _all_gather)  # type: ignore[arg-type]
-                total = cfg.warmup_iterations + plan.iterations
-            _log(launch, f"steady window: {plan.reason}")
-            record.meter["steady_plan"] = plan.to_dict()
-            meter.begin("steady", completed)
-        loss = trainer.step()
-        completed += 1
-        if completed <= cfg.warmup_iterations:
-            timer.tick()
-        if completed % cfg.log_interval == 0 or completed == total:
-            value = _pipeline_loss(loss, device)
-            now = time.monotonic()
-            s_per_iter = (now - last_log_t) / (completed - last_log_it)
-            last_log_t, last_log_it = now, completed
-            curve.append({"iteration": completed, "loss": value})
-            eta = _format_eta(s_per_iter * (total - completed)) if total else "after warm-up"
-            _log(launch, f"iter {completed}/{total or '?'} | loss {value:.4f} | {s_per_iter:.3f} s/iter | "
-                         f"{cfg.tokens_per_iteration / s_per_iter:,.0f} tokens/s | ETA {eta}")
-        if (total is None or completed < total) and _agree_to_stop(stop, device):
-            break
-    stopped = None if total is not None and completed >= total else (
-        stop.local_reason() or "another rank requested the stop")
-    if completed <= cfg.warmup_iterations:  # stopped before the steady window opened
-        record.windows.append(meter.end("warmup", completed, {"tokens": completed * cfg.tokens_per_iteration},
-                                        reason=f"stopped during warm-up: {stopped}"))
-    else:
-        steps = completed - cfg.warmup_iterations
-        record.windows.append(meter.end("steady", completed, {"tokens": steps * cfg.tokens_per_iteration},
-                                        reason=plan.end_reason(steps, stopped)))  # type: ignore[union-attr]
+    run.idle_baseline(cfg.idle_baseline, cuda, _all_gather)
+    spec = cfg.loop_spec()
+    steps = TrainSteps(step=trainer.step, loss=lambda loss: _pipeline_loss(loss, device),
+                       any_rank=lambda flag: _any_rank(flag, device), gather=_all_gather, sync=meter.sync)
+    loop = run_loop(steps, meter, spec, stop, device.type, Progress("llm_training", spec, launch.is_global_zero))
+    record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
+    record.metrics["loss_curve"] = [{"iteration": step, "loss": loss} for step, loss in loop.losses]
     record.metrics["skipped_updates"] = trainer.skipped_updates
-    if cfg.replay_phases_s and stopped is None:  # a stopped run has no time to spare
+    if loop.stop_reason:
+        run.stopped_early(loop.completed - cfg.warmup_iterations,
+                          loop.planned and loop.planned - cfg.warmup_iterations, "measured iterations")
+    elif cfg.replay_phases_s:  # a stopped run has no time to spare
         _log(launch, f"replaying each phase alone for >= {cfg.replay_phases_s:g} s")
-        agree = None if launch.world_size == 1 else (lambda count: max(_all_gather(count)))  # type: ignore[type-var]
-        record.windows += replay_phases(meter, trainer.phase_replays(), cfg.replay_phases_s, agree)
-    return completed, total, curve
+        agree = None if launch.world_size == 1 else (lambda count: max(int(n) for n in _all_gather(count)))
+        replay_phases(meter, trainer.phase_replays(), cfg.replay_phases_s, agree)
+    return loop
 
 
 def _all_gather(obj: object) -> list[object]:
@@ -326,58 +269,18 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[
 
 def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
     """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
-    started = time.monotonic()
-    stop = StopRequest.after(cfg.exit_duration_mins, started)
-    signal.signal(signal.SIGTERM, stop.on_signal)
-    run_id = cfg.run_id or f"llm-{cfg.model}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    out_dir = Path(cfg.out_dir)
-    record = RunRecord(benchmark="llm_training", run_id=run_id, config=cfg.to_dict(), launch=launch.to_dict(),
-                       software=software_versions())
-    exit_code = 0
-    meter: WindowMeter | None = None
-    stack = contextlib.ExitStack()
-    try:
-        if device.type == "cpu":
-            stack.enter_context(cpu_compat.cpu_mode(device))
-        distributed.init_distributed(launch, device, cfg)
-        record.hardware = hardware_info(device, launch)
-        warning = memory.fit_warning(cfg, record.hardware.get("device_memory_gib"))  # type: ignore[arg-type]
-        if warning:
-            _log(launch, warning)
-        cuda = device.type == "cuda"
-        meter = WindowMeter.open(launch, sync=torch.cuda.synchronize if cuda else None,
-                                 methods=cfg.energy_methods, out_dir=out_dir / "jpwr",
-                                 phase_stamps=DeviceEventStamps(torch) if cuda else None)
-        completed, planned, curve = _train(cfg, launch, device, stop, record, meter)
-        record.metrics["loss_curve"] = curve
-        if planned is None or completed < planned:
-            record.status = "TIMEOUT"
-            reason = stop.local_reason() or "another rank requested the stop"
-            record.status_reason = (f"{reason}: stopped cleanly after {completed} of "
-                                    f"{planned if planned else 'the not yet planned'} iterations; "
-                                    "the steady window covers the iterations completed")
-        meter.attach_energy(_all_gather)  # record.windows are the meter's Window objects
-    except BaseException as exc:  # the record is written on any failure, then the error propagates as exit code
-        record.status = "TIMEOUT" if stop.signal_name else "FAILED"
-        record.status_reason = f"{type(exc).__name__}: {exc}"
-        traceback.print_exc()
-        exit_code = getattr(exc, "exit_code", 1)
-    finally:
-        if launch.is_global_zero:
-            record.metrics = {**_metrics(cfg, record, device), **record.metrics}
-            if meter is not None:
-                record.meter.update({
-                    "sampler": meter.has_sampler, "energy_methods": cfg.energy_methods,
-                    "in_process_out_dir": str(out_dir / "jpwr") if cfg.energy_methods else None,
-                    "idle_baseline": meter.idle.to_dict() if meter.idle else None,
-                })
-            write_run_record(out_dir / "run_record.json", record)
-        if meter is not None:
-            meter.close()
-        if exit_code == 0:
+    with Lifecycle("llm_training", launch, cfg.exit_duration_mins) as life, contextlib.ExitStack() as stack:
+        with life.run(cfg.run_id, Path(cfg.out_dir), cfg.to_dict(), gather=_all_gather,
+                      metrics=lambda record: _metrics(cfg, record, device)) as run:
+            if device.type == "cpu":
+                stack.enter_context(cpu_compat.cpu_mode(device))
+            distributed.init_distributed(launch, device, cfg)
+            run.record.hardware = hardware_info(device, launch)
+            warning = memory.fit_warning(cfg, run.record.hardware.get("device_memory_gib"))
+            if warning:
+                _log(launch, warning)
+                run.record.warn(warning)
+            _train(cfg, launch, device, life.stop, run)
+        if run.record.status != "FAILED":  # after a failure the other ranks may never reach a collective
             distributed.shutdown_distributed()
-        stack.close()
-    if launch.is_global_zero:
-        print(summary_line(record), flush=True)
-    sys.stdout.flush()
-    return int(exit_code)
+        return life.exit_code()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from jpwr.errors import ValidationError
-from jpwr.sizing import check_warmup_for_timing, sized_by_time
-from llm_training.config import CPU_ITERATIONS, TrainConfig
+from jpwr.sizing import check_warmup_for_timing
+from llm_training.config import TrainConfig
 from llm_training.presets import MODEL_SHAPES
 
 
@@ -86,14 +86,6 @@ def check_config(cfg: TrainConfig) -> None:
             f"--seq-length {cfg.seq_length} is not divisible by --tensor-parallel {cfg.tensor_parallel} "
             "(sequence parallel splits the sequence over TP ranks)",
             "use a sequence length divisible by the TP size, or --no-sequence-parallel",
-        )
-    counted = not sized_by_time(cfg.iterations is not None, cfg.steady_seconds, cfg.device)
-    total = cfg.iterations if cfg.iterations is not None else CPU_ITERATIONS
-    if cfg.warmup_iterations < 0 or (counted and cfg.warmup_iterations >= total):
-        raise ValidationError(
-            f"--warmup-iterations {cfg.warmup_iterations} leaves no steady-state iteration out of "
-            f"{'--iterations' if cfg.iterations is not None else 'the CPU default of'} {total}",
-            "use 0 <= warm-up iterations < iterations",
         )
     check_warmup_for_timing(cfg.warmup_iterations, cfg.iterations is not None, cfg.steady_seconds, cfg.device)
     if cfg.exit_duration_mins is not None and cfg.exit_duration_mins <= 0:

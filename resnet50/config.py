@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from joulebench.lifecycle import default_out_dir, new_run_id
+from joulebench.loop import LoopSpec
+from joulebench.torch_device import no_gpu_error
 from jpwr.errors import ValidationError
 from jpwr.sizing import check_warmup_for_timing
 from resnet50.flops import resnet50_flops
@@ -67,11 +69,16 @@ class TrainConfig:
         if config.data_format is None:
             config.data_format = DEFAULT_DATA_FORMAT[config.framework]
         if config.run_id is None:
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-            config.run_id = f"resnet50-{config.framework}-{stamp}"
+            config.run_id = new_run_id("resnet50", config.framework)
         if config.out_dir is None:
-            config.out_dir = str(Path("results") / "resnet50" / config.run_id)
+            config.out_dir = default_out_dir("resnet50", config.run_id)
         return config
+
+    def loop_spec(self) -> LoopSpec:
+        """What joulebench's shared training loop needs: counts, window sizing, work per step (all replicas)."""
+        return LoopSpec(iterations=self.iterations, warmup_iterations=self.warmup_iterations,
+                        steady_seconds=self.steady_seconds, cpu_iterations=CPU_ITERATIONS,
+                        log_interval=self.log_interval, work_unit="images", work_per_step=float(self.global_batch_size))
 
     @property
     def synthetic(self) -> bool:
@@ -132,7 +139,7 @@ def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
             f"pass a multiple of {devices}, e.g. --global-batch-size {lower or devices} or {lower + devices}",
         )
     if config.device == "cuda" and device_kind != "cuda":
-        raise ValidationError("--device cuda but no CUDA/ROCm device is visible", "pass --device cpu or auto")
+        raise no_gpu_error()
     if config.framework == "tensorflow" and device_kind == "cpu" and not config.channels_last:
         raise ValidationError(
             "--no-channels-last with TensorFlow on CPU (TF's CPU convolutions support only NHWC)",

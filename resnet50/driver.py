@@ -1,37 +1,30 @@
-"""`python -m resnet50 train`: checks, backend, windows, energy and the run record.
+"""`python -m resnet50 train`: checks, backend, windows and figures; the run's life is joulebench.lifecycle's.
 
-Rank 0 writes `<out-dir>/run_record.json` on every outcome: OK, FAILED (exception, with the
-reason) or TIMEOUT (SIGTERM, e.g. Slurm's time limit, or --exit-duration-mins, counted from the
-driver's start like Megatron-LM). A TIMEOUT stop is clean: the steady window covers the
-iterations completed and its metrics are a valid measurement of them. The JOULEBENCH_RESULT
-line is the last line rank 0 prints.
+Rank 0 writes `<out-dir>/run_record.json` on every outcome (OK, TIMEOUT at a stop request, FAILED with the
+reason) and prints the JOULEBENCH_RESULT line last; the exit code follows the status (docs/run-record.md).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+from joulebench.loop import LoopResult, Progress, TrainSteps, run_loop
 from joulebench.peaks import peak_flops
-from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
-from joulebench.runcontrol import StopRequest
+from joulebench.record import RunRecord, steady_metrics
 from jpwr.channel import ADDR_ENV
 from jpwr.errors import OutputDirError
-from jpwr.meter import WindowMeter
 from jpwr.phases import check_replay_seconds, replay_phases
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
-from resnet50.loop import WORK_UNIT, LoopResult, run_loop
 
-EXIT_FAILED = 1
-EXIT_TIMEOUT = 124  # like coreutils `timeout`: a signal arrived and the run could not stop cleanly
+WORK_UNIT = "images"
 
 
 def train(config: TrainConfig) -> int:
@@ -43,52 +36,38 @@ def train(config: TrainConfig) -> int:
     module = load_backend(config.framework)
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
-    _check_out_dir(Path(str(config.out_dir)))
-    record = RunRecord(
-        benchmark="resnet50", run_id=str(config.run_id), config=config.to_dict(devices),
-        launch=launch.to_dict(), software=software_versions(),
-    )
-    meter = WindowMeter.open(launch, methods=config.energy_methods, out_dir=Path(str(config.out_dir)) / "jpwr")
-    record.meter = {"sampler": meter.has_sampler, "energy_methods": config.energy_methods}
-    stop = StopRequest.after(config.exit_duration_mins, started)
-    previous_handler = signal.signal(signal.SIGTERM, stop.on_signal)
+    out_dir = Path(str(config.out_dir))
+    _check_out_dir(out_dir)
+    spec = config.loop_spec()
     backend: Backend | None = None
     loop: LoopResult | None = None
-    exit_code = 0  # a clean early stop (TIMEOUT with a valid steady window) still exits 0, like llm_training
-    try:
-        backend = module.create(config, launch)
-        record.hardware = backend.hardware()
-        meter.sync = backend.sync
-        meter.take_idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
-        backend.mark_phases(meter.phases)
-        loop = run_loop(backend, meter, config, stop, verbose=launch.is_global_zero)
-        if config.replay_phases and not loop.stop_reason:  # a stopped run has no time to spare
-            replay_phases(meter, backend.phase_replays(), config.replay_phases, lambda n: max(backend.gather(n)))
-        if loop.stop_reason:
-            record.status = "TIMEOUT"
-            record.status_reason = (
-                f"{loop.stop_reason}: stopped cleanly after {loop.completed} of "
-                f"{loop.planned or 'the not yet planned'} iterations (warm-up included); the steady window covers "
-                "the iterations completed"
-            )
-        meter.attach_energy(backend.gather)
-    except (Exception, KeyboardInterrupt) as exc:
-        traceback.print_exc()
-        record.status = "TIMEOUT" if stop.signal_name else "FAILED"
-        record.status_reason = f"{type(exc).__name__}: {exc}"
-        exit_code = EXIT_TIMEOUT if stop.signal_name else EXIT_FAILED
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        meter.close()
-    record.windows = meter.windows
-    record.meter.update(steady_plan=loop.plan.to_dict() if loop and loop.plan else None,
-                        idle_baseline=meter.idle.to_dict() if meter.idle else None)
-    record.metrics = _metrics(record, config, loop)
-    if launch.is_global_zero:
-        _report(record, config)
-    if backend is not None:
-        backend.close()
-    return exit_code
+    with Lifecycle("resnet50", launch, config.exit_duration_mins, started) as life:
+        with life.run(str(config.run_id), out_dir, config.to_dict(devices),
+                      metrics=lambda record: _metrics(record, config, loop),
+                      gather=lambda obj: backend.gather(obj) if backend else [obj]) as run:
+            meter = run.open_meter(methods=config.energy_methods)
+            backend = module.create(config, launch)
+            run.record.hardware = backend.hardware()
+            meter.sync = backend.sync
+            run.idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
+            backend.mark_phases(meter.phases)
+            steps = TrainSteps(step=backend.train_step, loss=backend.loss_value, any_rank=backend.any_rank,
+                               gather=backend.gather, sync=backend.sync)
+            loop = run_loop(steps, meter, spec, life.stop, backend.device_kind,
+                            Progress("resnet50", spec, launch.is_global_zero))
+            run.record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
+            if loop.stop_reason:
+                run.stopped_early(loop.completed - config.warmup_iterations, loop.planned and
+                                  loop.planned - config.warmup_iterations, "measured iterations")
+            elif config.replay_phases:  # a stopped run has no time to spare
+                replay_phases(meter, backend.phase_replays(), config.replay_phases,
+                              lambda n: max(backend.gather(n)))
+        rate = run.record.metrics.get(f"{WORK_UNIT}_per_s")
+        if config.caraml_output and rate is not None and launch.is_global_zero:
+            print(f"total images/sec: {rate:.2f}", flush=True)  # tf_cnn_benchmarks' line: global steady rate
+        if backend is not None:
+            backend.close()
+        return life.exit_code()
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -121,12 +100,3 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) ->
         iterations_completed=loop.completed if loop else 0,
     )
     return metrics
-
-
-def _report(record: RunRecord, config: TrainConfig) -> None:
-    path = write_run_record(Path(str(config.out_dir)) / "run_record.json", record)
-    print(f"[resnet50] run record: {path}", flush=True)
-    rate = record.metrics.get(f"{WORK_UNIT}_per_s")
-    if config.caraml_output and rate is not None:
-        print(f"total images/sec: {rate:.2f}", flush=True)  # tf_cnn_benchmarks' line: global steady rate
-    print(summary_line(record), flush=True)

@@ -76,7 +76,7 @@ def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_
     # The idle baseline (issue 16 item 4) splits each window: idle power × time, and the rest above it.
     baseline = record.meter["idle_baseline"]
     assert baseline["power_w"] == pytest.approx(idle.energy.energy_j / idle.duration_s)
-    assert baseline["measured"] == "before this point"
+    assert baseline["measured"] == "before this run's first window"
     split_s, split_p = steady.split, prefill.split
     assert split_s.idle_j == pytest.approx(baseline["power_w"] * steady.duration_s)
     assert split_s.idle_j + split_s.dynamic_j == pytest.approx(e_steady.energy_j)
@@ -148,7 +148,7 @@ def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_
     time.sleep(5.0)  # past the warm-up (first calls are slow on a loaded CPU); the prefill window lasts 120 s
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 1, stderr[-3000:]
+    assert proc.returncode == 124, stderr[-3000:]  # TIMEOUT's code (joulebench.record.EXIT_CODES)
     record = read_run_record(out / "tiny_bs1" / "run_record.json")
     assert record.status == "TIMEOUT" and "SIGTERM received" in record.status_reason
     assert record.window("warmup") is not None  # windows completed before the signal are kept

@@ -25,7 +25,7 @@ def _losses(record: dict) -> list[float]:
 def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_trace_dir, tmp_path):
     out = tmp_path / "run"
     env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
-    result = run_cmd([*LLM, "train", *TINY, "--overfit-batch", "--iterations", "30", "--warmup-iterations", "3",
+    result = run_cmd([*LLM, "train", *TINY, "--overfit-batch", "--iterations", "27", "--warmup-iterations", "3",
                       "--log-interval", "5", "--out-dir", str(out), "--run-id", "tiny-1", "--energy-methods", "nvml"],
                      env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -33,9 +33,9 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     record = RunRecord.from_dict(data)  # the shared schema reads it back
     assert record.benchmark == "llm_training" and record.status == "OK" and record.run_id == "tiny-1"
 
-    # Loss falls on a fixed batch (log-uniform start ~ ln 1024 = 6.93).
+    # Loss falls on a fixed batch (log-uniform start ~ ln 1024 = 6.93); logged at the warm-up's end and every 5 steps.
     losses = _losses(data)
-    assert len(losses) == 6
+    assert len(losses) == 7
     assert losses[0] > 6.0 and losses[-1] < losses[0] - 1.0
 
     # Windows: idle baseline, 3 warm-up + 27 steady iterations, tokens = iterations × GBS 4 × seq 64.
@@ -70,7 +70,7 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     # Progress lines, then the summary line last, matching the record.
     lines = result.stdout.strip().splitlines()
     progress = [line for line in lines if " | loss " in line]
-    assert len(progress) == 6 and "s/iter" in progress[0] and "tokens/s" in progress[0] and "ETA" in progress[0]
+    assert len(progress) == 7 and "s/iter" in progress[0] and "tokens/s" in progress[0] and "ETA" in progress[0]
     summary = parse_summary(result.stdout)
     assert lines[-1] == summary_line(record)
     assert summary["status"] == "OK" and summary["iterations"] == "27"
@@ -101,17 +101,17 @@ def test_steady_window_sized_by_time_is_planned_after_the_warmup(fake_env, h100_
 def test_cpu_runs_keep_a_small_fixed_count_unless_told_otherwise():
     import torch
 
+    from joulebench.loop import steady_plan
     from llm_training.cli import build_parser, resolve_checked
     from llm_training.config import CPU_ITERATIONS
-    from llm_training.train import _steady_plan
 
     def plan(*args: str, device: str = "cpu"):
         cfg = resolve_checked(build_parser().parse_args(["train", *TINY, *args]), 1)
-        return _steady_plan(cfg, torch.device(device))
+        return steady_plan(cfg.loop_spec(), torch.device(device).type)
 
     default = plan()
-    assert default.rule == "cpu default" and default.iterations == CPU_ITERATIONS - 5  # minus the warm-up
-    assert plan("--iterations", "12").iterations == 12 - 5  # a count wins
+    assert default.rule == "cpu default" and default.iterations == CPU_ITERATIONS  # measured, warm-up on top
+    assert plan("--iterations", "12").iterations == 12  # a count wins, and means measured iterations
     assert plan("--steady-seconds", "2") is None and plan(device="cuda") is None  # timed after the warm-up
 
 
@@ -215,14 +215,14 @@ def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env,
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if "iter 8/" in line:
+        if "step 8/" in line:
             os.kill(proc.pid, signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0
+    assert proc.returncode == 124  # TIMEOUT's code (joulebench.record.EXIT_CODES)
     data = read_record(out)
     assert data["status"] == "TIMEOUT"
-    assert "SIGTERM" in data["status_reason"] and "of 100000 iterations" in data["status_reason"]
+    assert "SIGTERM" in data["status_reason"] and "of 100000 measured iterations" in data["status_reason"]
     steady = next(w for w in data["windows"] if w["name"] == "steady")
     assert steady["name"] == "steady" and steady["first_step"] == 2 and steady["last_step"] >= 8
     assert data["metrics"]["tokens_per_s"] > 0
@@ -244,7 +244,7 @@ def test_exit_duration_ends_run_early_on_a_preprocessed_dataset(fake_env, tmp_pa
     result = run_cmd([*LLM, "train", *TINY, "--vocab-size", "400", "--data-path", str(prefix),
                       "--iterations", "200", "--warmup-iterations", "1", "--exit-duration-mins", "0.01",
                       "--out-dir", str(out)], env, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 124, result.stderr[-3000:]
     data = read_record(out)
     assert data["status"] == "TIMEOUT" and "--exit-duration-mins reached" in data["status_reason"]
     assert data["config"]["data_path"] == str(prefix)

@@ -30,8 +30,6 @@ def validate(capsys, *args: str) -> tuple[int, str, str]:
          ["--global-batch-size 12 is not divisible by --micro-batch-size 4 × data-parallel size 2 = 8", "e.g. 8"]),
         (["--model", "800M", "--data-path", "/nonexistent/oscar_text_document"],
          ["/nonexistent/oscar_text_document.bin", "PREFIX.bin and PREFIX.idx"]),
-        (["--model", "800M", "--iterations", "5", "--warmup-iterations", "5"],
-         ["--warmup-iterations 5 leaves no steady-state iteration out of --iterations 5"]),
         (["--model", "800M", "--hidden-size", "2050"],
          ["--hidden-size 2050 is not divisible by --num-attention-heads 8"]),
         (["--model", "800M", "--world-size", "2", "--tensor-parallel", "2", "--ffn-hidden-size", "8191",

@@ -60,7 +60,7 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     caraml = [line for line in out.splitlines() if line.startswith("total images/sec: ")]
     assert len(caraml) == 1 and float(caraml[0].split(": ")[1]) == pytest.approx(metrics["images_per_s"], abs=0.01)
     progress = [line for line in out.splitlines() if line.startswith("[resnet50] step ")]
-    assert len(progress) == 6 and all("ETA" in line and "img/s" in line for line in progress)
+    assert len(progress) == 6 and all("ETA" in line and "images/s" in line for line in progress)
 
 
 @pytest.mark.parametrize("tuning", [False, True])
@@ -108,9 +108,9 @@ def test_exit_duration_stops_cleanly_with_timeout_status(tmp_path: Path) -> None
     code = main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations", "0",
                  "--iterations", "50", "--exit-duration-mins", "0.0001", "--out-dir", str(tmp_path)])
     record = read_record(tmp_path)
-    assert code == 0  # a clean stop: the steady window is a valid measurement of the iterations done
+    assert code == 124  # TIMEOUT's code; a clean stop: the steady window is a valid measurement of the steps done
     assert record["status"] == "TIMEOUT" and "--exit-duration-mins reached" in record["status_reason"]
-    assert "after 1 of 50 iterations" in record["status_reason"]
+    assert "after 1 of 50 measured iterations" in record["status_reason"]
     (steady,) = record["windows"]
     assert steady["name"] == "steady" and steady["steps"] == 1 and steady["work"] == {"images": 8}
     assert record["metrics"]["iterations"] == 1 and record["metrics"]["images_per_s"] > 0
@@ -127,7 +127,7 @@ def test_sigterm_writes_timeout_record(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     record = read_record(tmp_path)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 124, err
     assert record["status"] == "TIMEOUT" and "SIGTERM" in record["status_reason"]
     assert 3 <= record["metrics"]["iterations_completed"] < 1001
     assert parse_summary(out)["status"] == "TIMEOUT"
@@ -190,11 +190,11 @@ def test_steady_window_sized_by_time_from_the_samplers_update_period(tmp_path: P
 
 
 def test_cpu_runs_keep_a_small_fixed_count_unless_told_otherwise() -> None:
+    from joulebench.loop import steady_plan
     from resnet50.config import CPU_ITERATIONS, TrainConfig
-    from resnet50.loop import steady_plan
 
-    default = steady_plan(TrainConfig("pytorch", device="cpu"), "cpu")
+    default = steady_plan(TrainConfig("pytorch", device="cpu").loop_spec(), "cpu")
     assert default.rule == "cpu default" and default.iterations == CPU_ITERATIONS
-    assert steady_plan(TrainConfig("pytorch", iterations=7), "cuda").iterations == 7  # a count wins
-    assert steady_plan(TrainConfig("pytorch"), "cuda") is None  # on a GPU: timed after the warm-up
-    assert steady_plan(TrainConfig("pytorch", steady_seconds=2.0), "cpu") is None
+    assert steady_plan(TrainConfig("pytorch", iterations=7).loop_spec(), "cuda").iterations == 7  # a count wins
+    assert steady_plan(TrainConfig("pytorch").loop_spec(), "cuda") is None  # on a GPU: timed after the warm-up
+    assert steady_plan(TrainConfig("pytorch", steady_seconds=2.0).loop_spec(), "cpu") is None

@@ -1,0 +1,217 @@
+"""One run's life, the same for every driver: stop requests, the meter, the idle baseline, exception → status,
+energy on the windows, the run record, the exit code and the summary line.
+
+    with Lifecycle("resnet50", launch, config.exit_duration_mins) as life:
+        with life.run(run_id, out_dir, config_dict, metrics=lambda record: {...}, gather=backend.gather) as run:
+            meter = run.open_meter(sync=backend.sync, methods=config.energy_methods)
+            run.idle_baseline(config.idle_baseline, accelerator=True)
+            ... the driver's windows (joulebench.loop) ...
+            run.stopped_early(completed, planned)    # when the loop ended at a stop request
+    return life.exit_code()
+
+Stops: SIGTERM (Slurm's time limit, scancel) and SIGUSR1 (Slurm's `--signal=USR1@T` warning) only set a flag;
+the loop checks it at a step boundary and the ranks agree there, so no handler raises inside a CUDA call and the
+steady window covers whole steps. `--exit-duration-mins` is the same request from the run's own clock, counted
+from the driver's start like Megatron-LM.
+
+Statuses and exit codes (joulebench.record.EXIT_CODES, the one table): OK/PARTIAL 0; TIMEOUT 124 (a clean stop
+at a request: the record is complete and its steady window a valid measurement of the steps done); FAILED 1, or
+the joulebench error's own code (64 for a configuration refused on the device, 73 for an output directory that
+cannot be written); an exception while a stop was requested is TIMEOUT too (the stop was what ended the run).
+Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_RESULT ...` is the last thing it
+prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from joulebench.launch import LaunchEnv
+from joulebench.record import EXIT_CODES, RunRecord, software_versions, summary_line, write_run_record
+from jpwr.energy import IdleBaseline
+from jpwr.errors import JpwrError
+from jpwr.meter import WindowMeter
+from jpwr.phases import Stamps
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
+Gather = Callable[[object], Sequence[object]]
+
+
+def new_run_id(*parts: str) -> str:
+    """A run id that sorts by time and does not collide: `<parts>-<UTC time>-<6 hex digits>`."""
+    return "-".join((*parts, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), uuid.uuid4().hex[:6]))
+
+
+def default_out_dir(benchmark: str, run_id: str) -> str:
+    """Where a run writes without --out-dir, the same for every driver: runs/<benchmark>/<run id>."""
+    return str(Path("runs") / benchmark / run_id)
+
+
+class StopRequest:
+    """Why this rank wants to stop early, if it does: a signal arrived or the run's own deadline passed."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline  # a time.monotonic() value, or None
+        self.signal_name: str | None = None
+
+    @classmethod
+    def after(cls, exit_duration_mins: float | None, started: float) -> StopRequest:
+        """Stop `exit_duration_mins` after `started` (time.monotonic()), or only on a signal when None."""
+        return cls(None if exit_duration_mins is None else started + 60.0 * exit_duration_mins)
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        """The handler: it only records the signal (the loop acts on it at its next step boundary)."""
+        self.signal_name = signal.Signals(signum).name
+
+    def local_reason(self) -> str | None:
+        if self.signal_name:
+            return f"{self.signal_name} received ({SIGNAL_MEANING.get(self.signal_name, 'a signal to the job')})"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "--exit-duration-mins reached"
+        return None
+
+
+class StopRequested(Exception):
+    """Raised by a driver's loop at a step boundary (never by a signal handler) after it closed its open window:
+    the run ends there as TIMEOUT, with the energy of the windows it completed."""
+
+
+class Run:
+    """One run record in the making: its meter, its idle baseline and how it ended."""
+
+    def __init__(self, record: RunRecord, out_dir: Path, launch: LaunchEnv, stop: StopRequest) -> None:
+        self.record = record
+        self.out_dir = out_dir
+        self.launch = launch
+        self.stop = stop
+        self.meter: WindowMeter | None = None
+        self.exit_code = 0
+
+    def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
+                   phase_stamps: Stamps | None = None) -> WindowMeter:
+        """The node's sampler (JPWR_ADDR), or an in-process one for `methods`, writing beside the record."""
+        self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
+                                      phase_stamps=phase_stamps)
+        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods,
+                                 in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
+        return self.meter
+
+    def idle_baseline(self, enabled: bool, accelerator: bool, gather: Gather | None = None,
+                      reuse: IdleBaseline | None = None) -> IdleBaseline:
+        """Measure the idle baseline before the first window (collective), or reuse one measured earlier in
+        this process (a sweep's later points), so that every window's energy splits into idle and dynamic."""
+        meter = self._meter()
+        if reuse is not None:
+            meter.idle = reuse
+            self.record.meter["idle_baseline"] = {**reuse.to_dict(),
+                                                  "measured": "before the first point of this invocation"}
+            return reuse
+        idle = meter.take_idle_baseline(enabled, accelerator, gather)
+        self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
+        return idle
+
+    def stopped_early(self, completed: int, planned: int | None, unit: str = "iterations") -> None:
+        """The loop ended at a stop request: TIMEOUT, with the request and how far the run got."""
+        reason = self.stop.local_reason() or "another rank requested the stop"
+        self.record.status = "TIMEOUT"
+        self.record.status_reason = (f"{reason}: stopped cleanly after {completed} of "
+                                     f"{planned if planned else 'the not yet planned'} {unit}; "
+                                     "the steady window covers the steps completed")
+
+    def failed(self, exc: BaseException) -> None:
+        """Exception → status: TIMEOUT when a stop request ended the run, else FAILED with the error's code."""
+        traceback.print_exc()
+        stopping = self.stop.signal_name is not None
+        self.record.status = "TIMEOUT" if stopping else "FAILED"
+        self.record.status_reason = str(exc) if isinstance(exc, JpwrError) else f"{type(exc).__name__}: {exc}"
+        self.exit_code = EXIT_CODES["TIMEOUT"] if stopping else int(getattr(exc, "exit_code", EXIT_CODES["FAILED"]))
+
+    def _meter(self) -> WindowMeter:
+        if self.meter is None:
+            raise RuntimeError("open_meter() first: the run has no meter")
+        return self.meter
+
+
+class Lifecycle:
+    """A driver process: its stop request and signal handlers, its run records, its exit code."""
+
+    def __init__(self, benchmark: str, launch: LaunchEnv, exit_duration_mins: float | None = None,
+                 started: float | None = None, software_extra: Sequence[str] = ()) -> None:
+        self.benchmark = benchmark
+        self.launch = launch
+        self.stop = StopRequest.after(exit_duration_mins, time.monotonic() if started is None else started)
+        self.software = software_versions(extra=software_extra)
+        self.runs: list[Run] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Lifecycle:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self.stop.on_signal)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    @property
+    def stop_requested(self) -> str | None:
+        return self.stop.local_reason()
+
+    @contextlib.contextmanager
+    def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
+            metrics: Callable[[RunRecord], dict[str, Any]], gather: Gather | None = None,
+            hardware: Mapping[str, Any] | None = None) -> Iterator[Run]:
+        """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
+        `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
+        rank 0 writes the record, also after a failure. Exceptions do not propagate: the exit code carries them."""
+        record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config),
+                           launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
+        run = Run(record, Path(out_dir), self.launch, self.stop)
+        self.runs.append(run)
+        try:
+            try:
+                yield run
+            except StopRequested as stopped:
+                record.status, record.status_reason = "TIMEOUT", str(stopped)
+            if run.meter is not None:
+                run.meter.attach_energy(gather)
+        except BaseException as exc:  # the record is written on any failure; the exit code says what happened
+            run.failed(exc)
+        finally:
+            if run.meter is not None:
+                record.windows = run.meter.windows
+                run.meter.close()
+            self._write(run, metrics)
+        if run.exit_code == 0:
+            run.exit_code = EXIT_CODES[record.status]
+
+    def _write(self, run: Run, metrics: Callable[[RunRecord], dict[str, Any]]) -> None:
+        record = run.record
+        try:
+            record.metrics = {**metrics(record), **record.metrics}
+        except Exception as exc:  # figures that cannot be computed must not cost the record
+            traceback.print_exc()
+            record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
+        if self.launch.is_global_zero:
+            path = write_run_record(run.out_dir / "run_record.json", record)
+            print(f"[{self.benchmark}] run record: {path}", flush=True)
+
+    def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
+        """Print every record's summary line (global rank 0) and return the process's exit code: the first
+        run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
+        if self.launch.is_global_zero:
+            for run in self.runs:
+                print(summary_line(run.record, summary_keys), flush=True)
+        sys.stdout.flush()
+        return next((run.exit_code for run in self.runs if run.exit_code != 0), 0)

@@ -1,0 +1,188 @@
+"""One run lifecycle for every driver (joulebench.lifecycle): the same failure gives the same status and exit code
+in llm_training, resnet50 and llm_inference, and the pieces of a run's life are called from that module only.
+
+The failures are real: a configuration refused on this machine (a GPU asked for where torch sees none), SIGTERM
+as Slurm sends it, the run's own deadline (--exit-duration-mins), and a crash in the run caused by broken input
+data (a truncated Megatron .bin, JPEG files that are not images, a checkpoint whose weight file is cut short).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from joulebench.record import EXIT_CODES
+from tests.driver_helpers import read_record, summaries
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVERS = ("llm_training", "resnet50", "llm_inference")
+# Each driver at its smallest on the CPU; log every step so that a stop is seen at once.
+BASE = {
+    "llm_training": ["train", "--model", "tiny", "--device", "cpu", "--log-interval", "1", "--no-idle-baseline"],
+    "resnet50": ["train", "--framework", "pytorch", "--image-size", "64", "--global-batch-size", "8", "--device",
+                 "cpu", "--log-interval", "1", "--data-workers", "0", "--no-idle-baseline"],
+    "llm_inference": ["run", "--preset", "tiny", "--task", "tiny", "--device", "cpu", "--num-batches", "2",
+                      "--no-idle-baseline"],
+}
+LONG = {"llm_training": ["--iterations", "100000", "--warmup-iterations", "1"],
+        "resnet50": ["--iterations", "100000", "--warmup-iterations", "1"],
+        "llm_inference": ["--min-window-s", "600"]}
+# A line each driver prints once its run's life has begun (signal handlers in place).
+STARTED = {"llm_training": "[llm_training] model built", "resnet50": "[resnet50] step 1/",
+           "llm_inference": "[llm_inference] model tiny"}
+
+
+def _llm_broken_data(tmp: Path) -> list[str]:
+    """A real Megatron dataset whose token file is cut short: the first batch read fails inside a step."""
+    from llm_training.cli import main as training
+    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+
+    _train_tokenizer(tmp)
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 10))
+    prefix = tmp / "data" / "corpus"
+    assert training(["preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+                     "--tokenizer-json", str(tmp / "tokenizer.json")]) == 0
+    Path(f"{prefix}.bin").write_bytes(Path(f"{prefix}.bin").read_bytes()[:16])
+    return ["--vocab-size", "400", "--data-path", str(prefix), "--iterations", "3", "--warmup-iterations", "1"]
+
+
+def _resnet_broken_images(tmp: Path) -> list[str]:
+    """An ImageFolder tree whose files are not images: decoding the first batch fails inside a step."""
+    from resnet50.cli import main as resnet
+
+    assert resnet(["make-data", str(tmp / "images"), "--format", "jpeg", "--images", "16"]) == 0
+    for image in (tmp / "images").rglob("*.jpg"):
+        image.write_text("not a jpeg")
+    return ["--data", str(tmp / "images"), "--iterations", "3", "--warmup-iterations", "1"]
+
+
+def _inference_broken_checkpoint(tmp: Path) -> list[str]:
+    """A saved tiny checkpoint whose weight file is cut short: loading it fails inside the first point's run."""
+    import torch
+
+    from llm_inference.engine import build_model
+    from llm_inference.presets import PRESETS
+
+    checkpoint = tmp / "checkpoint"
+    build_model(PRESETS["tiny"], None, "fp32", "sdpa", torch.device("cpu"), seed=1).save_pretrained(checkpoint)
+    for weights in checkpoint.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:64])
+    return ["--checkpoint", str(checkpoint), "--min-window-s", "0.3"]
+
+
+BROKEN_INPUT: dict[str, Callable[[Path], list[str]]] = {
+    "llm_training": _llm_broken_data, "resnet50": _resnet_broken_images, "llm_inference": _inference_broken_checkpoint,
+}
+
+
+def _command(driver: str, extra: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", driver, *BASE[driver], *extra, "--out-dir", str(out)]
+
+
+def _sigterm(driver: str, cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """Start the run, wait until its life has begun, then send SIGTERM as Slurm does at its time limit."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(STARTED[driver]):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(seen) + out, err)
+
+
+# failure -> (status, exit code, words of the reason); None: no run record (refused before the run began)
+EXPECTED = {
+    "bad config": (None, 64, "--device cuda but no CUDA/ROCm device is visible"),
+    "SIGTERM": ("TIMEOUT", EXIT_CODES["TIMEOUT"], "SIGTERM received"),
+    "out of time": ("TIMEOUT", EXIT_CODES["TIMEOUT"], "--exit-duration-mins reached"),
+    "crash in the run": ("FAILED", EXIT_CODES["FAILED"], "Error"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure", list(EXPECTED))
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_the_same_failure_gives_the_same_status_and_exit_code(driver, failure, fake_env, tmp_path):
+    out = tmp_path / "run"
+    env = fake_env()
+    env.pop("JPWR_ADDR", None)
+    if failure == "bad config":
+        result = subprocess.run(_command(driver, ["--device", "cuda"], out), env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+    elif failure == "SIGTERM":
+        result = _sigterm(driver, _command(driver, LONG[driver], out), env, tmp_path)
+    elif failure == "out of time":
+        result = subprocess.run(_command(driver, [*LONG[driver], "--exit-duration-mins", "0.001"], out), env=env,
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    else:
+        result = subprocess.run(_command(driver, BROKEN_INPUT[driver](tmp_path), out), env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+    status, code, words = EXPECTED[failure]
+    assert result.returncode == code, result.stderr[-3000:]
+    if status is None:
+        assert not (out / "run_record.json").exists()
+        assert f"{driver}: error: {words}. Fix: " in result.stderr
+        return
+    record = read_record(out)
+    assert record["status"] == status and words in record["status_reason"], record["status_reason"]
+    assert record["schema_version"] == 3
+    assert summaries(result.stdout)[-1]["status"] == status  # the summary line is the last line, as always
+
+
+# What only joulebench.lifecycle may call: the run's life, once, for every driver.
+LIFECYCLE_ONLY = {
+    "signal.signal": "signal handlers", "WindowMeter.open": "the meter", "take_idle_baseline": "the idle baseline",
+    "measure_idle": "the idle baseline", "write_run_record": "the run record", "summary_line": "the summary line",
+    "traceback.print_exc": "exception → status",
+}
+
+
+def _calls(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every call and every `<x>.status = ...` assignment in a Python file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            found.append((node.lineno, ast.unparse(node.func)))
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(element, ast.Attribute) and element.attr == "status":
+                        found.append((node.lineno, "status ="))
+    return found
+
+
+def _violations(root: Path) -> list[str]:
+    bad = []
+    for driver in DRIVERS:
+        for path in sorted((root / driver).rglob("*.py")):
+            for line, name in sorted(_calls(path)):
+                if name == "status =" or any(name == f or name.endswith(f".{f}") for f in LIFECYCLE_ONLY):
+                    bad.append(f"{path.relative_to(root)}:{line}: {name}")
+    return bad
+
+
+def test_drivers_leave_the_run_life_to_the_lifecycle_module():
+    assert _violations(REPO) == []
+
+
+def test_the_lifecycle_check_finds_a_planted_direct_call(tmp_path):
+    for driver in DRIVERS:
+        (tmp_path / driver).mkdir()
+    (tmp_path / "resnet50" / "driver.py").write_text(
+        "import signal\nfrom joulebench.record import write_run_record\n"
+        "def run(record, stop):\n    signal.signal(signal.SIGTERM, stop)\n    record.status = 'FAILED'\n"
+        "    write_run_record('x', record)\n")
+    assert _violations(tmp_path) == ["resnet50/driver.py:4: signal.signal", "resnet50/driver.py:5: status =",
+                                     "resnet50/driver.py:6: write_run_record"]

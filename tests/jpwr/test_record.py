@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from joulebench.record import RunRecord, read_run_record, steady_metrics, write_run_record
+from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics, write_run_record
 from jpwr.energy import Window, WindowEnergy
 
 
@@ -48,7 +48,7 @@ def test_record_round_trip_and_atomic_write(tmp_path):
     assert oct(path.stat().st_mode & 0o777) != "0o600"  # readable by others in a shared directory
 
 
-def test_version_one_records_still_load_and_are_written_back_as_version_two(tmp_path):
+def test_version_one_records_still_load_and_are_written_back_as_the_current_version(tmp_path):
     """Schema 2 added statuses (PARTIAL, CANCELLED, INVALID) and `job`; a version 1 file has neither."""
     data = RunRecord(benchmark="resnet50", run_id="old", status="TIMEOUT").to_dict()
     data["schema_version"] = 1
@@ -56,9 +56,9 @@ def test_version_one_records_still_load_and_are_written_back_as_version_two(tmp_
     old = RunRecord.from_dict(data)
     assert (old.status, old.job) == ("TIMEOUT", {})
     path = write_run_record(tmp_path / "run_record.json", old)
-    assert read_run_record(path).to_dict()["schema_version"] == 2
-    with pytest.raises(ValueError, match="schema_version 3 is not supported"):
-        RunRecord.from_dict({**data, "schema_version": 3})
+    assert read_run_record(path).to_dict()["schema_version"] == SCHEMA_VERSION
+    with pytest.raises(ValueError, match=f"schema_version {SCHEMA_VERSION + 1} is not supported"):
+        RunRecord.from_dict({**data, "schema_version": SCHEMA_VERSION + 1})
 
 
 @pytest.mark.parametrize("status", ["PARTIAL", "CANCELLED", "INVALID"])

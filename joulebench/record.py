@@ -46,6 +46,88 @@ TRACKED_DISTRIBUTIONS = (
 )
 
 
+@dataclasses.dataclass(kw_only=True)
+class SteadyMetrics:
+    """Headline figures of the steady-state window: rates, FLOP/s, MFU, energy per work.
+
+    One computation for every driver so that tokens/s and images/s, MFU and work/Wh are computed the
+    same way everywhere. FLOPs are model FLOPs (no recompute counted). The work_* fields are per unit
+    of `work_unit` and are named after it in the record (tokens_per_s, images_per_wh, ...).
+    """
+
+    window: str
+    work_unit: str
+    iterations: int
+    duration_s: float
+    time_per_iteration_s: float | None
+    work_per_s: float | None
+    work_per_s_per_device: float | None
+    model_flops_per_unit: float | None
+    model_tflops_per_device: float | None
+    peak_tflops_per_device: float | None
+    mfu: float | None
+    energy_wh: float | None
+    work_per_wh: float | None
+    mean_power_w_per_device: float | None
+    energy_method: str | None
+    energy_coverage: float | None
+    energy_error_bound_j: float | None
+    energy_unavailable_reason: str | None
+    energy_devices: int | None
+    energy_warning: str | None  # the energy covers other devices than the run used
+    idle_power_w: float | None
+    dynamic_energy_wh: float | None
+    dynamic_energy_error_bound_j: float | None
+    # An untrusted window's figures from the time its devices did cover: never headline figures (those are None),
+    # shown only when asked for (`joulebench report --allow-partial`) and labelled partial there.
+    energy_untrusted_reason: str | None
+    partial_mean_power_w_per_device: float | None
+    partial_work_per_wh: float | None
+
+    @classmethod
+    def from_window(cls, window: Window, work_unit: str, devices: int, flops_per_unit: float | None = None,
+                    peak_flops_per_device: float | None = None) -> SteadyMetrics:
+        work = window.work.get(work_unit)
+        duration = window.duration_s
+        rate = work / duration if work is not None and duration > 0 else None
+        per_device = rate / devices if rate is not None and devices > 0 else None
+        flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
+        energy, split = window.energy, window.split
+        energy_wh = energy.energy_wh if energy else None
+        untrusted = energy.untrusted_reason if energy else None
+        partial_w = energy.partial_mean_power_w if energy and untrusted else None
+        partial_wh = partial_w * duration / J_PER_WH if partial_w is not None and duration > 0 else None
+        return cls(
+            window=window.name, work_unit=work_unit, iterations=window.steps, duration_s=duration,
+            time_per_iteration_s=duration / window.steps if window.steps > 0 else None,
+            work_per_s=rate, work_per_s_per_device=per_device, model_flops_per_unit=flops_per_unit,
+            model_tflops_per_device=None if flops_dev is None else flops_dev / 1e12,
+            peak_tflops_per_device=None if peak_flops_per_device is None else peak_flops_per_device / 1e12,
+            mfu=flops_dev / peak_flops_per_device if flops_dev and peak_flops_per_device else None,
+            energy_wh=energy_wh, work_per_wh=work / energy_wh if work is not None and energy_wh else None,
+            mean_power_w_per_device=energy.mean_power_w_per_device if energy else None,
+            energy_method=energy.method if energy else None,
+            energy_coverage=energy.coverage if energy else None,
+            energy_error_bound_j=energy.error_bound_j if energy else None,
+            energy_unavailable_reason=energy.unavailable_reason if energy else "no energy measured",
+            energy_devices=energy.devices if energy else None,
+            energy_warning=_device_mismatch(energy, devices),
+            idle_power_w=split.idle_power_w if split else None,
+            dynamic_energy_wh=split.dynamic_j / J_PER_WH if split and split.dynamic_j is not None else None,
+            dynamic_energy_error_bound_j=split.dynamic_bound_j if split else None,
+            energy_untrusted_reason=untrusted,
+            partial_mean_power_w_per_device=partial_w / devices if partial_w is not None and devices > 0 else None,
+            partial_work_per_wh=work / partial_wh if work is not None and partial_wh else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's metrics keys, the work_* ones named after the work unit (tokens_per_s, ...)."""
+        unit = self.work_unit
+        named = {"work_per_s": f"{unit}_per_s", "work_per_s_per_device": f"{unit}_per_s_per_device",
+                 "work_per_wh": f"{unit}_per_wh", "partial_work_per_wh": f"partial_{unit}_per_wh"}
+        return {named.get(key, key): value for key, value in dataclasses.asdict(self).items()}
+
+
 def steady_metrics(
     window: Window,
     work_unit: str,
@@ -53,59 +135,9 @@ def steady_metrics(
     flops_per_unit: float | None = None,
     peak_flops_per_device: float | None = None,
 ) -> dict[str, Any]:
-    """Headline figures of the steady-state window: rates, FLOP/s, MFU, energy per work.
-
-    One function for every driver so that tokens/s and images/s, MFU and work/Wh are
-    computed the same way everywhere. FLOPs are model FLOPs (no recompute counted).
-    """
-    work = window.work.get(work_unit)
-    duration = window.duration_s
-    rate = work / duration if work is not None and duration > 0 else None
-    per_device = rate / devices if rate is not None and devices > 0 else None
-    flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
-    energy = window.energy
-    energy_wh = energy.energy_wh if energy else None
-    return {
-        "window": window.name,
-        "work_unit": work_unit,
-        "iterations": window.steps,
-        "duration_s": duration,
-        "time_per_iteration_s": duration / window.steps if window.steps > 0 else None,
-        f"{work_unit}_per_s": rate,
-        f"{work_unit}_per_s_per_device": per_device,
-        "model_flops_per_unit": flops_per_unit,
-        "model_tflops_per_device": None if flops_dev is None else flops_dev / 1e12,
-        "peak_tflops_per_device": None if peak_flops_per_device is None else peak_flops_per_device / 1e12,
-        "mfu": flops_dev / peak_flops_per_device if flops_dev and peak_flops_per_device else None,
-        "energy_wh": energy_wh,
-        f"{work_unit}_per_wh": work / energy_wh if work is not None and energy_wh else None,
-        "mean_power_w_per_device": energy.mean_power_w_per_device if energy else None,
-        "energy_method": energy.method if energy else None,
-        "energy_coverage": energy.coverage if energy else None,
-        "energy_error_bound_j": energy.error_bound_j if energy else None,
-        "energy_unavailable_reason": (energy.unavailable_reason if energy else "no energy measured"),
-        "energy_devices": energy.devices if energy else None,
-        "energy_warning": _device_mismatch(energy, devices),
-        "idle_power_w": window.split.idle_power_w if window.split else None,
-        "dynamic_energy_wh": (window.split.dynamic_j / J_PER_WH
-                              if window.split and window.split.dynamic_j is not None else None),
-        "dynamic_energy_error_bound_j": window.split.dynamic_bound_j if window.split else None,
-        **partial_figures(energy, work_unit, work, duration, devices),
-    }
-
-
-def partial_figures(energy: WindowEnergy | None, work_unit: str, work: float | None, duration: float,
-                    devices: int) -> dict[str, Any]:
-    """An untrusted window's figures from the time its devices did cover: never headline figures (those are
-    None), shown only when asked for (`joulebench report --allow-partial`) and labelled partial there."""
-    reason = energy.untrusted_reason if energy else None
-    power = energy.partial_mean_power_w if energy and reason else None
-    estimate_wh = power * duration / J_PER_WH if power is not None and duration > 0 else None
-    return {
-        "energy_untrusted_reason": reason,
-        "partial_mean_power_w_per_device": power / devices if power is not None and devices > 0 else None,
-        f"partial_{work_unit}_per_wh": work / estimate_wh if work is not None and estimate_wh else None,
-    }
+    """The steady window's figures as the run record's metrics block: the dict each driver extends with its
+    own keys before writing the record (SteadyMetrics.from_window for the typed figures)."""
+    return SteadyMetrics.from_window(window, work_unit, devices, flops_per_unit, peak_flops_per_device).to_dict()
 
 
 def settle_status(record: RunRecord) -> None:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from jpwr import __version__
 from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE
@@ -32,6 +33,7 @@ from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt
+from jpwr.summary import NodeSummary
 
 SUBCOMMANDS = ("serve", "combine", "info", "selftest", "qualify")
 MOVED_VERBS = ("plot", "report")  # now `joulebench VERB`; forwarded until the next minor release
@@ -88,23 +90,24 @@ def _start(args: argparse.Namespace):
     return sampler, server, template
 
 
-def _print_windows(summary: dict, stream=sys.stderr) -> None:
-    info = summary["info"]
-    print(f"jpwr {__version__}: node {summary['node']}, run {summary['run_id']}, "
+def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
+    info = summary.info
+    print(f"jpwr {__version__}: node {summary.node}, run {summary.run_id}, "
           f"backends: {', '.join(info['backends']) or 'none'}", file=stream)
     for reason in info["unavailable"]:
         print(f"jpwr:   {reason}", file=stream)
-    if summary.get("trace_error"):
-        print(f"jpwr: warning: the trace was not saved completely: {summary['trace_error']}", file=stream)
-    for name, w in summary["windows"].items():
-        e = w["energy"]
-        if e["energy_j"] is None:
-            print(f"jpwr: window {name}: {w['duration_s']:.3f} s, energy n/a ({e['unavailable_reason']})", file=stream)
+    if summary.trace_error:
+        print(f"jpwr: warning: the trace was not saved completely: {summary.trace_error}", file=stream)
+    for name, w in summary.windows.items():
+        e = w.energy
+        if e.energy_j is None:
+            print(f"jpwr: window {name}: {w.duration_s:.3f} s, energy n/a ({e.unavailable_reason})", file=stream)
             continue
-        print(f"jpwr: window {name}: {w['duration_s']:.3f} s, {fmt(e['energy_j'], 6)} J ({fmt(e['energy_wh'], 5)} Wh) "
-              f"on {e['devices']} device(s), mean {fmt(e['mean_power_w'], 5)} W, method {e['method']}, "
-              f"coverage {e['coverage']:.1%}, bound ±{fmt(e['error_bound_j'], 3)} J", file=stream)
-        for warning in e["warnings"]:
+        coverage = "n/a" if e.coverage is None else f"{e.coverage:.1%}"
+        print(f"jpwr: window {name}: {w.duration_s:.3f} s, {fmt(e.energy_j, 6)} J ({fmt(e.energy_wh, 5)} Wh) "
+              f"on {e.devices} device(s), mean {fmt(e.mean_power_w, 5)} W, method {e.method}, "
+              f"coverage {coverage}, bound ±{fmt(e.error_bound_j, 3)} J", file=stream)
+        for warning in e.warnings:
             print(f"jpwr:   warning: {warning}", file=stream)
 
 
@@ -200,17 +203,17 @@ def cmd_combine(argv: Sequence[str]) -> int:
                         help="nodes the run has (default: Slurm's SLURM_JOB_NUM_NODES); fewer found = no energy")
     args = parser.parse_args(argv)
     result = combine_run(Path(args.directory), args.run_id, args.expected_nodes)
-    for node in result["recovered_nodes"]:
+    for node in result.recovered_nodes:
         print(f"jpwr combine: warning: node {node} had no summary (sampler killed?); recovered from its segments",
               file=sys.stderr)
-    if result["partial"]:
-        print(f"jpwr combine: warning: {result['partial']}", file=sys.stderr)
-    for name, w in result["windows"].items():
-        e = w["energy"]
-        print(f"{name}: nodes={len(result['nodes'])} devices={e['devices']} energy_J={fmt(e['energy_j'], 6)} "
-              f"energy_Wh={fmt(e['energy_wh'], 5)} method={e['method'] or 'n/a'} "
-              f"{'reason=' + e['unavailable_reason'] if e['unavailable_reason'] else ''}".rstrip())
-        for warning in e["warnings"]:
+    if result.partial:
+        print(f"jpwr combine: warning: {result.partial}", file=sys.stderr)
+    for name, w in result.windows.items():
+        e = w.energy
+        print(f"{name}: nodes={len(result.nodes)} devices={e.devices} energy_J={fmt(e.energy_j, 6)} "
+              f"energy_Wh={fmt(e.energy_wh, 5)} method={e.method or 'n/a'} "
+              f"{'reason=' + e.unavailable_reason if e.unavailable_reason else ''}".rstrip())
+        for warning in e.warnings:
             print(f"{name}:   warning: {warning}")
     return ExitCode.OK
 

@@ -14,18 +14,18 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.errors import FormatError, ValidationError
 from jpwr.output import utc_now, write_json_atomic
-from jpwr.sampler import SUMMARY_FILE, summarize_trace
+from jpwr.sampler import summarize_trace
+from jpwr.summary import SUMMARY_FILE, CombinedSummary, NodeSummary, SummaryWindow
 from jpwr.trace import SEGMENT_DIR, read_segments
 
 EXPECTED_NODES_ENV = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
 
-def read_node_summary(node_dir: Path) -> dict[str, Any]:
+def read_node_summary(node_dir: Path) -> NodeSummary:
     """A node's summary, or one rebuilt from its segments when its sampler died before writing it."""
     path = node_dir / SUMMARY_FILE
     if path.exists():
@@ -38,30 +38,29 @@ def read_node_summary(node_dir: Path) -> dict[str, Any]:
             raise FormatError(f"{path} is not a jpwr node summary (no {', '.join(missing)})",
                               f"remove {node_dir} from {node_dir.parent}, or delete the file so that combine "
                               f"recovers the node from its segments in {node_dir / SEGMENT_DIR}")
-        return summary
+        return NodeSummary.from_dict(summary)
     trace = read_segments(node_dir)
     if not trace.info:
         raise FormatError(f"{node_dir} has neither a summary nor readable segments",
                           f"remove {node_dir} from {node_dir.parent}")
     summary = summarize_trace(trace, float(trace.info.get("interval_s") or 0.1))
-    summary["recovered_from_segments"] = True
-    for window in summary["windows"].values():
-        window["energy"]["warnings"].append(
-            f"node {summary['node']}: its sampler ended without a summary (killed?); energy recovered from its "
+    summary.recovered_from_segments = True
+    for window in summary.windows.values():
+        window.energy.warnings.append(
+            f"node {summary.node}: its sampler ended without a summary (killed?); energy recovered from its "
             "segments, which lose at most the last second before the kill")
     return summary
 
 
-def node_summaries(directory: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+def node_summaries(directory: Path, run_id: str | None = None) -> list[NodeSummary]:
     node_dirs = sorted({p.parent for p in directory.glob(f"*/{SUMMARY_FILE}")} |
                        {p.parent for p in directory.glob(f"*/{SEGMENT_DIR}")})
     found = [read_node_summary(d) for d in node_dirs]
-    runs = sorted({str(s.get("run_id")) for s in found})
+    runs = sorted({str(s.run_id) for s in found})
     if run_id is not None:
-        found = [s for s in found if s.get("run_id") == run_id]
+        found = [s for s in found if s.run_id == run_id]
     elif len(runs) > 1:
-        by_run = "; ".join(f"{r}: {', '.join(str(s['node']) for s in found if str(s.get('run_id')) == r)}"
-                           for r in runs)
+        by_run = "; ".join(f"{r}: {', '.join(s.node for s in found if str(s.run_id) == r)}" for r in runs)
         raise ValidationError(f"{directory} holds node summaries of {len(runs)} runs ({by_run})",
                               "pass --run-id with the run to combine (nodes of different runs never add up)")
     if not found:
@@ -80,14 +79,10 @@ def expected_nodes_from(environ: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
-def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int | None = None) -> dict[str, Any]:
+def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int | None = None) -> CombinedSummary:
     summaries = node_summaries(directory, run_id)
-    nodes = [str(s["node"]) for s in summaries]
-    per_node = [
-        {name: WindowEnergy.from_dict(w["energy"]) for name, w in s["windows"].items()}
-        for s in summaries
-    ]
-    combined = combine_energies(per_node)
+    nodes = [s.node for s in summaries]
+    combined = combine_energies([{name: w.energy for name, w in s.windows.items()} for s in summaries])
     partial = None
     if expected_nodes is not None and len(summaries) < expected_nodes:
         partial = (f"only {len(summaries)} of {expected_nodes} nodes' samplers left a trace ({', '.join(nodes)}): "
@@ -96,16 +91,12 @@ def combine_run(directory: Path, run_id: str | None = None, expected_nodes: int 
                     for name, energy in combined.items()}
     windows = {}
     for name, energy in combined.items():
-        spans = [s["windows"][name] for s in summaries if name in s["windows"]]
-        windows[name] = {
-            "duration_s": max(w["duration_s"] for w in spans), "steps": max(w["steps"] for w in spans),
-            "work": spans[0]["work"], "energy": energy.to_dict(),
-        }
-    result = {
-        "schema": "jpwr.summary/1", "kind": "combined", "run_id": summaries[0]["run_id"],
-        "nodes": nodes, "expected_nodes": expected_nodes, "partial": partial,
-        "recovered_nodes": [s["node"] for s in summaries if s.get("recovered_from_segments")],
-        "finished_at": utc_now(), "windows": windows,
-    }
-    write_json_atomic(directory / SUMMARY_FILE, result)
+        spans = [s.windows[name] for s in summaries if name in s.windows]
+        windows[name] = SummaryWindow(duration_s=max(w.duration_s for w in spans), steps=max(w.steps for w in spans),
+                                      work=spans[0].work, energy=energy)
+    result = CombinedSummary(
+        run_id=summaries[0].run_id, nodes=nodes, expected_nodes=expected_nodes, partial=partial,
+        recovered_nodes=[s.node for s in summaries if s.recovered_from_segments], finished_at=utc_now(),
+        windows=windows)
+    write_json_atomic(directory / SUMMARY_FILE, result.to_dict())
     return result

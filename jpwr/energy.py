@@ -11,10 +11,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jpwr.device_energy import DeviceEnergy, Fault
+from jpwr.output import known_fields
+
 J_PER_WH = 3600.0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class WindowEnergy:
     """Energy of one window on the accelerators of one node (or all nodes once combined).
 
@@ -34,18 +37,16 @@ class WindowEnergy:
     error_bound_j: float | None
     unavailable_reason: str | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
-    per_device: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    other_domains: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # CPU/DRAM/module, never in total
+    per_device: list[DeviceEnergy] = dataclasses.field(default_factory=list)
+    other_domains: list[DeviceEnergy] = dataclasses.field(default_factory=list)  # CPU/DRAM/module, never in total
     nodes: list[str] = dataclasses.field(default_factory=list)
     # True for a node whose device selection is empty (e.g. CUDA_VISIBLE_DEVICES=""): it metered nothing on
     # purpose, so a sum over nodes skips it instead of calling the whole window unavailable.
     metered_nothing: bool = False
     trusted: bool = True
     untrusted_reason: str | None = None  # "<device>: coverage 26.0% < 99% (no data from 0.95 s ... (NVML_ERROR_...))"
-    # {"device", "node", "kind", "from_s", "to_s" (s from the window's start), "error" (vendor name), "detail"};
-    # kinds: gap, counter_fault, counter_power_disagree, counter_backward, out_of_order. Trusted windows list
-    # the faults that were bridged too.
-    faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Every device's faults (jpwr.device_energy.Fault); trusted windows list the faults that were bridged too.
+    faults: list[Fault] = dataclasses.field(default_factory=list)
     coverage_threshold: float | None = None  # the threshold applied (None in summaries written before it existed)
     partial_energy_j: float | None = None  # untrusted only: energy over the covered time, never a headline
     partial_error_bound_j: float | None = None  # its bound (uncovered time not charged)
@@ -63,7 +64,8 @@ class WindowEnergy:
 
     @classmethod
     def unavailable(cls, reason: str, devices: int = 0) -> WindowEnergy:
-        return cls(None, None, devices, None, None, None, unavailable_reason=reason)
+        return cls(energy_j=None, mean_power_w=None, devices=devices, method=None, coverage=None, error_bound_j=None,
+                   unavailable_reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -73,8 +75,11 @@ class WindowEnergy:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WindowEnergy:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        fields = known_fields(cls, data)
+        fields["per_device"] = [DeviceEnergy.from_dict(d) for d in data.get("per_device", ())]
+        fields["other_domains"] = [DeviceEnergy.from_dict(d) for d in data.get("other_domains", ())]
+        fields["faults"] = [Fault.from_dict(f) for f in data.get("faults", ())]
+        return cls(**fields)
 
 
 @dataclasses.dataclass
@@ -120,7 +125,7 @@ class Window:
         )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class IdleBaseline:
     """Power of the job's devices while idle, measured before the first window, and how settled they were.
 
@@ -143,18 +148,17 @@ class IdleBaseline:
 
     @classmethod
     def unavailable(cls, reason: str) -> IdleBaseline:
-        return cls(None, None, 0, unavailable_reason=reason)
+        return cls(power_w=None, error_bound_w=None, devices=0, unavailable_reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> IdleBaseline:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        return cls(**known_fields(cls, data))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class EnergySplit:
     """A window's energy as idle (idle power × duration) plus dynamic (the rest), each with its bound."""
 
@@ -167,15 +171,15 @@ class EnergySplit:
 
     @classmethod
     def unavailable(cls, reason: str) -> EnergySplit:
-        return cls(None, None, None, None, None, reason)
+        return cls(idle_j=None, idle_bound_j=None, dynamic_j=None, dynamic_bound_j=None, idle_power_w=None,
+                   unavailable_reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EnergySplit:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        return cls(**known_fields(cls, data))
 
 
 def split_energy(energy: WindowEnergy | None, duration_s: float, idle: IdleBaseline | None) -> EnergySplit:
@@ -196,8 +200,8 @@ def split_energy(energy: WindowEnergy | None, duration_s: float, idle: IdleBasel
         return EnergySplit.unavailable(f"idle baseline covers {idle.devices} devices, the window {energy.devices}")
     idle_j = idle.power_w * duration_s
     idle_bound = (idle.error_bound_w or 0.0) * duration_s
-    return EnergySplit(idle_j, idle_bound, energy.energy_j - idle_j, (energy.error_bound_j or 0.0) + idle_bound,
-                       idle.power_w)
+    return EnergySplit(idle_j=idle_j, idle_bound_j=idle_bound, dynamic_j=energy.energy_j - idle_j,
+                       dynamic_bound_j=(energy.error_bound_j or 0.0) + idle_bound, idle_power_w=idle.power_w)
 
 
 def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnergy], list[str]]:
@@ -210,10 +214,11 @@ def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnerg
     repeats: dict[str, list[str]] = {}
     kept = []
     for part in parts:
-        keep, dropped = [], []
+        keep: list[DeviceEnergy] = []
+        dropped: list[DeviceEnergy] = []
         for dev in part.per_device:
-            uuid = dev.get("uuid")
-            node = str(dev.get("node") or ",".join(part.nodes) or "?")
+            uuid = dev.uuid
+            node = dev.node or ",".join(part.nodes) or "?"
             if uuid and uuid in first_node:
                 dropped.append(dev)
                 repeats.setdefault(uuid, [first_node[uuid]]).append(node)
@@ -224,11 +229,11 @@ def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnerg
         if dropped:
             part = dataclasses.replace(
                 part, per_device=keep, devices=part.devices - len(dropped),
-                energy_j=(part.energy_j - sum(float(d["energy_j"] or 0.0) for d in dropped)
+                energy_j=(part.energy_j - sum(d.energy_j or 0.0 for d in dropped)
                           if part.energy_j is not None else None),
-                mean_power_w=(part.mean_power_w - sum(float(d["mean_power_w"] or 0.0) for d in dropped)
+                mean_power_w=(part.mean_power_w - sum(d.mean_power_w or 0.0 for d in dropped)
                               if part.mean_power_w is not None else None),
-                error_bound_j=(part.error_bound_j - sum(float(d["error_bound_j"] or 0.0) for d in dropped)
+                error_bound_j=(part.error_bound_j - sum(d.error_bound_j or 0.0 for d in dropped)
                                if part.error_bound_j is not None else None),
                 **_without_partial(part, dropped))
         kept.append(part)
@@ -240,15 +245,14 @@ def _count_devices_once(parts: Sequence[WindowEnergy]) -> tuple[list[WindowEnerg
     return kept, warnings
 
 
-def _without_partial(part: WindowEnergy, dropped: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def _without_partial(part: WindowEnergy, dropped: Sequence[DeviceEnergy]) -> dict[str, Any]:
     """An untrusted node's partial figures less those of devices counted on another node."""
-    out: dict[str, float | None] = {}
+    out = {}
     for field, whole in (("partial_energy_j", "energy_j"), ("partial_error_bound_j", "error_bound_j"),
                          ("partial_mean_power_w", "mean_power_w")):
         total = getattr(part, field)
         if total is not None:
-            out[field] = total - sum(float((d.get(whole) if d.get("trusted", True) else d.get(field)) or 0.0)
-                                     for d in dropped)
+            out[field] = total - sum(getattr(d, whole if d.trusted else field) or 0.0 for d in dropped)
     return out
 
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jpwr.device_energy import Fault
 from jpwr.power_envelope import Envelope, PowerCurve
 from jpwr.trace import SensorSeries
 
@@ -45,7 +46,7 @@ MAX_ALIAS_MULTIPLE = 10
 COUNTER_POWER_TOLERANCE = 2.0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class DomainEnergy:
     energy_j: float | None
     method: str | None
@@ -55,17 +56,13 @@ class DomainEnergy:
     reason: str | None = None  # why energy_j is None
     covered_s: float = 0.0  # seconds of the window with data (counter knots or held power samples)
     gap_bound_j: float = 0.0  # the part of error_bound_j charged for the seconds without data
-    faults: list[dict[str, object]] = dataclasses.field(default_factory=list)  # see fault()
+    faults: list[Fault] = dataclasses.field(default_factory=list)
     counter_bound_j: float | None = None  # the bound taking the counter's word where it and power disagreed
 
 
-def fault(kind: str, from_s: float, to_s: float, detail: str, error: str | None = None) -> dict[str, object]:
-    """One fault found in a domain's data for a window; times in seconds from the window's start.
-
-    kind: gap (no data), counter_fault (a step no permitted power can make), counter_power_disagree,
-    counter_backward (reset, unknown wrap or backward jump), out_of_order (readings re-ordered by time).
-    """
-    return {"kind": kind, "from_s": round(from_s, 6), "to_s": round(to_s, 6), "error": error, "detail": detail}
+def fault(kind: str, from_s: float, to_s: float, detail: str, error: str | None = None) -> Fault:
+    """One fault found in a domain's data for a window, its times (s from the window's start) to the µs."""
+    return Fault(kind=kind, from_s=round(from_s, 6), to_s=round(to_s, 6), error=error, detail=detail)
 
 
 @dataclasses.dataclass
@@ -174,7 +171,7 @@ def _edge_value(knots: Knots, curve: PowerCurve | None, env: Envelope, t: float,
     s_total, covered = curve.integral(ta, tb) if curve else (0.0, 0.0)
     shaped = bool(curve) and s_total > 0 and covered >= 0.9 * (tb - ta)
     linear = (t - ta) / (tb - ta) if tb > ta else 1.0
-    f = curve.integral(ta, t)[0] / s_total if shaped else linear  # type: ignore[union-attr]
+    f = curve.integral(ta, t)[0] / s_total if curve is not None and shaped else linear
     estimate = f * d
     least, most = _counter_range(env, t, knots, j)
     if least > most:  # the power samples contradict this step: fall back on the device envelope alone
@@ -304,9 +301,10 @@ def counter_window(segments: Sequence[Knots], curve: PowerCurve | None, t0: floa
 def _result(tally: _Tally, duration: float, method: str) -> DomainEnergy:
     coverage = min(1.0, tally.covered / duration) if duration > 0 else 0.0
     if tally.covered == 0:
-        return DomainEnergy(None, None, 0.0, None, reason="no counter or power data inside the window")
-    return DomainEnergy(tally.energy, method, coverage, tally.bound, covered_s=tally.covered / 1e9,
-                        gap_bound_j=tally.gap_bound, counter_bound_j=tally.counter_bound)
+        return DomainEnergy(energy_j=None, method=None, coverage=0.0, error_bound_j=None,
+                            reason="no counter or power data inside the window")
+    return DomainEnergy(energy_j=tally.energy, method=method, coverage=coverage, error_bound_j=tally.bound,
+                        covered_s=tally.covered / 1e9, gap_bound_j=tally.gap_bound, counter_bound_j=tally.counter_bound)
 
 
 def power_window(curve: PowerCurve, t0: float, t1: float, p_max: float) -> DomainEnergy:
@@ -356,9 +354,10 @@ def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None)
 
 
 def _describe_issues(issues: Sequence[CounterIssue], sensor_id: str, p_env: float, t0: float, t1: float
-                     ) -> tuple[list[str], list[dict[str, object]]]:
+                     ) -> tuple[list[str], list[Fault]]:
     """A warning and a fault entry for every counter issue that touches the window."""
-    warnings, faults = [], []
+    warnings: list[str] = []
+    faults: list[Fault] = []
     for k in issues:
         if k.t1_ns < t0 or k.t0_ns > t1:
             continue
@@ -383,15 +382,16 @@ def _describe_issues(issues: Sequence[CounterIssue], sensor_id: str, p_env: floa
 
 
 def _describe_gaps(counter: SensorSeries | None, power: SensorSeries | None, curve: PowerCurve | None,
-                   segments: Sequence[Knots], t0: float, t1: float) -> list[dict[str, object]]:
+                   segments: Sequence[Knots], t0: float, t1: float) -> list[Fault]:
     """The stretches of the window with neither counter knots nor held power samples, with the read errors there."""
     covered = sorted((max(t0, k.tau_ns[0]), min(t1, k.tau_ns[-1])) for k in segments if len(k.tau_ns) > 1)
-    holes, cursor = [], t0
+    holes: list[tuple[float, float]] = []
+    cursor = t0
     for a, b in [*covered, (t1, t1)]:
         if a > cursor:
             holes += curve.uncovered(cursor, a) if curve else [(cursor, a)]
         cursor = max(cursor, b)
-    faults = []
+    faults: list[Fault] = []
     reach = curve.max_hold_ns if curve else 0.0
     for a, b in holes:
         if b - a <= 0:
@@ -475,13 +475,13 @@ def domain_window_energy(
     issues: list[CounterIssue] = []
     if counter is not None:
         segments, issues = counter_segments(counter, update_s)
-    if segments:
-        resolution = counter.sensor.resolution or 0.0  # type: ignore[union-attr]
+    if counter is not None and segments:
+        resolution = counter.sensor.resolution or 0.0
         env = Envelope(curve, p_max_w, _reach(segments, t0, t1))
         segments, more = plausible_segments(segments, env, resolution, t0, t1)
         issues += more
         result = counter_window(segments, curve, t0, t1, p_max_w, issues, env, resolution)
-        text, found = _describe_issues(issues, counter.sensor.id, p_max_w, t0, t1)  # type: ignore[union-attr]
+        text, found = _describe_issues(issues, counter.sensor.id, p_max_w, t0, t1)
         warnings += text
         faults += found
     elif curve is not None:
@@ -489,9 +489,9 @@ def domain_window_energy(
     else:
         reason = "no energy counter or power readings"
         gaps = _describe_gaps(counter, power, None, [], t0, t1)
-        errors = sorted({str(g["error"]) for g in gaps if g["error"]})
-        return DomainEnergy(None, None, 0.0, None, warnings, reason + (f" ({', '.join(errors)})" if errors else ""),
-                            faults=faults + gaps)
+        errors = sorted({g.error for g in gaps if g.error})
+        return DomainEnergy(energy_j=None, method=None, coverage=0.0, error_bound_j=None, warnings=warnings,
+                            reason=reason + (f" ({', '.join(errors)})" if errors else ""), faults=faults + gaps)
     result.warnings = warnings + result.warnings
     failed = failed_reads_warning([x for x in (counter, power) if x is not None], t0_ns, t1_ns)
     if failed:
@@ -500,7 +500,7 @@ def domain_window_energy(
     result.faults = faults + gaps
     if result.energy_j is not None and result.coverage < 0.999:
         result.warnings.append(f"data cover {result.coverage:.1%} of the window; the rest is charged to the bound at "
-                               f"{p_max_w:.4g} W: " + "; ".join(str(g["detail"]) for g in gaps))
+                               f"{p_max_w:.4g} W: " + "; ".join(g.detail for g in gaps))
     sensor_period = update_s or (power.sensor.est_update_s if power is not None else None)
     alias = aliasing_warning((t1 - t0) / 1e9, steps, sensor_period)
     if alias and result.energy_j is not None and result.error_bound_j is not None:
@@ -509,13 +509,15 @@ def domain_window_energy(
         counter_bound = result.counter_bound_j if result.counter_bound_j is not None else result.error_bound_j
         result.error_bound_j = max(counter_bound, ALIASING_RELATIVE_BOUND * abs(result.energy_j))
     if result.energy_j is not None and not math.isfinite(result.energy_j):
-        return DomainEnergy(None, None, 0.0, None, result.warnings, reason="non-finite energy", faults=result.faults)
+        return DomainEnergy(energy_j=None, method=None, coverage=0.0, error_bound_j=None, warnings=result.warnings,
+                            reason="non-finite energy", faults=result.faults)
     return result
 
 
-def _ordering_notes(series: Sequence[SensorSeries]) -> tuple[list[str], list[dict[str, object]]]:
+def _ordering_notes(series: Sequence[SensorSeries]) -> tuple[list[str], list[Fault]]:
     """Say so when readings arrived out of time order or twice (they were ordered and deduplicated)."""
-    warnings, faults = [], []
+    warnings: list[str] = []
+    faults: list[Fault] = []
     for s in series:
         if s.reordered or s.duplicates:
             text = (f"{s.sensor.id}: {s.reordered} readings arrived out of time order and {s.duplicates} were "

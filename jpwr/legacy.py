@@ -52,7 +52,7 @@ def write_dataframes(trace: TraceData, out_dir: Path, filetype: str) -> list[Pat
     columns = {_device_label(trace, d): _power_column(ser, times) for d, ser in series.items()}
     t_last = max(times) if times else 0
     energy = window_energy(trace, WindowSpan("run", t_first, t_last, 0, {}), 0.1, trace.info.get("node", "node"))
-    energy_rows = [(_device_label(trace, d["domain"]), None if d["energy_j"] is None else d["energy_j"] / 3600.0)
+    energy_rows = [(_device_label(trace, d.domain), None if d.energy_j is None else d.energy_j / 3600.0)
                    for d in energy.per_device + energy.other_domains]
     if filetype == "h5":
         import h5py

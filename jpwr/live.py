@@ -47,13 +47,11 @@ class NodeLive:
 
     @property
     def power_w(self) -> float | None:
-        values = [d.power_w for d in self.devices]
-        return None if not values or None in values else sum(values)  # type: ignore[arg-type]
+        return _sum_of_all([d.power_w for d in self.devices])
 
     @property
     def peak_power_w(self) -> float | None:
-        values = [d.power_max_w for d in self.devices]
-        return None if not values or None in values else sum(values)  # type: ignore[arg-type]
+        return _sum_of_all([d.power_max_w for d in self.devices])
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "span_s": self.span_s, "reason": self.reason,
@@ -65,28 +63,36 @@ class NodeLive:
                    tuple(DeviceLive(**d) for d in data.get("devices", ())), data.get("reason"))
 
 
-def _recent(readings: Sequence[Reading], since_ns: int) -> list[Reading]:
-    """Valid readings at or after since_ns (scanned from the end: the lists only grow)."""
+def _sum_of_all(values: Sequence[float | None]) -> float | None:
+    """The sum over every device, None when there are none or any one is unknown (a partial sum would mislead)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if values and len(known) == len(values) else None
+
+
+def _recent(readings: Sequence[Reading], since_ns: int) -> list[tuple[int, float]]:
+    """(time, value) of the valid readings at or after since_ns (scanned from the end: the lists only grow)."""
     out = []
     for r in reversed(readings):
         if r.t_ns < since_ns:
             break
         if r.status is Status.OK and r.value is not None:
-            out.append(r)
+            out.append((r.t_ns, float(r.value)))
     return out[::-1]
 
 
-def _power(sensor: Sensor | None, readings: list[Reading]) -> tuple[float | None, float | None, float | None, float]:
+def _power(sensor: Sensor | None, readings: list[tuple[int, float]]
+           ) -> tuple[float | None, float | None, float | None, float]:
     """(mean, min, max, covered s) of power samples, or of the counter's slope when there is no power signal."""
     if sensor is None or not readings:
         return None, None, None, 0.0
-    covered = (readings[-1].t_ns - readings[0].t_ns) / 1e9
+    (t_first, first), (t_last, last) = readings[0], readings[-1]
+    covered = (t_last - t_first) / 1e9
     if sensor.signal is Signal.ENERGY_COUNTER:
         if covered <= 0:
             return None, None, None, 0.0
-        slope = (float(readings[-1].value) - float(readings[0].value)) / covered  # type: ignore[arg-type]
+        slope = (last - first) / covered
         return slope, slope, slope, covered
-    values = [float(r.value) for r in readings]  # type: ignore[arg-type]
+    values = [value for _, value in readings]
     return sum(values) / len(values), min(values), max(values), covered
 
 

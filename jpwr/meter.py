@@ -12,6 +12,7 @@ window (`meter.phases`, see jpwr.phases) go to the sampler in one batch when the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 from jpwr.channel import Channel, Mark, channel_from_env
 from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.energy import IdleBaseline, Window, WindowEnergy, combine_energies, split_energy
-from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, wait_until_settled
+from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, SettleResult, wait_until_settled
 from jpwr.live import NodeLive
 from jpwr.node import node_name
 from jpwr.phases import PhaseRecorder, Stamps
@@ -48,6 +49,12 @@ class Ranks(Protocol):
     def is_node_leader(self) -> bool: ...
 
 
+class Stoppable(Protocol):
+    """A sampler this meter started in-process (jpwr.sampler.Sampler), stopped when the meter closes."""
+
+    def stop(self) -> object: ...
+
+
 class WindowMeter:
     """Marks window edges for one rank and collects the node's window energies at the end."""
 
@@ -57,7 +64,7 @@ class WindowMeter:
         channel: Channel | None,
         sync: Callable[[], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        owned_sampler: object | None = None,
+        owned_sampler: Stoppable | None = None,
         phase_stamps: Stamps | None = None,
     ) -> None:
         self.launch = launch
@@ -181,16 +188,14 @@ class WindowMeter:
         if self.launch.is_node_leader:
             result = wait_until_settled(lambda span: self.live(span) or NodeLive("", span, ()), plan.settle,
                                         self.clock)
-            settle = {"settled": result.settled, "waited_s": result.waited_s, "note": f"{node_name()}: {result.note}"}
-        settles = [s for s in self._everyone(settle, gather) if s]
+            settle = dataclasses.asdict(dataclasses.replace(result, note=f"{node_name()}: {result.note}"))
+        # Gathered as dicts: a gather may travel as JSON (TensorFlow's does).
+        settles = [SettleResult(**s) for s in self._everyone(settle, gather) if isinstance(s, dict)]
         self.begin("idle", 0)
         self.clock.sleep_until_ns(self.clock.monotonic_ns() + int(plan.seconds * 1e9))
         window = self.end("idle", 0, reason=f"idle baseline: {plan.seconds:g} s with no work queued")
-        mine = {name: energy.to_dict() for name, energy in self.node_energy(["idle"]).items()}
-        nodes = [{k: WindowEnergy.from_dict(v) for k, v in node.items()}  # type: ignore[attr-defined]
-                 for node in self._everyone(mine, gather) if node]
-        window.energy = combine_energies(nodes).get("idle")
-        self.idle = _baseline(window, settles)  # type: ignore[arg-type]
+        window.energy = combine_energies(self._every_node_energy(["idle"], gather)).get("idle")
+        self.idle = _baseline(window, settles)
         return self.idle
 
     @property
@@ -221,17 +226,22 @@ class WindowMeter:
         """Put the run's energy on this rank's windows: node leaders ask their sampler, `gather` (a
         collective returning every rank's object, e.g. torch's all_gather_object) brings the nodes
         together, and the sum over nodes is attached. Call on every rank (collective)."""
-        mine = {name: energy.to_dict() for name, energy in self.node_energy().items()}
-        everyone = gather(mine) if gather is not None and self.launch.world_size > 1 else [mine]
-        per_node = [{k: WindowEnergy.from_dict(v) for k, v in node.items()} for node in everyone if node]
-        combined = combine_energies(per_node)  # type: ignore[arg-type]
+        combined = combine_energies(self._every_node_energy(None, gather))
         for window in self._windows:
             window.energy = combined.get(window.name)
             window.split = split_energy(window.energy, window.duration_s, self.idle)
 
+    def _every_node_energy(self, names: Sequence[str] | None,
+                           gather: Callable[[object], Sequence[object]] | None) -> list[dict[str, WindowEnergy]]:
+        """Each node leader's window energies, on every rank (collective). They are gathered as dicts: a
+        gather may travel as JSON (TensorFlow's does)."""
+        mine = {name: energy.to_dict() for name, energy in self.node_energy(names).items()}
+        return [{name: WindowEnergy.from_dict(energy) for name, energy in node.items()}
+                for node in self._everyone(mine, gather) if isinstance(node, dict) and node]
+
     def close(self) -> None:
         if self._owned_sampler is not None:
-            self._owned_sampler.stop()  # type: ignore[attr-defined]
+            self._owned_sampler.stop()
             self._owned_sampler = None
         if self.channel is not None:
             self.channel.close()
@@ -244,15 +254,16 @@ class WindowMeter:
         self.close()
 
 
-def _baseline(window: Window, settles: Sequence[Mapping[str, object]]) -> IdleBaseline:
+def _baseline(window: Window, settles: Sequence[SettleResult]) -> IdleBaseline:
     """Idle power from the idle window's energy, with the settling outcome of every node."""
-    settled = all(bool(s["settled"]) for s in settles) if settles else None
-    waited = max((float(s["waited_s"]) for s in settles), default=None)  # type: ignore[arg-type]
-    note = "; ".join(str(s["note"]) for s in settles) or None
     energy = window.energy
+    baseline = IdleBaseline(
+        power_w=None, error_bound_w=None, devices=energy.devices if energy else 0, duration_s=window.duration_s,
+        settled=all(s.settled for s in settles) if settles else None,
+        settle_wait_s=max((s.waited_s for s in settles), default=None),
+        settle_note="; ".join(s.note for s in settles) or None, nodes=energy.nodes if energy else [])
     if energy is None or energy.energy_j is None or window.duration_s <= 0:
         reason = energy.unavailable_reason if energy else "no energy for the idle window"
-        return IdleBaseline(None, None, energy.devices if energy else 0, window.duration_s, None, settled, waited,
-                            note, f"idle window energy unavailable: {reason}", energy.nodes if energy else [])
-    return IdleBaseline(energy.energy_j / window.duration_s, (energy.error_bound_j or 0.0) / window.duration_s,
-                        energy.devices, window.duration_s, energy.method, settled, waited, note, None, energy.nodes)
+        return dataclasses.replace(baseline, unavailable_reason=f"idle window energy unavailable: {reason}")
+    return dataclasses.replace(baseline, power_w=energy.energy_j / window.duration_s,
+                               error_bound_w=(energy.error_bound_j or 0.0) / window.duration_s, method=energy.method)

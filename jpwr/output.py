@@ -1,7 +1,7 @@
 """Writing results safely and legibly: atomic JSON, UTC timestamps, numbers with "n/a" for missing.
 
 Readers (JUBE patterns, reports, a second process) must never see a half-written file, and a
-missing value must never print as 0.
+missing value must never print as 0. Reading a result back takes the fields its type knows.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,13 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `data` that are fields of dataclass `cls`: files written by other versions load (a key
+    added later is dropped here, one missing takes the field's default)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
 
 
 def fmt(value: float | None, digits: int = 4) -> str:

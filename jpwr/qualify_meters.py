@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from jpwr.channel import Mark
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import MethodUnavailableError, ValidationError
+from jpwr.summary import NodeSummary
 
 POLL_PREFIX = "nvml-power-poll"
 SPEC_FORMS = "a jpwr method (nvml, amdsmi, auto, ...), nvml-power-poll[:100ms] or csv:PATH"
@@ -62,7 +63,7 @@ class JpwrMeter:
         self.spec = spec
         backends, discoveries = open_backends(parse_methods(spec), SYSTEM_CLOCK)
         self.sampler = Sampler(backends, discoveries, out_dir / "jpwr", run_id="qualify")
-        self._summary: dict[str, Any] = {}
+        self._summary: NodeSummary | None = None
 
     def start(self) -> None:
         self.sampler.start()
@@ -75,11 +76,10 @@ class JpwrMeter:
 
     def energy(self, name: str, t0_wall_s: float, t1_wall_s: float, t0_mono_ns: int | None,
                t1_mono_ns: int | None) -> tuple[float | None, str | None]:
-        window = self._summary.get("windows", {}).get(name)
+        window = self._summary.windows.get(name) if self._summary else None
         if window is None:
             return None, f"{self.spec}: window {name} was not metered"
-        energy = window["energy"]
-        return energy["energy_j"], energy["unavailable_reason"]
+        return window.energy.energy_j, window.energy.unavailable_reason
 
 
 class PollMeter:

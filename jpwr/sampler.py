@@ -31,13 +31,13 @@ from jpwr.live import NodeLive, node_live
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.phases import PhaseBatch, phase_summary
+from jpwr.summary import SUMMARY_FILE, NodeSummary, NodeWindow
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
 CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
 COST_PROBE_READS = 5
-SUMMARY_FILE = "summary.json"
 
 
 def open_backends(
@@ -314,14 +314,14 @@ class Sampler:
         }
 
     # --- stop -------------------------------------------------------------------------------
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> NodeSummary:
         """Stop polling, flush, assemble the HDF5 trace and write the node summary. Idempotent.
 
         Backends are closed even when a write fails (a full disk): the caller still has the
         measurement in memory (`in_memory_summary`) and can print it.
         """
         if self._stopped:
-            return json.loads((self.node_dir / SUMMARY_FILE).read_text())
+            return NodeSummary.from_dict(json.loads((self.node_dir / SUMMARY_FILE).read_text()))
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -337,14 +337,14 @@ class Sampler:
             if self._writer.error is not None:
                 # The file system refused a write already; libhdf5 does not survive a failing write (it can
                 # crash the process), so the summary alone is attempted and the segments hold what was written.
-                summary["trace_error"] = f"segments stopped: {os_error_message(self._writer.error)}"
+                summary.trace_error = f"segments stopped: {os_error_message(self._writer.error)}"
             else:
                 try:
                     write_hdf5(self.node_dir / TRACE_FILE, self.trace())
-                    summary["trace_file"] = TRACE_FILE
+                    summary.trace_file = TRACE_FILE
                 except Exception as exc:  # the segments stay readable; never lose the summary over HDF5
-                    summary["trace_error"] = repr(exc)
-            write_json_atomic(self.node_dir / SUMMARY_FILE, summary)
+                    summary.trace_error = repr(exc)
+            write_json_atomic(self.node_dir / SUMMARY_FILE, summary.to_dict())
         finally:
             for backend in self.backends:
                 with contextlib.suppress(Exception):
@@ -353,14 +353,14 @@ class Sampler:
             self._claim.close()  # the directory now holds a finished trace, which keeps later runs out
         return summary
 
-    def in_memory_summary(self) -> dict[str, Any]:
+    def in_memory_summary(self) -> NodeSummary:
         """The node summary from what this process holds, written nowhere (trace_file still unset)."""
         return summarize_trace(self.trace(), self.interval_s, missed_ticks=self.missed_ticks)
 
 
-def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | None = None) -> dict[str, Any]:
-    """A node summary (jpwr.summary/1) from a node's trace: the sampler's at its stop, combine's for a
-    node whose sampler was killed before writing one (from its segments)."""
+def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | None = None) -> NodeSummary:
+    """A node summary from a node's trace: the sampler's at its stop, combine's for a node whose sampler was
+    killed before writing one (from its segments)."""
     info = trace.info
     node = str(info.get("node"))
     unavailable = list(info.get("unavailable", []))
@@ -368,15 +368,12 @@ def summarize_trace(trace: TraceData, interval_s: float, missed_ticks: int | Non
     for name, span in spans_from_marks(trace.marks).items():
         energy = window_energy(trace, span, interval_s, node, unavailable, info.get("empty_selection"),
                                float(info.get("min_coverage", DEFAULT_MIN_COVERAGE)))
-        windows[name] = {"t0_ns": span.t0_ns, "t1_ns": span.t1_ns, "duration_s": (span.t1_ns - span.t0_ns) / 1e9,
-                         "steps": span.steps, "work": span.work, "energy": energy.to_dict(),
-                         "phases": phase_summary([b for b in trace.phases if b.window == name])}
-    return {
-        "schema": "jpwr.summary/1", "kind": "node", "run_id": info.get("run_id"), "node": node,
-        "finished_at": utc_now(), "info": info, "missed_ticks": missed_ticks,
-        "domains": [d.to_dict() for d in trace.domains], "sensors": [s.to_dict() for s in trace.sensors],
-        "trace_file": None, "trace_error": None, "windows": windows,
-    }
+        windows[name] = NodeWindow(t0_ns=span.t0_ns, t1_ns=span.t1_ns, duration_s=(span.t1_ns - span.t0_ns) / 1e9,
+                                   steps=span.steps, work=span.work, energy=energy,
+                                   phases=phase_summary([b for b in trace.phases if b.window == name]))
+    return NodeSummary(
+        run_id=info.get("run_id"), node=node, finished_at=utc_now(), info=info, missed_ticks=missed_ticks,
+        domains=[d.to_dict() for d in trace.domains], sensors=[s.to_dict() for s in trace.sensors], windows=windows)
 
 
 def _with_cost(sensor: Sensor, cost: float) -> Sensor:

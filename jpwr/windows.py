@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from jpwr.channel import Mark
+from jpwr.device_energy import DeviceEnergy
 from jpwr.domains import Domain, Signal
 from jpwr.energy import WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
@@ -76,33 +77,31 @@ def _p_max(domain: Domain, power: SensorSeries | None) -> float:
 
 
 def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float, node: str,
-                 min_coverage: float = DEFAULT_MIN_COVERAGE) -> dict[str, object]:
-    """One device's figures for a window. Below `min_coverage` its energy is withheld (None): the covered part
-    is reported as partial, and its mean power is over the seconds it was measured, never over the window."""
+                 min_coverage: float = DEFAULT_MIN_COVERAGE) -> DeviceEnergy:
+    """One device's figures for a window, its faults named by device and node. Below `min_coverage` its energy
+    is withheld (None): the covered part is reported as partial, over the seconds it was measured."""
     trusted = bool(result.energy_j is not None and result.coverage >= min_coverage)
     partial = None if trusted else result.energy_j
     energy = result.energy_j if trusted else None
-    return {
-        "domain": domain.id, "node": node, "kind": domain.kind.value, "name": domain.name, "uuid": domain.device_uuid,
-        "pci_bus_id": domain.pci_bus_id, "index": domain.index, "energy_j": energy,
-        "mean_power_w": None if energy is None or duration_s <= 0 else energy / duration_s,
-        "method": result.method, "coverage": result.coverage,
-        "error_bound_j": result.error_bound_j if trusted else None,
-        "warnings": result.warnings, "unavailable_reason": result.reason, "shared_with": list(domain.shared_with),
-        "trusted": trusted, "covered_s": result.covered_s, "faults": result.faults,
-        "partial_energy_j": partial,
-        "partial_error_bound_j": None if partial is None else max(0.0, float(result.error_bound_j or 0.0)
-                                                                  - result.gap_bound_j),
-        "partial_mean_power_w": None if partial is None or result.covered_s <= 0 else partial / result.covered_s,
-    }
+    return DeviceEnergy(
+        domain=domain.id, node=node, kind=domain.kind.value, name=domain.name, uuid=domain.device_uuid,
+        pci_bus_id=domain.pci_bus_id, index=domain.index, energy_j=energy,
+        mean_power_w=None if energy is None or duration_s <= 0 else energy / duration_s,
+        method=result.method, coverage=result.coverage,
+        error_bound_j=result.error_bound_j if trusted else None,
+        warnings=result.warnings, unavailable_reason=result.reason, shared_with=list(domain.shared_with),
+        trusted=trusted, covered_s=result.covered_s,
+        faults=[dataclasses.replace(f, device=domain.id, node=node) for f in result.faults],
+        partial_energy_j=partial,
+        partial_error_bound_j=None if partial is None else max(0.0, (result.error_bound_j or 0.0) - result.gap_bound_j),
+        partial_mean_power_w=None if partial is None or result.covered_s <= 0 else partial / result.covered_s,
+    )
 
 
-def _untrusted_reason(device: dict[str, object], min_coverage: float) -> str:
+def _untrusted_reason(device: DeviceEnergy, min_coverage: float) -> str:
     """One device's line for the window's untrusted_reason: device, when, and the error the sensors gave."""
-    gaps = [f for f in device["faults"] if f["kind"] == "gap"]  # type: ignore[attr-defined]
-    where = "; ".join(str(g["detail"]) for g in gaps) or str(device["unavailable_reason"] or "no data")
-    coverage = float(device["coverage"])  # type: ignore[arg-type]
-    return f"{device['domain']}: coverage {coverage:.1%} < {min_coverage * 100:g}% ({where})"
+    where = "; ".join(f.detail for f in device.faults if f.kind == "gap") or device.unavailable_reason or "no data"
+    return f"{device.domain}: coverage {device.coverage:.1%} < {min_coverage * 100:g}% ({where})"
 
 
 def window_energy(
@@ -120,7 +119,8 @@ def window_energy(
     """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
     accel = accelerator_domains(trace.domains)
-    per_device, others = [], []
+    per_device: list[DeviceEnergy] = []
+    others: list[DeviceEnergy] = []
     for domain in trace.domains:
         counter, power = _pick(trace, domain)
         result = domain_window_energy(counter, power, span.t0_ns, span.t1_ns, interval_s,
@@ -134,19 +134,21 @@ def window_energy(
     if not accel:
         reasons = "; ".join(unavailable) or "no backend found a device"
         return WindowEnergy.unavailable(f"no accelerator sensors on node {node}: {reasons}")
-    faults = [{"device": d["domain"], "node": node, **f} for d in per_device for f in d["faults"]]  # type: ignore[attr-defined]
-    warnings = sorted({f"{d['domain']}: {w}" for d in per_device for w in d["warnings"]})  # type: ignore[attr-defined]
-    methods = sorted({str(d["method"]) for d in per_device if d["method"]})
-    coverage = sum(float(d["coverage"]) for d in per_device) / len(per_device)  # type: ignore[arg-type]
-    shared = [d["domain"] for d in per_device if d["shared_with"]]
+    faults = [f for d in per_device for f in d.faults]
+    warnings = sorted({f"{d.domain}: {w}" for d in per_device for w in d.warnings})
+    methods = sorted({d.method for d in per_device if d.method})
+    coverage = sum(d.coverage for d in per_device) / len(per_device)
+    shared = [d.domain for d in per_device if d.shared_with]
     if shared:
         warnings.append(f"sensor shared with devices outside this job (energy covers them too): {', '.join(shared)}")
-    untrusted = [d for d in per_device if d["energy_j"] is None]
+    energies = [d.energy_j for d in per_device if d.energy_j is not None]
+    untrusted = [d for d in per_device if d.energy_j is None]
     if untrusted:
         reason = "; ".join(_untrusted_reason(d, min_coverage) for d in untrusted)
-        measured = [d for d in per_device if d["covered_s"]]
+        measured = [d for d in per_device if d.covered_s]
         return WindowEnergy(
-            None, None, len(per_device), ",".join(methods) or None, coverage, None,
+            energy_j=None, mean_power_w=None, devices=len(per_device), method=",".join(methods) or None,
+            coverage=coverage, error_bound_j=None,
             unavailable_reason=f"untrusted: {reason}", warnings=warnings, per_device=per_device,
             other_domains=others, nodes=[node], trusted=False, untrusted_reason=reason, faults=faults,
             coverage_threshold=min_coverage,
@@ -154,14 +156,14 @@ def window_energy(
             partial_error_bound_j=_sum(measured, "error_bound_j", "partial_error_bound_j"),
             partial_mean_power_w=_sum(measured, "mean_power_w", "partial_mean_power_w"),
         )
-    total = sum(float(d["energy_j"]) for d in per_device)  # type: ignore[arg-type]
+    total = sum(energies)
     return WindowEnergy(
         energy_j=total,
         mean_power_w=total / duration_s if duration_s > 0 else None,
         devices=len(per_device),
         method=",".join(methods),
         coverage=coverage,
-        error_bound_j=sum(float(d["error_bound_j"] or 0.0) for d in per_device),  # type: ignore[arg-type]
+        error_bound_j=sum(d.error_bound_j or 0.0 for d in per_device),
         warnings=warnings,
         per_device=per_device,
         other_domains=others,
@@ -171,9 +173,9 @@ def window_energy(
     )
 
 
-def _sum(devices: list[dict[str, object]], whole: str, partial: str) -> float | None:
+def _sum(devices: list[DeviceEnergy], whole: str, partial: str) -> float | None:
     """Sum a figure over devices, taking each device's whole figure where it is trusted and its partial one
     where it is not; None when no device has it."""
-    values = [d[whole] if d["trusted"] else d[partial] for d in devices]
-    present = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
+    values = [getattr(d, whole if d.trusted else partial) for d in devices]
+    present = [float(v) for v in values if v is not None]
     return sum(present) if present else None

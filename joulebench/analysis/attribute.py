@@ -309,7 +309,7 @@ def kernel_fit(profile: Path, run_dir: Path, draws: int, rng: np.random.Generato
         raise ValidationError(f"--profile {profile}: local rank {local_rank} but {len(devices)} metered device(s)",
                               "profile on a node whose sampler meters the profiled GPU")
     device = devices[local_rank]
-    device_energy = next((d for d in energy.per_device if d["domain"] == device.id), {})
+    own = next((d for d in energy.per_device if d.domain == device.id), None)
     segments = window_segments(counter_knots(trace, device), span.t0_ns, span.t1_ns)
     base = {"source": str(profile), "window": window, "profiled_steps": data.get("steps"),
             "note": "a separate profiled run of the same configuration (the profiler adds its own overhead)"}
@@ -319,8 +319,9 @@ def kernel_fit(profile: Path, run_dir: Path, draws: int, rng: np.random.Generato
     fit = DeviceFit(f"{trace.info.get('node')}/{device.id}",
                     fit_labels(timeline, segments, span.t0_ns, span.t1_ns, draws, rng, NO_KERNEL),
                     held_out_folds(timeline, segments, draws, rng))
-    own_energy = WindowEnergy(device_energy.get("energy_j"), None, 1, device_energy.get("method"), None,
-                              device_energy.get("error_bound_j"))
+    own_energy = None if own is None else WindowEnergy(energy_j=own.energy_j, mean_power_w=None, devices=1,
+                                                       method=own.method, coverage=None,
+                                                       error_bound_j=own.error_bound_j)
     return {**base, **combine([fit], own_energy, int(data.get("steps") or 0), "kernel class")}
 
 

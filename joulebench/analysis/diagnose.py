@@ -73,10 +73,15 @@ class UnitCost:
     reason: str | None = None  # why the figures above are missing
 
     @property
-    def energy_per_unit_j(self) -> float | None:
+    def figures(self) -> tuple[float, float] | None:
+        """(time per unit, mean power), or None when either is missing."""
         if self.time_per_unit_s is None or self.mean_power_w is None:
             return None
-        return self.time_per_unit_s * self.mean_power_w
+        return self.time_per_unit_s, self.mean_power_w
+
+    @property
+    def energy_per_unit_j(self) -> float | None:
+        return None if self.figures is None else self.figures[0] * self.figures[1]
 
 
 def work_unit(record: RunRecord) -> str:
@@ -206,12 +211,11 @@ def diagnose(a: UnitCost, b: UnitCost, latents_a: Mapping[str, float] | None = N
         sentences = [f"{a.label} counts {a.work_unit} and {b.label} counts {b.work_unit}: "
                      "energy per unit cannot be compared"]
         return Diagnosis(a, b, None, la, lb, sentences)
-    missing = [c for c in (a, b) if c.energy_per_unit_j is None]
-    if missing:
-        sentences = [f"{c.label}: energy per {c.work_unit[:-1]} n/a ({c.reason})" for c in missing]
+    figures_a, figures_b = a.figures, b.figures
+    if figures_a is None or figures_b is None:
+        sentences = [f"{c.label}: energy per {c.work_unit[:-1]} n/a ({c.reason})" for c in (a, b) if c.figures is None]
         return Diagnosis(a, b, None, la, lb, sentences + _latent_sentences(la, lb, a, b))
-    d = decompose(float(a.time_per_unit_s), float(a.mean_power_w),  # type: ignore[arg-type]
-                  float(b.time_per_unit_s), float(b.mean_power_w))  # type: ignore[arg-type]
+    d = decompose(*figures_a, *figures_b)
     unit = a.work_unit[:-1]  # "token", "image"
     scale, unit_e = _energy_scale(max(abs(d.e1), abs(d.e2)))
     relation = "more" if d.delta_e > 0 else "less"

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from jpwr.domains import Domain, Signal
 from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt
-from jpwr.sampler import SUMMARY_FILE
+from jpwr.summary import SUMMARY_FILE, NodeSummary
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, TraceData, load_trace, read_hdf5
 from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
 
@@ -44,7 +44,7 @@ class NodeTrace:
 
     name: str
     trace: TraceData
-    summary: dict[str, Any] | None
+    summary: NodeSummary | None
     wall_offset_ns: int  # wall = monotonic + offset; 0 when the sampler recorded no clock pair
 
 
@@ -80,7 +80,8 @@ def load_trace_data(source: Path) -> TraceData:
 def load_node(source: Path) -> NodeTrace:
     trace = load_trace_data(source)
     summary_path = source / SUMMARY_FILE if source.is_dir() else None
-    summary = json.loads(summary_path.read_text()) if summary_path and summary_path.is_file() else None
+    summary = (NodeSummary.from_dict(json.loads(summary_path.read_text()))
+               if summary_path and summary_path.is_file() else None)
     pairs = trace.info.get("clock_pairs_wall_mono_ns") or []
     offset = int(pairs[0][0]) - int(pairs[0][1]) if pairs else 0
     name = str(trace.info.get("node") or source.stem)
@@ -101,7 +102,7 @@ def load_nodes(path: Path) -> list[NodeTrace]:
 def node_window_energies(node: NodeTrace) -> dict[str, WindowEnergy]:
     """The sampler's window energies, else the estimator run offline on the saved trace (same code)."""
     if node.summary is not None:
-        return {name: WindowEnergy.from_dict(w["energy"]) for name, w in node.summary.get("windows", {}).items()}
+        return {name: w.energy for name, w in node.summary.windows.items()}
     interval = float(node.trace.info.get("interval_s") or 0.1)
     empty = node.trace.info.get("empty_selection")
     return {name: window_energy(node.trace, span, interval, node.name, empty_selection=empty)

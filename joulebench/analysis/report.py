@@ -375,11 +375,12 @@ def compare_runs(a: Run, b: Run) -> Diagnosis:
 
 def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:
     """The cheapest and the dearest run per unit (among runs with energy): the spread worth explaining."""
-    measured = [r for r in runs if r.usable and r.record.status != "PARTIAL" and r.cost.energy_per_unit_j is not None]
+    measured = [(cost, r) for r in runs
+                if r.usable and r.record.status != "PARTIAL" and (cost := r.cost.energy_per_unit_j) is not None]
     if len(measured) < 2:
         return None
-    ordered = sorted(measured, key=lambda r: r.cost.energy_per_unit_j)  # type: ignore[arg-type,return-value]
-    return ordered[0], ordered[-1]
+    ordered = sorted(measured, key=lambda pair: pair[0])
+    return ordered[0][1], ordered[-1][1]
 
 
 # ---- HTML ------------------------------------------------------------------------------------------------

@@ -216,7 +216,8 @@ def test_inference_records_split_prefill_and_decode_with_the_drivers_rule() -> N
     from llm_inference.metrics import energy_metrics
 
     def window(name: str, seconds: float, watts: float, work: dict[str, float]) -> Window:
-        energy = WindowEnergy(watts * seconds, watts, 1, "counter+power", 1.0, 0.01 * watts * seconds)
+        energy = WindowEnergy(energy_j=watts * seconds, mean_power_w=watts, devices=1, method="counter+power",
+                              coverage=1.0, error_bound_j=0.01 * watts * seconds)
         return Window(name, 0, 1, 0, int(seconds * NS), work, energy)
 
     prefill = window("prefill", 2.0, 500.0, {"calls": 40.0, "input_tokens": 40_000.0})

@@ -86,10 +86,10 @@ def test_a_gpu_that_vanishes_mid_window_is_named_and_its_gap_is_in_the_bound(fak
     during = _window([sampler], clock, "during", *WINDOW)[0]["during"]
     after = _window([sampler], clock, "after", 10.0, 12.0)[0]["after"]
     healthy, gone = during.per_device
-    assert healthy["coverage"] == pytest.approx(1.0) and gone["coverage"] < 0.5
-    assert any("stopped answering 2.0" in w and "NVML_ERROR_GPU_IS_LOST" in w for w in gone["warnings"])
+    assert healthy.coverage == pytest.approx(1.0) and gone.coverage < 0.5
+    assert any("stopped answering 2.0" in w and "NVML_ERROR_GPU_IS_LOST" in w for w in gone.warnings)
     # below the coverage threshold the window's energy is withheld (issue 22), the device and error named
-    assert not during.trusted and during.energy_j is None and gone["domain"] in during.untrusted_reason
+    assert not during.trusted and during.energy_j is None and gone.domain in during.untrusted_reason
     assert "NVML_ERROR_GPU_IS_LOST" in during.untrusted_reason
     begin, end = (m.t_ns for m in sampler.marks if m.name == "during")
     truth = 2 * _dense_counter_energy(replay, begin, end)  # both fake GPUs replay the same trace
@@ -97,5 +97,5 @@ def test_a_gpu_that_vanishes_mid_window_is_named_and_its_gap_is_in_the_bound(fak
     sampler.min_coverage = 0.3  # allowed to count it, the gap is charged to the bound
     counted = sampler.window_energies(["during"])["during"]
     assert counted.trusted and abs(counted.energy_j - truth) <= counted.error_bound_j
-    assert after.energy_j is None and not after.trusted and gone["domain"] in after.unavailable_reason
+    assert after.energy_j is None and not after.trusted and gone.domain in after.unavailable_reason
     assert "NVML_ERROR_GPU_IS_LOST" in after.unavailable_reason

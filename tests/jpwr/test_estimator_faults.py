@@ -66,8 +66,8 @@ def test_forward_jump_is_a_fault_not_energy(fake_pynvml, h100_trace_dir, tmp_pat
     # bridged from the power samples; the bound is wide because the counter, read once a second, leaves the
     # time of its last good update open by up to a second on either side of the fault (docs/jpwr.md)
     assert energy.error_bound_j < 0.2 * 1_500
-    (fault,) = [f for f in energy.faults if f["kind"] == "counter_fault"]
-    assert fault["device"] == energy.per_device[0]["domain"] and 0.9 < fault["to_s"] < 2.1
+    (fault,) = [f for f in energy.faults if f.kind == "counter_fault"]
+    assert fault.device == energy.per_device[0].domain and 0.9 < fault.to_s < 2.1
     assert any("jumped by" in w and "a fault, not energy" in w for w in energy.warnings)
 
 
@@ -77,7 +77,7 @@ def test_counter_fifteen_times_the_power_samples_is_not_reported_as_energy(fake_
     replay, _, energy = _replay(fake_pynvml, h100_trace_dir, tmp_path, faults)
     truth = _truth(replay)
     assert abs(energy.energy_j - truth) <= energy.error_bound_j < 0.1 * 5_000
-    assert [f["kind"] for f in energy.faults] == ["counter_fault"]
+    assert [f.kind for f in energy.faults] == ["counter_fault"]
 
 
 def test_counter_and_power_disagreeing_within_the_envelope_widen_the_bound(fake_pynvml, h100_trace_dir, tmp_path):
@@ -88,7 +88,7 @@ def test_counter_and_power_disagreeing_within_the_envelope_widen_the_bound(fake_
     truth = _truth(replay)
     assert abs(energy.energy_j - truth) <= energy.error_bound_j
     assert energy.error_bound_j >= 400  # the disagreement, not the ±15 J of a healthy idle window
-    assert [f["kind"] for f in energy.faults] == ["counter_power_disagree"]
+    assert [f.kind for f in energy.faults] == ["counter_power_disagree"]
     assert any("disagree" in w for w in energy.warnings)
 
 
@@ -107,7 +107,7 @@ def test_readings_stored_out_of_order_are_ordered_before_integration(fake_pynvml
     assert energy.energy_j == pytest.approx(in_order.energy_j, rel=1e-9)
     assert abs(energy.energy_j - _truth(replay)) <= energy.error_bound_j
     assert any("arrived out of time order" in w for w in energy.warnings)
-    assert any(f["kind"] == "out_of_order" for f in energy.faults)
+    assert any(f.kind == "out_of_order" for f in energy.faults)
 
 
 def test_lost_gpu_withholds_the_window_and_names_device_time_and_error(fake_pynvml, h100_trace_dir, tmp_path):
@@ -117,16 +117,16 @@ def test_lost_gpu_withholds_the_window_and_names_device_time_and_error(fake_pynv
     assert not energy.trusted
     assert energy.energy_j is None and energy.mean_power_w is None and energy.error_bound_j is None
     lost = energy.per_device[1]
-    assert lost["domain"] in energy.untrusted_reason and "NVML_ERROR_GPU_IS_LOST" in energy.untrusted_reason
+    assert lost.domain in energy.untrusted_reason and "NVML_ERROR_GPU_IS_LOST" in energy.untrusted_reason
     assert "reads failing from 0.95" in energy.untrusted_reason  # lost at 1 s, the window began at 0.05 s
     assert energy.unavailable_reason.startswith("untrusted:")
     healthy = energy.per_device[0]
-    assert healthy["trusted"] and abs(healthy["energy_j"] - _truth(replay)) <= healthy["error_bound_j"]
+    assert healthy.trusted and abs(healthy.energy_j - _truth(replay)) <= healthy.error_bound_j
     # partial figures: what was measured, and mean power over the seconds measured, not over the window
-    assert lost["energy_j"] is None and 0.2 < lost["coverage"] < 0.5
-    assert lost["partial_mean_power_w"] == pytest.approx(lost["partial_energy_j"] / lost["covered_s"])
-    assert energy.partial_energy_j == pytest.approx(healthy["energy_j"] + lost["partial_energy_j"])
-    assert energy.partial_mean_power_w == pytest.approx(2 * healthy["mean_power_w"], rel=0.2)
+    assert lost.energy_j is None and 0.2 < lost.coverage < 0.5
+    assert lost.partial_mean_power_w == pytest.approx(lost.partial_energy_j / lost.covered_s)
+    assert energy.partial_energy_j == pytest.approx(healthy.energy_j + lost.partial_energy_j)
+    assert energy.partial_mean_power_w == pytest.approx(2 * healthy.mean_power_w, rel=0.2)
 
 
 def test_coverage_threshold_is_configurable(fake_pynvml, h100_trace_dir, tmp_path):
@@ -147,7 +147,7 @@ def test_untrusted_nodes_make_the_combined_window_untrusted(fake_pynvml, h100_tr
     total = combine_energies([{"sleep": healthy}, {"sleep": lost}])["sleep"]
     assert not total.trusted and total.energy_j is None and total.untrusted_reason.startswith("n2: ")
     assert total.partial_energy_j == pytest.approx(healthy.energy_j + lost.partial_energy_j)
-    assert {f["device"] for f in total.faults} == {lost.per_device[0]["domain"]}
+    assert {f.device for f in total.faults} == {lost.per_device[0].domain}
 
 
 def test_window_energy_dicts_round_trip_and_old_summaries_still_load(fake_pynvml, h100_trace_dir, tmp_path):

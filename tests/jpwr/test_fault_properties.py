@@ -339,11 +339,11 @@ def check_invariant(scenario: Scenario) -> None:
     else:
         assert energy.mean_power_w is None and energy.error_bound_j is None and energy.unavailable_reason
         if not energy.trusted:
-            untrusted = [d for d in energy.per_device if not d["trusted"]]
-            assert untrusted and all(d["domain"] in energy.untrusted_reason for d in untrusted)
+            untrusted = [d for d in energy.per_device if not d.trusted]
+            assert untrusted and all(d.domain in energy.untrusted_reason for d in untrusted)
             for d in untrusted:  # partial mean power is over the measured seconds, never the whole window
-                if d["partial_energy_j"] is not None:
-                    assert d["partial_mean_power_w"] == d["partial_energy_j"] / d["covered_s"]
+                if d.partial_energy_j is not None:
+                    assert d.partial_mean_power_w == d.partial_energy_j / d.covered_s
     for i, dev in enumerate(scenario.devices):
         if dev.lost_at is not None and dev.lost_at < t1 - 0.05 * (t1 - t0) - MAX_HOLD_S - UPDATE_S:
             assert not energy.trusted and f"nvml:GPU-{i}" in energy.untrusted_reason, energy

@@ -87,7 +87,8 @@ def test_without_a_sampler_the_baseline_is_unavailable_at_once(monkeypatch):
 def _energy(joules: float | None, devices: int = 1) -> WindowEnergy:
     if joules is None:
         return WindowEnergy.unavailable("sensor lost", devices)
-    return WindowEnergy(joules, joules / 10, devices, "counter+power", 1.0, 20.0)
+    return WindowEnergy(energy_j=joules, mean_power_w=joules / 10, devices=devices, method="counter+power",
+                        coverage=1.0, error_bound_j=20.0)
 
 
 def test_split_bounds_add_and_unknowns_stay_unknown():
@@ -107,6 +108,7 @@ def test_split_bounds_add_and_unknowns_stay_unknown():
 
 def test_window_keeps_its_split_and_end_reason_through_json():
     window = Window("steady", 5, 15, 0, 10 * NS, {"tokens": 1.0}, _energy(7000.0), end_reason="planned length")
-    window.split = split_energy(window.energy, window.duration_s, IdleBaseline(120.0, 1.5, 1))
+    baseline = IdleBaseline(power_w=120.0, error_bound_w=1.5, devices=1)
+    window.split = split_energy(window.energy, window.duration_s, baseline)
     again = Window.from_dict(window.to_dict())
     assert again.split == window.split and again.end_reason == "planned length"

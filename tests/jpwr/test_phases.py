@@ -111,7 +111,7 @@ def test_socket_transport_reaches_the_sampler_and_the_trace_keeps_it(tmp_path: P
     server.stop()
     channel.close()
     summary = sampler.stop()
-    rows = summary["windows"]["steady"]["phases"]
+    rows = summary.windows["steady"].phases
     assert {r["phase"]: r["intervals"] for r in rows} == {"forward": 3_500, "backward": 3_500}
     assert all(r["complete"] for r in rows)
     assert rows[0]["seconds"] == pytest.approx(3_500 * 0.007)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from joulebench.record import RunRecord, read_run_record, steady_metrics, write_run_record
+from joulebench.record import (
+    SCHEMA_VERSION,
+    RunRecord,
+    SteadyMetrics,
+    read_run_record,
+    steady_metrics,
+    write_run_record,
+)
 from jpwr.energy import Window, WindowEnergy
 
 
@@ -22,6 +29,15 @@ def test_steady_metrics_rates_energy_and_units():
     assert metrics["tokens_per_wh"] == pytest.approx(327680.0)
     assert metrics["mfu"] == pytest.approx(65536.0 * 6.0e9 / 989e12)
     assert metrics["energy_warning"] is None
+
+
+def test_typed_figures_go_into_the_record_named_after_the_work_unit():
+    typed = SteadyMetrics.from_window(_window(1), "images", devices=1)
+    data = typed.to_dict()
+    assert (data["images_per_s"], data["images_per_s_per_device"]) == (typed.work_per_s, typed.work_per_s_per_device)
+    assert data["images_per_wh"] is typed.work_per_wh is None  # the window's work is in tokens: no images counted
+    assert data["partial_images_per_wh"] is None and not {"work_per_s", "work_per_wh"} & set(data)
+    assert data == steady_metrics(_window(1), "images", devices=1)
 
 
 def test_idle_devices_in_the_energy_are_flagged():
@@ -48,7 +64,7 @@ def test_record_round_trip_and_atomic_write(tmp_path):
     assert oct(path.stat().st_mode & 0o777) != "0o600"  # readable by others in a shared directory
 
 
-def test_version_one_records_still_load_and_are_written_back_as_version_two(tmp_path):
+def test_version_one_records_still_load_and_are_written_back_as_the_current_version(tmp_path):
     """Schema 2 added statuses (PARTIAL, CANCELLED, INVALID) and `job`; a version 1 file has neither."""
     data = RunRecord(benchmark="resnet50", run_id="old", status="TIMEOUT").to_dict()
     data["schema_version"] = 1
@@ -56,9 +72,9 @@ def test_version_one_records_still_load_and_are_written_back_as_version_two(tmp_
     old = RunRecord.from_dict(data)
     assert (old.status, old.job) == ("TIMEOUT", {})
     path = write_run_record(tmp_path / "run_record.json", old)
-    assert read_run_record(path).to_dict()["schema_version"] == 2
-    with pytest.raises(ValueError, match="schema_version 3 is not supported"):
-        RunRecord.from_dict({**data, "schema_version": 3})
+    assert read_run_record(path).to_dict()["schema_version"] == SCHEMA_VERSION
+    with pytest.raises(ValueError, match=f"schema_version {SCHEMA_VERSION + 1} is not supported"):
+        RunRecord.from_dict({**data, "schema_version": SCHEMA_VERSION + 1})
 
 
 @pytest.mark.parametrize("status", ["PARTIAL", "CANCELLED", "INVALID"])

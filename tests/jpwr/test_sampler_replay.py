@@ -110,7 +110,7 @@ def test_stop_writes_summary_and_hdf5_that_reload_identically(replayed, tmp_path
     for loaded in (load_trace(node_dir), read_segments(node_dir)):
         span = spans_from_marks(loaded.marks)["steady1"]
         again = window_energy(loaded, span, 0.1, "n1")
-        assert again.energy_j == pytest.approx(summary["windows"]["steady1"]["energy"]["energy_j"], rel=1e-9)
+        assert again.energy_j == pytest.approx(summary.windows["steady1"].energy.energy_j, rel=1e-9)
     assert {m.name for m in loaded.metrics} >= {"sm_clock_hz", "utilization_gpu"}
 
 

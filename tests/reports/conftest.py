@@ -21,7 +21,7 @@ import pytest
 from joulebench.record import RunRecord, steady_metrics, write_run_record
 from jpwr.channel import Mark
 from jpwr.clock import VirtualClock
-from jpwr.energy import Window, WindowEnergy
+from jpwr.energy import Window
 from jpwr.sampler import Sampler, open_backends
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,11 +75,10 @@ def replay_run(phase: str, out_dir: Path, steps: int | None = None, run_id: str 
     finally:
         pynvml.reset()
     windows = []
-    for name, w in summary["windows"].items():
+    for name, w in summary.windows.items():
         if name in ("warmup", "steady"):
             first = 0 if name == "warmup" else 1
-            windows.append(Window(name, first, first + w["steps"], w["t0_ns"], w["t1_ns"], dict(w["work"]),
-                                  WindowEnergy.from_dict(w["energy"])))
+            windows.append(Window(name, first, first + w.steps, w.t0_ns, w.t1_ns, dict(w.work), w.energy))
     steady = next(w for w in windows if w.name == "steady")
     record = RunRecord(
         benchmark="h100_replay", run_id=run_id,

@@ -18,7 +18,7 @@ from joulebench.analysis.report import (
     table_rows,
     write_report,
 )
-from joulebench.record import RunRecord, read_run_record, steady_metrics, write_run_record
+from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics, write_run_record
 from jpwr.energy import J_PER_WH, WindowEnergy
 from jpwr.errors import ExitCode, ValidationError
 
@@ -101,17 +101,17 @@ def test_empty_directory(tmp_path, capsys):
     assert "Fix:" in capsys.readouterr().err
 
 
-def test_version_one_records_load_beside_version_two_and_newer_ones_are_refused(replayed_runs, tmp_path):
-    """The stored CPU sweep records are schema version 1; the replayed runs are written now, as version 2."""
+def test_version_one_records_load_beside_current_ones_and_newer_ones_are_refused(replayed_runs, tmp_path):
+    """The stored CPU sweep records are schema version 1; the replayed runs are written now, in the current one."""
     stored = sorted(DRIVER_SWEEP.rglob("run_record.json"))
     assert stored and {json.loads(p.read_text())["schema_version"] for p in stored} == {1}
     runs = load_runs([DRIVER_SWEEP, replayed_runs])
     assert {run.record.run_id for run in runs} >= {read_run_record(p).run_id for p in stored}
     data = json.loads((replayed_runs / "burst37" / "run_record.json").read_text())
-    assert data["schema_version"] == 2
-    data["schema_version"] = 3
+    assert data["schema_version"] == SCHEMA_VERSION
+    data["schema_version"] = SCHEMA_VERSION + 1
     (tmp_path / "run_record.json").write_text(json.dumps(data))
-    with pytest.raises(ValidationError, match="schema_version 3 is not supported"):
+    with pytest.raises(ValidationError, match=f"schema_version {SCHEMA_VERSION + 1} is not supported"):
         load_runs([replayed_runs, tmp_path])
 
 

@@ -9,8 +9,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, SEED, method_names
-from jpwr.sizing import add_window_arguments
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, SEED, method_names
+from joulebench.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS

@@ -21,8 +21,7 @@ import time
 
 import torch
 
-from jpwr.energy import Window
-from jpwr.meter import WindowMeter
+from jpwr import Window, WindowMeter
 from llm_inference.engine import Engine, Timing
 from llm_inference.tasks import Batch
 

@@ -10,8 +10,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
-from jpwr.sizing import add_window_arguments
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
+from joulebench.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
 

@@ -35,12 +35,12 @@ from megatron.core.transformer.module import Float16Module
 
 from joulebench.launch import LaunchEnv
 from joulebench.peaks import peak_flops
+from joulebench.phases import OPTIMIZER, Replay, replay_phases
 from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
 from joulebench.runcontrol import StopRequest
+from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, sized_by_time
 from joulebench.torch_device import hardware_info
-from jpwr.meter import WindowMeter
-from jpwr.phases import OPTIMIZER, DeviceEventStamps, PhaseRecorder, Replay, replay_phases
-from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
+from jpwr import DeviceEventStamps, PhaseRecorder, WindowMeter
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import CPU_ITERATIONS, TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
@@ -253,7 +253,7 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
         if completed == cfg.warmup_iterations:
             record.windows.append(meter.end("warmup", completed, {"tokens": completed * cfg.tokens_per_iteration}))
             if plan is None:
-                plan = meter.plan_steady(timer.step_s, cfg.steady_seconds, _all_gather)  # type: ignore[arg-type]
+                plan = plan_steady(meter, timer.step_s, cfg.steady_seconds, _all_gather)  # type: ignore[arg-type]
                 total = cfg.warmup_iterations + plan.iterations
             _log(launch, f"steady window: {plan.reason}")
             record.meter["steady_plan"] = plan.to_dict()

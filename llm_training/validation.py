@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jpwr.errors import ValidationError
-from jpwr.sizing import check_warmup_for_timing, sized_by_time
+from joulebench.sizing import check_warmup_for_timing, sized_by_time
+from jpwr import ValidationError
 from llm_training.config import CPU_ITERATIONS, TrainConfig
 from llm_training.presets import MODEL_SHAPES
 

@@ -14,8 +14,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from jpwr.errors import ValidationError
-from jpwr.sizing import check_warmup_for_timing
+from joulebench.sizing import check_warmup_for_timing
+from jpwr import ValidationError
 from resnet50.flops import resnet50_flops
 
 FRAMEWORKS = ("pytorch", "tensorflow")

@@ -19,12 +19,10 @@ from typing import Any
 
 from joulebench.launch import LaunchEnv
 from joulebench.peaks import peak_flops
+from joulebench.phases import check_replay_seconds, replay_phases
 from joulebench.record import RunRecord, software_versions, steady_metrics, summary_line, write_run_record
 from joulebench.runcontrol import StopRequest
-from jpwr.channel import ADDR_ENV
-from jpwr.errors import OutputDirError
-from jpwr.meter import WindowMeter
-from jpwr.phases import check_replay_seconds, replay_phases
+from jpwr import ADDR_ENV, OutputDirError, WindowMeter
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops

@@ -10,10 +10,8 @@ import dataclasses
 import time
 
 from joulebench.runcontrol import StopRequest
-from jpwr.energy import Window
-from jpwr.meter import WindowMeter
-from jpwr.output import fmt
-from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
+from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, sized_by_time
+from jpwr import Window, WindowMeter, fmt
 from resnet50.backend import Backend
 from resnet50.config import CPU_ITERATIONS, TrainConfig
 
@@ -79,7 +77,7 @@ def run_loop(backend: Backend, meter: WindowMeter, config: TrainConfig, stop: St
             _end(meter, "warmup", 0, step, config)
             if result.plan is None:
                 step_s = timer.step_s or 0.0  # validation guarantees a timed warm-up step
-                result.plan = meter.plan_steady(step_s, config.steady_seconds, backend.gather)
+                result.plan = plan_steady(meter, step_s, config.steady_seconds, backend.gather)
                 total = warmup + result.plan.iterations
             if verbose:
                 print(f"[resnet50] steady window: {result.plan.reason}", flush=True)

@@ -23,33 +23,14 @@ from joulebench.sizing import (
     steady_seconds_arg,
 )
 from jpwr.channel import Mark
-from jpwr.clock import VirtualClock
 from jpwr.estimator import planned_bound_j
 from jpwr.live import DeviceLive, NodeLive
 from jpwr.meter import WindowMeter
-from jpwr.sampler import Sampler, open_backends
+from tests.jpwr.test_sampler_replay import _drive, _replay_sampler
 
-NS = 10**9
-TICK_NS = 100_000_000
 # Phases of tests/data/h100_trace (meta.json), seconds from the trace's start.
 STEADY = (3.0, 11.0)
 IDLE_AFTER_STEADY = (11.0, 14.0)
-
-
-def _replay_sampler(fake_pynvml, trace_dir, tmp_path) -> tuple[Sampler, VirtualClock]:
-    clock = VirtualClock()
-    fake_pynvml.configure(trace_dir, clock, origin_ns=0)
-    backends, discoveries = open_backends(["nvml"], clock)
-    sampler = Sampler(backends, discoveries, tmp_path, 0.1, 1.0, clock=clock, node="n1", background=False)
-    return sampler.start(measure_costs=False), clock
-
-
-def _drive(sampler: Sampler, clock: VirtualClock, until_s: float) -> None:
-    tick = 0
-    while clock.monotonic_ns() < until_s * NS:
-        sampler.poll_once(tick)
-        tick += 1
-        clock.set_ns(clock.monotonic_ns() + TICK_NS - clock.monotonic_ns() % TICK_NS)
 
 
 def _live(update_s: float | None, power: float | None = None, peak: float | None = None) -> NodeLive:

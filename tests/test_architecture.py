@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Collection
 from pathlib import Path
 
@@ -147,3 +149,11 @@ def test_a_forbidden_import_is_caught(tmp_path):
     assert any("the meter loads no framework" in line for line in found)
     assert any("read_hdf5 not in jpwr.__all__" in line for line in found)
     assert any("from jpwr import X" in line for line in found)
+
+
+def test_every_public_name_of_the_meter_loads_and_import_jpwr_stays_cheap():
+    """jpwr.__all__ is what product code may import: each name resolves, and `import jpwr` alone loads no numpy."""
+    assert all(getattr(jpwr, name) is not None for name in jpwr.__all__)
+    probe = "import sys, jpwr; print(sorted(m for m in ('numpy', 'h5py', 'jpwr.meter') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]"

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import first_gpus_env  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
-from jpwr.output import fmt  # noqa: E402
+from jpwr import fmt  # noqa: E402
 
 SAMPLER = ["--methods", "nvml", "--interval", "20", "--counter-interval", "20"]
 # ResNet-50's warm-up: ~45 s at full load after its ~80 s low-power compile, so that the window opens at a steady

@@ -55,17 +55,15 @@ def rank_worker(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from joulebench.launch import LaunchEnv
-    from jpwr.idle import IdlePlan, SettleRule
-    from jpwr.meter import WindowMeter
-    from jpwr.output import write_json_atomic
-    from jpwr.sizing import StepTimer
+    from joulebench.sizing import StepTimer, plan_steady
+    from jpwr import IdlePlan, SettleRule, WindowMeter, write_json_atomic
 
     launch = LaunchEnv.from_env()
     dist.init_process_group("gloo")
     gather = _gather(dist)
     loads = launch.rank == 0 and args.load == "matmul"
     if loads:
-        from jpwr.selftest import matmul_operands
+        from jpwr import matmul_operands
 
         a, b = matmul_operands(torch)
     sync = torch.cuda.synchronize if loads else None
@@ -88,7 +86,7 @@ def rank_worker(args: argparse.Namespace) -> int:
         step()
         timer.tick()
     meter.end("warmup", args.warmup_steps)
-    plan = meter.plan_steady(timer.step_s or args.sleep_step_s, args.steady_seconds, gather)
+    plan = plan_steady(meter, timer.step_s or args.sleep_step_s, args.steady_seconds, gather)
     meter.begin("steady", 0)
     for _ in range(plan.iterations):
         step()

@@ -18,8 +18,7 @@ import pynvml
 import torch
 
 from joulebench.launch import LaunchEnv
-from jpwr.meter import WindowMeter
-from jpwr.selftest import MATMUL_N, matmul_operands, matmuls_until
+from jpwr import MATMUL_N, WindowMeter, matmul_operands, matmuls_until
 
 
 def run(seconds: float, warmup_s: float) -> dict[str, float | None]:

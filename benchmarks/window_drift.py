@@ -20,10 +20,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from joulebench.analysis.plot import find_trace_sources, load_trace_data  # noqa: E402 (after sys.path)
-from jpwr.domains import Signal  # noqa: E402
-from jpwr.output import fmt  # noqa: E402
-from jpwr.windows import accelerator_domains, spans_from_marks  # noqa: E402
+from joulebench.analysis.plot import find_trace_sources  # noqa: E402 (after sys.path)
+from jpwr import Signal, accelerator_domains, fmt, load_trace, spans_from_marks  # noqa: E402
 
 METRICS = (("sm_clock_hz", "SM MHz", 1e-6), ("temperature_c", "°C", 1.0))
 
@@ -31,7 +29,7 @@ METRICS = (("sm_clock_hz", "SM MHz", 1e-6), ("temperature_c", "°C", 1.0))
 def slice_means(run_dir: Path, window: str, slices: int) -> list[str]:
     lines = []
     for source in find_trace_sources(run_dir):
-        trace = load_trace_data(source)
+        trace = load_trace(source)
         span = spans_from_marks(trace.marks).get(window)
         if span is None:
             lines.append(f"{source}: no {window} window in the trace")

@@ -38,8 +38,7 @@ REPO = CONTAINER_DIR.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from jpwr.errors import ValidationError  # noqa: E402  (the repository root is put on sys.path just above)
-from jpwr.output import write_json_atomic  # noqa: E402
+from jpwr import ValidationError, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 LOCK_FILE = CONTAINER_DIR / "images.lock.json"
 DEFAULT_IMAGE_DIR = CONTAINER_DIR / "images"

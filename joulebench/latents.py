@@ -11,8 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jpwr.trace import TraceData
-from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks
+from jpwr import TraceData, WindowSpan, accelerator_domains, spans_from_marks
 
 STEADY = "steady"
 

@@ -11,8 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from jpwr.errors import ValidationError
-from jpwr.node import node_name
+from jpwr import ValidationError, node_name
 
 DEFAULT_MASTER_PORT = 29500
 

@@ -37,10 +37,7 @@ from typing import Any
 
 from joulebench.launch import LaunchEnv
 from joulebench.record import EXIT_CODES, RunRecord, software_versions, summary_line, write_run_record
-from jpwr.energy import IdleBaseline
-from jpwr.errors import JpwrError
-from jpwr.meter import WindowMeter
-from jpwr.phases import Stamps
+from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
@@ -98,7 +95,7 @@ class Run:
         self.exit_code = 0
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
-                   phase_stamps: Stamps | None = None) -> WindowMeter:
+                   phase_stamps: DeviceEventStamps | None = None) -> WindowMeter:
         """The node's sampler (JPWR_ADDR), or an in-process one for `methods`, writing beside the record."""
         self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
                                       phase_stamps=phase_stamps)

@@ -18,9 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from joulebench.lifecycle import StopRequest
-from jpwr.meter import WindowMeter
-from jpwr.output import fmt
-from jpwr.sizing import SteadyPlan, StepTimer, fixed_plan, sized_by_time
+from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, sized_by_time
+from jpwr import WindowMeter, fmt
 
 Handle = TypeVar("Handle")
 
@@ -112,7 +111,7 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
             _end(meter, "warmup", 0, step, spec)
             if result.plan is None:
                 step_s = timer.step_s or 0.0  # validation guarantees a timed warm-up step
-                result.plan = meter.plan_steady(step_s, spec.steady_seconds, steps.gather)
+                result.plan = plan_steady(meter, step_s, spec.steady_seconds, steps.gather)
                 total = warmup + result.plan.iterations
             if progress.enabled:
                 print(f"[{progress.prefix}] steady window: {result.plan.reason}", flush=True)

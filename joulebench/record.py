@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr.energy import J_PER_WH, Window, WindowEnergy
-from jpwr.errors import FormatError
-from jpwr.output import fmt, utc_now, write_json_atomic
+from jpwr import J_PER_WH, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
 # Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.

@@ -10,7 +10,7 @@ import platform
 from typing import Any
 
 from joulebench.launch import LaunchEnv
-from jpwr.errors import ValidationError
+from jpwr import ValidationError
 
 
 def no_gpu_error() -> ValidationError:

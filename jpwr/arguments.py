@@ -2,9 +2,9 @@
 
 `--interval 0` once killed the sampler thread with a division by zero and `--min-window-s inf`
 waited for ever: every numeric option of jpwr and of the drivers is declared with one of these
-types, so NaN, infinity, a non-number or a value outside the range ends the command at once
-(exit 2) with the option, the value and the range named. tests/test_numeric_options.py checks
-that no numeric option goes without one.
+types (this module's, or joulebench.arguments' built on `Number`), so NaN, infinity, a non-number
+or a value outside the range ends the command at once (exit 2) with the option, the value and the
+range named. tests/test_numeric_options.py checks that no numeric option goes without one.
 """
 
 from __future__ import annotations
@@ -57,13 +57,12 @@ class Number:
         return f"a finite {kind}"
 
 
+# The ranges jpwr's own options state; the drivers' and analysis' further ones build on Number in the core
+# (joulebench.arguments), which re-exports these for them.
 COUNT = Number(int, 1)  # iterations, batch sizes, nodes, repeats: at least one
-COUNT_OR_ZERO = Number(int, 0)  # warm-up iterations, workers: none is allowed
-SEED = Number(int, 0, 2**32 - 1)  # the range numpy and torch seeds accept
 POSITIVE = Number(float, 0.0, low_open=True)  # durations, intervals, rates, sizes: strictly above zero
 NON_NEGATIVE = Number(float, 0.0)  # weight decay, gradient clip (0 = off), probe time
-PROBABILITY = Number(float, 0.0, 1.0, high_open=True)  # dropout: 1 would drop everything
-UNIT_OPEN = Number(float, 0.0, 1.0, low_open=True, high_open=True)  # Adam betas, fractions strictly inside (0, 1)
+UNIT_OPEN = Number(float, 0.0, 1.0, low_open=True, high_open=True)  # fractions strictly inside (0, 1)
 FINITE = Number(float)  # offsets: any sign
 FRACTION = Number(float, 0.0, 1.0)  # coverage thresholds: 0 and 1 both meaningful
 

@@ -6,7 +6,7 @@ import enum
 import errno
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 DEBUG_FLAG = "--debug"
 
@@ -94,20 +94,22 @@ def os_error_message(exc: OSError) -> str:
     return f"{exc.strerror or exc}:{where}. Fix: {fix}"
 
 
-def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False, torch_extra: str | None = None) -> int:
+def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
+                 extras: Mapping[str, str] | None = None) -> int:
     """Run one CLI command behind the one error boundary every joulebench command shares.
 
     A JpwrError (bad input, raised before any device work) and an OSError (a full disk, a missing
     file) become one line "<prog>: error: ..." on stderr with their sysexits code; a missing optional
-    library names the extra that installs it (jpwr.extras; `torch_extra` is the one bringing torch for
-    this command line, 69); anything else is an internal error (70). `--debug` adds the traceback.
+    library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
+    command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
+    else is an internal error (70). `--debug` adds the traceback.
     """
     from jpwr.extras import missing_extra
 
     try:
         return int(command())
     except ModuleNotFoundError as exc:
-        error = missing_extra(exc, torch_extra)
+        error = missing_extra(exc, extras)
         if error is not None:
             return _report(prog, str(error), int(error.exit_code), debug)
         return _internal(prog, exc, debug)

@@ -25,7 +25,6 @@ from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, SettleResult, wait_u
 from jpwr.live import NodeLive
 from jpwr.node import node_name
 from jpwr.phases import PhaseRecorder, Stamps
-from jpwr.sizing import SteadyPlan, plan_steady_window
 
 NO_SAMPLER_REASON = (
     "no jpwr sampler was running for this job: run under `jpwr -- CMD`, start `jpwr serve` per node, "
@@ -154,16 +153,6 @@ class WindowMeter:
     def _everyone(self, obj: object, gather: Callable[[object], Sequence[object]] | None) -> list[object]:
         """Every rank's `obj` in rank order (a collective, so also a barrier); just [obj] on one rank."""
         return list(gather(obj)) if gather is not None and self.launch.world_size > 1 else [obj]
-
-    def plan_steady(self, step_s: float, seconds: float | None = None,
-                    gather: Callable[[object], Sequence[object]] | None = None) -> SteadyPlan:
-        """Size the steady window before it opens (jpwr.sizing): rank 0 plans from its sampler's live
-        readings and every rank gets that plan. Call on every rank (collective)."""
-        plan = None
-        if self.launch.rank == 0:
-            live = self.live(span_s=min(30.0, max(2.0, 3 * step_s)))
-            plan = plan_steady_window(step_s, live, seconds).to_dict()
-        return SteadyPlan.from_dict(self._everyone(plan, gather)[0])  # type: ignore[arg-type]
 
     def take_idle_baseline(self, enabled: bool, accelerator: bool,
                            gather: Callable[[object], Sequence[object]] | None = None) -> IdleBaseline:

@@ -1,5 +1,8 @@
 """Phase marks: named sub-windows of each training step (forward, backward, optimizer, gradient reduction).
 
+The meter stores whatever names a driver marks; the names the drivers share, and the replay of each phase
+alone, are the core's (joulebench.phases).
+
 Why device events: the host runs ahead of the GPU, so a host timestamp says when a phase was queued, not
 when it ran. The recorder takes a stamp at each phase boundary without waiting for the device (a CUDA event
 recorded on the current stream; on a CPU the host's monotonic clock, which is when CPU work runs) and turns
@@ -18,20 +21,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.errors import ValidationError
 
-FORWARD = "forward"
-BACKWARD = "backward"
-OPTIMIZER = "optimizer"
-GRAD_REDUCE = "grad_reduce"  # data-parallel gradient reduction not hidden behind backward
-PIPELINE_P2P = "pipeline_p2p"  # pipeline-parallel sends and receives between stages
-STANDARD_PHASES = (FORWARD, BACKWARD, OPTIMIZER, GRAD_REDUCE, PIPELINE_P2P)
-REPLAY_PREFIX = "replay/"  # replay windows are named replay/<phase>
 MAX_PART_BYTES = 60_000  # one datagram (the sampler reads up to 65,507 bytes)
 
 
@@ -320,59 +314,3 @@ def phase_summary(batches: Sequence[PhaseBatch]) -> list[dict[str, Any]]:
         seen, expected = parts[row["rank"]]
         row["complete"] = len(seen) == expected
     return sorted(rows.values(), key=lambda r: (r["rank"], r["phase"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class Replay:
-    """One phase run on its own for the replay estimator; `setup` runs once before its window (untimed)."""
-
-    name: str
-    run: Callable[[], object]
-    setup: Callable[[], object] | None = None
-
-
-TIMING_INVOCATIONS = 3  # timed invocations that fix a replay's count, after one that warms up
-MIN_REPLAY_INVOCATIONS = 3
-
-
-def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--replay-phases") -> None:
-    """A replay without a sampler would run for nothing: no window would get an energy."""
-    if seconds < 0:
-        raise ValidationError(f"{option} {seconds:g} is negative", f"pass seconds per phase (e.g. {option} 5), "
-                                                                    "or 0 / leave it out for no replay")
-    if seconds > 0 and not has_sampler:
-        raise ValidationError(f"{option} {seconds:g} without a jpwr sampler (replay windows would get no energy)",
-                              "run under `jpwr -- ...` or `jpwr serve`, or pass --energy-methods")
-
-
-def replay_phases(meter: Any, replays: Sequence[Replay], min_seconds: float,
-                  agree_max: Callable[[int], int] | None = None) -> list[Any]:
-    """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
-
-    Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
-    allocations and first-call costs made the count, and so the window, too short), the next TIMING_INVOCATIONS
-    are timed. That fixes the count for at least `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a
-    collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
-    must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
-    (3 s at the H100's 100 ms).
-    """
-    sync = meter.sync or (lambda: None)
-    windows = []
-    for replay in replays:
-        if replay.setup is not None:
-            replay.setup()
-        replay.run()
-        sync()
-        started = time.monotonic()
-        for _ in range(TIMING_INVOCATIONS):
-            replay.run()
-        sync()
-        once_s = max((time.monotonic() - started) / TIMING_INVOCATIONS, 1e-6)
-        count = max(MIN_REPLAY_INVOCATIONS, int(min_seconds / once_s) + 1)
-        count = agree_max(count) if agree_max is not None else count
-        name = REPLAY_PREFIX + replay.name
-        meter.begin(name, 0)
-        for _ in range(count):
-            replay.run()
-        windows.append(meter.end(name, count, {"invocations": float(count)}))
-    return windows

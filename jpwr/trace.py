@@ -338,7 +338,10 @@ def _read_phases(h5: Any) -> list[PhaseBatch]:
     return batches
 
 
-def load_trace(node_dir: Path) -> TraceData:
-    """The node's trace: the assembled HDF5 when present, else its segments."""
-    h5 = node_dir / TRACE_FILE
-    return read_hdf5(h5) if h5.exists() else read_segments(node_dir)
+def load_trace(source: Path) -> TraceData:
+    """A node's trace from a node directory (its assembled HDF5 when present, else its segments) or from a
+    trace file itself: the one loader for every form a sampler leaves."""
+    if source.is_file():
+        return read_hdf5(source)
+    h5 = source / TRACE_FILE
+    return read_hdf5(h5) if h5.exists() else read_segments(source)

@@ -33,9 +33,7 @@ from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.latents import steady_latents
 from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
-from jpwr.errors import JpwrError
-from jpwr.output import fmt
-from jpwr.trace import load_trace
+from jpwr import JpwrError, fmt, load_trace
 
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"

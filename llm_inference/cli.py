@@ -11,8 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from jpwr.arguments import POSITIVE
-from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
+from joulebench.arguments import POSITIVE
+from joulebench.boundary import exit_code_of
+from jpwr import ExitCode, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.presets import ModelPreset
 

@@ -9,9 +9,9 @@ import argparse
 import dataclasses
 from typing import Any
 
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, method_names
 from joulebench.lifecycle import default_out_dir, new_run_id
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, method_names
-from jpwr.sizing import add_window_arguments
+from joulebench.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS
@@ -32,7 +32,7 @@ class InferenceConfig:
     batch_sizes: tuple[int, ...]
     num_batches: int  # distinct batches drawn per point; the windows cycle over them
     output_length: int | None  # override of the task's output length distribution
-    steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (jpwr.sizing)
+    steady_seconds: float | None  # prefill and steady windows last at least this long; None: auto (joulebench.sizing)
     idle_baseline: bool  # cool down and meter idle power once, before the first point (jpwr.idle)
     warmup_batches: int
     exit_duration_mins: float | None  # stop cleanly (TIMEOUT) this long after the start, like the training drivers

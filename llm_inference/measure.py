@@ -23,8 +23,7 @@ from collections.abc import Callable
 import torch
 
 from joulebench.lifecycle import StopRequested
-from jpwr.energy import Window
-from jpwr.meter import WindowMeter
+from jpwr import Window, WindowMeter
 from llm_inference.engine import Engine, Timing
 from llm_inference.tasks import Batch
 

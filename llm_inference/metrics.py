@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jpwr.energy import WindowEnergy
+from jpwr import WindowEnergy
 from llm_inference.engine import Timing
 from llm_inference.measure import PointWindows
 

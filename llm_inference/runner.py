@@ -25,11 +25,9 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
+from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
-from jpwr.energy import IdleBaseline
-from jpwr.meter import WindowMeter
-from jpwr.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
-from jpwr.trace import TraceData, load_trace
+from jpwr import IdleBaseline, TraceData, WindowMeter, load_trace
 from llm_inference import memory, metrics, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
 from llm_inference.engine import Engine, build_model, make_inputs

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jpwr.errors import ValidationError
+from jpwr import ValidationError
 from llm_inference import memory
 from llm_inference.config import InferenceConfig
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint

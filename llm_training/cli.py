@@ -11,8 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from jpwr.arguments import COUNT, POSITIVE
-from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
+from joulebench.arguments import COUNT, POSITIVE
+from joulebench.boundary import exit_code_of
+from jpwr import ExitCode, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
 
@@ -77,9 +78,9 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from joulebench.launch import LaunchEnv
+    from joulebench.phases import check_replay_seconds
     from joulebench.torch_device import resolve_device
-    from jpwr.channel import ADDR_ENV
-    from jpwr.phases import check_replay_seconds
+    from jpwr import ADDR_ENV
     from llm_training import train, validation
 
     launch = LaunchEnv.from_env()

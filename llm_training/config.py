@@ -10,10 +10,10 @@ import argparse
 import dataclasses
 from typing import Any
 
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.loop import LoopSpec
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
-from jpwr.sizing import add_window_arguments
+from joulebench.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
 
@@ -49,7 +49,7 @@ class TrainConfig:
     recompute: str
     iterations: int | None  # measured steady iterations, warm-up not included; None: sized by time (or the CPU default)
     warmup_iterations: int
-    steady_seconds: float | None  # None: auto (jpwr.sizing)
+    steady_seconds: float | None  # None: auto (joulebench.sizing)
     idle_baseline: bool
     exit_duration_mins: float | None
     device: str
@@ -82,7 +82,7 @@ class TrainConfig:
     rope_fusion: bool | None  # None: on for CUDA (torch.compile of megatron's RoPE), off for CPU
     cross_entropy_fusion: bool | None  # None: on for CUDA (llm_training.cross_entropy, compiled)
     fused_optimizer: bool | None  # None: on for CUDA (torch's fused AdamW kernel instead of foreach)
-    replay_phases_s: float = 0.0  # > 0: after training, each phase alone for this long (jpwr.phases.replay_phases)
+    replay_phases_s: float = 0.0  # > 0: after training, each phase alone this long (joulebench.phases.replay_phases)
 
     @property
     def num_microbatches(self) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
 
-from jpwr.errors import ValidationError
+from jpwr import ValidationError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jpwr.errors import ValidationError
-from jpwr.sizing import check_warmup_for_timing
+from joulebench.sizing import check_warmup_for_timing
+from jpwr import ValidationError
 from llm_training.config import TrainConfig
 from llm_training.presets import MODEL_SHAPES
 

@@ -12,8 +12,8 @@ import os
 from typing import Any, Protocol
 
 from joulebench.launch import LaunchEnv
-from jpwr.errors import ValidationError
-from jpwr.phases import PhaseRecorder, Replay
+from joulebench.phases import Replay
+from jpwr import PhaseRecorder, ValidationError
 from resnet50.config import TrainConfig
 
 REQUIRED_MODULES = {"pytorch": ("torch", "torchvision"), "tensorflow": ("tensorflow", "keras")}
@@ -46,7 +46,7 @@ class Backend(Protocol):
         ...
 
     def phase_replays(self) -> list[Replay]:
-        """Each phase as a callable for the replay estimator (jpwr.phases.replay_phases)."""
+        """Each phase as a callable for the replay estimator (joulebench.phases.replay_phases)."""
         ...
 
     def loss_value(self, handle: Any) -> float:

@@ -7,10 +7,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, method_names
+from joulebench.boundary import exit_code_of
 from joulebench.launch import LaunchEnv
-from jpwr.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, method_names
-from jpwr.errors import ValidationError, exit_code_of, take_debug_flag
-from jpwr.sizing import add_window_arguments
+from joulebench.sizing import add_window_arguments
+from jpwr import ValidationError, take_debug_flag
 from resnet50.config import (
     CPU_ITERATIONS,
     DATA_FORMATS,

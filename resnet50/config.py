@@ -15,9 +15,9 @@ from typing import Any
 
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.loop import LoopSpec
+from joulebench.sizing import check_warmup_for_timing
 from joulebench.torch_device import no_gpu_error
-from jpwr.errors import ValidationError
-from jpwr.sizing import check_warmup_for_timing
+from jpwr import ValidationError
 from resnet50.flops import resnet50_flops
 
 FRAMEWORKS = ("pytorch", "tensorflow")
@@ -42,7 +42,7 @@ class TrainConfig:
     image_size: int = 224
     iterations: int | None = None  # measured iterations; None: sized by time (accelerators) or CPU_ITERATIONS
     warmup_iterations: int = 10
-    steady_seconds: float | None = None  # None: auto (jpwr.sizing)
+    steady_seconds: float | None = None  # None: auto (joulebench.sizing)
     idle_baseline: bool = True
     exit_duration_mins: float | None = None
     data: str = "synthetic"

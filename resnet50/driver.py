@@ -16,10 +16,9 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.loop import LoopResult, Progress, TrainSteps, run_loop
 from joulebench.peaks import peak_flops
+from joulebench.phases import check_replay_seconds, replay_phases
 from joulebench.record import RunRecord, steady_metrics
-from jpwr.channel import ADDR_ENV
-from jpwr.errors import OutputDirError
-from jpwr.phases import check_replay_seconds, replay_phases
+from jpwr import ADDR_ENV, OutputDirError
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops

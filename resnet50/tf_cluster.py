@@ -16,7 +16,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from joulebench.launch import LaunchEnv, expand_nodelist, tasks_on_node
-from jpwr.errors import ValidationError
+from jpwr import ValidationError
 
 TF_CONFIG = "TF_CONFIG"
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import torchvision
 
 from joulebench.launch import LaunchEnv
-from jpwr.errors import ValidationError
-from jpwr.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, DeviceEventStamps, PhaseRecorder, Replay
+from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, Replay
+from jpwr import DeviceEventStamps, PhaseRecorder, ValidationError
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
 

@@ -16,7 +16,7 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2 as transforms
 
-from jpwr.errors import ValidationError
+from jpwr import ValidationError
 from resnet50.config import TrainConfig, jpeg_root
 from resnet50.flops import NUM_CLASSES
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from jpwr.arguments import Number
+from jpwr import Number
 
 
 class _Captured(Exception):
@@ -90,7 +90,7 @@ def test_every_numeric_option_states_its_range(monkeypatch: pytest.MonkeyPatch) 
     numeric = _numeric(monkeypatch)
     bare = [f"{command} {' '.join(path)} {action.option_strings[-1]}".replace("  ", " ")
             for command, path, action in numeric if not isinstance(action.type, Number)]
-    assert not bare, f"numeric options without a range (use a jpwr.arguments type): {bare}"
+    assert not bare, f"numeric options without a range (use a jpwr.Number type (joulebench.arguments)): {bare}"
     assert len(numeric) >= 80  # the commands above: a parser that was not found would shrink this
 
 

@@ -34,18 +34,27 @@ from joulebench.analysis.phase_fit import (
     held_out_folds,
     window_segments,
 )
-from joulebench.analysis.plot import find_trace_sources, load_trace_data
+from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
+from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
+from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RunRecord, read_run_record, write_run_record
-from jpwr.arguments import COUNT, NON_NEGATIVE, SEED
-from jpwr.domains import Domain, Signal
-from jpwr.energy import IdleBaseline, WindowEnergy
-from jpwr.errors import ExitCode, ValidationError
-from jpwr.estimator import counter_segments
-from jpwr.output import utc_now
-from jpwr.phases import STANDARD_PHASES, PhaseBatch
-from jpwr.trace import TraceData
-from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
+from jpwr import (
+    Domain,
+    ExitCode,
+    IdleBaseline,
+    PhaseBatch,
+    Signal,
+    TraceData,
+    ValidationError,
+    WindowEnergy,
+    accelerator_domains,
+    counter_segments,
+    load_trace,
+    spans_from_marks,
+    utc_now,
+    window_energy,
+)
 
 RECORD_FILE = "run_record.json"
 UNMARKED = "unmarked"
@@ -90,7 +99,7 @@ def run_traces(run_dir: Path, record: RunRecord, window: str) -> list[TraceData]
         raise ValidationError(f"the run record has no window {window!r} (windows: {names})",
                               "pass --window with one of the record's windows")
     try:
-        traces = [load_trace_data(source) for source in find_trace_sources(run_dir)]
+        traces = [load_trace(source) for source in find_trace_sources(run_dir)]
     except ValidationError as exc:
         raise ValidationError(f"{exc.problem}; attribution needs the run's jpwr trace",
                               "run the driver under `jpwr --out RUN_DIR/jpwr -- ...` or with --energy-methods "
@@ -288,7 +297,7 @@ def kernel_fit(profile: Path, run_dir: Path, draws: int, rng: np.random.Generato
     traces = []
     for base in dict.fromkeys([profile.parent, run_dir]):
         try:
-            traces += [load_trace_data(s) for s in find_trace_sources(base)]
+            traces += [load_trace(s) for s in find_trace_sources(base)]
         except ValidationError:
             continue
     trace = next((t for t in traces if window in spans_from_marks(t.marks)), None)

@@ -17,7 +17,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from jpwr.errors import ExitCode, exit_code_of, take_debug_flag
+from joulebench.boundary import exit_code_of
+from jpwr import ExitCode, take_debug_flag
 
 # verb -> (module with main(argv), one-line summary)
 VERBS = {

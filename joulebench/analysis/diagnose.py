@@ -19,7 +19,7 @@ from typing import Any
 
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
-from jpwr.output import fmt
+from jpwr import fmt
 
 # A latent metric "moved" when it changed by more than this fraction (utilisation: points, see _moved).
 MOVED_FRACTION = 0.05

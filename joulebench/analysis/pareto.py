@@ -22,10 +22,9 @@ from typing import Any
 
 from joulebench.analysis.diagnose import readable, work_unit
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
+from joulebench.arguments import FRACTION
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
-from jpwr.arguments import FRACTION
-from jpwr.errors import ExitCode, ValidationError
-from jpwr.output import fmt
+from jpwr import ExitCode, ValidationError, fmt
 
 DEFAULT_MAX_SLOWDOWN = 0.01
 DEFAULT_MIN_COVERAGE = 0.99
@@ -245,7 +244,7 @@ def main(argv: Sequence[str]) -> int:
     print("\n".join(lines))
     if args.out is not None:
         from joulebench.analysis.plot import save_figure
-        from jpwr.output import write_json_atomic
+        from jpwr import write_json_atomic
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out / "pareto.json", {

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jpwr.estimator import Knots
+from jpwr import Knots
 
 BLOCK_S = 1.0  # bootstrap block: ten 100 ms counter periods
 MIN_CONTRAST = 0.10  # a label's share of a counter period must vary at least this much (std) between periods

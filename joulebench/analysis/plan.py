@@ -38,10 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
+from joulebench.arguments import NON_NEGATIVE
 from joulebench.device_settings.record import recorded_settings
-from jpwr.arguments import NON_NEGATIVE
-from jpwr.errors import ExitCode, FormatError, ValidationError
-from jpwr.output import fmt, write_json_atomic
+from jpwr import ExitCode, FormatError, ValidationError, fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
 PROFILE_VERSION = 1

@@ -18,13 +18,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jpwr.domains import Domain, Signal
-from jpwr.energy import WindowEnergy, combine_energies
-from jpwr.errors import ExitCode, ValidationError
-from jpwr.output import fmt
-from jpwr.summary import SUMMARY_FILE, NodeSummary
-from jpwr.trace import SEGMENT_DIR, TRACE_FILE, TraceData, load_trace, read_hdf5
-from jpwr.windows import accelerator_domains, spans_from_marks, window_energy
+from jpwr import (
+    SEGMENT_DIR,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    Domain,
+    ExitCode,
+    NodeSummary,
+    Signal,
+    TraceData,
+    ValidationError,
+    WindowEnergy,
+    accelerator_domains,
+    combine_energies,
+    fmt,
+    load_trace,
+    spans_from_marks,
+    window_energy,
+)
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
@@ -72,13 +83,8 @@ def find_trace_sources(path: Path) -> list[Path]:
     return found
 
 
-def load_trace_data(source: Path) -> TraceData:
-    """A node directory's trace (HDF5, else segments) or a bare .h5 file."""
-    return read_hdf5(source) if source.is_file() else load_trace(source)
-
-
 def load_node(source: Path) -> NodeTrace:
-    trace = load_trace_data(source)
+    trace = load_trace(source)
     summary_path = source / SUMMARY_FILE if source.is_dir() else None
     summary = (NodeSummary.from_dict(json.loads(summary_path.read_text()))
                if summary_path and summary_path.is_file() else None)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, REPLAY_PREFIX
 from joulebench.record import RunRecord
-from jpwr.energy import Window
-from jpwr.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, REPLAY_PREFIX
+from jpwr import Window
 
 REPLAY_PARTS = ("forward", "forward+backward", "optimizer", "step")
 MIN_REPLAY_COUNTER_PERIODS = 30

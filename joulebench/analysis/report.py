@@ -26,12 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
-from joulebench.analysis.plot import find_trace_sources, load_trace_data, save_figure
+from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.latents import steady_latents
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
-from jpwr.errors import ExitCode, ValidationError
-from jpwr.output import fmt, utc_now
-from jpwr.trace import TraceData
+from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
@@ -154,7 +152,7 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
         sources += find_trace_sources(record_path.parent)
     by_out_dir: dict[Path, list[TraceData]] = {}  # one group per jpwr --out directory (or lone file)
     for source in sources:
-        by_out_dir.setdefault(source if source.is_file() else source.parent, []).append(load_trace_data(source))
+        by_out_dir.setdefault(source if source.is_file() else source.parent, []).append(load_trace(source))
     for traces in by_out_dir.values():
         if any(m.name == STEADY and m.edge == "begin" and m.t_ns == steady.t_start_ns for t in traces for m in t.marks):
             return steady_latents(traces)

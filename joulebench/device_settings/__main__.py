@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from joulebench.boundary import exit_code_of
 from joulebench.device_settings import (
     POLICIES,
     PROFILE_KEY,
@@ -47,10 +48,7 @@ from joulebench.device_settings import (
 from joulebench.device_settings.nvml import Reading
 from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
-from jpwr.devices import job_devices
-from jpwr.errors import ExitCode, ValidationError, exit_code_of, take_debug_flag
-from jpwr.node import node_name
-from jpwr.output import fmt, write_json_atomic
+from jpwr import ExitCode, ValidationError, fmt, job_devices, node_name, take_debug_flag, write_json_atomic
 
 PROG = "joulebench device-settings"
 STATE_DIR_VARIABLE = "JOULEBENCH_DEVICE_SETTINGS_STATE_DIR"

@@ -12,8 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jpwr.backends.nvml import resolve_gpus
-from jpwr.errors import MethodUnavailableError, ValidationError
+from jpwr import MethodUnavailableError, ValidationError, resolve_gpus
 
 CLOCK_SM = 1  # NVML_CLOCK_SM
 CLOCK_MEM = 2  # NVML_CLOCK_MEM

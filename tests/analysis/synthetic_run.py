@@ -21,10 +21,11 @@ import numpy as np
 
 from benchmarks.record_nvml_trace import TRACE_COLUMNS
 from joulebench.launch import LaunchEnv
+from joulebench.phases import BACKWARD, FORWARD, OPTIMIZER, REPLAY_PREFIX
 from joulebench.record import RunRecord, write_run_record
 from jpwr.clock import VirtualClock
 from jpwr.meter import WindowMeter
-from jpwr.phases import BACKWARD, FORWARD, OPTIMIZER, REPLAY_PREFIX, PhaseRecorder
+from jpwr.phases import PhaseRecorder
 from jpwr.sampler import LocalChannel, Sampler, open_backends
 
 NS = 1_000_000_000

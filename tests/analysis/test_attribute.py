@@ -18,10 +18,10 @@ from joulebench.analysis import cli
 from joulebench.analysis.attribute import attribute
 from joulebench.analysis.attribution_text import render
 from joulebench.analysis.replay import inference_estimator
+from joulebench.phases import BACKWARD, FORWARD, OPTIMIZER, REPLAY_PREFIX
 from joulebench.record import RunRecord, read_run_record, write_run_record
 from jpwr.energy import IdleBaseline, Window, WindowEnergy
 from jpwr.errors import ExitCode
-from jpwr.phases import BACKWARD, FORWARD, OPTIMIZER, REPLAY_PREFIX
 from tests.analysis.conftest import MeteredRun, metered
 from tests.analysis.synthetic_run import IDLE_W, NS, Schedule
 

@@ -13,8 +13,8 @@ from jpwr.channel import Mark
 from jpwr.clock import VirtualClock
 from jpwr.meter import combine_energies
 from jpwr.sampler import Sampler, open_backends
+from tests.jpwr.synthetic import NS
 from tests.jpwr.test_sampler_replay import _dense_counter_energy
-from tests.jpwr.test_sizing import NS
 
 WINDOW = (4.0, 9.0)  # seconds of the trace: idle until 3 s, the 700 W matmul from 3 to 11 s
 

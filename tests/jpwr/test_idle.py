@@ -12,8 +12,8 @@ from jpwr.clock import VirtualClock
 from jpwr.energy import IdleBaseline, Window, WindowEnergy, split_energy
 from jpwr.idle import CPU_IDLE, SettleRule, wait_until_settled
 from jpwr.meter import NO_SAMPLER_REASON, WindowMeter
-from tests.jpwr.test_sampler_replay import _dense_counter_energy
-from tests.jpwr.test_sizing import NS, _drive, _replay_sampler
+from tests.jpwr.synthetic import NS
+from tests.jpwr.test_sampler_replay import _dense_counter_energy, _drive, _replay_sampler
 
 SINGLE = LaunchEnv.from_env({})
 

@@ -27,6 +27,24 @@ def _dense_counter_energy(replay, t0_ns: int, t1_ns: int) -> float:
     return float(np.interp(rel1, knots_t, e[change]) - np.interp(rel0, knots_t, e[change]))
 
 
+def _replay_sampler(fake_pynvml, trace_dir, tmp_path) -> tuple[Sampler, VirtualClock]:
+    """A started sampler on the replayed trace, polled only when `_drive` moves its virtual clock."""
+    clock = VirtualClock()
+    fake_pynvml.configure(trace_dir, clock, origin_ns=0)
+    backends, discoveries = open_backends(["nvml"], clock)
+    sampler = Sampler(backends, discoveries, tmp_path, 0.1, 1.0, clock=clock, node="n1", background=False)
+    return sampler.start(measure_costs=False), clock
+
+
+def _drive(sampler: Sampler, clock: VirtualClock, until_s: float) -> None:
+    """Poll every 100 ms of virtual time until `until_s` seconds after the trace's start."""
+    tick = 0
+    while clock.monotonic_ns() < until_s * 1e9:
+        sampler.poll_once(tick)
+        tick += 1
+        clock.set_ns(clock.monotonic_ns() + TICK_NS - clock.monotonic_ns() % TICK_NS)
+
+
 def _replay_run(fake_pynvml, h100_trace_dir, tmp_path, faults=None):
     clock = VirtualClock()
     replay = fake_pynvml.configure(h100_trace_dir, clock, call_costs=True, faults=faults, origin_ns=0)

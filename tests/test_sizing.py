@@ -1,4 +1,4 @@
-"""Steady windows sized by time and bound (jpwr.sizing), planned from the sampler's live readings.
+"""Steady windows sized by time and bound (joulebench.sizing), planned from the sampler's live readings.
 
 The live readings come from the production sampler replaying the recorded H100 trace through the
 fake pynvml on a virtual clock; the rule's honesty is checked against the estimator's own bounds.
@@ -6,46 +6,31 @@ fake pynvml on a virtual clock; the rule's honesty is checked against the estima
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
-from jpwr.channel import Mark
-from jpwr.clock import VirtualClock
-from jpwr.estimator import planned_bound_j
-from jpwr.live import DeviceLive, NodeLive
-from jpwr.sampler import Sampler, open_backends
-from jpwr.sizing import (
+from joulebench.launch import LaunchEnv
+from joulebench.sizing import (
     ASSUMED_UPDATE_S,
     MAX_SECONDS,
     MIN_SECONDS,
     TARGET_BOUND_FRACTION,
     StepTimer,
+    plan_steady,
     plan_steady_window,
     steady_seconds_arg,
 )
+from jpwr.channel import Mark
+from jpwr.estimator import planned_bound_j
+from jpwr.live import DeviceLive, NodeLive
+from jpwr.meter import WindowMeter
+from tests.jpwr.test_sampler_replay import _drive, _replay_sampler
 
-NS = 10**9
-TICK_NS = 100_000_000
 # Phases of tests/data/h100_trace (meta.json), seconds from the trace's start.
 STEADY = (3.0, 11.0)
 IDLE_AFTER_STEADY = (11.0, 14.0)
-
-
-def _replay_sampler(fake_pynvml, trace_dir, tmp_path) -> tuple[Sampler, VirtualClock]:
-    clock = VirtualClock()
-    fake_pynvml.configure(trace_dir, clock, origin_ns=0)
-    backends, discoveries = open_backends(["nvml"], clock)
-    sampler = Sampler(backends, discoveries, tmp_path, 0.1, 1.0, clock=clock, node="n1", background=False)
-    return sampler.start(measure_costs=False), clock
-
-
-def _drive(sampler: Sampler, clock: VirtualClock, until_s: float) -> None:
-    tick = 0
-    while clock.monotonic_ns() < until_s * NS:
-        sampler.poll_once(tick)
-        tick += 1
-        clock.set_ns(clock.monotonic_ns() + TICK_NS - clock.monotonic_ns() % TICK_NS)
 
 
 def _live(update_s: float | None, power: float | None = None, peak: float | None = None) -> NodeLive:
@@ -135,3 +120,18 @@ def test_steady_seconds_option_refuses_nonsense(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="auto"):
         steady_seconds_arg(text)
+
+
+def test_every_rank_runs_the_plan_rank_0_made_from_its_meter():
+    """plan_steady: rank 0 plans from its meter's live readings (none here: no sampler), the rest take its plan."""
+    single = LaunchEnv.from_env({})
+    alone = plan_steady(WindowMeter(single, None), 0.25, None)
+    assert alone == plan_steady_window(0.25, None) and alone.update_period_source == "assumed (no sampler)"
+    asked: list[object] = []
+
+    def gather(obj: object) -> list[object]:  # rank 0's plan first, as a rank-ordered all-gather returns it
+        asked.append(obj)
+        return [alone.to_dict(), obj]
+
+    second = WindowMeter(dataclasses.replace(single, rank=1, local_rank=1, world_size=2, local_world_size=2), None)
+    assert plan_steady(second, 9.0, 60.0, gather) == alone and asked == [None]  # rank 1 plans nothing itself

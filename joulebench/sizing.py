@@ -1,14 +1,17 @@
 """How many iterations the steady window gets: decided before it opens, from the sensor and the warm-up.
 
+Driver policy, not the meter's job: the meter publishes its live readings (`WindowMeter.live`) and its
+estimator's bound terms; this module turns them into a window length every driver uses.
+
 The rule on accelerators (one place, every driver): the window lasts at least
 
     D = max(30 s, 30 sensor update periods, the length at which the planned bound is ≤ 0.5 % of its energy)
 
 and at most 5 minutes, as a whole number of iterations N = ceil(D / step time). The planned bound is
-the estimator's own edge terms (`jpwr.estimator.planned_bound_j`: about P_edge·T per edge, two edges),
+the estimator's own edge terms (`jpwr.planned_bound_j`: about P_edge·T per edge, two edges),
 the energy is P_mean·D, so the bound term asks for D ≥ 2·T·P_edge / (0.005·P_mean): 40 s at T = 100 ms
 and a flat power curve. T, P_edge (the highest recent power reading) and P_mean come from the node's
-sampler (`jpwr.live`) at the end of the warm-up; the step time is the warm-up's (median of its steps
+sampler (`WindowMeter.live`) at the end of the warm-up; the step time is the warm-up's (median of its steps
 after the first). Rank 0 decides and every rank gets its plan, so all ranks run the same iterations.
 If the loop's period would alias with the sensor's, N grows until the loop drifts through every
 sensor phase (within the 5 minutes). Iteration counts given by the user win over all of this.
@@ -22,13 +25,13 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-from jpwr.arguments import POSITIVE
-from jpwr.errors import ValidationError
-from jpwr.estimator import aliasing_warning, planned_bound_j
-from jpwr.live import NodeLive
+from jpwr import POSITIVE, NodeLive, ValidationError, aliasing_warning, planned_bound_j
+
+if TYPE_CHECKING:  # only the type: sizing is imported by the drivers' parsers, before any meter is opened
+    from jpwr import WindowMeter
 
 TARGET_BOUND_FRACTION = 0.005
 MIN_UPDATE_PERIODS = 30
@@ -143,6 +146,19 @@ def plan_steady_window(step_s: float, live: NodeLive | None, seconds: float | No
               f"planned bound {fraction:.2%} (update period {length.update_period_source})")
     return SteadyPlan(iterations, length.rule, reason, length.seconds, step_s, update_s, length.update_period_source,
                       length.edge_power_w, length.mean_power_w, fraction, alias)
+
+
+def plan_steady(meter: WindowMeter, step_s: float, seconds: float | None = None,
+                gather: Callable[[object], Sequence[object]] | None = None) -> SteadyPlan:
+    """Size the steady window before it opens: rank 0 plans from its sampler's live readings and every rank
+    gets that plan, so all ranks run the same iterations. Call on every rank (a collective when `gather` is
+    given, e.g. torch's all_gather_object, and the run has several ranks)."""
+    plan = None
+    if meter.launch.rank == 0:
+        live = meter.live(span_s=min(30.0, max(2.0, 3 * step_s)))
+        plan = plan_steady_window(step_s, live, seconds).to_dict()
+    plans = gather(plan) if gather is not None and meter.launch.world_size > 1 else [plan]
+    return SteadyPlan.from_dict(cast(Mapping[str, Any], plans[0]))
 
 
 class StepTimer:

@@ -1,0 +1,82 @@
+"""The phases drivers mark inside a step, and the replay of each phase alone in its own window.
+
+Driver policy built on the meter: jpwr stores phase marks under any name and meters any window; which
+names the drivers share (the analysis reads them back) and how a phase is replayed for the replay
+estimator (joulebench.analysis.replay) is decided here, once for every driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from jpwr import ValidationError
+
+if TYPE_CHECKING:  # only the types: drivers import the phase names before any meter is opened
+    from jpwr import Window, WindowMeter
+
+FORWARD = "forward"
+BACKWARD = "backward"
+OPTIMIZER = "optimizer"
+GRAD_REDUCE = "grad_reduce"  # data-parallel gradient reduction not hidden behind backward
+PIPELINE_P2P = "pipeline_p2p"  # pipeline-parallel sends and receives between stages
+STANDARD_PHASES = (FORWARD, BACKWARD, OPTIMIZER, GRAD_REDUCE, PIPELINE_P2P)
+REPLAY_PREFIX = "replay/"  # replay windows are named replay/<phase>
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """One phase run on its own for the replay estimator; `setup` runs once before its window (untimed)."""
+
+    name: str
+    run: Callable[[], object]
+    setup: Callable[[], object] | None = None
+
+
+TIMING_INVOCATIONS = 3  # timed invocations that fix a replay's count, after one that warms up
+MIN_REPLAY_INVOCATIONS = 3
+
+
+def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--replay-phases") -> None:
+    """A replay without a sampler would run for nothing: no window would get an energy."""
+    if seconds < 0:
+        raise ValidationError(f"{option} {seconds:g} is negative", f"pass seconds per phase (e.g. {option} 5), "
+                                                                    "or 0 / leave it out for no replay")
+    if seconds > 0 and not has_sampler:
+        raise ValidationError(f"{option} {seconds:g} without a jpwr sampler (replay windows would get no energy)",
+                              "run under `jpwr -- ...` or `jpwr serve`, or pass --energy-methods")
+
+
+def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: float,
+                  agree_max: Callable[[int], int] | None = None) -> list[Window]:
+    """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
+
+    Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
+    allocations and first-call costs made the count, and so the window, too short), the next TIMING_INVOCATIONS
+    are timed. That fixes the count for at least `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a
+    collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
+    must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
+    (3 s at the H100's 100 ms).
+    """
+    sync = meter.sync or (lambda: None)
+    windows = []
+    for replay in replays:
+        if replay.setup is not None:
+            replay.setup()
+        replay.run()
+        sync()
+        started = time.monotonic()
+        for _ in range(TIMING_INVOCATIONS):
+            replay.run()
+        sync()
+        once_s = max((time.monotonic() - started) / TIMING_INVOCATIONS, 1e-6)
+        count = max(MIN_REPLAY_INVOCATIONS, int(min_seconds / once_s) + 1)
+        count = agree_max(count) if agree_max is not None else count
+        name = REPLAY_PREFIX + replay.name
+        meter.begin(name, 0)
+        for _ in range(count):
+            replay.run()
+        windows.append(meter.end(name, count, {"invocations": float(count)}))
+    return windows

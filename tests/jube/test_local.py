@@ -62,6 +62,21 @@ def test_local_llm_tagged_and_resnet50_untagged_run_without_slurm(jube_env: dict
     assert not called.exists(), f"the local workflow called Slurm: {called.read_text()}"
 
 
+def test_local_failed_row_says_the_driver_s_own_error(jube_env: dict[str, str], tmp_path: Path) -> None:
+    """The driver refuses its device (exit 64, no record): the row and the job log's last line give its own words."""
+    env, _ = _no_slurm({**jube_env, "JOULEBENCH_DRIVER_DEVICE": "cuda"}, tmp_path)
+    out = tmp_path / "llm"
+    jube_run(LLM_XML, ["local", "tiny"], out, env)
+    jube("result", "-a", str(out), env=env)
+    (row,) = read_table(out, "llm_csv")
+    host = socket.gethostname().split(".")[0]
+    said = f"rank 0 on {host} exited with code 64: llm_training: error: --device cuda but torch sees no GPU. Fix: "
+    assert row["Status"] == "FAILED" and row["Note"].startswith(f"{CPU_NOTE}; {said}"), row
+    (workdir,) = submit_workdirs(out)
+    last = [line for line in (workdir / "job.err").read_text().splitlines() if line.startswith("joulebench-job:")][-1]
+    assert f"finished: status FAILED ({said}" in last and last.endswith("; exit code 1"), last
+
+
 @pytest.mark.parametrize("node_devices", ["own", "all"])
 def test_local_runs_several_node_identities_with_a_sampler_each(jube_env: dict[str, str], tmp_path: Path,
                                                                  node_devices: str) -> None:

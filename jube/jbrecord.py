@@ -10,9 +10,9 @@ Runs with the profile's Python (joulebench installed): at the very end of jube/j
 at the stop budget, on scancel), in the finalizer job Slurm starts once the benchmark job ended however it
 ended, and on the login node for points that never became a job (INVALID, refused by sbatch). The job's
 own outcome decides the status unless the job ended normally, then the driver's record does (OK, PARTIAL,
-or TIMEOUT from its own clock, also when its ranks exited 124), except that ranks ending badly without a
-record, or with a FAILED one, make the row FAILED in the words of the rank that failed first (jblog.py); a
-missing record becomes a record of the job's status so that every sweep point gets its row. `result.txt`
+or TIMEOUT from its own clock, also when its ranks exited 124), except that a rank that failed first makes
+the row FAILED in its own words (jblog.py) unless the record says the run was measured to its end; a missing
+record becomes a record of the job's status so that every sweep point gets its row. `result.txt`
 holds one `JB key=value` line per table column: JUBE's patterns read that file, never the drivers' logs, so
 the table shows the same numbers as run_record.json (n/a with the reason where there are none). The exit
 code follows the final status (EXIT_CODES), which job.sh passes on, so Slurm's job state, the job log, the
@@ -76,26 +76,24 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
 
 
 def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None) -> tuple[str, str]:
-    """The job's status and reason when its ranks ended on their own with exit code `code` (not 0). A run record
-    decides, unless it says FAILED: then, as without a record, the row is FAILED in the words of the rank that failed
-    first (srun's --kill-on-bad-exit ends the others, whose code the step's often is). A rank's failure beside a
-    record that is not FAILED becomes one of the record's warnings."""
+    """The job's status and reason when its ranks ended on their own with exit code `code` (not 0).
+
+    Where no rank failed (their own clean stop exits 124), the driver's record decides. A rank that failed first (any
+    other code, or a signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others,
+    whose code the step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run
+    recorded as measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
     log = Path(settings["JB_WORKDIR"]) / jblog.JOB_LOG
     end = jblog.first_rank_end(log)
-    failed = end if end is not None and end.code != EXIT_CODES["TIMEOUT"] else None  # 124: a clean stop
-    if record is None:
-        if failed is not None:
-            return "FAILED", failed.describe()
+    if end is None or end.code == EXIT_CODES["TIMEOUT"]:
+        if record is not None:
+            return "OK", ""
         line = jblog.last_error_line(log)
         return "FAILED", (f"the ranks exited with code {code} without writing the run record"
                           + (f": {line}" if line else " (see job.err)"))
-    if failed is None:
+    if record is not None and record.status in ("OK", "PARTIAL"):
+        record.warn(end.describe())
         return "OK", ""
-    text = failed.describe(with_line=failed.line not in (record.status_reason or ""))
-    if record.status == "FAILED":
-        return "FAILED", text
-    record.warn(text)
-    return "OK", ""
+    return "FAILED", end.describe(with_line=record is None or end.line not in (record.status_reason or ""))
 
 
 def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None,
@@ -391,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     record = finalize_job(settings, args.job_id)
     if record is not None:
         sys.stdout.write(write_result(settings, record))
-    say_finished(settings, record, f"the finalizer job, after job {args.job_id} ended")
+    say_finished(settings, record, f"jbrecord.py finalize-job after job {args.job_id} ended")
     return 0  # the finalizer job itself succeeded, whatever the benchmark job's status
 
 

@@ -160,19 +160,24 @@ def test_a_failed_row_names_the_rank_that_failed_first_in_its_own_words(tmp_path
     assert row["status_reason"] == RANK1
 
 
-def test_a_clean_stop_with_its_record_is_a_timeout_and_a_failed_record_keeps_the_rank_s_words(tmp_path: Path) -> None:
-    """The driver's own clock: exit 124 and a TIMEOUT record (srun kills the rank that was slower to exit)."""
+def test_a_clean_stop_with_its_record_is_a_timeout_and_a_rank_that_failed_first_makes_it_failed(tmp_path: Path) -> None:
+    """The driver's own clock: exit 124 and a TIMEOUT record (srun kills the rank that was slower to exit). A rank that
+    failed first: FAILED in its words, also where rank 0 recorded srun's SIGTERM to it as TIMEOUT."""
     stopped = job_dir(tmp_path / "stopped", "TIMEOUT")
     log = "srun: error: n1: task 0: Exited with exit code 124\nsrun: error: n2: task 1: Terminated\n"
     rc, row = finalize_ranks(stopped, log, 143)
     assert (rc, row["status"]) == (124, "TIMEOUT") and row["note"].startswith("stopped cleanly after 9 of 100")
+    killed = job_dir(tmp_path / "killed", "TIMEOUT")
+    rc, row = finalize_ranks(killed, SRUN_LOG, 143)
+    assert (rc, row["status"]) == (1, "FAILED")
+    assert row["note"] == f"{RANK1} (the driver had reported TIMEOUT: stopped cleanly after 9 of 100 iterations)"
     failed = job_dir(tmp_path / "failed", "FAILED")
     rc, row = finalize_ranks(failed, SRUN_LOG, 143)
     assert (rc, row["status"]) == (1, "FAILED")
     assert row["note"] == f"{RANK1}; the driver: stopped cleanly after 9 of 100 iterations"
 
 
-def test_a_rank_failing_beside_a_record_that_is_not_failed_is_a_warning_in_the_note(tmp_path: Path) -> None:
+def test_a_rank_failing_beside_a_record_measured_to_its_end_is_a_warning_in_the_note(tmp_path: Path) -> None:
     work = job_dir(tmp_path, "OK")
     rc, row = finalize_ranks(work, SRUN_LOG, 64)
     assert (rc, row["status"]) == (0, "OK") and row["note"].endswith(f"; {RANK1}")

@@ -161,7 +161,8 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
             wait -n 2>/dev/null  # (bash's own "Killed" notice: log_rank_end says it)
             for i in "${!pids[@]}"; do
                 pid=${pids[$i]}
-                { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; } || continue  # running, or a zombie wait -n reaps next
+                # still running, or a zombie that the next wait -n reaps
+                { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; } || continue
                 wait "$pid" 2>/dev/null
                 rc=$?
                 pids[i]=""
@@ -329,7 +330,8 @@ finish() {
     why=$(sed -n 's/^JB status_reason=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
     hold=""
     [ "$final" = TIMEOUT ] && hold=$(seconds_to_hold)
-    [ -n "$hold" ] && log "holding the allocation until Slurm's time limit (${hold} s left) so that Slurm records TIMEOUT too"
+    [ -n "$hold" ] && log "holding the allocation until Slurm's time limit (${hold} s left) so that Slurm records" \
+        "TIMEOUT too"
     log "finished: status $final${why:+ ($why)} after $(elapsed) s; exit code $code"  # the log's last line
     if [ -n "$hold" ]; then
         trap 'exit 124' TERM

@@ -86,12 +86,21 @@ def fake_env() -> Callable[..., dict[str, str]]:
 # local Slurm clusters of jube/slurm-local.sh (/tmp/joulebench-slurm-*, the munge marker, their /etc/hosts lines),
 # the samplers' sockets (/tmp/jpwr-*), and tests' own sockets and directories (/tmp/jb-*, /tmp/jpwr-*). Only these
 # names are checked, and only entries that appeared during the session: on a shared machine other users create files
-# in /tmp as well (a second test session of this suite running at the same time can still be taken for ours).
+# in /tmp as well. A socket a live process is bound to is in use, not left behind (another session's sampler); other
+# entries of a second session of this suite running at the same time can still be taken for ours.
 LEFTOVER_NAMES = ("joulebench-*", "jpwr-*", "jb-*")
 HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "joulebench"  # slurm-local.sh's lines end in "# joulebench-slurm-local"
 TMP_DIRS = sorted({Path("/tmp"), Path(tempfile.gettempdir())})
 _BEFORE = pytest.StashKey[set[str]]()
+
+
+def _bound_sockets() -> set[str]:
+    """Paths of the Unix sockets live processes are bound to (Linux's /proc/net/unix; empty elsewhere)."""
+    with contextlib.suppress(OSError):
+        rows = Path("/proc/net/unix").read_text().splitlines()[1:]
+        return {fields[7] for fields in (row.split() for row in rows) if len(fields) > 7}
+    return set()
 
 
 def _ours_now() -> set[str]:
@@ -109,7 +118,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session, naming each one, for entries the tests left behind (passed or failed)."""
-    left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()))
+    left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()) - _bound_sockets())
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -122,6 +122,18 @@ def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_j
     before = (work / "result.txt").read_text()
     assert jbrecord.main(["finalize-job", "--settings", str(work / "job.env"), "--job-id", "999999999"]) == 0
     assert (work / "result.txt").read_text() == before  # done already: the finalizer changes nothing
+    (last,) = (work / "job.err").read_text().splitlines()  # the job script never wrote it: the finalizer did, once
+    assert last.startswith("joulebench-job: finished: status FAILED (Slurm no longer knows job 999999999") and \
+        last.endswith("; written by jbrecord.py finalize-job after job 999999999 ended"), last
+
+
+def test_the_submit_step_writes_the_last_line_of_a_local_job_script_that_was_killed(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, None, JB_LAUNCHER="local")
+    (work / "job.err").write_text("joulebench-job: [0 s] launching 1 rank(s) of llm_training on 1 node(s)\n")
+    jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "FAILED", "--reason", "killed (-9)",
+                   "--finished-by", "the submit step"])
+    last = (work / "job.err").read_text().splitlines()[-1]
+    assert last == "joulebench-job: finished: status FAILED (killed (-9)); written by the submit step"
 
 
 def test_every_status_has_an_exit_code_and_job_states_map_to_statuses() -> None:

@@ -50,6 +50,7 @@ from jbsystems import (
     check_name,
     closest,
     load_profile,
+    override_variable,
     resolve_python,
     system_names,
 )
@@ -192,7 +193,7 @@ def limit_for_budget(budget_s: float) -> int:
     return int(math.ceil(limit / 60.0) * 60)
 
 
-def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str) -> str:
+def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str, system: str) -> str:
     """Refuse a limit that cannot hold start-up, warm-up and the minimum steady window; a warning when tight."""
     margin = stop_margin_s(limit_s)
     budget, needed = limit_s - margin, startup_s + steady_s
@@ -201,7 +202,7 @@ def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str)
               "minimum steady window")
     if budget < needed:
         raise PointRefused(detail, f"set time_limit to at least {jbslurm.hms(limit_for_budget(needed))} "
-                                   "(JOULEBENCH_TIME_LIMIT), or shorten the run (steady_seconds)")
+                                   f"({override_variable(system, 'time_limit')}), or shorten the run (steady_seconds)")
     if budget < TIGHT * needed:
         return f"tight time limit: {detail}; it may stop before the steady window is long enough"
     return ""
@@ -308,7 +309,7 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
     startup = number(profile[startup_key], startup_key, "startup_s")
     steady_text = args.get("steady_seconds") or args.get("min_window_s") or profile["min_steady_s"]
     steady = number(steady_text, "steady_seconds", "min_steady_s")
-    warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}")
+    warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
     shared = _cli_args(args)
     settings["JB_VALIDATE_ARGS"] = shlex.join(shared if benchmark == "inference" else [
@@ -404,9 +405,7 @@ def run_module(settings: dict[str, str], module: str, args: list[str], refused: 
     try:
         proc = subprocess.run(in_profile_shell(settings, argv), capture_output=True, text=True)
     except OSError as exc:
-        raise ConfigError(f"cannot run {settings['JB_PYTHON']}: {exc}",
-                          "set python in jube/systems.ini or JOULEBENCH_PYTHON to an interpreter with joulebench "
-                          "installed (jube/setup.sh makes .venv)") from None
+        raise ConfigError(f"cannot run {settings['JB_PYTHON']}: {exc}", _python_fix(settings)) from None
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     what = f"{module} {args[0]}"
@@ -416,8 +415,12 @@ def run_module(settings: dict[str, str], module: str, args: list[str], refused: 
         raise PointRefused(f"{what}: {problem}", fix or "see the validate step's stderr")
     if proc.returncode != 0:
         raise ConfigError(f"{what} could not run (exit {proc.returncode}) with {settings['JB_PYTHON']}",
-                          "set python in jube/systems.ini or JOULEBENCH_PYTHON to an interpreter with joulebench "
-                          "installed (jube/setup.sh makes .venv)")
+                          _python_fix(settings))
+
+
+def _python_fix(settings: dict[str, str]) -> str:
+    return (f"set {override_variable(settings['JB_SYSTEM'], 'python')} (it wins over JOULEBENCH_PYTHON and python in "
+            "the profile files) to an interpreter with joulebench installed (jube/setup.sh makes .venv)")
 
 
 def driver_validate(settings: dict[str, str]) -> None:
@@ -452,8 +455,9 @@ def check_partition(settings: dict[str, str]) -> None:
         print(f"jbprofile: warning: partition limits not checked: {unchecked}", file=sys.stderr)
     if problem:
         raise PointRefused(f"Slurm would never start this job: {problem}",
-                           "request fewer nodes or devices per node, a shorter time limit, another partition "
-                           "(partition in jube/systems.ini or JOULEBENCH_PARTITION)")
+                           "request fewer nodes or devices per node, a shorter time limit, or another partition "
+                           f"({override_variable(settings['JB_SYSTEM'], 'partition')}, which wins over "
+                           "JOULEBENCH_PARTITION and the profile files)")
 
 
 def claim_point(rundir: Path, settings: dict[str, str]) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Job side of the JUBE workflows: make sure a run record exists, then flatten it for JUBE's patterns.
 
-    jbrecord.py finalize --settings job.env --status STATUS [--reason TEXT] [--elapsed-s S]
+    jbrecord.py finalize --settings job.env --status STATUS [--reason TEXT] [--elapsed-s S] [--ranks-exit-code N]
     jbrecord.py finalize-job --settings job.env --job-id ID   # the finalizer job: the outcome from Slurm
     jbrecord.py fields RUN_RECORD [--settings job.env]          # print the JB lines only
     jbrecord.py compare --rundir RUNDIR                         # slowdown and saving against the default rows
@@ -10,11 +10,13 @@ Runs with the profile's Python (joulebench installed): at the very end of jube/j
 at the stop budget, on scancel), in the finalizer job Slurm starts once the benchmark job ended however it
 ended, and on the login node for points that never became a job (INVALID, refused by sbatch). The job's
 own outcome decides the status unless the job ended normally, then the driver's record does (OK, PARTIAL,
-or TIMEOUT from its own clock); a missing record becomes a record of the job's status so that every sweep
-point gets its row. `result.txt` holds one `JB key=value` line per table column: JUBE's patterns read that
-file, never the drivers' logs, so the table shows the same numbers as run_record.json (n/a with the reason
-where there are none). The exit code follows the final status (EXIT_CODES), which job.sh passes on, so
-Slurm's job state, the job log, the record and the table agree.
+or TIMEOUT from its own clock, also when its ranks exited 124), except that a rank that failed first makes
+the row FAILED in its own words (jblog.py) unless the record says the run was measured to its end; a missing
+record becomes a record of the job's status so that every sweep point gets its row. `result.txt`
+holds one `JB key=value` line per table column: JUBE's patterns read that file, never the drivers' logs, so
+the table shows the same numbers as run_record.json (n/a with the reason where there are none). The exit
+code follows the final status (EXIT_CODES), which job.sh passes on, so Slurm's job state, the job log, the
+record and the table agree.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import jbslurm  # same directory: on sys.path when run as a script
+import jblog  # same directory: on sys.path when run as a script
+import jbslurm
 from jbsettings import read_settings
 
 from joulebench.device_settings import Request
@@ -70,17 +73,41 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
     }
 
 
-def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None) -> RunRecord:
+def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None) -> tuple[str, str]:
+    """The job's status and reason when its ranks ended on their own with exit code `code` (not 0).
+
+    Where no rank failed (their own clean stop exits 124), the driver's record decides. A rank that failed first (any
+    other code, or a signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others,
+    whose code the step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run
+    recorded as measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
+    log = Path(settings["JB_WORKDIR"]) / jblog.JOB_LOG
+    end = jblog.first_rank_end(log)
+    if end is None or end.code == EXIT_CODES["TIMEOUT"]:
+        if record is not None:
+            return "OK", ""
+        line = jblog.last_error_line(log)
+        return "FAILED", (f"the ranks exited with code {code} without writing the run record"
+                          + (f": {line}" if line else " (see job.err)"))
+    if record is not None and record.status in ("OK", "PARTIAL"):
+        record.warn(end.describe())
+        return "OK", ""
+    return "FAILED", end.describe(with_line=record is None or end.line not in (record.status_reason or ""))
+
+
+def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None,
+             ranks_exit_code: int = 0) -> RunRecord:
     """Merge the job's outcome into the driver's record, or write one when the driver left none."""
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
-    if path.exists():
-        record = read_run_record(path)
+    record = read_run_record(path) if path.exists() else None
+    if status == "OK" and ranks_exit_code:
+        status, reason = ranks_outcome(settings, ranks_exit_code, record)
+    if record is not None:
         if status != "OK" and record.status != status:  # the job knows what happened to it as a whole
             driver = f"{record.status}: {record.status_reason}" if record.status_reason else record.status
             record.status_reason = f"{reason} (the driver had reported {driver})"
             record.status = status
         elif status != "OK" and reason and reason not in (record.status_reason or ""):
-            record.status_reason = f"{reason}; the driver: {record.status_reason}"
+            record.status_reason = f"{reason}; the driver: {record.status_reason}" if record.status_reason else reason
     else:
         if status == "OK":
             status, reason = "FAILED", "the driver exited without writing its run record (see job.err)"
@@ -166,7 +193,7 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
 
 def _note(record: RunRecord, settings: dict[str, str]) -> str:
     """What a reader needs beside the numbers: which settings were chosen, why the run is not OK, or why
-    energy is missing."""
+    energy is missing, then every warning of the run (record.warnings: the meter's, the driver's, the job's)."""
     m = record.metrics
     if record.status != "OK":
         outcome = record.status_reason or record.status
@@ -175,7 +202,9 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     else:
         outcome = ""
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})
-    note = "; ".join(part for part in (settings.get("JB_NOTE", ""), outcome, settings_note) if part)
+    parts = [settings.get("JB_NOTE", ""), outcome, settings_note]
+    parts += [w for w in record.warnings if w not in outcome]  # a PARTIAL reason may quote its warning already
+    note = "; ".join(part for part in parts if part)
     return " ".join(note.split()) or "-"
 
 
@@ -254,8 +283,9 @@ def render(fields: dict[str, str]) -> str:
 
 
 def write_result(settings: dict[str, str], record: RunRecord) -> str:
-    """result.txt (atomically: JUBE may analyse at any time), then the done file JUBE waits for."""
-    text = render(table_fields(record, settings))
+    """result.txt (atomically: JUBE may analyse at any time), then the done file JUBE waits for. Beside the columns it
+    holds the status's reason, for job.sh's last line."""
+    text = render({**table_fields(record, settings), "status_reason": record.status_reason or ""})
     target = Path(settings["JB_WORKDIR"]) / RESULT_FILE
     tmp = target.with_name(f".{RESULT_FILE}.tmp")
     tmp.write_text(text)
@@ -328,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     fin.add_argument("--status", choices=STATUSES, required=True)
     fin.add_argument("--reason", default="")
     fin.add_argument("--elapsed-s", type=float, help="seconds since the job started")
+    fin.add_argument("--ranks-exit-code", type=int, default=0,
+                     help="the ranks' exit code when the job did not stop them: the record decides, else job.err")
+    fin.add_argument("--finished-by", help="write the job log's last line in place of a job script that could not")
     job = sub.add_parser("finalize-job", help="record a job that ended without recording itself (Slurm's view)")
     job.add_argument("--settings", required=True, type=Path)
     job.add_argument("--job-id", required=True)
@@ -346,13 +379,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = read_settings(args.settings)
     if args.command == "finalize":
-        record = finalize(settings, args.status, args.reason, args.elapsed_s)
+        record = finalize(settings, args.status, args.reason, args.elapsed_s, args.ranks_exit_code)
         sys.stdout.write(write_result(settings, record))
+        if args.finished_by:
+            say_finished(settings, record, args.finished_by)
         return EXIT_CODES[record.status]
     record = finalize_job(settings, args.job_id)
     if record is not None:
         sys.stdout.write(write_result(settings, record))
+    say_finished(settings, record, f"jbrecord.py finalize-job after job {args.job_id} ended")
     return 0  # the finalizer job itself succeeded, whatever the benchmark job's status
+
+
+def say_finished(settings: dict[str, str], record: RunRecord | None, writer: str) -> None:
+    """The job log's last line, "finished: status X", where the job script could not write it (Slurm's SIGKILL
+    after KillWait, a job that never started); `record`: None for the record the job wrote itself."""
+    if record is None:
+        path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
+        if not path.exists():
+            return
+        record = read_run_record(path)
+    jblog.write_finished_line(Path(settings["JB_WORKDIR"]) / jblog.JOB_LOG, record.status, record.status_reason,
+                              writer)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"local job finished with exit code {rc}")
         if not Path(settings["JB_DONE_FILE"]).exists():  # killed before its traps could run
             _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason",
-                           f"the job script was killed (exit code {rc}) before it finished")
+                           f"the job script was killed (exit code {rc}) before it finished", "--finished-by",
+                           "the submit step, after the job script was killed")
         return 0
     argv = sbatch_command(settings, settings_path)
     print("submit:", shlex.join(argv), flush=True)

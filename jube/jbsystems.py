@@ -171,6 +171,12 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
     return profile
 
 
+def override_variable(system: str, key: str) -> str:
+    """The environment variable that sets `key` for `system` over every other source (load_profile's order): the one a
+    hint must name, since JOULEBENCH_<KEY> and the profile files lose to it."""
+    return f"JOULEBENCH_{system.upper()}_{key.upper()}"
+
+
 def resolve_python(profile: dict[str, str]) -> str:
     """`auto`: the repository's .venv (made by jube/setup.sh) if present, else python3 on PATH."""
     python = profile.get("python", "auto") or "auto"

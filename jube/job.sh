@@ -10,8 +10,10 @@
 #   2. for a point that asks for GPU settings (power_limit, sm_clock), starts one `device_settings hold` per
 #      node that applies them and restores them when the run ends (docs/sweeps.md), then
 #      starts one `jpwr serve` sampler per node (srun, one task per node, overlapping the ranks),
-#   3. launches the ranks (srun, or one process locally); they mark windows on the node's sampler
-#      and put the window energy into their run record,
+#   3. launches the ranks (srun, or processes locally); they mark windows on the node's sampler
+#      and put the window energy into their run record; their stderr reaches job.err tagged with the rank
+#      (srun --label; local ranks through run/ranks/<rank>.err) after a line for each rank that ended badly,
+#      so that jbrecord.py can name the rank that failed first in its own words,
 #   4. stops the samplers (they write <run>/energy/<node>/summary.json + trace.h5), `jpwr combine`s them,
 #   5. always finalises the run record and writes result.txt for JUBE, then touches the done file JUBE
 #      waits for -- also on failure, at the stop budget and on scancel -- so every configuration gets its row.
@@ -24,9 +26,11 @@
 # limit, or a timer that did not fire). A TERM from Slurm is its time limit (squeue's reason TimeLimit) or
 # a cancellation (scancel, preemption).
 #
-# Exit code = the final status (jbrecord.EXIT_CODES, docs/jube.md): OK and PARTIAL 0 (Slurm: COMPLETED),
-# FAILED 1 (FAILED), TIMEOUT 124, CANCELLED 143. A TIMEOUT job holds its allocation until Slurm's limit ends
-# it, so that Slurm records TIMEOUT too (at most the margin); a cancelled job is CANCELLED in Slurm anyway.
+# Exit code = the final status (joulebench.record.EXIT_CODES, docs/jube.md): OK and PARTIAL 0 (Slurm: COMPLETED),
+# FAILED 1 (FAILED), TIMEOUT 124, CANCELLED 143. Ranks that end on their own with another code than 0 leave the
+# status to the driver's record (its own clean stop exits 124), else it is FAILED (jbrecord.py). A TIMEOUT job
+# holds its allocation until Slurm's limit ends it, so that Slurm records TIMEOUT too (at most the margin); a
+# cancelled job is CANCELLED in Slurm anyway. The log's last joulebench line is "finished: status X (reason)".
 set -u
 
 settings=${1:?usage: job.sh SETTINGS_FILE}
@@ -41,12 +45,17 @@ ranks_pid=""
 sampler_pid=""
 settings_pid=""
 timer_pid=""
+ranks_rc=0  # how the ranks ended when this script did not stop them: the record decides, else job.err (jbrecord.py)
 stop_at_s=""
 finished=""
 started_s=$(date +%s)
 out=$JB_OUT_DIR
 energy_dir=$out/energy
 settings_dir=$out/device_settings  # one <node>.json per node: requested, read back, restored (jbrecord.py merges)
+# Local ranks write their stderr here, one <rank>.err each; job.err gets it tagged with the rank once they ended
+# (srun --label tags it as it comes), so that jbrecord.py finds the failing rank's own words in job.err either way.
+rank_logs=$out/ranks
+rank_logs_copied=""
 mkdir -p "$energy_dir"
 
 elapsed() { echo $(($(date +%s) - started_s)); }
@@ -119,6 +128,20 @@ start_local_samplers() {
     ) >> "$out/jpwr-serve.log" 2>&1 &
 }
 
+# What srun logs for a task that ends badly, for local ranks: rank, node, status as `wait` gives it.
+log_rank_end() {
+    local what="Exited with exit code $3"
+    [ "$3" -gt 128 ] && what="Killed by SIG$(kill -l $(($3 - 128)))"
+    log "$2: task $1: $what"
+}
+
+# Rank 0 on this host (nodes = 1): stderr to its own file, the node's own devices and name.
+launch_local_rank() {
+    # shellcheck disable=SC2086
+    $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
+        2>> "$rank_logs/0.err" &
+}
+
 launch_local_ranks() {  # one rank per node identity, as torchrun would set them up on that many nodes
     (
         trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
@@ -127,15 +150,47 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
             # shellcheck disable=SC2086
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
                 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
-                $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+                $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
+                2>> "$rank_logs/$i.err" &
             pids+=($!)
         done
-        code=0
-        for pid in "${pids[@]}"; do
-            wait "$pid" || { rc=$?; [ $code -eq 0 ] && code=$rc; kill -TERM "${pids[@]}" 2>/dev/null; }
+        # As srun --kill-on-bad-exit: each rank that ends badly is logged in the order they end, and the first ends
+        # the others: TERM, then KILL after Slurm's default KillWait (a rank waiting for a dead peer ignores TERM).
+        code=0 left=$JB_NODES killer=""
+        while [ $left -gt 0 ]; do
+            wait -n 2>/dev/null  # (bash's own "Killed" notice: log_rank_end says it)
+            for i in "${!pids[@]}"; do
+                pid=${pids[$i]}
+                # still running, or a zombie that the next wait -n reaps
+                { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; } || continue
+                wait "$pid" 2>/dev/null
+                rc=$?
+                pids[i]=""
+                left=$((left - 1))
+                [ $rc -eq 0 ] && continue
+                log_rank_end "$i" "$(local_node_name "$i")" $rc
+                [ $code -eq 0 ] || continue
+                code=$rc
+                # shellcheck disable=SC2086
+                kill -TERM ${pids[*]} 2>/dev/null
+                # shellcheck disable=SC2086
+                (trap 'kill $sleeper 2>/dev/null; exit 0' TERM; sleep 30 & sleeper=$!; wait $sleeper \
+                    && kill -KILL ${pids[*]} 2>/dev/null) &
+                killer=$!
+            done
         done
+        [ -n "$killer" ] && kill "$killer" 2>/dev/null
         exit $code
     ) &
+}
+
+copy_rank_logs() {  # local ranks' stderr into job.err, each line tagged with its rank as srun --label does; once
+    local log
+    [ -d "$rank_logs" ] && [ -z "$rank_logs_copied" ] || return 0
+    rank_logs_copied=1
+    for log in "$rank_logs"/*.err; do
+        [ -f "$log" ] && sed "s/^/$(basename "$log" .err): /" "$log" >&2
+    done
 }
 
 start_samplers() {
@@ -243,16 +298,14 @@ stop_ranks() {
     wait_gone "$ranks_pid" "$stop_wait_s" || { log "ranks did not stop within $stop_wait_s s"; kill -KILL "$ranks_pid"; }
     wait "$ranks_pid" 2>/dev/null
     ranks_pid=""
+    copy_rank_logs
 }
 
-# A TIMEOUT job waits for Slurm's limit when it is near (Slurm then records TIMEOUT as well).
-hold_until_time_limit() {
+# A TIMEOUT job waits for Slurm's limit when it is near (Slurm then records TIMEOUT as well): the seconds to wait.
+seconds_to_hold() {
     local left
     left=$(slurm_seconds_left)
-    [ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le $((JB_STOP_MARGIN_S + 60)) ] || return 0
-    log "holding the allocation until Slurm's time limit (${left} s left) so that Slurm records TIMEOUT too"
-    trap 'exit 124' TERM
-    while :; do sleep 5 & wait $!; done
+    [ -n "$left" ] && [ "$left" -gt 0 ] && [ "$left" -le $((JB_STOP_MARGIN_S + 60)) ] && echo "$left"
 }
 
 finish() {
@@ -266,7 +319,7 @@ finish() {
     stop_settings_guard
     # shellcheck disable=SC2086
     $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
-        --reason "$reason" --elapsed-s "$(elapsed)" > "$out/finalize.log" 2>&1
+        --reason "$reason" --elapsed-s "$(elapsed)" --ranks-exit-code "$ranks_rc" > "$out/finalize.log" 2>&1
     code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
@@ -274,8 +327,16 @@ finish() {
         final=FAILED; code=1
         log "could not finalise the run record, see $out/finalize.log"
     fi
-    log "finished: status $final${reason:+ ($reason)} after $(elapsed) s; exit code $code"
-    [ "$final" = TIMEOUT ] && hold_until_time_limit
+    why=$(sed -n 's/^JB status_reason=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
+    hold=""
+    [ "$final" = TIMEOUT ] && hold=$(seconds_to_hold)
+    [ -n "$hold" ] && log "holding the allocation until Slurm's time limit (${hold} s left) so that Slurm records" \
+        "TIMEOUT too"
+    log "finished: status $final${why:+ ($why)} after $(elapsed) s; exit code $code"  # the log's last line
+    if [ -n "$hold" ]; then
+        trap 'exit 124' TERM
+        while :; do sleep 5 & wait $!; done
+    fi
     exit $code
 }
 
@@ -334,14 +395,12 @@ if [ "$status" = OK ]; then
     log "launching $JB_WORLD_SIZE rank(s) of $JB_DRIVER on $JB_NODES node(s)"
     if [ "$JB_LAUNCHER" = slurm ]; then
         # shellcheck disable=SC2086
-        srun --kill-on-bad-exit=1 --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
+        srun --kill-on-bad-exit=1 --label --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
             --ntasks-per-node="$JB_TASKS_PER_NODE" $JB_SRUN_ARGS \
             $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
-    elif [ "$JB_NODES" -gt 1 ]; then
-        launch_local_ranks
     else
-        # shellcheck disable=SC2086
-        $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+        mkdir -p "$rank_logs"
+        if [ "$JB_NODES" -gt 1 ]; then launch_local_ranks; else launch_local_rank; fi
     fi
     ranks_pid=$!
     wait "$ranks_pid"
@@ -351,8 +410,8 @@ if [ "$status" = OK ]; then
         rc=$?
     done
     ranks_pid=""
-    if [ $rc -ne 0 ]; then
-        status=FAILED; reason="ranks exited with code $rc (see job.err)"
-    fi
+    [ $rc -ne 0 ] && [ "$JB_LAUNCHER" = local ] && [ "$JB_NODES" -eq 1 ] && log_rank_end 0 "$(hostname -s)" $rc
+    copy_rank_logs
+    ranks_rc=$rc
 fi
 finish

@@ -2,7 +2,8 @@
 # A real, small Slurm cluster on this one machine, for CI and for trying the JUBE workflows.
 #
 #   jube/slurm-local.sh start  [--shape 2|4]   start (idempotent); prints `export SLURM_CONF=...`
-#   jube/slurm-local.sh stop   [--shape 2|4]   cancel jobs, stop slurmd/slurmctld (and munged if we started it)
+#   jube/slurm-local.sh stop   [--shape 2|4]   cancel jobs, stop slurmd/slurmctld (and munged if we started it),
+#                                              remove its /etc/hosts lines and its files (also after a failed start)
 #   jube/slurm-local.sh status [--shape 2|4]   exit 0 when every node is idle/allocated
 #   jube/slurm-local.sh env    [--shape 2|4]   print the `export SLURM_CONF=...` line
 #
@@ -13,7 +14,8 @@
 # its profile/environment:
 #   shape 2: nodes n1-n2 (127.0.0.11-12), partition "debug" (default), 2 fake GPUs per node
 #   shape 4: nodes c1-c4 (127.0.0.21-24), partitions "devel" (c1-c2, default) and "booster" (c1-c4)
-# Everything lives under $JOULEBENCH_SLURM_BASE (default /tmp/joulebench-slurm-<shape>). Must run as root.
+# Everything lives under $JOULEBENCH_SLURM_BASE (default /tmp/joulebench-slurm-<shape>), which `stop` removes
+# with the shape's /etc/hosts lines, so that nothing is left behind. Must run as root.
 set -eu
 
 command=${1:-}
@@ -100,14 +102,32 @@ EOF
 }
 
 # Node names must resolve (MASTER_ADDR is the first node of the job); one marked line per node.
-add_hosts() {
+host_lines() {
     ip=$first_ip
     for node in $nodes; do
-        if ! grep -q "^127\.0\.0\.$ip $node # joulebench-slurm-local$" /etc/hosts; then
-            echo "127.0.0.$ip $node # joulebench-slurm-local" >> /etc/hosts
-        fi
+        echo "127.0.0.$ip $node # joulebench-slurm-local"
         ip=$((ip + 1))
     done
+}
+
+add_hosts() {
+    host_lines | while read -r line; do
+        grep -qxF "$line" /etc/hosts || echo "$line" >> /etc/hosts
+    done
+}
+
+# This shape's lines only (the other shape may still run). Rewritten in place: /etc/hosts may be a bind mount.
+remove_hosts() {
+    ours=$(host_lines)
+    printf '%s\n' "$ours" | grep -qxF -f - /etc/hosts || return 0
+    kept=$(printf '%s\n' "$ours" | grep -vxF -f - /etc/hosts || true)
+    printf '%s\n' "$kept" > /etc/hosts
+}
+
+# The files `start` made; the directory itself only if nothing else is in it (JOULEBENCH_SLURM_BASE may be any path).
+remove_files() {
+    rm -rf "$base/state" "$base/log" "$base/run" "$base/spool" "$base/fakegpu" "$conf" "$base/gres.conf"
+    rmdir "$base" 2>/dev/null || true
 }
 
 start_munge() {
@@ -180,6 +200,9 @@ stop() {
         i=0
         while alive "$pidfile" && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
         if alive "$pidfile"; then kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+        i=0
+        while alive "$pidfile" && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
+        if alive "$pidfile"; then kill -KILL "$(cat "$pidfile")" 2>/dev/null || true; fi
     done
     if [ -f "$munge_marker" ]; then
         still=""
@@ -191,6 +214,8 @@ stop() {
             rm -f "$munge_marker"
         fi
     fi
+    remove_hosts
+    remove_files
     log "stopped ($conf)"
 }
 

@@ -1,15 +1,19 @@
-"""Shared test setup: the hardware-boundary fakes come first on sys.path.
+"""Shared test setup: the hardware-boundary fakes come first on sys.path; nothing is left behind.
 
 `import pynvml`, `import amdsmi` and `import gcipuinfo` in any test (and in jpwr code under test) get the
 fakes in tests/fakes, which start out as "no such hardware" until a test configures them. Subprocesses get
 the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
+
+A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -76,3 +80,55 @@ def fake_env() -> Callable[..., dict[str, str]]:
         return env
 
     return build
+
+
+# What the suite creates outside pytest's own tmp_path (under /tmp/pytest-of-<user>, pytest's to keep or prune): the
+# local Slurm clusters of jube/slurm-local.sh (/tmp/joulebench-slurm-*, the munge marker, their /etc/hosts lines),
+# the samplers' sockets (/tmp/jpwr-*), and tests' own sockets and directories (/tmp/jb-*, /tmp/jpwr-*). Only these
+# names are checked, and only entries that appeared during the session: on a shared machine other users create files
+# in /tmp as well. A socket a live process is bound to is in use, not left behind (another session's sampler); other
+# entries of a second session of this suite running at the same time can still be taken for ours.
+LEFTOVER_NAMES = ("joulebench-*", "jpwr-*", "jb-*")
+HOSTS_FILE = Path("/etc/hosts")
+HOSTS_MARK = "joulebench"  # slurm-local.sh's lines end in "# joulebench-slurm-local"
+TMP_DIRS = sorted({Path("/tmp"), Path(tempfile.gettempdir())})
+_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _bound_sockets() -> set[str]:
+    """Paths of the Unix sockets live processes are bound to (Linux's /proc/net/unix; empty elsewhere)."""
+    with contextlib.suppress(OSError):
+        rows = Path("/proc/net/unix").read_text().splitlines()[1:]
+        return {fields[7] for fields in (row.split() for row in rows) if len(fields) > 7}
+    return set()
+
+
+def _ours_now() -> set[str]:
+    """Our entries in the temporary directories and our lines in /etc/hosts."""
+    found = {str(entry) for tmp in TMP_DIRS if tmp.is_dir() for entry in tmp.iterdir()
+             if any(fnmatch.fnmatch(entry.name, pattern) for pattern in LEFTOVER_NAMES)}
+    with contextlib.suppress(OSError):
+        found |= {f"{HOSTS_FILE}: {line}" for line in HOSTS_FILE.read_text().splitlines() if HOSTS_MARK in line}
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _ours_now()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session, naming each one, for entries the tests left behind (passed or failed)."""
+    left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()) - _bound_sockets())
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"the test session left {len(left)} thing(s) behind (tests and fixtures must remove what they create; "
+             "jube/slurm-local.sh stop removes a local cluster's):", *(f"  {item}" for item in left)]
+    if reporter is not None:
+        reporter.write_sep("=", "left behind", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -36,14 +36,20 @@ requires_slurm = pytest.mark.skipif(
 
 
 def _cluster(shape: int) -> Iterator[Path]:
-    running = subprocess.run([str(SLURM_SCRIPT), "status", "--shape", str(shape)], capture_output=True).returncode == 0
-    if not running:
-        subprocess.run([str(SLURM_SCRIPT), "start", "--shape", str(shape)], check=True, capture_output=True)
+    """Start the cluster unless it runs; stop it (its daemons, files and /etc/hosts lines) if this session started
+    it, also when it did not come up."""
+    base = Path(f"/tmp/joulebench-slurm-{shape}")
+    script = [str(SLURM_SCRIPT)]
+    running = subprocess.run([*script, "status", "--shape", str(shape)], capture_output=True).returncode == 0
     try:
-        yield Path(f"/tmp/joulebench-slurm-{shape}/slurm.conf")
+        if not running:
+            started = subprocess.run([*script, "start", "--shape", str(shape)], capture_output=True, text=True)
+            logs = "".join(f"\n--- {log}\n{log.read_text()[-2000:]}" for log in sorted(base.glob("log/*.log")))
+            assert started.returncode == 0, f"slurm-local.sh start failed:\n{started.stderr}{logs}"
+        yield base / "slurm.conf"
     finally:
         if not running:
-            subprocess.run([str(SLURM_SCRIPT), "stop", "--shape", str(shape)], capture_output=True)
+            subprocess.run([*script, "stop", "--shape", str(shape)], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ where the cluster has room (2 nodes x 2 fake GPUs), since a 1-minute limit makes
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -48,7 +49,9 @@ def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
     assert len(jobs) == 2 and all("Submitted batch job" in (j / "stdout").read_text() for j in jobs), run.stdout
     wait_for_jobs(out)
     printed, rows = continue_and_read(out, "llm_csv", env)
-    assert sorted(row["GBS"] for row in rows) == ["4", "8"]
+    assert [row["GBS"] for row in rows] == ["4", "8"]  # the sweep's order
+    records = {(job / "job.id").read_text().strip(): json.loads((job / "run" / "run_record.json").read_text())
+               for job in jobs}
     for row in rows:
         assert row["JobID"] in printed and row["Status"] == "OK", row
         layout = (row["System"], row["Nodes"], row["Devices"], row["Model"], row["TP/PP/DP"], row["Precision"])
@@ -58,7 +61,7 @@ def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
         assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
         assert row["Energy method"] in ("counter", "counter+power", "power")
         assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
-        assert row["Note"] == "-"
+        assert row["Note"] == _as_note(records[row["JobID"]]["warnings"]), row  # every warning of the run
     for job in jobs:
         assert (job / "run" / "run_record.json").exists()
         assert {p.name for p in (job / "run" / "energy").iterdir()} >= {"n1", "n2", "summary.json"}
@@ -106,11 +109,19 @@ def _wait_for_text(path: Path, text: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
-def _finished_line(workdir: Path) -> str | None:
-    """The job log's last word on the job (absent when Slurm killed the script before its traps ended)."""
+def _as_note(texts: list[str]) -> str:
+    """Texts as the table's Note holds them: joined by `; `, one line, no commas (JUBE's CSV does not quote)."""
+    return " ".join("; ".join(texts).split()).replace(",", ";") or "-"
+
+
+def _finished_line(workdir: Path) -> str:
+    """The status in the job log's last joulebench line, "finished: status X": the job script's, or the finalizer
+    job's where Slurm killed the script before it could write it (or the job never started)."""
     err = workdir / "job.err"
-    lines = [line for line in err.read_text().splitlines() if "finished: status" in line] if err.exists() else []
-    return lines[-1].split("finished: status ")[1].split()[0] if lines else None
+    _wait_for_text(err, "finished: status ")
+    lines = [line for line in err.read_text().splitlines() if line.startswith("joulebench-job:")]
+    assert "finished: status " in lines[-1], lines[-3:]
+    return lines[-1].split("finished: status ")[1].split()[0]
 
 
 def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
@@ -146,18 +157,18 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
         state = _slurm_state(job_ids[name], env)
         assert (state, record["status"], row["Status"]) == (SLURM_STATE[expected], expected, expected), (name, row)
         assert row["JobID"] == job_ids[name] == record["job"]["job_id"], name
-        if name != "CANCELLED_PENDING":  # that one never started: no job log, its finalizer recorded it
-            assert _finished_line(work[name]) in (expected, None), name
+        assert _finished_line(work[name]) == expected, name
         assert_patterns_match(LLM_XML, (work[name] / "result.txt").read_text())
     ok, timeout = (json.loads((work[n] / "run" / "run_record.json").read_text()) for n in ("OK", "TIMEOUT"))
-    assert _finished_line(work["OK"]) == "OK" and ok["job"]["time_limit_s"] == 60
+    assert ok["job"]["time_limit_s"] == 60
     assert timeout["job"]["elapsed_s"] >= 40 and timeout["job"]["stop_budget_s"] == 50
     assert "stop budget reached" in timeout["status_reason"] and "stopped cleanly" in timeout["status_reason"]
     assert any(w["name"] == "steady" and w["steps"] > 0 for w in timeout["windows"])  # a readable measurement
     assert (work["TIMEOUT"] / "run" / "energy" / "n1" / "trace.h5").exists() or \
         (work["TIMEOUT"] / "run" / "energy" / "n2" / "trace.h5").exists()
-    (failed,) = read_table(outs["FAILED"], "llm_csv")
-    assert failed["GBS"] == "4" and "ranks exited with code" in failed["Note"], failed
+    (failed,) = read_table(outs["FAILED"], "llm_csv")  # the driver's own words, not only an exit code
+    assert failed["GBS"] == "4" and re.match(r"rank 0 on n[12] exited with code 64: llm_training: error: --device "
+                                             "cuda but torch sees no GPU. Fix: ", failed["Note"]), failed
     pending = json.loads((work["CANCELLED_PENDING"] / "run" / "run_record.json").read_text())
     assert "recorded by its finalizer job" in pending["status_reason"]
 
@@ -206,25 +217,46 @@ def test_four_node_shape_sweeps_nodes_and_refuses_what_the_partition_cannot_star
     assert "ERROR" in jube("status", str(out), env=env).stdout
     jube("result", "-a", str(out), env=env)
     rows = {(row["Nodes"], row["Status"]): row for row in read_table(out, "llm_csv")}
-    assert set(rows) == {("4", "OK"), ("6", "INVALID"), ("4", "INVALID")}, rows
+    assert list(rows) == [("4", "OK"), ("6", "INVALID"), ("4", "INVALID")], rows  # the sweep's order
     ran = rows[("4", "OK")]
     assert (ran["Devices"], ran["TP/PP/DP"]) == ("4", "1/1/4") and float(ran["Tokens/s"]) > 0
-    assert "partition booster allows at most 4 nodes per job; 6 requested" in rows[("6", "INVALID")]["Note"]
+    too_many = rows[("6", "INVALID")]["Note"]
+    assert "partition booster allows at most 4 nodes per job; 6 requested" in too_many
+    assert "another partition (JOULEBENCH_CI_PARTITION; which wins over JOULEBENCH_PARTITION" in too_many
     assert "duplicate sweep point: the same configuration as llm-000000-000000" in rows[("4", "INVALID")]["Note"]
     assert [len(list(out.glob("000000/*_submit/work/job.id")))] == [1]
     (workdir,) = [w for w in submit_workdirs(out) if (w / "job.id").exists()]
     assert {p.name for p in (workdir / "run" / "energy").iterdir()} >= {"c1", "c2", "c3", "c4"}
 
 
-def test_a_refused_submission_still_gets_a_failed_row(
+RANK_1_FAILS = """#!/bin/sh
+# The profile's launcher prefix (`container`): rank 1 of the training asks for CUDA on a CPU node, rank 0 is fine.
+case " $* " in *" -m llm_training train "*) [ "$SLURM_PROCID" = 1 ] && exec "$@" --device cuda ;; esac
+exec "$@"
+"""
+
+
+def test_failed_rows_say_why_sbatch_refused_or_the_rank_that_failed_first(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """sbatch rejects a constraint no node has: the submit step does not fail, the row says why."""
-    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_SBATCH_ARGS": "--constraint=no-such-feature"}
-    out = tmp_path / "refused"
-    jube_run(LLM_XML, ["CI", "tiny"], out, env)
-    _, rows = continue_and_read(out, "llm_csv", env)
-    (row,) = rows
+    """sbatch rejects a constraint no node has: the submit step does not fail, the row says why. A two-node job whose
+    rank 1 refuses its device (exit 64, no record) while rank 0 waits for it: srun's --kill-on-bad-exit ends rank 0,
+    and the step's exit code is that of the killed rank, yet the row and the job log's last line give rank 1's words."""
+    env = _cluster_env(jube_env, slurm_cluster)
+    prefix = tmp_path / "rank-1-fails"
+    prefix.write_text(RANK_1_FAILS)
+    prefix.chmod(0o755)
+    outs = {"refused": tmp_path / "refused", "rank": tmp_path / "rank"}
+    refused = {**env, "JOULEBENCH_SBATCH_ARGS": "--constraint=no-such-feature"}
+    jube_run(LLM_XML, ["CI", "tiny"], outs["refused"], refused)
+    jube_run(LLM_XML, ["CI", "tiny"], outs["rank"], {**env, "JOULEBENCH_CONTAINER": str(prefix)})
+    (row,) = continue_and_read(outs["refused"], "llm_csv", env)[1]
     assert row["Status"] == "FAILED" and "sbatch refused the job" in row["Note"], row
     assert "Invalid feature specification" in row["Note"], row
     assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a" and row["GBS"] == "8"
+    wait_for_jobs(outs["rank"])
+    (row,) = continue_and_read(outs["rank"], "llm_csv", env)[1]
+    said = "rank 1 on n2 exited with code 64: llm_training: error: --device cuda but torch sees no GPU. Fix: "
+    assert (row["Status"], row["Nodes"]) == ("FAILED", "2") and row["Note"].startswith(said), row
+    (workdir,) = submit_workdirs(outs["rank"])
+    assert _finished_line(workdir) == "FAILED" and said in (workdir / "job.err").read_text().splitlines()[-1]

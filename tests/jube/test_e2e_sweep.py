@@ -146,6 +146,7 @@ def test_a_site_without_the_opt_in_refuses_the_setting_before_submission_and_run
     wait_for_jobs(out, timeout_s=300)
     jube("continue", str(out), "-a", "-r", "--hide-animation", env=env)
     rows = {r["Power limit W asked"]: r for r in read_table(out, "llm_csv")}
+    assert list(rows) == ["default", "400"]  # the sweep's order, though the refused point had its row first
     assert rows["default"]["Status"] == "OK" and rows["default"]["Slowdown vs default"] == "+0.00%"
     assert rows["400"]["Status"] == "INVALID" and rows["400"]["JobID"] == "n/a"
     note = rows["400"]["Note"]

@@ -35,10 +35,20 @@ def _no_slurm(env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], Path
     return {**env, "PATH": f"{bin_dir}:{env['PATH']}", "JOULEBENCH_LLM_ITERATIONS": "3"}, called
 
 
-def test_local_llm_tagged_and_resnet50_untagged_run_without_slurm(jube_env: dict[str, str], tmp_path: Path) -> None:
+def _steady_steps(workdir: Path) -> int:
+    record = json.loads((workdir / "run" / "run_record.json").read_text())
+    return next(w["steps"] for w in record["windows"] if w["name"] == "steady")
+
+
+def test_local_llm_and_resnet50_run_without_slurm_and_measure_the_iterations_asked(jube_env: dict[str, str],
+                                                                                  tmp_path: Path) -> None:
     """This machine has no GPU: the CPU-sized settings, said in the note. ResNet-50 without a system tag is
-    `local` too, in fp32 at 64 px, with a progress line per iteration in the job log."""
+    `local` too, in fp32 at 64 px, with a progress line per iteration in the job log. llm_iterations = N and
+    resnet_iterations = N both mean N measured iterations, the warm-up's on top (llm_training's side of this needs the
+    driver where --iterations counts measured iterations)."""
     env, called = _no_slurm(jube_env, tmp_path)
+    measured, warmup = 4, 2  # [local.cpu]'s warm-up
+    env.update(JOULEBENCH_LLM_ITERATIONS=str(measured), JOULEBENCH_RESNET_ITERATIONS=str(measured))
     runs = {"llm": (LLM_XML, ["local", "tiny"], "llm_csv"), "resnet": (RESNET_XML, ["pytorch"], "resnet50_csv")}
     for name, (xml, tags, table) in runs.items():
         out = tmp_path / name
@@ -49,6 +59,7 @@ def test_local_llm_tagged_and_resnet50_untagged_run_without_slurm(jube_env: dict
         assert (row["JobID"], row["System"], row["Devices"], row["Status"], row["Precision"]) == (
             "local", "local", "1", "OK", "fp32"), row
         assert row["Energy(Wh)"] == "n/a" and row["Note"].startswith(f"{CPU_NOTE}; energy n/a: "), row
+        assert (row["Iterations asked"], row["Warm-up iterations"]) == (str(measured), str(warmup)), row
         (workdir,) = submit_workdirs(out)
         assert_patterns_match(xml, (workdir / "result.txt").read_text())
         assert "finished: status OK" in (workdir / "job.err").read_text()
@@ -58,8 +69,26 @@ def test_local_llm_tagged_and_resnet50_untagged_run_without_slurm(jube_env: dict
     assert (resnet["Model"], resnet["Image px"], resnet["GBS"]) == ("resnet50-pytorch", "64", "8")
     progress = [line for line in (submit_workdirs(tmp_path / "resnet")[0] / "job.out").read_text().splitlines()
                 if line.startswith("[resnet50] step ")]
-    assert len(progress) == 12 and "ETA" in progress[0]  # 2 warm-up + 10 measured iterations
+    assert len(progress) == warmup + measured and "ETA" in progress[0]
     assert not called.exists(), f"the local workflow called Slurm: {called.read_text()}"
+    steps = {name: _steady_steps(submit_workdirs(tmp_path / name)[0]) for name in runs}
+    assert steps == {"llm": measured, "resnet": measured}, steps
+    assert (llm["Measured iterations"], resnet["Measured iterations"]) == (str(measured), str(measured))
+
+
+def test_local_failed_row_says_the_driver_s_own_error(jube_env: dict[str, str], tmp_path: Path) -> None:
+    """The driver refuses its device (exit 64, no record): the row and the job log's last line give its own words."""
+    env, _ = _no_slurm({**jube_env, "JOULEBENCH_DRIVER_DEVICE": "cuda"}, tmp_path)
+    out = tmp_path / "llm"
+    jube_run(LLM_XML, ["local", "tiny"], out, env)
+    jube("result", "-a", str(out), env=env)
+    (row,) = read_table(out, "llm_csv")
+    host = socket.gethostname().split(".")[0]
+    said = f"rank 0 on {host} exited with code 64: llm_training: error: --device cuda but torch sees no GPU. Fix: "
+    assert row["Status"] == "FAILED" and row["Note"].startswith(f"{CPU_NOTE}; {said}"), row
+    (workdir,) = submit_workdirs(out)
+    last = [line for line in (workdir / "job.err").read_text().splitlines() if line.startswith("joulebench-job:")][-1]
+    assert f"finished: status FAILED ({said}" in last and last.endswith("; exit code 1"), last
 
 
 @pytest.mark.parametrize("node_devices", ["own", "all"])

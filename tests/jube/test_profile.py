@@ -238,6 +238,11 @@ def test_a_time_limit_too_short_for_the_preset_is_refused_and_a_tight_one_noted(
                                                      r"and warm-up of 800M on A100 and a 30 s minimum steady window"
                                                      r".*Fix: set time_limit to at least 0:03:00"):
         jbprofile.build_settings("llm", ["A100"], {}, "run", {**env, "JOULEBENCH_TIME_LIMIT": "0:02:00"})
+    # The hint names the variable that wins: the general one loses to the system's own.
+    short = {**env, "JOULEBENCH_A100_TIME_LIMIT": "0:02:00"}
+    with pytest.raises(jbprofile.PointRefused, match=r"at least 0:03:00 \(JOULEBENCH_A100_TIME_LIMIT\)"):
+        jbprofile.build_settings("llm", ["A100"], {}, "run", {**short, "JOULEBENCH_TIME_LIMIT": "0:20:00"})
+    assert jbprofile.build_settings("llm", ["A100"], {}, "run", {**short, "JOULEBENCH_A100_TIME_LIMIT": "0:20:00"})
     with pytest.raises(jbprofile.PointRefused, match=r"at least 0:05:00"):  # the steady window asked for counts
         jbprofile.build_settings("llm", ["A100"], {"steady_seconds": "120"}, "run",
                                  {**env, "JOULEBENCH_TIME_LIMIT": "0:03:00"})

@@ -122,8 +122,96 @@ def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_j
     before = (work / "result.txt").read_text()
     assert jbrecord.main(["finalize-job", "--settings", str(work / "job.env"), "--job-id", "999999999"]) == 0
     assert (work / "result.txt").read_text() == before  # done already: the finalizer changes nothing
+    (last,) = (work / "job.err").read_text().splitlines()  # the job script never wrote it: the finalizer did, once
+    assert last.startswith("joulebench-job: finished: status FAILED (Slurm no longer knows job 999999999") and \
+        last.endswith("; written by jbrecord.py finalize-job after job 999999999 ended"), last
+
+
+def test_the_submit_step_writes_the_last_line_of_a_local_job_script_that_was_killed(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, None, JB_LAUNCHER="local")
+    (work / "job.err").write_text("joulebench-job: [0 s] launching 1 rank(s) of llm_training on 1 node(s)\n")
+    jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "FAILED", "--reason", "killed (-9)",
+                   "--finished-by", "the submit step"])
+    last = (work / "job.err").read_text().splitlines()[-1]
+    assert last == "joulebench-job: finished: status FAILED (killed (-9)); written by the submit step"
 
 
 def test_every_status_has_an_exit_code_and_job_states_map_to_statuses() -> None:
     assert set(jbrecord.EXIT_CODES) == set(jbrecord.STATUSES)
     assert set(sys.modules["jbslurm"].STATUS_OF_STATE.values()) <= set(jbrecord.STATUSES)
+
+
+# job.err of a two-node job whose rank 1 refused its configuration, as Slurm 22.05's srun --label wrote it (srun's own
+# line comes before the rank's, and the healthy rank 0 writes after it is killed).
+SRUN_LOG = """joulebench-job: [0 s] time limit 0:10:00: the run stops at 540 s, 60 s are kept for the record
+joulebench-job: [2 s] launching 2 rank(s) of llm_training on 2 node(s)
+1: jpwr: warning: no accelerator sensors on node n2
+srun: error: n2: task 1: Exited with exit code 64
+srun: launch/slurm: _step_signal: Terminating StepId=7.0
+1: python -m llm_training: error: --device cuda but torch sees no GPU. Fix: run on a GPU node, or use --device cpu
+0: slurmstepd-n1: error: *** STEP 7.0 ON n1 CANCELLED AT 2026-11-25T12:41:25 ***
+0: [rank0]: RuntimeError: Connection closed by peer [127.0.0.12]:29500
+srun: error: n1: task 0: Terminated
+"""
+RANK1 = "rank 1 on n2 exited with code 64: python -m llm_training: error: --device cuda but torch sees no GPU. " \
+        "Fix: run on a GPU node; or use --device cpu"  # as result.txt holds it: JUBE's CSV does not quote commas
+
+
+def finalize_ranks(work: Path, log: str, code: int) -> tuple[int, dict[str, str]]:
+    """jbrecord finalize as job.sh calls it after ranks that ended on their own with `code`."""
+    (work / "job.err").write_text(log)
+    rc = jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                        str(code)])
+    return rc, fields(work)
+
+
+def test_a_failed_row_names_the_rank_that_failed_first_in_its_own_words(tmp_path: Path) -> None:
+    """No record (the driver refused its configuration): the rank killed afterwards (143) is not the reason."""
+    rc, row = finalize_ranks(job_dir(tmp_path, None), SRUN_LOG, 143)
+    assert (rc, row["status"], row["note"]) == (1, "FAILED", RANK1)
+    assert row["status_reason"] == RANK1
+
+
+def test_a_clean_stop_with_its_record_is_a_timeout_and_a_rank_that_failed_first_makes_it_failed(tmp_path: Path) -> None:
+    """The driver's own clock: exit 124 and a TIMEOUT record (srun kills the rank that was slower to exit). A rank that
+    failed first: FAILED in its words, also where rank 0 recorded srun's SIGTERM to it as TIMEOUT."""
+    stopped = job_dir(tmp_path / "stopped", "TIMEOUT")
+    log = "srun: error: n1: task 0: Exited with exit code 124\nsrun: error: n2: task 1: Terminated\n"
+    rc, row = finalize_ranks(stopped, log, 143)
+    assert (rc, row["status"]) == (124, "TIMEOUT") and row["note"].startswith("stopped cleanly after 9 of 100")
+    killed = job_dir(tmp_path / "killed", "TIMEOUT")
+    rc, row = finalize_ranks(killed, SRUN_LOG, 143)
+    assert (rc, row["status"]) == (1, "FAILED")
+    assert row["note"] == f"{RANK1} (the driver had reported TIMEOUT: stopped cleanly after 9 of 100 iterations)"
+    failed = job_dir(tmp_path / "failed", "FAILED")
+    rc, row = finalize_ranks(failed, SRUN_LOG, 143)
+    assert (rc, row["status"]) == (1, "FAILED")
+    assert row["note"] == f"{RANK1}; the driver: stopped cleanly after 9 of 100 iterations"
+
+
+def test_a_rank_failing_beside_a_record_measured_to_its_end_is_a_warning_in_the_note(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, "OK")
+    rc, row = finalize_ranks(work, SRUN_LOG, 64)
+    assert (rc, row["status"]) == (0, "OK") and row["note"].endswith(f"; {RANK1}")
+    assert read_run_record(work / "run" / "run_record.json").warnings == [RANK1.replace(";", ",")]
+
+
+def test_local_ranks_are_found_as_job_sh_logs_them_and_without_any_rank_line_srun_s_own_error(tmp_path: Path) -> None:
+    local = ("0: Traceback (most recent call last):\n0:   File \"x.py\", line 1\n0: RuntimeError: out of memory\n"
+             "0: [W] destroy_process_group() was not called\n"
+             "joulebench-job: [9 s] host-n0: task 0: Killed by SIGKILL\n")
+    _, row = finalize_ranks(job_dir(tmp_path / "local", None), local, 137)
+    assert row["note"] == "rank 0 on host-n0 ended: Killed by SIGKILL: RuntimeError: out of memory"
+    srun = "srun: error: Unable to create step for job 7: Requested node configuration is not available\n"
+    _, row = finalize_ranks(job_dir(tmp_path / "srun", None), srun, 1)
+    assert row["note"] == ("the ranks exited with code 1 without writing the run record: srun: error: Unable to create "
+                           "step for job 7: Requested node configuration is not available")
+
+
+def test_every_warning_of_the_record_reaches_the_note(tmp_path: Path) -> None:
+    work = job_dir(tmp_path, None)
+    write_run_record(work / "run" / "run_record.json", RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", metrics={"energy_wh": 1.0},
+        warnings=["steady window: sensor aliasing: 100 ms updates against a 1.0 s step"]))
+    jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
+    assert fields(work)["note"] == "steady window: sensor aliasing: 100 ms updates against a 1.0 s step"

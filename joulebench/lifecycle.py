@@ -17,7 +17,7 @@ from the driver's start like Megatron-LM.
 Statuses and exit codes (joulebench.record.EXIT_CODES, the one table): OK/PARTIAL 0; TIMEOUT 124 (a clean stop
 at a request: the record is complete and its steady window a valid measurement of the steps done); FAILED 1, or
 the joulebench error's own code (64 for a configuration refused on the device, 73 for an output directory that
-cannot be written); an exception while a stop was requested is TIMEOUT too (the stop was what ended the run).
+cannot be written). An exception is FAILED even while a stop was pending: a clean stop never raises.
 Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_RESULT ...` is the last thing it
 prints.
 """
@@ -126,12 +126,15 @@ class Run:
                                      "the steady window covers the steps completed")
 
     def failed(self, exc: BaseException) -> None:
-        """Exception → status: TIMEOUT when a stop request ended the run, else FAILED with the error's code."""
+        """Exception → status: FAILED with the error's code, also while a stop was pending (a clean stop never
+        raises; an exception then is often a peer killed by the launcher, and the reason says the stop was asked)."""
         traceback.print_exc()
-        stopping = self.stop.signal_name is not None
-        self.record.status = "TIMEOUT" if stopping else "FAILED"
+        self.record.status = "FAILED"
         self.record.status_reason = str(exc) if isinstance(exc, JpwrError) else f"{type(exc).__name__}: {exc}"
-        self.exit_code = EXIT_CODES["TIMEOUT"] if stopping else int(getattr(exc, "exit_code", EXIT_CODES["FAILED"]))
+        pending = self.stop.local_reason()
+        if pending:
+            self.record.status_reason += f" (while stopping: {pending})"
+        self.exit_code = int(getattr(exc, "exit_code", EXIT_CODES["FAILED"]))
 
     def _meter(self) -> WindowMeter:
         if self.meter is None:

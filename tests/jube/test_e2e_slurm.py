@@ -146,7 +146,7 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     work = {name: submit_workdirs(out)[0] for name, out in outs.items()}
     job_ids = {name: (w / "job.id").read_text().strip() for name, w in work.items()}
     subprocess.run(["scancel", job_ids["CANCELLED_PENDING"]], env=env, check=True)
-    _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] iter ")  # cancel it while it trains
+    _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] step ")  # cancel it while it trains
     subprocess.run(["scancel", job_ids["CANCELLED"]], env=env, check=True)
     for out in outs.values():
         wait_for_jobs(out, timeout_s=200)
@@ -168,7 +168,7 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
         (work["TIMEOUT"] / "run" / "energy" / "n2" / "trace.h5").exists()
     (failed,) = read_table(outs["FAILED"], "llm_csv")  # the driver's own words, not only an exit code
     assert failed["GBS"] == "4" and re.match(r"rank 0 on n[12] exited with code 64: llm_training: error: --device "
-                                             "cuda but torch sees no GPU. Fix: ", failed["Note"]), failed
+                                             "cuda but no CUDA/ROCm device is visible. Fix: ", failed["Note"]), failed
     pending = json.loads((work["CANCELLED_PENDING"] / "run" / "run_record.json").read_text())
     assert "recorded by its finalizer job" in pending["status_reason"]
 
@@ -256,7 +256,8 @@ def test_failed_rows_say_why_sbatch_refused_or_the_rank_that_failed_first(
     assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a" and row["GBS"] == "8"
     wait_for_jobs(outs["rank"])
     (row,) = continue_and_read(outs["rank"], "llm_csv", env)[1]
-    said = "rank 1 on n2 exited with code 64: llm_training: error: --device cuda but torch sees no GPU. Fix: "
+    said = ("rank 1 on n2 exited with code 64: llm_training: error: --device cuda but no CUDA/ROCm device is visible. "
+            "Fix: ")
     assert (row["Status"], row["Nodes"]) == ("FAILED", "2") and row["Note"].startswith(said), row
     (workdir,) = submit_workdirs(outs["rank"])
     assert _finished_line(workdir) == "FAILED" and said in (workdir / "job.err").read_text().splitlines()[-1]

@@ -84,7 +84,7 @@ def test_a_power_limit_by_clock_sweep_applies_records_compares_and_restores_on_e
     for name, extra in cases.items():
         jube_run(LLM_XML, ["CI", "tiny"], outs[name], {**env, **extra})
     cancelled = submit_workdirs(outs["CANCELLED"])[0]
-    _wait_for_text(cancelled / "job.out", "[llm_training] iter ", timeout_s=300)
+    _wait_for_text(cancelled / "job.out", "[llm_training] step ", timeout_s=300)
     assert any(d["power_limit_mW"] == 400_000 for d in _devices(tmp_path).values())  # held while it trains
     subprocess.run(["scancel", (cancelled / "job.id").read_text().strip()], env=env, check=True)
     for out in outs.values():

@@ -84,7 +84,8 @@ def test_local_failed_row_says_the_driver_s_own_error(jube_env: dict[str, str], 
     jube("result", "-a", str(out), env=env)
     (row,) = read_table(out, "llm_csv")
     host = socket.gethostname().split(".")[0]
-    said = f"rank 0 on {host} exited with code 64: llm_training: error: --device cuda but torch sees no GPU. Fix: "
+    said = (f"rank 0 on {host} exited with code 64: llm_training: error: --device cuda but no CUDA/ROCm device is "
+            "visible. Fix: ")
     assert row["Status"] == "FAILED" and row["Note"].startswith(f"{CPU_NOTE}; {said}"), row
     (workdir,) = submit_workdirs(out)
     last = [line for line in (workdir / "job.err").read_text().splitlines() if line.startswith("joulebench-job:")][-1]

@@ -111,11 +111,11 @@ def record_problems(record: RunRecord) -> list[str]:
     problems += [p for key in WHOLE_METRICS if (p := number_problem(key, metrics.get(key), whole=True))]
     problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
     problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
-    for name, value in (("config devices", record.config.get("devices")),
-                        ("hardware devices", record.hardware.get("devices"))):
-        problems += [p for p in (number_problem(name, value, whole=True),) if p]
-    batch = record.config.get("global_batch_size", metrics.get("global_batch_size"))
-    problems += [p for p in (number_problem("global_batch_size", batch),) if p]
+    for name, value, whole in (("config devices", record.config.get("devices"), True),
+                               ("hardware devices", record.hardware.get("devices"), True),
+                               ("config global_batch_size", record.config.get("global_batch_size"), False),
+                               ("global_batch_size", metrics.get("global_batch_size"), False)):
+        problems += [p for p in (number_problem(name, value, whole=whole),) if p]
     if steady is not None and not problems:
         problems += _consistency(steady, metrics, unit)
     return problems

@@ -209,6 +209,8 @@ def read_profile(path: Path) -> Profile:
     for number, row in enumerate(rows, start=1):
         where = f"{path} point {number}"
         try:
+            if any(isinstance(row[key], bool) for key in ("time_s", "energy_j")):
+                raise TypeError("true/false is not a number")
             sample = (float(row["time_s"]), float(row["energy_j"]), str(row.get("source") or path.name))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(f"{where}: needs phase, clock, time_s and energy_j ({exc})",

@@ -16,6 +16,7 @@ import io
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,23 @@ def test_the_report_flags_a_rejected_run_and_leaves_it_out_of_charts_and_diagnos
         assert data["diagnoses"] and all(bad["run_id"] not in d["title"] for d in data["diagnoses"])
     finally:
         path.write_text(original)
+
+
+def test_the_jube_compare_step_leaves_a_rejected_run_out(groups, tmp_path) -> None:
+    """jbrecord.py compare (slowdown and saving per sweep point) reads the sweep as --pareto does."""
+    jbsettings = sys.modules["jbsettings"]  # loaded with jbrecord
+    for number, path in enumerate(groups[1]["sweep"]):
+        work = tmp_path / f"{number:06d}_submit" / "work"
+        (work / "run").mkdir(parents=True)
+        data = json.loads(path.read_text())
+        if data["run_id"] == "clock-1680":  # the waste-free point while its figures are intact
+            data["windows"][0]["energy"]["energy_j"] = -1.0
+        (work / "run" / "run_record.json").write_text(json.dumps(data))
+        jbsettings.write_settings(work / "job.env", {"JB_OUT_DIR": str(work / "run"), "JB_RUN_ID": data["run_id"],
+                                                     "JB_SYSTEM": "CI", "JB_MODEL": "tiny", "JB_SWEEP": "sm_clock"})
+    rows = jbrecord.compare(tmp_path)
+    assert rows["clock-1680"] == {"slowdown": "n/a", "energy_saving": "n/a"}
+    assert rows["clock-1830"]["energy_saving"].startswith("+") and rows["default"]["slowdown"] == "+0.00%"
 
 
 # ---- plan: attributed records and profile files --------------------------------------------------------------------

@@ -114,6 +114,7 @@ def record_problems(record: RunRecord) -> list[str]:
     for name, value, whole in (("config devices", record.config.get("devices"), True),
                                ("hardware devices", record.hardware.get("devices"), True),
                                ("config global_batch_size", record.config.get("global_batch_size"), False),
+                               ("config per_device_batch_size", record.config.get("per_device_batch_size"), True),
                                ("global_batch_size", metrics.get("global_batch_size"), False)):
         problems += [p for p in (number_problem(name, value, whole=whole),) if p]
     if steady is not None and not problems:

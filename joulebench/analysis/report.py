@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, save_figure
-from joulebench.figures import REJECTED, rejection
+from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
 from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now
@@ -348,12 +348,13 @@ def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
 
 def _attribution_bars(run: Run) -> list[tuple[str, list[tuple[str, float]], str]]:
     """(bar label, [(phase, share)], what the rest is) per estimator of a run's attribution block, never mixed."""
-    block = run.record.attribution or {}
+    block = (run.record.attribution or {}) if not run.rejected else {}  # shares of figures that cannot be true
     bars = []
     for name, estimator in block.get("estimators", {}).items():
         rows = estimator.get("rows") or []
         key = "share_of_step" if name == "replay" else "share"
-        parts = [(r["phase"], float(r[key])) for r in rows if isinstance(r.get(key), int | float)]
+        parts = [(r["phase"], float(r[key])) for r in rows
+                 if r.get(key) is not None and fraction_problem(key, r[key]) is None]
         if parts:
             rest = "rest of the step (unmarked work, misfit)" if name == "replay" else "below resolution or n/a"
             bars.append((f"{run.label}\n{name}", parts, rest))

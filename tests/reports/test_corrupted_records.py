@@ -3,10 +3,11 @@
 Sources: the records the drivers wrote in benchmarks/results (2026-11-25-session9 lifecycle: llm_training,
 llm_inference, resnet50 on an H100) and tests/reports/data (resnet50 on CPU at three batch sizes), the clock sweep
 of test_pareto and the attributed clock sweep of test_plan. One figure a verb reads (a window edge or step, the
-steady work, a window's energy, power, coverage or bound, a headline metric) becomes 0, negative, NaN, infinite,
-text, a fraction above 1, an edge before its start, or a unit mix-up (Wh × 3600, rates × 1000). Every verb that reads
-it must then: exit 0 or with a documented error code (64, 65), never 70 or a traceback; show the run flagged with
-the reason; and never rank it, diagnose with it, put it on a front or plan on it.
+steady work, a window's energy, power, coverage or bound, a headline metric, a batch size or device count) becomes
+0, negative, NaN, infinite, text, a fraction above 1, an edge before its start, or a unit mix-up (Wh × 3600, rates
+× 1000). Every verb that reads it must then: exit 0 or with a documented error code (64, 65), never 70 or a
+traceback; show the run flagged with the reason; and never rank it, diagnose with it, put it on a front or plan on
+it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def figure_fields(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
     if metrics.get("energy_coverage") is not None:
         fields.append((("metrics", "energy_coverage"), "fraction"))
     fields += [(("metrics", key), "units") for key in ("energy_wh", f"{unit}_per_s") if metrics.get(key)]
+    fields += [((block, key), "positive") for block, key in (("config", "global_batch_size"), ("config", "devices"),
+                                                            ("config", "per_device_batch_size"),
+                                                            ("hardware", "devices"))
+               if data.get(block, {}).get(key) is not None]
     return fields
 
 

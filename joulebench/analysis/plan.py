@@ -90,7 +90,7 @@ class Profile:
             raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting",
                                   "include the sweep's default-setting run (sm_clock empty), every phase attributed")
         bad = [f"{p} at {clock_name(c)}: {problem}" for p, by in self.options.items() for c, o in by.items()
-               for problem in _option_problems(o)]
+               for problem in _point_problems(o.time_s, o.energy_j)]
         if bad:
             raise ValidationError(f"the profile cannot be planned on: {'; '.join(bad)}",
                                   "fix the profile: every point's time and energy per step are positive and finite")
@@ -102,9 +102,9 @@ class Profile:
             for p in self.phases for c, o in sorted(self.options[p].items(), key=lambda i: _clock_order(i[0]))]}
 
 
-def _option_problems(option: Option) -> list[str]:
+def _point_problems(time_s: float, energy_j: float) -> list[str]:
     """Why a phase's time or energy per step cannot be planned on (joulebench.figures' rule)."""
-    return [p for p in (number_problem("time_s", option.time_s), number_problem("energy_j", option.energy_j)) if p]
+    return [p for p in (number_problem("time_s", time_s), number_problem("energy_j", energy_j)) if p]
 
 
 def _average(samples: Mapping[tuple[str, Clock], list[tuple[float, float, str]]]) -> dict[str, dict[Clock, Option]]:
@@ -215,7 +215,7 @@ def read_profile(path: Path) -> Profile:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(f"{where}: needs phase, clock, time_s and energy_j ({exc})",
                                   "give every point all four fields, numbers for time_s and energy_j") from None
-        problems = [p for p in (number_problem("time_s", sample[0]), number_problem("energy_j", sample[1])) if p]
+        problems = _point_problems(sample[0], sample[1])
         if problems:
             raise FormatError(f"{where} cannot be planned on: {'; '.join(problems)}",
                               "give every point a positive, finite time_s and energy_j per step; leave out a point "

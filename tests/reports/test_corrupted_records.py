@@ -301,3 +301,17 @@ def test_a_profile_point_that_cannot_be_planned_on_is_refused_naming_it(tmp_path
     assert code == 65
     assert f"joulebench plan: error: {profile} point 2 cannot be planned on: {problem}" in text
     assert "Fix: give every point a positive, finite time_s and energy_j per step" in text
+
+
+def test_the_check_names_disordered_edges_and_mixed_units(groups) -> None:
+    data = json.loads(groups[1]["lifecycle"][0].read_text())
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
+    edges = json.loads(json.dumps(data))
+    next(w for w in edges["windows"] if w["name"] == "steady")["t_end_ns"] = steady["t_start_ns"]
+    assert rejection(RunRecord.from_dict(edges)) == (
+        f"figures rejected: window 'steady' ends (t_end_ns {steady['t_start_ns']}) before it starts "
+        f"(t_start_ns {steady['t_start_ns']})")
+    kwh = json.loads(json.dumps(data))
+    kwh["metrics"]["energy_wh"] /= 1000
+    assert "energy_wh" in rejection(RunRecord.from_dict(kwh)) and "units mixed up or edited" in rejection(
+        RunRecord.from_dict(kwh))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from jbsettings import read_settings
 
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
+from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace
@@ -42,6 +44,10 @@ RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 JOB_ID_FILE = "job.id"
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
+# The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's
+# figures cannot be true (joulebench.figures).
+FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
+               "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
@@ -174,7 +180,9 @@ def finalize_job(settings: dict[str, str], slurm_job: str) -> RunRecord | None:
 
 def _num(value: Any, digits: int = 4) -> str:
     """fmt(), but large values as whole numbers (33650, not 3.365e+04): the tables are read by people."""
-    if isinstance(value, int | float) and abs(value) >= 10**digits:
+    if not is_number(value):  # None, or a value that is no number: the record's check names it in the note
+        return fmt(None)
+    if abs(value) >= 10**digits and math.isfinite(value):
         return f"{value:.0f}"
     return fmt(value, digits)
 
@@ -195,8 +203,11 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     """What a reader needs beside the numbers: which settings were chosen, why the run is not OK, or why
     energy is missing, then every warning of the run (record.warnings: the meter's, the driver's, the job's)."""
     m = record.metrics
+    rejected = rejection(record)
     if record.status != "OK":
-        outcome = record.status_reason or record.status
+        outcome = "; ".join(part for part in (record.status_reason or record.status, rejected) if part)
+    elif rejected:
+        outcome = rejected
     elif m.get("energy_wh") is None:
         outcome = f"energy n/a: {m.get('energy_unavailable_reason')}"
     else:
@@ -251,6 +262,9 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
     }
     if record.benchmark == "llm_inference":
         fields.update({key: _num(m.get(key)) for key in INFERENCE_KEYS})
+    if rejection(record):  # figures that cannot be true are flagged, never shown as numbers; the note says why
+        fields.update(dict.fromkeys([*FIGURE_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device", f"{unit}_per_wh",
+                                     *(INFERENCE_KEYS if record.benchmark == "llm_inference" else ())], REJECTED))
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
 

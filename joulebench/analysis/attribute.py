@@ -37,11 +37,13 @@ from joulebench.analysis.phase_fit import (
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
 from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
+from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RunRecord, read_run_record, write_run_record
 from jpwr import (
     Domain,
     ExitCode,
+    FormatError,
     IdleBaseline,
     PhaseBatch,
     Signal,
@@ -85,10 +87,15 @@ def load_record(run_dir: Path) -> tuple[Path, RunRecord]:
     if not path.is_file():
         raise ValidationError(f"no {RECORD_FILE} at {run_dir}", "pass the --out-dir of a finished driver run")
     try:
-        return path, read_run_record(path)
+        record = read_run_record(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValidationError(f"{path} is not a readable run record ({exc})", "pass a driver's run_record.json") \
             from exc
+    rejected = rejection(record)  # one rule for every verb: a window with impossible figures is not attributed
+    if rejected:
+        raise FormatError(f"{path}: {rejected}", "attribute the record its driver wrote (these values cannot have "
+                                                 "been measured), or restore the edited ones")
+    return path, record
 
 
 def run_traces(run_dir: Path, record: RunRecord, window: str) -> list[TraceData]:

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from joulebench.figures import number_problem, rejection, work_unit
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
 from jpwr import fmt
@@ -84,22 +85,26 @@ class UnitCost:
         return None if self.figures is None else self.figures[0] * self.figures[1]
 
 
-def work_unit(record: RunRecord) -> str:
-    return str(record.metrics.get("work_unit") or ("images" if record.benchmark == "resnet50" else "tokens"))
-
-
 def batch_size(record: RunRecord) -> float | None:
+    """The global batch size; None when missing or not a positive number (figures.record_problems says why)."""
     value = record.config.get("global_batch_size", record.metrics.get("global_batch_size"))
-    return None if value is None else float(value)
+    return None if value is None or number_problem("batch", value) else float(value)
+
+
+def device_count(record: RunRecord) -> int | None:
+    devices = record.metrics.get("devices", record.config.get("devices", record.hardware.get("devices")))
+    return None if devices is None or number_problem("devices", devices, whole=True) else int(devices)
 
 
 def unit_cost(record: RunRecord, label: str) -> UnitCost:
-    """Time per unit and mean power of the steady window; None with a reason when either is missing."""
+    """Time per unit and mean power of the steady window; None with a reason when either is missing, or when a
+    figure of the record cannot be true (joulebench.figures): such a run is never ranked or compared."""
     unit = work_unit(record)
     window = record.window(STEADY)
-    devices = record.metrics.get("devices", record.config.get("devices", record.hardware.get("devices")))
-    base = {"label": label, "work_unit": unit, "devices": None if devices is None else int(devices),
-            "batch_size": batch_size(record)}
+    base = {"label": label, "work_unit": unit, "devices": device_count(record), "batch_size": batch_size(record)}
+    rejected = rejection(record)
+    if rejected:
+        return UnitCost(time_per_unit_s=None, mean_power_w=None, reason=rejected, **base)
     if window is None or window.duration_s <= 0:
         return UnitCost(time_per_unit_s=None, mean_power_w=None, reason=f"no {STEADY!r} window", **base)
     work = window.work.get(unit)

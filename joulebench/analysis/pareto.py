@@ -75,6 +75,8 @@ def _exclusion(run: Run, min_coverage: float) -> str | None:
     record, metrics = run.record, run.record.metrics
     if not run.usable:
         return f"status {record.status}: {record.status_reason or 'no reason recorded'}"
+    if run.rejected:
+        return run.rejected
     if run.cost.energy_per_unit_j is None:
         return run.cost.reason or "energy n/a"
     coverage = metrics.get("energy_coverage")
@@ -95,6 +97,8 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
 
     kinds: dict[tuple[Any, ...], list[str]] = {}
     for run in runs:
+        if run.rejected:  # its figures cannot be true, its workload neither: excluded below, named
+            continue
         kinds.setdefault(workload(run), []).append(run.record.run_id)
     if len(kinds) > 1:
         listing = "; ".join(f"{k[0]} {k[1]} ×{k[2]} devices, batch {fmt(k[3])}, {[v for v in k[4:] if v]}: "
@@ -107,7 +111,7 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
         window = run.record.window("steady")
         points.append(SweepPoint(
             run, recorded_settings(run.record.config),
-            window.duration_s / steps if window and steps else None, run.cost.time_per_unit_s,
+            window.duration_s / steps if window and steps and not run.rejected else None, run.cost.time_per_unit_s,
             run.cost.energy_per_unit_j, _exclusion(run, min_coverage)))
     return points
 
@@ -160,10 +164,10 @@ def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoi
         rows.append({
             "run": p.name, "requested": p.settings.label, "read back": p.settings.applied_label,
             "SM MHz (mean)": fmt(None if sm is None else sm / 1e6, 4),
-            "W per device": readable(p.run.record.metrics.get("mean_power_w_per_device")),
+            "W per device": readable(p.run.metric("mean_power_w_per_device")),
             "s per step": fmt(p.time_per_step_s, 4), f"J per {unit[:-1]}": fmt(p.energy_per_unit_j, 4),
             "method": str(p.run.record.metrics.get("energy_method") or "n/a"),
-            "coverage": fmt(p.run.record.metrics.get("energy_coverage"), 3),
+            "coverage": fmt(p.run.metric("energy_coverage"), 3),
             "slowdown": _pct(slowdown(p, base)), "saving": _pct(saving(p, base)),
             "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
             "note": f"excluded: {p.excluded}" if p.excluded else "",

@@ -32,7 +32,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from typing import Any
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.arguments import NON_NEGATIVE
 from joulebench.device_settings.record import recorded_settings
+from joulebench.figures import number_problem, rejection
+from joulebench.record import RunRecord
 from jpwr import ExitCode, FormatError, ValidationError, fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
@@ -88,17 +89,22 @@ class Profile:
         if missing:
             raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting",
                                   "include the sweep's default-setting run (sm_clock empty), every phase attributed")
-        bad = [f"{p} at {clock_name(c)}" for p, by in self.options.items() for c, o in by.items()
-               if not (math.isfinite(o.time_s) and math.isfinite(o.energy_j) and o.time_s >= 0 and o.energy_j >= 0)]
+        bad = [f"{p} at {clock_name(c)}: {problem}" for p, by in self.options.items() for c, o in by.items()
+               for problem in _point_problems(o.time_s, o.energy_j)]
         if bad:
-            raise ValidationError(f"negative or non-finite time/energy for {', '.join(bad)}",
-                                  "fix the profile: times and energies per step are finite and not negative")
+            raise ValidationError(f"the profile cannot be planned on: {'; '.join(bad)}",
+                                  "fix the profile: every point's time and energy per step are positive and finite")
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": PROFILE_KIND, "version": PROFILE_VERSION, "phases": self.phases, "points": [
             {"phase": p, "clock": "default" if c is None else c, "time_s": o.time_s, "energy_j": o.energy_j,
              "source": ", ".join(o.sources)}
             for p in self.phases for c, o in sorted(self.options[p].items(), key=lambda i: _clock_order(i[0]))]}
+
+
+def _point_problems(time_s: float, energy_j: float) -> list[str]:
+    """Why a phase's time or energy per step cannot be planned on (joulebench.figures' rule)."""
+    return [p for p in (number_problem("time_s", time_s), number_problem("energy_j", energy_j)) if p]
 
 
 def _average(samples: Mapping[tuple[str, Clock], list[tuple[float, float, str]]]) -> dict[str, dict[Clock, Option]]:
@@ -136,19 +142,25 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
         reason = (f"status {data.get('status')}" if data.get("status") == "FAILED" else
                   "no attribution block (run `joulebench attribute` on it)" if not attribution else
                   f"it sets power_limit={fmt(settings.requested.power_limit_w)} W; the plan varies clocks only"
-                  if settings.requested.power_limit_w is not None else None)
+                  if settings.requested.power_limit_w is not None else _rejected(data))
         if reason:
             excluded.append(f"run {run}: {reason}")
             continue
         window_name = attribution.get("window", "steady")
         windows.add(window_name)
-        steps = next((w.get("steps") for w in data.get("windows", []) if w.get("name") == window_name), None)
-        if not steps:
+        window = RunRecord.from_dict(data).window(window_name)  # _rejected read it already
+        if window is None or not window.steps:
             raise ValidationError(f"{path}: no steps in window {window_name!r} that the attribution covers",
                                   "attribute a window with counted steps (the steady window)")
+        steps = window.steps
         entries = [e for e in attribution.get("phases", []) if e.get("method", method) == method]
         if not entries:
             excluded.append(f"run {run}: no phases by method {method!r}")
+            continue
+        wrong = [f"phase {e.get('name')}: {p}" for e in entries for key in ("energy_j", "duration_s", "mean_power_w")
+                 if (p := number_problem(key, e.get(key)))]
+        if wrong:
+            excluded.append(f"run {run}: figures rejected: {'; '.join(wrong)}")
             continue
         for entry in entries:
             name = str(entry["name"])
@@ -164,6 +176,14 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
                 (duration / steps, energy / steps, f"run {run}"))
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
     return Profile(phases, _average(samples), origin, excluded)
+
+
+def _rejected(data: Mapping[str, Any]) -> str | None:
+    """Why a record's figures cannot be planned on (joulebench.figures), or None."""
+    try:
+        return rejection(RunRecord.from_dict(data))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        return f"not a valid run record ({type(exc).__name__}: {exc})"
 
 
 def read_profile(path: Path) -> Profile:
@@ -189,10 +209,17 @@ def read_profile(path: Path) -> Profile:
     for number, row in enumerate(rows, start=1):
         where = f"{path} point {number}"
         try:
+            if any(isinstance(row[key], bool) for key in ("time_s", "energy_j")):
+                raise TypeError("true/false is not a number")
             sample = (float(row["time_s"]), float(row["energy_j"]), str(row.get("source") or path.name))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(f"{where}: needs phase, clock, time_s and energy_j ({exc})",
                                   "give every point all four fields, numbers for time_s and energy_j") from None
+        problems = _point_problems(sample[0], sample[1])
+        if problems:
+            raise FormatError(f"{where} cannot be planned on: {'; '.join(problems)}",
+                              "give every point a positive, finite time_s and energy_j per step; leave out a point "
+                              "that was not measured")
         if row.get("phase") not in phases:
             raise FormatError(f"{where}: phase {row.get('phase')!r} is not in the phase list {phases}",
                                   "list every phase in 'phases', in execution order")

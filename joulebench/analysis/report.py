@@ -16,6 +16,7 @@ import argparse
 import base64
 import contextlib
 import dataclasses
+import functools
 import html
 import json
 import math
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, save_figure
+from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
 from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now
@@ -74,6 +76,17 @@ class Run:
     @property
     def cost(self) -> UnitCost:
         return unit_cost(self.record, self.label)
+
+    @functools.cached_property
+    def rejected(self) -> str | None:
+        """Why this record's figures cannot be used (joulebench.figures), or None: a rejected run is shown
+        flagged, and kept out of every chart, ranking, diagnosis and front."""
+        return rejection(self.record)
+
+    def metric(self, key: str) -> float | None:
+        """A metrics figure of a usable, not rejected run; None (n/a) otherwise."""
+        value = self.record.metrics.get(key) if self.usable and not self.rejected else None
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 # ---- input -----------------------------------------------------------------------------------------------
@@ -181,9 +194,13 @@ def _partial(m: dict[str, Any], key: str, allow_partial: bool) -> str:
 
 
 def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[str, str]]:
-    """One row per run, text only; n/a (with the reason in the note) wherever a value is missing."""
+    """One row per run, text only; n/a (with the reason in the note) wherever a value is missing, `rejected`
+    (with the reason in the note) wherever the record's figures cannot be true."""
     rows = []
     for run in runs:
+        if run.rejected:
+            rows.append(_rejected_row(run))
+            continue
         m, cost = run.record.metrics, run.cost
         unit = work_unit(run.record)
         energy_unit = cost.energy_per_unit_j
@@ -208,12 +225,18 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
     return rows
 
 
+def _rejected_row(run: Run) -> dict[str, str]:
+    """The row of a run whose figures cannot be true: what identifies it, `rejected` for its figures, the reason."""
+    cost = run.cost
+    return {"benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,
+            "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
+            "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": work_unit(run.record),
+            "per s": REJECTED, "per s per device": REJECTED, "per Wh": REJECTED, "J per unit": REJECTED,
+            "mean W per device": REJECTED, "GPU util %": "n/a", "SM MHz": "n/a", "method": REJECTED,
+            "coverage": REJECTED, "bound J": REJECTED, "note": str(run.rejected)}
+
+
 # ---- charts ----------------------------------------------------------------------------------------------
-def _value(run: Run, key: str) -> float | None:
-    value = run.record.metrics.get(key) if run.usable else None
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
 def _by_series(runs: Sequence[Run]) -> dict[str, list[Run]]:
     groups: dict[str, list[Run]] = {}
     for run in sorted(runs, key=lambda r: (r.series, r.cost.batch_size or 0)):
@@ -268,8 +291,8 @@ def efficiency_figure(runs: Sequence[Run], benchmark: str) -> Figure:
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax_rate, ax_wh = fig.subplots(1, 2)
-    _plot_series(ax_rate, runs, lambda r: _value(r, f"{unit}_per_s"), f"{unit}/s (all devices)")
-    _plot_series(ax_wh, runs, lambda r: _value(r, f"{unit}_per_wh"), f"{unit}/Wh (accelerator energy)")
+    _plot_series(ax_rate, runs, lambda r: r.metric(f"{unit}_per_s"), f"{unit}/s (all devices)")
+    _plot_series(ax_wh, runs, lambda r: r.metric(f"{unit}_per_wh"), f"{unit}/Wh (accelerator energy)")
     fig.suptitle(f"{benchmark}: throughput and energy efficiency of the steady window")
     return fig
 
@@ -284,7 +307,7 @@ def energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     panels = (
         (ax_util, lambda r: None if "utilization_gpu" not in r.latents else 100 * r.latents["utilization_gpu"],
          "mean GPU utilisation in the steady window (%)"),
-        (ax_power, lambda r: _value(r, "mean_power_w_per_device"), "mean power per device (W)"),
+        (ax_power, lambda r: r.metric("mean_power_w_per_device"), "mean power per device (W)"),
     )
     for ax, x_of, xlabel in panels:
         missing = 0
@@ -315,7 +338,7 @@ def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
     ax_all, ax_decode = fig.subplots(1, 2)
     _plot_series(ax_all, runs, lambda r: r.cost.energy_per_unit_j if r.usable else None,
                  "J per output token (prefill + decode)")
-    _plot_series(ax_decode, runs, lambda r: _value(r, "decode_energy_per_token_j"), "J per decode token")
+    _plot_series(ax_decode, runs, lambda r: r.metric("decode_energy_per_token_j"), "J per decode token")
     for ax in (ax_all, ax_decode):
         if ax.lines:  # batch sizes sweep in powers of two
             ax.set_xscale("log", base=2)
@@ -325,12 +348,13 @@ def token_energy_figure(runs: Sequence[Run], benchmark: str) -> Figure:
 
 def _attribution_bars(run: Run) -> list[tuple[str, list[tuple[str, float]], str]]:
     """(bar label, [(phase, share)], what the rest is) per estimator of a run's attribution block, never mixed."""
-    block = run.record.attribution or {}
+    block = (run.record.attribution or {}) if not run.rejected else {}  # shares of figures that cannot be true
     bars = []
     for name, estimator in block.get("estimators", {}).items():
         rows = estimator.get("rows") or []
         key = "share_of_step" if name == "replay" else "share"
-        parts = [(r["phase"], float(r[key])) for r in rows if isinstance(r.get(key), int | float)]
+        parts = [(r["phase"], float(r[key])) for r in rows
+                 if r.get(key) is not None and fraction_problem(key, r[key]) is None]
         if parts:
             rest = "rest of the step (unmarked work, misfit)" if name == "replay" else "below resolution or n/a"
             bars.append((f"{run.label}\n{name}", parts, rest))

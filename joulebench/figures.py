@@ -1,0 +1,142 @@
+"""The one check of the figures analysis reads from a run record or a clock profile (docs/reports.md, "Figures
+that cannot be true").
+
+Why: a damaged or hand-edited file must never become a confident conclusion. A steady energy of 0 J, a negative
+time or a NaN rate would be ranked cheapest, put on a Pareto front or planned on. Every verb that reads records
+(report, --compare, --pareto, plan, attribute, the JUBE result step) asks here, so that one rule decides what a
+figure may be: energy, time, power and work positive and finite, coverage a fraction, window edges ordered, and
+the record's Wh and rates consistent with its window's J, work and seconds. A missing figure (None) is not a
+problem: it is n/a, and stays so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from joulebench.latents import STEADY
+from joulebench.record import RunRecord
+from jpwr import J_PER_WH, Window
+
+# Relative disagreement allowed between a record's derived figures and the window they are derived from: the
+# driver computes both from the same numbers, so anything beyond rounding means a unit mix-up or an edit.
+CONSISTENCY_TOLERANCE = 1e-6
+# metrics keys that are positive where present ({unit} is the record's work unit).
+POSITIVE_METRICS = (
+    "duration_s", "time_per_iteration_s", "{unit}_per_s", "{unit}_per_s_per_device", "energy_wh", "{unit}_per_wh",
+    "mean_power_w_per_device", "partial_mean_power_w_per_device", "partial_{unit}_per_wh", "model_tflops_per_device",
+    "mfu", "decode_energy_per_token_j", "energy_per_output_token_j", "energy_per_request_j", "requests_per_s",
+    "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s",
+)
+# metrics keys that are zero or positive where present: error bounds.
+BOUND_METRICS = ("energy_error_bound_j", "dynamic_energy_error_bound_j", "energy_per_output_token_error_bound_j",
+                 "decode_energy_per_token_error_bound_j")
+WHOLE_METRICS = ("iterations", "devices", "per_device_batch_size")  # positive whole numbers where present
+REJECTED = "rejected"  # what a table shows in place of a figure of a rejected record; the note says why
+
+
+def work_unit(record: RunRecord) -> str:
+    """What the record counts as work (tokens, images, output_tokens): the unit of every per-unit figure."""
+    return str(record.metrics.get("work_unit") or ("images" if record.benchmark == "resnet50" else "tokens"))
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def number_problem(name: str, value: Any, *, zero_allowed: bool = False, whole: bool = False) -> str | None:
+    """Why `value` cannot be the figure `name`, or None when it can (or is missing: None is n/a, not wrong)."""
+    if value is None:
+        return None
+    if not is_number(value):
+        return f"{name} {value!r} is not a number"
+    if not math.isfinite(value):
+        return f"{name} {value} is not finite"
+    if value < 0 or (value == 0 and not zero_allowed):
+        return f"{name} {value:g} is not {'zero or ' if zero_allowed else ''}positive"
+    if whole and not float(value).is_integer():
+        return f"{name} {value:g} is not a whole number"
+    return None
+
+
+def fraction_problem(name: str, value: Any) -> str | None:
+    """A share (coverage): a number from 0 to 1, or missing."""
+    problem = number_problem(name, value, zero_allowed=True)
+    if problem is None and value is not None and value > 1:
+        return f"{name} {value:g} is above 1"
+    return problem
+
+
+def _mismatch(name: str, value: Any, expected: float | None, unit: str) -> str | None:
+    """Say so when a derived figure disagrees with the one it must equal (both present and numbers)."""
+    if value is None or expected is None or not is_number(value):
+        return None
+    if abs(value - expected) > CONSISTENCY_TOLERANCE * max(abs(value), abs(expected)):
+        return f"{name} {value:g} is inconsistent with the window's {expected:g} {unit} (units mixed up or edited)"
+    return None
+
+
+def window_problems(window: Window) -> list[str]:
+    """Edges ordered and whole, steps counted, and (for any window) its energy's figures."""
+    where = f"window {window.name!r}"
+    problems = [p for p in (number_problem(f"{where} t_start_ns", window.t_start_ns, zero_allowed=True, whole=True),
+                            number_problem(f"{where} t_end_ns", window.t_end_ns, zero_allowed=True, whole=True),
+                            number_problem(f"{where} first_step", window.first_step, zero_allowed=True, whole=True),
+                            number_problem(f"{where} last_step", window.last_step, zero_allowed=True, whole=True))
+                if p]
+    if not problems and window.t_end_ns <= window.t_start_ns:
+        problems.append(f"{where} ends (t_end_ns {window.t_end_ns}) before it starts (t_start_ns {window.t_start_ns})")
+    if not problems and window.last_step < window.first_step:
+        problems.append(f"{where} ends at step {window.last_step} before its first step {window.first_step}")
+    energy = window.energy
+    if energy is not None:
+        problems += [p for p in (number_problem(f"{where} energy_j", energy.energy_j),
+                                 number_problem(f"{where} mean_power_w", energy.mean_power_w),
+                                 number_problem(f"{where} error_bound_j", energy.error_bound_j, zero_allowed=True),
+                                 number_problem(f"{where} devices", energy.devices, zero_allowed=True, whole=True),
+                                 fraction_problem(f"{where} coverage", energy.coverage)) if p]
+    return problems
+
+
+def record_problems(record: RunRecord) -> list[str]:
+    """Every figure of the record that cannot be true, in words; empty when analysis may use it."""
+    problems = [p for w in record.windows for p in window_problems(w)]
+    metrics = record.metrics
+    unit = work_unit(record)
+    steady = record.window(STEADY)
+    if steady is not None:
+        problems += [p for name, value in steady.work.items() if (p := number_problem(f"steady {name}", value))]
+    problems += [p for key in POSITIVE_METRICS if (p := number_problem(key.format(unit=unit),
+                                                                       metrics.get(key.format(unit=unit))))]
+    problems += [p for key in WHOLE_METRICS if (p := number_problem(key, metrics.get(key), whole=True))]
+    problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
+    problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
+    for name, value, whole in (("config devices", record.config.get("devices"), True),
+                               ("hardware devices", record.hardware.get("devices"), True),
+                               ("config global_batch_size", record.config.get("global_batch_size"), False),
+                               ("config per_device_batch_size", record.config.get("per_device_batch_size"), True),
+                               ("global_batch_size", metrics.get("global_batch_size"), False)):
+        problems += [p for p in (number_problem(name, value, whole=whole),) if p]
+    if steady is not None and not problems:
+        problems += _consistency(steady, metrics, unit)
+    return problems
+
+
+def _consistency(steady: Window, metrics: dict[str, Any], unit: str) -> list[str]:
+    """The record's headline figures against the steady window they were computed from (Wh vs J, rates vs work
+    and seconds), when they describe that window."""
+    if metrics.get("window", STEADY) != STEADY:
+        return []
+    energy_j = steady.energy.energy_j if steady.energy is not None else None
+    work = steady.work.get(unit)
+    checks = (("energy_wh", metrics.get("energy_wh"), None if energy_j is None else energy_j / J_PER_WH, "Wh"),
+              (f"{unit}_per_s", metrics.get(f"{unit}_per_s"), None if work is None else work / steady.duration_s,
+               f"{unit}/s"),
+              ("duration_s", metrics.get("duration_s"), steady.duration_s, "s"))
+    return [p for name, value, expected, what in checks if (p := _mismatch(name, value, expected, what))]
+
+
+def rejection(record: RunRecord) -> str | None:
+    """The reason analysis leaves the record's figures out ("figures rejected: ..."), or None to use them."""
+    problems = record_problems(record)
+    return f"figures rejected: {'; '.join(problems)}" if problems else None

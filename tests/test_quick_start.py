@@ -3,9 +3,9 @@
 The sequence is the one code block of README.md's "Quick start" section. Its line commented `# GPU` is the GPU
 alternative to the line before it and must differ from it only in the model; every other line runs, in order, in a
 fresh directory. Nothing is substituted but the interpreter: `python` is this test's, `jpwr` and `joulebench` are
-`python -m jpwr` / `python -m joulebench` (the console scripts exist only after `pip install`). The sensor is the
-fake pynvml replaying the trace recorded on an H100 (tests/fakes on PYTHONPATH, as on a GPU machine). Last, the
-repository's .gitignore covers everything the sequence created.
+`python -m jpwr` / `python -m joulebench` (the console scripts exist only after `pip install`; as_run). The
+sensor is the fake pynvml replaying the trace recorded on an H100 (tests/fakes on PYTHONPATH, as on a GPU machine).
+Last, the repository's .gitignore covers everything the sequence created.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.driver_helpers import read_record, run_cmd
-from tests.test_documented_commands import REPO, _code_lines
+from tests.test_documented_commands import REPO, _code_lines, as_run
 
 SECTION = "## Quick start"
 
@@ -38,20 +37,6 @@ def _option(words: list[str], name: str) -> str:
     return words[words.index(name) + 1]
 
 
-def _as_run(words: list[str]) -> list[str]:
-    """The command with this interpreter for python, jpwr and joulebench, also after jpwr's `--`."""
-    argv: list[str] = []
-    for i, word in enumerate(words):
-        at_start = i == 0 or words[i - 1] == "--"
-        if at_start and word in ("jpwr", "joulebench"):
-            argv += [sys.executable, "-m", word]
-        elif at_start and word in ("python", "python3"):
-            argv.append(sys.executable)
-        else:
-            argv.append(word)
-    return argv
-
-
 def test_the_gpu_line_differs_from_the_cpu_line_only_in_the_model() -> None:
     lines = quick_start_lines()
     gpu = [i for i, (_, comment) in enumerate(lines) if comment.startswith("GPU")]
@@ -66,7 +51,7 @@ def test_the_cpu_quick_start_runs_as_written(fake_env, h100_trace_dir, tmp_path:
     assert [words[0] for words in commands] == ["jpwr", "joulebench", "joulebench", "joulebench"]
     trace_dir = record_dir = None
     for words in commands:
-        result = run_cmd(_as_run(words), env, tmp_path, timeout=300)
+        result = run_cmd(as_run(words, tmp_path), env, tmp_path, timeout=300)
         assert result.returncode == 0, f"{shlex.join(words)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         if words[0] == "jpwr":  # the training under the meter: record and trace where the next commands look
             trace_dir, record_dir = tmp_path / _option(words, "--out"), tmp_path / _option(words, "--out-dir")

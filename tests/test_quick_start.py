@@ -1,6 +1,6 @@
 """The README's quick start runs as written on a CPU, each command finding what the previous one wrote.
 
-The sequence is the one code block of README.md's "Quick start" section. Its line commented `# GPU` is the GPU
+The sequence is the one code block of README.md's "Quick start" section. Its line commented `# GPU only` is the GPU
 alternative to the line before it and must differ from it only in the model; every other line runs, in order, in a
 fresh directory. Nothing is substituted but the interpreter: `python` is this test's, `jpwr` and `joulebench` are
 `python -m jpwr` / `python -m joulebench` (the console scripts exist only after `pip install`; as_run). The

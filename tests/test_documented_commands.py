@@ -8,10 +8,13 @@ that needs no GPU, cluster or Apptainer:
 - `jpwr`/`joulebench`/`jbcontainer.py` verbs exist and every option used is one the verb accepts;
 - `jube run FILE --tag ...`: the workflow file exists and jbprofile accepts the tags;
 - set-up commands (venv, pip, jube/setup.sh, the test command) are what `.ci/run` itself runs.
-What this does not do: run GPU-sized trainings, submit to a cluster, build images. The README and
-docs say where a command needs a GPU, a cluster or Apptainer; the GPU figures are in BENCHMARKS.md.
-The README's main job (`.venv/bin/jube run jube/llm_benchmark.xml -e -a -r`) runs for real in
-tests/jube/test_local.py.
+Then every CPU example in the README and docs/ runs as written (test_documented_example_runs), in a
+directory that sees the repository's files, with the fake pynvml replaying the recorded H100 trace as
+the sensor; only the interpreter is substituted (and /tmp/ by that directory). Not run, each skipped
+with its reason: lines marked `# GPU only` in the doc, set-up, JUBE and Apptainer commands, commands
+reading a JUBE run, and templates (uppercase, bracketed or $ parts to fill in). The README's quick
+start (and its commands that read the quick start's run) runs in tests/test_quick_start.py; the
+README's main job (`.venv/bin/jube run jube/llm_benchmark.xml -e -a -r`) in tests/jube/test_local.py.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def _strip_comment(command: str) -> str:
     return shlex.join(words)
 
 
-def documented_commands() -> list[tuple[str, str]]:
+def documented_commands() -> list[tuple[str, str, str]]:
+    """(where, command, its comment) of every command in the README's and docs' code blocks."""
     commands = []
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         if doc.name in RECORDS:
@@ -68,8 +72,11 @@ def documented_commands() -> list[tuple[str, str]]:
             words = line.split()
             if not words or words[0].removeprefix(".venv/bin/") not in PROGRAMS or words[1:2] == ["="]:
                 continue  # not a command (an ini line such as `python = python` is not one either)
+            if words[1].endswith(":"):
+                continue  # a program's output (`joulebench device-settings: error: ...`)
             try:
-                commands.append((f"{doc.relative_to(REPO)}:{number}", _strip_comment(line)))
+                commands.append((f"{doc.relative_to(REPO)}:{number}", _strip_comment(line),
+                                 line.partition(" # ")[2].strip()))
             except ValueError:  # not shell (a Python line that happens to start with "python")
                 continue
     return commands
@@ -182,13 +189,76 @@ def _check_jube(words: list[str]) -> None:
     jbprofile.classify_tags(benchmark, tags, jbprofile.system_names())  # raises on an unknown tag
 
 
+GPU_ONLY = "GPU only"
+NOT_LINKED = {"runs", "report", "jpwr_out", "out"}  # what the commands write: in the sandbox, not the clone
+
+
+def not_run_reason(where: str, command: str, comment: str) -> str | None:
+    """Why test_documented_example_runs does not run a documented command; None: it runs."""
+    words = shlex.split(command)
+    program = words[0].removeprefix(".venv/bin/")
+    if GPU_ONLY in comment:
+        return f"marked `# {GPU_ONLY}` in the doc"
+    if where.startswith("README.md") and "runs/" in command:
+        return "the quick start or its run: tests/test_quick_start.py runs the sequence"
+    if any(command.startswith(prefix) for prefix in SETUP_PREFIXES):
+        return "set-up: .ci/run runs it"
+    if program == "jube":
+        return "JUBE: tests/jube runs the workflows (on a local Slurm cluster)"
+    if "jube/runs/" in command:
+        return "reads a JUBE run: a workflow must have run first (tests/jube)"
+    if "container/jbcontainer.py" in command:
+        return "Apptainer: not on CI machines"
+    if PLACEHOLDER.search(command):
+        return "a template: its uppercase, bracketed or $ parts are yours to fill in"
+    if program in ("python", "python3") and words[1] == "-m" and words[2] in DRIVERS \
+            and words[3] in ("validate", "make-data"):
+        return "run as written by test_documented_command"
+    return None
+
+
+def as_run(words: list[str], sandbox: Path) -> list[str]:
+    """The command with this interpreter for python, jpwr, joulebench and torchrun, also after jpwr's `--`."""
+    argv: list[str] = []
+    for i, word in enumerate(words):
+        word = word.removeprefix(".venv/bin/")
+        at_start = i == 0 or words[i - 1] == "--"
+        if at_start and word in ("jpwr", "joulebench"):
+            argv += [sys.executable, "-m", word]
+        elif at_start and word == "torchrun":
+            argv += [sys.executable, "-m", "torch.distributed.run"]
+        elif at_start and word in ("python", "python3"):
+            argv.append(sys.executable)
+        else:
+            argv.append(word.replace("/tmp/", f"{sandbox}/"))
+    return argv
+
+
 COMMANDS = documented_commands()
 
 
 def test_the_docs_have_commands_to_check():
     assert len(COMMANDS) > 40  # the extraction itself works (a broken parser would check nothing)
+    assert sum(not_run_reason(*c) is None for c in COMMANDS) >= 5  # and some CPU examples run
 
 
-@pytest.mark.parametrize(("where", "command"), COMMANDS, ids=[where for where, _ in COMMANDS])
-def test_documented_command(where: str, command: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("where", "command", "comment"), COMMANDS, ids=[where for where, _, _ in COMMANDS])
+def test_documented_command(where: str, command: str, comment: str, tmp_path: Path) -> None:
     check(command, tmp_path)
+
+
+@pytest.mark.parametrize(("where", "command", "comment"), COMMANDS, ids=[where for where, _, _ in COMMANDS])
+def test_documented_example_runs(where: str, command: str, comment: str, fake_env, h100_trace_dir,
+                                 tmp_path: Path) -> None:
+    reason = not_run_reason(where, command, comment)
+    if reason:
+        pytest.skip(reason)
+    sandbox = tmp_path / "clone"  # the clone's files, read through links; what the command writes stays here
+    sandbox.mkdir()
+    for entry in REPO.iterdir():
+        if not entry.name.startswith(".") and entry.name not in NOT_LINKED:
+            (sandbox / entry.name).symlink_to(entry)
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), OMP_NUM_THREADS="1")
+    argv = as_run(shlex.split(command), sandbox)
+    result = subprocess.run(argv, cwd=sandbox, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{command}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"

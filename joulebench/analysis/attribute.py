@@ -152,6 +152,10 @@ def fit_devices(trace: TraceData, window: str, timelines: dict[int, Timeline], r
     node = str(trace.info.get("node", "node"))
     span = spans_from_marks(trace.marks)[window]
     devices = sorted(accelerator_domains(trace.domains), key=lambda d: (d.index is None, d.index or 0, d.id))
+    if not devices:
+        raise ValidationError(f"node {node}: the sampler metered no accelerator (no sensor was available when it ran), "
+                              "so there is no energy to attribute",
+                              "check `jpwr info` on that machine; attribute a run metered on an accelerator")
     if len(devices) != len(timelines):
         raise ValidationError(f"node {node}: {len(timelines)} rank(s) marked phases but the sampler metered "
                               f"{len(devices)} accelerator(s), so ranks cannot be paired with devices",

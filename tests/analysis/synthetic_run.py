@@ -159,13 +159,15 @@ class ScheduleStamps:
 
 
 def run(run_dir: Path, pynvml, seed: int = 7, steady_s: float = 40.0, interference_w: float = 0.0,
-        mark: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER)) -> Schedule:
-    """Meter the schedule into RUN_DIR (run_record.json, jpwr/n1/trace.h5); phases not in `mark` go unmarked."""
+        mark: tuple[str, ...] = (FORWARD, BACKWARD, OPTIMIZER), sensor: bool = True) -> Schedule:
+    """Meter the schedule into RUN_DIR (run_record.json, jpwr/n1/trace.h5); phases not in `mark` go unmarked.
+    Without `sensor` the fake NVML stays unconfigured: a machine with no accelerator sensor."""
     schedule = build_schedule(seed, steady_s, interference_w)
     clock = VirtualClock()
-    pynvml.configure(write_fake_trace(schedule, run_dir.parent / f"{run_dir.name}-fake", seed), clock,
-                     call_costs=True, origin_ns=0)
-    backends, discoveries = open_backends(["nvml"], clock)
+    if sensor:
+        pynvml.configure(write_fake_trace(schedule, run_dir.parent / f"{run_dir.name}-fake", seed), clock,
+                         call_costs=True, origin_ns=0)
+    backends, discoveries = open_backends(["nvml"], clock, strict=sensor)
     sampler = Sampler(backends, discoveries, run_dir / "jpwr", POLL_S, POLL_S, clock=clock, run_id="synthetic",
                       node="n1", background=False).start()
     stamps = ScheduleStamps()

@@ -127,6 +127,14 @@ def test_a_run_without_phase_marks_names_the_fix(synthetic_root: Path, capsys) -
     assert "has no phase marks" in err and "Fix:" in err
 
 
+def test_a_run_metered_without_a_sensor_says_so(synthetic_root: Path, capsys) -> None:
+    run = metered(synthetic_root, "no-sensor", steady_s=6.0, sensor=False)
+    assert cli.main(["attribute", str(run.run_dir)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "metered no accelerator (no sensor was available when it ran)" in err and "jpwr info" in err
+    assert "CUDA_VISIBLE_DEVICES" not in err
+
+
 def test_unknown_phase_or_window_is_refused_with_the_choices(steady_run: MeteredRun, capsys) -> None:
     assert cli.main(["attribute", str(steady_run.run_dir), "--phases", "forward,bogus", "--no-write"]) == \
         ExitCode.USAGE

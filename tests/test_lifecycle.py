@@ -9,7 +9,6 @@ data (a truncated Megatron .bin, JPEG files that are not images, a checkpoint wh
 from __future__ import annotations
 
 import ast
-import json
 import signal
 import subprocess
 import sys
@@ -41,15 +40,9 @@ STARTED = {"llm_training": "[llm_training] model built", "resnet50": "[resnet50]
 
 def _llm_broken_data(tmp: Path) -> list[str]:
     """A real Megatron dataset whose token file is cut short: the first batch read fails inside a step."""
-    from llm_training.cli import main as training
-    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+    from tests.llm_training.test_preprocess import preprocessed_dataset
 
-    _train_tokenizer(tmp)
-    corpus = tmp / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 10))
-    prefix = tmp / "data" / "corpus"
-    assert training(["preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
-                     "--tokenizer-json", str(tmp / "tokenizer.json")]) == 0
+    prefix = preprocessed_dataset(tmp)
     Path(f"{prefix}.bin").write_bytes(Path(f"{prefix}.bin").read_bytes()[:16])
     return ["--vocab-size", "400", "--data-path", str(prefix), "--iterations", "3", "--warmup-iterations", "1"]
 

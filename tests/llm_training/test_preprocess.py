@@ -33,6 +33,19 @@ def _train_tokenizer(directory: Path):
     return tokenizer
 
 
+def preprocessed_dataset(directory: Path) -> Path:
+    """A real Megatron dataset (PREFIX.bin/.idx, vocab 400) written by the CLI from the documents; returns PREFIX."""
+    from llm_training.cli import main
+
+    _train_tokenizer(directory)
+    corpus = directory / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 10))
+    prefix = directory / "data" / "corpus_text_document"
+    assert main(["preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
+                 "--tokenizer-json", str(directory / "tokenizer.json")]) == 0
+    return prefix
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.jsonl"

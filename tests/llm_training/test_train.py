@@ -5,7 +5,6 @@ Energy comes from jpwr metering the fake NVML library (recorded H100 trace): the
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,6 @@ import sys
 import pytest
 
 from joulebench.record import RunRecord, summary_line
-from llm_training.cli import main
 from tests.llm_training.conftest import LLM, TINY, free_port, parse_summary, read_record, run_cmd, torchrun
 
 
@@ -230,14 +228,9 @@ def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env,
 
 
 def test_exit_duration_ends_run_early_on_a_preprocessed_dataset(fake_env, tmp_path):
-    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+    from tests.llm_training.test_preprocess import preprocessed_dataset
 
-    _train_tokenizer(tmp_path)
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 10))
-    prefix = tmp_path / "data" / "corpus_text_document"
-    assert main(["preprocess", "--input", str(corpus), "--output-prefix", str(prefix),
-                 "--tokenizer-json", str(tmp_path / "tokenizer.json")]) == 0
+    prefix = preprocessed_dataset(tmp_path)
     env = fake_env()
     out = tmp_path / "run"
     # The deadline counts from the driver's start; 0.01 min passes during initialisation.

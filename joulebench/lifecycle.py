@@ -164,10 +164,6 @@ class Lifecycle:
             signal.signal(signum, handler)
         self._previous.clear()
 
-    @property
-    def stop_requested(self) -> str | None:
-        return self.stop.local_reason()
-
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
             metrics: Callable[[RunRecord], dict[str, Any]], gather: Gather | None = None,

@@ -95,7 +95,7 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: 
         passes += 1
         calls = passes * len(batches)
         _stop_here(meter, stop, "prefill", calls, _work(batches, passes, calls, False))
-    prefill = meter.end("prefill", passes * len(batches), _work(batches, passes, passes * len(batches), False))
+    prefill = meter.end("prefill", calls, _work(batches, passes, calls, False))
 
     meter.begin("steady", 0)
     started, steady_passes, timings = time.monotonic(), 0, []
@@ -108,6 +108,5 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: 
         steady_passes += 1
         calls = steady_passes * len(batches)
         _stop_here(meter, stop, "steady", calls, _work(batches, steady_passes, calls, True))
-    calls = steady_passes * len(batches)
     steady = meter.end("steady", calls, _work(batches, steady_passes, calls, True))
     return PointWindows(warmup, prefill, steady, passes, steady_passes, timings, setup_s)

@@ -167,7 +167,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
         window_s = _window_seconds(cfg, meter, device)
         run.record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds,
-                          lambda: life.stop_requested)
+                          life.stop.local_reason)
     return run.record, idle
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,20 +85,88 @@ class DecodeState:
         return self.out.shape[1]
 
 
-class StaticEngine:
-    """Compact model code, a static KV cache and CUDA-graph decode steps (see the module docstring)."""
+class CompactForward:
+    """What the static and the continuous engine share: the compact model, its (compiled) decode pieces, the
+    prefill of some rows into a cache and the decode pass over a cache (each engine keeps its own state)."""
 
-    name = "static"
-
-    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
+                 dynamic: bool | None = None) -> None:
         self.model = model
         self.device = device
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
         pieces = (model.attention_inputs, model.attention_output_and_mlp)
-        self.decode_pieces = tuple(torch.compile(p) for p in pieces) if self.compile_decode else pieces
-        self.state: DecodeState | None = None
+        self.decode_pieces = (tuple(torch.compile(p, dynamic=dynamic) for p in pieces) if self.compile_decode
+                              else pieces)
         self.clock = StepClock(device)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """A boolean attention mask as SDPA's additive form, once per pass rather than once per layer."""
+        zero = torch.zeros((), dtype=self.model.embed.dtype, device=visible.device)
+        return torch.where(visible, zero, torch.finfo(zero.dtype).min)
+
+    def _prefill_rows(self, cache: torch.Tensor, slot_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                      | None, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: int,
+                      last: torch.Tensor | None = None) -> torch.Tensor:
+        """Prompt forward pass of some rows (indices `rows` of `cache`) over cache slots [offset, offset + width):
+        their K/V into the cache; the logits at position `last` of each row (default: the last column). `ids`
+        and `start` count from slot `offset`."""
+        model = self.model
+        count, width = ids.shape
+        slots = slot_index[:width]
+        positions = (slots[None, :] - start[:, None]).clamp(min=0)
+        rope = None if rope is None else (rope[0][positions], rope[1][positions])
+        causal = slots[None, :] <= slots[:, None]
+        # Padding queries see themselves, so no row of the mask is empty (an empty row gives NaN in SDPA).
+        own = torch.eye(width, dtype=torch.bool, device=ids.device)
+        mask = self._additive((causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None]))[:, None])
+        x = model.embed_tokens(ids, positions)
+        for index, layer in enumerate(model.layers):
+            q, kv = model.attention_inputs(layer, x, rope)
+            cache[index, :, :, :, offset:offset + width].index_copy_(1, rows, kv.permute(2, 0, 3, 1, 4))
+            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+            attention = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
+                attn_mask=mask)
+            x = model.attention_output_and_mlp(layer, x, attention.transpose(1, 2).reshape(count, width, -1))
+        return model.logits(x[:, -1] if last is None else x[torch.arange(count, device=x.device), last])
+
+    def _decode_pass(self, cache: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                     rope: tuple[torch.Tensor, torch.Tensor] | None, visible: torch.Tensor, length: int,
+                     write: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+        """Logits after one token per row, attending to the first `length` slots of `cache` (layers, 2, rows,
+        KV heads, slots, head dim) where `visible` (rows, length) allows; `write(layer cache, kv)` stores the
+        token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
+        model = self.model
+        batch = tokens.shape[0]
+        rope = None if rope is None else (rope[0][positions][:, None], rope[1][positions][:, None])
+        mask = self._additive(visible[:, None, None])
+        x = model.embed_tokens(tokens[:, None], positions[:, None])
+        attention_inputs, attention_output_and_mlp = self.decode_pieces
+        for index, layer in enumerate(model.layers):
+            q, kv = attention_inputs(layer, x, rope)
+            layer_cache = cache[index]
+            write(layer_cache, kv)
+            # The query heads of one KV head share its keys and mask: they act as that head's query rows.
+            attention = F.scaled_dot_product_attention(
+                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), layer_cache[0, :, :, :length],
+                layer_cache[1, :, :, :length], attn_mask=mask)
+            x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
+        return model.logits(x[:, 0])
+
+
+class StaticEngine(CompactForward):
+    """Compact model code, a static KV cache and CUDA-graph decode steps (see the module docstring)."""
+
+    name = "static"
+
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
+        super().__init__(model, device, compile_decode)
+        self.state: DecodeState | None = None
 
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> StaticEngine:
@@ -110,10 +179,6 @@ class StaticEngine:
                 "cache_slots": None if state is None else state.slots,
                 "captured_graphs": None if state is None else len(state.graphs),
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
 
     # ---- shapes -----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -169,56 +234,16 @@ class StaticEngine:
             state.graphs[length] = graph
 
     # ---- the forward passes -------------------------------------------------------------------------------
-    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        """A boolean attention mask as SDPA's additive form, once per pass rather than once per layer."""
-        zero = torch.zeros((), dtype=self.model.embed.dtype, device=visible.device)
-        return torch.where(visible, zero, torch.finfo(zero.dtype).min)
-
-    def _prefill_rows(self, state: DecodeState, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor,
-                      offset: int) -> torch.Tensor:
-        """Prompt forward pass of some rows (indices `rows`) over cache slots [offset, offset + width): their K/V
-        into the cache; their last position's logits. `ids` and `start` count from slot `offset`."""
-        model = self.model
-        count, width = ids.shape
-        slots = state.slot_index[:width]
-        positions = (slots[None, :] - start[:, None]).clamp(min=0)
-        rope = None if state.rope is None else (state.rope[0][positions], state.rope[1][positions])
-        causal = slots[None, :] <= slots[:, None]
-        # Padding queries see themselves, so no row of the mask is empty (an empty row gives NaN in SDPA).
-        own = torch.eye(width, dtype=torch.bool, device=ids.device)
-        mask = self._additive((causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None]))[:, None])
-        x = model.embed_tokens(ids, positions)
-        for index, layer in enumerate(model.layers):
-            q, kv = model.attention_inputs(layer, x, rope)
-            state.cache[index, :, :, :, offset:offset + width].index_copy_(1, rows, kv.permute(2, 0, 3, 1, 4))
-            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-            attention = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
-                attn_mask=mask)
-            x = model.attention_output_and_mlp(layer, x, attention.transpose(1, 2).reshape(count, width, -1))
-        return model.logits(x[:, -1])
-
     def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
         """Logits after each row's last token, attending to the first `length` slots; writes that token's K/V."""
-        model = self.model
-        batch = state.batch
-        positions = state.current - state.start
-        rope = None if state.rope is None else (state.rope[0][positions][:, None], state.rope[1][positions][:, None])
         slots = state.slot_index[:length]
         visible = (slots[None, :] >= state.start[:, None]) & (slots[None, :] <= state.current)
-        mask = self._additive(visible[:, None, None])
-        x = model.embed_tokens(state.tokens[:, None], positions[:, None])
-        attention_inputs, attention_output_and_mlp = self.decode_pieces
-        for index, layer in enumerate(model.layers):
-            q, kv = attention_inputs(layer, x, rope)
-            cache = state.cache[index]
+
+        def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
             cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current slot, one write
-            # The query heads of one KV head share its keys and mask: they act as that head's query rows.
-            attention = F.scaled_dot_product_attention(
-                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), cache[0, :, :, :length],
-                cache[1, :, :, :length], attn_mask=mask)
-            x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
-        return model.logits(x[:, 0])
+
+        return self._decode_pass(state.cache, state.tokens, state.current - state.start, state.rope, visible, length,
+                                 write)
 
     def _decode(self, state: DecodeState, length: int) -> None:
         """One decode step (what a graph replays): next token by argmax, counters advanced, all inside `state`."""
@@ -242,8 +267,8 @@ class StaticEngine:
         for rows, group_width in memory.prefill_groups(real.sum(dim=-1).tolist()):  # the host sync
             offset = width - group_width
             index = torch.tensor(rows, device=ids.device)
-            logits.index_copy_(0, index, self._prefill_rows(state, index, ids[index, offset:], start[index] - offset,
-                                                            offset))
+            logits.index_copy_(0, index, self._prefill_rows(state.cache, state.slot_index, state.rope, index,
+                                                            ids[index, offset:], start[index] - offset, offset))
         state.start.copy_(start)
         state.current.fill_(width)
         state.step.fill_(1)

@@ -33,6 +33,7 @@ _HOMES = {
     "NodeLive": "jpwr.live",  # WindowMeter.live's answer: the node's recent power and sensor update period
     "PhaseRecorder": "jpwr.phases",  # WindowMeter.phases: named phase marks inside a window
     "DeviceEventStamps": "jpwr.phases",  # phase stamps as CUDA/ROCm events (the caller passes torch in)
+    "HostStamps": "jpwr.phases",  # the same stamps on the host's monotonic clock (CPU runs)
     "ADDR_ENV": "jpwr.channel",  # the environment variable naming the node's sampler (set by job scripts)
     # --- Planning a window from the estimator's own terms (the core's steady-window sizing) ----------
     "planned_bound_j": "jpwr.estimator",  # the bound the estimator will state for a window's two edges

@@ -165,6 +165,7 @@ class ContinuousEngine(CompactForward):
             state.length.index_copy_(0, rows, last + 1)
             state.active.index_fill_(0, rows, 1)
 
+    @torch.inference_mode()
     def release(self, slots: Sequence[int]) -> None:
         """These slots' requests are done: the slots stop advancing until admitted again."""
         self._state().active.index_fill_(0, self._to_device(slots), 0)

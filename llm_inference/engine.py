@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, LogitsProcessor
 
+from llm_inference.arrivals import Request
 from llm_inference.presets import ModelPreset
 from llm_inference.tasks import Batch
 
@@ -53,6 +54,14 @@ def make_inputs(batch: Batch, vocab_size: int, seed: int, device: torch.device) 
         mask[row, width - length:] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device)}
+
+
+def request_prompt(request: Request, vocab_size: int, seed: int) -> torch.Tensor:
+    """A load request's prompt on the host: the trace's token ids, or random ids 1..vocab-1 seeded by its id."""
+    if request.prompt_ids is not None:
+        return torch.tensor(request.prompt_ids, dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + request.id)
+    return torch.randint(1, vocab_size, (request.input_tokens,), generator=generator)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -195,7 +195,7 @@ class ServeLoop:
     def _admit(self, now_s: float) -> None:
         admitted: list[Request] = []
         budget = memory.PREFILL_CHUNK_TOKENS
-        while self.queue and self.free and self.queue[0].arrival_s <= now_s:
+        while self.queue and len(admitted) < len(self.free) and self.queue[0].arrival_s <= now_s:
             request = self.queue[0]
             if admitted and request.input_tokens > budget:
                 break

@@ -1,4 +1,7 @@
-"""`python -m llm_inference {run,validate}`: the command line the JUBE workflow and benchmarks call.
+"""`python -m llm_inference {run,validate,load,validate-load}`: the command line the JUBE workflows call.
+
+`run` measures static batches (one record per task and batch size); `load` serves an open-loop load with
+continuous batching (one record per rate). Each has its `validate` twin that accepts exactly its options.
 
 Validation runs before any device work; a ValidationError prints "<problem>. Fix: <fix>" on stderr
 and exits with ExitCode.USAGE (64).
@@ -15,6 +18,7 @@ from joulebench.arguments import POSITIVE
 from joulebench.boundary import exit_code_of
 from jpwr import ExitCode, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
+from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
 from llm_inference.presets import ModelPreset
 
 
@@ -25,7 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
     add_run_arguments(validate)
-    validate.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+    load = commands.add_parser("load", help="serve an open-loop load (continuous batching); one record per rate")
+    add_load_arguments(load)
+    validate_load = commands.add_parser("validate-load", help="check a load configuration without a GPU")
+    add_load_arguments(validate_load)
+    for checker in (validate, validate_load):
+        checker.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
     return parser
 
 
@@ -60,8 +69,34 @@ def _run(args: argparse.Namespace) -> int:
     return runner.run(cfg, shape, launch, resolve_device(cfg.device))
 
 
+def _validate_load(args: argparse.Namespace) -> int:
+    from llm_inference import validation
+
+    cfg = resolve_load(args)
+    shape = validation.check_load_config(cfg)
+    precision = validation.resolve_precision(cfg.precision, "cpu" if args.device == "cpu" else "cuda")
+    validation.check_load_memory(cfg, shape, precision, args.device_memory_gib)
+    load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
+    print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
+          f"{cfg.max_concurrency} slots")
+    return ExitCode.OK
+
+
+def _load(args: argparse.Namespace) -> int:
+    from joulebench.launch import LaunchEnv
+    from joulebench.torch_device import resolve_device
+    from llm_inference import load, validation
+
+    cfg = resolve_load(args)
+    shape = validation.check_load_config(cfg)
+    launch = LaunchEnv.from_env()
+    points = len(cfg.rates) or 1
+    validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")))
+    return load.run(cfg, shape, launch, resolve_device(cfg.device))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
-    handlers = {"run": _run, "validate": _validate}
+    handlers = {"run": _run, "validate": _validate, "load": _load, "validate-load": _validate_load}
     return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug, torch_extra="inference")

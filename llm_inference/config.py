@@ -72,18 +72,37 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `run` and `validate` (validate accepts exactly what run accepts)."""
+def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -> None:
+    """The model options of `run` and `load` (`engines`: the choice of engine and attention, `run` only)."""
     m = parser.add_argument_group("model")
     m.add_argument("--preset", default="llama-1b", help=f"architecture with random weights: {', '.join(PRESETS)}")
     m.add_argument("--checkpoint", help="local Hugging Face checkpoint directory (config.json + weights) "
                                         "instead of a preset's random weights")
     m.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPUs, fp32 on CPUs")
-    m.add_argument("--engine", choices=ENGINES, default="static",
-                   help="static: own model code, static KV cache, decode steps replayed as CUDA graphs (default); "
-                        "hf: transformers generate (the baseline)")
-    m.add_argument("--attention", choices=ATTENTION, default="sdpa",
-                   help="transformers attention implementation (--engine hf; the static engine uses SDPA)")
+    if engines:
+        m.add_argument("--engine", choices=ENGINES, default="static",
+                       help="static: own model code, static KV cache, decode steps replayed as CUDA graphs "
+                            "(default); hf: transformers generate (the baseline)")
+        m.add_argument("--attention", choices=ATTENTION, default="sdpa",
+                       help="transformers attention implementation (--engine hf; the static engine uses SDPA)")
+
+
+def add_control_arguments(parser: argparse.ArgumentParser, window_help: str, default_out: str) -> None:
+    """The run-control options of `run` and `load`."""
+    r = parser.add_argument_group("run control")
+    add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; {window_help}", aliases=("--min-window-s",))
+    r.add_argument("--exit-duration-mins", type=POSITIVE, default=None,
+                   help="stop cleanly at the next call boundary this many minutes after the start (status TIMEOUT)")
+    r.add_argument("--device", choices=DEVICES, default="auto")
+    r.add_argument("--out-dir", help=f"run directory (default {default_out})")
+    r.add_argument("--run-id")
+    r.add_argument("--energy-methods", type=method_names,
+                   help="in-process jpwr metering (single process only), e.g. nvml")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and `validate` (validate accepts exactly what run accepts)."""
+    add_model_arguments(parser)
     w = parser.add_argument_group("workload")
     w.add_argument("--task", type=_name_list, default=("chat",),
                    help=f"task or comma-separated tasks: {', '.join(TASKS)}")
@@ -92,18 +111,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--num-batches", type=COUNT, default=2, help="distinct batches drawn per point")
     w.add_argument("--output-length", type=COUNT, help="force this many new tokens instead of the task's draw")
     w.add_argument("--seed", type=SEED, default=1234)
-    r = parser.add_argument_group("run control")
-    add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; the prefill and steady windows each repeat "
-                                        "their batches in whole passes until at least this long",
-                         aliases=("--min-window-s",))
-    r.add_argument("--warmup-batches", type=COUNT_OR_ZERO, default=1, help="generate calls before the measured windows")
-    r.add_argument("--exit-duration-mins", type=POSITIVE, default=None,
-                   help="stop cleanly at the next call boundary this many minutes after the start (status TIMEOUT)")
-    r.add_argument("--device", choices=DEVICES, default="auto")
-    r.add_argument("--out-dir", help="run directory (default runs/llm_inference/<run-id>)")
-    r.add_argument("--run-id")
-    r.add_argument("--energy-methods", type=method_names,
-                   help="in-process jpwr metering (single process only), e.g. nvml")
+    w.add_argument("--warmup-batches", type=COUNT_OR_ZERO, default=1,
+                   help="generate calls before the measured windows")
+    add_control_arguments(parser, "the prefill and steady windows each repeat their batches in whole passes until "
+                                  "at least this long", "runs/llm_inference/<run-id>")
 
 
 def resolve(args: argparse.Namespace) -> InferenceConfig:

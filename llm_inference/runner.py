@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -30,6 +31,7 @@ from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, TraceData, WindowMeter, load_trace
 from llm_inference import memory, metrics, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
+from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import Engine, build_model, make_inputs
 from llm_inference.hf_engine import HFEngine
 from llm_inference.measure import PointWindows, run_point
@@ -107,28 +109,38 @@ def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPr
     return result
 
 
-def _window_seconds(cfg: InferenceConfig, meter: WindowMeter, device: torch.device) -> WindowLength:
-    """How long the prefill and steady windows run: --steady-seconds, the CPU default, or jpwr's bound rule."""
-    if cfg.steady_seconds is None and device.type == "cpu":
+def window_seconds(steady_seconds: float | None, meter: WindowMeter, device: torch.device) -> WindowLength:
+    """How long a measured window runs: --steady-seconds, the CPU default, or jpwr's bound rule."""
+    if steady_seconds is None and device.type == "cpu":
         return WindowLength(CPU_WINDOW_S, "cpu default", ASSUMED_UPDATE_S, "assumed (CPU run)", None, None)
-    return window_length(meter.live(span_s=2.0), cfg.steady_seconds)
+    return window_length(meter.live(span_s=2.0), steady_seconds)
 
 
-class BuiltModel:
+class Described(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, object]: ...
+
+
+EngineT = TypeVar("EngineT", bound=Described)
+
+
+class BuiltModel(Generic[EngineT]):
     """The engine, built once, inside the first point's run: a build that fails is that point's FAILED record."""
 
-    def __init__(self, cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device) -> None:
-        self.cfg, self.shape, self.precision, self.device = cfg, shape, precision, device
-        self.engine: Engine | None = None
+    def __init__(self, make: Callable[[], EngineT], shape: ModelPreset, precision: str, device: torch.device,
+                 checkpoint: str | None) -> None:
+        self.make, self.shape, self.precision, self.device, self.checkpoint = make, shape, precision, device, checkpoint
+        self.engine: EngineT | None = None
         self.build_s: float | None = None
 
-    def get(self) -> Engine:
+    def get(self) -> EngineT:
         if self.engine is None:
             started = time.monotonic()
-            self.engine = _make_engine(self.cfg, self.shape, self.precision, self.device)
+            self.engine = self.make()
             self.build_s = time.monotonic() - started
             _log(f"model {self.shape.name} ({self.shape.parameter_count() / 1e9:.2f}B parameters, {self.precision}, "
-                 f"{'checkpoint' if self.cfg.checkpoint else 'random weights'}) built on {self.device} for engine "
+                 f"{'checkpoint' if self.checkpoint else 'random weights'}) built on {self.device} for engine "
                  f"{self.engine.name} in {self.build_s:.1f} s")
         return self.engine
 
@@ -136,7 +148,7 @@ class BuiltModel:
         return None if self.engine is None else {**self.engine.describe(), "build_s": self.build_s}
 
 
-def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltModel, shape: ModelPreset,
+def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltModel[Engine], shape: ModelPreset,
              precision: str, device: torch.device, hardware: dict[str, object],
              idle: IdleBaseline | None) -> tuple[RunRecord, IdleBaseline | None]:
     """One point, one record: the idle baseline is measured before the first point and reused by the others."""
@@ -164,7 +176,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
             torch.cuda.reset_peak_memory_stats()
         inputs = [make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
         idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)
-        window_s = _window_seconds(cfg, meter, device)
+        window_s = window_seconds(cfg.steady_seconds, meter, device)
         run.record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds,
                           life.stop.local_reason)
@@ -176,7 +188,15 @@ def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, devic
     model = build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
     if cfg.engine == "hf":
         return HFEngine(model, device)
-    engine = StaticEngine.from_transformers(model, device)
+    return compact_engine(StaticEngine, model, device)
+
+
+CompactT = TypeVar("CompactT", StaticEngine, ContinuousEngine)
+
+
+def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.device) -> CompactT:
+    """An engine on compact model code, its weights taken from the transformers model, which is then dropped."""
+    engine = kind.from_transformers(model, device)
     del model  # frees the separate Q/K/V and gate/up matrices (fused copies in the engine; the rest is shared)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -204,7 +224,8 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
     if device.type == "cuda":
         torch.cuda.set_device(0)
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
-        model = BuiltModel(cfg, shape, precision, device)
+        model = BuiltModel(lambda: _make_engine(cfg, shape, precision, device), shape, precision, device,
+                           cfg.checkpoint)
         idle: IdleBaseline | None = None
         for spec in plan_points(cfg):
             record, idle = _run_one(life, cfg, spec, model, shape, precision, device, hardware, idle)

@@ -35,7 +35,8 @@ from llm_inference.continuous_engine import ContinuousEngine, step_shape
 
 LOOKAHEAD = 8  # decode steps the host may run ahead of the device
 PROGRESS_EVERY_S = 10.0
-QUEUE_CAP = 100_000  # arrived requests held in the queue (an endless `--rate max` source is read lazily)
+QUEUE_SLOTS = 2  # the queue holds at most this many times the slots; later arrivals wait in the source (their
+# arrival times are the scheduled ones either way), and an endless `--rate max` source is read only as needed
 PREFILL = 0
 DECODE = 1
 
@@ -76,6 +77,7 @@ class ServeLog:
     window: tuple[int, int] | None  # the measured window's edges, when it closed
     window_steps: tuple[int, int] | None  # steps [first, last) inside the window
     window_tokens: int  # output tokens produced inside the window
+    produced: dict[int, int]  # output tokens per request
     stop_reason: str | None
     tokens: dict[int, list[int]] | None  # per request, with keep_tokens
 
@@ -106,9 +108,10 @@ class ArrivalWindow(WindowRule):
 
 @dataclasses.dataclass
 class SaturatedWindow(WindowRule):
-    """`--rate max`: from the first moment every slot is busy, for `seconds`; admission stops at its end."""
+    """`--rate max`: from the first moment every slot is busy, for `seconds` (None: until the queue empties);
+    admission stops at its end."""
 
-    seconds: float
+    seconds: float | None
     began_s: float | None = None
 
     def begin_now(self, loop: ServeLoop, now_s: float) -> bool:
@@ -118,6 +121,8 @@ class SaturatedWindow(WindowRule):
         return False
 
     def end_now(self, loop: ServeLoop, now_s: float) -> bool:
+        if self.seconds is None:
+            return loop.exhausted and not loop.queue
         return self.began_s is not None and now_s - self.began_s >= self.seconds
 
 
@@ -165,6 +170,7 @@ class ServeLoop:
         self.keep_tokens = keep_tokens
         self.tokens: dict[int, list[int]] = {}
         self.done = 0
+        self.exhausted = False  # every request of the source has arrived
         self.warmups_left = 0
         self.first_token_host: dict[int, float] = {}  # host-side TTFT for the progress line only
 
@@ -266,11 +272,12 @@ class ServeLoop:
         stop_reason: str | None = None
         while True:
             now_s = (time.monotonic_ns() - start_ns) / 1e9
-            while upcoming is not None and upcoming.arrival_s <= now_s and len(self.queue) < QUEUE_CAP:
+            while upcoming is not None and upcoming.arrival_s <= now_s and len(self.queue) < QUEUE_SLOTS * self.slots:
                 self.queue.append(upcoming)
                 arrival_ns[upcoming.id] = start_ns + round(upcoming.arrival_s * 1e9)
                 self.warmups_left += upcoming.warmup
                 upcoming = next(pending, None)
+            self.exhausted = upcoming is None
             stop_reason = stop()
             if stop_reason or (not self.running and not self.queue and upcoming is None):
                 break
@@ -306,9 +313,18 @@ class ServeLoop:
         if expected and rate > 0:
             left = (expected - self.done) / rate
             eta = time.strftime("%H:%M:%S", time.gmtime(left))
+        queued = f"{len(self.queue)}{'+' if len(self.queue) >= QUEUE_SLOTS * self.slots else ''}"
         return (f"[llm_inference] load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | "
-                f"in flight {len(self.running)} | queued {len(self.queue)} | {rate:.3g} req/s | p50 TTFT (host) "
+                f"in flight {len(self.running)} | queued {queued} | {rate:.3g} req/s | p50 TTFT (host) "
                 f"{ttft} | ETA {eta}")
+
+    def produced(self) -> dict[int, int]:
+        """Output tokens per request so far (one per step it took part in)."""
+        counts: dict[int, int] = {}
+        for step in self.steps:
+            for member in step.members:
+                counts[member] = counts.get(member, 0) + 1
+        return counts
 
     def _serve_log(self, start_ns: int, arrival_ns: dict[int, int], window: _Window, stop_reason: str | None
                    ) -> ServeLog:
@@ -329,4 +345,4 @@ class ServeLoop:
             step_members=[s.members for s in self.steps], step_amounts=[s.amounts for s in self.steps],
             arrival_ns=arrival_ns, admitted_ns=admitted, first_token_ns=first, finish_ns=finish, start_ns=start_ns,
             window=window.span(window.times), window_steps=window.span(window.steps), window_tokens=window.tokens,
-            stop_reason=stop_reason, tokens=self.tokens if self.keep_tokens else None)
+            produced=self.produced(), stop_reason=stop_reason, tokens=self.tokens if self.keep_tokens else None)

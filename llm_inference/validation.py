@@ -6,16 +6,20 @@ Every failure is a jpwr.errors.ValidationError naming the offending value and th
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 from jpwr import ValidationError
 from llm_inference import memory
+from llm_inference.arrivals import Request, check_context, load_trace
 from llm_inference.config import InferenceConfig
+from llm_inference.load_config import LoadConfig
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint
 from llm_inference.tasks import TASKS, longest_sequence
 
 
-def model_shape(cfg: InferenceConfig) -> ModelPreset:
+def model_shape(cfg: InferenceConfig | LoadConfig) -> ModelPreset:
     """The preset's shape, or the local checkpoint's (read from its config.json, no transformers needed)."""
     if cfg.checkpoint is not None:
         config_file = Path(cfg.checkpoint) / "config.json"
@@ -96,6 +100,88 @@ def check_launch(world_size: int, points: int, external_sampler: bool) -> None:
                               "run one process per device (no torchrun/srun -n>1); sweep configurations as jobs")
     if external_sampler and points > 1:
         raise ValidationError(
-            f"{points} (task, batch size) points under one external jpwr sampler would merge their "
+            f"{points} points (task and batch size, or rate) under one external jpwr sampler would merge their "
             "same-named windows",
             "run one point per job under `jpwr serve`/`jpwr --`, or meter in-process with --energy-methods")
+
+
+# ---- `load` ----------------------------------------------------------------------------------------------
+def check_load_config(cfg: LoadConfig) -> ModelPreset:
+    """Rates or a trace (not both), SLOs, slots and the longest request against the model's context."""
+    shape = model_shape(cfg)
+    if cfg.trace is not None and cfg.rates:
+        raise ValidationError("--trace and --rate/--rates both given (a trace's arrivals are its own)",
+                              "leave --rate/--rates out to replay the trace, or drop --trace")
+    if cfg.trace is None and not cfg.rates:
+        raise ValidationError("no load given", "pass --rate R (requests/s, or max), --rates 1,2,4,max or --trace FILE")
+    for rate in cfg.rates:
+        if not rate > 0 or math.isnan(rate):
+            raise ValidationError(f"rate {rate} is not a positive number of requests/s",
+                                  "use --rate with a positive number, or max")
+    for name, value in (("--slo-ttft-ms", cfg.slo_ttft_ms), ("--slo-tpot-ms", cfg.slo_tpot_ms)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValidationError(f"{name} is {value}", f"give {name} as a positive number of milliseconds")
+    if cfg.max_concurrency < 1:
+        raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
+    if cfg.trace is not None:
+        check_context(trace_requests(cfg), shape.max_positions, shape.name)
+    else:
+        needed = longest_sequence(TASKS[cfg.task], cfg.output_length)
+        if needed > shape.max_positions:
+            raise ValidationError(
+                f"task {cfg.task!r} draws requests of up to {needed} positions (prompt + output) but {shape.name} has "
+                f"{shape.max_positions}", "pick a task with shorter requests, a smaller --output-length, or a model "
+                                          "with more positions")
+    return shape
+
+
+def tokenizer(cfg: LoadConfig) -> Callable[[str], list[int]] | None:
+    """The checkpoint's tokenizer for a trace's text prompts (presets have none)."""
+    if cfg.checkpoint is None:
+        return None
+    from transformers import AutoTokenizer
+
+    encode: Callable[[str], list[int]] = AutoTokenizer.from_pretrained(cfg.checkpoint).encode
+    return encode
+
+
+def trace_requests(cfg: LoadConfig) -> list[Request]:
+    if cfg.trace is None:
+        raise ValueError("no --trace")
+    return load_trace(cfg.trace, tokenizer(cfg))
+
+
+def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None) -> None:
+    """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits."""
+    if memory_gib is None:
+        return
+    if cfg.trace is not None:
+        requests = trace_requests(cfg)
+        prompt = max(r.input_tokens for r in requests)
+        sequence = max(r.input_tokens + r.output_tokens for r in requests)
+    else:
+        task = TASKS[cfg.task]
+        prompt, sequence = task.input_length.high, longest_sequence(task, cfg.output_length)
+
+    def fits(slots: int) -> bool:
+        return memory.estimate_memory(shape, precision, slots, prompt, sequence, "static").total_gib <= memory_gib
+
+    if fits(cfg.max_concurrency):
+        return
+    estimate = memory.estimate_memory(shape, precision, cfg.max_concurrency, prompt, sequence, "static")
+    admitted = _largest(fits, cfg.max_concurrency)
+    raise ValidationError(
+        f"--max-concurrency {cfg.max_concurrency} on {shape.name} ({precision}) needs an estimated "
+        f"{estimate.total_gib:.1f} GiB (KV cache {estimate.kv_cache_gib:.1f} GiB for {sequence} positions a slot) but "
+        f"the device has {memory_gib:.1f} GiB",
+        f"use --max-concurrency {admitted} or fewer (the most the estimate admits)" if admitted else
+        "use a smaller model or lower precision")
+
+
+def _largest(fits: Callable[[int], bool], above: int) -> int:
+    """The largest n < `above` with fits(n) (fits is monotone), 0 when none."""
+    low, high = 0, above  # fits(low) or low == 0; not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

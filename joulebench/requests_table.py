@@ -1,0 +1,90 @@
+"""The per-request table of a load run: one HDF5 file beside the run record, like the meter's trace.
+
+Why a file and not the record: a sweep point at a few requests per second over minutes holds thousands of
+requests (and a serving engine's step log tens of thousands of steps); the record (JSON) keeps the summary and
+refers to the file through its `requests` block (docs/run-record.md). Two groups:
+
+* `requests`: one row per request (columns in REQUEST_COLUMNS; times in seconds from the load's start, energies
+  in J with their 95 % interval, NaN where a value does not exist: never 0);
+* `steps` (optional): the engine's step log (start/end on the node's monotonic clock in ns, kind, work and the
+  members of each step as CSR), what the per-request energy fit reads again (`joulebench.request_energy`).
+
+Written to a temporary name and renamed, so a reader never sees half a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA = "joulebench.requests/1"
+FILE_NAME = "requests.h5"
+STATUSES = ("done", "unfinished", "not_admitted")
+REQUEST_COLUMNS = {
+    "id": "request id (arrival order)",
+    "arrival_s": "arrival, seconds from the load's start",
+    "admitted_s": "prefill started (NaN: never admitted)",
+    "first_token_s": "first output token ready",
+    "finish_s": "last output token ready (NaN: unfinished)",
+    "input_tokens": "prompt tokens",
+    "output_tokens": "output tokens produced",
+    "warmup": "1: a warm-up request (excluded from every figure)",
+    "counted": "1: counted in the window's latency figures (MLPerf's rule)",
+    "status": f"index into {list(STATUSES)}",
+    "prefill_j": "fitted prefill energy", "prefill_j_low": "95 % interval", "prefill_j_high": "95 % interval",
+    "decode_j": "fitted decode energy", "decode_j_low": "95 % interval", "decode_j_high": "95 % interval",
+    "idle_j": "share of idle power over its lifetime", "idle_j_low": "95 % interval", "idle_j_high": "95 % interval",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestsTable:
+    requests: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.requests.get("id", ()))
+
+
+def write_requests(path: Path, table: RequestsTable) -> Path:
+    """Write atomically; every request column of REQUEST_COLUMNS must be present and of one length."""
+    import h5py
+
+    lengths = {name: len(values) for name, values in table.requests.items()}
+    missing = sorted(set(REQUEST_COLUMNS) - set(table.requests))
+    if missing or len(set(lengths.values())) > 1:
+        raise ValueError(f"requests table: missing columns {missing} or unequal lengths {lengths}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with h5py.File(tmp, "w") as h5:
+        h5.attrs["schema"] = SCHEMA
+        h5.attrs["statuses"] = json.dumps(list(STATUSES))
+        h5.attrs["attrs"] = json.dumps(table.attrs)
+        for group_name, columns in (("requests", table.requests), ("steps", table.steps)):
+            group = h5.create_group(group_name)
+            for name, values in columns.items():
+                compress = {"compression": "gzip", "shuffle": True} if len(values) else {}
+                group.create_dataset(name, data=np.asarray(values), **compress)
+    os.replace(tmp, path)
+    return path
+
+
+def read_requests(path: Path) -> RequestsTable:
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        if h5.attrs.get("schema") != SCHEMA:
+            raise ValueError(f"{path} is not a per-request table ({SCHEMA})")
+        groups = {name: {column: h5[name][column][()] for column in h5[name]} for name in ("requests", "steps")}
+        return RequestsTable(groups["requests"], groups["steps"], json.loads(h5.attrs["attrs"]))
+
+
+def columns_doc() -> str:
+    """The table's columns as a Markdown list (docs/run-record.md quotes it; a test keeps the two equal)."""
+    return "\n".join(f"- `{name}`: {meaning}" for name, meaning in REQUEST_COLUMNS.items())

@@ -1,0 +1,94 @@
+"""The resolved configuration of `python -m llm_inference load`: model, arrivals, slots, SLOs, run control.
+
+Resolution needs no device, so `validate-load` runs on a login node; checks are in validation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from typing import Any
+
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED
+from joulebench.lifecycle import default_out_dir, new_run_id
+from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
+from llm_inference.config import add_control_arguments, add_model_arguments
+from llm_inference.tasks import TASKS
+
+DEFAULT_CONCURRENCY = 64
+WARMUP_ARRIVAL_S = 10.0  # finite rates: warm-up requests arrive for this long (GPU) before the counted ones
+
+
+def rate_label(rate: float) -> str:
+    """How a rate names its record: `max`, or the number as given (`0.5`, `4`)."""
+    return "max" if math.isinf(rate) else f"{rate:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadConfig:
+    """Everything one `load` invocation uses; each rate's run record stores it with its own rate."""
+
+    preset: str
+    checkpoint: str | None
+    precision: str
+    task: str
+    rates: tuple[float, ...]  # requests/s; inf = `max` (all queued at the start)
+    arrivals: str  # poisson or constant
+    trace: str | None  # JSONL replay instead of drawn arrivals and lengths
+    max_concurrency: int
+    requests: int | None  # counted requests per rate; None: enough for the window
+    warmup_requests: int | None  # None: the slots' count at `max`, WARMUP_ARRIVAL_S of arrivals otherwise
+    output_length: int | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    steady_seconds: float | None
+    idle_baseline: bool
+    exit_duration_mins: float | None
+    device: str
+    seed: int
+    out_dir: str
+    run_id: str
+    energy_methods: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["rates"] = [rate_label(r) for r in self.rates]
+        return data
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `load` and `validate-load`."""
+    add_model_arguments(parser, engines=False)
+    w = parser.add_argument_group("load")
+    w.add_argument("--task", default="chat", choices=list(TASKS), help="input and output length distributions")
+    w.add_argument("--rate", type=parse_rate, help="requests/s, or max: every request queued at the start")
+    w.add_argument("--rates", type=parse_rates, help="sweep, e.g. 1,2,4,8,max (one run record per rate)")
+    w.add_argument("--arrivals", choices=PROCESSES, default="poisson", help="arrival process of finite rates")
+    w.add_argument("--trace", help="replay this JSONL trace (arrival_s, input_tokens | prompt_ids | prompt, "
+                                   "output_tokens per line) instead of --rate")
+    w.add_argument("--max-concurrency", type=COUNT, default=DEFAULT_CONCURRENCY,
+                   help="request slots: requests decoded together at most")
+    w.add_argument("--requests", type=COUNT, help="counted requests per rate (default: enough for the window)")
+    w.add_argument("--warmup-requests", type=COUNT_OR_ZERO,
+                   help=f"requests before the counted ones (default: the slots at max, {WARMUP_ARRIVAL_S:g} s of "
+                        "arrivals at a finite rate)")
+    w.add_argument("--output-length", type=COUNT, help="force this many new tokens per request")
+    w.add_argument("--slo-ttft-ms", type=POSITIVE, help="time-to-first-token objective for goodput")
+    w.add_argument("--slo-tpot-ms", type=POSITIVE, help="time-per-output-token objective for goodput")
+    w.add_argument("--seed", type=SEED, default=1234)
+    add_control_arguments(parser, "the load window lasts at least this long", "runs/llm_inference/<run-id>")
+
+
+def resolve_load(args: argparse.Namespace) -> LoadConfig:
+    """--rates wins over --rate; a trace has no rate (its arrivals are its own)."""
+    rates = args.rates or ((args.rate,) if args.rate is not None else ())
+    run_id = args.run_id or new_run_id("load", args.preset)
+    return LoadConfig(
+        preset=args.preset, checkpoint=args.checkpoint, precision=args.precision, task=args.task, rates=tuple(rates),
+        arrivals=args.arrivals, trace=args.trace, max_concurrency=args.max_concurrency, requests=args.requests,
+        warmup_requests=args.warmup_requests, output_length=args.output_length, slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms, steady_seconds=args.steady_seconds, idle_baseline=args.idle_baseline,
+        exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
+        out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
+        energy_methods=args.energy_methods)

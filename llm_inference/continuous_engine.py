@@ -5,8 +5,9 @@ holds one request's keys and values in cache slots [0, length[r]) (no left paddi
 next. The host decides everything about slots (which request is where, when it finishes: its output length
 is known), so the device is never read inside the load loop; the engine only executes:
 
-* `admit(slots, prompts)`: the prefill of newly admitted requests into their slots (eager, rows of similar
-  length grouped as in the static engine, each group right-padded to its longest prompt: a causal mask keeps
+* `admit(slots, prompts)`: the prefill of newly admitted requests into their slots (eager, with SDPA backends
+  that need no set-up per prompt width (engine.SHAPE_FREE_ATTENTION), rows of similar length grouped as in the
+  static engine, each group right-padded to its longest prompt: a causal mask keeps
   real tokens from seeing the padding, and the padding's K/V lies beyond the slot's length, where the decode
   step overwrites it before any query sees it); the first token of each is picked on the device;
 * `step(rows, attended)`: one decode step over slots [0, rows) attending to the first `attended` cache slots.
@@ -28,9 +29,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
+from llm_inference.engine import SHAPE_FREE_ATTENTION
 from llm_inference.static_engine import CompactForward, attended_length
 
 
@@ -159,8 +162,9 @@ class ContinuousEngine(CompactForward):
             rows = self._to_device([slots[m] for m in members])
             last = self._to_device([lengths[m] - 1 for m in members])
             start = torch.zeros(len(members), dtype=torch.long, device=self.device)
-            logits = self._prefill_rows(state.cache, state.slot_index, state.rope, rows,
-                                        ids.to(self.device, non_blocking=True), start, 0, last)
+            with sdpa_kernel(SHAPE_FREE_ATTENTION):  # a new prompt width almost every time: no per-shape set-up
+                logits = self._prefill_rows(state.cache, state.slot_index, state.rope, rows,
+                                            ids.to(self.device, non_blocking=True), start, 0, last)
             state.tokens.index_copy_(0, rows, logits.argmax(dim=-1))
             state.length.index_copy_(0, rows, last + 1)
             state.active.index_fill_(0, rows, 1)

@@ -18,12 +18,17 @@ import time
 from typing import Any, Protocol
 
 import torch
+from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, LogitsProcessor
 
 from llm_inference.arrivals import Request
 from llm_inference.presets import ModelPreset
 from llm_inference.tasks import Batch
 
+# SDPA backends that need no set-up per shape: on Hopper, PyTorch prefers cuDNN attention, which builds an execution
+# graph for every new key length (tens of ms each): transformers' generate grows the key length every step, and a
+# serving engine prefills a new prompt width almost every time (docs/perf-notes.md).
+SHAPE_FREE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PAD_TOKEN = 0
 

@@ -16,13 +16,11 @@ fallback), which is what a plain `generate` gets wherever cuDNN attention is not
 from __future__ import annotations
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 from transformers import GenerationConfig, LogitsProcessorList
 
-from llm_inference.engine import PAD_TOKEN, StepClock, Timing
+from llm_inference.engine import PAD_TOKEN, SHAPE_FREE_ATTENTION, StepClock, Timing
 from llm_inference.tasks import Batch
-
-SHAPE_FREE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class HFEngine:

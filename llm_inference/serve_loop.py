@@ -4,7 +4,11 @@ One iteration of the loop, on the host:
 1. finished requests leave their slots (the host knows each request's output length, so no device read);
 2. admission: arrived requests (arrival <= now) take the lowest free slots, up to PREFILL_CHUNK_TOKENS prompt
    tokens per iteration, and are prefilled together as one step (prefill and decode interleave at step
-   granularity: the running requests wait for that prefill, as in a server without chunked prefill);
+   granularity: the running requests wait for that prefill, as in a server without chunked prefill). Under a
+   backlog (more requests waiting than slots free) the host admits only once 1/ADMIT_DIVISOR of the slots are
+   free: a prefill pass reads every weight once whatever its size, and one pass per finished request (about one
+   per step at 256 slots) would double the cost of a step; a slot stays empty for half that many steps on average
+   (3 % of the slots at ADMIT_DIVISOR = 16). Without a backlog every arrival is admitted at once;
 3. one decode step over every occupied slot (rows up to the highest occupied slot's bucket);
 4. with nothing to run, the host sleeps until the next arrival (the device idles).
 The host admits before every decode step. It stays at most LOOKAHEAD steps ahead of the device (it waits for
@@ -34,6 +38,7 @@ from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import ContinuousEngine, step_shape
 
 LOOKAHEAD = 8  # decode steps the host may run ahead of the device
+ADMIT_DIVISOR = 16  # under a backlog, admit once this fraction of the slots is free
 PROGRESS_EVERY_S = 10.0
 QUEUE_SLOTS = 2  # the queue holds at most this many times the slots; later arrivals wait in the source (their
 # arrival times are the scheduled ones either way), and an endless `--rate max` source is read only as needed
@@ -199,6 +204,9 @@ class ServeLoop:
 
     # ---- steps -------------------------------------------------------------------------------------------
     def _admit(self, now_s: float) -> None:
+        backlog = len(self.queue) > len(self.free)
+        if backlog and self.running and len(self.free) < max(1, self.slots // ADMIT_DIVISOR):
+            return
         admitted: list[Request] = []
         budget = memory.PREFILL_CHUNK_TOKENS
         while self.queue and len(admitted) < len(self.free) and self.queue[0].arrival_s <= now_s:

@@ -72,7 +72,17 @@ def window_segments(knot_sets: Sequence[Knots], t0_ns: float, t1_ns: float) -> S
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iterations: int = 200) -> np.ndarray:
-    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0."""
+    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0.
+
+    Columns are scaled to unit norm first (the same solution): the active-set tolerances are absolute, and
+    columns of very different sizes (tokens and steps per segment) would otherwise drop small coefficients.
+    """
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    return _lawson_hanson(a / norms, b, max_iterations) / norms
+
+
+def _lawson_hanson(a: np.ndarray, b: np.ndarray, max_iterations: int) -> np.ndarray:
     n = a.shape[1]
     x = np.zeros(n)
     passive = np.zeros(n, dtype=bool)
@@ -98,15 +108,16 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iterations: int = 200) -> np.ndarray:
 
 
 def knot_noise(rate0: np.ndarray, rate1: np.ndarray, segments: Segments) -> np.ndarray:
-    """[segments, columns]: expected squared error of each regressor per segment from knot timing.
+    """[segments, columns, columns]: expected error covariance of the regressors per segment from knot timing.
 
     A knot off by d (uniform within its half-width h: variance h²/3) moves d seconds of whatever ran at that
-    instant into or out of the segment, i.e. rate·d of each regressor (`rate0`/`rate1`: what each regressor
-    accrues per second at the segment's start/end knot). Regressing on amounts that carry this error would pull
+    instant into or out of the segment, i.e. rate·d of every regressor at once (`rate0`/`rate1`: what each
+    accrues per second at the segment's start/end knot), so the errors of columns that accrue together (steps,
+    rows and tokens of one decode step) are correlated. Regressing on amounts that carry this error would pull
     every coefficient towards zero and towards each other (errors in variables); the fit subtracts it.
     """
-    return (rate0 ** 2 * ((segments.half0_ns / 1e9) ** 2 / 3)[:, None]
-            + rate1 ** 2 * ((segments.half1_ns / 1e9) ** 2 / 3)[:, None])
+    return (np.einsum("ij,ik->ijk", rate0, rate0) * ((segments.half0_ns / 1e9) ** 2 / 3)[:, None, None]
+            + np.einsum("ij,ik->ijk", rate1, rate1) * ((segments.half1_ns / 1e9) ** 2 / 3)[:, None, None])
 
 
 def timing_scale(residual: np.ndarray, segments: Segments, knot_power_w: np.ndarray) -> float:
@@ -128,11 +139,11 @@ def timing_scale(residual: np.ndarray, segments: Segments, knot_power_w: np.ndar
 def corrected_nnls(x: np.ndarray, energy: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """Non-negative least squares on the normal equations with the knot-timing error removed from X'X.
 
-    min P'(X'X − N)P − 2P'X'y, P >= 0, with N = diag(sum of `noise`), solved as NNLS on a Cholesky
+    min P'(X'X − N)P − 2P'X'y, P >= 0, with N the sum of `noise` (knot_noise), solved as NNLS on a Cholesky
     factor; when the error is as large as the signal (X'X − N not positive definite) the plain fit is used
     and the columns concerned cannot be resolved anyway (their timing noise is too high).
     """
-    gram = x.T @ x - np.diag(noise.sum(axis=0))
+    gram = x.T @ x - noise.sum(axis=0)
     try:
         upper = np.linalg.cholesky(gram).T
     except np.linalg.LinAlgError:

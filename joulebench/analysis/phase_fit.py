@@ -158,7 +158,8 @@ def fit_labels(timeline: Timeline, segments: Segments, t0_ns: float, t1_ns: floa
     window_seconds = np.append(timeline.total_seconds(t0_ns, t1_ns), 0.0)
     window_seconds[-1] = (t1_ns - t0_ns) / 1e9 - window_seconds[:-1].sum()
     spread_var = x.var(axis=0)
-    timing = np.where(spread_var > 0, noise.mean(axis=0) / np.maximum(spread_var, 1e-300), np.inf)
+    own_noise = np.diagonal(noise, axis1=1, axis2=2).mean(axis=0)
+    timing = np.where(spread_var > 0, own_noise / np.maximum(spread_var, 1e-300), np.inf)
     half = np.concatenate([segments.half0_ns, segments.half1_ns]) / 1e9
     draws_w = bootstrap_powers(x, segments.energy_j, noise, blocks_of(segments, BLOCK_S), draws, rng)
     return LabelFit(labels, power, draws_w, window_seconds, (x / segments.seconds[:, None]).std(axis=0), timing,

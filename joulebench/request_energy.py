@@ -39,7 +39,6 @@ from joulebench.segment_fit import (
 from jpwr import Knots, ValidationError
 
 COLUMNS = ("prefill_tokens", "decode_steps", "row_steps", "kv_tokens")
-UNITS = ("J/prefill token", "J/decode step", "J/row-step", "J/attended KV token")
 IDLE_COLUMN = "idle_w"  # the fifth column (seconds) when no idle power is given
 MAX_PREFILL_VIF = 10.0  # above it the prefill column is (nearly) a combination of the others: no split
 CROSS_RATE_SLACK = 0.03  # test (a): |measured − predicted| ≤ both bounds + 3 % of the measured energy
@@ -256,6 +255,7 @@ def measured_energy(segments: Segments, t0_ns: float, t1_ns: float) -> tuple[flo
     Bound per edge: the edge segment's energy times the smaller of the two shares it is cut into (power need
     not be even inside it) plus its mean power times the half-width of the knot nearer the edge.
     """
+    segments = segments.take(np.flatnonzero((segments.t1_ns > t0_ns) & (segments.t0_ns < t1_ns)))
     if not len(segments) or t0_ns < segments.t0_ns[0] or t1_ns > segments.t1_ns[-1] or t1_ns <= t0_ns:
         raise ValidationError("the window is not covered by the counter's segments",
                               "choose a window inside the metered (fitted) span")

@@ -72,6 +72,9 @@ def test_planted_costs_are_recovered_within_their_intervals(fits: dict[str, Requ
     for k, column in enumerate(COLUMNS):
         low, high = fit.intervals[k]
         assert low <= COSTS[column] <= high, (column, fit.coefficients[k], low, high)
+        assert low <= fit.coefficients[k] <= high
+    for column in ("prefill_tokens", "decode_steps"):  # well determined: the estimate itself is close
+        assert fit.coefficients[COLUMNS.index(column)] == pytest.approx(COSTS[column], rel=0.02)
     # The intervals are tight enough to reject a cost 20 % off for the well-determined columns.
     for column in ("prefill_tokens", "decode_steps"):
         k = COLUMNS.index(column)
@@ -255,3 +258,9 @@ def test_a_request_without_a_lifetime_is_refused(fits: dict[str, RequestEnergyFi
     with pytest.raises(ValidationError, match="has no lifetime"):
         request_parts(fits["slow"], run.log, run.lifetimes[1:], *run.span)
 
+
+
+def test_a_window_beyond_the_counter_is_refused(fits: dict[str, RequestEnergyFit], runs: dict[str, Run]) -> None:
+    run = runs["fast"]
+    with pytest.raises(ValidationError, match="not covered by the counter's segments"):
+        cross_check(fits["slow"], run.log, run.knots, run.span[0], run.span[1] + 60e9)

@@ -161,6 +161,10 @@ class RequestEnergyFit:
         return np.percentile(self.draws, PERCENTILES, axis=0).T
 
     @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    @property
     def idle_w(self) -> float:
         return float(self.coefficients[-1]) if self.given_idle_w is None else self.given_idle_w
 

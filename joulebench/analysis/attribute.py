@@ -24,24 +24,15 @@ import numpy as np
 
 from joulebench.analysis.attribution_text import render
 from joulebench.analysis.kernel_classes import CATEGORY_NAMES, category
-from joulebench.analysis.phase_fit import (
-    MIN_SEGMENTS,
-    Fold,
-    LabelFit,
-    Timeline,
-    exclusive_timeline,
-    fit_labels,
-    held_out_folds,
-    window_segments,
-)
+from joulebench.analysis.phase_fit import LabelFit, Timeline, exclusive_timeline, fit_labels, held_out_folds
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
 from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
 from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RunRecord, read_run_record, write_run_record
+from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
 from jpwr import (
-    Domain,
     ExitCode,
     FormatError,
     IdleBaseline,
@@ -51,7 +42,6 @@ from jpwr import (
     ValidationError,
     WindowEnergy,
     accelerator_domains,
-    counter_segments,
     load_trace,
     spans_from_marks,
     utc_now,
@@ -118,13 +108,6 @@ def run_traces(run_dir: Path, record: RunRecord, window: str) -> list[TraceData]
                               "keep the run's jpwr directory beside its run_record.json")
     return [t for t in traces if t.info.get("run_id") == mine.info.get("run_id") and window in
             spans_from_marks(t.marks)]
-
-
-def counter_knots(trace: TraceData, domain: Domain) -> list[Any]:
-    sensor = next((s for s in trace.sensors if s.domain_id == domain.id and s.signal is Signal.ENERGY_COUNTER), None)
-    if sensor is None:
-        return []
-    return counter_segments(trace.series(sensor.id), sensor.est_update_s)[0]
 
 
 def phase_timeline(batches: Sequence[PhaseBatch], selected: Sequence[str] | None) -> Timeline:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from joulebench.analysis.phase_fit import Timeline, exclusive_timeline, nnls
+from joulebench.analysis.phase_fit import Timeline, exclusive_timeline
+from joulebench.segment_fit import nnls
 
 
 def _brute_force_nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,0 +1,447 @@
+"""Per-request energy of a serving run: the counter-segment fit (joulebench/segment_fit.py) on engine steps.
+
+Continuous batching runs many requests through each step, so no meter sees one request's energy. The engine's
+work log says what each step did (prefill tokens, decode rows, attended KV tokens) and for whom; the energy
+counter says what each ~100 ms segment cost. Per segment
+
+    E = P_idle·seconds + a·prefill_tokens + b·decode_steps + c·row_steps + d·kv_tokens
+
+(each step's amounts counted by the share of the step inside the segment), a..d >= 0 by NNLS, P_idle from the
+run's idle baseline (fitted as a fifth column when there is none). A decode step's cost falls per token as
+rows are added (weights are read once per step), so a row-step column alone cannot be right: b is the step's
+fixed cost, shared equally by its rows. A request's energy = its prefill tokens·a + for each of its decode
+steps (b/rows + c + d·its KV tokens) + its share of idle power: at each instant P_idle is shared equally by
+the requests in the system (arrived, not finished); time with none is unattributed idle.
+
+Where prefill and decode come in the same mix in every counter period, any split between them fits equally
+well: the split is then None with the reason (the prefill column's variance inflation factor), never a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from joulebench.segment_fit import (
+    BLOCK_S,
+    CLOSURE_Z,
+    MIN_SEGMENTS,
+    Fold,
+    Segments,
+    blocks_of,
+    bootstrap_powers,
+    calibrated_fit,
+    held_out_halves,
+    window_segments,
+)
+from jpwr import Knots, ValidationError
+
+COLUMNS = ("prefill_tokens", "decode_steps", "row_steps", "kv_tokens")
+IDLE_COLUMN = "idle_w"  # the fifth column (seconds) when no idle power is given
+MAX_PREFILL_VIF = 10.0  # above it the prefill column is (nearly) a combination of the others: no split
+CROSS_RATE_SLACK = 0.03  # test (a): |measured − predicted| ≤ both bounds + 3 % of the measured energy
+SPLIT_SLACK = 0.05  # test (c): each part within 5 % of its measured (dynamic) energy
+PERCENTILES = (2.5, 97.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkLog:
+    """One entry per engine step on the node's monotonic clock (ns); members say which requests were in it.
+
+    Steps never overlap; time between steps is device idle. A step is either a prefill step (prefill_tokens > 0,
+    decode_rows == 0) or a decode step (one member per decoded row, its attended KV tokens in member_kv_tokens).
+    """
+
+    t0_ns: np.ndarray  # (steps,) int64 start of the step on the device
+    t1_ns: np.ndarray  # (steps,) end
+    prefill_tokens: np.ndarray  # (steps,) tokens prefilled in the step (0 in a decode step)
+    decode_rows: np.ndarray  # (steps,) rows decoded (0 in a prefill step)
+    kv_tokens: np.ndarray  # (steps,) attended KV tokens summed over the decoded rows
+    member_offsets: np.ndarray  # (steps+1,) CSR into the member arrays
+    member_request: np.ndarray  # (m,) request id of each member of a step
+    member_prefill_tokens: np.ndarray  # (m,) that request's prefill tokens in the step
+    member_kv_tokens: np.ndarray  # (m,) that request's attended KV tokens in the step (decode)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a log the model would silently misread (ValidationError naming the first bad step)."""
+        n = len(self.t0_ns)
+        fix = "log one entry per engine step, in time order, as joulebench/request_energy.py's WorkLog describes"
+        for name in ("t1_ns", "prefill_tokens", "decode_rows", "kv_tokens"):
+            if len(getattr(self, name)) != n:
+                raise ValidationError(f"work log: {name} has {len(getattr(self, name))} entries, t0_ns {n}", fix)
+        offsets = self.member_offsets
+        m = len(self.member_request)
+        if len(offsets) != n + 1 or (n + 1 and (offsets[0] != 0 or offsets[-1] != m)) or np.any(np.diff(offsets) < 0):
+            raise ValidationError(f"work log: member_offsets must rise from 0 to {m} over {n + 1} entries", fix)
+        if len(self.member_prefill_tokens) != m or len(self.member_kv_tokens) != m:
+            raise ValidationError("work log: the member arrays differ in length", fix)
+        self._first_bad(self.t1_ns <= self.t0_ns, "ends before it starts", fix)
+        self._first_bad(np.append(self.t0_ns[1:] < self.t1_ns[:-1], False), "overlaps the next step", fix)
+        for name in ("prefill_tokens", "decode_rows", "kv_tokens"):
+            self._first_bad(getattr(self, name) < 0, f"has negative {name}", fix)
+        if np.any(self.member_prefill_tokens < 0) or np.any(self.member_kv_tokens < 0):
+            raise ValidationError("work log: a member has negative tokens", fix)
+        members = np.diff(offsets)
+        self._first_bad((self.prefill_tokens > 0) == (self.decode_rows > 0), "is neither or both a prefill and a "
+                        "decode step", fix)
+        self._first_bad((self.decode_rows > 0) & (members != self.decode_rows), "decodes a number of rows other "
+                        "than its members", fix)
+        starts = offsets[:-1]
+        for name, member in (("prefill_tokens", self.member_prefill_tokens), ("kv_tokens", self.member_kv_tokens)):
+            sums = np.add.reduceat(np.append(member, 0), starts) * (members > 0) if n else np.zeros(0)
+            self._first_bad(sums != getattr(self, name), f"has {name} other than its members' sum", fix)
+
+    def _first_bad(self, bad: np.ndarray, what: str, fix: str) -> None:
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise ValidationError(f"work log: step {i} (t0 {int(self.t0_ns[i])} ns) {what}", fix)
+
+    @property
+    def seconds(self) -> np.ndarray:
+        return (self.t1_ns - self.t0_ns) / 1e9
+
+    def columns(self) -> np.ndarray:
+        """[steps, 4]: each step's amounts of COLUMNS."""
+        return np.column_stack([self.prefill_tokens, (self.decode_rows > 0).astype(float), self.decode_rows,
+                                self.kv_tokens]).astype(float)
+
+    def amounts(self, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
+        """[n, 4]: COLUMNS in each [a, b], every step counted by the fraction of it inside (|[a,b] ∩ step| / step)."""
+        cumulative = np.vstack([np.zeros((1, 4)), np.cumsum(self.columns(), axis=0)])
+        return self._done_by(np.asarray(b_ns, float), cumulative) - self._done_by(np.asarray(a_ns, float), cumulative)
+
+    def _done_by(self, t: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(self.t0_ns, t, side="right") - 1  # the step starting at or before t
+        k = np.maximum(j, 0)
+        t0, t1 = self.t0_ns.astype(float), self.t1_ns.astype(float)
+        if not len(t0):
+            return np.zeros((len(t), 4))
+        part = np.clip((t - t0[k]) / (t1[k] - t0[k]), 0.0, 1.0)
+        return np.where((j >= 0)[:, None], cumulative[k] + self.columns()[k] * part[:, None], 0.0)
+
+    def rates_at(self, t_ns: np.ndarray) -> np.ndarray:
+        """[n, 4]: what each column accrues per second at each instant (0 between steps)."""
+        j = np.searchsorted(self.t0_ns, t_ns, side="right") - 1
+        k = np.maximum(j, 0)
+        if not len(self.t0_ns):
+            return np.zeros((len(t_ns), 4))
+        running = (j >= 0) & (t_ns < self.t1_ns[k])
+        return np.where(running[:, None], self.columns()[k] / self.seconds[k][:, None], 0.0)
+
+    def fractions(self, t0_ns: float, t1_ns: float) -> np.ndarray:
+        """(steps,): the share of each step inside [t0, t1]."""
+        inside = np.clip(np.minimum(self.t1_ns, t1_ns) - np.maximum(self.t0_ns, t0_ns), 0, None)
+        return inside / (self.t1_ns - self.t0_ns)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestEnergyFit:
+    """Costs per unit of COLUMNS (and idle power), their bootstrap draws, and what the data can separate."""
+
+    columns: tuple[str, ...]  # COLUMNS, plus IDLE_COLUMN when idle power was fitted
+    coefficients: np.ndarray
+    draws: np.ndarray  # [draws, columns]
+    given_idle_w: float | None  # the idle baseline used; None: fitted (the last column)
+    vif: np.ndarray  # uncentred variance inflation factor of each column
+    separable: bool  # prefill told apart from decode
+    reason: str | None  # why not
+    segments: Segments  # the counter segments fitted
+    counter: Segments  # all segments of the counter series (the window's measured energy, edges included)
+    folds: list[Fold]
+    block_var_j2: float  # variance of the 1 s block sums of the residuals (noise the model cannot know)
+
+    @property
+    def intervals(self) -> np.ndarray:
+        """[columns, 2]: 95 % bootstrap interval of each coefficient."""
+        return np.percentile(self.draws, PERCENTILES, axis=0).T
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    @property
+    def idle_w(self) -> float:
+        return float(self.coefficients[-1]) if self.given_idle_w is None else self.given_idle_w
+
+    @property
+    def idle_draws_w(self) -> np.ndarray:
+        return self.draws[:, -1] if self.given_idle_w is None else np.full(len(self.draws), self.given_idle_w)
+
+    @property
+    def notes(self) -> list[str]:
+        if self.given_idle_w is not None:
+            return []
+        return ["no idle baseline: idle power fitted as a per-second column (it separates from the work only "
+                "where the device idles between steps for varying shares of each counter period)"]
+
+    def design(self, log: WorkLog, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
+        """[n, columns]: the fit's columns in each [a, b] (seconds appended when idle power is a column)."""
+        x = log.amounts(a_ns, b_ns)
+        if self.given_idle_w is not None:
+            return x
+        return np.column_stack([x, (np.asarray(b_ns, float) - np.asarray(a_ns, float)) / 1e9])
+
+    def predict(self, log: WorkLog, t0_ns: float, t1_ns: float) -> tuple[float, float]:
+        """Energy of [t0, t1] predicted from the log, and its bound (Z·(coefficient spread ⊕ block noise), 99 %)."""
+        x = self.design(log, np.array([t0_ns]), np.array([t1_ns]))[0]
+        offset = 0.0 if self.given_idle_w is None else self.given_idle_w * (t1_ns - t0_ns) / 1e9
+        blocks = max(1.0, (t1_ns - t0_ns) / 1e9 / BLOCK_S)
+        sigma = np.sqrt(np.var(self.draws @ x) + blocks * self.block_var_j2)
+        return float(offset + x @ self.coefficients), float(CLOSURE_Z * sigma)
+
+
+def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | None, t0_ns: float, t1_ns: float,
+                       draws: int = 200, seed: int = 0) -> RequestEnergyFit:
+    """Fit the per-segment model on the counter segments wholly inside [t0, t1]."""
+    segments = window_segments(knots, t0_ns, t1_ns)
+    if len(segments) < MIN_SEGMENTS:
+        raise ValidationError(f"{len(segments)} counter segments inside the window, the fit needs {MIN_SEGMENTS}",
+                              "meter a longer window, or read the counter faster (jpwr --counter-interval 20)")
+    rng = np.random.default_rng(seed)
+    x = log.amounts(segments.t0_ns, segments.t1_ns)
+    rate0, rate1 = log.rates_at(segments.t0_ns), log.rates_at(segments.t1_ns)
+    columns: tuple[str, ...] = COLUMNS
+    if idle_w is None:
+        x = np.column_stack([x, segments.seconds])
+        rate0, rate1 = (np.column_stack([r, np.ones(len(r))]) for r in (rate0, rate1))
+        columns = (*COLUMNS, IDLE_COLUMN)
+    offset = np.zeros(len(segments)) if idle_w is None else idle_w * segments.seconds
+    energy = segments.energy_j - offset
+    noise, coef = calibrated_fit(x, energy, segments, rate0, rate1, idle_w or 0.0)
+    blocks = blocks_of(segments, BLOCK_S)
+    draws_c = bootstrap_powers(x, energy, noise, blocks, draws, rng)
+    folds = held_out_halves(x, noise, segments, draws, rng, offset)
+    block_sums = np.bincount(blocks, weights=energy - x @ coef)
+    vif = variance_inflation(x)
+    reason = split_reason(x, vif, float(np.median(segments.seconds)))
+    return RequestEnergyFit(columns, coef, draws_c, idle_w, vif, reason is None, reason, segments,
+                            _counter_segments(knots), folds, float(np.var(block_sums)))
+
+
+def variance_inflation(x: np.ndarray) -> np.ndarray:
+    """Uncentred VIF per column: ||x_j||² / (its residual after regression on the other columns).
+
+    Uncentred because the model has no intercept: amounts that add up to a constant segment length are fine,
+    a column that is a multiple of another (a constant mix) is not. inf where a column is empty or exactly
+    a combination of the others.
+    """
+    out = np.empty(x.shape[1])
+    for j in range(x.shape[1]):
+        column, others = x[:, j], np.delete(x, j, axis=1)
+        fitted = others @ np.linalg.lstsq(others, column, rcond=None)[0] if others.shape[1] else 0.0
+        residual = float(np.sum((column - fitted) ** 2))
+        norm = float(column @ column)
+        out[j] = np.inf if norm == 0 or residual <= 1e-12 * norm else norm / residual
+    return out
+
+
+def split_reason(x: np.ndarray, vif: np.ndarray, segment_s: float) -> str | None:
+    """Why prefill cannot be told from decode in this window (None: it can)."""
+    if not np.any(x[:, 0] > 0):
+        return "no prefill in the fitted window"
+    if not np.any(x[:, 1] > 0):
+        return "no decode in the fitted window"
+    if vif[0] > MAX_PREFILL_VIF:
+        return (f"the prefill column's variance inflation factor is {min(vif[0], 9.99e9):.3g} (max "
+                f"{MAX_PREFILL_VIF:g}): prefill and decode come in a nearly constant mix in every "
+                f"{segment_s * 1e3:.0f} ms counter period, so any split between them fits as well")
+    return None
+
+
+def measured_energy(segments: Segments, t0_ns: float, t1_ns: float) -> tuple[float, float]:
+    """Counter energy of [t0, t1] over contiguous segments, interpolated inside the two edge segments.
+
+    Bound per edge: the edge segment's energy times the smaller of the two shares it is cut into (power need
+    not be even inside it) plus its mean power times the half-width of the knot nearer the edge.
+    """
+    segments = segments.take(np.flatnonzero((segments.t1_ns > t0_ns) & (segments.t0_ns < t1_ns)))
+    if not len(segments) or t0_ns < segments.t0_ns[0] or t1_ns > segments.t1_ns[-1] or t1_ns <= t0_ns:
+        raise ValidationError("the window is not covered by the counter's segments",
+                              "choose a window inside the metered (fitted) span")
+    if np.any(segments.t0_ns[1:] != segments.t1_ns[:-1]):
+        raise ValidationError("the counter restarted inside the window (its segments are not contiguous)",
+                              "choose a window on one continuous counter series")
+    times = np.append(segments.t0_ns, segments.t1_ns[-1])
+    cumulative = np.concatenate(([0.0], np.cumsum(segments.energy_j)))
+    energy = float(np.interp(t1_ns, times, cumulative) - np.interp(t0_ns, times, cumulative))
+    bound = 0.0
+    for t in (t0_ns, t1_ns):
+        i = int(np.clip(np.searchsorted(times, t, side="right") - 1, 0, len(segments) - 1))
+        share = (t - segments.t0_ns[i]) / (segments.t1_ns[i] - segments.t0_ns[i])
+        power = segments.energy_j[i] / segments.seconds[i]
+        half = segments.half0_ns[i] if share < 0.5 else segments.half1_ns[i]
+        bound += min(share, 1 - share) * segments.energy_j[i] + power * half / 1e9
+    return energy, bound
+
+
+def _counter_segments(knots: Sequence[Knots]) -> Segments:
+    return window_segments(knots, -np.inf, np.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossCheck:
+    """Test (a): a fit from one run predicting another run's window energy."""
+
+    measured_j: float
+    measured_bound_j: float
+    predicted_j: float
+    predicted_bound_j: float
+
+    @property
+    def bound_j(self) -> float:
+        return self.measured_bound_j + self.predicted_bound_j + CROSS_RATE_SLACK * abs(self.measured_j)
+
+    @property
+    def passes(self) -> bool:
+        return abs(self.measured_j - self.predicted_j) <= self.bound_j
+
+
+def cross_check(fit: RequestEnergyFit, other_log: WorkLog, other_knots: Sequence[Knots], t0_ns: float,
+                t1_ns: float) -> CrossCheck:
+    measured, measured_bound = measured_energy(_counter_segments(other_knots), t0_ns, t1_ns)
+    return CrossCheck(measured, measured_bound, *fit.predict(other_log, t0_ns, t1_ns))
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestParts:
+    """Each request's energy in a window, in parts, with 95 % intervals ([n, 2]) from the bootstrap draws.
+
+    prefill_j / decode_j are None where the fit cannot split them (`split_reason`); work_j (their sum) is
+    always there. Idle intervals are zero-width when the idle power was given (its own uncertainty is the
+    idle baseline's, not the fit's).
+    """
+
+    ids: np.ndarray
+    work_j: np.ndarray
+    work_interval: np.ndarray
+    prefill_j: np.ndarray | None
+    prefill_interval: np.ndarray | None
+    decode_j: np.ndarray | None
+    decode_interval: np.ndarray | None
+    idle_j: np.ndarray
+    idle_interval: np.ndarray
+    split_reason: str | None
+    unattributed_idle_j: float  # idle power while no request was in the system
+    measured_j: float  # the counter's energy of the window
+    measured_bound_j: float
+    remainder_j: float  # measured − requests' parts − unattributed idle (in-sample diagnostic)
+    remainder_bound_j: float
+
+    @property
+    def total_j(self) -> np.ndarray:
+        return self.work_j + self.idle_j
+
+
+def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple[int, int, int]] | np.ndarray,
+                  t0_ns: float, t1_ns: float) -> RequestParts:
+    """Split the window [t0, t1] (inside the fitted span) over the requests; `lifetimes`: (id, arrival_ns,
+    finish_ns) per request. Only the in-window share of each step and lifetime counts."""
+    life = np.asarray(lifetimes, dtype=float).reshape(-1, 3)
+    order = np.argsort(life[:, 0], kind="stable")
+    life = life[order]
+    ids = life[:, 0].astype(np.int64)
+    per_request = _request_amounts(log, ids, t0_ns, t1_ns)  # [n, 4]
+    cost = fit.coefficients[:4]
+    draws = fit.draws[:, :4]
+    prefill = per_request[:, :1] * draws[:, :1].T  # [n, draws]
+    decode = per_request[:, 1:] @ draws[:, 1:].T
+    shared_s, empty_s = _idle_shares(life[:, 1], life[:, 2], t0_ns, t1_ns)
+    idle_draws = shared_s[:, None] * fit.idle_draws_w[None, :]
+    work_j = per_request @ cost
+    idle_j = shared_s * fit.idle_w
+    unattributed = empty_s * fit.idle_w
+    measured, measured_bound = measured_energy(fit.counter, t0_ns, t1_ns)
+    remainder = measured - float(work_j.sum() + idle_j.sum()) - unattributed
+    _, predicted_bound = fit.predict(log, t0_ns, t1_ns)
+    split = fit.reason is None
+    return RequestParts(
+        ids, work_j, _interval(prefill + decode),
+        per_request[:, 0] * cost[0] if split else None, _interval(prefill) if split else None,
+        per_request[:, 1:] @ cost[1:] if split else None, _interval(decode) if split else None,
+        idle_j, _interval(idle_draws), fit.reason, float(unattributed), measured, measured_bound, float(remainder),
+        measured_bound + predicted_bound)
+
+
+def _interval(draws: np.ndarray) -> np.ndarray:
+    return np.percentile(draws, PERCENTILES, axis=1).T if draws.shape[1] else np.zeros((len(draws), 2))
+
+
+def _request_amounts(log: WorkLog, ids: np.ndarray, t0_ns: float, t1_ns: float) -> np.ndarray:
+    """[requests, 4]: each request's in-window prefill tokens, decode steps (1/rows per step it was decoded in),
+    row-steps and attended KV tokens."""
+    counts = np.diff(log.member_offsets)
+    share = np.repeat(log.fractions(t0_ns, t1_ns), counts)
+    rows = np.repeat(log.decode_rows, counts).astype(float)
+    decoded = rows > 0
+    where = np.searchsorted(ids, log.member_request)
+    known = (where < len(ids)) & (ids[np.minimum(where, len(ids) - 1)] == log.member_request) if len(ids) else \
+        np.zeros(len(where), dtype=bool)
+    counted = share > 0
+    if np.any(counted & ~known):
+        missing = int(log.member_request[np.argmax(counted & ~known)])
+        raise ValidationError(f"request {missing} ran in the window but has no lifetime",
+                              "pass a lifetime (id, arrival_ns, finish_ns) for every request in the work log")
+    weights = (log.member_prefill_tokens * share, np.where(decoded, share / np.maximum(rows, 1), 0.0),
+               np.where(decoded, share, 0.0), np.where(decoded, log.member_kv_tokens * share, 0.0))
+    index = where[counted]
+    return np.column_stack([np.bincount(index, w[counted], minlength=len(ids)) for w in weights])
+
+
+def _idle_shares(arrival_ns: np.ndarray, finish_ns: np.ndarray, t0_ns: float, t1_ns: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of idle power each request carries (every instant shared equally by the requests in the system,
+    arrived and not finished), and the seconds with none in the system, inside [t0, t1]."""
+    a, f = np.clip(arrival_ns, t0_ns, t1_ns), np.clip(finish_ns, t0_ns, t1_ns)
+    points = np.unique(np.concatenate([a, f, [t0_ns, t1_ns]]))
+    middle = (points[:-1] + points[1:]) / 2
+    in_system = (np.searchsorted(np.sort(arrival_ns), middle, side="right")
+                 - np.searchsorted(np.sort(finish_ns), middle, side="right"))
+    length = np.diff(points) / 1e9
+    per_request = np.where(in_system > 0, length / np.maximum(in_system, 1), 0.0)
+    cumulative = np.concatenate(([0.0], np.cumsum(per_request)))
+    shares = cumulative[np.searchsorted(points, f)] - cumulative[np.searchsorted(points, a)]
+    return shares, float(length[in_system == 0].sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class PartCheck:
+    """One part of test (c): its fitted energy against the counter's energy of its interval less idle."""
+
+    part: str
+    measured_j: float  # counter energy − idle power × seconds
+    measured_bound_j: float
+    predicted_j: float | None  # None: the fit cannot split prefill from decode
+    reason: str | None
+
+    @property
+    def relative_error(self) -> float | None:
+        return None if self.predicted_j is None else (self.predicted_j - self.measured_j) / self.measured_j
+
+    @property
+    def passes(self) -> bool:
+        return self.relative_error is not None and abs(self.relative_error) <= SPLIT_SLACK
+
+
+def controlled_split_check(fit: RequestEnergyFit, log: WorkLog, knots: Sequence[Knots], prefill_t0: float,
+                           prefill_t1: float, decode_t0: float, decode_t1: float) -> tuple[PartCheck, PartCheck]:
+    """Test (c): all slots admitted at once, no refills, so prefill and decode run at separate times; the fitted
+    prefill part (decode part) predicts the counter's energy of its interval, less idle, within SPLIT_SLACK."""
+    segments = _counter_segments(knots)
+    out = []
+    for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, slice(0, 1), slice(1, 4)),
+                                     ("decode", decode_t0, decode_t1, slice(1, 4), slice(0, 1))):
+        amounts = log.amounts(np.array([t0]), np.array([t1]))[0]
+        if np.any(amounts[other] > 0):
+            raise ValidationError(f"the {part} interval holds {'decode' if part == 'prefill' else 'prefill'} "
+                                  "work", "pass intervals where only that part ran (a controlled-split run: all "
+                                          "slots admitted at once, no refills)")
+        energy, bound = measured_energy(segments, t0, t1)
+        dynamic = energy - fit.idle_w * (t1 - t0) / 1e9
+        predicted = None if fit.reason else float(amounts[own] @ fit.coefficients[own])
+        out.append(PartCheck(part, dynamic, bound, predicted, fit.reason))
+    return out[0], out[1]

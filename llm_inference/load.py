@@ -32,7 +32,7 @@ from joulebench.lifecycle import Lifecycle, StopRequested
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
 from joulebench.torch_device import hardware_info
-from jpwr import IdleBaseline, Window
+from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference import request_metrics, validation
 from llm_inference.arrivals import Request, arrival_times, draw_requests, load_trace
 from llm_inference.continuous_engine import ContinuousEngine
@@ -41,6 +41,7 @@ from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import BuiltModel, compact_engine, window_seconds
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, SaturatedWindow, ServeLog, ServeLoop, WindowRule
+from llm_inference.serving_energy import Sweep, serving_energy
 from llm_inference.tasks import TASKS, longest_sequence
 
 WORK_UNIT = "output_tokens"
@@ -192,9 +193,23 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
 
 
 # ---- one rate, one record ------------------------------------------------------------------------------
+def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset
+                       ) -> ServeLog:
+    """Test (c)'s window, before the load: every slot admitted at once and decoded to the end, no refills, so
+    prefill and decode run at separate times (metered as window `controlled`)."""
+    items = draw_requests(TASKS[cfg.task], np.zeros(cfg.max_concurrency), cfg.seed + 1, cfg.output_length)
+    loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed + 1),
+                     log=_log, admit_all=True)
+    log = loop.run(iter(items), ArrivalWindow(0.0, math.inf), lambda: meter.begin("controlled", 0),
+                   lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), lambda: None,
+                   len(items))
+    _log(f"controlled-split window: {len(items)} requests admitted at once, no refills")
+    return log
+
+
 def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[Request] | None,
               model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str, device: torch.device,
-              hardware: dict[str, object], idle: IdleBaseline | None, single: bool
+              hardware: dict[str, object], idle: IdleBaseline | None, single: bool, sweep: Sweep
               ) -> tuple[RunRecord, IdleBaseline | None]:
     label = "trace" if rate is None else rate_label(rate)
     out_dir = Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"rate_{label}"
@@ -206,8 +221,22 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
 
     def metrics(record: RunRecord) -> dict[str, Any]:
         record.config["engine_detail"] = model.describe()
-        return load_metrics(cfg, rate, state.get("steady"), state.get("log"), state.get("served", {}),
-                            state.get("rule"))
+        result = load_metrics(cfg, rate, state.get("steady"), state.get("log"), state.get("served", {}),
+                              state.get("rule"))
+        if "table" in state and state.get("steady") is not None:
+            record.requests = {**(record.requests or {}), "energy": _request_energy(state, idle, out_dir)}
+            write_requests(out_dir / FILE_NAME, state["table"])
+            energy = record.requests["energy"]
+            result.update(energy_per_request_p50_j=(energy.get("energy_per_request_j") or {}).get("p50"),
+                          energy_per_request_p90_j=(energy.get("energy_per_request_j") or {}).get("p90"))
+        return result
+
+    def _request_energy(state: dict[str, Any], idle: IdleBaseline | None, out_dir: Path) -> dict[str, Any]:
+        log, served = state["log"], state["served"]
+        finished = {t.id for t in request_times(log, served)} & counted_ids(log, served, state["rule"])
+        idle_w = None if idle is None else idle.power_w
+        return serving_energy(label, log, state["steady"], finished, idle_w, out_dir / "jpwr", state["table"], sweep,
+                              state.get("controlled"))
 
     with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware) as run:
         engine = model.get()
@@ -221,6 +250,8 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         sequence = _longest(cfg, trace)
         if engine.state is None or engine.state.slots != cfg.max_concurrency or engine.state.cache_slots < sequence:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
+        if not sweep.earlier and sweep.controlled is None:
+            state["controlled"] = _controlled_window(cfg, engine, meter, shape)
         served: dict[int, Request] = {}
 
         def source() -> Iterator[Request]:
@@ -237,7 +268,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         log = loop.run(source(), plan.rule, lambda: meter.begin("steady", 0), on_end, life.stop.local_reason,
                        plan.expected)
         state.update(log=log, served=served, rule=plan.rule)
-        table = requests_table(log, served, counted_ids(log, served, plan.rule))
+        table = state["table"] = requests_table(log, served, counted_ids(log, served, plan.rule))
         write_requests(out_dir / FILE_NAME, table)
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                                "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
@@ -285,10 +316,11 @@ def run(cfg: LoadConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.de
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
         model = BuiltModel(make, shape, precision, device, cfg.checkpoint)
         idle: IdleBaseline | None = None
+        sweep = Sweep()
         rates: list[float | None] = [None] if trace is not None else list(cfg.rates)
         for rate in rates:
             record, idle = _run_rate(life, cfg, rate, trace, model, shape, precision, device, hardware, idle,
-                                     len(rates) == 1)
+                                     len(rates) == 1, sweep)
             _log(_progress(record))
             if record.status in ("TIMEOUT", "FAILED") and (record.status == "TIMEOUT" or model.engine is None):
                 break

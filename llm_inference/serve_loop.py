@@ -163,8 +163,10 @@ class ServeLoop:
     """Slots, queue and steps of one load run; see the module docstring."""
 
     def __init__(self, engine: ContinuousEngine, slots: int, prompt: Callable[[Request], torch.Tensor],
-                 keep_tokens: bool = False, log: Callable[[str], None] = print) -> None:
-        self.engine, self.slots, self.prompt, self.log = engine, slots, prompt, log
+                 keep_tokens: bool = False, log: Callable[[str], None] = print, admit_all: bool = False) -> None:
+        """`admit_all`: every arrived request that finds a slot is prefilled before the next decode step (no token
+        budget, no batching rule): the controlled-split window, where prefill and decode must not interleave."""
+        self.engine, self.slots, self.prompt, self.log, self.admit_all = engine, slots, prompt, log, admit_all
         self.free: list[int] = list(range(slots))
         self.running: dict[int, Running] = {}  # by slot
         self.queue: deque[Request] = deque()
@@ -205,10 +207,10 @@ class ServeLoop:
     # ---- steps -------------------------------------------------------------------------------------------
     def _admit(self, now_s: float) -> None:
         backlog = len(self.queue) > len(self.free)
-        if backlog and self.running and len(self.free) < max(1, self.slots // ADMIT_DIVISOR):
+        if backlog and self.running and len(self.free) < max(1, self.slots // ADMIT_DIVISOR) and not self.admit_all:
             return
         admitted: list[Request] = []
-        budget = memory.PREFILL_CHUNK_TOKENS
+        budget = float("inf") if self.admit_all else memory.PREFILL_CHUNK_TOKENS
         while self.queue and len(admitted) < len(self.free) and self.queue[0].arrival_s <= now_s:
             request = self.queue[0]
             if admitted and request.input_tokens > budget:

@@ -1,0 +1,206 @@
+"""Per-request energy of a load run and the tests of its model, from the in-process trace beside the record.
+
+The fit (joulebench.request_energy) runs on the rate's `steady` window; each request's parts are then taken over
+its whole lifetime (the counted requests finish after the window, while the loop drains: the coefficients hold
+for the same engine). The checks, recorded with the figures (docs/attribution.md):
+(a) cross-rate: this rate's coefficients predict every earlier rate's window energy, and theirs predict this one's;
+(b) held-out halves of the window (the fit's folds);
+(c) the controlled-split window (all slots admitted at once, no refills) run once, before the first rate's load:
+    the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
+the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
+Under an external sampler the trace is written only when the sampler stops, after the driver: the figures are
+then n/a with that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from joulebench.request_energy import (
+    RequestEnergyFit,
+    RequestParts,
+    WorkLog,
+    controlled_split_check,
+    cross_check,
+    fit_request_energy,
+    request_parts,
+)
+from joulebench.requests_table import RequestsTable
+from joulebench.segment_fit import counter_knots
+from jpwr import JpwrError, Knots, Window, accelerator_domains, load_trace
+from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
+
+METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + b x decode steps + c x row-steps + "
+          "d x attended KV tokens, NNLS, block bootstrap (joulebench.request_energy)")
+
+
+def work_log(log: ServeLog) -> WorkLog:
+    """The loop's steps as the fit's work log (members' amounts: prompt tokens in prefills, KV tokens in decodes)."""
+    counts = np.array([len(m) for m in log.step_members], dtype=np.int64)
+    kind = np.repeat(log.step_kind, counts)
+    amounts = np.array([a for step in log.step_amounts for a in step], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    per_step = np.add.reduceat(amounts, offsets[:-1]) if len(amounts) else np.zeros(0, np.int64)
+    per_step = np.where(counts > 0, per_step, 0)
+    prefill = log.step_kind == PREFILL
+    return WorkLog(
+        t0_ns=log.step_t0_ns, t1_ns=log.step_t1_ns, prefill_tokens=np.where(prefill, per_step, 0),
+        decode_rows=np.where(log.step_kind == DECODE, counts, 0), kv_tokens=np.where(prefill, 0, per_step),
+        member_offsets=offsets, member_request=np.array([m for ms in log.step_members for m in ms], dtype=np.int64),
+        member_prefill_tokens=np.where(kind == PREFILL, amounts, 0),
+        member_kv_tokens=np.where(kind == DECODE, amounts, 0))
+
+
+@dataclasses.dataclass
+class Measured:
+    """One window's material for the checks of later rates: its work, its counter, its edges and its fit."""
+
+    label: str
+    log: WorkLog
+    knots: list[Knots]
+    t0_ns: float
+    t1_ns: float
+    fit: RequestEnergyFit | None
+
+
+@dataclasses.dataclass
+class Controlled:
+    """The controlled-split window: its work, counter and the prefill and decode intervals."""
+
+    log: WorkLog
+    knots: list[Knots]
+    prefill: tuple[float, float]
+    decode: tuple[float, float]
+
+
+def controlled_intervals(log: ServeLog) -> tuple[tuple[float, float], tuple[float, float]]:
+    prefill, decode = log.step_kind == PREFILL, log.step_kind == DECODE
+    return ((float(log.step_t0_ns[prefill].min()), float(log.step_t1_ns[prefill].max())),
+            (float(log.step_t0_ns[decode].min()), float(log.step_t1_ns[decode].max())))
+
+
+def trace_knots(jpwr_dir: Path) -> tuple[list[Knots], str | None]:
+    """The first accelerator's energy-counter knots from the in-process trace, or why there are none."""
+    nodes = sorted(p.parent for p in jpwr_dir.glob("*/trace.h5"))
+    if not nodes:
+        return [], ("no in-process trace beside the record (under an external sampler the trace is written when it "
+                    "stops, after the driver; meter in-process with --energy-methods for per-request energy)")
+    trace = load_trace(nodes[0])
+    devices = sorted(accelerator_domains(trace.domains), key=lambda d: (d.index is None, d.index or 0, d.id))
+    if not devices:
+        return [], "the trace holds no accelerator"
+    knots = counter_knots(trace, devices[0])
+    return knots, None if knots else f"{devices[0].id} has no energy counter (power-only sensors cannot be fitted)"
+
+
+def _lifetimes(log: ServeLog, ids: list[int]) -> np.ndarray:
+    return np.array([(i, log.arrival_ns[i], log.finish_ns[i]) for i in ids], dtype=np.int64).reshape(-1, 3)
+
+
+def _quantiles(values: np.ndarray | None) -> dict[str, float | None]:
+    if values is None or not len(values):
+        return {"p50": None, "p90": None}
+    return {"p50": float(np.quantile(values, 0.5)), "p90": float(np.quantile(values, 0.9))}
+
+
+def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
+    index = {int(i): k for k, i in enumerate(table.requests["id"])}
+    rows = np.array([index[int(i)] for i in parts.ids], dtype=np.int64)
+    for name, values, interval in (("prefill_j", parts.prefill_j, parts.prefill_interval),
+                                   ("decode_j", parts.decode_j, parts.decode_interval),
+                                   ("idle_j", parts.idle_j, parts.idle_interval)):
+        if values is None or interval is None:
+            continue
+        table.requests[name][rows] = values
+        table.requests[f"{name}_low"][rows] = interval[:, 0]
+        table.requests[f"{name}_high"][rows] = interval[:, 1]
+
+
+def _fit_summary(fit: RequestEnergyFit) -> dict[str, Any]:
+    intervals = fit.intervals
+    return {"method": METHOD, "columns": list(fit.columns),
+            "coefficients": {c: float(v) for c, v in zip(fit.columns, fit.coefficients, strict=True)},
+            "intervals_95": {c: [float(a), float(b)] for c, (a, b) in zip(fit.columns, intervals, strict=True)},
+            "idle_w": fit.idle_w, "idle_given": fit.given_idle_w is not None, "notes": fit.notes,
+            "vif": {c: float(v) for c, v in zip(fit.columns, fit.vif, strict=True)}, "separable": fit.separable,
+            "split_unavailable_reason": fit.reason, "segments": fit.segment_count,
+            "held_out_halves": [{"measured_j": f.measured_j, "predicted_j": f.predicted_j, "bound_j": f.bound_j,
+                                 "closes": f.closes} for f in fit.folds]}
+
+
+@dataclasses.dataclass
+class Sweep:
+    """What later rates of one invocation check against: earlier windows and the controlled-split window."""
+
+    earlier: list[Measured] = dataclasses.field(default_factory=list)
+    controlled: Controlled | None = None
+
+
+def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int], idle_w: float | None,
+                   jpwr_dir: Path, table: RequestsTable, sweep: Sweep, controlled_log: ServeLog | None
+                   ) -> dict[str, Any]:
+    """The record's `request_energy` block (figures, checks and reasons); fills the table's energy columns.
+    `finished`: the counted requests that finished (their whole-lifetime energy gives the per-request figures);
+    `controlled_log`: this record's controlled-split window, if it ran one."""
+    knots, reason = trace_knots(jpwr_dir)
+    if reason:
+        return {"unavailable_reason": reason}
+    if controlled_log is not None:
+        sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
+    wl = work_log(log)
+    t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
+    try:
+        fit = fit_request_energy(wl, knots, idle_w, t0, t1)
+    except JpwrError as exc:
+        sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
+        return {"unavailable_reason": f"fit refused: {exc}"}
+    admitted = sorted(log.admitted_ns)
+    whole = request_parts(fit, wl, _lifetimes(log, admitted), float(wl.t0_ns.min()), float(wl.t1_ns.max()))
+    _fill_table(table, whole)
+    window = request_parts(fit, wl, _lifetimes(log, admitted), t0, t1)
+    done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
+    total = whole.total_j[done]
+    parts = {name: None if values is None else float(values[done].sum())
+             for name, values in (("prefill", whole.prefill_j), ("decode", whole.decode_j), ("idle", whole.idle_j))}
+    share_total = float(total.sum()) if len(done) else None
+    result: dict[str, Any] = {
+        **_fit_summary(fit), "share_rule": "idle power at each instant shared equally by the requests in the system "
+                                           "(arrived, not finished); time with none is unattributed idle",
+        "requests": len(done), "energy_per_request_j": _quantiles(total),
+        "shares": {name: (None if value is None or not share_total else value / share_total)
+                   for name, value in parts.items()},
+        "window_remainder_j": window.remainder_j, "window_remainder_bound_j": window.remainder_bound_j,
+        "window_unattributed_idle_j": window.unattributed_idle_j,
+        "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
+        "controlled_split": _controlled(fit, sweep.controlled)}
+    sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
+    return result
+
+
+def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knots], t0: float, t1: float,
+                earlier: list[Measured]) -> list[dict[str, Any]]:
+    """Test (a) both ways between this window and every earlier rate's."""
+    checks = []
+    for other in earlier:
+        pairs = [(label, other.label, fit, other.log, other.knots, other.t0_ns, other.t1_ns)]
+        if other.fit is not None:
+            pairs.append((other.label, label, other.fit, wl, knots, t0, t1))
+        for fitted_at, predicted, model, log, counter, a, b in pairs:
+            check = cross_check(model, log, counter, a, b)
+            checks.append({"fitted_at": fitted_at, "predicted": predicted, "measured_j": check.measured_j,
+                           "predicted_j": check.predicted_j, "bound_j": check.bound_j, "passes": check.passes})
+    return checks
+
+
+def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[dict[str, Any]] | str:
+    """Test (c) against the controlled-split window, or why it could not run."""
+    if controlled is None:
+        return "no controlled-split window in this invocation"
+    parts = controlled_split_check(fit, controlled.log, controlled.knots, *controlled.prefill, *controlled.decode)
+    return [{"part": p.part, "measured_j": p.measured_j, "measured_bound_j": p.measured_bound_j,
+             "predicted_j": p.predicted_j, "relative_error": p.relative_error, "passes": p.passes, "reason": p.reason}
+            for p in parts]

@@ -95,10 +95,12 @@ class Run:
         self.exit_code = 0
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
-                   phase_stamps: DeviceEventStamps | None = None) -> WindowMeter:
-        """The node's sampler (JPWR_ADDR), or an in-process one for `methods`, writing beside the record."""
+                   phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:
+        """The node's sampler (JPWR_ADDR), or an in-process one for `methods`, writing beside the record;
+        `read_every_s`: the in-process sampler reads power and the energy counter this often (default 0.1 s and 1 s)."""
+        rates = {} if read_every_s is None else {"interval_s": read_every_s, "counter_interval_s": read_every_s}
         self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
-                                      phase_stamps=phase_stamps)
+                                      phase_stamps=phase_stamps, **rates)
         self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods,
                                  in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
         return self.meter

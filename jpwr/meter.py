@@ -86,6 +86,7 @@ class WindowMeter:
         out_dir: str | os.PathLike[str] | None = None,
         interval_s: float = 0.1,
         phase_stamps: Stamps | None = None,
+        counter_interval_s: float = 1.0,
     ) -> WindowMeter:
         """Connect to the node's sampler (JPWR_ADDR), or start one in-process when `methods` is given.
 
@@ -104,7 +105,7 @@ class WindowMeter:
             )
         from jpwr.sampler import start_local_sampler
 
-        sampler, channel = start_local_sampler(methods, Path(out_dir or "jpwr_out"), interval_s)
+        sampler, channel = start_local_sampler(methods, Path(out_dir or "jpwr_out"), interval_s, counter_interval_s)
         return cls(launch, channel, sync, owned_sampler=sampler, phase_stamps=phase_stamps)
 
     @property

@@ -461,11 +461,12 @@ class LocalChannel:
         """Nothing to release: the sampler is stopped by its owner."""
 
 
-def start_local_sampler(methods: str, out_dir: Path, interval_s: float) -> tuple[Sampler, LocalChannel]:
+def start_local_sampler(methods: str, out_dir: Path, interval_s: float, counter_interval_s: float = 1.0
+                        ) -> tuple[Sampler, LocalChannel]:
     from jpwr.backends import parse_methods
 
     backends, discoveries = open_backends(parse_methods(methods), SYSTEM_CLOCK)
-    sampler = Sampler(backends, discoveries, out_dir, interval_s).start()
+    sampler = Sampler(backends, discoveries, out_dir, interval_s, counter_interval_s).start()
     return sampler, LocalChannel(sampler)
 
 

@@ -48,6 +48,9 @@ WORK_UNIT = "output_tokens"
 SUMMARY_EXTRA = ("rate", "max_concurrency", "requests_per_s", "energy_per_output_token_j", "ttft_p90_s",
                  "tpot_p90_s", "goodput_requests_per_s")
 CPU_WARMUP_ARRIVAL_S = 1.0
+# The per-request fit's segments are bounded by the energy counter's updates (H100: ~20-100 ms): an in-process
+# sampler reads it at least twice per update (an NVML counter read costs ~4 ms of the sampler's own thread).
+COUNTER_READ_S = 0.05
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
 
 
@@ -240,7 +243,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
 
     with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware) as run:
         engine = model.get()
-        meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods)
+        meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods, read_every_s=COUNTER_READ_S)
         idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)
         window = window_seconds(cfg.steady_seconds, meter, device)
         run.record.meter["steady_seconds"] = window.to_dict()

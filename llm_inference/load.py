@@ -132,7 +132,7 @@ def counted_ids(log: ServeLog, served: dict[int, Request], rule: WindowRule) -> 
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None, log: ServeLog | None,
                  served: dict[int, Request], rule: WindowRule | None) -> dict[str, Any]:
-    result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": None if rate is None else rate_label(rate),
+    result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                               "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or log is None or rule is None:
         return result
@@ -196,11 +196,16 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
 
 
 # ---- one rate, one record ------------------------------------------------------------------------------
-def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset
-                       ) -> ServeLog:
+def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
+                       trace: list[Request] | None) -> ServeLog:
     """Test (c)'s window, before the load: every slot admitted at once and decoded to the end, no refills, so
-    prefill and decode run at separate times (metered as window `controlled`)."""
-    items = draw_requests(TASKS[cfg.task], np.zeros(cfg.max_concurrency), cfg.seed + 1, cfg.output_length)
+    prefill and decode run at separate times (metered as window `controlled`). Requests drawn from the task, or
+    a trace's first ones (all arriving at once)."""
+    if trace is None:
+        items = draw_requests(TASKS[cfg.task], np.zeros(cfg.max_concurrency), cfg.seed + 1, cfg.output_length)
+    else:
+        items = [Request(k, 0.0, r.input_tokens, r.output_tokens, r.prompt_ids)
+                 for k, r in enumerate(trace[:cfg.max_concurrency])]
     loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed + 1),
                      log=_log, admit_all=True)
     log = loop.run(iter(items), ArrivalWindow(0.0, math.inf), lambda: meter.begin("controlled", 0),
@@ -254,7 +259,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         if engine.state is None or engine.state.slots != cfg.max_concurrency or engine.state.cache_slots < sequence:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
         if not sweep.earlier and sweep.controlled is None:
-            state["controlled"] = _controlled_window(cfg, engine, meter, shape)
+            state["controlled"] = _controlled_window(cfg, engine, meter, shape, trace)
         served: dict[int, Request] = {}
 
         def source() -> Iterator[Request]:

@@ -1,10 +1,13 @@
 """Per-request energy of a load run and the tests of its model, from the in-process trace beside the record.
 
-The fit (joulebench.request_energy) runs on the rate's `steady` window; each request's parts are then taken over
-its whole lifetime (the counted requests finish after the window, while the loop drains: the coefficients hold
-for the same engine). The checks, recorded with the figures (docs/attribution.md):
+The fit (joulebench.request_energy) runs on the whole load of the rate, from its first step to its last: the ramp
+(warm-up requests filling the slots) and the drain vary the rows per step, which one saturated window does not (at
+`--rate max` every step decodes all slots, so a fixed cost per step and a cost per row cannot be told apart there,
+and a fit on that window alone cannot predict a rate at a few rows). Each request's parts are taken over its whole
+lifetime; the window's own energy is split the same way for the remainder diagnostic. The checks, recorded with
+the figures (docs/attribution.md):
 (a) cross-rate: this rate's coefficients predict every earlier rate's window energy, and theirs predict this one's;
-(b) held-out halves of the window (the fit's folds);
+(b) held-out halves of the fitted span (the fit's folds);
 (c) the controlled-split window (all slots admitted at once, no refills) run once, before the first rate's load:
     the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
 the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
@@ -153,13 +156,14 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
     wl = work_log(log)
     t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
+    span = (float(wl.t0_ns.min()), float(wl.t1_ns.max()))
     try:
-        fit = fit_request_energy(wl, knots, idle_w, t0, t1)
+        fit = fit_request_energy(wl, knots, idle_w, *span)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}
     admitted = sorted(log.admitted_ns)
-    whole = request_parts(fit, wl, _lifetimes(log, admitted), float(wl.t0_ns.min()), float(wl.t1_ns.max()))
+    whole = request_parts(fit, wl, _lifetimes(log, admitted), *span)
     _fill_table(table, whole)
     window = request_parts(fit, wl, _lifetimes(log, admitted), t0, t1)
     done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
@@ -168,8 +172,9 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
              for name, values in (("prefill", whole.prefill_j), ("decode", whole.decode_j), ("idle", whole.idle_j))}
     share_total = float(total.sum()) if len(done) else None
     result: dict[str, Any] = {
-        **_fit_summary(fit), "share_rule": "idle power at each instant shared equally by the requests in the system "
-                                           "(arrived, not finished); time with none is unattributed idle",
+        **_fit_summary(fit), "fitted_span_s": (span[1] - span[0]) / 1e9,
+        "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
+                      "finished); time with none is unattributed idle",
         "requests": len(done), "energy_per_request_j": _quantiles(total),
         "shares": {name: (None if value is None or not share_total else value / share_total)
                    for name, value in parts.items()},
@@ -190,9 +195,14 @@ def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knot
         if other.fit is not None:
             pairs.append((other.label, label, other.fit, wl, knots, t0, t1))
         for fitted_at, predicted, model, log, counter, a, b in pairs:
-            check = cross_check(model, log, counter, a, b)
-            checks.append({"fitted_at": fitted_at, "predicted": predicted, "measured_j": check.measured_j,
-                           "predicted_j": check.predicted_j, "bound_j": check.bound_j, "passes": check.passes})
+            row: dict[str, Any] = {"fitted_at": fitted_at, "predicted": predicted}
+            try:
+                check = cross_check(model, log, counter, a, b)
+            except JpwrError as exc:
+                checks.append({**row, "passes": False, "reason": str(exc)})
+                continue
+            checks.append({**row, "measured_j": check.measured_j, "predicted_j": check.predicted_j,
+                           "bound_j": check.bound_j, "passes": check.passes})
     return checks
 
 
@@ -200,7 +210,10 @@ def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[di
     """Test (c) against the controlled-split window, or why it could not run."""
     if controlled is None:
         return "no controlled-split window in this invocation"
-    parts = controlled_split_check(fit, controlled.log, controlled.knots, *controlled.prefill, *controlled.decode)
+    try:
+        parts = controlled_split_check(fit, controlled.log, controlled.knots, *controlled.prefill, *controlled.decode)
+    except JpwrError as exc:
+        return f"not checked: {exc}"
     return [{"part": p.part, "measured_j": p.measured_j, "measured_bound_j": p.measured_bound_j,
              "predicted_j": p.predicted_j, "relative_error": p.relative_error, "passes": p.passes, "reason": p.reason}
             for p in parts]

@@ -1,0 +1,110 @@
+"""`python -m llm_inference load` end to end on the CPU, and every bad input refused before any device work.
+
+Energy comes from jpwr metering the fake pynvml in-process (a recorded H100 trace replayed on real time); the
+engine, the arrivals, the windows, the per-request table and the fit are real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, read_requests
+from llm_inference.cli import main
+from tests.llm_inference.conftest import INFER, run_cmd
+
+LOAD = ["--preset", "tiny", "--task", "tiny", "--device", "cpu", "--max-concurrency", "4"]
+
+
+def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "load"
+    result = run_cmd([*INFER, "load", *LOAD, "--rates", "40,max", "--steady-seconds", "3", "--slo-ttft-ms", "50",
+                      "--slo-tpot-ms", "20", "--energy-methods", "nvml", "--out-dir", str(out), "--run-id", "ld"],
+                     fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir)), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "controlled-split window" in result.stdout and "| in flight" not in result.stderr
+    for label in ("40", "max"):
+        record = json.loads((out / f"rate_{label}" / "run_record.json").read_text())
+        metrics = record["metrics"]
+        assert record["status"] == "OK" and metrics["rate"] == label and record["config"]["engine"] == "continuous"
+        steady = next(w for w in record["windows"] if w["name"] == "steady")
+        assert steady["work"]["output_tokens"] > 0 and steady["energy"]["energy_j"] > 0
+        assert metrics["energy_per_output_token_j"] == pytest.approx(steady["energy"]["energy_j"]
+                                                                     / steady["work"]["output_tokens"])
+        assert metrics["requests_counted"] > 0 and metrics["ttft_p90_s"] >= metrics["ttft_p50_s"] > 0
+        table = read_requests(out / f"rate_{label}" / FILE_NAME)
+        assert set(REQUEST_COLUMNS) <= set(table.requests) and len(table) == record["requests"]["rows"]
+        done = table.requests["status"] == STATUSES.index("done")
+        assert np.all(table.requests["finish_s"][done] >= table.requests["first_token_s"][done])
+        assert int(table.requests["counted"].sum()) == record["requests"]["counted"]
+        # The fit ran on this record's own in-process trace: every finished request has a whole-lifetime idle share.
+        energy = record["requests"]["energy"]
+        assert energy.get("segments", 0) >= 20 and "share_rule" in energy, energy
+        assert np.all(np.isfinite(table.requests["idle_j"][done]))
+    later = json.loads((out / "rate_max" / "run_record.json").read_text())["requests"]["energy"]
+    assert {(c["fitted_at"], c["predicted"]) for c in later["cross_rate"]} == {("max", "40"), ("40", "max")}
+    assert isinstance(later["controlled_split"], list) and len(later["controlled_split"]) == 2
+    # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
+    assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--rate", "0"], "--rate"), (["--rate", "-2"], "--rate"), (["--rate", "nan"], "--rate"),
+    (["--rate", "inf"], "--rate"), (["--rates", "1,1"], "--rates"), (["--rates", "1,,x"], "--rates"),
+    (["--rate", "1", "--slo-ttft-ms", "0"], "--slo-ttft-ms"), (["--rate", "1", "--slo-tpot-ms", "-5"], "--slo-tpot-ms"),
+    (["--rate", "1", "--max-concurrency", "0"], "--max-concurrency"),
+])
+@pytest.mark.parametrize("command", ["load", "validate-load"])
+def test_bad_numbers_are_refused_by_the_parser_naming_the_option(command, argv, named, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main([command, *LOAD, *argv])
+    assert ended.value.code == 2 and named in capsys.readouterr().err
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["validate-load", *argv]) == 64
+    return capsys.readouterr().err
+
+
+def test_load_configurations_that_cannot_run_are_refused_with_the_fix(tmp_path, capsys):
+    assert "no load given" in _refused(LOAD, capsys)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 3}\n')
+    assert "--trace and --rate" in _refused([*LOAD, "--rate", "2", "--trace", str(trace)], capsys)
+    # More slots than the memory estimate admits: the most it admits is named.
+    err = _refused(["--preset", "llama-8b", "--task", "chat", "--rate", "max", "--max-concurrency", "4096",
+                    "--device-memory-gib", "79"], capsys)
+    assert "--max-concurrency 4096" in err and "use --max-concurrency 48" in err
+    # A task whose longest request does not fit the model's context.
+    assert "positions" in _refused(["--preset", "gpt2", "--task", "summarization", "--rate", "1"], capsys)
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    (b"", "holds no requests"),
+    (b'{"arrival_s": 1, "input_tokens": 5, "output_tokens": 3}\n{"arrival_s": 0.5, "input_tokens": 5, '
+     b'"output_tokens": 3}\n', "line 2"),
+    (b'{"arrival_s": 0, "input_tokens": 5, "output_tokens": 3}\n\xff\xfe\n', "line 2 is not UTF-8"),
+    (b'{"arrival_s": 0, "input_tokens": 5000, "output_tokens": 3}\n', "request 0"),
+])
+def test_a_bad_trace_is_refused_naming_the_line_or_request(content, named, tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(content)
+    assert named in _refused(["--preset", "tiny", "--device", "cpu", "--trace", str(trace)], capsys)
+
+
+def test_a_replayed_trace_is_served_in_its_own_arrival_order(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    lines = [{"arrival_s": 0.02 * i, "prompt_ids": [3 + i, 4, 5, 6], "output_tokens": 2 + i % 3} for i in range(12)]
+    trace.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = tmp_path / "replay"
+    assert main(["load", "--preset", "tiny", "--device", "cpu", "--trace", str(trace), "--max-concurrency", "3",
+                 "--steady-seconds", "0.1", "--warmup-requests", "2", "--out-dir", str(out)]) == 0
+    table = read_requests(Path(out) / FILE_NAME)
+    assert list(table.requests["id"]) == list(range(12)) and list(table.requests["output_tokens"]) == \
+        [line["output_tokens"] for line in lines]
+    assert list(table.requests["warmup"]) == [1, 1] + [0] * 10
+    assert np.all(np.diff(table.requests["arrival_s"]) > 0)
+    capsys.readouterr()

@@ -136,6 +136,29 @@ def _consistency(steady: Window, metrics: dict[str, Any], unit: str) -> list[str
     return [p for name, value, expected, what in checks if (p := _mismatch(name, value, expected, what))]
 
 
+# Serving figures of an llm_inference load record (joulebench.analysis.serving): positive, zero-or-positive, shares.
+SERVING_POSITIVE = ("energy_per_request_p50_j", "energy_per_request_p90_j", "tpot_p90_s", "slo_ttft_ms", "slo_tpot_ms")
+SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a measured 0
+SERVING_FRACTIONS = ("slo_attained_share",)
+
+
+def serving_problems(metrics: dict[str, Any], request_energy: dict[str, Any] | None = None) -> list[str]:
+    """The serving figures of a load record that cannot be true: its latency, goodput and SLO figures, and the
+    per-request energy block's J/request and prefill/decode/idle shares. Empty when the serving section may use it."""
+    problems = [p for key in SERVING_POSITIVE if (p := number_problem(key, metrics.get(key)))]
+    problems += [p for key in SERVING_ZERO_ALLOWED if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
+    problems += [p for key in SERVING_FRACTIONS if (p := fraction_problem(key, metrics.get(key)))]
+    energy = request_energy or {}
+    per_request = energy.get("energy_per_request_j")
+    if isinstance(per_request, dict):
+        problems += [p for q in ("p50", "p90") if (p := number_problem(f"requests energy_per_request_j {q}",
+                                                                       per_request.get(q)))]
+    shares = energy.get("shares")
+    if isinstance(shares, dict):
+        problems += [p for k, v in shares.items() if (p := fraction_problem(f"requests share {k}", v))]
+    return problems
+
+
 def rejection(record: RunRecord) -> str | None:
     """The reason analysis leaves the record's figures out ("figures rejected: ..."), or None to use them."""
     problems = record_problems(record)

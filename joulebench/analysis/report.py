@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from joulebench.analysis import serving
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.figures import REJECTED, fraction_problem, rejection
@@ -160,7 +161,9 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
     steady = record.window(STEADY)
     if steady is None:
         return {}
-    sources = sorted(record_path.parent.glob("*.h5"))  # a trace file kept beside the record (results folders)
+    # a trace file kept beside the record (results folders); a load record's per-request table is no trace
+    request_table = (record.requests or {}).get("file") if isinstance(record.requests, dict) else None
+    sources = sorted(p for p in record_path.parent.glob("*.h5") if p.name != request_table)
     with contextlib.suppress(ValidationError):
         sources += find_trace_sources(record_path.parent)
     by_out_dir: dict[Path, list[TraceData]] = {}  # one group per jpwr --out directory (or lone file)
@@ -413,7 +416,8 @@ def _image_tag(path: Path, alt: str) -> str:
 
 
 def render_html(rows: Sequence[dict[str, str]], images: Sequence[tuple[Path, str]],
-                diagnoses: Sequence[tuple[str, Diagnosis]], sources: Sequence[Path]) -> str:
+                diagnoses: Sequence[tuple[str, Diagnosis]], sources: Sequence[Path],
+                serving_sections: Sequence[dict[str, Any]] = ()) -> str:
     head = list(rows[0]) if rows else []
     table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{html.escape(row[h])}</td>" for h in head) + "</tr>" for row in rows) + "</table>"
@@ -429,6 +433,7 @@ figure{{margin:1em 0}}</style></head><body>
 All figures are of the steady window; energy is the accelerators' total (not above idle), with method, coverage and
 the estimator's bound. n/a marks a value that was not measured (the note says why); it is never plotted as 0.</p>
 <h2>Runs</h2>{table}
+{serving.html_section(serving_sections)}
 <h2>Charts</h2>{''.join(_image_tag(p, alt) for p, alt in images)}
 <h2>Where the joules go</h2>
 <p>Energy per unit of work is time per unit × mean power, so the difference between two runs splits exactly into
@@ -472,10 +477,20 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
             if left_out:
                 title += f" (PARTIAL runs left out of the diagnosis: {', '.join(left_out)})"
             diagnoses.append((title, compare_runs(*pair)))
+    serving_sections = []
+    for key, rate_rows in serving.serving_groups(runs).items():  # llm_inference load records, by rate
+        title = serving.group_title(key)
+        sentence, best = serving.cheapest_sentence(rate_rows)
+        chart = save_figure(serving.serving_figure(rate_rows, title, best), out_dir / f"{serving.group_stem(key)}.png")
+        images.append((chart, f"serving {title}: J/request and p90 TTFT/TPOT against the offered rate, SLO lines"))
+        serving_sections.append({"group": title, "sentence": sentence, "chart": chart.name,
+                                 "cheapest_rate": None if best is None else best.rate,
+                                 "rows": serving.table(rate_rows)})
     rows = table_rows(runs, allow_partial)
     _write_text_atomic(out_dir / "runs.json", json.dumps(
-        {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses]}, indent=2))
-    return _write_text_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths))
+        {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses],
+         "serving": serving_sections}, indent=2))
+    return _write_text_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections))
 
 
 def _single(path: Path) -> Run:
@@ -514,5 +529,8 @@ def main(argv: Sequence[str]) -> int:
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
-    print(f"joulebench report: wrote {write_report(args.paths, args.out, args.allow_partial)}")
+    index = write_report(args.paths, args.out, args.allow_partial)
+    for section in json.loads((args.out / "runs.json").read_text()).get("serving", []):
+        print(f"joulebench report: serving, {section['group']}: {section['sentence']}")
+    print(f"joulebench report: wrote {index}")
     return ExitCode.OK

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from joulebench.analysis import serving
 from joulebench.analysis.cli import main as joulebench_main
 from joulebench.analysis.report import (
     compare_runs,
@@ -142,7 +143,10 @@ def test_committed_driver_records_render(tmp_path):
     records = [read_run_record(p) for p in DRIVER_RECORDS]
     # efficiency + energy charts per benchmark, and the J/token chart where inference records exist
     token_charts = len({r.benchmark for r in records if r.metrics.get("work_unit") == "output_tokens"})
-    assert page.count('src="data:image/png;base64,') == 2 * len({r.benchmark for r in records}) + token_charts
+    # and one serving chart per (model, task, max_concurrency) of llm_inference load records
+    serving_charts = len({serving.group_key(r) for r in load_runs(DRIVER_RECORDS) if serving.is_load_record(r)})
+    assert page.count('src="data:image/png;base64,') == (2 * len({r.benchmark for r in records}) + token_charts
+                                                         + serving_charts)
 
 
 def test_latents_come_only_from_the_records_own_trace(replayed_runs, tmp_path):
@@ -216,6 +220,7 @@ def test_committed_gpu_records_decompose_to_their_measured_difference():
     for a, b in pairs:
         d = compare_runs(a, b).decomposition
         assert d.time_term + d.power_term == pytest.approx(measured(b) - measured(a), rel=1e-9)
-    with_trace = [r for r in runs if any(r.path.parent.glob("*.h5"))]
+    with_trace = [r for r in runs if any(p.name != (r.record.requests or {}).get("file")  # a request table: no trace
+                                         for p in r.path.parent.glob("*.h5"))]
     for run in with_trace:  # a trace kept beside the record supplies the steady window's latent metrics
         assert 0 <= run.latents["utilization_gpu"] <= 1 and run.latents["sm_clock_hz"] > 0

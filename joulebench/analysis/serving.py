@@ -1,0 +1,287 @@
+"""The serving section of `joulebench report`: llm_inference `load` records (continuous batching under an offered
+request rate, one record per rate) as a table by rate, a chart of J/request and p90 TTFT / TPOT against the offered
+rate with the SLO lines, and one sentence naming the cheapest rate that meets the SLO.
+
+Load records are grouped by (model, task, max_concurrency): only rates of one engine setup are compared. The
+cheapest rate is the one with the lowest J/request p50 among rates whose p90 TTFT <= slo_ttft_ms and p90 TPOT <=
+slo_tpot_ms (each record is judged against the SLOs it carries). A static-batch record has no `rate` in its metrics
+and is not part of this section. A figure that is missing is n/a, never 0; a record whose figures cannot be true
+(joulebench.figures) shows `rejected` and is never the cheapest rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from joulebench.figures import REJECTED, serving_problems
+from jpwr import fmt
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from joulebench.analysis.report import Run
+
+LOAD_BENCHMARK = "llm_inference"
+MAX_RATE = "max"
+NO_SLO = "no SLO given: pass --slo-ttft-ms/--slo-tpot-ms to the load"
+SHARES = ("prefill", "decode", "idle")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def is_load_record(run: Run) -> bool:
+    """An llm_inference `load` record: its metrics carry the offered rate (a static batch has none)."""
+    return run.record.benchmark == LOAD_BENCHMARK and run.record.metrics.get("rate") is not None
+
+
+@dataclasses.dataclass
+class RateRow:
+    """One load record's serving figures; None is n/a."""
+
+    run: Run
+    rate: str  # the offered rate as recorded: "4", "max"
+    offered: float | None  # requests/s; None for max (all requests queued at the start)
+    achieved: float | None
+    j_per_token: float | None
+    j_request_p50: float | None
+    j_request_p90: float | None
+    ttft_p90_s: float | None
+    tpot_p90_s: float | None
+    goodput: float | None
+    slo_attained: float | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    shares: dict[str, float | None]
+    rejected: str | None
+
+    @property
+    def x(self) -> float | None:
+        """Where the rate sits on the chart: the offered rate, `max` at its achieved request rate."""
+        return self.achieved if self.offered is None else self.offered
+
+    @property
+    def has_slo(self) -> bool:
+        return self.slo_ttft_ms is not None or self.slo_tpot_ms is not None
+
+    def slo_misses(self) -> list[str] | None:
+        """Why this rate misses its SLO ([] when it meets it); None when it cannot be judged (n/a figures)."""
+        misses = []
+        for name, value, limit in (("p90 TTFT", self.ttft_p90_s, self.slo_ttft_ms),
+                                   ("p90 TPOT", self.tpot_p90_s, self.slo_tpot_ms)):
+            if limit is None:
+                continue
+            if value is None:
+                return None
+            if value * 1000 > limit:
+                misses.append(f"{name} {fmt(value * 1000, 4)} ms > {fmt(limit, 4)} ms")
+        return misses
+
+
+def rate_row(run: Run) -> RateRow:
+    """The serving figures of one load record: metrics first, the requests block's energy where metrics lack them."""
+    record = run.record
+    m = record.metrics
+    energy = record.requests.get("energy") if isinstance(record.requests, dict) else None
+    energy = energy if isinstance(energy, dict) else {}
+    per_request = energy.get("energy_per_request_j") if isinstance(energy.get("energy_per_request_j"), dict) else {}
+    shares = energy.get("shares") if isinstance(energy.get("shares"), dict) else {}
+    rate = str(m.get("rate"))
+    rejected = run.rejected or (f"figures rejected: {'; '.join(p)}" if (p := serving_problems(m, energy)) else None)
+    measured = run.usable and not rejected
+
+    def get(value: Any) -> float | None:
+        return _number(value) if measured else None
+
+    return RateRow(
+        run=run, rate=rate, offered=None if rate == MAX_RATE else _number(_float_or_none(rate)),
+        achieved=get(m.get("requests_per_s")), j_per_token=get(m.get("energy_per_output_token_j")),
+        j_request_p50=get(_first(m.get("energy_per_request_p50_j"), per_request.get("p50"))),
+        j_request_p90=get(_first(m.get("energy_per_request_p90_j"), per_request.get("p90"))),
+        ttft_p90_s=get(m.get("ttft_p90_s")), tpot_p90_s=get(m.get("tpot_p90_s")),
+        goodput=get(m.get("goodput_requests_per_s")), slo_attained=get(m.get("slo_attained_share")),
+        slo_ttft_ms=_number(m.get("slo_ttft_ms")), slo_tpot_ms=_number(m.get("slo_tpot_ms")),
+        shares={k: get(shares.get(k)) for k in SHARES}, rejected=rejected)
+
+
+def _first(value: Any, fallback: Any) -> Any:
+    return fallback if value is None else value
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def group_key(run: Run) -> tuple[str, str, str]:
+    config, m = run.record.config, run.record.metrics
+    model = config.get("model") or config.get("preset") or "model n/a"
+    task = config.get("task") or m.get("task") or "task n/a"
+    slots = m.get("max_concurrency", config.get("max_concurrency"))
+    return str(model), str(task), fmt(slots) if _number(slots) is not None else "n/a"
+
+
+def group_title(key: tuple[str, str, str]) -> str:
+    return f"{key[0]}, {key[1]}, max concurrency {key[2]}"
+
+
+def serving_groups(runs: Sequence[Run]) -> dict[tuple[str, str, str], list[RateRow]]:
+    """Load records by (model, task, max_concurrency), each group's rows by offered rate, `max` last."""
+    groups: dict[tuple[str, str, str], list[RateRow]] = {}
+    for run in runs:
+        if is_load_record(run):
+            groups.setdefault(group_key(run), []).append(rate_row(run))
+    for rows in groups.values():
+        rows.sort(key=lambda r: (r.offered is None, r.offered if r.offered is not None else 0.0, r.run.record.run_id))
+    return dict(sorted(groups.items()))
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else fmt(seconds * 1000, 4)
+
+
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else fmt(100 * share, 3)
+
+
+def _slo_text(rows: Sequence[RateRow]) -> str:
+    parts = []
+    for name, attr in (("p90 TTFT", "slo_ttft_ms"), ("p90 TPOT", "slo_tpot_ms")):
+        limits = sorted({getattr(r, attr) for r in rows if getattr(r, attr) is not None})
+        if limits:
+            parts.append(f"{name} ≤ {' / '.join(fmt(v, 4) for v in limits)} ms")
+    return ", ".join(parts)
+
+
+def cheapest_sentence(rows: Sequence[RateRow]) -> tuple[str, RateRow | None]:
+    """One sentence naming the cheapest rate that meets the SLO (lowest J/request p50), and that rate's row."""
+    judged = [r for r in rows if not r.rejected and r.run.usable]
+    if not any(r.has_slo for r in judged):
+        return NO_SLO + ".", None
+    slo = _slo_text([r for r in judged if r.has_slo])
+    meeting, missing, unjudged = [], [], []
+    for row in judged:
+        misses = row.slo_misses() if row.has_slo else None
+        if misses is None:
+            unjudged.append(row.rate)
+        elif misses:
+            missing.append(f"{row.rate} ({'; '.join(misses)})")
+        else:
+            meeting.append(row)
+    priced = [r for r in meeting if r.j_request_p50 is not None]
+    tail = []
+    if missing:
+        tail.append(f"missing it: {', '.join(missing)}")
+    if unjudged:
+        tail.append(f"not judged (no SLO or p90 latency n/a): {', '.join(unjudged)}")
+    if meeting and len(priced) < len(meeting):
+        tail.append(f"J/request n/a: {', '.join(r.rate for r in meeting if r.j_request_p50 is None)}")
+    rejected = [r.rate for r in rows if all(r is not j for j in judged)]
+    if rejected:
+        tail.append(f"left out (rejected or not measured): {', '.join(rejected)}")
+    rest = f" ({'; '.join(tail)})" if tail else ""
+    if not priced:
+        return f"No rate meets the SLO ({slo}){rest}.", None
+    best = min(priced, key=lambda r: r.j_request_p50)  # type: ignore[arg-type, return-value]
+    unit = "" if best.rate == MAX_RATE else " requests/s"
+    return (f"Cheapest rate that meets the SLO ({slo}): {best.rate}{unit} at {fmt(best.j_request_p50, 4)} J/request "
+            f"(p50), p90 TTFT {_ms(best.ttft_p90_s)} ms, p90 TPOT {_ms(best.tpot_p90_s)} ms; "
+            f"meeting it: {', '.join(r.rate for r in meeting)}{rest}."), best
+
+
+def table(rows: Sequence[RateRow]) -> list[dict[str, str]]:
+    out = []
+    for r in rows:
+        if r.rejected:
+            figures = {h: REJECTED for h in ("achieved req/s", "J/output token", "J/request p50", "J/request p90",
+                                            "p90 TTFT ms", "p90 TPOT ms", "goodput req/s", "SLO attained %",
+                                            "prefill %", "decode %", "idle %")}
+        else:
+            figures = {"achieved req/s": fmt(r.achieved, 4), "J/output token": fmt(r.j_per_token, 4),
+                       "J/request p50": fmt(r.j_request_p50, 4), "J/request p90": fmt(r.j_request_p90, 4),
+                       "p90 TTFT ms": _ms(r.ttft_p90_s), "p90 TPOT ms": _ms(r.tpot_p90_s),
+                       "goodput req/s": fmt(r.goodput, 4), "SLO attained %": _pct(r.slo_attained),
+                       **{f"{k} %": _pct(r.shares[k]) for k in SHARES}}
+        note = r.rejected or (r.run.record.status_reason if r.run.record.status != "OK" else "")
+        out.append({"offered rate": r.rate, **figures, "SLO TTFT ms": fmt(r.slo_ttft_ms, 4),
+                    "SLO TPOT ms": fmt(r.slo_tpot_ms, 4), "run_id": r.run.record.run_id, "status": r.run.record.status,
+                    "note": " ".join(str(note or "").split())})
+    return out
+
+
+def serving_figure(rows: Sequence[RateRow], title: str, best: RateRow | None = None) -> Figure:
+    """J/request (p50, p90), p90 TTFT and p90 TPOT against the offered rate; `max` at its achieved rate; the SLO
+    as a horizontal line on each latency axis; n/a is not drawn."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    ax_j, ax_ttft, ax_tpot = fig.subplots(1, 3)
+    drawn = [r for r in rows if not r.rejected and r.x is not None]
+    panels = ((ax_j, (("J/request p50", lambda r: r.j_request_p50, "o-"),
+                      ("J/request p90", lambda r: r.j_request_p90, "s--")), "energy per request (J)"),
+              (ax_ttft, (("p90 TTFT", lambda r: r.ttft_p90_s, "o-"),), "p90 time to first token (s)"),
+              (ax_tpot, (("p90 TPOT", lambda r: r.tpot_p90_s, "o-"),), "p90 time per output token (s)"))
+    for ax, series, ylabel in panels:
+        missing = 0
+        for label, y_of, style in series:
+            points = [(r.x, y_of(r)) for r in drawn]
+            missing = max(missing, len(rows) - sum(1 for _, y in points if y is not None))
+            points = [(x, y) for x, y in points if y is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, style, label=label)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("offered rate (requests/s; max at its achieved rate)")
+        ax.grid(alpha=0.3)
+        if missing:
+            ax.set_title(f"{missing} rate(s) n/a, not plotted", fontsize=8, loc="right")
+    for ax, attr in ((ax_ttft, "slo_ttft_ms"), (ax_tpot, "slo_tpot_ms")):
+        for limit in sorted({getattr(r, attr) for r in rows if getattr(r, attr) is not None}):
+            ax.axhline(limit / 1000, color="tab:red", ls=":", label=f"SLO {fmt(limit, 4)} ms")
+        if ax.lines and max(y for line in ax.lines for y in line.get_ydata()) > 20 * min(
+                y for line in ax.lines for y in line.get_ydata()):
+            ax.set_yscale("log")
+    if best is not None and best.x is not None and best.j_request_p50 is not None:
+        ax_j.scatter([best.x], [best.j_request_p50], s=160, facecolors="none", edgecolors="tab:green", lw=2,
+                     label=f"cheapest meeting the SLO: {best.rate}", zorder=5)
+    ticks = [(r.x, r.rate) for r in drawn]
+    for ax in (ax_j, ax_ttft, ax_tpot):
+        if ticks:
+            ax.set_xticks([x for x, _ in ticks], [label for _, label in ticks])
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        elif not ax.lines:
+            ax.text(0.5, 0.5, "no rate has this value (n/a)", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(f"serving: {title}: energy per request and latency against the offered request rate")
+    return fig
+
+
+def group_stem(key: tuple[str, str, str]) -> str:
+    safe = "".join(c if c.isalnum() or c in "-." else "_" for c in "_".join(key))
+    return f"serving_{safe}"
+
+
+def html_section(sections: Sequence[dict[str, Any]]) -> str:
+    """The serving part of the page: per group its sentence, its table by rate (the chart is among the charts)."""
+    if not sections:
+        return ""
+    parts = ["<h2>Serving (llm_inference load records)</h2><p>One row per offered request rate; `max` queues all "
+             "requests at the start and is drawn at its achieved rate. J/request p50/p90 and the prefill/decode/idle "
+             "shares come from the per-request attribution fit (docs/attribution.md); n/a marks a figure the record "
+             "does not carry.</p>"]
+    for section in sections:
+        rows = section["rows"]
+        head = list(rows[0]) if rows else []
+        parts.append(f"<h3>{html.escape(section['group'])}</h3><p><b>{html.escape(section['sentence'])}</b></p>"
+                     "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+                     + "".join("<tr>" + "".join(f"<td>{html.escape(row[h])}</td>" for h in head) + "</tr>"
+                               for row in rows) + "</table>")
+    return "".join(parts)

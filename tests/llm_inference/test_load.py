@@ -108,3 +108,9 @@ def test_a_replayed_trace_is_served_in_its_own_arrival_order(tmp_path, capsys):
     assert list(table.requests["warmup"]) == [1, 1] + [0] * 10
     assert np.all(np.diff(table.requests["arrival_s"]) > 0)
     capsys.readouterr()
+
+
+def test_the_run_record_doc_lists_every_column_of_the_request_table():
+    from joulebench.requests_table import columns_doc
+
+    assert columns_doc() in (Path(__file__).parents[2] / "docs" / "run-record.md").read_text()

@@ -4,17 +4,20 @@ Continuous batching runs many requests through each step, so no meter sees one r
 work log says what each step did (prefill tokens, decode rows, attended KV tokens) and for whom; the energy
 counter says what each ~100 ms segment cost. Per segment
 
-    E = P_idle·seconds + a·prefill_tokens + b·decode_steps + c·row_steps + d·kv_tokens
+    E = P_idle·seconds + a·prefill_tokens + e·prefill_steps + b·decode_steps + c·row_steps + d·kv_tokens
 
-(each step's amounts counted by the share of the step inside the segment), a..d >= 0 by NNLS, P_idle from the
-run's idle baseline (fitted as a fifth column when there is none). A decode step's cost falls per token as
-rows are added (weights are read once per step), so a row-step column alone cannot be right: b is the step's
-fixed cost, shared equally by its rows. A request's energy = its prefill tokens·a + for each of its decode
-steps (b/rows + c + d·its KV tokens) + its share of idle power: at each instant P_idle is shared equally by
-the requests in the system (arrived, not finished); time with none is unattributed idle.
+(each step's amounts counted by the share of the step inside the segment), a..e >= 0 by NNLS, P_idle from the
+run's idle baseline (fitted as a last column when there is none). Every forward pass reads the weights once
+whatever its size, so a step's cost per token falls as the step grows: a token column alone cannot be right for
+either kind of step. e is a prefill step's fixed cost, shared by its requests in proportion to their prefill
+tokens; b a decode step's, shared equally by its rows. A request's energy = its prefill tokens·a + for each of
+its prefill steps e·(its tokens / the step's tokens) + for each of its decode steps (b/rows + c + d·its KV
+tokens) + its share of idle power: at each instant P_idle is shared equally by the requests in the system
+(arrived, not finished); time with none is unattributed idle.
 
 Where prefill and decode come in the same mix in every counter period, any split between them fits equally
-well: the split is then None with the reason (the prefill column's variance inflation factor), never a number.
+well: the split is then None with the reason (the prefill block's variance inflation factor, `prefill_vif`),
+never a number.
 """
 
 from __future__ import annotations
@@ -38,9 +41,14 @@ from joulebench.segment_fit import (
 )
 from jpwr import Knots, ValidationError
 
-COLUMNS = ("prefill_tokens", "decode_steps", "row_steps", "kv_tokens")
-IDLE_COLUMN = "idle_w"  # the fifth column (seconds) when no idle power is given
-MAX_PREFILL_VIF = 10.0  # above it the prefill column is (nearly) a combination of the others: no split
+PREFILL_COLUMNS = ("prefill_tokens", "prefill_steps")  # the prefill part of a request's energy
+DECODE_COLUMNS = ("decode_steps", "row_steps", "kv_tokens")  # the decode part
+COLUMNS = (*PREFILL_COLUMNS, *DECODE_COLUMNS)
+PREFILL = slice(0, len(PREFILL_COLUMNS))  # where each part's columns sit in COLUMNS (and in a fit's columns)
+DECODE = slice(PREFILL.stop, PREFILL.stop + len(DECODE_COLUMNS))
+WORK = slice(0, len(COLUMNS))
+IDLE_COLUMN = "idle_w"  # the last column (seconds) when no idle power is given
+MAX_PREFILL_VIF = 10.0  # above it some prefill work is (nearly) a combination of the other columns: no split
 CROSS_RATE_SLACK = 0.03  # test (a): |measured − predicted| ≤ both bounds + 3 % of the measured energy
 SPLIT_SLACK = 0.05  # test (c): each part within 5 % of its measured (dynamic) energy
 PERCENTILES = (2.5, 97.5)
@@ -106,13 +114,15 @@ class WorkLog:
         return (self.t1_ns - self.t0_ns) / 1e9
 
     def columns(self) -> np.ndarray:
-        """[steps, 4]: each step's amounts of COLUMNS."""
-        return np.column_stack([self.prefill_tokens, (self.decode_rows > 0).astype(float), self.decode_rows,
-                                self.kv_tokens]).astype(float)
+        """[steps, COLUMNS]: each step's amounts of COLUMNS."""
+        amounts = {"prefill_tokens": self.prefill_tokens, "prefill_steps": self.prefill_tokens > 0,
+                   "decode_steps": self.decode_rows > 0, "row_steps": self.decode_rows, "kv_tokens": self.kv_tokens}
+        return np.column_stack([np.asarray(amounts[c], dtype=float) for c in COLUMNS]).reshape(-1, len(COLUMNS))
 
     def amounts(self, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
-        """[n, 4]: COLUMNS in each [a, b], every step counted by the fraction of it inside (|[a,b] ∩ step| / step)."""
-        cumulative = np.vstack([np.zeros((1, 4)), np.cumsum(self.columns(), axis=0)])
+        """[n, COLUMNS]: COLUMNS in each [a, b], every step counted by the fraction of it inside
+        (|[a,b] ∩ step| / step)."""
+        cumulative = np.vstack([np.zeros((1, len(COLUMNS))), np.cumsum(self.columns(), axis=0)])
         return self._done_by(np.asarray(b_ns, float), cumulative) - self._done_by(np.asarray(a_ns, float), cumulative)
 
     def _done_by(self, t: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
@@ -120,16 +130,17 @@ class WorkLog:
         k = np.maximum(j, 0)
         t0, t1 = self.t0_ns.astype(float), self.t1_ns.astype(float)
         if not len(t0):
-            return np.zeros((len(t), 4))
+            return np.zeros((len(t), len(COLUMNS)))
         part = np.clip((t - t0[k]) / (t1[k] - t0[k]), 0.0, 1.0)
         return np.where((j >= 0)[:, None], cumulative[k] + self.columns()[k] * part[:, None], 0.0)
 
     def rates_at(self, t_ns: np.ndarray) -> np.ndarray:
-        """[n, 4]: what each column accrues per second at each instant (0 between steps)."""
+        """[n, COLUMNS]: what each column accrues per second at each instant (0 between steps; a step column
+        builds up its one step over the step's duration)."""
         j = np.searchsorted(self.t0_ns, t_ns, side="right") - 1
         k = np.maximum(j, 0)
         if not len(self.t0_ns):
-            return np.zeros((len(t_ns), 4))
+            return np.zeros((len(t_ns), len(COLUMNS)))
         running = (j >= 0) & (t_ns < self.t1_ns[k])
         return np.where(running[:, None], self.columns()[k] / self.seconds[k][:, None], 0.0)
 
@@ -154,6 +165,7 @@ class RequestEnergyFit:
     counter: Segments  # all segments of the counter series (the window's measured energy, edges included)
     folds: list[Fold]
     block_var_j2: float  # variance of the 1 s block sums of the residuals (noise the model cannot know)
+    prefill_vif: float = float("nan")  # the prefill block's VIF against the other columns (what decides the split)
 
     @property
     def intervals(self) -> np.ndarray:
@@ -220,7 +232,7 @@ def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     vif = variance_inflation(x)
     reason = split_reason(x, vif, float(np.median(segments.seconds)))
     return RequestEnergyFit(columns, coef, draws_c, idle_w, vif, reason is None, reason, segments,
-                            _counter_segments(knots), folds, float(np.var(block_sums)))
+                            _counter_segments(knots), folds, float(np.var(block_sums)), block_inflation(x, PREFILL))
 
 
 def variance_inflation(x: np.ndarray) -> np.ndarray:
@@ -240,16 +252,53 @@ def variance_inflation(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def block_inflation(x: np.ndarray, block: slice) -> float:
+    """Uncentred VIF of a block of columns against the rest: that of the worst-determined combination of them.
+
+    1 / (1 − ρ²) with ρ the cosine of the smallest angle between the span of the block's columns and the span of
+    the other columns (their largest uncentred canonical correlation). For a one-column block it is that column's
+    VIF. Collinearity inside the block does not count (the block's own span is used, whatever its rank): the
+    prefill part a·tokens + e·steps is as well determined when every prefill step has the same size as when not,
+    only a and e are not told apart then. inf where the block is empty or a combination of the others lies in it.
+    """
+    inside = x[:, block]
+    others = np.delete(x, np.arange(x.shape[1])[block], axis=1)
+    basis_in, basis_out = _span(inside), _span(others)
+    if not basis_in.shape[1]:
+        return np.inf
+    if not basis_out.shape[1]:
+        return 1.0
+    rho = float(np.linalg.svd(basis_in.T @ basis_out, compute_uv=False).max(initial=0.0))
+    return np.inf if 1 - rho * rho <= 1e-12 else 1 / (1 - rho * rho)
+
+
+def _span(x: np.ndarray) -> np.ndarray:
+    """Orthonormal basis of the column span (columns scaled to unit norm first, so the rank is scale-free)."""
+    norms = np.linalg.norm(x, axis=0)
+    x = x[:, norms > 0] / norms[norms > 0]
+    if not x.shape[1]:
+        return x
+    u, s, _ = np.linalg.svd(x, full_matrices=False)
+    return u[:, s > 1e-9 * s.max()]
+
+
 def split_reason(x: np.ndarray, vif: np.ndarray, segment_s: float) -> str | None:
-    """Why prefill cannot be told from decode in this window (None: it can)."""
-    if not np.any(x[:, 0] > 0):
+    """Why prefill cannot be told from decode in this window (None: it can).
+
+    The test is the prefill block's VIF (`block_inflation`: its worst-determined combination against the decode
+    and idle columns), not the largest of the prefill columns' own VIFs, which also count prefill tokens against
+    prefill steps (collinear whenever prefill steps are of similar size) and would refuse a split that is there.
+    """
+    if not np.any(x[:, PREFILL] > 0):
         return "no prefill in the fitted window"
-    if not np.any(x[:, 1] > 0):
+    if not np.any(x[:, DECODE] > 0):
         return "no decode in the fitted window"
-    if vif[0] > MAX_PREFILL_VIF:
-        return (f"the prefill column's variance inflation factor is {min(vif[0], 9.99e9):.3g} (max "
-                f"{MAX_PREFILL_VIF:g}): prefill and decode come in a nearly constant mix in every "
-                f"{segment_s * 1e3:.0f} ms counter period, so any split between them fits as well")
+    block = block_inflation(x, PREFILL)
+    if block > MAX_PREFILL_VIF:
+        own = ", ".join(f"{c} {min(v, 9.99e9):.3g}" for c, v in zip(PREFILL_COLUMNS, vif[PREFILL], strict=True))
+        return (f"the prefill columns' variance inflation factor (as a block) is {min(block, 9.99e9):.3g} (max "
+                f"{MAX_PREFILL_VIF:g}; each column's own: {own}): prefill and decode come in a nearly constant mix "
+                f"in every {segment_s * 1e3:.0f} ms counter period, so any split between them fits as well")
     return None
 
 
@@ -345,11 +394,10 @@ def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple
     order = np.argsort(life[:, 0], kind="stable")
     life = life[order]
     ids = life[:, 0].astype(np.int64)
-    per_request = _request_amounts(log, ids, t0_ns, t1_ns)  # [n, 4]
-    cost = fit.coefficients[:4]
-    draws = fit.draws[:, :4]
-    prefill = per_request[:, :1] * draws[:, :1].T  # [n, draws]
-    decode = per_request[:, 1:] @ draws[:, 1:].T
+    per_request = _request_amounts(log, ids, t0_ns, t1_ns)  # [n, COLUMNS]
+    cost = fit.coefficients[WORK]
+    prefill = per_request[:, PREFILL] @ fit.draws[:, PREFILL].T  # [n, draws]
+    decode = per_request[:, DECODE] @ fit.draws[:, DECODE].T
     shared_s, empty_s = _idle_shares(life[:, 1], life[:, 2], t0_ns, t1_ns)
     idle_draws = shared_s[:, None] * fit.idle_draws_w[None, :]
     work_j = per_request @ cost
@@ -361,8 +409,8 @@ def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple
     split = fit.reason is None
     return RequestParts(
         ids, work_j, _interval(prefill + decode),
-        per_request[:, 0] * cost[0] if split else None, _interval(prefill) if split else None,
-        per_request[:, 1:] @ cost[1:] if split else None, _interval(decode) if split else None,
+        per_request[:, PREFILL] @ cost[PREFILL] if split else None, _interval(prefill) if split else None,
+        per_request[:, DECODE] @ cost[DECODE] if split else None, _interval(decode) if split else None,
         idle_j, _interval(idle_draws), fit.reason, float(unattributed), measured, measured_bound, float(remainder),
         measured_bound + predicted_bound)
 
@@ -372,11 +420,13 @@ def _interval(draws: np.ndarray) -> np.ndarray:
 
 
 def _request_amounts(log: WorkLog, ids: np.ndarray, t0_ns: float, t1_ns: float) -> np.ndarray:
-    """[requests, 4]: each request's in-window prefill tokens, decode steps (1/rows per step it was decoded in),
-    row-steps and attended KV tokens."""
+    """[requests, COLUMNS]: each request's in-window prefill tokens, prefill steps (its tokens / the step's tokens
+    per step it was prefilled in), decode steps (1/rows per step it was decoded in), row-steps and attended KV
+    tokens."""
     counts = np.diff(log.member_offsets)
     share = np.repeat(log.fractions(t0_ns, t1_ns), counts)
     rows = np.repeat(log.decode_rows, counts).astype(float)
+    step_tokens = np.repeat(log.prefill_tokens, counts).astype(float)
     decoded = rows > 0
     where = np.searchsorted(ids, log.member_request)
     known = (where < len(ids)) & (ids[np.minimum(where, len(ids) - 1)] == log.member_request) if len(ids) else \
@@ -386,10 +436,15 @@ def _request_amounts(log: WorkLog, ids: np.ndarray, t0_ns: float, t1_ns: float) 
         missing = int(log.member_request[np.argmax(counted & ~known)])
         raise ValidationError(f"request {missing} ran in the window but has no lifetime",
                               "pass a lifetime (id, arrival_ns, finish_ns) for every request in the work log")
-    weights = (log.member_prefill_tokens * share, np.where(decoded, share / np.maximum(rows, 1), 0.0),
-               np.where(decoded, share, 0.0), np.where(decoded, log.member_kv_tokens * share, 0.0))
+    weights = {"prefill_tokens": log.member_prefill_tokens * share,
+               "prefill_steps": np.where(step_tokens > 0, log.member_prefill_tokens / np.maximum(step_tokens, 1), 0.0)
+               * share,
+               "decode_steps": np.where(decoded, share / np.maximum(rows, 1), 0.0),
+               "row_steps": np.where(decoded, share, 0.0),
+               "kv_tokens": np.where(decoded, log.member_kv_tokens * share, 0.0)}
     index = where[counted]
-    return np.column_stack([np.bincount(index, w[counted], minlength=len(ids)) for w in weights])
+    return np.column_stack([np.bincount(index, weights[c][counted], minlength=len(ids)) for c in COLUMNS]
+                           ).reshape(len(ids), len(COLUMNS))
 
 
 def _idle_shares(arrival_ns: np.ndarray, finish_ns: np.ndarray, t0_ns: float, t1_ns: float
@@ -433,8 +488,8 @@ def controlled_split_check(fit: RequestEnergyFit, log: WorkLog, knots: Sequence[
     prefill part (decode part) predicts the counter's energy of its interval, less idle, within SPLIT_SLACK."""
     segments = _counter_segments(knots)
     out = []
-    for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, slice(0, 1), slice(1, 4)),
-                                     ("decode", decode_t0, decode_t1, slice(1, 4), slice(0, 1))):
+    for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, PREFILL, DECODE),
+                                     ("decode", decode_t0, decode_t1, DECODE, PREFILL)):
         amounts = log.amounts(np.array([t0]), np.array([t1]))[0]
         if np.any(amounts[other] > 0):
             raise ValidationError(f"the {part} interval holds {'decode' if part == 'prefill' else 'prefill'} "

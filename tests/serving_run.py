@@ -2,8 +2,8 @@
 
 A small continuous-batching scheduler (Poisson arrivals, a fixed number of slots; each loop admits the
 waiting requests that fit into free slots, up to 8192 tokens, in one prefill step, else decodes every active
-row) writes a WorkLog. Each step's dynamic energy is the planted model (a·prefill tokens + b + c·rows +
-d·KV tokens, the decode terms only in decode steps) times (1 + 3 % noise), on top of IDLE_W, which also runs
+row) writes a WorkLog. Each step's dynamic energy is the planted model (e + a·prefill tokens in a prefill step,
+b + c·rows + d·KV tokens in a decode step) times (1 + 3 % noise), on top of IDLE_W, which also runs
 in the host gaps between steps and while no request is in the system. The schedule of constant-power pieces
 becomes a tests/fakes/pynvml trace (counter updated every ~100 ms, jittered ±5 ms, exact integral) that the
 real sampler reads every 20 ms; knots come from the trace as a driver gets them: jpwr.load_trace, then
@@ -12,7 +12,9 @@ segment_fit.counter_knots.
 Magnitudes (H100 SXM, Llama-3.1-8B, chosen to reproduce ML.ENERGY's 0.455 J/output token at 8 concurrent
 requests and ~0.077 at 256 with these step times): a decode step reads the weights once (b = 2.5 J, 6 ms),
 each row adds its GEMM share (c = 0.03 J, 40 µs) and attention reads 128 KiB of KV cache per attended token
-(d = 2e-5 J, 40 ns); prefill costs a = 0.02 J/token at 28.6k tokens/s (35 µs/token, ~640 W in all).
+(d = 2e-5 J, 40 ns); a prefill step reads the weights once too (e = 3 J per pass, 6 ms) and costs a = 0.02
+J/token at 28.6k tokens/s (35 µs/token, ~640 W in all): 0.035 J/token for one 200-token prompt, 0.0204 for
+an 8192-token admission, the bias a token-only prefill column would fit as a rate-dependent a.
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ from jpwr.sampler import Sampler, open_backends
 from tests.analysis.synthetic_run import NS, POLL_S, Schedule, write_fake_trace
 
 IDLE_W = 70.0
-COSTS = {"prefill_tokens": 0.02, "decode_steps": 2.5, "row_steps": 0.03, "kv_tokens": 2e-5}
+COSTS = {"prefill_tokens": 0.02, "prefill_steps": 3.0, "decode_steps": 2.5, "row_steps": 0.03, "kv_tokens": 2e-5}
 HOST_GAP_S = 0.0003
 NOISE = 0.03
 MAX_PREFILL_TOKENS = 8192  # per prefill step (what fits one admission)
 
 
 def _duration(prefill: int, rows: int, kv: int) -> float:
-    return 0.002 + 3.5e-5 * prefill if prefill else 0.006 + 4e-5 * rows + 4e-8 * kv
+    return 0.006 + 3.5e-5 * prefill if prefill else 0.006 + 4e-5 * rows + 4e-8 * kv
 
 
 @dataclasses.dataclass
@@ -56,7 +58,7 @@ class _Engine:
     def step(self, prefill: int, rows: int, kv: int, members: list[tuple[int, int, int]]) -> float:
         self.idle_until(self.schedule.t + HOST_GAP_S)
         seconds = _duration(prefill, rows, kv)
-        work = (self.costs["prefill_tokens"] * prefill if prefill else
+        work = (self.costs["prefill_steps"] + self.costs["prefill_tokens"] * prefill if prefill else
                 self.costs["decode_steps"] + self.costs["row_steps"] * rows + self.costs["kv_tokens"] * kv)
         start = self.schedule.t
         self.schedule.add(seconds, IDLE_W + work * (1 + NOISE * self.rng.standard_normal()) / seconds, "step")

@@ -37,8 +37,8 @@ from joulebench.segment_fit import counter_knots
 from jpwr import JpwrError, Knots, Window, accelerator_domains, load_trace
 from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
 
-METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + b x decode steps + c x row-steps + "
-          "d x attended KV tokens, NNLS, block bootstrap (joulebench.request_energy)")
+METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + e x prefill steps + b x decode steps + "
+          "c x row-steps + d x attended KV tokens, NNLS, block bootstrap (joulebench.request_energy)")
 
 
 def work_log(log: ServeLog) -> WorkLog:
@@ -129,7 +129,8 @@ def _fit_summary(fit: RequestEnergyFit) -> dict[str, Any]:
             "coefficients": {c: float(v) for c, v in zip(fit.columns, fit.coefficients, strict=True)},
             "intervals_95": {c: [float(a), float(b)] for c, (a, b) in zip(fit.columns, intervals, strict=True)},
             "idle_w": fit.idle_w, "idle_given": fit.given_idle_w is not None, "notes": fit.notes,
-            "vif": {c: float(v) for c, v in zip(fit.columns, fit.vif, strict=True)}, "separable": fit.separable,
+            "vif": {c: float(v) for c, v in zip(fit.columns, fit.vif, strict=True)},
+            "prefill_block_vif": float(fit.prefill_vif), "separable": fit.separable,
             "split_unavailable_reason": fit.reason, "segments": fit.segment_count,
             "held_out_halves": [{"measured_j": f.measured_j, "predicted_j": f.predicted_j, "bound_j": f.bound_j,
                                  "closes": f.closes} for f in fit.folds]}

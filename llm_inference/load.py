@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ CPU_WARMUP_ARRIVAL_S = 1.0
 # The per-request fit's segments are bounded by the energy counter's updates (H100: ~20-100 ms): an in-process
 # sampler reads it at least twice per update (an NVML counter read costs ~4 ms of the sampler's own thread).
 COUNTER_READ_S = 0.05
+COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
 
 
@@ -275,6 +277,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
 
         log = loop.run(source(), plan.rule, lambda: meter.begin("steady", 0), on_end, life.stop.local_reason,
                        plan.expected)
+        time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
         state.update(log=log, served=served, rule=plan.rule)
         table = state["table"] = requests_table(log, served, counted_ids(log, served, plan.rule))
         write_requests(out_dir / FILE_NAME, table)

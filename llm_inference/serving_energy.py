@@ -157,16 +157,21 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
     wl = work_log(log)
     t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
-    span = (float(wl.t0_ns.min()), float(wl.t1_ns.max()))
+    covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
+    span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
     try:
         fit = fit_request_energy(wl, knots, idle_w, *span)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}
     admitted = sorted(log.admitted_ns)
-    whole = request_parts(fit, wl, _lifetimes(log, admitted), *span)
+    try:
+        whole = request_parts(fit, wl, _lifetimes(log, admitted), *span)
+        window = request_parts(fit, wl, _lifetimes(log, admitted), t0, t1)
+    except JpwrError as exc:
+        sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
+        return {**_fit_summary(fit), "unavailable_reason": f"request parts refused: {exc}"}
     _fill_table(table, whole)
-    window = request_parts(fit, wl, _lifetimes(log, admitted), t0, t1)
     done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
     total = whole.total_j[done]
     parts = {name: None if values is None else float(values[done].sum())

@@ -356,12 +356,14 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
             groups.setdefault(sweep_group(settings), []).append((settings["JB_RUN_ID"], record_path))
     rows: dict[str, dict[str, str]] = {}
     for members in groups.values():
-        runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
-        if all(recorded_settings(run.record.config).is_default for run in runs.values()):
+        # from the records alone: a group that sweeps no setting needs no traces (load_runs reads every *.h5 beside a
+        # record as a trace, which a serving run's requests.h5 is not)
+        if all(recorded_settings(read_run_record(path).config).is_default for _, path in members):
             rows.update({run_id: {"slowdown": "-", "energy_saving": "-"} for run_id, _ in members})
             continue
-        measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
         try:
+            runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
+            measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
             points = {p.name: p for p in sweep_points(measured)}
             base = baseline(list(points.values()))
         except JpwrError as exc:

@@ -131,6 +131,7 @@ def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_
     assert len(results) == 3
     for result in results:  # every pattern of the workflow, static and serving ones, matches each row's result.txt
         assert_patterns_match(JUBE_DIR / "inference_benchmark.xml", result.read_text())
+    assert [r["Slowdown vs default"] for r in rows] == ["-", "-", "-"]  # no GPU setting swept: the compare step ran
     pretty = (out / "000000" / "result" / "inference.dat").read_text()
     for title in ("Rate req/s", "TTFT p90(s)", "s/token p90", "Goodput", "J/req p50", "J/req p90", "Prefill", "Idle"):
         assert title in pretty

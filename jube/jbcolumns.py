@@ -27,6 +27,7 @@ TITLES = {
     "seq_length": "Seq length", "image_size": "Image px", "iterations": "Iterations asked",
     "warmup_iterations": "Warm-up iterations", "steady_seconds": "Steady s asked", "min_window_s": "Min window s",
     "batch_size": "Batch", "power_limit": "Power limit W asked", "sm_clock": "SM MHz asked",
+    "rate": "Rate req/s", "max_concurrency": "Slots", "slo_ttft_ms": "SLO TTFT ms", "slo_tpot_ms": "SLO TPOT ms",
 }
 # Result columns a sweep dimension brings beside its coordinate (pattern name, title): what the job read back and
 # observed for a GPU setting, and the compare step's figures against the sweep's default-setting row.

@@ -69,9 +69,14 @@ SWEEP_KEYS = {
             "precision", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
     "resnet50": ("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
                  "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
-    "inference": ("task", "batch_size", "engine", "min_window_s", "precision", "steady_seconds",
-                  *DEVICE_SETTING_KEYS),
+    "inference": ("task", "batch_size", "engine", "rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms",
+                  "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
 }
+# The inference workflow's two modes: `rate` empty is a static-batch point (`llm_inference run`), a rate or `max` a
+# serving point (`llm_inference load`: open-loop arrivals, continuous batching). Each mode's own parameters; the
+# other mode's are not driver options there and read `-` in the table.
+STATIC_ONLY = ("batch_size", "engine")
+SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
 DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
 # Valid numbers of the workflow parameters and profile keys the driver arguments come from:
@@ -83,7 +88,8 @@ NUMBERS = {
     "warmup_iterations": (int, 0, True), "image_size": (int, 1, True), "batch_size": (int, 1, True),
     "log_interval": (int, 1, True), "steady_seconds": (float, 0.0, False), "min_window_s": (float, 0.0, False),
     "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True), "power_limit": (float, 0.0, False),
-    "sm_clock": (int, 1, True),
+    "sm_clock": (int, 1, True), "max_concurrency": (int, 1, True), "slo_ttft_ms": (float, 0.0, False),
+    "slo_tpot_ms": (float, 0.0, False),
 }
 STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
 TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning
@@ -295,7 +301,7 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],
         "JB_POWER_LIMIT": value.get("power_limit", ""), "JB_SM_CLOCK": value.get("sm_clock", ""),
-        "JB_DRIVER_COMMAND": "run" if benchmark == "inference" else "train",
+        "JB_DRIVER_COMMAND": inference_command(value) if benchmark == "inference" else "train",
         "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
     })
     args = driver_arguments(benchmark, kinds, profile, value, model)
@@ -304,6 +310,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
             number(text, key, key)
     settings.update({f"JB_COORD_{key.upper()}": str(nodes) if key == "nodes" else args.get(key, value.get(key, ""))
                      for key in SWEEP_KEYS[benchmark]})
+    if benchmark == "inference":
+        settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], inference_mode(settings, value)) if n)
     startup_key = {"llm": f"startup_s_{model.lower()}", "resnet50": "resnet_startup_s",
                    "inference": "inference_startup_s"}[benchmark]
     startup = number(profile[startup_key], startup_key, "startup_s")
@@ -327,6 +335,12 @@ def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[
         "steady_seconds": value.get("steady_seconds") or profile["steady_seconds"],
         "device": profile["driver_device"],
     }
+    if benchmark == "inference" and inference_command(value) == "load":
+        return {"preset": model, "task": value.get("task") or profile["inference_task"], "rate": value["rate"],
+                "max_concurrency": value.get("max_concurrency") or profile["inference_max_concurrency"],
+                "slo_ttft_ms": value.get("slo_ttft_ms") or profile["inference_slo_ttft_ms"],
+                "slo_tpot_ms": value.get("slo_tpot_ms") or profile["inference_slo_tpot_ms"],
+                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common}
     if benchmark == "inference":
         return {"preset": model, "task": value.get("task") or profile["inference_task"],
                 "batch_size": value.get("batch_size") or profile["inference_batch_size"],
@@ -358,6 +372,28 @@ def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[
         "data": "synthetic" if synthetic or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
         **common,
     }
+
+
+def inference_command(value: dict[str, str]) -> str:
+    """The inference point's driver command: `load` (serving) when it has a rate, else `run` (static batches)."""
+    return "load" if value.get("rate") else "run"
+
+
+def inference_mode(settings: dict[str, str], value: dict[str, str]) -> str:
+    """Mark the other mode's parameters `-` in the point's coordinates; refuse an engine a serving point cannot use,
+    and say which explicit values the point's mode ignores (the note)."""
+    serving = settings["JB_DRIVER_COMMAND"] == "load"
+    if serving and value.get("engine", "static") != "static":
+        raise PointRefused(f"engine={value['engine']} with rate={value['rate']}: serving points (a rate) run the "
+                           "continuous-batching engine", "leave engine empty for serving points, or rate empty "
+                           f"for a static-batch point with engine={value['engine']}")
+    other = STATIC_ONLY if serving else SERVING_ONLY
+    settings.update({f"JB_COORD_{key.upper()}": "-" for key in other})
+    if serving:
+        settings["JB_COORD_ENGINE"] = "continuous"
+    ignored = [f"{key}={value[key]}" for key in other if value.get(key) and key != "engine"]
+    mode = "a serving point (rate set)" if serving else "a static-batch point (rate empty)"
+    return f"{', '.join(ignored)} ignored: {mode}" if ignored else ""
 
 
 def _jbcontainer() -> ModuleType:
@@ -425,7 +461,8 @@ def _python_fix(settings: dict[str, str]) -> str:
 
 def driver_validate(settings: dict[str, str]) -> None:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
-    run_module(settings, settings["JB_DRIVER"], ["validate", *shlex.split(settings["JB_VALIDATE_ARGS"])],
+    command = "validate-load" if settings.get("JB_DRIVER_COMMAND") == "load" else "validate"
+    run_module(settings, settings["JB_DRIVER"], [command, *shlex.split(settings["JB_VALIDATE_ARGS"])],
                (EX_USAGE, ARGPARSE_USAGE))
 
 

@@ -52,7 +52,14 @@ SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
                   "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
-                  "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s")
+                  "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s",
+                  "goodput_requests_per_s", "energy_per_request_p50_j", "energy_per_request_p90_j")
+# A serving record (`llm_inference load`) names its latency medians p50, and its time per output token tpot; they fill
+# the same columns as a static record's
+SERVING_ALIASES = {"ttft_median_s": "ttft_p50_s", "per_token_latency_median_s": "tpot_p50_s",
+                   "per_token_latency_p90_s": "tpot_p90_s"}
+SHARES = ("prefill", "decode", "idle")  # a serving record's energy shares (record.requests["energy"]["shares"])
+SHARE_KEYS = tuple(f"{part}_share" for part in SHARES)
 
 
 def job_id(settings: dict[str, str]) -> str | None:
@@ -213,7 +220,10 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     else:
         outcome = ""
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})
-    parts = [settings.get("JB_NOTE", ""), outcome, settings_note]
+    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
+    why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
+    per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
+    parts = [settings.get("JB_NOTE", ""), outcome, settings_note, per_request]
     parts += [w for w in record.warnings if w not in outcome]  # a PARTIAL reason may quote its warning already
     note = "; ".join(part for part in parts if part)
     return " ".join(note.split()) or "-"
@@ -231,7 +241,8 @@ def _headline(record: RunRecord, settings: dict[str, str], key: str) -> str:
 def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
     """One text value per result-table column; missing numbers are n/a, never 0."""
     m, c = record.metrics, record.config
-    unit = m.get("work_unit") or ("images" if settings.get("JB_BENCHMARK") == "resnet50" else "tokens")
+    default_unit = {"resnet50": "images"}.get(settings.get("JB_BENCHMARK", ""), "tokens")
+    unit = m.get("work_unit") or ("output_tokens" if record.benchmark == "llm_inference" else default_unit)
     tp, pp, dp = c.get("tensor_parallel"), c.get("pipeline_parallel"), c.get("data_parallel")
     devices = _int_or_none(str(_first(m.get("devices"), c.get("devices"), c.get("world_size"),
                                       settings.get("JB_WORLD_SIZE"), "")))
@@ -261,12 +272,24 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "note": _note(record, settings),
     }
     if record.benchmark == "llm_inference":
-        fields.update({key: _num(m.get(key)) for key in INFERENCE_KEYS})
+        fields.update({key: _num(_first(m.get(key), m.get(SERVING_ALIASES.get(key, key)))) for key in INFERENCE_KEYS})
+        fields.update(energy_shares(record))
     if rejection(record):  # figures that cannot be true are flagged, never shown as numbers; the note says why
+        inference = (*INFERENCE_KEYS, *SHARE_KEYS) if record.benchmark == "llm_inference" else ()
         fields.update(dict.fromkeys([*FIGURE_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device", f"{unit}_per_wh",
-                                     *(INFERENCE_KEYS if record.benchmark == "llm_inference" else ())], REJECTED))
+                                     *inference], REJECTED))
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
+
+
+def energy_shares(record: RunRecord) -> dict[str, str]:
+    """A serving record's prefill/decode/idle shares of its requests' energy; n/a (never 0) where the record has none:
+    static records, and per-request energy the driver could not fit (its block then holds only `unavailable_reason`,
+    e.g. under the job's external sampler)."""
+    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
+    shares = (energy or {}).get("shares") if isinstance(energy, dict) else None
+    shares = shares if isinstance(shares, dict) else {}
+    return {f"{part}_share": _num(shares.get(part), 3) for part in SHARES}
 
 
 def settings_fields(record: RunRecord) -> dict[str, str]:
@@ -333,12 +356,14 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
             groups.setdefault(sweep_group(settings), []).append((settings["JB_RUN_ID"], record_path))
     rows: dict[str, dict[str, str]] = {}
     for members in groups.values():
-        runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
-        if all(recorded_settings(run.record.config).is_default for run in runs.values()):
+        # from the records alone: a group that sweeps no setting needs no traces (load_runs reads every *.h5 beside a
+        # record as a trace, which a serving run's requests.h5 is not)
+        if all(recorded_settings(read_run_record(path).config).is_default for _, path in members):
             rows.update({run_id: {"slowdown": "-", "energy_saving": "-"} for run_id, _ in members})
             continue
-        measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
         try:
+            runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
+            measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
             points = {p.name: p for p in sweep_points(measured)}
             base = baseline(list(points.values()))
         except JpwrError as exc:

@@ -99,7 +99,7 @@ def _documented_tags(text: str) -> list[str]:
 
 def test_documented_tags_exist_in_the_workflows() -> None:
     known = set(jbprofile.system_names({})) | set(jbprofile.MODEL_TAGS) | set(jbprofile.FRAMEWORK_TAGS)
-    known |= set(jbprofile.FLAG_TAGS)
+    known |= set(jbprofile.FLAG_TAGS) | set(jbprofile.INFERENCE_MODEL_TAGS)
     expressions = [e.get("tag") or "" for p in (*WORKFLOWS, COMMON_XML) for e in _root(p).iter()]
     xml_tags = {t for expression in expressions for t in re.split(r"[!+|^()]", expression) if t}
     assert xml_tags <= known  # every tag the XML reacts to is one jbprofile accepts

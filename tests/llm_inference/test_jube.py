@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llm_inference.cli import main
+from tests.jube.test_static import assert_patterns_match
 
 REPO = Path(__file__).resolve().parents[2]
 JUBE_DIR = REPO / "jube"
@@ -71,3 +72,66 @@ def test_local_workflow_sweeps_batch_sizes_into_the_result_table(tmp_path, h100_
     for row in rows:  # energy from the fake H100 through the job's `jpwr serve`
         assert float(row["J/output token"]) > 0 and float(row["Decode J/token bound"]) > 0
         assert row["Energy method"] == "counter+power" and float(row["Output tokens/s"]) > 0
+
+
+def test_serving_points_resolve_to_load_and_pass_the_drivers_validate_load(tmp_path, capsys):
+    """A rate makes the point a serving point: `load` with the profile's slots and SLOs, validated by validate-load;
+    the static-only parameters read `-` there and the serving ones `-` on static points."""
+    env = _fake_sbatch_env(tmp_path)
+    rejected = []
+    for system in jbprofile.system_names(env):
+        if jbprofile.load_profile(system, env)["unsupported"]:
+            continue
+        settings = jbprofile.build_settings("inference", [system], {"rate": "max"}, "run", env)
+        assert settings["JB_DRIVER_COMMAND"] == "load"
+        assert (settings["JB_COORD_RATE"], settings["JB_COORD_BATCH_SIZE"]) == ("max", "-")
+        args = shlex.split(settings["JB_VALIDATE_ARGS"])
+        assert "--max-concurrency" in args and "--batch-size" not in args
+        if main(["validate-load", *args]) != 0:
+            rejected.append((system, capsys.readouterr().err.strip()))
+    assert not rejected, "\n".join(map(str, rejected))
+    static = jbprofile.build_settings("inference", ["CI"], {"max_concurrency": "8"}, "run", env)
+    assert static["JB_DRIVER_COMMAND"] == "run" and static["JB_COORD_MAX_CONCURRENCY"] == "-"
+    assert "max_concurrency=8 ignored" in static["JB_NOTE"]
+    with pytest.raises(jbprofile.PointRefused, match="engine=hf with rate=4"):
+        jbprofile.build_settings("inference", ["CI"], {"rate": "4", "engine": "hf"}, "run", env)
+    with pytest.raises(jbprofile.PointRefused, match="max_concurrency=0 is out of range"):
+        jbprofile.build_settings("inference", ["CI"], {"rate": "4", "max_concurrency": "0"}, "run", env)
+
+
+@pytest.mark.skipif(shutil.which("jube") is None, reason="JUBE not installed (apt-get install jube)")
+def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_dir):
+    """A real `jube run` of the serving mode: rate 0 is refused by validate-load before anything runs (an INVALID row
+    naming --rate), rates 40 and max each run `llm_inference load` as one job under the job's sampler."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("JOULEBENCH_")}
+    env.update(JOULEBENCH_PYTHON=sys.executable, JOULEBENCH_SWEEP_RATE="0,40,max", JOULEBENCH_JPWR_METHODS="nvml",
+               JOULEBENCH_SWEEP_MAX_CONCURRENCY="4", JOULEBENCH_SWEEP_STEADY_SECONDS="2",
+               JPWR_FAKE_NVML_TRACE=str(h100_trace_dir),
+               PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "fakes"), str(REPO), env.get("PYTHONPATH", "")]))
+    out = tmp_path / "runs"
+    proc = subprocess.run(["jube", "run", str(JUBE_DIR / "inference_benchmark.xml"), "-o", str(out),
+                           "--hide-animation", "-a", "-r"], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["Model"], r["Rate req/s"], r["Slots"], r["Batch"], r["Engine"], r["Status"]) for r in rows] == [
+        ("tiny", "0", "4", "-", "continuous", "INVALID"), ("tiny", "40", "4", "-", "continuous", "OK"),
+        ("tiny", "max", "4", "-", "continuous", "OK")], proc.stdout[-3000:]
+    assert "--rate" in rows[0]["Note"] and "0" in rows[0]["Note"]
+    for row in rows[1:]:
+        assert float(row["TTFT p90(s)"]) > 0 and float(row["Per-token latency p90(s)"]) > 0
+        assert float(row["Goodput req/s"]) >= 0 and float(row["Requests/s"]) > 0
+        assert float(row["J/output token"]) > 0 and row["Energy method"] == "counter+power"
+        for column in ("J/request p50", "J/request p90", "Prefill share", "Decode share", "Idle share"):
+            assert row[column] == "n/a" or float(row[column]) > 0, (column, row[column])  # never 0
+        if row["Prefill share"] == "n/a":
+            assert "J/request and shares n/a" in row["Note"]
+    results = sorted((out / "000000").glob("*_submit/work/result.txt"))
+    assert len(results) == 3
+    for result in results:  # every pattern of the workflow, static and serving ones, matches each row's result.txt
+        assert_patterns_match(JUBE_DIR / "inference_benchmark.xml", result.read_text())
+    assert [r["Slowdown vs default"] for r in rows] == ["-", "-", "-"]  # no GPU setting swept: the compare step ran
+    pretty = (out / "000000" / "result" / "inference.dat").read_text()
+    for title in ("Rate req/s", "TTFT p90(s)", "s/token p90", "Goodput", "J/req p50", "J/req p90", "Prefill", "Idle"):
+        assert title in pretty

@@ -188,8 +188,23 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         "window_unattributed_idle_j": window.unattributed_idle_j,
         "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
         "controlled_split": _controlled(fit, sweep.controlled)}
+    result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
     return result
+
+
+def failed_checks(block: dict[str, Any]) -> str:
+    """The model's checks that failed, in one line for tables ("none" when all that ran passed): (a) cross-rate
+    pairs `fitted->predicted`, (b) held-out halves by number, (c) the controlled split's parts."""
+    failed = []
+    cross = [f"{c['fitted_at']}->{c['predicted']}" for c in block.get("cross_rate", []) if not c["passes"]]
+    halves = [str(k + 1) for k, f in enumerate(block.get("held_out_halves", [])) if not f["closes"]]
+    controlled = block.get("controlled_split")
+    parts = [c["part"] for c in controlled if not c["passes"]] if isinstance(controlled, list) else []
+    for name, items in (("a (cross-rate)", cross), ("b (held-out half)", halves), ("c (controlled split)", parts)):
+        if items:
+            failed.append(f"{name}: {', '.join(items)}")
+    return "; ".join(failed) or "none"
 
 
 def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knots], t0: float, t1: float,

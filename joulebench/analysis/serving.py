@@ -59,6 +59,7 @@ class RateRow:
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
     shares: dict[str, float | None]
+    checks_failed: str | None  # the per-request model's failed checks (llm_inference/serving_energy.py), or "none"
     rejected: str | None
 
     @property
@@ -107,7 +108,9 @@ def rate_row(run: Run) -> RateRow:
         ttft_p90_s=get(m.get("ttft_p90_s")), tpot_p90_s=get(m.get("tpot_p90_s")),
         goodput=get(m.get("goodput_requests_per_s")), slo_attained=get(m.get("slo_attained_share")),
         slo_ttft_ms=_number(m.get("slo_ttft_ms")), slo_tpot_ms=_number(m.get("slo_tpot_ms")),
-        shares={k: get(shares.get(k)) for k in SHARES}, rejected=rejected)
+        shares={k: get(shares.get(k)) for k in SHARES},
+        checks_failed=str(energy["checks_failed"]) if isinstance(energy.get("checks_failed"), str) else None,
+        rejected=rejected)
 
 
 def _first(value: Any, fallback: Any) -> Any:
@@ -212,7 +215,8 @@ def table(rows: Sequence[RateRow]) -> list[dict[str, str]]:
                        **{f"{k} %": _pct(r.shares[k]) for k in SHARES}}
         note = r.rejected or (r.run.record.status_reason if r.run.record.status != "OK" else "")
         out.append({"offered rate": r.rate, **figures, "SLO TTFT ms": fmt(r.slo_ttft_ms, 4),
-                    "SLO TPOT ms": fmt(r.slo_tpot_ms, 4), "run_id": r.run.record.run_id, "status": r.run.record.status,
+                    "SLO TPOT ms": fmt(r.slo_tpot_ms, 4), "model checks failed": r.checks_failed or "n/a",
+                    "run_id": r.run.record.run_id, "status": r.run.record.status,
                     "note": " ".join(str(note or "").split())})
     return out
 

@@ -114,3 +114,15 @@ def test_the_run_record_doc_lists_every_column_of_the_request_table():
     from joulebench.requests_table import columns_doc
 
     assert columns_doc() in (Path(__file__).parents[2] / "docs" / "run-record.md").read_text()
+
+
+def test_failed_model_checks_are_named_in_one_line():
+    from llm_inference.serving_energy import failed_checks
+
+    block = {"cross_rate": [{"fitted_at": "max", "predicted": "4", "passes": False},
+                            {"fitted_at": "4", "predicted": "max", "passes": True}],
+             "held_out_halves": [{"closes": True}, {"closes": False}],
+             "controlled_split": [{"part": "prefill", "passes": True}, {"part": "decode", "passes": False}]}
+    assert failed_checks(block) == "a (cross-rate): max->4; b (held-out half): 2; c (controlled split): decode"
+    passing = {"cross_rate": [], "held_out_halves": [{"closes": True}], "controlled_split": "no window"}
+    assert failed_checks(passing) == "none"

@@ -12,8 +12,9 @@ is known), so the device is never read inside the load loop; the engine only exe
   step overwrites it before any query sees it); the first token of each is picked on the device;
 * `step(rows, attended)`: one decode step over slots [0, rows) attending to the first `attended` cache slots.
   On CUDA each (rows, attended) pair is a CUDA graph captured in `prepare`, outside every window: rows are the
-  powers of two up to the slot count (and the count itself), attended lengths multiples of SLOT_BUCKET, so a
-  step computes at most twice the occupied rows and reads only the filled part of the cache. Rows that hold no
+  powers of two and 1.5 times them up to the slot count (and the count itself), attended lengths multiples of
+  SLOT_BUCKET; the host keeps the running requests in the lowest slots (`move`), so a step computes at most 1.5
+  times the occupied rows and reads only the filled part of the cache. Rows that hold no
   request compute too (their tokens are never read) but do not advance (`active` is 0);
 * `release(slots)`: those rows stop advancing.
 
@@ -38,12 +39,13 @@ from llm_inference.static_engine import CompactForward, attended_length
 
 
 def row_buckets(slots: int) -> list[int]:
-    """Row counts a decode step runs with: powers of two below `slots`, and `slots` itself."""
-    buckets, rows = [], 1
+    """Row counts a decode step runs with: powers of two and 1.5 times them (a step computes at most 1.5 times
+    its occupied rows from 4 on) below `slots`, and `slots` itself."""
+    buckets, rows = set(), 1
     while rows < slots:
-        buckets.append(rows)
+        buckets.update((rows, rows * 3 // 2) if rows >= 4 else (rows,))
         rows *= 2
-    return [*buckets, slots]
+    return [*sorted(b for b in buckets if b < slots), slots]
 
 
 def rows_for(highest_slot: int, slots: int) -> int:
@@ -168,6 +170,19 @@ class ContinuousEngine(CompactForward):
             state.tokens.index_copy_(0, rows, logits.argmax(dim=-1))
             state.length.index_copy_(0, rows, last + 1)
             state.active.index_fill_(0, rows, 1)
+
+    @torch.inference_mode()
+    def move(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """(from slot, to slot, filled length) per request: its cache row's filled part, token, length and activity
+        move; the old slots stop advancing. Sources are read before any destination is written."""
+        state = self._state()
+        source = self._to_device([m[0] for m in moves])
+        target = self._to_device([m[1] for m in moves])
+        filled = state.cache[:, :, :, :, :max(m[2] for m in moves)]
+        filled.index_copy_(2, target, filled.index_select(2, source))
+        for counter in (state.tokens, state.length, state.active):
+            counter.index_copy_(0, target, counter.index_select(0, source))
+        state.active.index_fill_(0, source, 0)
 
     @torch.inference_mode()
     def release(self, slots: Sequence[int]) -> None:

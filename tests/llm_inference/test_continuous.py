@@ -59,8 +59,10 @@ def test_every_request_gets_the_tokens_it_gets_alone(name, rate):
         expected = alone(static, request_prompt(r, PRESETS[name].vocab_size, SEED), r.output_tokens)
         assert log.tokens[r.id] == expected, f"request {r.id} ({r.input_tokens} in, {r.output_tokens} out)"
     assert edges[0] == "begin" and edges[1].startswith("end")
-    # Slots were reused: more requests than slots, and every slot is free again at the end.
+    # Slots were reused: more requests than slots, and every slot is free again at the end; requests were moved
+    # down into freed slots (the compaction) and still produced their own tokens.
     assert len(items) > slots and sorted(loop.free) == list(range(slots)) and not loop.running
+    assert loop.moved > 0
 
 
 def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
@@ -80,5 +82,6 @@ def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
 
 
 def test_row_buckets_cover_every_highest_slot():
-    assert row_buckets(1) == [1] and row_buckets(6) == [1, 2, 4, 6] and row_buckets(8) == [1, 2, 4, 8]
+    assert row_buckets(1) == [1] and row_buckets(6) == [1, 2, 4, 6] and row_buckets(8) == [1, 2, 4, 6, 8]
+    assert row_buckets(256)[-4:] == [96, 128, 192, 256]
     assert [rows_for(h, 6) for h in range(6)] == [1, 2, 4, 4, 6, 6]

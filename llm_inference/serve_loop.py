@@ -1,7 +1,8 @@
 """The load loop: requests arrive on the host's clock, wait for a slot, are prefilled, decode until done.
 
 One iteration of the loop, on the host:
-1. finished requests leave their slots (the host knows each request's output length, so no device read);
+1. finished requests leave their slots (the host knows each request's output length, so no device read), and the
+   highest running requests move down into the freed slots (`_compact`);
 2. admission: arrived requests (arrival <= now) take the lowest free slots, up to PREFILL_CHUNK_TOKENS prompt
    tokens per iteration, and are prefilled together as one step (prefill and decode interleave at step
    granularity: the running requests wait for that prefill, as in a server without chunked prefill). Under a

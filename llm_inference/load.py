@@ -40,7 +40,7 @@ from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import build_model, request_prompt
 from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
 from llm_inference.presets import ModelPreset
-from llm_inference.runner import BuiltModel, compact_engine, window_seconds
+from llm_inference.runner import BuiltModel, compact_engine, shown, window_seconds
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, SaturatedWindow, ServeLog, ServeLoop, WindowRule
 from llm_inference.serving_energy import Sweep, serving_energy
 from llm_inference.tasks import TASKS, longest_sequence
@@ -300,15 +300,10 @@ def _longest(cfg: LoadConfig, trace: list[Request] | None) -> int:
 
 def _progress(record: RunRecord) -> str:
     m = record.metrics
-
-    def show(key: str, scale: float = 1.0) -> str:
-        value = m.get(key)
-        return "n/a" if value is None else f"{value * scale:.4g}"
-
-    return (f"rate {m.get('rate')}: {record.status}, {show('output_tokens_per_s')} tokens/s, "
-            f"{show('requests_per_s')} req/s, {show('energy_per_output_token_j')} J/token, p90 TTFT "
-            f"{show('ttft_p90_s', 1e3)} ms, p90 TPOT {show('tpot_p90_s', 1e3)} ms, goodput "
-            f"{show('goodput_requests_per_s')} req/s")
+    return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
+            f"{shown(m, 'requests_per_s')} req/s, {shown(m, 'energy_per_output_token_j')} J/token, p90 TTFT "
+            f"{shown(m, 'ttft_p90_s', 1e3)} ms, p90 TPOT {shown(m, 'tpot_p90_s', 1e3)} ms, goodput "
+            f"{shown(m, 'goodput_requests_per_s')} req/s")
 
 
 def run(cfg: LoadConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.device) -> int:

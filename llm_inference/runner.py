@@ -203,12 +203,17 @@ def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.d
     return engine
 
 
+def shown(metrics: dict[str, Any], key: str, scale: float = 1.0) -> str:
+    """A figure for a progress line: four significant digits, n/a where it is missing."""
+    value = metrics.get(key)
+    return "n/a" if value is None else f"{value * scale:.4g}"
+
+
 def _progress(record: RunRecord) -> str:
     m = record.metrics
 
-    def show(key: str, scale: float = 1.0, digits: int = 4) -> str:
-        value = m.get(key)
-        return "n/a" if value is None else f"{value * scale:.{digits}g}"
+    def show(key: str, scale: float = 1.0) -> str:
+        return shown(m, key, scale)
 
     return (f"{record.config['task']} bs={record.config['batch_size']}: {record.status}, "
             f"{show('output_tokens_per_s')} tokens/s, {show('requests_per_s')} req/s, "

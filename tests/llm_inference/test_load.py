@@ -7,6 +7,9 @@ engine, the arrivals, the windows, the per-request table and the fit are real.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, read_requests
 from llm_inference.cli import main
-from tests.llm_inference.conftest import INFER, run_cmd
+from tests.llm_inference.conftest import INFER, run_cmd, summaries
 
 LOAD = ["--preset", "tiny", "--task", "tiny", "--device", "cpu", "--max-concurrency", "4"]
 
@@ -126,3 +129,24 @@ def test_failed_model_checks_are_named_in_one_line():
     assert failed_checks(block) == "a (cross-rate): max->4; b (held-out half): 2; c (controlled split): decode"
     passing = {"cross_rate": [], "held_out_halves": [{"closes": True}], "controlled_split": "no window"}
     assert failed_checks(passing) == "none"
+
+
+def test_sigterm_ends_the_load_with_a_timeout_record_and_its_request_table(fake_env, tmp_path):
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([*INFER, "load", *LOAD, "--rates", "20,max", "--steady-seconds", "120", "--out-dir",
+                             str(out)], env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the load of the first rate has started: its window lasts 120 s
+        if "counted poisson arrivals" in line:
+            break
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 124, stderr[-3000:]  # TIMEOUT's code (joulebench.record.EXIT_CODES)
+    record = json.loads((out / "rate_20" / "run_record.json").read_text())
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    table = read_requests(out / "rate_20" / FILE_NAME)  # what was served before the signal is kept
+    assert len(table) == record["requests"]["rows"] > 0
+    assert not (out / "rate_max").exists()  # the sweep ended
+    assert summaries(stdout)[0]["status"] == "TIMEOUT"

@@ -73,9 +73,9 @@ def _validate_load(args: argparse.Namespace) -> int:
     from llm_inference import validation
 
     cfg = resolve_load(args)
-    shape = validation.check_load_config(cfg)
+    shape, trace = validation.check_load_config(cfg)
     precision = validation.resolve_precision(cfg.precision, "cpu" if args.device == "cpu" else "cuda")
-    validation.check_load_memory(cfg, shape, precision, args.device_memory_gib)
+    validation.check_load_memory(cfg, shape, precision, args.device_memory_gib, trace)
     load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
           f"{cfg.max_concurrency} slots")
@@ -88,11 +88,11 @@ def _load(args: argparse.Namespace) -> int:
     from llm_inference import load, validation
 
     cfg = resolve_load(args)
-    shape = validation.check_load_config(cfg)
+    shape, trace = validation.check_load_config(cfg)
     launch = LaunchEnv.from_env()
     points = len(cfg.rates) or 1
     validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")))
-    return load.run(cfg, shape, launch, resolve_device(cfg.device))
+    return load.run(cfg, shape, trace, launch, resolve_device(cfg.device))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,10 +85,6 @@ class ContinuousEngine(CompactForward):
         super().__init__(model, device, compile_decode, dynamic=False)
         self.state: SlotState | None = None
 
-    @classmethod
-    def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> ContinuousEngine:
-        return cls(CompactModel.from_transformers(model), device)
-
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,

@@ -35,7 +35,7 @@ from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, Requ
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference import request_metrics, validation
-from llm_inference.arrivals import Request, arrival_times, draw_requests, load_trace
+from llm_inference.arrivals import Request, arrival_times, draw_requests
 from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import build_model, request_prompt
 from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
@@ -43,7 +43,7 @@ from llm_inference.presets import ModelPreset
 from llm_inference.runner import BuiltModel, compact_engine, shown, window_seconds
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, SaturatedWindow, ServeLog, ServeLoop, WindowRule
 from llm_inference.serving_energy import Sweep, serving_energy
-from llm_inference.tasks import TASKS, longest_sequence
+from llm_inference.tasks import TASKS
 
 WORK_UNIT = "output_tokens"
 SUMMARY_EXTRA = ("rate", "max_concurrency", "requests_per_s", "energy_per_output_token_j", "ttft_p90_s",
@@ -133,14 +133,14 @@ def counted_ids(log: ServeLog, served: dict[int, Request], rule: WindowRule) -> 
 
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None, log: ServeLog | None,
-                 served: dict[int, Request], rule: WindowRule | None) -> dict[str, Any]:
+                 times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None
+                 ) -> dict[str, Any]:
+    """`times`: the counted requests that finished (of `counted`, the window's counted requests)."""
     result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                               "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or log is None or rule is None:
         return result
     result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=1))
-    counted = counted_ids(log, served, rule)
-    times = [t for t in request_times(log, served) if t.id in counted]
     slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
     slo_tpot = None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3
     summary = request_metrics.latency_summary(times, slo_ttft, slo_tpot, steady.duration_s)
@@ -186,11 +186,9 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
         "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
     for name in REQUEST_COLUMNS:
         columns.setdefault(name, np.full(len(ids), nan))
-    offsets = np.cumsum([0, *(len(m) for m in log.step_members)])
-    steps = {"t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns, "kind": log.step_kind,
-             "member_offsets": offsets.astype(np.int64),
-             "member_request": np.array([m for ms in log.step_members for m in ms], dtype=np.int64),
-             "member_amount": np.array([a for amounts in log.step_amounts for a in amounts], dtype=np.int64)}
+    offsets, members, amounts = log.members()
+    steps = {"t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns, "kind": log.step_kind, "member_offsets": offsets,
+             "member_request": members, "member_amount": amounts}
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
              "step_kinds": {"prefill": PREFILL, "decode": DECODE},
              "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens"}
@@ -231,22 +229,18 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
 
     def metrics(record: RunRecord) -> dict[str, Any]:
         record.config["engine_detail"] = model.describe()
-        result = load_metrics(cfg, rate, state.get("steady"), state.get("log"), state.get("served", {}),
+        times = state.get("times", [])
+        result = load_metrics(cfg, rate, state.get("steady"), state.get("log"), times, state.get("counted", set()),
                               state.get("rule"))
         if "table" in state and state.get("steady") is not None:
-            record.requests = {**(record.requests or {}), "energy": _request_energy(state, idle, out_dir)}
+            energy = serving_energy(label, state["log"], state["steady"], {t.id for t in times},
+                                    None if idle is None else idle.power_w, out_dir / "jpwr", state["table"], sweep,
+                                    state.get("controlled"))
+            record.requests = {**(record.requests or {}), "energy": energy}
             write_requests(out_dir / FILE_NAME, state["table"])
-            energy = record.requests["energy"]
             result.update(energy_per_request_p50_j=(energy.get("energy_per_request_j") or {}).get("p50"),
                           energy_per_request_p90_j=(energy.get("energy_per_request_j") or {}).get("p90"))
         return result
-
-    def _request_energy(state: dict[str, Any], idle: IdleBaseline | None, out_dir: Path) -> dict[str, Any]:
-        log, served = state["log"], state["served"]
-        finished = {t.id for t in request_times(log, served)} & counted_ids(log, served, state["rule"])
-        idle_w = None if idle is None else idle.power_w
-        return serving_energy(label, log, state["steady"], finished, idle_w, out_dir / "jpwr", state["table"], sweep,
-                              state.get("controlled"))
 
     with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware) as run:
         engine = model.get()
@@ -257,7 +251,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         plan = plan_trace(trace, cfg.warmup_requests or 0) if trace is not None else \
             plan_rate(cfg, rate or math.inf, window.seconds, device)
         _log(f"rate {label}: {plan.note}; {cfg.max_concurrency} slots")
-        sequence = _longest(cfg, trace)
+        _, sequence = validation.load_lengths(cfg, trace)
         if engine.state is None or engine.state.slots != cfg.max_concurrency or engine.state.cache_slots < sequence:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
         if not sweep.earlier and sweep.controlled is None:
@@ -278,8 +272,10 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         log = loop.run(source(), plan.rule, lambda: meter.begin("steady", 0), on_end, life.stop.local_reason,
                        plan.expected)
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
-        state.update(log=log, served=served, rule=plan.rule)
-        table = state["table"] = requests_table(log, served, counted_ids(log, served, plan.rule))
+        counted = counted_ids(log, served, plan.rule)
+        state.update(log=log, rule=plan.rule, counted=counted,
+                     times=[t for t in request_times(log, served) if t.id in counted])
+        table = state["table"] = requests_table(log, served, counted)
         write_requests(out_dir / FILE_NAME, table)
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                                "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
@@ -292,12 +288,6 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
     return run.record, idle
 
 
-def _longest(cfg: LoadConfig, trace: list[Request] | None) -> int:
-    if trace is not None:
-        return max(r.input_tokens + r.output_tokens for r in trace)
-    return longest_sequence(TASKS[cfg.task], cfg.output_length)
-
-
 def _progress(record: RunRecord) -> str:
     m = record.metrics
     return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
@@ -306,12 +296,13 @@ def _progress(record: RunRecord) -> str:
             f"{shown(m, 'goodput_requests_per_s')} req/s")
 
 
-def run(cfg: LoadConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.device) -> int:
-    """Every rate (or the trace); returns the exit code. Config and launch are already validated."""
+def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch: LaunchEnv,
+        device: torch.device) -> int:
+    """Every rate (or the trace's requests); returns the exit code. Config, trace and launch are already
+    validated."""
     precision = validation.resolve_precision(cfg.precision, device.type)
     hardware = hardware_info(device, launch)
-    validation.check_load_memory(cfg, shape, precision, hardware.get("device_memory_gib"))
-    trace = load_trace(cfg.trace, validation.tokenizer(cfg)) if cfg.trace else None
+    validation.check_load_memory(cfg, shape, precision, hardware.get("device_memory_gib"), trace)
     if device.type == "cuda":
         torch.cuda.set_device(0)
 
@@ -328,6 +319,6 @@ def run(cfg: LoadConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.de
             record, idle = _run_rate(life, cfg, rate, trace, model, shape, precision, device, hardware, idle,
                                      len(rates) == 1, sweep)
             _log(_progress(record))
-            if record.status in ("TIMEOUT", "FAILED") and (record.status == "TIMEOUT" or model.engine is None):
-                break
+            if record.status == "TIMEOUT" or model.engine is None:
+                break  # the job is being stopped, or the model could not be built: no further rate can finish
         return life.exit_code(SUMMARY_EXTRA)

@@ -87,6 +87,14 @@ class ServeLog:
     stop_reason: str | None
     tokens: dict[int, list[int]] | None  # per request, with keep_tokens
 
+    def members(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The steps' members as CSR: offsets (steps + 1), request ids and amounts (a prefill's prompt tokens, a
+        decode's attended KV tokens), the form the request table stores and the per-request fit reads."""
+        counts = [len(m) for m in self.step_members]
+        return (np.cumsum([0, *counts]).astype(np.int64),
+                np.array([m for ms in self.step_members for m in ms], dtype=np.int64),
+                np.array([a for amounts in self.step_amounts for a in amounts], dtype=np.int64))
+
 
 class WindowRule:
     """When the measured window begins and ends; the driver's meter calls go in `on_begin` / `on_end`."""

@@ -43,17 +43,16 @@ METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + 
 
 def work_log(log: ServeLog) -> WorkLog:
     """The loop's steps as the fit's work log (members' amounts: prompt tokens in prefills, KV tokens in decodes)."""
-    counts = np.array([len(m) for m in log.step_members], dtype=np.int64)
+    offsets, members, amounts = log.members()
+    counts = np.diff(offsets)
     kind = np.repeat(log.step_kind, counts)
-    amounts = np.array([a for step in log.step_amounts for a in step], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     per_step = np.add.reduceat(amounts, offsets[:-1]) if len(amounts) else np.zeros(0, np.int64)
     per_step = np.where(counts > 0, per_step, 0)
     prefill = log.step_kind == PREFILL
     return WorkLog(
         t0_ns=log.step_t0_ns, t1_ns=log.step_t1_ns, prefill_tokens=np.where(prefill, per_step, 0),
         decode_rows=np.where(log.step_kind == DECODE, counts, 0), kv_tokens=np.where(prefill, 0, per_step),
-        member_offsets=offsets, member_request=np.array([m for ms in log.step_members for m in ms], dtype=np.int64),
+        member_offsets=offsets, member_request=members,
         member_prefill_tokens=np.where(kind == PREFILL, amounts, 0),
         member_kv_tokens=np.where(kind == DECODE, amounts, 0))
 
@@ -164,10 +163,10 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}
-    admitted = sorted(log.admitted_ns)
+    lifetimes = _lifetimes(log, sorted(log.admitted_ns))
     try:
-        whole = request_parts(fit, wl, _lifetimes(log, admitted), *span)
-        window = request_parts(fit, wl, _lifetimes(log, admitted), t0, t1)
+        whole = request_parts(fit, wl, lifetimes, *span)
+        window = request_parts(fit, wl, lifetimes, t0, t1)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
         return {**_fit_summary(fit), "unavailable_reason": f"request parts refused: {exc}"}

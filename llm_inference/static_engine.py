@@ -28,7 +28,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,11 @@ class CompactForward:
                               else pieces)
         self.clock = StepClock(device)
 
+    @classmethod
+    def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> Self:
+        """The engine on a transformers model's weights (fused copies where the compact code fuses them)."""
+        return cls(CompactModel.from_transformers(model), device)
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -167,10 +172,6 @@ class StaticEngine(CompactForward):
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
         super().__init__(model, device, compile_decode)
         self.state: DecodeState | None = None
-
-    @classmethod
-    def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> StaticEngine:
-        return cls(CompactModel.from_transformers(model), device)
 
     def describe(self) -> dict[str, object]:
         state = self.state

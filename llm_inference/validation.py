@@ -65,13 +65,18 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
     if cfg.output_length is not None and cfg.output_length < 1:
         raise ValidationError(f"--output-length is {cfg.output_length}", "force at least one new token")
     for task in cfg.tasks:
-        needed = longest_sequence(TASKS[task], cfg.output_length)
-        if needed > shape.max_positions:
-            raise ValidationError(
-                f"task {task!r} needs up to {needed} positions (longest prompt + output) but {shape.name} "
-                f"has {shape.max_positions}",
-                "pick a task with shorter prompts, a smaller --output-length, or a model with more positions")
+        check_task_context(task, cfg.output_length, shape)
     return shape
+
+
+def check_task_context(task: str, output_length: int | None, shape: ModelPreset) -> None:
+    """The task's longest request (prompt + output) within the model's positions (`run` and `load`)."""
+    needed = longest_sequence(TASKS[task], output_length)
+    if needed > shape.max_positions:
+        raise ValidationError(
+            f"task {task!r} needs up to {needed} positions (longest prompt + output) but {shape.name} "
+            f"has {shape.max_positions}",
+            "pick a task with shorter prompts, a smaller --output-length, or a model with more positions")
 
 
 def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memory_gib: float | None) -> None:
@@ -106,8 +111,9 @@ def check_launch(world_size: int, points: int, external_sampler: bool) -> None:
 
 
 # ---- `load` ----------------------------------------------------------------------------------------------
-def check_load_config(cfg: LoadConfig) -> ModelPreset:
-    """Rates or a trace (not both), SLOs, slots and the longest request against the model's context."""
+def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | None]:
+    """Rates or a trace (not both), SLOs, slots and the longest request against the model's context; returns the
+    model shape and the trace's requests (read once here: the memory check and the load use them)."""
     shape = model_shape(cfg)
     if cfg.trace is not None and cfg.rates:
         raise ValidationError("--trace and --rate/--rates both given (a trace's arrivals are its own)",
@@ -123,16 +129,12 @@ def check_load_config(cfg: LoadConfig) -> ModelPreset:
             raise ValidationError(f"{name} is {value}", f"give {name} as a positive number of milliseconds")
     if cfg.max_concurrency < 1:
         raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
-    if cfg.trace is not None:
-        check_context(trace_requests(cfg), shape.max_positions, shape.name)
-    else:
-        needed = longest_sequence(TASKS[cfg.task], cfg.output_length)
-        if needed > shape.max_positions:
-            raise ValidationError(
-                f"task {cfg.task!r} draws requests of up to {needed} positions (prompt + output) but {shape.name} has "
-                f"{shape.max_positions}", "pick a task with shorter requests, a smaller --output-length, or a model "
-                                          "with more positions")
-    return shape
+    if cfg.trace is None:
+        check_task_context(cfg.task, cfg.output_length, shape)
+        return shape, None
+    trace = load_trace(cfg.trace, tokenizer(cfg))
+    check_context(trace, shape.max_positions, shape.name)
+    return shape, trace
 
 
 def tokenizer(cfg: LoadConfig) -> Callable[[str], list[int]] | None:
@@ -145,23 +147,20 @@ def tokenizer(cfg: LoadConfig) -> Callable[[str], list[int]] | None:
     return encode
 
 
-def trace_requests(cfg: LoadConfig) -> list[Request]:
-    if cfg.trace is None:
-        raise ValueError("no --trace")
-    return load_trace(cfg.trace, tokenizer(cfg))
+def load_lengths(cfg: LoadConfig, trace: list[Request] | None) -> tuple[int, int]:
+    """(longest prompt, longest prompt + output) of the load's requests: the trace's, or the task's bounds."""
+    if trace is not None:
+        return max(r.input_tokens for r in trace), max(r.input_tokens + r.output_tokens for r in trace)
+    task = TASKS[cfg.task]
+    return task.input_length.high, longest_sequence(task, cfg.output_length)
 
 
-def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None) -> None:
+def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None,
+                      trace: list[Request] | None) -> None:
     """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits."""
     if memory_gib is None:
         return
-    if cfg.trace is not None:
-        requests = trace_requests(cfg)
-        prompt = max(r.input_tokens for r in requests)
-        sequence = max(r.input_tokens + r.output_tokens for r in requests)
-    else:
-        task = TASKS[cfg.task]
-        prompt, sequence = task.input_length.high, longest_sequence(task, cfg.output_length)
+    prompt, sequence = load_lengths(cfg, trace)
 
     def fits(slots: int) -> bool:
         return memory.estimate_memory(shape, precision, slots, prompt, sequence, "static").total_gib <= memory_gib

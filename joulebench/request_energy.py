@@ -52,62 +52,100 @@ MAX_PREFILL_VIF = 10.0  # above it some prefill work is (nearly) a combination o
 CROSS_RATE_SLACK = 0.03  # test (a): |measured − predicted| ≤ both bounds + 3 % of the measured energy
 SPLIT_SLACK = 0.05  # test (c): each part within 5 % of its measured (dynamic) energy
 PERCENTILES = (2.5, 97.5)
+_FIX = "log one entry per step, in time order, as joulebench/request_energy.py's WorkLog describes"
+
+
+def _check_offsets(offsets: np.ndarray, steps: int, members: int) -> None:
+    if len(offsets) != steps + 1 or offsets[0] != 0 or offsets[-1] != members or np.any(np.diff(offsets) < 0):
+        raise ValidationError(f"work log: member_offsets must rise from 0 to {members} over {steps + 1} entries",
+                              _FIX)
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkLog:
-    """One entry per engine step on the node's monotonic clock (ns); members say which requests were in it.
+    """One entry per step on the node's monotonic clock (ns); members say which requests took part and how much.
 
-    Steps never overlap; time between steps is device idle. A step is either a prefill step (prefill_tokens > 0,
-    decode_rows == 0) or a decode step (one member per decoded row, its attended KV tokens in member_kv_tokens).
+    Steps never overlap; time between steps is device idle. An engine's log has whole steps (`of_steps`): a
+    prefill step (prefill_steps 1) or a decode step (decode_steps 1, one row-step per member). A log rebuilt from
+    a client's view of a server (llm_inference/client_estimate.py) has fractional amounts, and a step there may
+    hold prefill and decode work at once. Shares: a step's prefill pass is shared by its prefill tokens, its
+    decode pass by its row-steps.
     """
 
     t0_ns: np.ndarray  # (steps,) int64 start of the step on the device
     t1_ns: np.ndarray  # (steps,) end
-    prefill_tokens: np.ndarray  # (steps,) tokens prefilled in the step (0 in a decode step)
-    decode_rows: np.ndarray  # (steps,) rows decoded (0 in a prefill step)
+    prefill_tokens: np.ndarray  # (steps,) tokens prefilled in the step
+    prefill_steps: np.ndarray  # (steps,) prefill passes in the step (an engine's: 1 or 0)
+    decode_steps: np.ndarray  # (steps,) decode passes in the step (an engine's: 1 or 0)
+    row_steps: np.ndarray  # (steps,) rows decoded, summed over the decode passes
     kv_tokens: np.ndarray  # (steps,) attended KV tokens summed over the decoded rows
     member_offsets: np.ndarray  # (steps+1,) CSR into the member arrays
     member_request: np.ndarray  # (m,) request id of each member of a step
     member_prefill_tokens: np.ndarray  # (m,) that request's prefill tokens in the step
-    member_kv_tokens: np.ndarray  # (m,) that request's attended KV tokens in the step (decode)
+    member_row_steps: np.ndarray  # (m,) its decoded rows in the step (an engine's: 1 in a decode step)
+    member_kv_tokens: np.ndarray  # (m,) its attended KV tokens in the step
 
     def __post_init__(self) -> None:
         self.check()
 
+    @classmethod
+    def of_steps(cls, t0_ns: np.ndarray, t1_ns: np.ndarray, prefill_tokens: np.ndarray, decode_rows: np.ndarray,
+                 kv_tokens: np.ndarray, member_offsets: np.ndarray, member_request: np.ndarray,
+                 member_prefill_tokens: np.ndarray, member_kv_tokens: np.ndarray) -> WorkLog:
+        """An engine's log of whole steps: each a prefill step (prefill_tokens > 0) or a decode step of
+        `decode_rows` rows, one member per row."""
+        _check_offsets(member_offsets, len(t0_ns), len(member_request))
+        counts = np.diff(member_offsets)
+        decode_rows = np.asarray(decode_rows)
+        if len(decode_rows) != len(t0_ns):
+            raise ValidationError(f"work log: decode_rows has {len(decode_rows)} entries, t0_ns {len(t0_ns)}", _FIX)
+        bad = (decode_rows > 0) & (counts != decode_rows)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise ValidationError(f"work log: step {i} decodes {int(decode_rows[i])} rows, but it has "
+                                  f"{int(counts[i])} members", _FIX)
+        prefill = np.asarray(prefill_tokens)
+        both = (prefill > 0) & (decode_rows > 0)
+        if np.any(both):
+            raise ValidationError(f"work log: step {int(np.argmax(both))} is both a prefill and a decode step", _FIX)
+        return cls(t0_ns, t1_ns, prefill, (prefill > 0).astype(float), (decode_rows > 0).astype(float),
+                   decode_rows.astype(float), kv_tokens, member_offsets, member_request, member_prefill_tokens,
+                   np.repeat(decode_rows > 0, counts).astype(float), member_kv_tokens)
+
     def check(self) -> None:
         """Refuse a log the model would silently misread (ValidationError naming the first bad step)."""
         n = len(self.t0_ns)
-        fix = "log one entry per engine step, in time order, as joulebench/request_energy.py's WorkLog describes"
-        for name in ("t1_ns", "prefill_tokens", "decode_rows", "kv_tokens"):
+        for name in ("t1_ns", "prefill_tokens", "prefill_steps", "decode_steps", "row_steps", "kv_tokens"):
             if len(getattr(self, name)) != n:
-                raise ValidationError(f"work log: {name} has {len(getattr(self, name))} entries, t0_ns {n}", fix)
+                raise ValidationError(f"work log: {name} has {len(getattr(self, name))} entries, t0_ns {n}", _FIX)
         offsets = self.member_offsets
         m = len(self.member_request)
-        if len(offsets) != n + 1 or (n + 1 and (offsets[0] != 0 or offsets[-1] != m)) or np.any(np.diff(offsets) < 0):
-            raise ValidationError(f"work log: member_offsets must rise from 0 to {m} over {n + 1} entries", fix)
-        if len(self.member_prefill_tokens) != m or len(self.member_kv_tokens) != m:
-            raise ValidationError("work log: the member arrays differ in length", fix)
-        self._first_bad(self.t1_ns <= self.t0_ns, "ends before it starts", fix)
-        self._first_bad(np.append(self.t0_ns[1:] < self.t1_ns[:-1], False), "overlaps the next step", fix)
-        for name in ("prefill_tokens", "decode_rows", "kv_tokens"):
-            self._first_bad(getattr(self, name) < 0, f"has negative {name}", fix)
-        if np.any(self.member_prefill_tokens < 0) or np.any(self.member_kv_tokens < 0):
-            raise ValidationError("work log: a member has negative tokens", fix)
+        _check_offsets(offsets, n, m)
+        member_columns = (self.member_prefill_tokens, self.member_row_steps, self.member_kv_tokens)
+        if any(len(values) != m for values in member_columns):
+            raise ValidationError("work log: the member arrays differ in length", _FIX)
+        self._first_bad(self.t1_ns <= self.t0_ns, "ends before it starts")
+        self._first_bad(np.append(self.t0_ns[1:] < self.t1_ns[:-1], False), "overlaps the next step")
+        for name in ("prefill_tokens", "prefill_steps", "decode_steps", "row_steps", "kv_tokens"):
+            self._first_bad(~(getattr(self, name) >= 0), f"has negative (or NaN) {name}")
+        if any(np.any(~(values >= 0)) for values in member_columns):
+            raise ValidationError("work log: a member has negative (or NaN) amounts", _FIX)
+        self._first_bad((self.prefill_tokens > 0) != (self.prefill_steps > 0), "has prefill tokens without a "
+                        "prefill pass, or a pass without tokens")
+        self._first_bad((self.row_steps > 0) != (self.decode_steps > 0), "has decoded rows without a decode pass, "
+                        "or a pass without rows")
         members = np.diff(offsets)
-        self._first_bad((self.prefill_tokens > 0) == (self.decode_rows > 0), "is neither or both a prefill and a "
-                        "decode step", fix)
-        self._first_bad((self.decode_rows > 0) & (members != self.decode_rows), "decodes a number of rows other "
-                        "than its members", fix)
         starts = offsets[:-1]
-        for name, member in (("prefill_tokens", self.member_prefill_tokens), ("kv_tokens", self.member_kv_tokens)):
+        for name, member in (("prefill_tokens", self.member_prefill_tokens), ("row_steps", self.member_row_steps),
+                             ("kv_tokens", self.member_kv_tokens)):
             sums = np.add.reduceat(np.append(member, 0), starts) * (members > 0) if n else np.zeros(0)
-            self._first_bad(sums != getattr(self, name), f"has {name} other than its members' sum", fix)
+            total = getattr(self, name)
+            self._first_bad(~np.isclose(sums, total, rtol=1e-9, atol=1e-9), f"has {name} other than its members' sum")
 
-    def _first_bad(self, bad: np.ndarray, what: str, fix: str) -> None:
+    def _first_bad(self, bad: np.ndarray, what: str) -> None:
         if np.any(bad):
             i = int(np.argmax(bad))
-            raise ValidationError(f"work log: step {i} (t0 {int(self.t0_ns[i])} ns) {what}", fix)
+            raise ValidationError(f"work log: step {i} (t0 {int(self.t0_ns[i])} ns) {what}", _FIX)
 
     @property
     def seconds(self) -> np.ndarray:
@@ -115,9 +153,7 @@ class WorkLog:
 
     def columns(self) -> np.ndarray:
         """[steps, COLUMNS]: each step's amounts of COLUMNS."""
-        amounts = {"prefill_tokens": self.prefill_tokens, "prefill_steps": self.prefill_tokens > 0,
-                   "decode_steps": self.decode_rows > 0, "row_steps": self.decode_rows, "kv_tokens": self.kv_tokens}
-        return np.column_stack([np.asarray(amounts[c], dtype=float) for c in COLUMNS]).reshape(-1, len(COLUMNS))
+        return np.column_stack([np.asarray(getattr(self, c), dtype=float) for c in COLUMNS]).reshape(-1, len(COLUMNS))
 
     def amounts(self, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
         """[n, COLUMNS]: COLUMNS in each [a, b], every step counted by the fraction of it inside
@@ -420,14 +456,11 @@ def _interval(draws: np.ndarray) -> np.ndarray:
 
 
 def _request_amounts(log: WorkLog, ids: np.ndarray, t0_ns: float, t1_ns: float) -> np.ndarray:
-    """[requests, COLUMNS]: each request's in-window prefill tokens, prefill steps (its tokens / the step's tokens
-    per step it was prefilled in), decode steps (1/rows per step it was decoded in), row-steps and attended KV
-    tokens."""
+    """[requests, COLUMNS]: each request's in-window prefill tokens, prefill passes (its tokens / the step's
+    tokens of each step's passes), decode passes (its row-steps / the step's row-steps of each step's passes),
+    row-steps and attended KV tokens."""
     counts = np.diff(log.member_offsets)
     share = np.repeat(log.fractions(t0_ns, t1_ns), counts)
-    rows = np.repeat(log.decode_rows, counts).astype(float)
-    step_tokens = np.repeat(log.prefill_tokens, counts).astype(float)
-    decoded = rows > 0
     where = np.searchsorted(ids, log.member_request)
     known = (where < len(ids)) & (ids[np.minimum(where, len(ids) - 1)] == log.member_request) if len(ids) else \
         np.zeros(len(where), dtype=bool)
@@ -437,14 +470,20 @@ def _request_amounts(log: WorkLog, ids: np.ndarray, t0_ns: float, t1_ns: float) 
         raise ValidationError(f"request {missing} ran in the window but has no lifetime",
                               "pass a lifetime (id, arrival_ns, finish_ns) for every request in the work log")
     weights = {"prefill_tokens": log.member_prefill_tokens * share,
-               "prefill_steps": np.where(step_tokens > 0, log.member_prefill_tokens / np.maximum(step_tokens, 1), 0.0)
+               "prefill_steps": _shares(log.member_prefill_tokens, log.prefill_tokens, log.prefill_steps, counts)
                * share,
-               "decode_steps": np.where(decoded, share / np.maximum(rows, 1), 0.0),
-               "row_steps": np.where(decoded, share, 0.0),
-               "kv_tokens": np.where(decoded, log.member_kv_tokens * share, 0.0)}
+               "decode_steps": _shares(log.member_row_steps, log.row_steps, log.decode_steps, counts) * share,
+               "row_steps": log.member_row_steps * share,
+               "kv_tokens": log.member_kv_tokens * share}
     index = where[counted]
     return np.column_stack([np.bincount(index, weights[c][counted], minlength=len(ids)) for c in COLUMNS]
                            ).reshape(len(ids), len(COLUMNS))
+
+
+def _shares(member: np.ndarray, step_total: np.ndarray, passes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each member's part of its step's passes: its amount / the step's amount (0 where the step has none)."""
+    total, step_passes = np.repeat(step_total, counts).astype(float), np.repeat(passes, counts).astype(float)
+    return np.divide(member * step_passes, total, out=np.zeros(len(member)), where=total > 0)
 
 
 def _idle_shares(arrival_ns: np.ndarray, finish_ns: np.ndarray, t0_ns: float, t1_ns: float

@@ -49,7 +49,7 @@ def work_log(log: ServeLog) -> WorkLog:
     per_step = np.add.reduceat(amounts, offsets[:-1]) if len(amounts) else np.zeros(0, np.int64)
     per_step = np.where(counts > 0, per_step, 0)
     prefill = log.step_kind == PREFILL
-    return WorkLog(
+    return WorkLog.of_steps(
         t0_ns=log.step_t0_ns, t1_ns=log.step_t1_ns, prefill_tokens=np.where(prefill, per_step, 0),
         decode_rows=np.where(log.step_kind == DECODE, counts, 0), kv_tokens=np.where(prefill, 0, per_step),
         member_offsets=offsets, member_request=members,

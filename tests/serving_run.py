@@ -68,7 +68,7 @@ class _Engine:
     def log(self) -> WorkLog:
         members = [m for s in self.steps for m in s[5]]
         column = np.array([[s[0] * NS, s[1] * NS, s[2], s[3], s[4]] for s in self.steps])
-        return WorkLog(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2], column[:, 3],
+        return WorkLog.of_steps(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2], column[:, 3],
                        column[:, 4], np.concatenate(([0], np.cumsum([len(s[5]) for s in self.steps]))),
                        np.array([m[0] for m in members]), np.array([m[1] for m in members]),
                        np.array([m[2] for m in members]))

@@ -105,7 +105,7 @@ def test_a_constant_mix_has_no_split_and_says_why(fits: dict[str, RequestEnergyF
 
 def _separate_spans(log: WorkLog) -> tuple[float, float, float, float]:
     """The prefill steps' span and the decode steps' span of a controlled-split run."""
-    prefill, decode = np.flatnonzero(log.prefill_tokens > 0), np.flatnonzero(log.decode_rows > 0)
+    prefill, decode = np.flatnonzero(log.prefill_tokens > 0), np.flatnonzero(log.row_steps > 0)
     assert prefill.max() < decode.min()  # separate in time
     return (float(log.t0_ns[prefill[0]]), float(log.t1_ns[prefill[-1]]), float(log.t0_ns[decode[0]]),
             float(log.t1_ns[decode[-1]]))
@@ -210,8 +210,8 @@ def test_a_request_gets_its_prefill_its_decode_steps_and_its_share_of_idle(fits:
                     prefill += share * a * log.member_prefill_tokens[j]
                     if log.prefill_tokens[i]:  # the pass's fixed cost, shared in proportion to prefill tokens
                         prefill += share * e * log.member_prefill_tokens[j] / log.prefill_tokens[i]
-                    if log.decode_rows[i]:
-                        decode += share * (b / log.decode_rows[i] + c + d * log.member_kv_tokens[j])
+                    if log.row_steps[i]:
+                        decode += share * (b / log.row_steps[i] + c + d * log.member_kv_tokens[j])
         grid = np.linspace(max(life[r, 1], t0), min(life[r, 2], t1), 20001)
         in_system = np.array([np.sum((life[:, 1] <= t) & (life[:, 2] > t)) for t in grid[::100]])
         idle = IDLE_W * np.trapezoid(np.repeat(1 / in_system, 100)[:len(grid)], grid) / 1e9
@@ -272,7 +272,7 @@ def _log(**changes: object) -> WorkLog:
                   decode_rows=np.array([0, 2, 1]), kv_tokens=np.array([0, 11, 7]),
                   member_offsets=np.array([0, 2, 4, 5]), member_request=np.array([0, 1, 0, 1, 1]),
                   member_prefill_tokens=np.array([2, 3, 0, 0, 0]), member_kv_tokens=np.array([0, 0, 5, 6, 7]))
-    return WorkLog(**{**fields, **changes})  # type: ignore[arg-type]
+    return WorkLog.of_steps(**{**fields, **changes})  # type: ignore[arg-type]
 
 
 def test_step_amounts_count_the_share_of_each_step_inside() -> None:
@@ -291,10 +291,11 @@ def test_step_amounts_count_the_share_of_each_step_inside() -> None:
     ({"t1_ns": np.array([10, 35, 40])}, "step 1 .* overlaps the next step"),
     ({"t1_ns": np.array([10, 10, 40])}, "step 1 .* ends before it starts"),
     ({"kv_tokens": np.array([0, 12, 7])}, "step 1 .* kv_tokens other than its members' sum"),
-    ({"decode_rows": np.array([0, 3, 1])}, "step 1 .* rows other than its members"),
-    ({"prefill_tokens": np.array([5, 1, 0])}, "step 1 .* both a prefill and a decode step"),
+    ({"decode_rows": np.array([0, 3, 1])}, "step 1 decodes 3 rows, but it has 2 members"),
+    ({"prefill_tokens": np.array([5, 1, 0])}, "step 1 is both a prefill and a decode step"),
     ({"member_offsets": np.array([0, 2, 4, 4])}, "member_offsets"),
     ({"decode_rows": np.array([0, 2])}, "decode_rows has 2 entries"),
+    ({"prefill_tokens": np.array([5, 0, -1])}, "step 2 .* negative"),
 ])
 def test_a_bad_work_log_is_refused(changes: dict[str, np.ndarray], message: str) -> None:
     with pytest.raises(ValidationError, match=message):

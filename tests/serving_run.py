@@ -68,10 +68,10 @@ class _Engine:
     def log(self) -> WorkLog:
         members = [m for s in self.steps for m in s[5]]
         column = np.array([[s[0] * NS, s[1] * NS, s[2], s[3], s[4]] for s in self.steps])
-        return WorkLog.of_steps(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2], column[:, 3],
-                       column[:, 4], np.concatenate(([0], np.cumsum([len(s[5]) for s in self.steps]))),
-                       np.array([m[0] for m in members]), np.array([m[1] for m in members]),
-                       np.array([m[2] for m in members]))
+        offsets = np.concatenate(([0], np.cumsum([len(s[5]) for s in self.steps])))
+        return WorkLog.of_steps(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2],
+                                column[:, 3], column[:, 4], offsets, np.array([m[0] for m in members]),
+                                np.array([m[1] for m in members]), np.array([m[2] for m in members]))
 
 
 def serve(seed: int, rate: float, requests: int, slots: int, costs: dict[str, float] | None = None,

@@ -132,13 +132,14 @@ def counted_ids(log: ServeLog, served: dict[int, Request], rule: WindowRule) -> 
     return {i for i, r in served.items() if not r.warmup}
 
 
-def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None, log: ServeLog | None,
+def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
                  times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None
                  ) -> dict[str, Any]:
-    """`times`: the counted requests that finished (of `counted`, the window's counted requests)."""
+    """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
+    finished (of `counted`, the window's counted requests)."""
     result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                               "max_concurrency": cfg.max_concurrency, "task": cfg.task}
-    if steady is None or log is None or rule is None:
+    if steady is None or rule is None:
         return result
     result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=1))
     slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
@@ -147,8 +148,6 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None, log
     energy = steady.energy
     joules = energy.energy_j if energy else None
     tokens = steady.work.get(WORK_UNIT)
-    first, last = log.window_steps or (0, 0)
-    decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == DECODE]
     result.update(summary)
     result.update(
         requests_counted=len(counted), requests_finished=len(times),
@@ -156,12 +155,19 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None, log
         energy_per_output_token_j=joules / tokens if joules is not None and tokens else None,
         energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
                                                if energy and energy.error_bound_j is not None and tokens else None),
-        mean_decode_rows=float(np.mean(decode_rows)) if decode_rows else None,
-        prefill_steps=sum(1 for k in range(first, last) if log.step_kind[k] == PREFILL), decode_steps=len(decode_rows),
         slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
         window_rule=("every slot busy (rate max)" if isinstance(rule, SaturatedWindow)
                      else "first to last counted arrival (MLPerf)"))
     return result
+
+
+def step_figures(log: ServeLog) -> dict[str, Any]:
+    """The engine's own figures of the window: its steps and the rows a decode step ran on average."""
+    first, last = log.window_steps or (0, 0)
+    decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == DECODE]
+    return {"mean_decode_rows": float(np.mean(decode_rows)) if decode_rows else None,
+            "prefill_steps": sum(1 for k in range(first, last) if log.step_kind[k] == PREFILL),
+            "decode_steps": len(decode_rows)}
 
 
 def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int]) -> RequestsTable:
@@ -230,8 +236,9 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
     def metrics(record: RunRecord) -> dict[str, Any]:
         record.config["engine_detail"] = model.describe()
         times = state.get("times", [])
-        result = load_metrics(cfg, rate, state.get("steady"), state.get("log"), times, state.get("counted", set()),
-                              state.get("rule"))
+        result = load_metrics(cfg, rate, state.get("steady"), times, state.get("counted", set()), state.get("rule"))
+        if "log" in state and state.get("steady") is not None:
+            result.update(step_figures(state["log"]))
         if "table" in state and state.get("steady") is not None:
             energy = serving_energy(label, state["log"], state["steady"], {t.id for t in times},
                                     None if idle is None else idle.power_w, out_dir / "jpwr", state["table"], sweep,

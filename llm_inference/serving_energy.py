@@ -35,6 +35,7 @@ from joulebench.request_energy import (
 from joulebench.requests_table import RequestsTable
 from joulebench.segment_fit import counter_knots
 from jpwr import JpwrError, Knots, Window, accelerator_domains, load_trace
+from llm_inference import client_estimate
 from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
 
 METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + e x prefill steps + b x decode steps + "
@@ -99,8 +100,8 @@ def trace_knots(jpwr_dir: Path) -> tuple[list[Knots], str | None]:
     return knots, None if knots else f"{devices[0].id} has no energy counter (power-only sensors cannot be fitted)"
 
 
-def _lifetimes(log: ServeLog, ids: list[int]) -> np.ndarray:
-    return np.array([(i, log.arrival_ns[i], log.finish_ns[i]) for i in ids], dtype=np.int64).reshape(-1, 3)
+def _lifetimes(arrival_ns: dict[int, int], finish_ns: dict[int, int], ids: list[int]) -> np.ndarray:
+    return np.array([(i, arrival_ns[i], finish_ns[i]) for i in ids], dtype=np.int64).reshape(-1, 3)
 
 
 def _quantiles(values: np.ndarray | None) -> dict[str, float | None]:
@@ -122,9 +123,9 @@ def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
         table.requests[f"{name}_high"][rows] = interval[:, 1]
 
 
-def _fit_summary(fit: RequestEnergyFit) -> dict[str, Any]:
+def _fit_summary(fit: RequestEnergyFit, method: str) -> dict[str, Any]:
     intervals = fit.intervals
-    return {"method": METHOD, "columns": list(fit.columns),
+    return {"method": method, "columns": list(fit.columns),
             "coefficients": {c: float(v) for c, v in zip(fit.columns, fit.coefficients, strict=True)},
             "intervals_95": {c: [float(a), float(b)] for c, (a, b) in zip(fit.columns, intervals, strict=True)},
             "idle_w": fit.idle_w, "idle_given": fit.given_idle_w is not None, "notes": fit.notes,
@@ -146,15 +147,48 @@ class Sweep:
 def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int], idle_w: float | None,
                    jpwr_dir: Path, table: RequestsTable, sweep: Sweep, controlled_log: ServeLog | None
                    ) -> dict[str, Any]:
-    """The record's `request_energy` block (figures, checks and reasons); fills the table's energy columns.
+    """The engine's `request_energy` block (figures, checks and reasons); fills the table's energy columns.
     `finished`: the counted requests that finished (their whole-lifetime energy gives the per-request figures);
-    `controlled_log`: this record's controlled-split window, if it ran one."""
+    `controlled_log`: this record's controlled-split window, if it ran one. It also measures the client-side
+    estimate's error on these requests (llm_inference.client_estimate)."""
     knots, reason = trace_knots(jpwr_dir)
     if reason:
         return {"unavailable_reason": reason}
     if controlled_log is not None:
         sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
     wl = work_log(log)
+    lifetimes = _lifetimes(log.arrival_ns, log.finish_ns, sorted(log.admitted_ns))
+    result, span = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep, METHOD)
+    if span is not None:
+        inputs = {int(i): int(t) for i, t in zip(table.requests["id"], table.requests["input_tokens"], strict=True)}
+        try:
+            result["client_side_estimate_error"] = client_estimate.estimate_error(
+                wl, client_estimate.engine_streams(wl, log.arrival_ns, inputs), lifetimes, knots, idle_w, span)
+        except JpwrError as exc:
+            result["client_side_estimate_error"] = {"unavailable_reason": str(exc)}
+    return result
+
+
+def client_energy(label: str, streams: list[client_estimate.ClientStream], lifetimes: np.ndarray, steady: Window,
+                  finished: set[int], idle_w: float | None, jpwr_dir: Path, table: RequestsTable, sweep: Sweep
+                  ) -> dict[str, Any]:
+    """A server's `request_energy` block from its client's view (labelled "client-side estimate")."""
+    knots, reason = trace_knots(jpwr_dir)
+    if reason:
+        return {"unavailable_reason": reason}
+    try:
+        wl = client_estimate.client_work_log(streams)
+    except JpwrError as exc:
+        return {"unavailable_reason": str(exc)}
+    result, _ = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep,
+                               client_estimate.METHOD)
+    return {"estimate": "client-side estimate", **result}
+
+
+def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Window, finished: set[int],
+                   idle_w: float | None, knots: list[Knots], table: RequestsTable, sweep: Sweep, method: str
+                   ) -> tuple[dict[str, Any], tuple[float, float] | None]:
+    """The fit over the whole load, each request's parts, the checks; and the fitted span (None if refused)."""
     t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
     covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
@@ -162,14 +196,13 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         fit = fit_request_energy(wl, knots, idle_w, *span)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
-        return {"unavailable_reason": f"fit refused: {exc}"}
-    lifetimes = _lifetimes(log, sorted(log.admitted_ns))
+        return {"unavailable_reason": f"fit refused: {exc}"}, None
     try:
         whole = request_parts(fit, wl, lifetimes, *span)
         window = request_parts(fit, wl, lifetimes, t0, t1)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
-        return {**_fit_summary(fit), "unavailable_reason": f"request parts refused: {exc}"}
+        return {**_fit_summary(fit, method), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
     done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
     total = whole.total_j[done]
@@ -177,7 +210,7 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
              for name, values in (("prefill", whole.prefill_j), ("decode", whole.decode_j), ("idle", whole.idle_j))}
     share_total = float(total.sum()) if len(done) else None
     result: dict[str, Any] = {
-        **_fit_summary(fit), "fitted_span_s": (span[1] - span[0]) / 1e9,
+        **_fit_summary(fit, method), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
                       "finished); time with none is unattributed idle",
         "requests": len(done), "energy_per_request_j": _quantiles(total),
@@ -189,7 +222,7 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         "controlled_split": _controlled(fit, sweep.controlled)}
     result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
-    return result
+    return result, span
 
 
 def failed_checks(block: dict[str, Any]) -> str:

@@ -1,0 +1,205 @@
+"""One streamed request to an OpenAI-compatible server, every chunk stamped on the node's monotonic clock.
+
+`POST /v1/completions` (a prompt) or `/v1/chat/completions` (one user message), `"stream": true` with
+`"stream_options": {"include_usage": true}`: the server answers with server-sent events, one `data: {json}` line
+per chunk and `data: [DONE]` at the end. Output tokens come from the final `usage` where the server reports it,
+else one per chunk with text (the result says which). Standard library only (http.client), one thread per request
+in flight: the load generator bounds them by `--max-concurrency`.
+
+Faults end the request with a status and a named reason, never silently: `failed` (connection refused after the
+retries, an HTTP error with the start of its body, an error event, a malformed event-stream line, the connection
+reset or closed before `[DONE]`), `timed_out` (no `[DONE]` within the request timeout), `unfinished` (the load was
+stopped). Retries happen only where no byte of an answer arrived (connection refused or reset before the status
+line): a retried request never doubles work the server started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from jpwr import ValidationError
+
+APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+RETRY_PAUSE_S = 0.5
+BODY_SHOWN = 300  # characters of an error answer kept in the reason
+LINE_SHOWN = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where and how requests go; `extra` is merged into every request body (e.g. vLLM's {"ignore_eos": true})."""
+
+    url: str
+    api: str
+    model: str
+    timeout_s: float
+    retries: int
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        return parts.hostname or "127.0.0.1", parts.port or 80
+
+    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        content: dict[str, Any] = ({"prompt": prompt} if self.api == "completions"
+                                   else {"messages": [{"role": "user", "content": prompt}]})
+        return {"model": self.model, **content, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}, "temperature": 0.0, **self.extra}
+
+
+def parse_url(text: str) -> str:
+    """An argparse `type` for --url: http://host:port (no path: the API paths are fixed), trailing / dropped."""
+    parts = urlsplit(text.strip())
+    if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise ValidationError(f"--url {text!r} is not a server's base URL",
+                              "give http://HOST:PORT (https and paths are not supported; the client adds "
+                              "/v1/completions or /v1/chat/completions)")
+    return f"http://{parts.netloc}"
+
+
+@dataclasses.dataclass
+class StreamResult:
+    """One request as the client saw it (times in ns, the node's monotonic clock)."""
+
+    id: int
+    sent_ns: int = 0
+    chunk_ns: list[int] = dataclasses.field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    status: str = "unfinished"  # done | failed | timed_out | unfinished
+    error: str | None = None
+    http_status: int | None = None
+    attempts: int = 0
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_ns)
+
+    @property
+    def output_tokens(self) -> int:
+        """From `usage` where reported, else one per chunk with text."""
+        reported = (self.usage or {}).get("completion_tokens")
+        return int(reported) if isinstance(reported, int) and self.status == "done" else self.chunks
+
+    @property
+    def token_source(self) -> str:
+        reported = (self.usage or {}).get("completion_tokens")
+        return "usage" if isinstance(reported, int) and self.status == "done" else "stream"
+
+
+class StreamError(Exception):
+    """The request ends here with `status` and the message as its reason."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, stop: threading.Event,
+           register: Callable[[socket.socket | None], None] = lambda sock: None) -> StreamResult:
+    """Send one request and read its stream to the end, filling `result` as chunks arrive (a load reads the
+    chunks of requests in flight at its window's edges); `register` is told the connection's socket (and None
+    when done) so that a stopping load can shut it down."""
+    result.sent_ns = time.monotonic_ns()
+    deadline = time.monotonic() + target.timeout_s
+    try:
+        response, connection = _open(target, prompt, max_tokens, result, deadline, stop, register)
+        try:
+            _read_events(response, connection, result, deadline, target.api)
+        finally:
+            connection.close()
+    except StreamError as exc:
+        result.status, result.error = exc.status, str(exc)
+    except TimeoutError:
+        result.status = "timed_out"
+        result.error = f"no end of stream within {target.timeout_s:g} s ({result.chunks} chunks read)"
+    except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        stopped = stop.is_set()
+        result.status = "unfinished" if stopped else "failed"
+        result.error = ("the load was stopped" if stopped else
+                        f"connection lost after {result.chunks} chunks ({type(exc).__name__}: {exc})")
+    finally:
+        register(None)
+    return result
+
+
+def _open(target: Target, prompt: str, max_tokens: int, result: StreamResult, deadline: float,
+          stop: threading.Event, register: Callable[[socket.socket | None], None]
+          ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+    """Connect, send and read the status line; retried only while nothing of an answer arrived."""
+    host, port = target.host_port
+    payload = json.dumps(target.body(prompt, max_tokens)).encode()
+    while True:
+        result.attempts += 1
+        connection = http.client.HTTPConnection(host, port, timeout=max(0.001, deadline - time.monotonic()))
+        try:
+            connection.connect()
+            register(connection.sock)
+            connection.request("POST", APIS[target.api], body=payload,
+                               headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            response = connection.getresponse()
+        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
+            connection.close()
+            if stop.is_set() or result.attempts > target.retries or time.monotonic() + RETRY_PAUSE_S > deadline:
+                raise StreamError("failed", f"no answer after {result.attempts} attempt(s) "
+                                            f"({type(exc).__name__}: {exc})") from None
+            time.sleep(RETRY_PAUSE_S)
+            continue
+        result.http_status = response.status
+        if response.status != 200:
+            body = response.read(4 * BODY_SHOWN).decode("utf-8", "replace").strip()
+            connection.close()
+            raise StreamError("failed", f"HTTP {response.status} {response.reason}: {body[:BODY_SHOWN]}")
+        return response, connection
+
+
+def _read_events(response: http.client.HTTPResponse, connection: http.client.HTTPConnection, result: StreamResult,
+                 deadline: float, api: str) -> None:
+    """Read `data:` lines until `[DONE]`; each chunk with text is stamped as it is read."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        if connection.sock is not None:
+            connection.sock.settimeout(remaining)
+        raw = response.readline()
+        if not raw:
+            raise StreamError("failed", f"the server closed the stream before [DONE] after {result.chunks} chunks")
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line or line.startswith(":") or line.split(":", 1)[0] in ("event", "id", "retry"):
+            continue
+        if not line.startswith("data:"):
+            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r}")
+        data = line[5:].strip()
+        if data == "[DONE]":
+            result.status = "done"
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r} (not JSON)") from None
+        if not isinstance(event, dict):
+            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r} (not an object)")
+        if event.get("error"):
+            raise StreamError("failed", f"error event: {json.dumps(event['error'])[:BODY_SHOWN]}")
+        if _text(event, api):
+            result.chunk_ns.append(time.monotonic_ns())
+        if isinstance(event.get("usage"), dict):
+            result.usage = event["usage"]
+
+
+def _text(event: dict[str, Any], api: str) -> str:
+    choices = event.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    text = choice.get("text") if api == "completions" else (choice.get("delta") or {}).get("content")
+    return text if isinstance(text, str) else ""

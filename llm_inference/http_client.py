@@ -15,6 +15,7 @@ line): a retried request never doubles work the server started.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import http.client
 import json
@@ -24,8 +25,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
-
-from jpwr import ValidationError
 
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 RETRY_PAUSE_S = 0.5
@@ -60,9 +59,9 @@ def parse_url(text: str) -> str:
     """An argparse `type` for --url: http://host:port (no path: the API paths are fixed), trailing / dropped."""
     parts = urlsplit(text.strip())
     if parts.scheme != "http" or not parts.hostname or parts.path.strip("/") or parts.query:
-        raise ValidationError(f"--url {text!r} is not a server's base URL",
-                              "give http://HOST:PORT (https and paths are not supported; the client adds "
-                              "/v1/completions or /v1/chat/completions)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a server's base URL: give http://HOST:PORT (https and "
+                                         "paths are not supported; the client adds /v1/completions or "
+                                         "/v1/chat/completions)")
     return f"http://{parts.netloc}"
 
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Number
 from joulebench.lifecycle import default_out_dir, new_run_id
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
+from llm_inference.http_client import parse_url
 from llm_inference.tasks import TASKS
 
 DEFAULT_CONCURRENCY = 64
@@ -23,6 +25,44 @@ WARMUP_ARRIVAL_S = 10.0  # finite rates: warm-up requests arrive for this long (
 def rate_label(rate: float) -> str:
     """How a rate names its record: `max`, or the number as given (`0.5`, `4`)."""
     return "max" if math.isinf(rate) else f"{rate:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerTarget:
+    """An OpenAI-compatible server: at `url`, or started from `command` (a template, llm_inference/server.py)."""
+
+    url: str | None
+    command: str | None
+    port: int | None  # of a started server (None: a free one)
+    version_command: str | None
+    ready_timeout_s: float
+    devices: str | None  # the server's devices (CUDA_VISIBLE_DEVICES form): given to a started server, metered
+    api: str  # chat | completions
+    served_model: str | None  # the requests' "model" (None: the checkpoint, else the preset)
+    engine_name: str | None  # the engine column (None: the command's program, or "external")
+    request_timeout_s: float
+    retries: int
+    request_extra: dict[str, Any]
+
+    @property
+    def engine(self) -> str:
+        if self.engine_name:
+            return self.engine_name
+        if self.command:
+            program = self.command.split()[0] if self.command.split() else "server"
+            return program.rsplit("/", 1)[-1]
+        return "external"
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """An argparse `type` for --request-extra: a JSON object merged into every request body."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object (expected e.g. '{{\"ignore_eos\": true}}')")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +90,7 @@ class LoadConfig:
     out_dir: str
     run_id: str
     energy_methods: str | None
+    server: ServerTarget | None = None  # an OpenAI-compatible server instead of the in-process engine
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -78,6 +119,26 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--slo-tpot-ms", type=POSITIVE, help="time-per-output-token objective for goodput")
     w.add_argument("--seed", type=SEED, default=1234)
     add_control_arguments(parser, "the load window lasts at least this long", "runs/llm_inference/<run-id>")
+    h = parser.add_argument_group("server (an OpenAI-compatible server instead of the in-process engine)")
+    where = h.add_mutually_exclusive_group()
+    where.add_argument("--url", type=parse_url, help="a running server's base URL, e.g. http://127.0.0.1:8000")
+    where.add_argument("--server-command",
+                       help="start this server, a template with {model} {host} {port} {concurrency} {devices}, "
+                            "e.g. 'vllm serve {model} --host {host} --port {port} --max-num-seqs {concurrency}'")
+    h.add_argument("--server-port", type=Number(int, 1, 65535), help="port of the started server (default: free)")
+    h.add_argument("--server-version-command", help="prints the server's version (first line recorded)")
+    h.add_argument("--server-ready-timeout", type=POSITIVE, default=600.0, help="seconds to wait for readiness")
+    h.add_argument("--server-devices", help="the server's devices (CUDA_VISIBLE_DEVICES form): given to a started "
+                                            "server and metered; with --url, energy needs them")
+    h.add_argument("--api", choices=("chat", "completions"), default="chat",
+                   help="/v1/chat/completions or /v1/completions")
+    h.add_argument("--served-model", help="the requests' model name (default: --checkpoint, else the preset)")
+    h.add_argument("--engine-name", help="the engine column (default: the command's program, or external)")
+    h.add_argument("--request-timeout", type=POSITIVE, default=600.0, help="seconds for one whole request")
+    h.add_argument("--retries", type=COUNT_OR_ZERO, default=0,
+                   help="new attempts of a request whose connection failed before any answer")
+    h.add_argument("--request-extra", type=_json_object, default={},
+                   help='JSON object merged into every request, e.g. \'{"ignore_eos": true}\' (vLLM, SGLang)')
 
 
 def resolve_load(args: argparse.Namespace) -> LoadConfig:
@@ -91,4 +152,14 @@ def resolve_load(args: argparse.Namespace) -> LoadConfig:
         slo_tpot_ms=args.slo_tpot_ms, steady_seconds=args.steady_seconds, idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
         out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
-        energy_methods=args.energy_methods)
+        energy_methods=args.energy_methods, server=_server(args))
+
+
+def _server(args: argparse.Namespace) -> ServerTarget | None:
+    if args.url is None and args.server_command is None:
+        return None
+    return ServerTarget(
+        url=args.url, command=args.server_command, port=args.server_port,
+        version_command=args.server_version_command, ready_timeout_s=args.server_ready_timeout,
+        devices=args.server_devices, api=args.api, served_model=args.served_model, engine_name=args.engine_name,
+        request_timeout_s=args.request_timeout, retries=args.retries, request_extra=args.request_extra)

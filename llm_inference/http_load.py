@@ -1,0 +1,421 @@
+"""`python -m llm_inference load --url URL | --server-command TEMPLATE`: the load of load.py sent to a server.
+
+The same plans (arrivals, warm-up, window rules), latency figures, SLO goodput, records and per-request table
+as the in-process engine; requests go to an OpenAI-compatible server over HTTP (llm_inference/http_client.py),
+at most `--max-concurrency` in flight (the client's limit: later arrivals wait in the client's queue, and their
+queueing counts in TTFT). Per-request energy is the client-side estimate (llm_inference/client_estimate.py).
+
+A started server (llm_inference/server.py) gets `--server-devices` as CUDA_VISIBLE_DEVICES (else this job's
+own binding), and the in-process meter meters the same devices; for `--url` the meter meters `--server-devices`,
+and without them energy is n/a with that reason. One server serves every rate of a sweep; it is stopped on every
+exit path. A server that dies during a rate makes that rate FAILED with the last lines of its log, and ends the
+sweep. A failed or timed-out request is counted and named (record `requests.failures`, table status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle, StopRequested
+from joulebench.record import RunRecord
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
+from jpwr import IdleBaseline, Window
+from llm_inference import request_metrics, server, validation
+from llm_inference.arrivals import Request
+from llm_inference.checkpoint import prompt_text
+from llm_inference.client_estimate import ClientStream
+from llm_inference.engine import request_prompt
+from llm_inference.http_client import StreamResult, Target, stream
+from llm_inference.load import (
+    COUNTER_READ_S,
+    SUMMARY_EXTRA,
+    WORK_UNIT,
+    Plan,
+    load_metrics,
+    plan_rate,
+    plan_trace,
+    progress_line,
+)
+from llm_inference.load_config import LoadConfig, ServerTarget, rate_label
+from llm_inference.presets import ModelPreset
+from llm_inference.runner import window_seconds
+from llm_inference.serve_loop import QUEUE_SLOTS, SaturatedWindow, WindowRule
+from llm_inference.serving_energy import Sweep, client_energy
+
+HOST = "127.0.0.1"
+WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request at least this often
+PROGRESS_EVERY_S = 10.0
+FAILURES_LISTED = 20
+
+
+def _log(text: str) -> None:
+    print(f"[llm_inference] {text}", flush=True)
+
+
+class HttpLoad:
+    """The client side of one rate: arrivals into a queue, at most `slots` requests in flight, window edges.
+    Offers what the window rules read (free_slots, warming_up, exhausted, queue), as the engine's ServeLoop does."""
+
+    def __init__(self, target: Target, slots: int, prompt: Callable[[Request], str]) -> None:
+        self.target, self.slots, self.prompt = target, slots, prompt
+        self.queue: deque[Request] = deque()
+        self.results: dict[int, StreamResult] = {}
+        self.in_flight = 0
+        self.exhausted = False
+        self.warmups_left = 0
+        self.done = 0
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self.sockets: dict[int, socket.socket] = {}
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.in_flight
+
+    @property
+    def warming_up(self) -> bool:
+        return self.warmups_left > 0
+
+    def _register(self, request_id: int, sock: socket.socket | None) -> None:
+        with self.cond:
+            if sock is None:
+                self.sockets.pop(request_id, None)
+            else:
+                self.sockets[request_id] = sock
+
+    def _one(self, request: Request) -> None:
+        result = self.results[request.id]
+        stream(self.target, result, self.prompt(request), request.output_tokens, self.stopping,
+               lambda sock: self._register(request.id, sock))
+        with self.cond:
+            self.in_flight -= 1
+            self.done += 1
+            self.warmups_left -= request.warmup
+            self.cond.notify_all()
+
+    def tokens_between(self, t0_ns: int, t1_ns: int) -> int:
+        """Output chunks read inside [t0, t1] (one token each: `usage` corrects the count after the load)."""
+        return sum(sum(1 for t in r.chunk_ns if t0_ns <= t <= t1_ns) for r in list(self.results.values()))
+
+    def run(self, requests: Iterator[Request], rule: WindowRule, on_begin: Callable[[], None],
+            on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None
+            ) -> tuple[int, dict[int, int], tuple[int, int] | None, str | None]:
+        """Serve `requests` (in arrival order; endless at `--rate max`); returns the load's start, the arrivals,
+        the window's edges (ns) and the stop reason."""
+        pending = iter(requests)
+        upcoming = next(pending, None)
+        start_ns = time.monotonic_ns()
+        arrival_ns: dict[int, int] = {}
+        edges: list[int] = []
+        last_progress = time.monotonic()
+        stop_reason = None
+        with ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="request") as pool, self.cond:
+            while True:
+                now_s = (time.monotonic_ns() - start_ns) / 1e9
+                while (upcoming is not None and upcoming.arrival_s <= now_s
+                       and len(self.queue) < QUEUE_SLOTS * self.slots):
+                    self.queue.append(upcoming)
+                    arrival_ns[upcoming.id] = start_ns + round(upcoming.arrival_s * 1e9)
+                    self.warmups_left += upcoming.warmup
+                    upcoming = next(pending, None)
+                self.exhausted = upcoming is None
+                stop_reason = stop()
+                if stop_reason or (not self.in_flight and not self.queue and upcoming is None):
+                    break
+                while self.queue and self.in_flight < self.slots:
+                    request = self.queue.popleft()
+                    self.results[request.id] = StreamResult(request.id)
+                    self.in_flight += 1
+                    pool.submit(self._one, request)
+                if not edges and rule.begin_now(self, now_s):  # type: ignore[arg-type]
+                    on_begin()
+                    edges.append(time.monotonic_ns())
+                elif len(edges) == 1 and rule.end_now(self, now_s):  # type: ignore[arg-type]
+                    now = time.monotonic_ns()
+                    on_end(self.tokens_between(edges[0], now))
+                    edges.append(now)
+                    if isinstance(rule, SaturatedWindow):  # the queue "empties": nothing more is sent
+                        self.queue.clear()
+                        upcoming = None
+                wait = WAIT_S if upcoming is None else min(WAIT_S, max(0.0, upcoming.arrival_s - now_s))
+                self.cond.wait(wait)
+                if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = time.monotonic()
+                    _log(f"load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | in flight "
+                         f"{self.in_flight} | queued {len(self.queue)} | {self.done / max(now_s, 1e-9):.3g} req/s")
+            if len(edges) == 1:  # stopped inside the window
+                now = time.monotonic_ns()
+                on_end(self.tokens_between(edges[0], now))
+                edges.append(now)
+            if stop_reason:
+                self.stopping.set()
+                for sock in self.sockets.values():
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+            self.cond.release()
+            try:
+                pool.shutdown(wait=True)
+            finally:
+                self.cond.acquire()
+        return start_ns, arrival_ns, (edges[0], edges[1]) if len(edges) == 2 else None, stop_reason
+
+
+# ---- figures of one rate ------------------------------------------------------------------------------------
+def _times(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
+           start_ns: int) -> list[request_metrics.RequestTimes]:
+    def s(ns: int) -> float:
+        return (ns - start_ns) / 1e9
+
+    return [request_metrics.RequestTimes(i, s(arrival_ns[i]), s(r.sent_ns), s(r.chunk_ns[0]), s(r.chunk_ns[-1]),
+                                         _input_tokens(r, served[i]), r.output_tokens, served[i].warmup)
+            for i, r in results.items() if r.status == "done" and r.chunk_ns]
+
+
+def _input_tokens(result: StreamResult, request: Request) -> int:
+    reported = (result.usage or {}).get("prompt_tokens")
+    return reported if isinstance(reported, int) else request.input_tokens
+
+
+def _counted(results: dict[int, StreamResult], served: dict[int, Request], rule: WindowRule,
+             window: tuple[int, int] | None) -> set[int]:
+    if isinstance(rule, SaturatedWindow):
+        if window is None:
+            return set()
+        return {i for i, r in results.items() if window[0] <= r.sent_ns < window[1] and not served[i].warmup}
+    return {i for i, r in served.items() if not r.warmup}
+
+
+def _window_tokens(results: dict[int, StreamResult], window: tuple[int, int]) -> float:
+    """Output tokens produced inside the window: each request's chunks inside, scaled by its `usage` count."""
+    total = 0.0
+    for r in results.values():
+        inside = sum(1 for t in r.chunk_ns if window[0] <= t <= window[1])
+        total += inside * (r.output_tokens / r.chunks if r.chunks else 0.0)
+    return total
+
+
+def _streams(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int]
+             ) -> list[ClientStream]:
+    return [ClientStream(i, arrival_ns[i], _input_tokens(r, served[i]), np.array(r.chunk_ns, dtype=np.int64),
+                         np.full(r.chunks, r.output_tokens / r.chunks if r.chunks else 0.0))
+            for i, r in sorted(results.items()) if r.chunk_ns]
+
+
+def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
+           counted: set[int], start_ns: int) -> RequestsTable:
+    ids = sorted(served)
+    nan = float("nan")
+
+    def seconds(values: list[int | None]) -> np.ndarray:
+        return np.array([nan if v is None else (v - start_ns) / 1e9 for v in values])
+
+    got = [results.get(i) for i in ids]
+    status = [STATUSES.index("not_admitted") if r is None else STATUSES.index(r.status) for r in got]
+    columns: dict[str, np.ndarray] = {
+        "id": np.array(ids, dtype=np.int64), "arrival_s": seconds([arrival_ns.get(i) for i in ids]),
+        "admitted_s": seconds([r.sent_ns if r else None for r in got]),
+        "first_token_s": seconds([r.chunk_ns[0] if r and r.chunk_ns else None for r in got]),
+        "finish_s": seconds([r.chunk_ns[-1] if r and r.status == "done" and r.chunk_ns else None for r in got]),
+        "input_tokens": np.array([_input_tokens(r, served[i]) if r else served[i].input_tokens
+                                  for i, r in zip(ids, got, strict=True)], dtype=np.int64),
+        "output_tokens": np.array([r.output_tokens if r else 0 for r in got], dtype=np.int64),
+        "warmup": np.array([served[i].warmup for i in ids], dtype=np.int8),
+        "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
+    for name in REQUEST_COLUMNS:
+        columns.setdefault(name, np.full(len(ids), nan))
+    sent = [r for r in got if r is not None]
+    offsets = np.cumsum([0, *(r.chunks for r in sent)]).astype(np.int64)
+    chunks = {"request": np.array([r.id for r in sent], dtype=np.int64), "chunk_offsets": offsets,
+              "chunk_ns": np.array([t for r in sent for t in r.chunk_ns], dtype=np.int64)}
+    attrs = {"start_ns": start_ns, "source": "client: chunk arrival times of each streamed request (node's "
+                                            "monotonic clock, ns); the server's steps are not known"}
+    return RequestsTable(columns, chunks, attrs)
+
+
+def _failures(results: dict[int, StreamResult]) -> dict[str, Any]:
+    bad = [r for r in results.values() if r.status in ("failed", "timed_out")]
+    kinds = Counter((r.error or r.status).split(":")[0][:80] for r in bad)
+    return {"count": len(bad), "by_reason": dict(kinds.most_common()),
+            "first": [{"id": r.id, "status": r.status, "reason": r.error} for r in sorted(bad, key=lambda r: r.id)
+                      [:FAILURES_LISTED]]}
+
+
+# ---- the server, the rates ----------------------------------------------------------------------------------
+def _devices_env(target: ServerTarget) -> dict[str, str]:
+    env = dict(os.environ)
+    if target.devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = target.devices
+    return env
+
+
+def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path
+                  ) -> dict[str, Any]:
+    port = target.port or server.free_port(HOST)
+    model = cfg.checkpoint or cfg.preset
+    argv = server.render(target.command or "", {"model": model, "host": HOST, "port": str(port),
+                                                "concurrency": str(cfg.max_concurrency),
+                                                "devices": target.devices or os.environ.get("CUDA_VISIBLE_DEVICES",
+                                                                                            "")})
+    log_path = out_dir / server.LOG_NAME
+    _log(f"starting the server: {' '.join(argv)} (log {log_path})")
+    running, ready_s = stack.enter_context(server.started(argv, _devices_env(target), log_path, HOST, port,
+                                                          target.ready_timeout_s))
+    _log(f"server ready after {ready_s:.1f} s on {HOST}:{port}")
+    return {"url": f"http://{HOST}:{port}", "process": running, "argv": argv, "ready_s": ready_s,
+            "log": str(log_path)}
+
+
+def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: float | None,
+              trace: list[Request] | None, shape: ModelPreset, device: torch.device, idle: IdleBaseline | None,
+              single: bool, sweep: Sweep, stack: contextlib.ExitStack, state: dict[str, Any]
+              ) -> tuple[RunRecord, IdleBaseline | None]:
+    label = "trace" if rate is None else rate_label(rate)
+    out_dir = Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"rate_{label}"
+    run_id = cfg.run_id if single else f"{cfg.run_id}-rate{label}"
+    config = {**cfg.to_dict(), "rate": label, "model": cfg.preset if cfg.checkpoint is None else shape.name,
+              "engine": target.engine, "weights": "checkpoint" if cfg.checkpoint else "random (seeded)",
+              "model_source": shape.source, "out_dir": str(out_dir)}
+    figures: dict[str, Any] = {}
+
+    def metrics(record: RunRecord) -> dict[str, Any]:
+        record.config["server"] = state.get("server_record")
+        result = load_metrics(cfg, rate, figures.get("steady"), figures.get("times", []),
+                              figures.get("counted", set()), figures.get("rule"))
+        result["engine"] = target.engine
+        if "table" in figures and figures.get("steady") is not None:
+            energy = figures.get("energy_block") or client_energy(
+                label, figures["streams"], figures["lifetimes"], figures["steady"], figures["finished"],
+                None if idle is None else idle.power_w, out_dir / "jpwr", figures["table"], sweep)
+            record.requests = {**(record.requests or {}), "energy": energy}
+            write_requests(out_dir / FILE_NAME, figures["table"])
+            result.update(energy_per_request_p50_j=(energy.get("energy_per_request_j") or {}).get("p50"),
+                          energy_per_request_p90_j=(energy.get("energy_per_request_j") or {}).get("p90"))
+        return result
+
+    with life.run(run_id, out_dir, config, metrics=metrics) as run:
+        if "server" not in state:
+            state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir)) if target.command
+                               else {"url": target.url})
+            started = state["server"]
+            state["server_record"] = {
+                "url": started["url"], "command": started.get("argv"), "version": server.version(
+                    target.version_command), "ready_s": started.get("ready_s"), "log": started.get("log"),
+                "devices": target.devices if target.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "api": target.api}
+        _check_alive(state)
+        meter_devices = target.devices is not None or target.command is not None
+        if not meter_devices:
+            figures["energy_block"] = {"unavailable_reason": "an external server (--url) without --server-devices: "
+                                                             "which devices serve it is not known here"}
+        meter = run.open_meter(methods=cfg.energy_methods if meter_devices else None, read_every_s=COUNTER_READ_S)
+        idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)
+        window = window_seconds(cfg.steady_seconds, meter, device)
+        run.record.meter["steady_seconds"] = window.to_dict()
+        plan: Plan = plan_trace(trace, cfg.warmup_requests or 0) if trace is not None else \
+            plan_rate(cfg, rate or math.inf, window.seconds, device)
+        _log(f"rate {label}: {plan.note}; at most {cfg.max_concurrency} requests in flight to {state['server']['url']}")
+        served: dict[int, Request] = {}
+
+        def source() -> Iterator[Request]:
+            for r in plan.requests:
+                served[r.id] = r
+                yield r
+
+        client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
+                        target.request_timeout_s, target.retries, target.request_extra)
+        load = HttpLoad(client, cfg.max_concurrency,
+                        lambda r: prompt_text(request_prompt(r, shape.vocab_size, cfg.seed).tolist()))
+
+        def stop() -> str | None:
+            return life.stop.local_reason() or (_gone(state))
+
+        def on_end(tokens: int) -> None:
+            figures["steady"] = meter.end("steady", 0, {WORK_UNIT: tokens})
+
+        start_ns, arrival_ns, window_ns, stop_reason = load.run(source(), plan.rule, lambda: meter.begin("steady", 0),
+                                                                on_end, stop, plan.expected)
+        results = load.results
+        counted = _counted(results, served, plan.rule, window_ns)
+        steady: Window | None = figures.get("steady")
+        if steady is not None and window_ns is not None:
+            steady.work[WORK_UNIT] = _window_tokens(results, window_ns)
+        done = {i for i, r in results.items() if r.status == "done"}
+        times = [t for t in _times(results, served, arrival_ns, start_ns) if t.id in counted]
+        table = _table(results, served, arrival_ns, counted, start_ns)
+        write_requests(out_dir / FILE_NAME, table)
+        figures.update(rule=plan.rule, counted=counted, times=times, table=table,
+                       streams=_streams(results, served, arrival_ns),
+                       lifetimes=np.array([(i, arrival_ns[i], r.chunk_ns[-1]) for i, r in sorted(results.items())
+                                           if r.chunk_ns], dtype=np.int64).reshape(-1, 3),
+                       finished={t.id for t in times})
+        sources = Counter(r.token_source for i, r in results.items() if i in done)
+        failures = _failures(results)
+        run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": len(counted),
+                               "columns": list(REQUEST_COLUMNS), "chunks": int(sum(r.chunks for r in results.values())),
+                               "output_token_counts": {"from usage": sources.get("usage", 0),
+                                                       "counted from the stream": sources.get("stream", 0)},
+                               "failures": failures}
+        if failures["count"]:
+            run.record.warn(f"{failures['count']} request(s) failed or timed out: "
+                            + "; ".join(f"{n} x {k}" for k, n in failures["by_reason"].items()))
+        gone = _gone(state)
+        if gone:
+            raise RuntimeError(f"{gone} (during rate {label}, {len(done)} of {len(results)} requests done)")
+        if counted and not counted & done:
+            raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
+                               f"{(failures['first'] or [{}])[0].get('reason')})")
+        if window_ns is None and not stop_reason:
+            raise RuntimeError("the load ended before its window opened (no moment with every slot busy after the "
+                               "warm-up requests, or no counted arrival): raise --requests or lower --max-concurrency")
+        if stop_reason:
+            raise StopRequested(f"{stop_reason}: the load stopped with {load.in_flight} requests in flight")
+    return run.record, idle
+
+
+def _gone(state: dict[str, Any]) -> str | None:
+    process = state.get("server", {}).get("process")
+    return process.exited() if process is not None else None
+
+
+def _check_alive(state: dict[str, Any]) -> None:
+    gone = _gone(state)
+    if gone:
+        raise RuntimeError(gone)
+
+
+def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch: LaunchEnv) -> int:
+    """Every rate (or the trace) against the server; returns the exit code. Config and trace are validated."""
+    target = cfg.server
+    assert target is not None
+    device = torch.device("cpu" if cfg.device == "cpu" else "cuda")  # only picks defaults: nothing runs here
+    if target.devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # the in-process meter meters the server's devices
+    with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life, \
+            contextlib.ExitStack() as stack:
+        idle: IdleBaseline | None = None
+        sweep = Sweep()
+        state: dict[str, Any] = {}
+        rates: list[float | None] = [None] if trace is not None else list(cfg.rates)
+        for rate in rates:
+            record, idle = _run_rate(life, cfg, target, rate, trace, shape, device, idle, len(rates) == 1, sweep,
+                                     stack, state)
+            _log(progress_line(record))
+            if record.status in ("TIMEOUT", "FAILED") and ("server" not in state or _gone(state)):
+                break  # stopped, or the server cannot serve another rate
+            if record.status == "TIMEOUT":
+                break
+        return life.exit_code(SUMMARY_EXTRA)

@@ -1,7 +1,8 @@
-"""`python -m llm_inference {run,validate,load,validate-load}`: the command line the JUBE workflows call.
+"""`python -m llm_inference {run,validate,load,validate-load,save-checkpoint}`: the JUBE workflows' command line.
 
 `run` measures static batches (one record per task and batch size); `load` serves an open-loop load with
 continuous batching (one record per rate). Each has its `validate` twin that accepts exactly its options.
+`save-checkpoint` writes a preset as a local checkpoint that HTTP inference servers load.
 
 Validation runs before any device work; a ValidationError prints "<problem>. Fix: <fix>" on stderr
 and exits with ExitCode.USAGE (64).
@@ -13,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from joulebench.arguments import POSITIVE
 from joulebench.boundary import exit_code_of
@@ -35,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(validate_load)
     for checker in (validate, validate_load):
         checker.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+    save = commands.add_parser("save-checkpoint", help="save a preset (random weights, word tokenizer) for servers")
+    save.add_argument("--preset", required=True, help="model preset to save")
+    save.add_argument("--out", required=True, type=Path, help="checkpoint directory (new or empty)")
+    save.add_argument("--seed", type=int, default=1234, help="seed of the random weights")
+    save.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the weights")
+    save.add_argument("--force", action="store_true", help="replace a non-empty --out")
     return parser
 
 
@@ -95,8 +103,16 @@ def _load(args: argparse.Namespace) -> int:
     return load.run(cfg, shape, trace, launch, resolve_device(cfg.device))
 
 
+def _save_checkpoint(args: argparse.Namespace) -> int:
+    from llm_inference.checkpoint import save_checkpoint
+
+    print(save_checkpoint(args.preset, args.out, args.precision, args.seed, args.force))
+    return ExitCode.OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
-    handlers = {"run": _run, "validate": _validate, "load": _load, "validate-load": _validate_load}
+    handlers = {"run": _run, "validate": _validate, "load": _load, "validate-load": _validate_load,
+                "save-checkpoint": _save_checkpoint}
     return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug, torch_extra="inference")

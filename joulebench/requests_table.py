@@ -24,7 +24,7 @@ import numpy as np
 
 SCHEMA = "joulebench.requests/1"
 FILE_NAME = "requests.h5"
-STATUSES = ("done", "unfinished", "not_admitted")
+STATUSES = ("done", "unfinished", "not_admitted", "failed", "timed_out")  # the last two: HTTP targets
 REQUEST_COLUMNS = {
     "id": "request id (arrival order)",
     "arrival_s": "arrival, seconds from the load's start",

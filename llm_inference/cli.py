@@ -100,6 +100,10 @@ def _load(args: argparse.Namespace) -> int:
     launch = LaunchEnv.from_env()
     points = len(cfg.rates) or 1
     validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")))
+    if cfg.server is not None:
+        from llm_inference import http_load
+
+        return http_load.run(cfg, shape, trace, launch)
     return load.run(cfg, shape, trace, launch, resolve_device(cfg.device))
 
 

@@ -2,7 +2,8 @@
 
 `POST /v1/completions` (a prompt) or `/v1/chat/completions` (one user message), `"stream": true` with
 `"stream_options": {"include_usage": true}`: the server answers with server-sent events, one `data: {json}` line
-per chunk and `data: [DONE]` at the end. Output tokens come from the final `usage` where the server reports it,
+per chunk, and ends with `data: [DONE]` (OpenAI, vLLM) or by closing the stream after a chunk with a
+`finish_reason` (transformers serve 5.24). Output tokens come from the final `usage` where the server reports it,
 else one per chunk with text (the result says which). Standard library only (http.client), one thread per request
 in flight: the load generator bounds them by `--max-concurrency`.
 
@@ -162,7 +163,9 @@ def _open(target: Target, prompt: str, max_tokens: int, result: StreamResult, de
 
 def _read_events(response: http.client.HTTPResponse, connection: http.client.HTTPConnection, result: StreamResult,
                  deadline: float, api: str) -> None:
-    """Read `data:` lines until `[DONE]`; each chunk with text is stamped as it is read."""
+    """Read `data:` lines until `[DONE]`, or the end of the stream after a `finish_reason`; each chunk with text
+    is stamped as it is read."""
+    finished = False
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -171,7 +174,11 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
             connection.sock.settimeout(remaining)
         raw = response.readline()
         if not raw:
-            raise StreamError("failed", f"the server closed the stream before [DONE] after {result.chunks} chunks")
+            if finished:
+                result.status = "done"
+                return
+            raise StreamError("failed", f"the server closed the stream without a finish_reason or [DONE] after "
+                                        f"{result.chunks} chunks")
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line or line.startswith(":") or line.split(":", 1)[0] in ("event", "id", "retry"):
             continue
@@ -191,6 +198,7 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
             raise StreamError("failed", f"error event: {json.dumps(event['error'])[:BODY_SHOWN]}")
         if _text(event, api):
             result.chunk_ns.append(time.monotonic_ns())
+        finished = finished or any(isinstance(c, dict) and c.get("finish_reason") for c in event.get("choices") or [])
         if isinstance(event.get("usage"), dict):
             result.usage = event["usage"]
 

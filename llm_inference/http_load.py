@@ -34,7 +34,7 @@ from joulebench.lifecycle import Lifecycle, StopRequested
 from joulebench.record import RunRecord
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
 from jpwr import IdleBaseline, Window
-from llm_inference import request_metrics, server, validation
+from llm_inference import request_metrics, server
 from llm_inference.arrivals import Request
 from llm_inference.checkpoint import prompt_text
 from llm_inference.client_estimate import ClientStream
@@ -60,6 +60,7 @@ HOST = "127.0.0.1"
 WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request at least this often
 PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
+PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
 
 
 def _log(text: str) -> None:
@@ -279,6 +280,17 @@ def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTa
             "log": str(log_path)}
 
 
+def _prime(client: Target) -> float:
+    """One short request before the first rate: a server may set up its engine at its first request (transformers
+    serve's continuous batching: ~30 s on a CPU), which no rate's window should hold. Refused when it fails."""
+    result = stream(client, StreamResult(-1), PRIMING_PROMPT, PRIMING_TOKENS, threading.Event())
+    if result.status != "done":
+        raise RuntimeError(f"the server did not answer a first request: {result.status}: {result.error}")
+    seconds = (time.monotonic_ns() - result.sent_ns) / 1e9
+    _log(f"first request answered in {seconds:.1f} s (before any window)")
+    return seconds
+
+
 def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: float | None,
               trace: list[Request] | None, shape: ModelPreset, device: torch.device, idle: IdleBaseline | None,
               single: bool, sweep: Sweep, stack: contextlib.ExitStack, state: dict[str, Any]
@@ -317,6 +329,10 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                 "devices": target.devices if target.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "api": target.api}
         _check_alive(state)
+        client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
+                        target.request_timeout_s, target.retries, target.request_extra)
+        if "first_request_s" not in state["server_record"]:
+            state["server_record"]["first_request_s"] = _prime(client)
         meter_devices = target.devices is not None or target.command is not None
         if not meter_devices:
             figures["energy_block"] = {"unavailable_reason": "an external server (--url) without --server-devices: "
@@ -335,8 +351,6 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                 served[r.id] = r
                 yield r
 
-        client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
-                        target.request_timeout_s, target.retries, target.request_extra)
         load = HttpLoad(client, cfg.max_concurrency,
                         lambda r: prompt_text(request_prompt(r, shape.vocab_size, cfg.seed).tolist()))
 

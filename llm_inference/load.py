@@ -295,7 +295,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
     return run.record, idle
 
 
-def _progress(record: RunRecord) -> str:
+def progress_line(record: RunRecord) -> str:
     m = record.metrics
     return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
             f"{shown(m, 'requests_per_s')} req/s, {shown(m, 'energy_per_output_token_j')} J/token, p90 TTFT "
@@ -325,7 +325,7 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
         for rate in rates:
             record, idle = _run_rate(life, cfg, rate, trace, model, shape, precision, device, hardware, idle,
                                      len(rates) == 1, sweep)
-            _log(_progress(record))
+            _log(progress_line(record))
             if record.status == "TIMEOUT" or model.engine is None:
                 break  # the job is being stopped, or the model could not be built: no further rate can finish
         return life.exit_code(SUMMARY_EXTRA)

@@ -129,12 +129,36 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
             raise ValidationError(f"{name} is {value}", f"give {name} as a positive number of milliseconds")
     if cfg.max_concurrency < 1:
         raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
+    check_server(cfg)
     if cfg.trace is None:
         check_task_context(cfg.task, cfg.output_length, shape)
         return shape, None
     trace = load_trace(cfg.trace, tokenizer(cfg))
     check_context(trace, shape.max_positions, shape.name)
     return shape, trace
+
+
+def check_server(cfg: LoadConfig) -> None:
+    """An HTTP target's options: the template renders, a started server has a checkpoint to load, and the
+    options of a started server are not given for an external one."""
+    from llm_inference import server
+
+    target = cfg.server
+    if target is None:
+        return
+    if target.command is None:
+        given = [name for name, value in (("--server-port", target.port),
+                                          ("--server-version-command", target.version_command)) if value is not None]
+        if given:
+            raise ValidationError(f"{', '.join(given)} given with --url (they belong to a server the load starts)",
+                                  "drop them, or start the server with --server-command")
+        return
+    server.render(target.command, {name: "x" for name in server.PLACEHOLDERS})
+    if "{model}" in target.command and cfg.checkpoint is None:
+        raise ValidationError("--server-command loads {model}, but no --checkpoint is given (a preset is not a "
+                              "checkpoint a server can load)",
+                              "save one with `python -m llm_inference save-checkpoint --preset "
+                              f"{cfg.preset} --out DIR` and pass --checkpoint DIR")
 
 
 def tokenizer(cfg: LoadConfig) -> Callable[[str], list[int]] | None:
@@ -157,8 +181,9 @@ def load_lengths(cfg: LoadConfig, trace: list[Request] | None) -> tuple[int, int
 
 def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None,
                       trace: list[Request] | None) -> None:
-    """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits."""
-    if memory_gib is None:
+    """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits.
+    A server's memory is its own business: no check."""
+    if memory_gib is None or cfg.server is not None:
         return
     prompt, sequence = load_lengths(cfg, trace)
 

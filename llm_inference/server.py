@@ -167,8 +167,8 @@ def started(argv: list[str], env: Mapping[str, str], log_path: Path, host: str, 
             ready_timeout_s: float) -> Iterator[tuple[Server, float]]:
     """The server, ready, and the seconds it took; stopped however the body ends."""
     if not port_is_free(host, port):
-        raise ValidationError(f"port {port} on {host} is in use: another server is listening there",
-                              "stop it, or give the server another port (--server-port)")
+        raise RuntimeError(f"port {port} on {host} is in use: another server is listening there; stop it, or give "
+                           "the server another port (--server-port)")
     server = Server(argv, env, log_path)
     try:
         yield server, server.wait_ready(host, port, ready_timeout_s)

@@ -1,0 +1,176 @@
+"""`llm_inference load` against a real OpenAI-compatible server: `transformers serve` on the CPU.
+
+The server loads the tiny preset saved by `save-checkpoint` (no EOS, word-level tokenizer) offline. Energy comes
+from jpwr metering the fake pynvml in-process (a recorded H100 trace replayed on real time) as the server's
+device: the load, the streams, the windows, the table and the client-side fit are real; the energy figures are
+the replayed trace's, not the CPU's. Faults are injected on the wire by tests/llm_inference/fault_proxy.py in front
+of the real server, or by a server command that never becomes ready or dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from joulebench.requests_table import FILE_NAME, STATUSES, read_requests
+from llm_inference import server
+from llm_inference.cli import main
+from tests.llm_inference.conftest import INFER, run_cmd
+from tests.llm_inference.fault_proxy import FaultProxy
+
+TRANSFORMERS = Path(sys.executable).parent / "transformers"
+# The KV cache bounded: unbounded, transformers' continuous batching sizes it from free memory (14 GB on CI).
+SERVE = (f"{TRANSFORMERS} serve {{model}} --device cpu --host {{host}} --port {{port}} --continuous-batching "
+         "--cb-num-blocks 256 --cb-block-size 32")
+VERSION = f"{sys.executable} -c 'import transformers; print(transformers.__version__)'"
+LOAD = ["--task", "tiny", "--device", "cpu", "--max-concurrency", "8", "--output-length", "12",
+        "--warmup-requests", "2", "--no-idle-baseline"]
+pytestmark = pytest.mark.skipif(not TRANSFORMERS.exists(), reason="transformers[serving] is not installed")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    assert main(["save-checkpoint", "--preset", "tiny", "--out", str(out)]) == 0
+    return out
+
+
+def _env(fake_env, h100_trace_dir: Path) -> dict[str, str]:
+    return fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), HF_HUB_OFFLINE="1")
+
+
+def _record(out: Path) -> dict:
+    return json.loads((out / "run_record.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h100_trace_dir, tmp_path):
+    out = tmp_path / "load"
+    result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rates", "6,max", "--requests", "24",
+                      "--steady-seconds", "3", "--server-command", SERVE, "--server-version-command", VERSION,
+                      "--server-devices", "0", "--energy-methods", "nvml", "--slo-ttft-ms", "2000",
+                      "--out-dir", str(out), "--run-id", "http"], _env(fake_env, h100_trace_dir), tmp_path, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    import transformers
+
+    for label in ("6", "max"):
+        record = _record(out / f"rate_{label}")
+        metrics = record["metrics"]
+        assert record["status"] == "OK", record.get("status_reason")
+        assert metrics["engine"] == record["config"]["engine"] == "transformers"
+        served = record["config"]["server"]
+        assert served["version"] == transformers.__version__ and served["devices"] == "0"
+        assert served["ready_s"] > 0 and served["first_request_s"] > 0
+        # at max the requests sent inside the window count (the engine's rule): not those sent before it opened
+        assert (metrics["requests_counted"] == 24) if label == "6" else (0 < metrics["requests_counted"] < 24)
+        assert metrics["ttft_p90_s"] >= metrics["ttft_p50_s"] > 0
+        assert record["requests"]["output_token_counts"] == {"from usage": 26, "counted from the stream": 0}
+        assert record["requests"]["failures"]["count"] == 0
+        table = read_requests(out / f"rate_{label}" / FILE_NAME)
+        assert np.all(table.requests["status"] == STATUSES.index("done"))
+        assert np.all(table.requests["output_tokens"] == 12)  # max_tokens honoured: no EOS in the checkpoint
+        assert np.all(table.requests["input_tokens"] > 0)  # usage's prompt tokens
+        assert len(table.steps["chunk_ns"]) == record["requests"]["chunks"] == 26 * 12
+        steady = next(w for w in record["windows"] if w["name"] == "steady")
+        assert steady["energy"]["energy_j"] > 0 and metrics["energy_per_output_token_j"] > 0
+        energy = record["requests"]["energy"]
+        assert energy["estimate"] == "client-side estimate" and energy["method"].startswith("client-side estimate")
+        assert energy.get("segments", 0) >= 20 or "unavailable_reason" in energy, energy
+    log = (out / server.LOG_NAME).read_text()
+    assert "# joulebench: server stopped by SIGTERM" in log  # stopped at the end, after both rates
+    assert "Ignoring unsupported fields" in log or "Request received" in log
+
+
+@pytest.mark.slow
+def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_trace_dir, tmp_path):
+    """503 answers, a malformed event-stream line, a reset mid-stream: failed requests, each named; a stream
+    without `usage`: its tokens counted from the stream. The run itself stays OK (most requests succeed)."""
+    port = server.free_port("127.0.0.1")
+    argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
+                                 "concurrency": "8", "devices": ""})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with server.started(argv, env, tmp_path / "server.log", "127.0.0.1", port, 120), FaultProxy(port) as proxy:
+        out = tmp_path / "load"
+        result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
+                          "20", "--url", proxy.url, "--out-dir", str(out)], _env(fake_env, h100_trace_dir), tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = _record(out)
+    failures = record["requests"]["failures"]
+    reasons = " ".join(failures["by_reason"])
+    assert "HTTP 503" in reasons and "malformed event-stream line" in reasons and "connection lost" in reasons
+    assert failures["count"] >= 3 and all(f["reason"] for f in failures["first"])
+    assert any("failed or timed out" in w for w in record["warnings"])
+    assert record["requests"]["output_token_counts"]["counted from the stream"] >= 1
+    table = read_requests(out / FILE_NAME)
+    assert int((table.requests["status"] == STATUSES.index("failed")).sum()) == failures["count"]
+    # an external server without --server-devices: energy n/a with the reason, never a number
+    assert "without --server-devices" in record["requests"]["energy"]["unavailable_reason"]
+
+
+def _run_failed(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> dict:
+    result = run_cmd([*INFER, "load", *argv, "--out-dir", str(out)], env, cwd, timeout=200)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    record = _record(out)
+    assert record["status"] == "FAILED"
+    return record
+
+
+def test_a_server_that_is_never_ready_fails_the_run_with_its_log(checkpoint, fake_env, tmp_path):
+    never = f"{sys.executable} -c 'import time; print(\"loading {{model}}\", flush=True); time.sleep(600)'"
+    record = _run_failed(["--checkpoint", str(checkpoint), *LOAD, "--rate", "2", "--server-command", never,
+                          "--server-ready-timeout", "2"], fake_env(), tmp_path, tmp_path / "never")
+    assert "not ready within 2 s" in record["status_reason"] and "loading" in record["status_reason"]
+    assert "stopped by SIGTERM" in (tmp_path / "never" / server.LOG_NAME).read_text()
+
+
+def test_a_busy_port_fails_the_run_naming_it(checkpoint, fake_env, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        record = _run_failed(["--checkpoint", str(checkpoint), *LOAD, "--rate", "2", "--server-command", SERVE,
+                              "--server-port", str(port)], fake_env(), tmp_path, tmp_path / "busy")
+    assert f"port {port} on 127.0.0.1 is in use" in record["status_reason"]
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_fails_the_rate_with_its_last_log_lines(checkpoint, fake_env, tmp_path):
+    """The server command starts the real server and kills it with SIGKILL a few seconds into the load."""
+    dies = f"sh -c '{SERVE} & pid=$!; sleep 12; echo killing the server; kill -9 $pid; wait $pid'"
+    record = _run_failed(["--checkpoint", str(checkpoint), *LOAD, "--rate", "2", "--requests", "80",
+                          "--server-command", dies], {**fake_env(), "HF_HUB_OFFLINE": "1"}, tmp_path,
+                         tmp_path / "dies")
+    assert "the server exited with code" in record["status_reason"] and "killing the server" in record["status_reason"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--server-command", "vllm serve {model} --port {prot}"], "unknown placeholder(s) {prot}"),
+    (["--server-command", "vllm serve {model} --name 'open"], "not a valid command line"),
+    (["--server-command", "vllm serve {0}"], "unknown placeholder(s) {0}"),
+    (["--url", "http://127.0.0.1:8000", "--server-port", "9000"], "--server-port given with --url"),
+])
+def test_bad_server_options_are_refused_before_anything_starts(checkpoint, argv, message, capsys):
+    assert main(["validate-load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "2", *argv]) == 64
+    assert message in capsys.readouterr().err
+
+
+def test_a_started_server_needs_a_checkpoint(capsys):
+    assert main(["validate-load", "--preset", "tiny", *LOAD, "--rate", "2", "--server-command", SERVE]) == 64
+    assert "save-checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--url", "https://host:1"], "--url"), (["--url", "http://host:1/v1"], "--url"),
+    (["--request-extra", "[1]"], "--request-extra"), (["--request-extra", "{x"], "--request-extra"),
+    (["--url", "http://a:1", "--server-command", "x"], "not allowed with"),
+])
+def test_bad_server_values_are_refused_by_the_parser(argv, named, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["validate-load", "--preset", "tiny", *LOAD, "--rate", "2", *argv])
+    assert ended.value.code == 2 and named in capsys.readouterr().err

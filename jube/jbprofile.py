@@ -75,7 +75,9 @@ SWEEP_KEYS = {
 # The inference workflow's two modes: `rate` empty is a static-batch point (`llm_inference run`), a rate or `max` a
 # serving point (`llm_inference load`: open-loop arrivals, continuous batching). Each mode's own parameters; the
 # other mode's are not driver options there and read `-` in the table.
-STATIC_ONLY = ("batch_size", "engine")
+STATIC_ONLY = ("batch_size",)
+STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
+SERVER_SETTINGS = ("server_version_", "server_extra_", "server_api", "server_ready_timeout_s")
 SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
 DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
@@ -340,7 +342,8 @@ def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[
                 "max_concurrency": value.get("max_concurrency") or profile["inference_max_concurrency"],
                 "slo_ttft_ms": value.get("slo_ttft_ms") or profile["inference_slo_ttft_ms"],
                 "slo_tpot_ms": value.get("slo_tpot_ms") or profile["inference_slo_tpot_ms"],
-                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common}
+                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common,
+                **server_arguments(profile, value.get("engine", ""))}
     if benchmark == "inference":
         return {"preset": model, "task": value.get("task") or profile["inference_task"],
                 "batch_size": value.get("batch_size") or profile["inference_batch_size"],
@@ -374,6 +377,29 @@ def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[
     }
 
 
+def server_arguments(profile: dict[str, str], engine: str) -> dict[str, str]:
+    """A serving point's server: engine empty or `continuous` is the in-process engine (no server); any other name
+    is the profile's `server_<engine>` template, started by the driver on the job's devices (docs/jube.md)."""
+    if engine in ("", "continuous"):
+        return {}
+    key = f"server_{engine.lower()}"
+    if engine in STATIC_ENGINES or not profile.get(key):
+        known = sorted(k.removeprefix("server_") for k, v in profile.items()
+                       if k.startswith("server_") and not k.startswith(SERVER_SETTINGS) and v)
+        raise PointRefused(f"engine={engine} with rate set: serving points run the in-process engine (continuous) "
+                           f"or a server named in the profile, and {profile['system']} has no {key}",
+                           f"use engine=continuous or one of {', '.join(known) or '(none)'}, or add {key} = <command "
+                           "template> to the profile (rate empty for a static-batch point)")
+    if not profile["inference_checkpoint"]:
+        raise PointRefused(f"engine={engine}: a server loads a checkpoint, and inference_checkpoint is empty",
+                           "save one with `python -m llm_inference save-checkpoint --preset MODEL --out DIR` and set "
+                           f"{override_variable(profile['system'], 'inference_checkpoint')}=DIR (or the profile key)")
+    return {"checkpoint": profile["inference_checkpoint"], "server_command": profile[key],
+            "server_version_command": profile.get(f"server_version_{engine.lower()}", ""), "engine_name": engine,
+            "request_extra": profile.get(f"server_extra_{engine.lower()}", ""), "api": profile["server_api"],
+            "server_ready_timeout": profile["server_ready_timeout_s"]}
+
+
 def inference_command(value: dict[str, str]) -> str:
     """The inference point's driver command: `load` (serving) when it has a rate, else `run` (static batches)."""
     return "load" if value.get("rate") else "run"
@@ -383,14 +409,11 @@ def inference_mode(settings: dict[str, str], value: dict[str, str]) -> str:
     """Mark the other mode's parameters `-` in the point's coordinates; refuse an engine a serving point cannot use,
     and say which explicit values the point's mode ignores (the note)."""
     serving = settings["JB_DRIVER_COMMAND"] == "load"
-    if serving and value.get("engine", "static") != "static":
-        raise PointRefused(f"engine={value['engine']} with rate={value['rate']}: serving points (a rate) run the "
-                           "continuous-batching engine", "leave engine empty for serving points, or rate empty "
-                           f"for a static-batch point with engine={value['engine']}")
     other = STATIC_ONLY if serving else SERVING_ONLY
     settings.update({f"JB_COORD_{key.upper()}": "-" for key in other})
     if serving:
-        settings["JB_COORD_ENGINE"] = "continuous"
+        settings["JB_COORD_ENGINE"] = value.get("engine") or "continuous"
+        settings["JB_SERVER"] = "" if settings["JB_COORD_ENGINE"] == "continuous" else "yes"
     ignored = [f"{key}={value[key]}" for key in other if value.get(key) and key != "engine"]
     mode = "a serving point (rate set)" if serving else "a static-batch point (rate empty)"
     return f"{', '.join(ignored)} ignored: {mode}" if ignored else ""

@@ -387,6 +387,8 @@ log "time limit $JB_TIME_LIMIT: the run stops at ${JB_STOP_BUDGET_S} s, ${JB_STO
 if [ "$status" = OK ]; then
     start_samplers
     eval "train_args=($JB_TRAIN_ARGS)"  # shell-quoted by jbprofile.py
+    # a serving point with a server (engine named in the profile): the server's port, free on this node (jbport.py)
+    if [ -n "${JB_SERVER:-}" ] && [ -n "${MASTER_PORT:-}" ]; then train_args+=(--server-port "$MASTER_PORT"); fi
     left_s=$((JB_STOP_BUDGET_S - $(elapsed)))
     [ $left_s -gt 0 ] || on_timer
     if [ "$JB_SELF_STOP" = yes ]; then  # the driver stops itself at the same deadline, at an iteration boundary

@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -33,6 +34,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, StopRequested
 from joulebench.record import RunRecord
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
+from joulebench.torch_device import resolve_device
 from jpwr import IdleBaseline, Window
 from llm_inference import request_metrics, server
 from llm_inference.arrivals import Request
@@ -107,6 +109,10 @@ class HttpLoad:
             self.done += 1
             self.warmups_left -= request.warmup
             self.cond.notify_all()
+
+    def chunks_read(self) -> int:
+        """Chunks read so far: the window's step count (a server step gives each running request one chunk)."""
+        return sum(r.chunks for r in list(self.results.values()))
 
     def tokens_between(self, t0_ns: int, t1_ns: int) -> int:
         """Output chunks read inside [t0, t1] (one token each: `usage` corrects the count after the load)."""
@@ -263,14 +269,16 @@ def _devices_env(target: ServerTarget) -> dict[str, str]:
     return env
 
 
+def _placeholders(cfg: LoadConfig, target: ServerTarget, port: int | None) -> dict[str, str]:
+    return {"model": cfg.checkpoint or cfg.preset, "host": HOST, "port": str(port or ""),
+            "concurrency": str(cfg.max_concurrency), "python": sys.executable,
+            "devices": target.devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
 def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path
                   ) -> dict[str, Any]:
     port = target.port or server.free_port(HOST)
-    model = cfg.checkpoint or cfg.preset
-    argv = server.render(target.command or "", {"model": model, "host": HOST, "port": str(port),
-                                                "concurrency": str(cfg.max_concurrency),
-                                                "devices": target.devices or os.environ.get("CUDA_VISIBLE_DEVICES",
-                                                                                            "")})
+    argv = server.render(target.command or "", _placeholders(cfg, target, port))
     log_path = out_dir / server.LOG_NAME
     _log(f"starting the server: {' '.join(argv)} (log {log_path})")
     running, ready_s = stack.enter_context(server.started(argv, _devices_env(target), log_path, HOST, port,
@@ -324,8 +332,9 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                                else {"url": target.url})
             started = state["server"]
             state["server_record"] = {
-                "url": started["url"], "command": started.get("argv"), "version": server.version(
-                    target.version_command), "ready_s": started.get("ready_s"), "log": started.get("log"),
+                "url": started["url"], "command": started.get("argv"),
+                "version": server.version(target.version_command, _placeholders(cfg, target, target.port)),
+                "ready_s": started.get("ready_s"), "log": started.get("log"),
                 "devices": target.devices if target.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "api": target.api}
         _check_alive(state)
@@ -358,10 +367,10 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
             return life.stop.local_reason() or (_gone(state))
 
         def on_end(tokens: int) -> None:
-            figures["steady"] = meter.end("steady", 0, {WORK_UNIT: tokens})
+            figures["steady"] = meter.end("steady", load.chunks_read(), {WORK_UNIT: tokens})
 
-        start_ns, arrival_ns, window_ns, stop_reason = load.run(source(), plan.rule, lambda: meter.begin("steady", 0),
-                                                                on_end, stop, plan.expected)
+        start_ns, arrival_ns, window_ns, stop_reason = load.run(
+            source(), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end, stop, plan.expected)
         results = load.results
         counted = _counted(results, served, plan.rule, window_ns)
         steady: Window | None = figures.get("steady")
@@ -415,7 +424,7 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     """Every rate (or the trace) against the server; returns the exit code. Config and trace are validated."""
     target = cfg.server
     assert target is not None
-    device = torch.device("cpu" if cfg.device == "cpu" else "cuda")  # only picks defaults: nothing runs here
+    device = resolve_device(cfg.device)  # picks the warm-up and window defaults (a GPU here: the server's); unused
     if target.devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # the in-process meter meters the server's devices
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life, \

@@ -1,7 +1,8 @@
 """A server the load generator starts itself: its command from a template, readiness, version, log and stop.
 
 The template is a command line with placeholders (PLACEHOLDERS), e.g. the profile's
-`vllm serve {model} --host {host} --port {port} --max-num-seqs {concurrency}`; an unknown placeholder is refused
+`vllm serve {model} --host {host} --port {port} --max-num-seqs {concurrency}` ({python}: the interpreter running
+the load, for servers installed beside it); an unknown placeholder is refused
 before anything starts. The server runs in its own process group with its output in `server.log` beside the run
 record; it is ready when `GET /health` (or `/v1/models`) answers 200 within the ready timeout. It is stopped on
 every exit path (a context manager: normal end, failure, the driver's SIGTERM turned into a clean stop):
@@ -11,6 +12,7 @@ SIGTERM to its group, STOP_GRACE_S, then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import os
 import shlex
@@ -24,35 +26,36 @@ from pathlib import Path
 
 from jpwr import ValidationError
 
-PLACEHOLDERS = ("model", "host", "port", "concurrency", "devices")
+PLACEHOLDERS = ("model", "host", "port", "concurrency", "devices", "python")  # python: this interpreter
 READY_PATHS = ("/health", "/v1/models")
 READY_POLL_S = 0.5
 STOP_GRACE_S = 20.0
 VERSION_TIMEOUT_S = 60.0
 LOG_NAME = "server.log"
 LOG_LINES = 15  # last lines of the server's log quoted in a failure
+PR_SET_PDEATHSIG = 1
 
 
-def render(template: str, values: Mapping[str, str]) -> list[str]:
+def render(template: str, values: Mapping[str, str], option: str = "--server-command") -> list[str]:
     """The command line of `template` with `values` filled in (each one shell word); an unknown or positional
-    placeholder and a line that is not valid shell are refused, naming the problem."""
+    placeholder and a line that is not valid shell are refused, naming the problem and the option."""
     fields = []
     try:
         fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
-        raise ValidationError(f"--server-command {template!r}: {exc}",
+        raise ValidationError(f"{option} {template!r}: {exc}",
                               "write placeholders as {name} and a literal brace as {{ or }}") from None
     unknown = ", ".join(sorted({"{" + f + "}" for f in fields if f not in PLACEHOLDERS}))
     if unknown:
-        raise ValidationError(f"--server-command names unknown placeholder(s) {unknown}",
+        raise ValidationError(f"{option} names unknown placeholder(s) {unknown}",
                               f"use only {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
     try:
         words = shlex.split(template)
     except ValueError as exc:
-        raise ValidationError(f"--server-command {template!r} is not a valid command line ({exc})",
+        raise ValidationError(f"{option} {template!r} is not a valid command line ({exc})",
                               "close the quote, or escape it") from None
     if not words:
-        raise ValidationError("--server-command is empty", "give the command that starts the server")
+        raise ValidationError(f"{option} is empty", "give the command, or leave the option out")
     return [word.format(**values) for word in words]
 
 
@@ -72,13 +75,13 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def version(command: str | None) -> str:
+def version(command: str | None, values: Mapping[str, str]) -> str:
     """The server's version from the profile's version command's first line, or "unknown (why)"."""
     if not command:
         return "unknown (no --server-version-command)"
     try:
-        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=VERSION_TIMEOUT_S,
-                              check=False)
+        done = subprocess.run(render(command, values, "--server-version-command"), capture_output=True, text=True,
+                              timeout=VERSION_TIMEOUT_S, check=False)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({command!r}: {type(exc).__name__}: {exc})"
     lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
@@ -106,7 +109,7 @@ class Server:
             log.flush()
             try:
                 self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(env),
-                                                start_new_session=True)
+                                                start_new_session=True, preexec_fn=_end_with_parent)
             except OSError as exc:
                 raise ValidationError(f"the server command {argv[0]!r} cannot be started ({exc})",
                                       "check --server-command (is the server installed on this node?)") from None
@@ -149,6 +152,13 @@ class Server:
             os.killpg(self.process.pid, signal.SIGKILL)  # what the server left running in its group
         self.process.wait()
         return how
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the load's process dies, even by SIGKILL (Linux prctl
+    PR_SET_PDEATHSIG), so that no server outlives a killed driver on a machine without Slurm's cgroup."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _answers(host: str, port: int, path: str) -> bool:

@@ -154,6 +154,8 @@ def check_server(cfg: LoadConfig) -> None:
                                   "drop them, or start the server with --server-command")
         return
     server.render(target.command, {name: "x" for name in server.PLACEHOLDERS})
+    if target.version_command:
+        server.render(target.version_command, {name: "x" for name in server.PLACEHOLDERS}, "--server-version-command")
     if "{model}" in target.command and cfg.checkpoint is None:
         raise ValidationError("--server-command loads {model}, but no --checkpoint is given (a preset is not a "
                               "checkpoint a server can load)",

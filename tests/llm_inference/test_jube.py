@@ -93,8 +93,31 @@ def test_serving_points_resolve_to_load_and_pass_the_drivers_validate_load(tmp_p
     static = jbprofile.build_settings("inference", ["CI"], {"max_concurrency": "8"}, "run", env)
     assert static["JB_DRIVER_COMMAND"] == "run" and static["JB_COORD_MAX_CONCURRENCY"] == "-"
     assert "max_concurrency=8 ignored" in static["JB_NOTE"]
-    with pytest.raises(jbprofile.PointRefused, match="engine=hf with rate=4"):
+    with pytest.raises(jbprofile.PointRefused, match=r"engine=hf with rate set: .* CI has no server_hf"):
         jbprofile.build_settings("inference", ["CI"], {"rate": "4", "engine": "hf"}, "run", env)
+    with pytest.raises(jbprofile.PointRefused, match=r"inference_checkpoint is empty.*save-checkpoint"):
+        jbprofile.build_settings("inference", ["CI"], {"rate": "4", "engine": "transformers"}, "run", env)
+
+
+def test_a_server_engine_resolves_to_its_profile_template(tmp_path, capsys):
+    """engine=<name> on a serving point: the profile's server_<name> template, version command and request extras
+    become the driver's options (validated by validate-load: every shipped template renders), the engine a column;
+    the port is the job's (jbport.py, added by job.sh)."""
+    env = {**_fake_sbatch_env(tmp_path), "JOULEBENCH_INFERENCE_CHECKPOINT": str(tmp_path / "ckpt")}
+    assert main(["save-checkpoint", "--preset", "tiny", "--out", str(tmp_path / "ckpt")]) == 0
+    for engine in ("transformers", "vllm", "sglang", "tgi"):
+        settings = jbprofile.build_settings("inference", ["CI"], {"rate": "4", "engine": engine}, "run", env)
+        assert settings["JB_COORD_ENGINE"] == engine and settings["JB_SERVER"] == "yes"
+        args = shlex.split(settings["JB_VALIDATE_ARGS"])
+        assert args[args.index("--engine-name") + 1] == engine and "--server-port" not in args
+        assert "{model}" in args[args.index("--server-command") + 1]
+        assert main(["validate-load", *args]) == 0, capsys.readouterr().err
+    extra = shlex.split(jbprofile.build_settings("inference", ["CI"], {"rate": "4", "engine": "vllm"}, "run",
+                                                 env)["JB_VALIDATE_ARGS"])
+    assert extra[extra.index("--request-extra") + 1] == '{"ignore_eos": true}'
+    continuous = jbprofile.build_settings("inference", ["CI"], {"rate": "4"}, "run", env)
+    assert continuous["JB_COORD_ENGINE"] == "continuous" and not continuous["JB_SERVER"]
+    assert "JB_SERVER" in (JUBE_DIR / "job.sh").read_text()
     with pytest.raises(jbprofile.PointRefused, match="max_concurrency=0 is out of range"):
         jbprofile.build_settings("inference", ["CI"], {"rate": "4", "max_concurrency": "0"}, "run", env)
 

@@ -1,0 +1,85 @@
+"""End to end: the inference workflow's serving points with engine=transformers start a real `transformers serve`.
+
+Real JUBE runs each point as a job; the job's driver (`llm_inference load --server-command` from the profile's
+server_transformers template, its port from jbport.py) starts the server on the CPU with the tiny preset saved as
+a checkpoint (`save-checkpoint`), loads it, and stops it; the job's sampler meters the fake pynvml replaying the
+recorded H100 trace. Locally without Slurm (two rates), and on the local Slurm cluster (one point).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_inference.cli import main
+from tests.jube.conftest import (
+    HAVE_JUBE,
+    JUBE_DIR,
+    REPO,
+    continue_and_read,
+    jube_run,
+    requires_slurm,
+    submit_workdirs,
+    wait_for_jobs,
+    with_fake_nvml,
+)
+
+INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
+TRANSFORMERS = Path(sys.executable).parent / "transformers"
+pytestmark = [pytest.mark.skipif(not HAVE_JUBE, reason="JUBE not installed (apt-get install jube)"),
+              pytest.mark.skipif(not TRANSFORMERS.exists(), reason="transformers[serving] is not installed"),
+              pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    assert main(["save-checkpoint", "--preset", "tiny", "--out", str(out)]) == 0
+    return out
+
+
+def _server_env(env: dict[str, str], checkpoint: Path, rates: str) -> dict[str, str]:
+    return {**with_fake_nvml(env), "JOULEBENCH_SWEEP_ENGINE": "transformers", "JOULEBENCH_SWEEP_RATE": rates,
+            "JOULEBENCH_SWEEP_MAX_CONCURRENCY": "4", "JOULEBENCH_SWEEP_STEADY_SECONDS": "2",
+            "JOULEBENCH_INFERENCE_CHECKPOINT": str(checkpoint), "HF_HUB_OFFLINE": "1"}
+
+
+def _assert_served(rows: list[dict[str, str]], workdirs: list[Path], rates: list[str]) -> None:
+    assert [(r["Rate req/s"], r["Engine"], r["Status"]) for r in rows] == [(r, "transformers", "OK") for r in rates]
+    for row in rows:
+        assert float(row["Requests/s"]) > 0 and float(row["TTFT p90(s)"]) > 0
+        assert float(row["J/output token"]) > 0 and row["Energy method"] in ("counter", "counter+power")
+    for work in workdirs:
+        log = (work / "run" / "server.log").read_text()
+        assert "transformers.cli.transformers serve" in log and "--port" in log
+        assert "# joulebench: server stopped by SIGTERM" in log  # stopped when the driver ended
+
+
+def test_local_serving_points_start_and_stop_transformers_serve(checkpoint, jube_env, tmp_path):
+    env = {k: v for k, v in _server_env(jube_env, checkpoint, "8,max").items()}
+    env.pop("JPWR_FAKE_NVML_DEVICES")  # one fake GPU on this machine
+    out = tmp_path / "runs"
+    proc = subprocess.run(["jube", "run", str(INFERENCE_XML), "-o", str(out), "--hide-animation", "-a", "-r"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
+        rows = list(csv.DictReader(handle))
+    _assert_served(rows, [w / "work" for w in sorted((out / "000000").glob("*_submit"))], ["8", "max"])
+
+
+@requires_slurm
+def test_a_slurm_serving_point_starts_transformers_serve_on_its_node(checkpoint, slurm_cluster, jube_env, tmp_path):
+    env = {**_server_env(jube_env, checkpoint, "8"), "SLURM_CONF": str(slurm_cluster)}
+    out = tmp_path / "slurm"
+    jube_run(INFERENCE_XML, ["CI"], out, env)
+    jobs = submit_workdirs(out)
+    assert len(jobs) == 1
+    wait_for_jobs(out)
+    _, rows = continue_and_read(out, "inference_csv", env)
+    _assert_served(rows, jobs, ["8"])
+    assert os.path.exists(jobs[0] / "run" / "requests.h5")

@@ -80,8 +80,12 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
         steady = next(w for w in record["windows"] if w["name"] == "steady")
         assert steady["energy"]["energy_j"] > 0 and metrics["energy_per_output_token_j"] > 0
         energy = record["requests"]["energy"]
-        assert energy["estimate"] == "client-side estimate" and energy["method"].startswith("client-side estimate")
-        assert energy.get("segments", 0) >= 20 or "unavailable_reason" in energy, energy
+        assert energy["estimate"] == "client-side estimate"
+        if label == "6":  # a few seconds of load: enough counter segments for the fit (at max ~1 s: n/a, said why)
+            assert energy["segments"] >= 20 and energy["method"].startswith("client-side estimate"), energy
+            assert np.all(np.isfinite(table.requests["idle_j"]))
+        else:
+            assert energy.get("segments", 0) >= 20 or "counter segments" in energy["unavailable_reason"], energy
     log = (out / server.LOG_NAME).read_text()
     assert "# joulebench: server stopped by SIGTERM" in log  # stopped at the end, after both rates
     assert "Ignoring unsupported fields" in log or "Request received" in log

@@ -50,6 +50,9 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     later = json.loads((out / "rate_max" / "run_record.json").read_text())["requests"]["energy"]
     assert {(c["fitted_at"], c["predicted"]) for c in later["cross_rate"]} == {("max", "40"), ("40", "max")}
     assert isinstance(later["controlled_split"], list) and len(later["controlled_split"]) == 2
+    # the client-side estimate's error, measured on the engine's own requests (llm_inference/client_estimate.py)
+    error = later["client_side_estimate_error"]
+    assert error["requests"] > 0 and 0 <= error["relative_error_p50"] <= error["relative_error_p90"], error
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +181,27 @@ def test_bad_server_values_are_refused_by_the_parser(argv, named, capsys):
     with pytest.raises(SystemExit) as ended:
         main(["validate-load", "--preset", "tiny", *LOAD, "--rate", "2", *argv])
     assert ended.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_load_and_the_server(checkpoint, fake_env, tmp_path):
+    """SIGTERM during a rate: TIMEOUT record with its table, no later rate, and the server stopped (its log says
+    how) before the driver exits."""
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rates", "4,max",
+                             "--steady-seconds", "120", "--server-command", SERVE, "--out-dir", str(out)],
+                            env={**fake_env(), "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "counted poisson arrivals" in line:
+            break
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 124, stderr[-3000:]
+    record = _record(out / "rate_4")
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    assert read_requests(out / "rate_4" / FILE_NAME).requests["id"].size == record["requests"]["rows"] > 0
+    assert not (out / "rate_max").exists()
+    assert "# joulebench: server stopped by SIGTERM" in (out / server.LOG_NAME).read_text()

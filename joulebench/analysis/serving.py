@@ -2,7 +2,8 @@
 request rate, one record per rate) as a table by rate, a chart of J/request and p90 TTFT / TPOT against the offered
 rate with the SLO lines, and one sentence naming the cheapest rate that meets the SLO.
 
-Load records are grouped by (model, task, max_concurrency): only rates of one engine setup are compared. The
+Load records are grouped by (engine, model, task, max_concurrency): only rates of one engine setup are compared
+(the engine: `continuous`, the in-process engine, or the server a record names, e.g. `transformers`). The
 cheapest rate is the one with the lowest J/request p50 among rates whose p90 TTFT <= slo_ttft_ms and p90 TPOT <=
 slo_tpot_ms (each record is judged against the SLOs it carries). A static-batch record has no `rate` in its metrics
 and is not part of this section. A figure that is missing is n/a, never 0; a record whose figures cannot be true
@@ -124,21 +125,25 @@ def _float_or_none(text: str) -> float | None:
         return None
 
 
-def group_key(run: Run) -> tuple[str, str, str]:
+GroupKey = tuple[str, str, str, str]
+
+
+def group_key(run: Run) -> GroupKey:
     config, m = run.record.config, run.record.metrics
+    engine = config.get("engine") or "engine n/a"
     model = config.get("model") or config.get("preset") or "model n/a"
     task = config.get("task") or m.get("task") or "task n/a"
     slots = m.get("max_concurrency", config.get("max_concurrency"))
-    return str(model), str(task), fmt(slots) if _number(slots) is not None else "n/a"
+    return str(engine), str(model), str(task), fmt(slots) if _number(slots) is not None else "n/a"
 
 
-def group_title(key: tuple[str, str, str]) -> str:
-    return f"{key[0]}, {key[1]}, max concurrency {key[2]}"
+def group_title(key: GroupKey) -> str:
+    return f"{key[0]}: {key[1]}, {key[2]}, max concurrency {key[3]}"
 
 
-def serving_groups(runs: Sequence[Run]) -> dict[tuple[str, str, str], list[RateRow]]:
-    """Load records by (model, task, max_concurrency), each group's rows by offered rate, `max` last."""
-    groups: dict[tuple[str, str, str], list[RateRow]] = {}
+def serving_groups(runs: Sequence[Run]) -> dict[GroupKey, list[RateRow]]:
+    """Load records by (engine, model, task, max_concurrency), each group's rows by offered rate, `max` last."""
+    groups: dict[GroupKey, list[RateRow]] = {}
     for run in runs:
         if is_load_record(run):
             groups.setdefault(group_key(run), []).append(rate_row(run))
@@ -268,7 +273,7 @@ def serving_figure(rows: Sequence[RateRow], title: str, best: RateRow | None = N
     return fig
 
 
-def group_stem(key: tuple[str, str, str]) -> str:
+def group_stem(key: GroupKey) -> str:
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in "_".join(key))
     return f"serving_{safe}"
 

@@ -152,8 +152,8 @@ def test_report_page_chart_and_cli_sentence(sweep, tmp_path, capsys):
     out = tmp_path / "report"
     assert joulebench_main(["report", str(sweep), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "serving, llama-8b, chat, max concurrency 256: Cheapest rate that meets the SLO" in printed
-    chart = out / "serving_llama-8b_chat_256.png"
+    assert "serving, continuous: llama-8b, chat, max concurrency 256: Cheapest rate that meets the SLO" in printed
+    chart = out / "serving_continuous_llama-8b_chat_256.png"
     assert chart.stat().st_size > 10_000
     page = (out / "index.html").read_text()
     assert "Serving (llm_inference load records)" in page and "32 requests/s at 21.87 J/request" in page

@@ -162,11 +162,11 @@ def _check_driver(module: str, words: list[str], tmp_path: Path) -> None:
         sub = "validate"  # same options, no device (JUBE's validate step relies on that too)
     elif sub == "load":
         sub = "validate-load"
-    elif sub == "make-data":
+    elif sub in ("make-data", "save-checkpoint"):
         rest = [w.replace("/tmp/", f"{tmp_path}/") for w in rest]
     elif sub == "preprocess":
         return _check_verb([sys.executable, "-m", module], [sub, *rest], tmp_path)
-    elif sub not in ("validate", "validate-load"):
+    elif sub not in ("validate", "validate-load", "save-checkpoint"):
         pytest.fail(f"no check for python -m {module} {sub}")
     result = _run([sys.executable, "-m", module, sub, *rest], tmp_path)
     assert result.returncode == 0, f"python -m {module} {sub} {shlex.join(rest)}: {result.stderr[-2000:]}"

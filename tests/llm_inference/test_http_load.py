@@ -96,7 +96,8 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
 
 @pytest.mark.slow
 def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_trace_dir, tmp_path):
-    """503 answers, a malformed event-stream line, a reset mid-stream: failed requests, each named; a stream
+    """/v1/completions through the proxy: 503 answers, a malformed event-stream line, a reset mid-stream: failed
+    requests, each named; a stream
     without `usage`: its tokens counted from the stream. The run itself stays OK (most requests succeed)."""
     port = server.free_port("127.0.0.1")
     argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
@@ -105,7 +106,8 @@ def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_tra
     with server.started(argv, env, tmp_path / "server.log", "127.0.0.1", port, 120), FaultProxy(port) as proxy:
         out = tmp_path / "load"
         result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
-                          "20", "--url", proxy.url, "--out-dir", str(out)], _env(fake_env, h100_trace_dir), tmp_path)
+                          "20", "--url", proxy.url, "--api", "completions", "--out-dir", str(out)],
+                         _env(fake_env, h100_trace_dir), tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = _record(out)
     failures = record["requests"]["failures"]

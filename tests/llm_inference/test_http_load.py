@@ -97,8 +97,8 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
 @pytest.mark.slow
 def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_trace_dir, tmp_path):
     """/v1/completions through the proxy: 503 answers, a malformed event-stream line, a reset mid-stream: failed
-    requests, each named; a stream
-    without `usage`: its tokens counted from the stream. The run itself stays OK (most requests succeed)."""
+    requests, each named; a stream without `usage`: its tokens counted from the stream. The run itself stays OK
+    (most requests succeed)."""
     port = server.free_port("127.0.0.1")
     argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
                                  "concurrency": "8", "devices": ""})

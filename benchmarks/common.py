@@ -23,6 +23,15 @@ def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dic
     return env
 
 
+def first_gpu_uuid() -> str:
+    """NVML's first GPU's UUID: the one device a single-GPU script runs on and reads the counter of."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    raw = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], digits: int = 6) -> str:
     """Rows as a Markdown table; numbers through jpwr.output.fmt, so missing values print as n/a."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

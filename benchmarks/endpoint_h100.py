@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
 from benchmarks.serving_h100 import rows_of  # noqa: E402
 
 SERVE = "transformers serve {model} --device cuda --host {host} --port {port} --continuous-batching"
@@ -55,11 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--timeout-s", type=float, default=560.0, help="per run")
     args = parser.parse_args(argv)
-    import pynvml
-
-    pynvml.nvmlInit()
-    raw = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-    uuid = raw.decode() if isinstance(raw, bytes) else raw
+    uuid = first_gpu_uuid()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint"

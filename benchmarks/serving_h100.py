@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
 
 MODEL = ["--preset", "llama-8b", "--task", "chat", "--energy-methods", "nvml"]  # + --steady-seconds (--window-s)
 HEADER = ("run", "status", "slots/batch", "rate", "tokens/s", "J/output token", "bound %", "deviation %",
@@ -119,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
     parser.add_argument("--timeout-s", type=float, default=540.0, help="per run")
     args = parser.parse_args(argv)
-    import pynvml
-
-    pynvml.nvmlInit()
-    raw = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-    uuid = raw.decode() if isinstance(raw, bytes) else raw
+    uuid = first_gpu_uuid()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     table = commands(args)

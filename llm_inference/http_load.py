@@ -55,7 +55,7 @@ from llm_inference.load import (
 from llm_inference.load_config import LoadConfig, ServerTarget, rate_label
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import window_seconds
-from llm_inference.serve_loop import QUEUE_SLOTS, SaturatedWindow, WindowRule
+from llm_inference.serve_loop import ArrivalFeed, SaturatedWindow, WindowRule
 from llm_inference.serving_energy import Sweep, client_energy
 
 HOST = "127.0.0.1"
@@ -123,25 +123,18 @@ class HttpLoad:
             ) -> tuple[int, dict[int, int], tuple[int, int] | None, str | None]:
         """Serve `requests` (in arrival order; endless at `--rate max`); returns the load's start, the arrivals,
         the window's edges (ns) and the stop reason."""
-        pending = iter(requests)
-        upcoming = next(pending, None)
         start_ns = time.monotonic_ns()
-        arrival_ns: dict[int, int] = {}
+        feed = ArrivalFeed(requests, start_ns, self.slots)
         edges: list[int] = []
         last_progress = time.monotonic()
         stop_reason = None
         with ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="request") as pool, self.cond:
             while True:
                 now_s = (time.monotonic_ns() - start_ns) / 1e9
-                while (upcoming is not None and upcoming.arrival_s <= now_s
-                       and len(self.queue) < QUEUE_SLOTS * self.slots):
-                    self.queue.append(upcoming)
-                    arrival_ns[upcoming.id] = start_ns + round(upcoming.arrival_s * 1e9)
-                    self.warmups_left += upcoming.warmup
-                    upcoming = next(pending, None)
-                self.exhausted = upcoming is None
+                self.warmups_left += feed.move_due(self.queue, now_s)
+                self.exhausted = feed.exhausted
                 stop_reason = stop()
-                if stop_reason or (not self.in_flight and not self.queue and upcoming is None):
+                if stop_reason or (not self.in_flight and not self.queue and feed.exhausted):
                     break
                 while self.queue and self.in_flight < self.slots:
                     request = self.queue.popleft()
@@ -157,7 +150,8 @@ class HttpLoad:
                     edges.append(now)
                     if isinstance(rule, SaturatedWindow):  # the queue "empties": nothing more is sent
                         self.queue.clear()
-                        upcoming = None
+                        feed.close()
+                upcoming = feed.upcoming
                 wait = WAIT_S if upcoming is None else min(WAIT_S, max(0.0, upcoming.arrival_s - now_s))
                 self.cond.wait(wait)
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
@@ -178,7 +172,7 @@ class HttpLoad:
                 pool.shutdown(wait=True)
             finally:
                 self.cond.acquire()
-        return start_ns, arrival_ns, (edges[0], edges[1]) if len(edges) == 2 else None, stop_reason
+        return start_ns, feed.arrival_ns, (edges[0], edges[1]) if len(edges) == 2 else None, stop_reason
 
 
 # ---- figures of one rate ------------------------------------------------------------------------------------

@@ -96,6 +96,36 @@ class ServeLog:
                 np.array([a for amounts in self.step_amounts for a in amounts], dtype=np.int64))
 
 
+class ArrivalFeed:
+    """A load's requests entering its queue once their arrival time has passed, on both load targets (the engine's
+    loop and the HTTP client): at most QUEUE_SLOTS times the slots wait in the queue, later ones in the source."""
+
+    def __init__(self, requests: Iterator[Request], start_ns: int, slots: int) -> None:
+        self.pending = iter(requests)
+        self.upcoming = next(self.pending, None)
+        self.start_ns, self.limit = start_ns, QUEUE_SLOTS * slots
+        self.arrival_ns: dict[int, int] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        """Every request of the source has arrived (or the feed was closed)."""
+        return self.upcoming is None
+
+    def move_due(self, queue: deque[Request], now_s: float) -> int:
+        """Move the requests due by `now_s` into `queue`; returns how many of them are warm-up requests."""
+        warmups = 0
+        while self.upcoming is not None and self.upcoming.arrival_s <= now_s and len(queue) < self.limit:
+            queue.append(self.upcoming)
+            self.arrival_ns[self.upcoming.id] = self.start_ns + round(self.upcoming.arrival_s * 1e9)
+            warmups += self.upcoming.warmup
+            self.upcoming = next(self.pending, None)
+        return warmups
+
+    def close(self) -> None:
+        """Nothing more arrives (the queue "empties" at the end of a `--rate max` window)."""
+        self.upcoming = None
+
+
 class WindowRule:
     """When the measured window begins and ends; the driver's meter calls go in `on_begin` / `on_end`."""
 
@@ -300,24 +330,18 @@ class ServeLoop:
         """Serve `requests` (sorted by arrival; may be endless for `--rate max`, which stops admitting at the
         window's end); `on_begin()` / `on_end(tokens)` open and close the meter's window (after a device sync).
         A stop request closes the window and ends the loop at once (requests in flight stay unfinished)."""
-        pending = iter(requests)
-        upcoming = next(pending, None)
         self._synced_edge()
         start_ns = time.monotonic_ns()
+        feed = ArrivalFeed(requests, start_ns, self.slots)
         window = _Window()
-        arrival_ns: dict[int, int] = {}
         last_progress = time.monotonic()
         stop_reason: str | None = None
         while True:
             now_s = (time.monotonic_ns() - start_ns) / 1e9
-            while upcoming is not None and upcoming.arrival_s <= now_s and len(self.queue) < QUEUE_SLOTS * self.slots:
-                self.queue.append(upcoming)
-                arrival_ns[upcoming.id] = start_ns + round(upcoming.arrival_s * 1e9)
-                self.warmups_left += upcoming.warmup
-                upcoming = next(pending, None)
-            self.exhausted = upcoming is None
+            self.warmups_left += feed.move_due(self.queue, now_s)
+            self.exhausted = feed.exhausted
             stop_reason = stop()
-            if stop_reason or (not self.running and not self.queue and upcoming is None):
+            if stop_reason or (not self.running and not self.queue and feed.exhausted):
                 break
             before = len(self.steps)
             self._admit(now_s)
@@ -327,21 +351,21 @@ class ServeLoop:
                 window.mark(self, lambda: on_end(window.tokens))
                 if isinstance(rule, SaturatedWindow):  # the queue "empties": nothing more is admitted
                     self.queue.clear()
-                    upcoming = None
+                    feed.close()
             if self.running:
                 self._decode()
             window.count(self.steps[before:])
             if len(self.steps) == before:  # nothing to run: sleep until the next arrival
                 self._synced_edge()
-                if upcoming is not None:
-                    time.sleep(max(0.0, upcoming.arrival_s - (time.monotonic_ns() - start_ns) / 1e9))
+                if feed.upcoming is not None:
+                    time.sleep(max(0.0, feed.upcoming.arrival_s - (time.monotonic_ns() - start_ns) / 1e9))
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
-                self.log(self._progress(now_s, expected, arrival_ns))
+                self.log(self._progress(now_s, expected, feed.arrival_ns))
         if window.edges == 1:  # stopped inside the window: close it where the loop stopped
             window.mark(self, lambda: on_end(window.tokens))
         self._synced_edge()
-        return self._serve_log(start_ns, arrival_ns, window, stop_reason)
+        return self._serve_log(start_ns, feed.arrival_ns, window, stop_reason)
 
     def _progress(self, now_s: float, expected: int | None, arrival_ns: dict[int, int]) -> str:
         ttfts = [self.first_token_host[i] - arrival_ns[i] / 1e9 for i in self.first_token_host]

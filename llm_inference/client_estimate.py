@@ -71,9 +71,9 @@ def _pieces(streams: Sequence[ClientStream], cell: float) -> np.ndarray:
         before = np.searchsorted(events, first - cell, side="left")  # events earlier than the same step's output
         previous = float(events[before - 1]) if before else -np.inf
         start = min(max(float(s.sent_ns), previous), first - 1.0)
-        extra = tokens[0] - 1  # a first chunk of several tokens: the rest decoded in the same interval
-        rows.append((s.id, start, first, s.input_tokens, 1.0, max(extra, 0.0),
-                     max(extra, 0.0) * (s.input_tokens + 1) + max(extra, 0.0) * (max(extra, 0.0) - 1) / 2))
+        extra = max(tokens[0] - 1, 0.0)  # a first chunk of several tokens: the rest decoded in the same interval
+        rows.append((s.id, start, first, s.input_tokens, 1.0 if s.input_tokens > 0 else 0.0, extra,
+                     extra * (s.input_tokens + 1) + extra * (extra - 1) / 2))
         received = np.concatenate(([0.0], np.cumsum(tokens)))[1:-1]  # tokens received before each later chunk
         k = tokens[1:]
         kv = k * (s.input_tokens + received) + k * (k - 1) / 2

@@ -10,8 +10,8 @@ in flight: the load generator bounds them by `--max-concurrency`.
 Faults end the request with a status and a named reason, never silently: `failed` (connection refused after the
 retries, an HTTP error with the start of its body, an error event, a malformed event-stream line, the connection
 reset or closed before `[DONE]`), `timed_out` (no `[DONE]` within the request timeout), `unfinished` (the load was
-stopped). Retries happen only where no byte of an answer arrived (connection refused or reset before the status
-line): a retried request never doubles work the server started.
+stopped). Retries happen only where no connection was made (refused or reset while connecting): nothing was sent,
+so a retried request never doubles work the server started.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ class StreamResult:
     chunk_ns: list[int] = dataclasses.field(default_factory=list)
     usage: dict[str, Any] | None = None
     status: str = "unfinished"  # done | failed | timed_out | unfinished
-    error: str | None = None
+    kind: str | None = None  # the fault's kind, fixed words (the record groups failures by it)
+    error: str | None = None  # the fault in full
     http_status: int | None = None
     attempts: int = 0
 
@@ -94,20 +95,26 @@ class StreamResult:
         reported = (self.usage or {}).get("completion_tokens")
         return "usage" if isinstance(reported, int) and self.status == "done" else "stream"
 
+    def end(self, status: str, kind: str, error: str) -> None:
+        self.status, self.kind, self.error = status, kind, error
+
 
 class StreamError(Exception):
-    """The request ends here with `status` and the message as its reason."""
+    """The request ends here with `status`, a fixed `kind` and the message as its reason."""
 
-    def __init__(self, status: str, reason: str) -> None:
+    def __init__(self, status: str, kind: str, reason: str) -> None:
         super().__init__(reason)
-        self.status = status
+        self.status, self.kind = status, kind
+
+
+STOPPED = ("unfinished", "stopped", "the load was stopped")
 
 
 def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, stop: threading.Event,
            register: Callable[[socket.socket | None], None] = lambda sock: None) -> StreamResult:
     """Send one request and read its stream to the end, filling `result` as chunks arrive (a load reads the
     chunks of requests in flight at its window's edges); `register` is told the connection's socket (and None
-    when done) so that a stopping load can shut it down."""
+    when done) so that a stopping load can shut it down. Whatever ends it, the result says how."""
     result.sent_ns = time.monotonic_ns()
     deadline = time.monotonic() + target.timeout_s
     try:
@@ -117,48 +124,54 @@ def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, s
         finally:
             connection.close()
     except StreamError as exc:
-        result.status, result.error = exc.status, str(exc)
+        result.end(exc.status, exc.kind, str(exc))
     except TimeoutError:
-        result.status = "timed_out"
-        result.error = f"no end of stream within {target.timeout_s:g} s ({result.chunks} chunks read)"
+        result.end("timed_out", "timed out", f"no end of stream within {target.timeout_s:g} s ({result.chunks} "
+                                             "chunks read)")
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
-        stopped = stop.is_set()
-        result.status = "unfinished" if stopped else "failed"
-        result.error = ("the load was stopped" if stopped else
-                        f"connection lost after {result.chunks} chunks ({type(exc).__name__}: {exc})")
+        result.end("failed", "connection lost", f"connection lost after {result.chunks} chunks "
+                                                f"({type(exc).__name__}: {exc})")
+    except Exception as exc:  # an answer this client cannot read: the request fails, the load goes on
+        result.end("failed", "unreadable answer", f"unreadable answer after {result.chunks} chunks "
+                                                  f"({type(exc).__name__}: {exc})")
     finally:
         register(None)
+    if stop.is_set() and result.status != "done":
+        result.end(*STOPPED)  # whatever the shut-down socket looked like to the reader
     return result
 
 
 def _open(target: Target, prompt: str, max_tokens: int, result: StreamResult, deadline: float,
           stop: threading.Event, register: Callable[[socket.socket | None], None]
           ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-    """Connect, send and read the status line; retried only while nothing of an answer arrived."""
+    """Connect (retried only while no connection was made: nothing was sent), send and read the status line."""
     host, port = target.host_port
     payload = json.dumps(target.body(prompt, max_tokens)).encode()
     while True:
+        if stop.is_set():
+            raise StreamError(*STOPPED)
         result.attempts += 1
         connection = http.client.HTTPConnection(host, port, timeout=max(0.001, deadline - time.monotonic()))
         try:
             connection.connect()
-            register(connection.sock)
-            connection.request("POST", APIS[target.api], body=payload,
-                               headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-            response = connection.getresponse()
-        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
+            break
+        except (ConnectionRefusedError, ConnectionResetError) as exc:
             connection.close()
-            if stop.is_set() or result.attempts > target.retries or time.monotonic() + RETRY_PAUSE_S > deadline:
-                raise StreamError("failed", f"no answer after {result.attempts} attempt(s) "
-                                            f"({type(exc).__name__}: {exc})") from None
+            if result.attempts > target.retries or time.monotonic() + RETRY_PAUSE_S > deadline:
+                raise StreamError("failed", "no connection", f"no connection after {result.attempts} attempt(s) "
+                                                             f"({type(exc).__name__}: {exc})") from None
             time.sleep(RETRY_PAUSE_S)
-            continue
-        result.http_status = response.status
-        if response.status != 200:
-            body = response.read(4 * BODY_SHOWN).decode("utf-8", "replace").strip()
-            connection.close()
-            raise StreamError("failed", f"HTTP {response.status} {response.reason}: {body[:BODY_SHOWN]}")
-        return response, connection
+    register(connection.sock)
+    connection.request("POST", APIS[target.api], body=payload,
+                       headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    response = connection.getresponse()
+    result.http_status = response.status
+    if response.status != 200:
+        body = response.read(4 * BODY_SHOWN).decode("utf-8", "replace").strip()
+        connection.close()
+        raise StreamError("failed", f"HTTP {response.status}", f"HTTP {response.status} {response.reason}: "
+                                                              f"{body[:BODY_SHOWN]}")
+    return response, connection
 
 
 def _read_events(response: http.client.HTTPResponse, connection: http.client.HTTPConnection, result: StreamResult,
@@ -177,13 +190,14 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
             if finished:
                 result.status = "done"
                 return
-            raise StreamError("failed", f"the server closed the stream without a finish_reason or [DONE] after "
-                                        f"{result.chunks} chunks")
+            raise StreamError("failed", "stream ended early", f"the server closed the stream without a finish_reason "
+                                                              f"or [DONE] after {result.chunks} chunks")
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line or line.startswith(":") or line.split(":", 1)[0] in ("event", "id", "retry"):
             continue
         if not line.startswith("data:"):
-            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r}")
+            raise StreamError("failed", "malformed event-stream line", f"malformed event-stream line "
+                                                                       f"{line[:LINE_SHOWN]!r}")
         data = line[5:].strip()
         if data == "[DONE]":
             result.status = "done"
@@ -191,11 +205,13 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
         try:
             event = json.loads(data)
         except json.JSONDecodeError:
-            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r} (not JSON)") from None
+            raise StreamError("failed", "malformed event-stream line", f"malformed event-stream line "
+                                                                       f"{line[:LINE_SHOWN]!r} (not JSON)") from None
         if not isinstance(event, dict):
-            raise StreamError("failed", f"malformed event-stream line {line[:LINE_SHOWN]!r} (not an object)")
+            raise StreamError("failed", "malformed event-stream line", f"malformed event-stream line "
+                                                                       f"{line[:LINE_SHOWN]!r} (not an object)")
         if event.get("error"):
-            raise StreamError("failed", f"error event: {json.dumps(event['error'])[:BODY_SHOWN]}")
+            raise StreamError("failed", "error event", f"error event: {json.dumps(event['error'])[:BODY_SHOWN]}")
         if _text(event, api):
             result.chunk_ns.append(time.monotonic_ns())
         finished = finished or any(isinstance(c, dict) and c.get("finish_reason") for c in event.get("choices") or [])

@@ -15,6 +15,7 @@ sweep. A failed or timed-out request is counted and named (record `requests.fail
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import socket
@@ -63,6 +64,7 @@ WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request 
 PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
 PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
+READY_POLL_S = 0.5
 
 
 def _log(text: str) -> None:
@@ -97,18 +99,22 @@ class HttpLoad:
         with self.cond:
             if sock is None:
                 self.sockets.pop(request_id, None)
+            elif self.stopping.is_set():  # connected while the load stopped: end it now
+                _shut(sock)
             else:
                 self.sockets[request_id] = sock
 
     def _one(self, request: Request) -> None:
         result = self.results[request.id]
-        stream(self.target, result, self.prompt(request), request.output_tokens, self.stopping,
-               lambda sock: self._register(request.id, sock))
-        with self.cond:
-            self.in_flight -= 1
-            self.done += 1
-            self.warmups_left -= request.warmup
-            self.cond.notify_all()
+        try:
+            stream(self.target, result, self.prompt(request), request.output_tokens, self.stopping,
+                   lambda sock: self._register(request.id, sock))
+        finally:
+            with self.cond:
+                self.in_flight -= 1
+                self.done += 1
+                self.warmups_left -= request.warmup
+                self.cond.notify_all()
 
     def chunks_read(self) -> int:
         """Chunks read so far: the window's step count (a server step gives each running request one chunk)."""
@@ -118,23 +124,45 @@ class HttpLoad:
         """Output chunks read inside [t0, t1] (one token each: `usage` corrects the count after the load)."""
         return sum(sum(1 for t in r.chunk_ns if t0_ns <= t <= t1_ns) for r in list(self.results.values()))
 
+    def _stop_all(self) -> None:
+        """Requests in flight end now: their sockets are shut down, later connections at once (`_register`)."""
+        with self.cond:
+            self.stopping.set()
+            for sock in self.sockets.values():
+                _shut(sock)
+
     def run(self, requests: Iterator[Request], rule: WindowRule, on_begin: Callable[[], None],
-            on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None
-            ) -> tuple[int, dict[int, int], tuple[int, int] | None, str | None]:
-        """Serve `requests` (in arrival order; endless at `--rate max`); returns the load's start, the arrivals,
-        the window's edges (ns) and the stop reason."""
+            on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None) -> LoadOutcome:
+        """Serve `requests` (in arrival order; endless at `--rate max`) until they are done or a stop request;
+        on a stop or an error the requests in flight are ended, never waited for."""
         start_ns = time.monotonic_ns()
         feed = ArrivalFeed(requests, start_ns, self.slots)
+        outcome = LoadOutcome(start_ns, feed.arrival_ns)
+        pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="request")
+        try:
+            self._dispatch(feed, pool, rule, on_begin, on_end, stop, expected, outcome)
+        except BaseException:
+            self._stop_all()
+            raise
+        finally:
+            if outcome.stop_reason:
+                self._stop_all()
+            pool.shutdown(wait=True)
+        return outcome
+
+    def _dispatch(self, feed: ArrivalFeed, pool: ThreadPoolExecutor, rule: WindowRule, on_begin: Callable[[], None],
+                  on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None,
+                  outcome: LoadOutcome) -> None:
         edges: list[int] = []
         last_progress = time.monotonic()
-        stop_reason = None
-        with ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="request") as pool, self.cond:
+        with self.cond:
             while True:
-                now_s = (time.monotonic_ns() - start_ns) / 1e9
+                now_s = (time.monotonic_ns() - outcome.start_ns) / 1e9
                 self.warmups_left += feed.move_due(self.queue, now_s)
                 self.exhausted = feed.exhausted
-                stop_reason = stop()
-                if stop_reason or (not self.in_flight and not self.queue and feed.exhausted):
+                outcome.stop_reason = stop()
+                if outcome.stop_reason or (not self.in_flight and not self.queue and feed.exhausted):
+                    outcome.in_flight_at_end = self.in_flight
                     break
                 while self.queue and self.in_flight < self.slots:
                     request = self.queue.popleft()
@@ -152,8 +180,9 @@ class HttpLoad:
                         self.queue.clear()
                         feed.close()
                 upcoming = feed.upcoming
-                wait = WAIT_S if upcoming is None else min(WAIT_S, max(0.0, upcoming.arrival_s - now_s))
-                self.cond.wait(wait)
+                due_later = upcoming is not None and upcoming.arrival_s > now_s
+                # a request due but held back by the full queue waits for a completion (notify), as does an idle one
+                self.cond.wait(min(WAIT_S, upcoming.arrival_s - now_s) if due_later else WAIT_S)
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     _log(f"load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | in flight "
@@ -162,17 +191,23 @@ class HttpLoad:
                 now = time.monotonic_ns()
                 on_end(self.tokens_between(edges[0], now))
                 edges.append(now)
-            if stop_reason:
-                self.stopping.set()
-                for sock in self.sockets.values():
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-            self.cond.release()
-            try:
-                pool.shutdown(wait=True)
-            finally:
-                self.cond.acquire()
-        return start_ns, feed.arrival_ns, (edges[0], edges[1]) if len(edges) == 2 else None, stop_reason
+        outcome.window = (edges[0], edges[1]) if len(edges) == 2 else None
+
+
+@dataclasses.dataclass
+class LoadOutcome:
+    """What one rate's load gives back: its time zero, the arrivals (ns), the window's edges and why it stopped."""
+
+    start_ns: int
+    arrival_ns: dict[int, int]
+    window: tuple[int, int] | None = None
+    stop_reason: str | None = None
+    in_flight_at_end: int = 0
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 # ---- figures of one rate ------------------------------------------------------------------------------------
@@ -249,7 +284,7 @@ def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival
 
 def _failures(results: dict[int, StreamResult]) -> dict[str, Any]:
     bad = [r for r in results.values() if r.status in ("failed", "timed_out")]
-    kinds = Counter((r.error or r.status).split(":")[0][:80] for r in bad)
+    kinds = Counter(r.kind or r.status for r in bad)
     return {"count": len(bad), "by_reason": dict(kinds.most_common()),
             "first": [{"id": r.id, "status": r.status, "reason": r.error} for r in sorted(bad, key=lambda r: r.id)
                       [:FAILURES_LISTED]]}
@@ -269,23 +304,33 @@ def _placeholders(cfg: LoadConfig, target: ServerTarget, port: int | None) -> di
             "devices": target.devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
 
-def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path
-                  ) -> dict[str, Any]:
+def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path,
+                  stop: Callable[[], str | None]) -> dict[str, Any]:
     port = target.port or server.free_port(HOST)
     argv = server.render(target.command or "", _placeholders(cfg, target, port))
     log_path = out_dir / server.LOG_NAME
     _log(f"starting the server: {' '.join(argv)} (log {log_path})")
     running, ready_s = stack.enter_context(server.started(argv, _devices_env(target), log_path, HOST, port,
-                                                          target.ready_timeout_s))
+                                                          target.ready_timeout_s, stop))
     _log(f"server ready after {ready_s:.1f} s on {HOST}:{port}")
     return {"url": f"http://{HOST}:{port}", "process": running, "argv": argv, "ready_s": ready_s,
             "log": str(log_path)}
 
 
-def _prime(client: Target) -> float:
+def _prime(client: Target, stop: Callable[[], str | None]) -> float:
     """One short request before the first rate: a server may set up its engine at its first request (transformers
-    serve's continuous batching: ~30 s on a CPU), which no rate's window should hold. Refused when it fails."""
-    result = stream(client, StreamResult(-1), PRIMING_PROMPT, PRIMING_TOKENS, threading.Event())
+    serve's continuous batching: ~30 s on a CPU), which no rate's window should hold. Refused when it fails; a stop
+    request ends the wait (StopRequested)."""
+    result, stopping = StreamResult(-1), threading.Event()
+    worker = threading.Thread(target=stream, args=(client, result, PRIMING_PROMPT, PRIMING_TOKENS, stopping),
+                              daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(READY_POLL_S)
+        reason = stop()
+        if reason:
+            stopping.set()
+            raise StopRequested(f"{reason}: while waiting for the server's first answer")
     if result.status != "done":
         raise RuntimeError(f"the server did not answer a first request: {result.status}: {result.error}")
     seconds = (time.monotonic_ns() - result.sent_ns) / 1e9
@@ -322,8 +367,8 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
 
     with life.run(run_id, out_dir, config, metrics=metrics) as run:
         if "server" not in state:
-            state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir)) if target.command
-                               else {"url": target.url})
+            state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir), life.stop.local_reason)
+                               if target.command else {"url": target.url})
             started = state["server"]
             state["server_record"] = {
                 "url": started["url"], "command": started.get("argv"),
@@ -335,7 +380,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
                         target.request_timeout_s, target.retries, target.request_extra)
         if "first_request_s" not in state["server_record"]:
-            state["server_record"]["first_request_s"] = _prime(client)
+            state["server_record"]["first_request_s"] = _prime(client, life.stop.local_reason)
         meter_devices = target.devices is not None or target.command is not None
         if not meter_devices:
             figures["energy_block"] = {"unavailable_reason": "an external server (--url) without --server-devices: "
@@ -363,8 +408,9 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         def on_end(tokens: int) -> None:
             figures["steady"] = meter.end("steady", load.chunks_read(), {WORK_UNIT: tokens})
 
-        start_ns, arrival_ns, window_ns, stop_reason = load.run(
-            source(), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end, stop, plan.expected)
+        outcome = load.run(source(), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end, stop,
+                           plan.expected)
+        start_ns, arrival_ns, window_ns = outcome.start_ns, outcome.arrival_ns, outcome.window
         results = load.results
         counted = _counted(results, served, plan.rule, window_ns)
         steady: Window | None = figures.get("steady")
@@ -389,17 +435,18 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         if failures["count"]:
             run.record.warn(f"{failures['count']} request(s) failed or timed out: "
                             + "; ".join(f"{n} x {k}" for k, n in failures["by_reason"].items()))
-        gone = _gone(state)
+        asked = life.stop.local_reason()  # a stop first: a server it also reached, and cut requests, follow from it
+        if asked:
+            raise StopRequested(f"{asked}: the load stopped with {outcome.in_flight_at_end} requests in flight")
+        gone = _gone(state)  # the other reason the load stops early
         if gone:
             raise RuntimeError(f"{gone} (during rate {label}, {len(done)} of {len(results)} requests done)")
         if counted and not counted & done:
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
                                f"{(failures['first'] or [{}])[0].get('reason')})")
-        if window_ns is None and not stop_reason:
+        if window_ns is None:
             raise RuntimeError("the load ended before its window opened (no moment with every slot busy after the "
                                "warm-up requests, or no counted arrival): raise --requests or lower --max-concurrency")
-        if stop_reason:
-            raise StopRequested(f"{stop_reason}: the load stopped with {load.in_flight} requests in flight")
     return run.record, idle
 
 

@@ -46,12 +46,16 @@ class ServerTarget:
 
     @property
     def engine(self) -> str:
+        """The engine column: --engine-name, else the started program (the module of `python -m MODULE`, its top
+        package), else "external"."""
         if self.engine_name:
             return self.engine_name
-        if self.command:
-            program = self.command.split()[0] if self.command.split() else "server"
-            return program.rsplit("/", 1)[-1]
-        return "external"
+        words = self.command.split() if self.command else []
+        if not words:
+            return "external"
+        if "-m" in words[:-1] and ("python" in words[0] or words[0] == "{python}"):
+            return words[words.index("-m") + 1].split(".")[0]
+        return words[0].rsplit("/", 1)[-1]
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -21,9 +21,10 @@ import socket
 import string
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from joulebench.lifecycle import StopRequested
 from jpwr import ValidationError
 
 PLACEHOLDERS = ("model", "host", "port", "concurrency", "devices", "python")  # python: this interpreter
@@ -121,11 +122,14 @@ class Server:
             return None
         return f"the server exited with code {code}; the last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
-    def wait_ready(self, host: str, port: int, timeout_s: float) -> float:
+    def wait_ready(self, host: str, port: int, timeout_s: float, stop: Callable[[], str | None]) -> float:
         """Seconds until the server answered 200 on a READY_PATHS; refused (with its log) when it exits or the
-        timeout passes first."""
+        timeout passes first; a stop request ends the wait (StopRequested)."""
         start = time.monotonic()
         while True:
+            reason = stop()
+            if reason:
+                raise StopRequested(f"{reason}: while waiting for the server to become ready")
             gone = self.exited()
             if gone:
                 raise RuntimeError(f"the server never became ready: {gone}")
@@ -138,17 +142,19 @@ class Server:
             time.sleep(READY_POLL_S)
 
     def stop(self) -> str:
-        """SIGTERM to the group, STOP_GRACE_S, then SIGKILL; returns how it ended."""
+        """SIGTERM to the group, STOP_GRACE_S, then SIGKILL to the group (also where the server itself had exited:
+        its workers may hold the devices); returns how it ended."""
         if self.process.poll() is not None:
-            return f"had exited with code {self.process.returncode}"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(STOP_GRACE_S)
-            how = f"stopped by SIGTERM (exit code {self.process.returncode})"
-        except subprocess.TimeoutExpired:
-            how = f"killed (SIGKILL) after {STOP_GRACE_S:g} s without exiting on SIGTERM"
-        with contextlib.suppress(ProcessLookupError):
+            how = f"had exited with code {self.process.returncode}"
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(STOP_GRACE_S)
+                how = f"stopped by SIGTERM (exit code {self.process.returncode})"
+            except subprocess.TimeoutExpired:
+                how = f"killed (SIGKILL) after {STOP_GRACE_S:g} s without exiting on SIGTERM"
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # what the server left running in its group
         self.process.wait()
         return how
@@ -174,14 +180,14 @@ def _answers(host: str, port: int, path: str) -> bool:
 
 @contextlib.contextmanager
 def started(argv: list[str], env: Mapping[str, str], log_path: Path, host: str, port: int,
-            ready_timeout_s: float) -> Iterator[tuple[Server, float]]:
+            ready_timeout_s: float, stop: Callable[[], str | None] = lambda: None) -> Iterator[tuple[Server, float]]:
     """The server, ready, and the seconds it took; stopped however the body ends."""
     if not port_is_free(host, port):
         raise RuntimeError(f"port {port} on {host} is in use: another server is listening there; stop it, or give "
                            "the server another port (--server-port)")
     server = Server(argv, env, log_path)
     try:
-        yield server, server.wait_ready(host, port, ready_timeout_s)
+        yield server, server.wait_ready(host, port, ready_timeout_s, stop)
     finally:
         how = server.stop()
         with open(log_path, "a") as log:

@@ -207,3 +207,17 @@ def test_sigterm_stops_the_load_and_the_server(checkpoint, fake_env, tmp_path):
     assert read_requests(out / "rate_4" / FILE_NAME).requests["id"].size == record["requests"]["rows"] > 0
     assert not (out / "rate_max").exists()
     assert "# joulebench: server stopped by SIGTERM" in (out / server.LOG_NAME).read_text()
+
+
+@pytest.mark.parametrize(("command", "engine"), [
+    (SERVE, "transformers"), ("{python} -m sglang.launch_server --model-path {model}", "sglang"),
+    ("vllm serve {model} --port {port}", "vllm"),
+    ("/opt/tgi/bin/text-generation-launcher --port {port}", "text-generation-launcher"),
+])
+def test_the_engine_column_names_the_started_program(checkpoint, command, engine):
+    from llm_inference.cli import build_parser
+    from llm_inference.load_config import resolve_load
+
+    args = build_parser().parse_args(["load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "2",
+                                      "--server-command", command])
+    assert resolve_load(args).server.engine == engine

@@ -74,7 +74,7 @@ class StreamResult:
     sent_ns: int = 0
     chunk_ns: list[int] = dataclasses.field(default_factory=list)
     usage: dict[str, Any] | None = None
-    status: str = "unfinished"  # done | failed | timed_out | unfinished
+    outcome: str = "unfinished"  # done | failed | timed_out | unfinished (the table's status)
     kind: str | None = None  # the fault's kind, fixed words (the record groups failures by it)
     error: str | None = None  # the fault in full
     http_status: int | None = None
@@ -88,23 +88,23 @@ class StreamResult:
     def output_tokens(self) -> int:
         """From `usage` where reported, else one per chunk with text."""
         reported = (self.usage or {}).get("completion_tokens")
-        return int(reported) if isinstance(reported, int) and self.status == "done" else self.chunks
+        return int(reported) if isinstance(reported, int) and self.outcome == "done" else self.chunks
 
     @property
     def token_source(self) -> str:
         reported = (self.usage or {}).get("completion_tokens")
-        return "usage" if isinstance(reported, int) and self.status == "done" else "stream"
+        return "usage" if isinstance(reported, int) and self.outcome == "done" else "stream"
 
-    def end(self, status: str, kind: str, error: str) -> None:
-        self.status, self.kind, self.error = status, kind, error
+    def end(self, outcome: str, kind: str, error: str) -> None:
+        self.outcome, self.kind, self.error = outcome, kind, error
 
 
 class StreamError(Exception):
-    """The request ends here with `status`, a fixed `kind` and the message as its reason."""
+    """The request ends here with `outcome`, a fixed `kind` and the message as its reason."""
 
-    def __init__(self, status: str, kind: str, reason: str) -> None:
+    def __init__(self, outcome: str, kind: str, reason: str) -> None:
         super().__init__(reason)
-        self.status, self.kind = status, kind
+        self.outcome, self.kind = outcome, kind
 
 
 STOPPED = ("unfinished", "stopped", "the load was stopped")
@@ -124,7 +124,7 @@ def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, s
         finally:
             connection.close()
     except StreamError as exc:
-        result.end(exc.status, exc.kind, str(exc))
+        result.end(exc.outcome, exc.kind, str(exc))
     except TimeoutError:
         result.end("timed_out", "timed out", f"no end of stream within {target.timeout_s:g} s ({result.chunks} "
                                              "chunks read)")
@@ -136,7 +136,7 @@ def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, s
                                                   f"({type(exc).__name__}: {exc})")
     finally:
         register(None)
-    if stop.is_set() and result.status != "done":
+    if stop.is_set() and result.outcome != "done":
         result.end(*STOPPED)  # whatever the shut-down socket looked like to the reader
     return result
 
@@ -188,7 +188,7 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
         raw = response.readline()
         if not raw:
             if finished:
-                result.status = "done"
+                result.outcome = "done"
                 return
             raise StreamError("failed", "stream ended early", f"the server closed the stream without a finish_reason "
                                                               f"or [DONE] after {result.chunks} chunks")
@@ -200,7 +200,7 @@ def _read_events(response: http.client.HTTPResponse, connection: http.client.HTT
                                                                        f"{line[:LINE_SHOWN]!r}")
         data = line[5:].strip()
         if data == "[DONE]":
-            result.status = "done"
+            result.outcome = "done"
             return
         try:
             event = json.loads(data)

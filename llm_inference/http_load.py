@@ -218,7 +218,7 @@ def _times(results: dict[int, StreamResult], served: dict[int, Request], arrival
 
     return [request_metrics.RequestTimes(i, s(arrival_ns[i]), s(r.sent_ns), s(r.chunk_ns[0]), s(r.chunk_ns[-1]),
                                          _input_tokens(r, served[i]), r.output_tokens, served[i].warmup)
-            for i, r in results.items() if r.status == "done" and r.chunk_ns]
+            for i, r in results.items() if r.outcome == "done" and r.chunk_ns]
 
 
 def _input_tokens(result: StreamResult, request: Request) -> int:
@@ -260,12 +260,12 @@ def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival
         return np.array([nan if v is None else (v - start_ns) / 1e9 for v in values])
 
     got = [results.get(i) for i in ids]
-    status = [STATUSES.index("not_admitted") if r is None else STATUSES.index(r.status) for r in got]
+    status = [STATUSES.index("not_admitted") if r is None else STATUSES.index(r.outcome) for r in got]
     columns: dict[str, np.ndarray] = {
         "id": np.array(ids, dtype=np.int64), "arrival_s": seconds([arrival_ns.get(i) for i in ids]),
         "admitted_s": seconds([r.sent_ns if r else None for r in got]),
         "first_token_s": seconds([r.chunk_ns[0] if r and r.chunk_ns else None for r in got]),
-        "finish_s": seconds([r.chunk_ns[-1] if r and r.status == "done" and r.chunk_ns else None for r in got]),
+        "finish_s": seconds([r.chunk_ns[-1] if r and r.outcome == "done" and r.chunk_ns else None for r in got]),
         "input_tokens": np.array([_input_tokens(r, served[i]) if r else served[i].input_tokens
                                   for i, r in zip(ids, got, strict=True)], dtype=np.int64),
         "output_tokens": np.array([r.output_tokens if r else 0 for r in got], dtype=np.int64),
@@ -283,10 +283,10 @@ def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival
 
 
 def _failures(results: dict[int, StreamResult]) -> dict[str, Any]:
-    bad = [r for r in results.values() if r.status in ("failed", "timed_out")]
-    kinds = Counter(r.kind or r.status for r in bad)
+    bad = [r for r in results.values() if r.outcome in ("failed", "timed_out")]
+    kinds = Counter(r.kind or r.outcome for r in bad)
     return {"count": len(bad), "by_reason": dict(kinds.most_common()),
-            "first": [{"id": r.id, "status": r.status, "reason": r.error} for r in sorted(bad, key=lambda r: r.id)
+            "first": [{"id": r.id, "status": r.outcome, "reason": r.error} for r in sorted(bad, key=lambda r: r.id)
                       [:FAILURES_LISTED]]}
 
 
@@ -331,8 +331,8 @@ def _prime(client: Target, stop: Callable[[], str | None]) -> float:
         if reason:
             stopping.set()
             raise StopRequested(f"{reason}: while waiting for the server's first answer")
-    if result.status != "done":
-        raise RuntimeError(f"the server did not answer a first request: {result.status}: {result.error}")
+    if result.outcome != "done":
+        raise RuntimeError(f"the server did not answer a first request: {result.outcome}: {result.error}")
     seconds = (time.monotonic_ns() - result.sent_ns) / 1e9
     _log(f"first request answered in {seconds:.1f} s (before any window)")
     return seconds
@@ -416,7 +416,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         steady: Window | None = figures.get("steady")
         if steady is not None and window_ns is not None:
             steady.work[WORK_UNIT] = _window_tokens(results, window_ns)
-        done = {i for i, r in results.items() if r.status == "done"}
+        done = {i for i, r in results.items() if r.outcome == "done"}
         times = [t for t in _times(results, served, arrival_ns, start_ns) if t.id in counted]
         table = _table(results, served, arrival_ns, counted, start_ns)
         write_requests(out_dir / FILE_NAME, table)

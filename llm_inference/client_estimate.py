@@ -14,8 +14,8 @@ then runs on this log as on an engine's own.
 
 What the client cannot see makes it an estimate, labelled "client-side estimate": when inside the gap a token
 was computed, and which requests shared a server step. Its error is measured on the in-process engine, whose
-own stamps are known: `estimate_error` fits the engine's log and the log rebuilt from the same requests as a
-client would have seen them, on the same counter, and compares each request's energy.
+own stamps are known: `estimate_error` fits the log rebuilt from the engine's requests as a client would have
+seen them, on the same counter, and compares each request's energy with the engine's own fit.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from joulebench.request_energy import WorkLog, fit_request_energy, request_parts
+from joulebench.request_energy import RequestParts, WorkLog, fit_request_energy, request_parts
 from jpwr import Knots, ValidationError
 
 METHOD = ("client-side estimate: the server's steps rebuilt from the client's chunk times and token counts "
@@ -51,20 +51,19 @@ class ClientStream:
         return times, np.bincount(index, weights=self.chunk_tokens, minlength=len(times))
 
 
-def _median_gap(streams: Sequence[ClientStream]) -> float:
-    gaps = np.concatenate([np.diff(s.merged()[0]) for s in streams] or [np.zeros(0)])
+def _median_gap(streams: Sequence[ClientStream], merged: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    gaps = np.concatenate([np.diff(times) for times, _ in merged] or [np.zeros(0)])
     if len(gaps):
         return float(np.median(gaps))
     firsts = [s.chunk_ns[0] - s.sent_ns for s in streams if len(s.chunk_ns)]
     return float(np.median(firsts)) if firsts else float(MAX_CELL_NS)
 
 
-def _pieces(streams: Sequence[ClientStream], cell: float) -> np.ndarray:
+def _pieces(streams: Sequence[ClientStream], merged: list[tuple[np.ndarray, np.ndarray]], cell: float) -> np.ndarray:
     """[pieces, 7]: request, start, end, prefill tokens, prefill passes, rows, KV tokens of each interval."""
     rows: list[tuple[float, ...]] = []
-    events = np.unique(np.concatenate([s.chunk_ns for s in streams] or [np.zeros(0)]).astype(float))
-    for s in streams:
-        times, tokens = s.merged()
+    events = np.unique(np.concatenate([times for times, _ in merged] or [np.zeros(0)]).astype(float))
+    for s, (times, tokens) in zip(streams, merged, strict=True):
         if not len(times):
             continue
         first = float(times[0])
@@ -84,8 +83,9 @@ def _pieces(streams: Sequence[ClientStream], cell: float) -> np.ndarray:
 
 def client_work_log(streams: Sequence[ClientStream]) -> WorkLog:
     """The rebuilt work log (see the module docstring); refused when no request produced output."""
-    cell = float(np.clip(_median_gap(streams) / 4, MIN_CELL_NS, MAX_CELL_NS))
-    pieces = _pieces(streams, cell)
+    merged = [s.merged() for s in streams]
+    cell = float(np.clip(_median_gap(streams, merged) / 4, MIN_CELL_NS, MAX_CELL_NS))
+    pieces = _pieces(streams, merged, cell)
     if not len(pieces):
         raise ValidationError("no request produced output: there is no work to rebuild",
                               "check the server's log and the requests' failures")
@@ -135,11 +135,11 @@ def engine_streams(log: WorkLog, arrival_ns: dict[int, int], input_tokens: dict[
             for i, chunk in zip(ids, np.split(ends[order], starts[1:]), strict=True)]
 
 
-def estimate_error(engine_log: WorkLog, streams: Sequence[ClientStream], lifetimes: np.ndarray,
+def estimate_error(engine: RequestParts, streams: Sequence[ClientStream], lifetimes: np.ndarray,
                    knots: Sequence[Knots], idle_w: float | None, span: tuple[float, float]) -> dict[str, Any]:
-    """Each request's energy over `span` from the engine's own log and from the rebuilt one, same counter: the
-    client-side estimate's error (relative to the engine's figure) as median, p90 and of their sum."""
-    engine = request_parts(fit_request_energy(engine_log, knots, idle_w, *span), engine_log, lifetimes, *span)
+    """Each request's energy over `span` from the engine's own log (`engine`: its fit's parts over `span`, as the
+    record has them) and from the rebuilt one, same counter: the client-side estimate's error (relative to the
+    engine's figure) as median, p90 and of their sum."""
     rebuilt_log = client_work_log(streams)
     rebuilt = request_parts(fit_request_energy(rebuilt_log, knots, idle_w, *span), rebuilt_log, lifetimes, *span)
     done = engine.total_j > 0

@@ -85,15 +85,20 @@ class StreamResult:
         return len(self.chunk_ns)
 
     @property
+    def _reported_tokens(self) -> int | None:
+        """`usage.completion_tokens` of a finished request, where the server reported it."""
+        reported = (self.usage or {}).get("completion_tokens")
+        return reported if isinstance(reported, int) and self.outcome == "done" else None
+
+    @property
     def output_tokens(self) -> int:
         """From `usage` where reported, else one per chunk with text."""
-        reported = (self.usage or {}).get("completion_tokens")
-        return int(reported) if isinstance(reported, int) and self.outcome == "done" else self.chunks
+        reported = self._reported_tokens
+        return self.chunks if reported is None else reported
 
     @property
     def token_source(self) -> str:
-        reported = (self.usage or {}).get("completion_tokens")
-        return "usage" if isinstance(reported, int) and self.outcome == "done" else "stream"
+        return "stream" if self._reported_tokens is None else "usage"
 
     def end(self, outcome: str, kind: str, error: str) -> None:
         self.outcome, self.kind, self.error = outcome, kind, error

@@ -45,15 +45,19 @@ from llm_inference.engine import request_prompt
 from llm_inference.http_client import StreamResult, Target, stream
 from llm_inference.load import (
     COUNTER_READ_S,
+    NO_WINDOW,
     SUMMARY_EXTRA,
     WORK_UNIT,
     Plan,
+    counted_ids,
     load_metrics,
     plan_rate,
     plan_trace,
     progress_line,
+    rate_paths,
+    request_energy_figures,
 )
-from llm_inference.load_config import LoadConfig, ServerTarget, rate_label
+from llm_inference.load_config import LoadConfig, ServerTarget
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import window_seconds
 from llm_inference.serve_loop import ArrivalFeed, SaturatedWindow, WindowRule
@@ -120,10 +124,6 @@ class HttpLoad:
         """Chunks read so far: the window's step count (a server step gives each running request one chunk)."""
         return sum(r.chunks for r in list(self.results.values()))
 
-    def tokens_between(self, t0_ns: int, t1_ns: int) -> int:
-        """Output chunks read inside [t0, t1] (one token each: `usage` corrects the count after the load)."""
-        return sum(sum(1 for t in r.chunk_ns if t0_ns <= t <= t1_ns) for r in list(self.results.values()))
-
     def _stop_all(self) -> None:
         """Requests in flight end now: their sockets are shut down, later connections at once (`_register`)."""
         with self.cond:
@@ -132,7 +132,7 @@ class HttpLoad:
                 _shut(sock)
 
     def run(self, requests: Iterator[Request], rule: WindowRule, on_begin: Callable[[], None],
-            on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None) -> LoadOutcome:
+            on_end: Callable[[float], None], stop: Callable[[], str | None], expected: int | None) -> LoadOutcome:
         """Serve `requests` (in arrival order; endless at `--rate max`) until they are done or a stop request;
         on a stop or an error the requests in flight are ended, never waited for."""
         start_ns = time.monotonic_ns()
@@ -151,7 +151,7 @@ class HttpLoad:
         return outcome
 
     def _dispatch(self, feed: ArrivalFeed, pool: ThreadPoolExecutor, rule: WindowRule, on_begin: Callable[[], None],
-                  on_end: Callable[[int], None], stop: Callable[[], str | None], expected: int | None,
+                  on_end: Callable[[float], None], stop: Callable[[], str | None], expected: int | None,
                   outcome: LoadOutcome) -> None:
         edges: list[int] = []
         last_progress = time.monotonic()
@@ -174,7 +174,7 @@ class HttpLoad:
                     edges.append(time.monotonic_ns())
                 elif len(edges) == 1 and rule.end_now(self, now_s):  # type: ignore[arg-type]
                     now = time.monotonic_ns()
-                    on_end(self.tokens_between(edges[0], now))
+                    on_end(window_tokens(list(self.results.values()), (edges[0], now)))
                     edges.append(now)
                     if isinstance(rule, SaturatedWindow):  # the queue "empties": nothing more is sent
                         self.queue.clear()
@@ -189,7 +189,7 @@ class HttpLoad:
                          f"{self.in_flight} | queued {len(self.queue)} | {self.done / max(now_s, 1e-9):.3g} req/s")
             if len(edges) == 1:  # stopped inside the window
                 now = time.monotonic_ns()
-                on_end(self.tokens_between(edges[0], now))
+                on_end(window_tokens(list(self.results.values()), (edges[0], now)))
                 edges.append(now)
         outcome.window = (edges[0], edges[1]) if len(edges) == 2 else None
 
@@ -226,19 +226,11 @@ def _input_tokens(result: StreamResult, request: Request) -> int:
     return reported if isinstance(reported, int) else request.input_tokens
 
 
-def _counted(results: dict[int, StreamResult], served: dict[int, Request], rule: WindowRule,
-             window: tuple[int, int] | None) -> set[int]:
-    if isinstance(rule, SaturatedWindow):
-        if window is None:
-            return set()
-        return {i for i, r in results.items() if window[0] <= r.sent_ns < window[1] and not served[i].warmup}
-    return {i for i, r in served.items() if not r.warmup}
-
-
-def _window_tokens(results: dict[int, StreamResult], window: tuple[int, int]) -> float:
-    """Output tokens produced inside the window: each request's chunks inside, scaled by its `usage` count."""
+def window_tokens(results: list[StreamResult], window: tuple[int, int]) -> float:
+    """Output tokens produced inside the window: each request's chunks inside, scaled by its `usage` count where
+    it reported one (at the window's end requests still in flight have none yet: the load recounts after)."""
     total = 0.0
-    for r in results.values():
+    for r in results:
         inside = sum(1 for t in r.chunk_ns if window[0] <= t <= window[1])
         total += inside * (r.output_tokens / r.chunks if r.chunks else 0.0)
     return total
@@ -291,26 +283,19 @@ def _failures(results: dict[int, StreamResult]) -> dict[str, Any]:
 
 
 # ---- the server, the rates ----------------------------------------------------------------------------------
-def _devices_env(target: ServerTarget) -> dict[str, str]:
-    env = dict(os.environ)
-    if target.devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = target.devices
-    return env
-
-
-def _placeholders(cfg: LoadConfig, target: ServerTarget, port: int | None) -> dict[str, str]:
+def _placeholders(cfg: LoadConfig, port: int | None) -> dict[str, str]:
     return {"model": cfg.checkpoint or cfg.preset, "host": HOST, "port": str(port or ""),
             "concurrency": str(cfg.max_concurrency), "python": sys.executable,
-            "devices": target.devices or os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+            "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
 
 def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path,
                   stop: Callable[[], str | None]) -> dict[str, Any]:
     port = target.port or server.free_port(HOST)
-    argv = server.render(target.command or "", _placeholders(cfg, target, port))
+    argv = server.render(target.command or "", _placeholders(cfg, port))
     log_path = out_dir / server.LOG_NAME
     _log(f"starting the server: {' '.join(argv)} (log {log_path})")
-    running, ready_s = stack.enter_context(server.started(argv, _devices_env(target), log_path, HOST, port,
+    running, ready_s = stack.enter_context(server.started(argv, os.environ, log_path, HOST, port,
                                                           target.ready_timeout_s, stop))
     _log(f"server ready after {ready_s:.1f} s on {HOST}:{port}")
     return {"url": f"http://{HOST}:{port}", "process": running, "argv": argv, "ready_s": ready_s,
@@ -342,9 +327,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
               trace: list[Request] | None, shape: ModelPreset, device: torch.device, idle: IdleBaseline | None,
               single: bool, sweep: Sweep, stack: contextlib.ExitStack, state: dict[str, Any]
               ) -> tuple[RunRecord, IdleBaseline | None]:
-    label = "trace" if rate is None else rate_label(rate)
-    out_dir = Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"rate_{label}"
-    run_id = cfg.run_id if single else f"{cfg.run_id}-rate{label}"
+    label, out_dir, run_id = rate_paths(cfg, rate, single)
     config = {**cfg.to_dict(), "rate": label, "model": cfg.preset if cfg.checkpoint is None else shape.name,
               "engine": target.engine, "weights": "checkpoint" if cfg.checkpoint else "random (seeded)",
               "model_source": shape.source, "out_dir": str(out_dir)}
@@ -361,8 +344,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                 None if idle is None else idle.power_w, out_dir / "jpwr", figures["table"], sweep)
             record.requests = {**(record.requests or {}), "energy": energy}
             write_requests(out_dir / FILE_NAME, figures["table"])
-            result.update(energy_per_request_p50_j=(energy.get("energy_per_request_j") or {}).get("p50"),
-                          energy_per_request_p90_j=(energy.get("energy_per_request_j") or {}).get("p90"))
+            result.update(request_energy_figures(energy))
         return result
 
     with life.run(run_id, out_dir, config, metrics=metrics) as run:
@@ -372,9 +354,9 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
             started = state["server"]
             state["server_record"] = {
                 "url": started["url"], "command": started.get("argv"),
-                "version": server.version(target.version_command, _placeholders(cfg, target, target.port)),
+                "version": server.version(target.version_command, _placeholders(cfg, target.port)),
                 "ready_s": started.get("ready_s"), "log": started.get("log"),
-                "devices": target.devices if target.devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "api": target.api}
         _check_alive(state)
         client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
@@ -405,17 +387,17 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         def stop() -> str | None:
             return life.stop.local_reason() or (_gone(state))
 
-        def on_end(tokens: int) -> None:
+        def on_end(tokens: float) -> None:
             figures["steady"] = meter.end("steady", load.chunks_read(), {WORK_UNIT: tokens})
 
         outcome = load.run(source(), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end, stop,
                            plan.expected)
         start_ns, arrival_ns, window_ns = outcome.start_ns, outcome.arrival_ns, outcome.window
         results = load.results
-        counted = _counted(results, served, plan.rule, window_ns)
+        counted = counted_ids({i: r.sent_ns for i, r in results.items()}, window_ns, served, plan.rule)
         steady: Window | None = figures.get("steady")
         if steady is not None and window_ns is not None:
-            steady.work[WORK_UNIT] = _window_tokens(results, window_ns)
+            steady.work[WORK_UNIT] = window_tokens(list(results.values()), window_ns)
         done = {i for i, r in results.items() if r.outcome == "done"}
         times = [t for t in _times(results, served, arrival_ns, start_ns) if t.id in counted]
         table = _table(results, served, arrival_ns, counted, start_ns)
@@ -428,7 +410,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         sources = Counter(r.token_source for i, r in results.items() if i in done)
         failures = _failures(results)
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": len(counted),
-                               "columns": list(REQUEST_COLUMNS), "chunks": int(sum(r.chunks for r in results.values())),
+                               "columns": list(REQUEST_COLUMNS), "chunks": load.chunks_read(),
                                "output_token_counts": {"from usage": sources.get("usage", 0),
                                                        "counted from the stream": sources.get("stream", 0)},
                                "failures": failures}
@@ -445,8 +427,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
                                f"{(failures['first'] or [{}])[0].get('reason')})")
         if window_ns is None:
-            raise RuntimeError("the load ended before its window opened (no moment with every slot busy after the "
-                               "warm-up requests, or no counted arrival): raise --requests or lower --max-concurrency")
+            raise RuntimeError(NO_WINDOW)
     return run.record, idle
 
 
@@ -467,7 +448,7 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     assert target is not None
     device = resolve_device(cfg.device)  # picks the warm-up and window defaults (a GPU here: the server's); unused
     if target.devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # the in-process meter meters the server's devices
+        os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # a started server and the in-process meter: the same
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life, \
             contextlib.ExitStack() as stack:
         idle: IdleBaseline | None = None
@@ -478,8 +459,6 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
             record, idle = _run_rate(life, cfg, target, rate, trace, shape, device, idle, len(rates) == 1, sweep,
                                      stack, state)
             _log(progress_line(record))
-            if record.status in ("TIMEOUT", "FAILED") and ("server" not in state or _gone(state)):
+            if record.status == "TIMEOUT" or (record.status == "FAILED" and ("server" not in state or _gone(state))):
                 break  # stopped, or the server cannot serve another rate
-            if record.status == "TIMEOUT":
-                break
         return life.exit_code(SUMMARY_EXTRA)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ CPU_WARMUP_ARRIVAL_S = 1.0
 COUNTER_READ_S = 0.05
 COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
+NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
+             "no counted arrival): raise --requests or lower --max-concurrency")
 
 
 def _log(text: str) -> None:
@@ -121,15 +123,31 @@ def request_times(log: ServeLog, served: dict[int, Request]) -> list[request_met
             for i, r in served.items() if log.produced.get(i, 0) >= r.output_tokens]
 
 
-def counted_ids(log: ServeLog, served: dict[int, Request], rule: WindowRule) -> set[int]:
+def counted_ids(admitted_ns: Mapping[int, int], window: tuple[int, int] | None, served: dict[int, Request],
+                rule: WindowRule) -> set[int]:
     """MLPerf's rule for finite rates (non-warm-up arrivals, all inside the window by construction); at `max`,
-    the requests admitted inside the window."""
+    the requests admitted (an engine's prefill, a server's request sent) inside the window."""
     if isinstance(rule, SaturatedWindow):
-        if log.window is None:
+        if window is None:
             return set()
-        w0, w1 = log.window
-        return {i for i, t in log.admitted_ns.items() if w0 <= t < w1 and not served[i].warmup}
+        w0, w1 = window
+        return {i for i, t in admitted_ns.items() if w0 <= t < w1 and not served[i].warmup}
     return {i for i, r in served.items() if not r.warmup}
+
+
+def rate_paths(cfg: LoadConfig, rate: float | None, single: bool) -> tuple[str, Path, str]:
+    """A rate's label, record directory and run id: one rate (or a trace) writes to --out-dir itself, a sweep's
+    rates to rate_<label>/ with the run id suffixed."""
+    label = "trace" if rate is None else rate_label(rate)
+    if single:
+        return label, Path(cfg.out_dir), cfg.run_id
+    return label, Path(cfg.out_dir) / f"rate_{label}", f"{cfg.run_id}-rate{label}"
+
+
+def request_energy_figures(energy: dict[str, Any]) -> dict[str, float | None]:
+    """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
+    quantiles = energy.get("energy_per_request_j") or {}
+    return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
 
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
@@ -225,9 +243,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
               model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str, device: torch.device,
               hardware: dict[str, object], idle: IdleBaseline | None, single: bool, sweep: Sweep
               ) -> tuple[RunRecord, IdleBaseline | None]:
-    label = "trace" if rate is None else rate_label(rate)
-    out_dir = Path(cfg.out_dir) if single else Path(cfg.out_dir) / f"rate_{label}"
-    run_id = cfg.run_id if single else f"{cfg.run_id}-rate{label}"
+    label, out_dir, run_id = rate_paths(cfg, rate, single)
     config = {**cfg.to_dict(), "rate": label, "model": cfg.preset if cfg.checkpoint is None else shape.name,
               "precision": precision, "out_dir": str(out_dir), "engine": "continuous",
               "weights": "checkpoint" if cfg.checkpoint else "random (seeded)", "model_source": shape.source}
@@ -245,8 +261,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
                                     state.get("controlled"))
             record.requests = {**(record.requests or {}), "energy": energy}
             write_requests(out_dir / FILE_NAME, state["table"])
-            result.update(energy_per_request_p50_j=(energy.get("energy_per_request_j") or {}).get("p50"),
-                          energy_per_request_p90_j=(energy.get("energy_per_request_j") or {}).get("p90"))
+            result.update(request_energy_figures(energy))
         return result
 
     with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware) as run:
@@ -279,7 +294,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         log = loop.run(source(), plan.rule, lambda: meter.begin("steady", 0), on_end, life.stop.local_reason,
                        plan.expected)
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
-        counted = counted_ids(log, served, plan.rule)
+        counted = counted_ids(log.admitted_ns, log.window, served, plan.rule)
         state.update(log=log, rule=plan.rule, counted=counted,
                      times=[t for t in request_times(log, served) if t.id in counted])
         table = state["table"] = requests_table(log, served, counted)
@@ -287,9 +302,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                                "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
         if log.window is None and not log.stop_reason:
-            raise RuntimeError("the load ended before its window opened (no moment with every slot busy after the "
-                               "warm-up requests, or no counted arrival): raise --requests or lower "
-                               "--max-concurrency")
+            raise RuntimeError(NO_WINDOW)
         if log.stop_reason:
             raise StopRequested(f"{log.stop_reason}: the load stopped with {len(loop.running)} requests in flight")
     return run.record, idle

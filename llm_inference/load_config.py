@@ -15,7 +15,7 @@ from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Number
 from joulebench.lifecycle import default_out_dir, new_run_id
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
-from llm_inference.http_client import parse_url
+from llm_inference.http_client import APIS, parse_url
 from llm_inference.tasks import TASKS
 
 DEFAULT_CONCURRENCY = 64
@@ -127,20 +127,21 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     where = h.add_mutually_exclusive_group()
     where.add_argument("--url", type=parse_url, help="a running server's base URL, e.g. http://127.0.0.1:8000")
     where.add_argument("--server-command",
-                       help="start this server, a template with {model} {host} {port} {concurrency} {devices}, "
-                            "e.g. 'vllm serve {model} --host {host} --port {port} --max-num-seqs {concurrency}'")
+                       help="start this server, a template with {model} {host} {port} {concurrency} {devices} "
+                            "{python}, e.g. 'vllm serve {model} --host {host} --port {port} --max-num-seqs "
+                            "{concurrency}'")
     h.add_argument("--server-port", type=Number(int, 1, 65535), help="port of the started server (default: free)")
     h.add_argument("--server-version-command", help="prints the server's version (first line recorded)")
     h.add_argument("--server-ready-timeout", type=POSITIVE, default=600.0, help="seconds to wait for readiness")
     h.add_argument("--server-devices", help="the server's devices (CUDA_VISIBLE_DEVICES form): given to a started "
                                             "server and metered; with --url, energy needs them")
-    h.add_argument("--api", choices=("chat", "completions"), default="chat",
+    h.add_argument("--api", choices=list(APIS), default="chat",
                    help="/v1/chat/completions or /v1/completions")
     h.add_argument("--served-model", help="the requests' model name (default: --checkpoint, else the preset)")
     h.add_argument("--engine-name", help="the engine column (default: the command's program, or external)")
     h.add_argument("--request-timeout", type=POSITIVE, default=600.0, help="seconds for one whole request")
     h.add_argument("--retries", type=COUNT_OR_ZERO, default=0,
-                   help="new attempts of a request whose connection failed before any answer")
+                   help="new attempts of a request whose connection could not be made (nothing was sent)")
     h.add_argument("--request-extra", type=_json_object, default={},
                    help='JSON object merged into every request, e.g. \'{"ignore_eos": true}\' (vLLM, SGLang)')
 

@@ -158,12 +158,13 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
         sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
     wl = work_log(log)
     lifetimes = _lifetimes(log.arrival_ns, log.finish_ns, sorted(log.admitted_ns))
-    result, span = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep, METHOD)
-    if span is not None:
+    result, split = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep, METHOD)
+    if split is not None:
         inputs = {int(i): int(t) for i, t in zip(table.requests["id"], table.requests["input_tokens"], strict=True)}
         try:
             result["client_side_estimate_error"] = client_estimate.estimate_error(
-                wl, client_estimate.engine_streams(wl, log.arrival_ns, inputs), lifetimes, knots, idle_w, span)
+                split[0], client_estimate.engine_streams(wl, log.arrival_ns, inputs), lifetimes, knots, idle_w,
+                split[1])
         except JpwrError as exc:
             result["client_side_estimate_error"] = {"unavailable_reason": str(exc)}
     return result
@@ -187,8 +188,9 @@ def client_energy(label: str, streams: list[client_estimate.ClientStream], lifet
 
 def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Window, finished: set[int],
                    idle_w: float | None, knots: list[Knots], table: RequestsTable, sweep: Sweep, method: str
-                   ) -> tuple[dict[str, Any], tuple[float, float] | None]:
-    """The fit over the whole load, each request's parts, the checks; and the fitted span (None if refused)."""
+                   ) -> tuple[dict[str, Any], tuple[RequestParts, tuple[float, float]] | None]:
+    """The fit over the whole load, each request's parts, the checks; and the requests' parts over the fitted span
+    with that span (None if refused)."""
     t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
     covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
@@ -222,7 +224,7 @@ def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Windo
         "controlled_split": _controlled(fit, sweep.controlled)}
     result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
-    return result, span
+    return result, (whole, span)
 
 
 def failed_checks(block: dict[str, Any]) -> str:

@@ -45,7 +45,8 @@ def test_the_rebuilt_log_keeps_every_token_and_prompt(planted: tuple) -> None:
 def test_its_per_request_energy_is_close_to_the_engines_own(planted: tuple) -> None:
     log, lifetimes, knots, streams = planted
     span = (float(log.t0_ns[0]), float(log.t1_ns[-1]))
-    error = estimate_error(log, streams, lifetimes, knots, IDLE_W, span)
+    engine = request_parts(fit_request_energy(log, knots, IDLE_W, *span), log, lifetimes, *span)
+    error = estimate_error(engine, streams, lifetimes, knots, IDLE_W, span)
     assert error["requests"] == len(lifetimes)
     assert abs(error["relative_error_of_sum"]) < 0.005  # both fit the same counter
     assert error["relative_error_p50"] < 0.02

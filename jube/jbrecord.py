@@ -38,7 +38,7 @@ from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
-from jpwr import JpwrError, fmt, load_trace
+from jpwr import JpwrError, fmt, load_trace, write_atomic
 
 RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
@@ -323,10 +323,7 @@ def write_result(settings: dict[str, str], record: RunRecord) -> str:
     """result.txt (atomically: JUBE may analyse at any time), then the done file JUBE waits for. Beside the columns it
     holds the status's reason, for job.sh's last line."""
     text = render({**table_fields(record, settings), "status_reason": record.status_reason or ""})
-    target = Path(settings["JB_WORKDIR"]) / RESULT_FILE
-    tmp = target.with_name(f".{RESULT_FILE}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    write_atomic(Path(settings["JB_WORKDIR"]) / RESULT_FILE, text)
     Path(settings["JB_DONE_FILE"]).touch()
     return text
 
@@ -383,9 +380,7 @@ def write_comparison(rundir: Path) -> Path:
     target = rundir / "compare"
     target.mkdir(exist_ok=True)
     for run_id, fields in compare(rundir).items():
-        tmp = target / f".{run_id}.tmp"
-        tmp.write_text(render(fields))
-        os.replace(tmp, target / f"{run_id}.txt")
+        write_atomic(target / f"{run_id}.txt", render(fields))
     return target
 
 

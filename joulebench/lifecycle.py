@@ -65,26 +65,27 @@ def default_out_dir(benchmark: str, run_id: str) -> str:
     return str(Path("runs") / benchmark / run_id)
 
 
-def fallback_dirs() -> list[Path]:
-    """Where a record goes when its output directory cannot take it: $TMPDIR, else /dev/shm (memory: writable when
-    every disk is full)."""
-    return [Path(directory) for directory in (os.environ.get("TMPDIR"), "/dev/shm") if directory]
+def fallback_paths(run_id: str) -> list[Path]:
+    """Where a record goes when its output directory cannot take it, in order: $TMPDIR, else /dev/shm (memory:
+    writable when every disk is full), under a name with the run id (jube/jbrecord.py looks there too)."""
+    name = f"run_record-{run_id.replace(os.sep, '_')}.json"
+    return [Path(directory) / name for directory in (os.environ.get("TMPDIR"), "/dev/shm") if directory]
 
 
 def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
-    """The record that `wanted` could not take, written to the first fallback directory that can, else to stderr
-    only; says on stderr which, and returns where it went."""
+    """The record that `wanted` could not take, written to the first fallback path that can take it, else to
+    stderr only; says on stderr which, and returns where it went."""
     problem = f"[{record.benchmark}] error: cannot write the run record {wanted} ({exc.strerror or exc})"
-    for directory in fallback_dirs():
+    for fallback in fallback_paths(record.run_id):
         try:
-            path = write_run_record(directory / f"run_record-{record.run_id.replace(os.sep, '_')}.json", record)
+            path = write_run_record(fallback, record)
         except OSError:
             continue
         print(f"{problem}; wrote it to {path} instead: move it to {wanted} once that file system can take it",
               file=sys.stderr, flush=True)
         return str(path)
-    print(f"{problem}, nor to {' or '.join(map(str, fallback_dirs()))}: the record follows on stderr only",
-          file=sys.stderr, flush=True)
+    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id))
+    print(f"{problem}, nor to {tried}: the record follows on stderr only", file=sys.stderr, flush=True)
     sys.stderr.write(json_text(record.to_dict()))
     sys.stderr.flush()
     return "stderr"

@@ -1,0 +1,121 @@
+"""A disk that fails under a run (issue 32, item 3): final files are written whole or not at all, and a run whose
+record its output directory cannot take keeps its figures, says where they went and exits 74.
+
+The disk is real (tests/failing_disk.py): a small tmpfs the test mounts and fills as root, as CI runs; a
+read-only directory otherwise. The driver is real too: the tiny GPT on the CPU, its disk failing while it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from joulebench.lifecycle import fallback_paths
+from joulebench.record import RECORD_NOT_WRITTEN, read_run_record, summary_line
+from jpwr import atomic_path, write_atomic, write_json_atomic
+from tests.driver_helpers import parse_summary
+from tests.failing_disk import FailingDisk, failing_disk
+
+ITERATIONS = 6  # measured, after one warm-up iteration
+TRAIN = ["train", "--model", "tiny", "--device", "cpu", "--iterations", str(ITERATIONS), "--warmup-iterations", "1",
+         "--log-interval", "1", "--no-idle-baseline"]
+STARTED = "[llm_training] step 1/"  # its data cache is written: the disk fails while it trains
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    with failing_disk(tmp_path / "disk") as failing:
+        yield failing
+
+
+def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, str], cwd: Path
+                                  ) -> subprocess.CompletedProcess:
+    """Start the run, stop it once its model is built, make the disk fail, let it finish."""
+    cmd = [sys.executable, "-m", "llm_training", *TRAIN, "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(STARTED):
+            break
+    assert seen and seen[-1].startswith(STARTED), "".join(seen)[-3000:]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        disk.fail()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(seen) + stdout, stderr)
+
+
+def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, fake_env, tmp_path):
+    elsewhere = tmp_path / "elsewhere"  # $TMPDIR: another file system than the failing one
+    elsewhere.mkdir()
+    env = fake_env(TMPDIR=str(elsewhere))
+    env.pop("JPWR_ADDR", None)
+    out = disk.path / "run"
+    result = _driver_on_a_disk_that_fails(disk, out, env, tmp_path)
+
+    assert result.returncode == RECORD_NOT_WRITTEN == 74, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("JOULEBENCH_RESULT ") and " status=OK " in last
+    fallback = elsewhere / fallback_paths(parse_summary(result.stdout)["run_id"])[0].name
+    assert f"cannot write the run record {out / 'run_record.json'}" in result.stderr
+    assert f"wrote it to {fallback} instead" in result.stderr
+    record = read_run_record(fallback)
+    assert summary_line(record) == last  # the record is the one the summary line was printed from
+    assert record.status == "OK" and record.metrics["iterations"] == ITERATIONS and record.finished_at
+    assert not [p.name for p in out.iterdir() if "run_record" in p.name]  # no record, no temporary one
+
+
+def _json(path: Path) -> None:
+    write_json_atomic(path, {"figures": list(range(100_000))})
+
+
+def _text(path: Path) -> None:
+    write_atomic(path, "n/a\n" * 100_000)
+
+
+def _streamed(path: Path) -> None:
+    """A writer that opens the file itself (as h5py and savefig do), through the context-manager form."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        for _ in range(64):
+            handle.write(os.urandom(1 << 15))
+
+
+WRITERS: dict[str, Callable[[Path], None]] = {"json": _json, "text": _text, "streamed": _streamed}
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary_file(disk, writer):
+    target = disk.path / "result.json"
+    write_json_atomic(target, {"previous": True})
+    disk.fail()
+    with pytest.raises(OSError) as failed:
+        WRITERS[writer](target)
+    assert failed.value.errno == disk.expected_errno()
+    assert json.loads(target.read_text()) == {"previous": True}
+    assert sorted(p.name for p in disk.path.iterdir() if p.name != ".filler") == ["result.json"]
+
+
+def test_a_failing_preprocess_leaves_no_half_written_dataset(disk, tmp_path):
+    from llm_training.preprocess import preprocess
+    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+
+    tokenizer = _train_tokenizer(tmp_path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 20))
+    (disk.path / "data").mkdir()
+    disk.fail()
+    with pytest.raises(OSError) as failed:
+        preprocess(str(corpus), str(disk.path / "data" / "corpus"), tokenizer)
+    assert failed.value.errno == disk.expected_errno()
+    assert list((disk.path / "data").iterdir()) == []

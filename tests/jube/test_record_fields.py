@@ -237,3 +237,16 @@ def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing
         assert f"the run record could not be written to {disk.path / 'run' / 'run_record.json'}" in row["note"]
         assert read_run_record(fallback).job["job_id"] == "4711"  # the finished record, still beside the driver's
         assert list((disk.path / "run").iterdir()) == []
+
+
+def test_finalize_moves_the_drivers_record_from_elsewhere_into_the_run_directory(tmp_path, monkeypatch):
+    from joulebench.lifecycle import fallback_paths
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    work = job_dir(tmp_path, None)
+    fallback = write_run_record(fallback_paths("llm-000000-000003")[0], RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", metrics={"work_unit": "tokens", "tokens_per_s": 99.0}))
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "74"]) == 0  # the driver's code for a record it wrote elsewhere: the record decides
+    record = read_run_record(work / "run" / "run_record.json")
+    assert record.status == "OK" and record.metrics["tokens_per_s"] == 99.0 and not fallback.exists()

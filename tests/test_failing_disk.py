@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from joulebench.lifecycle import fallback_paths
-from joulebench.record import RECORD_NOT_WRITTEN, read_run_record, summary_line
+from joulebench.record import RECORD_NOT_WRITTEN, RunRecord, read_run_record, summary_line
 from jpwr import atomic_path, write_atomic, write_json_atomic
 from tests.driver_helpers import parse_summary
 from tests.failing_disk import FailingDisk, failing_disk
@@ -74,6 +75,35 @@ def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, f
     assert summary_line(record) == last  # the record is the one the summary line was printed from
     assert record.status == "OK" and record.metrics["iterations"] == ITERATIONS and record.finished_at
     assert not [p.name for p in out.iterdir() if "run_record" in p.name]  # no record, no temporary one
+
+
+# A run's life with nothing in it, whose output directory and every fallback are full: /dev/shm is a full tmpfs of
+# a private mount namespace, $TMPDIR is /proc (no files can be made there).
+NOWHERE_LEFT = """
+import sys
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+with Lifecycle("llm_training", LaunchEnv.from_env()) as life:
+    with life.run("r-1", "/dev/shm/run", {}, metrics=lambda record: {"work_unit": "tokens"}):
+        pass
+sys.exit(life.exit_code())
+"""
+
+
+def test_with_no_file_system_left_the_record_goes_to_stderr_only(fake_env, tmp_path):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare: /dev/shm is made full in a private mount namespace")
+    shell = 'mount -t tmpfs -o size=64k tmpfs /dev/shm && { head -c 1M /dev/zero > /dev/shm/filler; exec "$@"; }'
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", shell, "sh",
+                             sys.executable, "-c", NOWHERE_LEFT], env=fake_env(TMPDIR="/proc"), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == RECORD_NOT_WRITTEN, result.stderr[-3000:]
+    said = ("cannot write the run record /dev/shm/run/run_record.json (No space left on device), nor to /proc or "
+            "/dev/shm: the record follows on stderr only\n")
+    assert said in result.stderr
+    record = RunRecord.from_dict(json.loads(result.stderr.split(said, 1)[1]))
+    assert summary_line(record) == result.stdout.strip().splitlines()[-1]
+    assert record.status == "OK" and record.run_id == "r-1"
 
 
 def _json(path: Path) -> None:

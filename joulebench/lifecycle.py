@@ -41,6 +41,7 @@ from typing import Any
 from joulebench.launch import LaunchEnv
 from joulebench.record import (
     EXIT_CODES,
+    RECORD_FILE,
     RECORD_NOT_WRITTEN,
     RunRecord,
     software_versions,
@@ -52,7 +53,6 @@ from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter, json_t
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
 Gather = Callable[[object], Sequence[object]]
-RECORD_FILE = "run_record.json"
 
 
 def new_run_id(*parts: str) -> str:

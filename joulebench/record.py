@@ -22,6 +22,7 @@ from typing import Any
 from jpwr import J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
+RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
 # Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 # OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).

@@ -38,10 +38,9 @@ from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.lifecycle import fallback_paths, write_elsewhere
-from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
+from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace, write_atomic
 
-RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 JOB_ID_FILE = "job.id"
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies

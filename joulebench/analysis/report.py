@@ -30,13 +30,12 @@ from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, 
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
-from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
+from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord
 from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
 
-RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
 JUBE_SETTINGS = "job.env"
 SERIES_CONFIG_KEYS = ("model", "framework", "precision", "task")

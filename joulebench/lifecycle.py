@@ -241,10 +241,11 @@ class Lifecycle:
         if self.launch.is_global_zero:
             try:
                 path = write_run_record(run.out_dir / RECORD_FILE, record)
-                print(f"[{self.benchmark}] run record: {path}", flush=True)
             except OSError as exc:  # a full or read-only disk must not cost a finished run its figures
                 write_elsewhere(record, run.out_dir / RECORD_FILE, exc)
                 run.exit_code = RECORD_NOT_WRITTEN
+            else:
+                print(f"[{self.benchmark}] run record: {path}", flush=True)
 
     def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
         """Print every record's summary line (global rank 0) and return the process's exit code: the first

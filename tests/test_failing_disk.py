@@ -38,7 +38,8 @@ def disk(tmp_path: Path):
 
 def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, str], cwd: Path
                                   ) -> subprocess.CompletedProcess:
-    """Start the run, stop it once its model is built, make the disk fail, let it finish."""
+    """Start the run, stop it (SIGSTOP) once its first step is logged, make the disk fail, let it finish: the
+    steps left take more than a second, the stop comes within milliseconds."""
     cmd = [sys.executable, "-m", "llm_training", *TRAIN, "--out-dir", str(out)]
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None

@@ -11,7 +11,7 @@ Why a separate tool: definitions name their base by tag (readable, reviewable), 
 the digest. The digest is looked up once on a cluster (registries are unreachable from CI), written to
 container/images.lock.json, and every later build uses `repo@digest`; a changed digest is refused unless
 --update says the pin moves on purpose. Runs on the login node's python3 (standard library plus jpwr's
-stdlib-only errors and atomic writes); the JUBE side (jube/jbprofile.py) calls job_settings()/ensure_image().
+stdlib-only errors and atomic writer); the JUBE side (jube/jbprofile.py) calls job_settings()/ensure_image().
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ REPO = CONTAINER_DIR.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from jpwr import ValidationError, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
+from jpwr import ValidationError, atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 LOCK_FILE = CONTAINER_DIR / "images.lock.json"
 DEFAULT_IMAGE_DIR = CONTAINER_DIR / "images"
@@ -344,19 +344,17 @@ def build(name: str, image_dir: Path, arch: str | None = None, update: bool = Fa
     pinned = CONTAINER_DIR / f".{name}.build.def"
     pinned.write_text(build_definition_text(definition, digest, labels))
     target = sif_path(image_dir, name, arch)
-    partial = target.with_name(target.name + ".part")
-    argv = [runtime, "build", "--force", *(["--fakeroot"] if fakeroot else []), str(partial), str(pinned)]
-    print("jbcontainer:", shlex.join(argv), flush=True)
-    try:
-        rc = subprocess.call(argv, cwd=REPO, env=environ)
-    finally:
-        pinned.unlink(missing_ok=True)
-    if rc != 0:
-        partial.unlink(missing_ok=True)
-        raise ValidationError(f"`{runtime} build` of {name} failed (exit {rc}; its output is above)",
-                              "if it is a permission problem, retry with --fakeroot or ask the site how to build "
-                              "containers; the definition is container/" + definition.name)
-    os.replace(partial, target)
+    with atomic_path(target) as partial:
+        argv = [runtime, "build", "--force", *(["--fakeroot"] if fakeroot else []), str(partial), str(pinned)]
+        print("jbcontainer:", shlex.join(argv), flush=True)
+        try:
+            rc = subprocess.call(argv, cwd=REPO, env=environ)
+        finally:
+            pinned.unlink(missing_ok=True)
+        if rc != 0:
+            raise ValidationError(f"`{runtime} build` of {name} failed (exit {rc}; its output is above)",
+                                  "if it is a permission problem, retry with --fakeroot or ask the site how to build "
+                                  "containers; the definition is container/" + definition.name)
     return target
 
 
@@ -367,15 +365,13 @@ def pull(name: str, source: str, image_dir: Path, arch: str | None = None,
     runtime = find_runtime(environ, setup)
     image_dir.mkdir(parents=True, exist_ok=True)
     target = sif_path(image_dir, name, arch)
-    partial = target.with_name(target.name + ".part")
-    for argv in ([runtime, "pull", "--force", str(partial), source], [runtime, "test", str(partial)]):
-        print("jbcontainer:", shlex.join(argv), flush=True)
-        if subprocess.call(argv, env=environ) != 0:
-            partial.unlink(missing_ok=True)
-            raise ValidationError(f"`{shlex.join(argv)}` failed (its output is above)",
-                                  f"check container_source={source} in jube/systems.ini, or build the image "
-                                  f"instead: `python3 container/jbcontainer.py build {name}`")
-    os.replace(partial, target)
+    with atomic_path(target) as partial:
+        for argv in ([runtime, "pull", "--force", str(partial), source], [runtime, "test", str(partial)]):
+            print("jbcontainer:", shlex.join(argv), flush=True)
+            if subprocess.call(argv, env=environ) != 0:
+                raise ValidationError(f"`{shlex.join(argv)}` failed (its output is above)",
+                                      f"check container_source={source} in jube/systems.ini, or build the image "
+                                      f"instead: `python3 container/jbcontainer.py build {name}`")
     return target
 
 

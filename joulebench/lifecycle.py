@@ -17,14 +17,17 @@ from the driver's start like Megatron-LM.
 Statuses and exit codes (joulebench.record.EXIT_CODES, the one table): OK/PARTIAL 0; TIMEOUT 124 (a clean stop
 at a request: the record is complete and its steady window a valid measurement of the steps done); FAILED 1, or
 the joulebench error's own code (64 for a configuration refused on the device, 73 for an output directory that
-cannot be written). An exception is FAILED even while a stop was pending: a clean stop never raises.
+cannot be written at the start). An exception is FAILED even while a stop was pending: a clean stop never raises.
 Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_RESULT ...` is the last thing it
-prints.
+prints. A record its output directory cannot take (a full or read-only disk) goes to $TMPDIR, else /dev/shm, else
+to stderr only, the driver says which, and the process exits 74 (joulebench.record.RECORD_NOT_WRITTEN): the
+summary line is printed all the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -36,8 +39,16 @@ from types import FrameType
 from typing import Any
 
 from joulebench.launch import LaunchEnv
-from joulebench.record import EXIT_CODES, RunRecord, software_versions, summary_line, write_run_record
-from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter
+from joulebench.record import (
+    EXIT_CODES,
+    RECORD_FILE,
+    RECORD_NOT_WRITTEN,
+    RunRecord,
+    software_versions,
+    summary_line,
+    write_run_record,
+)
+from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter, json_text
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
@@ -52,6 +63,32 @@ def new_run_id(*parts: str) -> str:
 def default_out_dir(benchmark: str, run_id: str) -> str:
     """Where a run writes without --out-dir, the same for every driver: runs/<benchmark>/<run id>."""
     return str(Path("runs") / benchmark / run_id)
+
+
+def fallback_paths(run_id: str) -> list[Path]:
+    """Where a record goes when its output directory cannot take it, in order: $TMPDIR, else /dev/shm (memory:
+    writable when every disk is full), under a name with the run id (jube/jbrecord.py looks there too)."""
+    name = f"run_record-{run_id.replace(os.sep, '_')}.json"
+    return [Path(directory) / name for directory in (os.environ.get("TMPDIR"), "/dev/shm") if directory]
+
+
+def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
+    """The record that `wanted` could not take, written to the first fallback path that can take it, else to
+    stderr only; says on stderr which, and returns where it went."""
+    problem = f"[{record.benchmark}] error: cannot write the run record {wanted} ({exc.strerror or exc})"
+    for fallback in fallback_paths(record.run_id):
+        try:
+            path = write_run_record(fallback, record)
+        except OSError:
+            continue
+        print(f"{problem}; wrote it to {path} instead: move it to {wanted} once that file system can take it",
+              file=sys.stderr, flush=True)
+        return str(path)
+    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id))
+    print(f"{problem}, nor to {tried}: the record follows on stderr only", file=sys.stderr, flush=True)
+    sys.stderr.write(json_text(record.to_dict()))
+    sys.stderr.flush()
+    return "stderr"
 
 
 class StopRequest:
@@ -202,8 +239,13 @@ class Lifecycle:
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
         if self.launch.is_global_zero:
-            path = write_run_record(run.out_dir / "run_record.json", record)
-            print(f"[{self.benchmark}] run record: {path}", flush=True)
+            try:
+                path = write_run_record(run.out_dir / RECORD_FILE, record)
+            except OSError as exc:  # a full or read-only disk must not cost a finished run its figures
+                write_elsewhere(record, run.out_dir / RECORD_FILE, exc)
+                run.exit_code = RECORD_NOT_WRITTEN
+            else:
+                print(f"[{self.benchmark}] run record: {path}", flush=True)
 
     def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
         """Print every record's summary line (global rank 0) and return the process's exit code: the first

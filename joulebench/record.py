@@ -19,9 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import J_PER_WH, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
+from jpwr import J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
+RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
 # Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 # OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).
@@ -36,6 +37,11 @@ MEASURED_STATUSES = ("OK", "PARTIAL", "TIMEOUT", "CANCELLED")
 # the code of the joulebench error that ended it (64 for a configuration refused on the device, 73 for an output
 # directory that cannot be written, ...), so that a wrapper can tell a bad configuration from a crash.
 EXIT_CODES = {"OK": 0, "PARTIAL": 0, "FAILED": 1, "TIMEOUT": 124, "CANCELLED": 143, "INVALID": 64}
+# Beside the table: a run whose record could not be written to its output directory (a full or read-only disk) exits
+# 74 (sysexits' EX_IOERR) whatever its status, so that no wrapper takes a run without its record for a finished one;
+# its summary line still names the status, and the record went to another file system or to stderr
+# (joulebench.lifecycle). 73 (EX_CANTCREAT) is an output directory found unwritable before the run began.
+RECORD_NOT_WRITTEN = int(ExitCode.IO)
 
 # Distributions whose versions change results; recorded in every run record.
 TRACKED_DISTRIBUTIONS = (

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from jpwr import atomic_path
 
 SCHEMA = "joulebench.requests/1"
 FILE_NAME = "requests.h5"
@@ -60,9 +61,7 @@ def write_requests(path: Path, table: RequestsTable) -> Path:
     missing = sorted(set(REQUEST_COLUMNS) - set(table.requests))
     if missing or len(set(lengths.values())) > 1:
         raise ValueError(f"requests table: missing columns {missing} or unequal lengths {lengths}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with h5py.File(tmp, "w") as h5:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
         h5.attrs["schema"] = SCHEMA
         h5.attrs["statuses"] = json.dumps(list(STATUSES))
         h5.attrs["attrs"] = json.dumps(table.attrs)
@@ -71,7 +70,6 @@ def write_requests(path: Path, table: RequestsTable) -> Path:
             for name, values in columns.items():
                 compress = {"compression": "gzip", "shuffle": True} if len(values) else {}
                 group.create_dataset(name, data=np.asarray(values), **compress)
-    os.replace(tmp, path)
     return path
 
 

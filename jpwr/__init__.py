@@ -68,7 +68,10 @@ _HOMES = {
     "take_debug_flag": "jpwr.errors",  # strips --debug (traceback on error) before parsing
     # --- Writing results -------------------------------------------------------------------------------
     "fmt": "jpwr.output",  # numbers for tables: None prints "n/a", never 0
-    "write_json_atomic": "jpwr.output",  # JSON that no reader ever sees half-written
+    "atomic_path": "jpwr.output",  # the one atomic writer: a temporary file beside a final one, renamed at the end
+    "write_atomic": "jpwr.output",  # text or bytes through it
+    "write_json_atomic": "jpwr.output",  # JSON through it (no reader ever sees a half-written file)
+    "json_text": "jpwr.output",  # the JSON text those files hold (NaN as null), for a copy that goes elsewhere
     "utc_now": "jpwr.output",  # the timestamp format of every record
     # --- The node and the job's devices (device settings must touch exactly the metered GPUs) --------
     "node_name": "jpwr.node",  # this node's name as the sampler records it

@@ -32,7 +32,7 @@ from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
 from jpwr.node import check_file_name, node_name
-from jpwr.output import fmt
+from jpwr.output import fmt, write_atomic
 from jpwr.summary import NodeSummary
 
 SUBCOMMANDS = ("serve", "combine", "info", "selftest", "qualify")
@@ -184,7 +184,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda *_: stop.set())
     sampler, server, _ = _start(args)
-    (sampler.node_dir / "ready").write_text(f"{server.addr}\n")
+    write_atomic(sampler.node_dir / "ready", f"{server.addr}\n")  # polled by job scripts: whole or absent
     print(f"jpwr: serving node {sampler.node} on {server.addr} (run {sampler.run_id})", file=sys.stderr, flush=True)
     stop.wait()
     server.stop()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from jpwr.domains import Signal
+from jpwr.output import atomic_path
 from jpwr.trace import SensorSeries, TraceData
 from jpwr.windows import WindowSpan, window_energy
 
@@ -58,7 +59,7 @@ def write_dataframes(trace: TraceData, out_dir: Path, filetype: str) -> list[Pat
         import h5py
 
         path = out_dir / "energy_meas.h5"
-        with h5py.File(path, "w") as h5:
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
             h5["power/timestamp_s"] = (np.array(times, dtype=np.float64) - t_first) / 1e9
             for label, values in columns.items():
                 h5[f"power/{label}"] = values
@@ -66,13 +67,13 @@ def write_dataframes(trace: TraceData, out_dir: Path, filetype: str) -> list[Pat
                 h5[f"energy_wh/{label}"] = np.nan if wh is None else wh
         return [path]
     power_path, energy_path = out_dir / "power.csv", out_dir / "energy.csv"
-    with open(power_path, "w", newline="") as fh:
+    with atomic_path(power_path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["timestamp_s", *columns])
         for i, t in enumerate(times):
             cells = ("" if np.isnan(v[i]) else f"{v[i]:.3f}" for v in columns.values())
             w.writerow([f"{(t - t_first) / 1e9:.6f}", *cells])
-    with open(energy_path, "w", newline="") as fh:
+    with atomic_path(energy_path) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["device", "energy_wh"])
         for label, wh in energy_rows:

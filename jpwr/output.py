@@ -6,13 +6,14 @@ missing value must never print as 0. Reading a result back takes the fields its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +43,50 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
-    """Write JSON via a temporary file and rename, so readers never see a half-written file."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside `path` for a writer that opens the file itself (h5py, savefig, a builder, a
+    subprocess): when the block ends, its data is flushed to disk and it is renamed onto `path`; when the block
+    or the flush fails, it is removed and `path` keeps what it held. The one way every final file is written,
+    so a reader, a full disk or a crash never leaves a half-written one under the final name."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
+    # The same directory (a rename within one file system is atomic); the suffix ends in the target's own, which
+    # writers that infer the format from the name (savefig) need.
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
+        yield tmp
+        flushed = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(flushed)  # the data is on disk before the name points at it: a crash leaves old or new
+        finally:
+            os.close(flushed)
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return target
+
+
+def write_atomic(path: str | os.PathLike[str], content: str | bytes) -> Path:
+    """Write text (UTF-8) or bytes through `atomic_path`: readers never see a half-written file."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(content.encode() if isinstance(content, str) else content)
+    return Path(path)
+
+
+def json_text(data: Any) -> str:
+    """The JSON every result file holds: indented, NaN/inf as null, dataclasses and numpy scalars converted."""
+    return json.dumps(_finite(json.loads(json.dumps(data, default=_json_default))), indent=2, sort_keys=False) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write JSON through `atomic_path`, so readers never see a half-written file."""
+    return write_atomic(path, json_text(data))
 
 
 def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

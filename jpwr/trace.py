@@ -21,6 +21,7 @@ import numpy as np
 from jpwr.channel import Mark
 from jpwr.domains import Domain, MetricReading, Reading, Sensor, Status
 from jpwr.errors import FormatError
+from jpwr.output import atomic_path
 from jpwr.phases import PhaseBatch
 
 SEGMENT_DIR = "segments"
@@ -236,9 +237,8 @@ def write_hdf5(path: Path, data: TraceData) -> Path:
     """
     import h5py
 
-    tmp = path.with_name(f".{path.name}.tmp")
     sensor_ids = [s.id for s in data.sensors]
-    with h5py.File(tmp, "w") as h5:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
         h5.attrs["schema"] = "jpwr.trace/1"
         h5.attrs["info"] = json.dumps(data.info)
         h5.attrs["domains"] = json.dumps([d.to_dict() for d in data.domains])
@@ -263,7 +263,6 @@ def write_hdf5(path: Path, data: TraceData) -> Path:
         _column(m, "value", np.array([x.value for x in data.metrics], dtype=np.float64))
         h5.attrs["marks"] = json.dumps([x.to_dict() for x in data.marks])
         _write_phases(h5, data.phases)
-    os.replace(tmp, path)
     return path
 
 

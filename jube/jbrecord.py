@@ -37,10 +37,10 @@ from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
-from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
-from jpwr import JpwrError, fmt, load_trace
+from joulebench.lifecycle import fallback_paths, write_elsewhere
+from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
+from jpwr import JpwrError, fmt, load_trace, write_atomic
 
-RECORD_FILE = "run_record.json"
 RESULT_FILE = "result.txt"
 JOB_ID_FILE = "job.id"
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
@@ -111,7 +111,9 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
              ranks_exit_code: int = 0) -> RunRecord:
     """Merge the job's outcome into the driver's record, or write one when the driver left none."""
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
-    record = read_run_record(path) if path.exists() else None
+    # a driver whose output directory could not take its record (a full disk) left it on another file system
+    fallback = next((p for p in fallback_paths(settings["JB_RUN_ID"]) if p.is_file()), None)
+    record = read_run_record(path) if path.exists() else read_run_record(fallback) if fallback else None
     if status == "OK" and ranks_exit_code:
         status, reason = ranks_outcome(settings, ranks_exit_code, record)
     if record is not None:
@@ -133,7 +135,14 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
         )
     record.job = job_facts(settings, record.status, elapsed_s)
     record.config[RECORD_KEY] = settings_block(settings, record)
-    write_run_record(path, record)
+    try:
+        write_run_record(path, record)
+    except OSError as exc:  # the row and the job log still get the figures; the record goes where the driver's went
+        record.warn(f"the run record could not be written to {path} ({exc.strerror or exc}): see the job log")
+        write_elsewhere(record, path, exc)
+        return record
+    if fallback is not None:
+        fallback.unlink()  # the record is where it belongs now
     return record
 
 
@@ -324,9 +333,11 @@ def write_result(settings: dict[str, str], record: RunRecord) -> str:
     holds the status's reason, for job.sh's last line."""
     text = render({**table_fields(record, settings), "status_reason": record.status_reason or ""})
     target = Path(settings["JB_WORKDIR"]) / RESULT_FILE
-    tmp = target.with_name(f".{RESULT_FILE}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    try:
+        write_atomic(target, text)
+    except OSError as exc:  # a full disk: JUBE must not wait for this job forever, and the job log gets the lines
+        print(f"jbrecord.py: error: cannot write {target} ({exc.strerror or exc}); its lines follow on stdout",
+              file=sys.stderr)
     Path(settings["JB_DONE_FILE"]).touch()
     return text
 
@@ -383,9 +394,7 @@ def write_comparison(rundir: Path) -> Path:
     target = rundir / "compare"
     target.mkdir(exist_ok=True)
     for run_id, fields in compare(rundir).items():
-        tmp = target / f".{run_id}.tmp"
-        tmp.write_text(render(fields))
-        os.replace(tmp, target / f"{run_id}.txt")
+        write_atomic(target / f"{run_id}.txt", render(fields))
     return target
 
 

@@ -1,22 +1,26 @@
 """The job's settings file (`job.env`): JB_* variables that jube/job.sh sources and the tools read back.
 
-Standard library only (Python >= 3.8): used on the login node (jbprofile.py, jbsubmit.py) and in the job
-(jbrecord.py).
+Standard library only (Python >= 3.8) plus jpwr's stdlib-only atomic writer: used on the login node (jbprofile.py,
+jbsubmit.py) and in the job (jbrecord.py).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from jpwr import write_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 
 def write_settings(path: Path, settings: dict[str, str]) -> None:
     text = "# joulebench job settings (written by jube/jbprofile.py; sourced by jube/job.sh)\n"
     text += "".join(f"{key}={shlex.quote(val)}\n" for key, val in settings.items())
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def read_settings(path: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
 
-from jpwr import ValidationError
+from jpwr import ValidationError, atomic_path
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -61,27 +61,30 @@ def eod_token_id(tokenizer: Tokenizer, eod_token: str | None) -> int:
 
 def preprocess(input_path: str, output_prefix: str, tokenizer: Tokenizer, json_key: str = "text",
                eod_token: str | None = None) -> dict[str, int]:
-    """Tokenise every line's `json_key` and write PREFIX.bin/.idx; returns document and token counts."""
+    """Tokenise every line's `json_key` and write PREFIX.bin/.idx; returns document and token counts.
+
+    Both files are written under temporary names and renamed at the end, the index last: a failure (a bad line, a
+    full disk) leaves no half-written pair, and an earlier pair under the same prefix stays as it was."""
     _require_file(input_path, "--input")
     eod = eod_token_id(tokenizer, eod_token)
     vocab = tokenizer.get_vocab_size()
     dtype = numpy.uint16 if vocab < 65500 else numpy.int32  # Megatron's optimal index dtype
-    Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
-    builder = IndexedDatasetBuilder(get_bin_path(output_prefix), dtype=dtype)
     documents = tokens = 0
-    with open(input_path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if json_key not in record:
-                raise ValidationError(
-                    f"{input_path} line {line_number} has no key {json_key!r} (keys: {', '.join(record)})",
-                    "pass --json-key with the field that holds the text",
-                )
-            ids = [*tokenizer.encode(record[json_key]).ids, eod]
-            builder.add_document(ids, [len(ids)])
-            documents += 1
-            tokens += len(ids)
-    builder.finalize(get_idx_path(output_prefix))
+    with atomic_path(get_idx_path(output_prefix)) as idx, atomic_path(get_bin_path(output_prefix)) as bin_path:
+        builder = IndexedDatasetBuilder(str(bin_path), dtype=dtype)
+        with builder.data_file, open(input_path, encoding="utf-8") as handle:  # closed on a failure too
+            for line_number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if json_key not in record:
+                    raise ValidationError(
+                        f"{input_path} line {line_number} has no key {json_key!r} (keys: {', '.join(record)})",
+                        "pass --json-key with the field that holds the text",
+                    )
+                ids = [*tokenizer.encode(record[json_key]).ids, eod]
+                builder.add_document(ids, [len(ids)])
+                documents += 1
+                tokens += len(ids)
+        builder.finalize(str(idx))
     return {"documents": documents, "tokens": tokens, "vocab_size": vocab, "eod_token": eod}

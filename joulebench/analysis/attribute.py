@@ -30,7 +30,7 @@ from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_
 from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
 from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
-from joulebench.record import RunRecord, read_run_record, write_run_record
+from joulebench.record import RECORD_FILE, RunRecord, read_run_record, write_run_record
 from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
 from jpwr import (
     ExitCode,
@@ -48,7 +48,6 @@ from jpwr import (
     window_energy,
 )
 
-RECORD_FILE = "run_record.json"
 UNMARKED = "unmarked"
 NO_KERNEL = "idle (no kernel)"
 KERNEL_FILE_KIND = "joulebench.kernel_intervals"

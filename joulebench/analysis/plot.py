@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ from jpwr import (
     ValidationError,
     WindowEnergy,
     accelerator_domains,
+    atomic_path,
     combine_energies,
     fmt,
     load_trace,
@@ -286,10 +286,8 @@ def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
 
 def save_figure(fig: Figure, path: Path) -> Path:
     """Write the image via a temporary file and rename, so a viewer never reads half a PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 

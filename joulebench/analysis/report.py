@@ -20,7 +20,6 @@ import functools
 import html
 import json
 import math
-import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,13 +30,12 @@ from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, 
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
-from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RunRecord
-from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now
+from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord
+from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
 
-RECORD_FILE = "run_record.json"
 RECORD_KIND = "joulebench.run_record"
 JUBE_SETTINGS = "job.env"
 SERIES_CONFIG_KEYS = ("model", "framework", "precision", "task")
@@ -443,13 +441,6 @@ the estimator's bound. n/a marks a value that was not measured (the note says wh
 """
 
 
-def _write_text_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
 def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
     """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html.
     PARTIAL runs never enter a diagnosis (their energy covers part of the window only)."""
@@ -487,10 +478,10 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
                                  "cheapest_rate": None if best is None else best.rate,
                                  "rows": serving.table(rate_rows)})
     rows = table_rows(runs, allow_partial)
-    _write_text_atomic(out_dir / "runs.json", json.dumps(
+    write_atomic(out_dir / "runs.json", json.dumps(
         {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses],
          "serving": serving_sections}, indent=2))
-    return _write_text_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections))
+    return write_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections))
 
 
 def _single(path: Path) -> Run:

@@ -97,10 +97,11 @@ def test_build_from_the_locked_digest(lock_file: Path, fake_env: dict[str, str],
     built_from = image.read_text()  # the fake copies the definition it was given into the "image"
     assert f"From: nvcr.io/nvidia/pytorch@{FIRST}" in built_from
     assert f"org.joulebench.base.digest {FIRST}" in built_from
-    assert list(image.parent.iterdir()) == [image]  # no .part left behind
+    assert list(image.parent.iterdir()) == [image]  # no temporary file left behind
     assert not list(jbcontainer.CONTAINER_DIR.glob(".*.build.def"))
     call = (tmp_path / "apptainer.log").read_text().split("\t", 1)[1].split()
-    assert call[:3] == ["build", "--force", str(image) + ".part"]
+    assert call[:2] == ["build", "--force"]  # into a temporary file beside the image, renamed once built
+    assert Path(call[2]).parent == image.parent and Path(call[2]).name.startswith(f".{image.name}.")
 
 
 def test_first_build_records_the_digest(lock_file: Path, fake_env: dict[str, str], tmp_path: Path) -> None:

@@ -215,3 +215,38 @@ def test_every_warning_of_the_record_reaches_the_note(tmp_path: Path) -> None:
         warnings=["steady window: sensor aliasing: 100 ms updates against a 1.0 s step"]))
     jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
     assert fields(work)["note"] == "steady window: sensor aliasing: 100 ms updates against a 1.0 s step"
+
+
+def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing_disk(tmp_path, monkeypatch):
+    """The driver's disk failed (its record went to $TMPDIR) and still fails when the job finalises: the row has
+    the driver's figures and says why the record is not in the run directory, and the job's facts join the copy."""
+    from joulebench.lifecycle import fallback_paths
+    from tests.failing_disk import failing_disk
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    with failing_disk(tmp_path / "disk") as disk:
+        (disk.path / "run").mkdir()
+        work = job_dir(tmp_path, None, JB_OUT_DIR=str(disk.path / "run"))
+        fallback = fallback_paths("llm-000000-000003")[0]
+        write_run_record(fallback, RunRecord(benchmark="llm_training", run_id="llm-000000-000003",
+                                             metrics={"work_unit": "tokens", "tokens_per_s": 1234.5}))
+        disk.fail()
+        assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"]) == 0
+        row = fields(work)
+        assert row["status"] == "OK" and row["tokens_per_s"] == "1234"
+        assert f"the run record could not be written to {disk.path / 'run' / 'run_record.json'}" in row["note"]
+        assert read_run_record(fallback).job["job_id"] == "4711"  # the finished record, still beside the driver's
+        assert list((disk.path / "run").iterdir()) == []
+
+
+def test_finalize_moves_the_drivers_record_from_elsewhere_into_the_run_directory(tmp_path, monkeypatch):
+    from joulebench.lifecycle import fallback_paths
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    work = job_dir(tmp_path, None)
+    fallback = write_run_record(fallback_paths("llm-000000-000003")[0], RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", metrics={"work_unit": "tokens", "tokens_per_s": 99.0}))
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "74"]) == 0  # the driver's code for a record it wrote elsewhere: the record decides
+    record = read_run_record(work / "run" / "run_record.json")
+    assert record.status == "OK" and record.metrics["tokens_per_s"] == 99.0 and not fallback.exists()

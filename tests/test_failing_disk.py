@@ -1,0 +1,152 @@
+"""A disk that fails under a run (issue 32, item 3): final files are written whole or not at all, and a run whose
+record its output directory cannot take keeps its figures, says where they went and exits 74.
+
+The disk is real (tests/failing_disk.py): a small tmpfs the test mounts and fills as root, as CI runs; a
+read-only directory otherwise. The driver is real too: the tiny GPT on the CPU, its disk failing while it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from joulebench.lifecycle import fallback_paths
+from joulebench.record import RECORD_NOT_WRITTEN, RunRecord, read_run_record, summary_line
+from jpwr import atomic_path, write_atomic, write_json_atomic
+from tests.driver_helpers import parse_summary
+from tests.failing_disk import FailingDisk, failing_disk
+
+ITERATIONS = 6  # measured, after one warm-up iteration
+TRAIN = ["train", "--model", "tiny", "--device", "cpu", "--iterations", str(ITERATIONS), "--warmup-iterations", "1",
+         "--log-interval", "1", "--no-idle-baseline"]
+STARTED = "[llm_training] step 1/"  # its data cache is written: the disk fails while it trains
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    with failing_disk(tmp_path / "disk") as failing:
+        yield failing
+
+
+def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, str], cwd: Path
+                                  ) -> subprocess.CompletedProcess:
+    """Start the run, stop it (SIGSTOP) once its first step is logged, make the disk fail, let it finish: the
+    steps left take more than a second, the stop comes within milliseconds."""
+    cmd = [sys.executable, "-m", "llm_training", *TRAIN, "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(STARTED):
+            break
+    assert seen and seen[-1].startswith(STARTED), "".join(seen)[-3000:]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        disk.fail()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    stdout, stderr = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(seen) + stdout, stderr)
+
+
+def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, fake_env, tmp_path):
+    elsewhere = tmp_path / "elsewhere"  # $TMPDIR: another file system than the failing one
+    elsewhere.mkdir()
+    env = fake_env(TMPDIR=str(elsewhere))
+    env.pop("JPWR_ADDR", None)
+    out = disk.path / "run"
+    result = _driver_on_a_disk_that_fails(disk, out, env, tmp_path)
+
+    assert result.returncode == RECORD_NOT_WRITTEN == 74, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("JOULEBENCH_RESULT ") and " status=OK " in last
+    fallback = elsewhere / fallback_paths(parse_summary(result.stdout)["run_id"])[0].name
+    assert f"cannot write the run record {out / 'run_record.json'}" in result.stderr
+    assert f"wrote it to {fallback} instead" in result.stderr
+    record = read_run_record(fallback)
+    assert summary_line(record) == last  # the record is the one the summary line was printed from
+    assert record.status == "OK" and record.metrics["iterations"] == ITERATIONS and record.finished_at
+    assert not [p.name for p in out.iterdir() if "run_record" in p.name]  # no record, no temporary one
+
+
+# A run's life with nothing in it, whose output directory and every fallback are full: /dev/shm is a full tmpfs of
+# a private mount namespace, $TMPDIR is /proc (no files can be made there).
+NOWHERE_LEFT = """
+import sys
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+with Lifecycle("llm_training", LaunchEnv.from_env()) as life:
+    with life.run("r-1", "/dev/shm/run", {}, metrics=lambda record: {"work_unit": "tokens"}):
+        pass
+sys.exit(life.exit_code())
+"""
+
+
+def test_with_no_file_system_left_the_record_goes_to_stderr_only(fake_env, tmp_path):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare: /dev/shm is made full in a private mount namespace")
+    shell = 'mount -t tmpfs -o size=64k tmpfs /dev/shm && { head -c 1M /dev/zero > /dev/shm/filler; exec "$@"; }'
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", shell, "sh",
+                             sys.executable, "-c", NOWHERE_LEFT], env=fake_env(TMPDIR="/proc"), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == RECORD_NOT_WRITTEN, result.stderr[-3000:]
+    said = ("cannot write the run record /dev/shm/run/run_record.json (No space left on device), nor to /proc or "
+            "/dev/shm: the record follows on stderr only\n")
+    assert said in result.stderr
+    record = RunRecord.from_dict(json.loads(result.stderr.split(said, 1)[1]))
+    assert summary_line(record) == result.stdout.strip().splitlines()[-1]
+    assert record.status == "OK" and record.run_id == "r-1"
+
+
+def _json(path: Path) -> None:
+    write_json_atomic(path, {"figures": list(range(100_000))})
+
+
+def _text(path: Path) -> None:
+    write_atomic(path, "n/a\n" * 100_000)
+
+
+def _streamed(path: Path) -> None:
+    """A writer that opens the file itself (as h5py and savefig do), through the context-manager form."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        for _ in range(64):
+            handle.write(os.urandom(1 << 15))
+
+
+WRITERS: dict[str, Callable[[Path], None]] = {"json": _json, "text": _text, "streamed": _streamed}
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary_file(disk, writer):
+    target = disk.path / "result.json"
+    write_json_atomic(target, {"previous": True})
+    disk.fail()
+    with pytest.raises(OSError) as failed:
+        WRITERS[writer](target)
+    assert failed.value.errno == disk.expected_errno()
+    assert json.loads(target.read_text()) == {"previous": True}
+    assert sorted(p.name for p in disk.path.iterdir() if p.name != ".filler") == ["result.json"]
+
+
+def test_a_failing_preprocess_leaves_no_half_written_dataset(disk, tmp_path):
+    from llm_training.preprocess import preprocess
+    from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
+
+    tokenizer = _train_tokenizer(tmp_path)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 20))
+    (disk.path / "data").mkdir()
+    disk.fail()
+    with pytest.raises(OSError) as failed:
+        preprocess(str(corpus), str(disk.path / "data" / "corpus"), tokenizer)
+    assert failed.value.errno == disk.expected_errno()
+    assert list((disk.path / "data").iterdir()) == []

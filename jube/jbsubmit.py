@@ -2,8 +2,9 @@
 
 Called through jbprofile.py (`submit`, `verdict`, `summary`). Why: JUBE's `continue` only looks for each
 job's done file, so every path here ends with one: a point validate refused (INVALID), a job sbatch refuses
-(FAILED), a job Slurm would never start (cancelled, CANCELLED), and a job that ends without recording itself
-(its finalizer job records what Slurm says). Standard library only (Python >= 3.8).
+(FAILED), a job whose finalizer cannot be queued (cancelled before it starts, FAILED), a job Slurm would never
+start (cancelled, CANCELLED), and a job that ends without recording itself (its finalizer job records what Slurm
+says). Standard library only (Python >= 3.8).
 """
 
 from __future__ import annotations

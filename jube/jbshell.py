@@ -75,8 +75,8 @@ def shell_words(profile: dict[str, str], key: str) -> list[str]:
                           f"({_where(profile, key)})") from None
     char = _unquoted_shell_syntax(value)
     if char is not None:
-        raise ConfigError(f"profile key {key} = {value!r} has {char!r} outside single quotes: its words are passed as "
-                          "they are, no shell expands or runs anything in them",
+        raise ConfigError(f"profile key {key} = {value!r} has shell syntax ({char!r}, unquoted) that nothing acts on "
+                          "here: its words are passed as they are, no shell expands or runs anything in them",
                           f"write the value out, and quote a character meant literally (e.g. '--comment=a;b'); shell "
                           f"commands and variables belong in setup ({_where(profile, key)})")
     return words

@@ -93,13 +93,13 @@ def test_setup_lines_do_the_same_in_the_job_and_in_the_tools(tmp_path: Path, set
 
 def test_word_lists_are_the_same_words_in_the_job_and_in_the_tools(tmp_path: Path) -> None:
     """Quotes group words and are removed in both (job.sh used to split on spaces and keep the quotes)."""
-    values = {"container": """env 'A=x y' B="z;w" it\\'s""", "srun_args": "--comment='a | b' --exclude=n[1-2]"}
+    values = {"container": """env 'A=x y' B="z;w" it\\'s '$HOME'""", "srun_args": "--comment='a | b' --exclude=n[1-2]"}
     extra = {f"JOULEBENCH_LOCAL_{key.upper()}": value for key, value in values.items()}
     in_job, in_tools = _in_job_and_in_tools(
         tmp_path, 'printf "%s\\n" "${container[@]}" "${srun_args[@]}" > "$JB_MARK"', extra)
     settings = jbsettings.read_settings(tmp_path / "job.env")
     words = [*shlex.split(settings["JB_CONTAINER"]), *shlex.split(settings["JB_SRUN_ARGS"])]
-    assert words == ["env", "A=x y", "B=z;w", "it's", "--comment=a | b", "--exclude=n[1-2]"]
+    assert words == ["env", "A=x y", "B=z;w", "it's", "$HOME", "--comment=a | b", "--exclude=n[1-2]"]
     assert in_job == "".join(f"{word}\n" for word in words) and in_tools == "\n"  # the tools have no such arrays
 
 

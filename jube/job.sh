@@ -153,8 +153,8 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
         for ((i = 0; i < JB_NODES; i++)); do
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
                 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
-                "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
-                2>> "$rank_logs/$i.err" &
+                "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" \
+                --out-dir "$out" 2>> "$rank_logs/$i.err" &
             pids+=($!)
         done
         # As srun --kill-on-bad-exit: each rank that ends badly is logged in the order they end, and the first ends

@@ -229,8 +229,8 @@ def _registry_digest(url: str) -> str:
 
 def _which(program: str, env: dict[str, str], setup: str = "") -> str | None:
     """Absolute path of `program` after the profile's setup lines (module loads can put apptainer on PATH)."""
-    script = (setup.strip() + "\n" if setup.strip() else "") + f"command -v {shlex.quote(program)}"
-    proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env)
+    proc = subprocess.run(["bash", "-c", 'eval "$1"; command -v "$2"', "jb-setup", setup, program],
+                          capture_output=True, text=True, env=env)  # bash, as the job runs setup (jube/jbshell.py)
     found = proc.stdout.strip().splitlines()
     return found[-1] if proc.returncode == 0 and found and found[-1].startswith("/") else None
 

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import jbslurm
 import jbsubmit
 from jbsettings import in_profile_shell, read_settings, write_settings
+from jbshell import check_command_values
 from jbsystems import (
     FLAG_TAGS,
     FRAMEWORK_TAGS,
@@ -261,6 +262,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     if profile["launcher"] == "slurm" and not shutil.which("sbatch", path=env.get("PATH", os.defpath)):
         raise ConfigError(f"system {system} submits with Slurm, but sbatch is not on PATH",
                           "run on the cluster's login node, or use the local system (no system tag)")
+    profile.update(check_command_values(profile))  # before anything runs one of them (validate, submit, the job)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(benchmark, kinds, profile, run_id, value)
     try:

@@ -30,7 +30,6 @@ def read_settings(path: Path) -> dict[str, str]:
 
 
 def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
-    """Run argv after the profile's setup lines (module loads, venv), as the job script does."""
-    setup = settings["JB_SETUP"].strip()
-    script = (setup + "\n" if setup else "") + 'exec "$@"'
-    return ["/bin/sh", "-c", script, "jb-setup", *argv]
+    """Run argv after the profile's setup lines (module loads, venv) as the job script runs them: bash's `eval` of
+    the same text (jbprofile.py checked it with `bash -n`), so that both read every line alike."""
+    return ["bash", "-c", 'eval "$1"; shift; exec "$@"', "jb-setup", settings["JB_SETUP"], *argv]

@@ -2,8 +2,9 @@
 
 Called through jbprofile.py (`submit`, `verdict`, `summary`). Why: JUBE's `continue` only looks for each
 job's done file, so every path here ends with one: a point validate refused (INVALID), a job sbatch refuses
-(FAILED), a job Slurm would never start (cancelled, CANCELLED), and a job that ends without recording itself
-(its finalizer job records what Slurm says). Standard library only (Python >= 3.8).
+(FAILED), a job whose finalizer cannot be queued (cancelled before it starts, FAILED), a job Slurm would never
+start (cancelled, CANCELLED), and a job that ends without recording itself (its finalizer job records what Slurm
+says). Standard library only (Python >= 3.8).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def _finalize_here(settings_path: Path, *record_args: str) -> None:
     container = shlex.split(settings.get("JB_CONTAINER", ""))
     command, *options = record_args
     argv = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), command, "--settings", str(settings_path), *options]
-    subprocess.call(in_profile_shell(settings, argv))
-    Path(settings["JB_DONE_FILE"]).touch()
+    try:
+        subprocess.call(in_profile_shell(settings, argv))
+    finally:
+        Path(settings["JB_DONE_FILE"]).touch()
 
 
 def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
@@ -43,7 +46,8 @@ def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
     argv = ["sbatch", "--parsable", f"--job-name=jb-{settings['JB_MODEL']}", f"--nodes={settings['JB_NODES']}",
             f"--ntasks-per-node={settings['JB_TASKS_PER_NODE']}", f"--time={settings['JB_TIME_LIMIT']}",
             f"--output={workdir / 'job.out'}", f"--error={workdir / 'job.err'}", f"--chdir={workdir}",
-            f"--signal=B:USR1@{settings['JB_STOP_MARGIN_S']}"]  # a fallback: the job's own timer stops it first
+            f"--signal=B:USR1@{settings['JB_STOP_MARGIN_S']}",  # a fallback: the job's own timer stops it first
+            "--hold"]  # released once its finalizer is queued (submit_with_finalizer)
     if settings["JB_GRES"].lower() in ("yes", "true", "1"):
         argv.append(f"--gpus-per-node={settings['JB_TASKS_PER_NODE']}")
     if settings["JB_CPUS_PER_TASK"]:
@@ -63,13 +67,51 @@ def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str
     container = shlex.split(settings.get("JB_CONTAINER", ""))
     record = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
               "--job-id", job_id]
-    setup = settings["JB_SETUP"].strip()
     limit = jbslurm.hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
     return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
             "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
             f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
             *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
-            "--wrap", (setup + "\n" if setup else "") + "exec " + shlex.join(record)]
+            "--wrap", "exec " + shlex.join(in_profile_shell(settings, record))]
+
+
+class SubmitFailed(Exception):
+    """A submission step failed: nothing of this point runs (what was queued is cancelled); the message says why."""
+
+
+def _sbatch(argv: list[str], what: str, env: dict[str, str]) -> str:
+    """`sbatch --parsable`: the new job's id, or SubmitFailed with sbatch's own words."""
+    print("submit:", shlex.join(argv), flush=True)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    except OSError as exc:
+        raise SubmitFailed(f"sbatch could not run for {what}: {exc}") from None
+    if proc.returncode != 0:
+        raise SubmitFailed(f"sbatch refused {what}: {proc.stderr.strip() or proc.stdout.strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SubmitFailed(f"sbatch's answer for {what} is not a job id: {proc.stdout.strip()!r}")
+    return job_id
+
+
+def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: dict[str, str]) -> tuple[str, str]:
+    """(job id, finalizer id). The job is queued held, its finalizer after it, then the job is released: it never
+    runs without the finalizer that records it if it cannot. A failing step cancels both and raises SubmitFailed."""
+    try:
+        job_argv = sbatch_command(settings, settings_path)
+    except ValueError as exc:  # a word list that prepare did not check: a job.env written by other means
+        raise SubmitFailed(f"the job's sbatch options cannot be split into words ({exc})") from None
+    job_id = _sbatch(job_argv, "the job", env)
+    finalizer_id = ""
+    try:
+        finalizer_id = _sbatch(finalizer_command(settings, settings_path, job_id), "its finalizer job", env)
+        if jbslurm.query(["scontrol", "release", job_id]) is None:
+            raise SubmitFailed(f"scontrol release {job_id} failed after its finalizer job {finalizer_id} was queued")
+    except (SubmitFailed, ValueError) as exc:
+        jbslurm.cancel(finalizer_id, job_id)
+        raise SubmitFailed(f"{exc}; job {job_id} was cancelled before it started (a job without its finalizer "
+                           "could end without a row)") from None
+    return job_id, finalizer_id
 
 
 def wait_for_done(settings_path: Path, settings: dict[str, str], job_ids: list[str]) -> None:
@@ -112,25 +154,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
                            f"the job script was killed (exit code {rc}) before it finished", "--finished-by",
                            "the submit step, after the job script was killed")
         return 0
-    argv = sbatch_command(settings, settings_path)
-    print("submit:", shlex.join(argv), flush=True)
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        reason = f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}"
-        print(reason, file=sys.stderr)
-        _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", reason)
+    try:
+        job_id, finalizer_id = submit_with_finalizer(settings, settings_path, env)
+    except SubmitFailed as exc:
+        print(exc, file=sys.stderr)
+        _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", str(exc))
         return 0
-    job_id = proc.stdout.strip().split(";")[0]
     (workdir / "job.id").write_text(job_id + "\n")
-    print(f"Submitted batch job {job_id}", flush=True)
-    finalizer = subprocess.run(finalizer_command(settings, settings_path, job_id), capture_output=True, text=True,
-                               env=env)
-    finalizer_id = finalizer.stdout.strip().split(";")[0] if finalizer.returncode == 0 else ""
-    if finalizer_id:
-        print(f"finalizer job {finalizer_id} records job {job_id} if it ends without recording itself", flush=True)
-    else:
-        print(f"jbprofile: warning: no finalizer job ({finalizer.stderr.strip()}): a job killed before its traps "
-              "run leaves `jube continue` waiting", file=sys.stderr)
+    print(f"Submitted batch job {job_id}; finalizer job {finalizer_id} records it if it ends without recording "
+          "itself", flush=True)
     blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, jbslurm.job_fit(settings)[0])
     if blocker:
         jbslurm.cancel(finalizer_id, job_id)
@@ -139,7 +171,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         _finalize_here(settings_path, "finalize", "--status", "CANCELLED", "--reason", reason)
         return 0
     if args.wait:
-        wait_for_done(settings_path, settings, [job_id, finalizer_id] if finalizer_id else [job_id])
+        wait_for_done(settings_path, settings, [job_id, finalizer_id])
     return 0
 
 

@@ -38,6 +38,10 @@ settings=$(cd "$(dirname "$settings")" && pwd)/$(basename "$settings")
 # shellcheck disable=SC1090
 . "$settings"
 cd "$JB_WORKDIR" || exit 1
+# Word lists of the profile, in the shell-quoted form jbprofile.py checked and wrote (jbshell.py): the same words
+# here as in the Python tools' shlex.split.
+eval "container=($JB_CONTAINER)"
+eval "srun_args=($JB_SRUN_ARGS)"
 
 status=OK
 reason=""
@@ -86,7 +90,9 @@ slurm_seconds_left() {
 }
 
 if [ -n "$JB_SETUP" ]; then
+    set +u  # as in the tools' bash (jbsettings.in_profile_shell): module and activate scripts read unset variables
     eval "$JB_SETUP" || { status=FAILED; reason="profile setup lines failed: $JB_SETUP"; }
+    set -u
 fi
 PY=$JB_PYTHON
 # The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
@@ -120,8 +126,7 @@ start_local_samplers() {
         for ((i = 0; i < JB_NODES; i++)); do
             seen=$i
             [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
-            # shellcheck disable=SC2086
-            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen $JB_CONTAINER "$PY" -m jpwr serve \
+            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${container[@]}" "$PY" -m jpwr serve \
                 --methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID" &
         done
         wait
@@ -137,8 +142,7 @@ log_rank_end() {
 
 # Rank 0 on this host (nodes = 1): stderr to its own file, the node's own devices and name.
 launch_local_rank() {
-    # shellcheck disable=SC2086
-    $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
+    "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
         2>> "$rank_logs/0.err" &
 }
 
@@ -147,11 +151,10 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
         trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
         pids=()
         for ((i = 0; i < JB_NODES; i++)); do
-            # shellcheck disable=SC2086
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
                 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
-                $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
-                2>> "$rank_logs/$i.err" &
+                "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" \
+                --out-dir "$out" 2>> "$rank_logs/$i.err" &
             pids+=($!)
         done
         # As srun --kill-on-bad-exit: each rank that ends badly is logged in the order they end, and the first ends
@@ -198,13 +201,11 @@ start_samplers() {
         start_local_samplers
     elif [ "$JB_LAUNCHER" = slurm ]; then
         # One task per node; --overlap shares the allocation with the ranks' step.
-        # shellcheck disable=SC2086
         srun --overlap --job-name=jpwr-serve --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
-            $JB_CONTAINER "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
+            "${container[@]}" "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
             --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
     else
-        # shellcheck disable=SC2086
-        $JB_CONTAINER "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
+        "${container[@]}" "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
             --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
     fi
     sampler_pid=$!
@@ -235,13 +236,11 @@ start_settings_guard() {
     log "applying device settings (power_limit=${JB_POWER_LIMIT:-own} W, sm_clock=${JB_SM_CLOCK:-own} MHz)"
     if [ "$JB_LAUNCHER" = slurm ]; then
         nodes=$JB_NODES
-        # shellcheck disable=SC2086
         srun --overlap --job-name=jb-settings --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
-            $JB_CONTAINER "$PY" -m joulebench.device_settings "${args[@]}" >> "$out/device-settings.log" 2>&1 &
+            "${container[@]}" "$PY" -m joulebench.device_settings "${args[@]}" >> "$out/device-settings.log" 2>&1 &
     else
         [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && args+=(--devices "$(local_devices 0)")  # the GPUs the ranks will use
-        # shellcheck disable=SC2086
-        CUDA_DEVICE_ORDER=PCI_BUS_ID $JB_CONTAINER "$PY" -m joulebench.device_settings "${args[@]}" \
+        CUDA_DEVICE_ORDER=PCI_BUS_ID "${container[@]}" "$PY" -m joulebench.device_settings "${args[@]}" \
             >> "$out/device-settings.log" 2>&1 &
     fi
     settings_pid=$!
@@ -285,8 +284,7 @@ stop_samplers() {
     wait_gone "$sampler_pid" "$stop_wait_s" || { log "samplers did not stop within $stop_wait_s s"; kill -KILL "$sampler_pid"; }
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
-    # shellcheck disable=SC2086
-    $JB_CONTAINER "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
+    "${container[@]}" "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
         >> "$out/jpwr-serve.log" 2>&1 \
         || log "jpwr combine failed, see $out/jpwr-serve.log"
 }
@@ -317,8 +315,7 @@ finish() {
     stop_ranks
     stop_samplers
     stop_settings_guard
-    # shellcheck disable=SC2086
-    $JB_CONTAINER "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
+    "${container[@]}" "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
         --reason "$reason" --elapsed-s "$(elapsed)" --ranks-exit-code "$ranks_rc" > "$out/finalize.log" 2>&1
     code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
@@ -396,10 +393,9 @@ if [ "$status" = OK ]; then
     fi
     log "launching $JB_WORLD_SIZE rank(s) of $JB_DRIVER on $JB_NODES node(s)"
     if [ "$JB_LAUNCHER" = slurm ]; then
-        # shellcheck disable=SC2086
         srun --kill-on-bad-exit=1 --label --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
-            --ntasks-per-node="$JB_TASKS_PER_NODE" $JB_SRUN_ARGS \
-            $JB_CONTAINER "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+            --ntasks-per-node="$JB_TASKS_PER_NODE" "${srun_args[@]}" \
+            "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     else
         mkdir -p "$rank_logs"
         if [ "$JB_NODES" -gt 1 ]; then launch_local_ranks; else launch_local_rank; fi

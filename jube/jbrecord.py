@@ -209,7 +209,8 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
 
 def _note(record: RunRecord, settings: dict[str, str]) -> str:
     """What a reader needs beside the numbers: which settings were chosen, what disturbed the run, why the run is
-    not OK, or why energy is missing, then every warning of the run (record.warnings: the meter's, the driver's, the job's)."""
+    not OK, or why energy is missing, then every warning of the run (record.warnings: the meter's, the driver's,
+    the job's)."""
     m = record.metrics
     rejected = rejection(record)
     if record.status != "OK":

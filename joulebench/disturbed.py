@@ -51,8 +51,11 @@ class Watch:
 
     def start(self) -> Watch:
         if self.leader:
-            self.probe = DeviceStateProbe.open()
-            self.probe_reason = self.probe.unavailable_reason
+            try:
+                self.probe = DeviceStateProbe.open()
+                self.probe_reason = self.probe.unavailable_reason
+            except Exception as exc:  # e.g. a device selection jpwr refuses: the meter reports it, the run goes on
+                self.probe_reason = f"the GPUs' state could not be read: {type(exc).__name__}: {exc}"
             self._thread = threading.Thread(target=self._loop, name="joulebench-disturbed", daemon=True)
             self._thread.start()
         return self

@@ -200,8 +200,8 @@ class Lifecycle:
                            launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
         self.runs.append(run)
+        run.watch.start()  # never raises: an unreadable check is n/a with its reason
         try:
-            run.watch.start()
             try:
                 yield run
             except StopRequested as stopped:

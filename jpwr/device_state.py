@@ -92,7 +92,7 @@ class DeviceStateProbe:
         """NVML on the job's devices; without NVML or GPUs the probe reads nothing and says why."""
         from jpwr.backends.nvml import NvmlBackend
 
-        backend = NvmlBackend(SYSTEM_CLOCK, job_devices("nvidia", env).selector_list())
+        backend = NvmlBackend(SYSTEM_CLOCK, job_devices("nvidia", env).selector_list)
         discovery = backend.discover()
         if not discovery.domains:
             backend.close()

@@ -228,7 +228,7 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     clocks = {device: counts for p in leaders for device, counts in p["clocks"].items()}
     if not clocks:
-        reasons = [str(p.get("probe_unavailable") or "; ".join(p["device_errors"]) or f"{p['node']}: no GPU")
+        reasons = [f"{p['node']}: {p.get('probe_unavailable') or '; '.join(p['device_errors']) or 'no GPU'}"
                    for p in leaders]
         return {"disturbed": None, "unavailable_reason": "; ".join(reasons)}
     fractions = {device: {name: n / counts["samples"] for name, n in counts.items() if name != "samples"}

@@ -115,7 +115,9 @@ class Run:
             traceback.print_exc()
             self.record.warn(f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}")
             return
-        self.record.warn(summary(self.record.disturbed) or "")
+        text = summary(self.record.disturbed)
+        if text and text not in self.record.warnings:
+            self.record.warnings.insert(0, text)  # first, as every table's note shows it
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
                    phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:

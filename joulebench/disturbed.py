@@ -171,24 +171,31 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
     unavailable = [f"{p['node']}: {p['probe_unavailable']}" for p in leaders if p.get("probe_unavailable")]
     if len(unavailable) == len(leaders):
         return {"disturbed": None, "unavailable_reason": "; ".join(unavailable)}
-    others, hidden, ours_seen = [], [], False
+    others: list[dict[str, Any]] = []
+    notes: list[str] = []
     for part in leaders:
         mine = own.get(part["node"], set())
+        ours_seen, hidden = False, []
         for pid, seen in part["processes"].items():
+            shown = {"pid": int(pid), "node": part["node"], **_shown(seen)}
             if int(pid) in mine or mine.intersection(seen["ancestors"]):
                 ours_seen = True
             elif seen["name"] is None:
-                hidden.append({"pid": int(pid), "node": part["node"], **_shown(seen)})
+                hidden.append(shown)
             else:
-                others.append({"pid": int(pid), "node": part["node"], **_shown(seen)})
+                others.append(shown)
+        if hidden and not ours_seen:  # NVML's PIDs are another namespace's: only their number tells
+            crowded = len(hidden) > len(mine)
+            notes.append(f"{part['node']}: {len(hidden)} PIDs on the GPUs are not visible here (a container's PID "
+                         f"namespace?) for this run's {len(mine)} processes" +
+                         ("" if crowded else ": they cannot be told apart from this run's"))
+            others += hidden if crowded else []
+        else:
+            others += hidden
     check: dict[str, Any] = {"value": others, "threshold": "any process of another job", "disturbed": bool(others),
-                             "samples": sum(p["samples"] for p in leaders), "not_visible": hidden}
-    if hidden and not ours_seen:  # NVML's PIDs are another namespace's: ours and others look alike
-        check["note"] = (f"{len(hidden)} PIDs on the GPUs are not visible here (a container's PID namespace?): "
-                         "they cannot be told apart from this run's")
-    elif hidden:
-        check["value"] = others = others + hidden
-        check["disturbed"] = True
+                             "samples": sum(p["samples"] for p in leaders)}
+    if notes:
+        check["note"] = "; ".join(notes)
     if others:
         check["reason"] = "other processes on the metered GPUs: " + ", ".join(map(_process_text, others))
     if unavailable:

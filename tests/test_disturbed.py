@@ -142,12 +142,16 @@ def test_without_nvml_the_device_checks_are_na_with_the_reason_and_the_load_stil
     assert block["disturbed"] is True and block["reasons"][0].startswith("host load: 1-minute load above")
 
 
-def test_pids_of_another_namespace_count_only_where_ours_are_seen(fake_pynvml, h100_trace_dir: Path,
-                                                                  loadavg: Path) -> None:
+def test_pids_of_another_namespace_count_where_ours_are_seen_or_outnumber_the_run(fake_pynvml, h100_trace_dir: Path,
+                                                                                   loadavg: Path) -> None:
     fake_pynvml.configure(h100_trace_dir, overrides={0: {"processes": {HIDDEN_PID: None}}})
     alone = judge([watched()], None, "-")["checks"]["other_processes"]
     assert alone["disturbed"] is False and "cannot be told apart" in alone["note"]
+    fake_pynvml.configure(h100_trace_dir, overrides={0: {"processes": {HIDDEN_PID: None, HIDDEN_PID + 1: GIB}}})
+    crowded = judge([watched()], None, "-")["checks"]["other_processes"]  # two processes for a run of one
+    assert crowded["disturbed"] is True and "for this run's 1 processes" in crowded["note"]
+    assert f"pid {HIDDEN_PID + 1} (not visible here, 1.0 GiB)" in crowded["reason"]
     fake_pynvml.configure(h100_trace_dir, overrides={0: {"processes": {HIDDEN_PID: None, os.getpid(): GIB}}})
     beside = judge([watched()], None, "-")["checks"]["other_processes"]
     assert beside["disturbed"] is True and f"pid {HIDDEN_PID} (not visible here, memory n/a)" in beside["reason"]
-    assert beside["value"][0]["node"] == node_name()
+    assert beside["value"][0]["node"] == node_name() and "note" not in beside

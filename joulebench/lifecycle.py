@@ -19,7 +19,8 @@ at a request: the record is complete and its steady window a valid measurement o
 the joulebench error's own code (64 for a configuration refused on the device, 73 for an output directory that
 cannot be written). An exception is FAILED even while a stop was pending: a clean stop never raises.
 Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_RESULT ...` is the last thing it
-prints.
+prints. A run that ends with its windows also says whether it was disturbed (joulebench.disturbed: the record's
+`disturbed` block and a warning; never a status).
 """
 
 from __future__ import annotations

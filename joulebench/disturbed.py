@@ -71,9 +71,14 @@ class Watch:
             load: float | str = float(self.loadavg.read_text().split()[0])
         except (OSError, ValueError, IndexError) as exc:
             load = f"{self.loadavg} unreadable: {exc}"
-        devices: list[DeviceState] = self.probe.sample() if self.probe else []
+        devices: list[DeviceState] = []
+        error = None
+        try:
+            devices = self.probe.sample() if self.probe else []
+        except Exception as exc:  # a vendor call failing in an unforeseen way costs this sample its GPU state only
+            error = f"the GPUs' state could not be read: {type(exc).__name__}: {exc}"
         pids = {pid for state in devices for pid in state.processes or {}}
-        return {"t_ns": time.monotonic_ns(), "load": load, "devices": devices,
+        return {"t_ns": time.monotonic_ns(), "load": load, "devices": devices, "error": error,
                 "facts": {pid: process_facts(pid) for pid in pids}}
 
     def stop(self) -> None:
@@ -112,7 +117,10 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     clocks: dict[str, dict[str, int]] = {}
     processes: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
+    process_reads = 0
     for sample in samples:
+        if sample["error"] and sample["error"] not in errors:
+            errors.append(sample["error"])
         for state in sample["devices"]:
             error = f"{state.domain_id}: {state.unavailable}"
             if state.unavailable and error not in errors:
@@ -122,6 +130,7 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 counts["samples"] += 1
                 for name in reason_names(state.reasons):
                     counts[name] = counts.get(name, 0) + 1
+            process_reads += state.processes is not None
             for pid, used in (state.processes or {}).items():
                 facts: ProcessFacts = sample["facts"][pid]
                 seen = processes.setdefault(str(pid), {"name": facts.comm, "ancestors": list(facts.ancestors),
@@ -132,7 +141,7 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     seen["devices"].append(state.domain_id)
                 if used is not None:
                     seen["used_memory_bytes"] = max(used, seen["used_memory_bytes"] or 0)
-    return {"clocks": clocks, "processes": processes, "device_errors": errors}
+    return {"clocks": clocks, "processes": processes, "process_reads": process_reads, "device_errors": errors}
 
 
 def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str) -> dict[str, Any]:
@@ -168,7 +177,7 @@ def _step_check(times: Sequence[float] | None, basis: str) -> dict[str, Any]:
 
 
 def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[int]]) -> dict[str, Any]:
-    unavailable = [f"{p['node']}: {p['probe_unavailable']}" for p in leaders if p.get("probe_unavailable")]
+    unavailable = [_unread(p) for p in leaders if not p["process_reads"]]
     if len(unavailable) == len(leaders):
         return {"disturbed": None, "unavailable_reason": "; ".join(unavailable)}
     others: list[dict[str, Any]] = []
@@ -203,6 +212,11 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
     return check
 
 
+def _unread(part: Mapping[str, Any]) -> str:
+    """Why a node's GPUs told nothing: no probe (no NVML, no GPU selected), or the calls that failed."""
+    return f"{part['node']}: {part.get('probe_unavailable') or '; '.join(part['device_errors']) or 'no GPU read'}"
+
+
 def _shown(seen: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": seen["name"], "used_memory_bytes": seen["used_memory_bytes"], "devices": seen["devices"],
             "samples": seen["samples"]}
@@ -235,9 +249,7 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     clocks = {device: counts for p in leaders for device, counts in p["clocks"].items()}
     if not clocks:
-        reasons = [f"{p['node']}: {p.get('probe_unavailable') or '; '.join(p['device_errors']) or 'no GPU'}"
-                   for p in leaders]
-        return {"disturbed": None, "unavailable_reason": "; ".join(reasons)}
+        return {"disturbed": None, "unavailable_reason": "; ".join(map(_unread, leaders))}
     fractions = {device: {name: n / counts["samples"] for name, n in counts.items() if name != "samples"}
                  for device, counts in clocks.items() if counts["samples"]}
     worst = [(f, name, device) for device, names in fractions.items() for name, f in names.items()

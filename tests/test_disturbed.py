@@ -155,3 +155,13 @@ def test_pids_of_another_namespace_count_where_ours_are_seen_or_outnumber_the_ru
     beside = judge([watched()], None, "-")["checks"]["other_processes"]
     assert beside["disturbed"] is True and f"pid {HIDDEN_PID} (not visible here, memory n/a)" in beside["reason"]
     assert beside["value"][0]["node"] == node_name() and "note" not in beside
+
+
+def test_a_failing_nvml_call_makes_its_check_na_with_nvmls_error(fake_pynvml, h100_trace_dir: Path,
+                                                                 loadavg: Path) -> None:
+    fails = (fake_pynvml.Fail("nvmlDeviceGetComputeRunningProcesses"),)
+    fake_pynvml.configure(h100_trace_dir, faults=fake_pynvml.Faults(fails=fails))
+    checks = judge([watched()], None, "-")["checks"]
+    assert checks["other_processes"]["disturbed"] is None
+    assert "running processes: Not Supported" in checks["other_processes"]["unavailable_reason"]
+    assert checks["clock_events"]["disturbed"] is False  # the other call still answers

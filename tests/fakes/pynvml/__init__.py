@@ -18,6 +18,9 @@ counter) follow through a documented clock response; they need a privileged call
 Read-only companions: the limit's constraints and default, supported and maximum clocks, persistence mode and the
 API restriction; their values are SYNTHETIC stand-ins.
 
+Other jobs on a device (joulebench.disturbed): configure's overrides plant running processes (pid -> used bytes,
+listed by nvmlDeviceGetComputeRunningProcesses; no graphics processes) and clock event reason bits held throughout.
+
 Subprocesses: with JPWR_FAKE_NVML_TRACE=<dir> set at import, the fake configures itself on real
 time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPWR_FAKE_NVML_DEVICES=N copies,
 JPWR_FAKE_NVML_FAULTS=<json of Faults fields, or {"per_device": {index: Faults fields}}>,

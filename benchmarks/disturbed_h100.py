@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):  # the finally below and atexit run on these too
         signal.signal(signum, lambda s, _f: sys.exit(128 + s))
     rows = [row("alone", out, run_driver("alone", out, env, args.timeout_s), None)]
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")  # kept if the second run cannot start
     competitor = Competitor(env, seconds=args.timeout_s + 30)
     try:
         print(f"=== competitor pid {competitor.proc.pid}: {competitor.ready}", flush=True)

@@ -180,8 +180,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
         run.record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds,
                           life.stop.local_reason)
-        run.step_times([gap for timing in point.timings for gap in timing.inter_token_s],
-                       "decode steps (gaps between output tokens)")
+        run.step_times(point.pass_times_s(), "passes over the point's batches (the same work each)")
     return run.record, idle
 
 

@@ -22,6 +22,8 @@ Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_R
 prints. A record its output directory cannot take (a full or read-only disk) goes to $TMPDIR, else /dev/shm, else
 to stderr only, the driver says which, and the process exits 74 (joulebench.record.RECORD_NOT_WRITTEN): the
 summary line is printed all the same.
+A run that ends with its windows also says whether it was disturbed (joulebench.disturbed: the record's
+`disturbed` block and a warning; never a status).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from joulebench.disturbed import WINDOW, Watch, judge, summary
 from joulebench.launch import LaunchEnv
 from joulebench.record import (
     EXIT_CODES,
@@ -130,6 +133,30 @@ class Run:
         self.stop = stop
         self.meter: WindowMeter | None = None
         self.exit_code = 0
+        self.watch = Watch(launch.is_node_leader)
+        self._step_times: tuple[list[float] | None, str] = (None, "the driver gives no step times")
+
+    def step_times(self, seconds: Sequence[float] | None, basis: str) -> None:
+        """The driver's step times in the steady window (what `basis` says they are), or None with `basis` saying
+        why there are none: the disturbance check's step-time spread."""
+        self._step_times = (None if seconds is None else list(seconds), basis)
+
+    def judge_disturbance(self, gather: Gather | None) -> None:
+        """Every rank's view of the steady window (collective), judged into the record's `disturbed` block; a
+        disturbed run keeps its status and gets a warning naming why (joulebench.disturbed)."""
+        self.watch.stop()
+        window = next((w for w in self.meter.windows if w.name == WINDOW), None) if self.meter else None
+        part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
+        parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
+        try:
+            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times)
+        except Exception as exc:  # a check that cannot be made must not cost the record
+            traceback.print_exc()
+            self.record.warn(f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}")
+            return
+        text = summary(self.record.disturbed)
+        if text and text not in self.record.warnings:
+            self.record.warnings.insert(0, text)  # first, as every table's note shows it
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
                    phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:
@@ -214,6 +241,7 @@ class Lifecycle:
                            launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
         self.runs.append(run)
+        run.watch.start()  # never raises: an unreadable check is n/a with its reason
         try:
             try:
                 yield run
@@ -221,9 +249,11 @@ class Lifecycle:
                 record.status, record.status_reason = "TIMEOUT", str(stopped)
             if run.meter is not None:
                 run.meter.attach_energy(gather)
+                run.judge_disturbance(gather)
         except BaseException as exc:  # the record is written on any failure; the exit code says what happened
             run.failed(exc)
         finally:
+            run.watch.stop()
             if run.meter is not None:
                 record.windows = run.meter.windows
                 run.meter.close()

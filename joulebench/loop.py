@@ -22,6 +22,7 @@ from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, si
 from jpwr import WindowMeter, fmt
 
 Handle = TypeVar("Handle")
+STEP_TIMES_BASIS = "log intervals' mean step times"  # what LoopResult.step_times_s are (disturbance check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,8 @@ class LoopResult:
     planned: int | None = None  # steps planned, warm-up included (None: stopped before the plan)
     stop_reason: str | None = None  # why the loop ended before the planned steps
     plan: SteadyPlan | None = None
+    # the steady window's mean step time between consecutive log points (the only synced moments in it), s
+    step_times_s: list[float] = dataclasses.field(default_factory=list)
 
 
 def steady_plan(spec: LoopSpec, device_kind: str) -> SteadyPlan | None:
@@ -106,6 +109,7 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
     meter.begin("warmup" if warmup else "steady", 0)
     timer.tick()
     step = 0
+    synced = (0, time.monotonic())  # the steady window's last synced step and when it was reached
     while total is None or step < total:
         if step == warmup and warmup:
             _end(meter, "warmup", 0, step, spec)
@@ -116,6 +120,7 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
             if progress.enabled:
                 print(f"[{progress.prefix}] steady window: {result.plan.reason}", flush=True)
             meter.begin("steady", step)
+            synced = (step, time.monotonic())
         handle = steps.step()
         step += 1
         if step <= warmup:
@@ -124,6 +129,10 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
             continue
         loss = steps.loss(handle)
         result.losses.append((step, loss))
+        if step > warmup:
+            now = time.monotonic()
+            result.step_times_s.append((now - synced[1]) / (step - synced[0]))
+            synced = (step, now)
         progress.log(step, loss, total)
         if (total is None or step < total) and steps.any_rank(stop.local_reason() is not None):
             result.stop_reason = stop.local_reason() or "another rank requested the stop"

@@ -79,6 +79,12 @@ _HOMES = {
     "selector_kind": "jpwr.devices",  # index, UUID, MIG or PCI: how a selector names a device
     "selector_matches": "jpwr.devices",  # whether a device is the one a selector names
     "resolve_gpus": "jpwr.backends.nvml",  # selectors -> NVML handles, resolved as the meter resolves them
+    # --- What else runs on the job's GPUs (joulebench.disturbed judges whether it disturbed a run) ------
+    "DeviceStateProbe": "jpwr.device_state",  # the job's GPUs' processes and clock event reasons, read-only
+    "DeviceState": "jpwr.device_state",  # one GPU's processes and clock event reason mask at one moment
+    "ProcessFacts": "jpwr.device_state",  # a PID's name and parents as /proc shows them
+    "process_facts": "jpwr.device_state",  # reads them
+    "reason_names": "jpwr.device_state",  # a clock event reason mask -> NVML's names of its bits
     # --- Command-line types (joulebench.arguments adds the drivers' ranges) -------------------------
     "Number": "jpwr.arguments",  # an argparse type: a finite number within a stated range
     "COUNT": "jpwr.arguments",  # a whole number >= 1

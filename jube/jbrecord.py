@@ -35,6 +35,7 @@ from jbsettings import read_settings
 
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
+from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.lifecycle import fallback_paths, write_elsewhere
@@ -216,8 +217,9 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
 
 
 def _note(record: RunRecord, settings: dict[str, str]) -> str:
-    """What a reader needs beside the numbers: which settings were chosen, why the run is not OK, or why
-    energy is missing, then every warning of the run (record.warnings: the meter's, the driver's, the job's)."""
+    """What a reader needs beside the numbers: which settings were chosen, what disturbed the run, why the run is
+    not OK, or why energy is missing, then every warning of the run (record.warnings: the meter's, the driver's,
+    the job's)."""
     m = record.metrics
     rejected = rejection(record)
     if record.status != "OK":
@@ -232,8 +234,9 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
     why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
     per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
-    parts = [settings.get("JB_NOTE", ""), outcome, settings_note, per_request]
-    parts += [w for w in record.warnings if w not in outcome]  # a PARTIAL reason may quote its warning already
+    disturbed = disturbed_summary(record.disturbed) or ""  # first after the profile's note: the short note shows it
+    parts = [settings.get("JB_NOTE", ""), disturbed, outcome, settings_note, per_request]
+    parts += [w for w in record.warnings if w not in outcome and w != disturbed]  # a PARTIAL reason may quote one
     note = "; ".join(part for part in parts if part)
     return " ".join(note.split()) or "-"
 

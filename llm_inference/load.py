@@ -293,6 +293,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
 
         log = loop.run(source(), plan.rule, lambda: meter.begin("steady", 0), on_end, life.stop.local_reason,
                        plan.expected)
+        run.step_times(None, "a load's engine steps differ by design (prefill or decode, changing batches)")
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
         counted = counted_ids(log.admitted_ns, log.window, served, plan.rule)
         state.update(log=log, rule=plan.rule, counted=counted,

@@ -43,6 +43,13 @@ class PointWindows:
     timings: list[Timing]
     setup_s: float
 
+    def pass_times_s(self) -> list[float]:
+        """Each steady pass's generate time (first token and every gap after it, over its calls): the window's step
+        times for the disturbance check, since every pass does the same work (a call's length differs by batch)."""
+        calls = len(self.timings) // self.steady_passes if self.steady_passes else 0
+        return [sum(t.ttft_s + sum(t.inter_token_s) for t in self.timings[i:i + calls])
+                for i in range(0, calls * self.steady_passes, calls)] if calls else []
+
 
 def _work(batches: list[Batch], passes: int, calls: int, generated: bool) -> dict[str, float]:
     """Work of whole passes over the batches; output tokens only for generate windows."""

@@ -180,6 +180,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
         run.record.meter["steady_seconds"] = window_s.to_dict()
         point = run_point(engine, meter, batches, inputs, cfg.warmup_batches, window_s.seconds,
                           life.stop.local_reason)
+        run.step_times(point.pass_times_s(), "passes over the point's batches (the same work each)")
     return run.record, idle
 
 

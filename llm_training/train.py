@@ -23,7 +23,7 @@ from megatron.core.transformer.module import Float16Module
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, StopRequest
-from joulebench.loop import LoopResult, Progress, TrainSteps, run_loop
+from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
 from joulebench.peaks import peak_flops
 from joulebench.phases import OPTIMIZER, Replay, replay_phases
 from joulebench.record import RunRecord, steady_metrics
@@ -222,6 +222,7 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
                        any_rank=lambda flag: _any_rank(flag, device), gather=_all_gather, sync=meter.sync)
     loop = run_loop(steps, meter, spec, stop, device.type, Progress("llm_training", spec, launch.is_global_zero))
     record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
+    run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
     record.metrics["loss_curve"] = [{"iteration": step, "loss": loss} for step, loss in loop.losses]
     record.metrics["skipped_updates"] = trainer.skipped_updates
     if loop.stop_reason:

@@ -14,7 +14,7 @@ from typing import Any
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
-from joulebench.loop import LoopResult, Progress, TrainSteps, run_loop
+from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
 from joulebench.peaks import peak_flops
 from joulebench.phases import check_replay_seconds, replay_phases
 from joulebench.record import RunRecord, steady_metrics
@@ -55,6 +55,7 @@ def train(config: TrainConfig) -> int:
             loop = run_loop(steps, meter, spec, life.stop, backend.device_kind,
                             Progress("resnet50", spec, launch.is_global_zero))
             run.record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
+            run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
             if loop.stop_reason:
                 run.stopped_early(loop.completed - config.warmup_iterations, loop.planned and
                                   loop.planned - config.warmup_iterations, "measured iterations")

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from joulebench.analysis import serving
 from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
 from joulebench.analysis.plot import find_trace_sources, save_figure
+from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord
@@ -209,6 +210,7 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
         util = run.latents.get("utilization_gpu")
         sm = run.latents.get("sm_clock_hz")
         note = run.record.status_reason if run.record.status != "OK" else (cost.reason or "")
+        note = "; ".join(part for part in (disturbed_summary(run.record.disturbed), note) if part)
         rows.append({
             "benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,
             "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
@@ -393,7 +395,14 @@ def attribution_figure(runs: Sequence[Run], benchmark: str) -> Figure | None:
 
 # ---- diagnosis -------------------------------------------------------------------------------------------
 def compare_runs(a: Run, b: Run) -> Diagnosis:
-    return diagnose(a.cost, b.cost, a.latents, b.latents)
+    """The diagnosis of B against A, naming either side that was disturbed (its difference may be the
+    disturbance's)."""
+    diagnosis = diagnose(a.cost, b.cost, a.latents, b.latents)
+    for run in (a, b):
+        text = disturbed_summary(run.record.disturbed)
+        if text:
+            diagnosis.sentences.append(f"{run.cost.label} was {text} (the difference may be the disturbance's).")
+    return diagnosis
 
 
 def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
+from jpwr.device_state import DeviceState
 from jpwr.devices import selector_kind
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
@@ -39,6 +40,7 @@ FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT
 SCOPE_GPU = 0  # NVML_POWER_SCOPE_GPU
 SCOPE_MODULE = 1  # NVML_POWER_SCOPE_MODULE
 ARCH_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE
+NVML_VALUE_NOT_AVAILABLE = 2**64 - 1  # nvidia-ml-py maps it to None; older versions pass it through
 UPDATE_S = 0.1  # counter and power fields refresh every ~100 ms on H100 (reference §7)
 _GA100 = re.compile(r"\bA(100|800|30)\b")  # GA100 parts: GetPowerUsage is still instantaneous there
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
@@ -47,6 +49,12 @@ _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5:
 def _text(value: str | bytes) -> str:
     """Older nvidia-ml-py versions return bytes for strings."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _used_bytes(process: Any) -> int | None:
+    """A process's GPU memory; None where NVML does not know it (NVML_VALUE_NOT_AVAILABLE, some containers)."""
+    used = getattr(process, "usedGpuMemory", None)
+    return None if used is None or used >= NVML_VALUE_NOT_AVAILABLE else int(used)
 
 
 def _field_value(fv: Any) -> float:
@@ -300,6 +308,26 @@ class NvmlBackend:
                     continue  # not offered on this GPU: simply absent, never 0
                 metrics.append(MetricReading(gpu.domain.id, metric, (t0 + self._clock.monotonic_ns()) // 2, value))
         return metrics
+
+    def device_state(self) -> list[DeviceState]:
+        """Each metered GPU's clock event reasons and the processes holding a context on it (compute and
+        graphics): what tells a run disturbed by others. Read-only; a part NVML cannot give is None with why."""
+        states = []
+        for gpu in self._gpus:
+            reasons = processes = None
+            problems = []
+            try:
+                reasons = int(self._clock_event_reasons(gpu.handle))
+            except (self._nv.NVMLError, AttributeError) as exc:
+                problems.append(f"clock event reasons: {exc}")
+            try:
+                found = [*self._nv.nvmlDeviceGetComputeRunningProcesses(gpu.handle),
+                         *self._nv.nvmlDeviceGetGraphicsRunningProcesses(gpu.handle)]
+                processes = {int(p.pid): _used_bytes(p) for p in found}
+            except (self._nv.NVMLError, AttributeError) as exc:
+                problems.append(f"running processes: {exc}")
+            states.append(DeviceState(gpu.domain.id, reasons, processes, "; ".join(problems) or None))
+        return states
 
     def _clock_event_reasons(self, handle: Any) -> int:
         """Bit mask of why clocks are held down; the 'Throttle' name is deprecated in newer NVML."""

@@ -18,6 +18,9 @@ counter) follow through a documented clock response; they need a privileged call
 Read-only companions: the limit's constraints and default, supported and maximum clocks, persistence mode and the
 API restriction; their values are SYNTHETIC stand-ins.
 
+Other jobs on a device (joulebench.disturbed): configure's overrides plant running processes (pid -> used bytes,
+listed by nvmlDeviceGetComputeRunningProcesses; no graphics processes) and clock event reason bits held throughout.
+
 Subprocesses: with JPWR_FAKE_NVML_TRACE=<dir> set at import, the fake configures itself on real
 time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPWR_FAKE_NVML_DEVICES=N copies,
 JPWR_FAKE_NVML_FAULTS=<json of Faults fields, or {"per_device": {index: Faults fields}}>,
@@ -180,6 +183,16 @@ class c_nvmlPciInfo_t:
     busId: str
 
 
+@dataclasses.dataclass(frozen=True)
+class c_nvmlProcessInfo_t:
+    """A running process as nvidia-ml-py's wrappers return it (usedGpuMemory None where NVML does not know it)."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
 # ---- trace and faults --------------------------------------------------------------------------------
 class Trace:
     """The recorded columns, as three time-sorted series keyed by each read's 'after' stamp."""
@@ -264,6 +277,8 @@ class _Device:
     architecture: int
     faults: Faults
     mig_uuids: tuple[str, ...] = ()
+    processes: Mapping[int, int | None] = dataclasses.field(default_factory=dict)  # pid -> used bytes (None: n/a)
+    event_reasons: int = 0  # clock event reason bits held on top of the recording's (e.g. 0x40 HW thermal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,7 +384,8 @@ def configure(
     """Replay `trace_dir` as `devices` GPUs on `clock` (a jpwr VirtualClock; None = real monotonic time).
 
     faults: for all devices, or per device index. overrides: per device index, any of name, uuid,
-    pci_bus_id, architecture, mig_uuids (MIG instance ids that resolve to this GPU).
+    pci_bus_id, architecture, mig_uuids (MIG instance ids that resolve to this GPU), processes (pid -> used bytes
+    or None: what the running-process calls list) and event_reasons (clock event bits held throughout).
     call_costs: each call takes as long as it did on the H100 (meta call_cost_s; the counter ~3.6 ms), on
     top of any Faults.slow_ms. state_file: device settings shared with other processes ("{node}" = node name);
     None keeps them in memory. privileged: set/reset calls are permitted. clock_response: how power, clock and
@@ -644,7 +660,7 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
     """The recording's stand-in, plus 'applications clocks setting' while a clock below the maximum is locked and
     'SW power cap' while a lowered power limit holds the clock down."""
     replay, dev, rel = _device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-    reasons = SYNTHETIC["clocks_event_reasons"]
+    reasons = SYNTHETIC["clocks_event_reasons"] | dev.event_reasons
     locked = replay.store.settings(dev.uuid).locked_mhz
     if locked is not None and locked[1] < max(SYNTHETIC["sm_clocks_MHz"]):
         reasons |= nvmlClocksEventReasonApplicationsClocksSetting
@@ -654,6 +670,17 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
 
 
 nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
+    """The processes planted on the device (configure's overrides: `processes`); none by default."""
+    _, dev, _ = _device(handle, "nvmlDeviceGetComputeRunningProcesses")
+    return [c_nvmlProcessInfo_t(pid, used) for pid, used in dev.processes.items()]
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
+    _device(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+    return []
 
 
 # ---- device settings: need a privileged caller, change the shared state, and are logged -------------------------

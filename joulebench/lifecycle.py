@@ -101,7 +101,9 @@ class Run:
         rates = {} if read_every_s is None else {"interval_s": read_every_s, "counter_interval_s": read_every_s}
         self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
                                       phase_stamps=phase_stamps, **rates)
-        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods,
+        # The clock anchor: UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)
+        anchor = {"wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns()}
+        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods, clock=anchor,
                                  in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
         return self.meter
 

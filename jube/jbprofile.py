@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
+import jbfootprint
 import jbslurm
 import jbsubmit
 from jbsettings import in_profile_shell, read_settings, write_settings
@@ -263,6 +264,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
                           "run on the cluster's login node, or use the local system (no system tag)")
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(benchmark, kinds, profile, run_id, value)
+    settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
     try:
         point_settings(settings, benchmark, kinds, profile, value)
     except PointRefused as exc:

@@ -36,6 +36,7 @@ class Rate:
     """A fixed value or hourly values (UTC hour start -> value), and where it came from."""
 
     source: str
+    given: str  # the profile's text: the value, or the CSV's absolute path
     fixed: float | None = None
     hourly: Mapping[dt.datetime, float] | None = None
 
@@ -52,17 +53,16 @@ class SiteFootprint:
     price: Rate | None
     currency: str
     pue: float
-    pue_source: str
+    pue_text: str  # the profile's text; empty: not given (1)
 
     def settings(self) -> dict[str, str]:
         """The job.env variables that carry them to the job (paths made absolute by the caller's profile)."""
         def text(rate: Rate | None, fixed_key: str, csv_key: str) -> dict[str, str]:
-            csv = rate.source.removeprefix("csv ") if rate and rate.hourly is not None else ""
-            fixed = "" if rate is None or rate.fixed is None else repr(rate.fixed)
-            return {fixed_key: fixed, csv_key: csv}
+            hourly = rate is not None and rate.hourly is not None
+            return {fixed_key: "" if rate is None or hourly else rate.given, csv_key: rate.given if hourly else ""}
         return {**text(self.carbon, "JB_CARBON_INTENSITY_G_PER_KWH", "JB_CARBON_INTENSITY_CSV"),
                 **text(self.price, "JB_PRICE_PER_KWH", "JB_PRICE_CSV"),
-                "JB_CURRENCY": self.currency, "JB_PUE": "" if self.pue_source == "default" else repr(self.pue)}
+                "JB_CURRENCY": self.currency, "JB_PUE": self.pue_text}
 
 
 def _number(text: str, what: str, kind: str) -> float:
@@ -70,10 +70,10 @@ def _number(text: str, what: str, kind: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{what} = {text!r} is not a number", f"write a number in [{low}, {high}]") from None
+        raise ConfigError(f"{what}: {text!r} is not a number", f"write a number in [{low}, {high}]") from None
     if not math.isfinite(value) or not low <= value <= high:
         sign = " (a negative intensity)" if kind == "carbon" and value < 0 else ""
-        raise ConfigError(f"{what} = {text} is out of range{sign}", f"write a number in [{low}, {high}]")
+        raise ConfigError(f"{what}: {text} is out of range{sign}", f"write a number in [{low}, {high}]")
     return value
 
 
@@ -120,7 +120,7 @@ def read_hourly(path: Path, kind: str, key: str) -> Rate:
         previous = hour
     if not hourly:
         raise ConfigError(f"profile key {key} = {path} holds no hourly values", "write `time,value` lines")
-    return Rate(source=f"csv {path}", hourly=hourly)
+    return Rate(source=f"csv {path}", given=str(path), hourly=hourly)
 
 
 def _rate(profile: Mapping[str, str], fixed_key: str, csv_key: str, kind: str) -> Rate | None:
@@ -130,7 +130,8 @@ def _rate(profile: Mapping[str, str], fixed_key: str, csv_key: str, kind: str) -
     if csv:
         return read_hourly(Path(csv).expanduser().resolve(), kind, csv_key)
     if fixed:
-        return Rate(source=f"profile {fixed_key} = {fixed}", fixed=_number(fixed, f"profile key {fixed_key}", kind))
+        return Rate(source=f"profile {fixed_key} = {fixed}", given=fixed,
+                    fixed=_number(fixed, f"profile key {fixed_key}", kind))
     return None
 
 
@@ -143,7 +144,7 @@ def site_footprint(profile: Mapping[str, str]) -> SiteFootprint:
         raise ConfigError("a price is set but profile key currency is empty", "set currency, e.g. currency = EUR")
     pue_text = profile.get("pue", "").strip()
     pue = _number(pue_text, "profile key pue", "pue") if pue_text else 1.0
-    return SiteFootprint(carbon, price, currency, pue, f"profile pue = {pue_text}" if pue_text else "default")
+    return SiteFootprint(carbon, price, currency, pue, pue_text)
 
 
 def from_settings(settings: Mapping[str, str]) -> SiteFootprint:
@@ -230,8 +231,8 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
         "carbon_source": site.carbon.source if site.carbon else None,
         "price_source": site.price.source if site.price else None,
         "currency": site.currency or None,
-        "pue": site.pue, "pue_source": "not given: 1 (accelerator energy only)" if site.pue_source == "default"
-        else site.pue_source,
+        "pue": site.pue,
+        "pue_source": f"profile pue = {site.pue_text}" if site.pue_text else "not given: 1 (accelerator energy only)",
         "energy_basis": "accelerator energy of the run's metered windows (" + ", ".join(n for n, *_ in placed)
         + ") times PUE; start-up outside the windows is not metered",
         "placement": placement,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from joulebench.analysis.diagnose import readable
+from joulebench.analysis.report import load_runs, table_rows
 from joulebench.record import RunRecord, read_run_record
 from jpwr import Window, WindowEnergy
 from tests.jube.test_profile import CLEAN_ENV, jbprofile
@@ -42,7 +44,8 @@ def real_record(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def finished(tmp_path: Path, record: Path, **profile: str) -> tuple[RunRecord, dict[str, str]]:
-    """The record through jbrecord.py finalize with the footprint settings validate would have written."""
+    """The record through jbrecord.py finalize with the footprint settings validate would have written; its CSV
+    table row (the JB lines)."""
     site = jbfootprint.site_footprint(profile).settings()
     work = job_dir(tmp_path, None, JB_BENCHMARK="resnet50", JB_DRIVER="resnet50", **site)
     shutil.copy(record, work / "run" / "run_record.json")
@@ -76,6 +79,9 @@ def test_a_fixed_intensity_price_and_pue_give_grams_and_cost_per_run_and_per_ima
     assert float(row["g_co2e"]) == pytest.approx(block["g_co2e"], rel=1e-3)
     assert float(row["cost_per_unit"]) == pytest.approx(block["cost_per_unit"], rel=1e-3)
     assert row["currency"] == "EUR"
+    (report,) = table_rows(load_runs([tmp_path / "work" / "run"]))  # joulebench report's table
+    assert report["g CO2e (estimate)"] == f"{readable(block['g_co2e'])} ± {readable(block['g_co2e_error_bound'])}"
+    assert report["cost (estimate)"].endswith(" EUR")
 
 
 def test_without_an_intensity_or_price_every_figure_is_n_a_with_the_reason(tmp_path: Path, real_record: Path) -> None:
@@ -86,6 +92,8 @@ def test_without_an_intensity_or_price_every_figure_is_n_a_with_the_reason(tmp_p
     assert block["cost_unavailable_reason"] == "no price in the site profile"
     assert block["pue_source"] == "not given: 1 (accelerator energy only)"
     assert {row[key] for key in (*jbrecord.FOOTPRINT_KEYS, "currency")} == {"n/a"}
+    (report,) = table_rows(load_runs([tmp_path / "work" / "run"]))
+    assert report["g CO2e (estimate)"] == report["cost (estimate)"] == "n/a"
 
 
 def _window(name: str, start: dt.datetime, seconds: float, joules: float, bound: float, anchor_ns: int) -> Window:

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from joulebench.exports.intervals import IntervalLog
+from joulebench.exports.run import Exports
 from joulebench.launch import LaunchEnv
 from joulebench.record import EXIT_CODES, RunRecord, software_versions, summary_line, write_run_record
 from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter
@@ -92,6 +94,7 @@ class Run:
         self.launch = launch
         self.stop = stop
         self.meter: WindowMeter | None = None
+        self.exports: Exports | None = None  # --log-to, on global rank 0
         self.exit_code = 0
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
@@ -106,6 +109,10 @@ class Run:
         self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods, clock=anchor,
                                  in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
         return self.meter
+
+    def intervals(self, work_unit: str, work_per_step: float, devices: int) -> IntervalLog | None:
+        """Energy per log interval for the loop (joulebench.loop), where this rank logs to tools (--log-to)."""
+        return IntervalLog(self._meter(), self.exports, work_unit, work_per_step, devices) if self.exports else None
 
     def idle_baseline(self, enabled: bool, accelerator: bool, gather: Gather | None = None,
                       reuse: IdleBaseline | None = None) -> IdleBaseline:
@@ -171,16 +178,19 @@ class Lifecycle:
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
             metrics: Callable[[RunRecord], dict[str, Any]], gather: Gather | None = None,
-            hardware: Mapping[str, Any] | None = None) -> Iterator[Run]:
+            hardware: Mapping[str, Any] | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
         """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
         `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
-        rank 0 writes the record, also after a failure. Exceptions do not propagate: the exit code carries them."""
+        rank 0 writes the record, also after a failure, and logs its figures to the `log_to` tools (--log-to).
+        Exceptions do not propagate: the exit code carries them."""
         record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config),
                            launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
         self.runs.append(run)
         try:
             try:
+                if log_to and self.launch.is_global_zero:
+                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark)
                 yield run
             except StopRequested as stopped:
                 record.status, record.status_reason = "TIMEOUT", str(stopped)
@@ -203,6 +213,14 @@ class Lifecycle:
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
+        if run.exports is not None:
+            try:
+                run.exports.finish(record.status, record.metrics)
+            except Exception as exc:  # a tool that fails must not cost the record
+                traceback.print_exc()
+                record.warn(f"--log-to: the window figures were not logged: {type(exc).__name__}: {exc}")
+            for problem in run.exports.close():
+                record.warn(f"--log-to: {problem}")
         if self.launch.is_global_zero:
             path = write_run_record(run.out_dir / "run_record.json", record)
             print(f"[{self.benchmark}] run record: {path}", flush=True)

@@ -42,6 +42,7 @@ class IntervalLog:
         self.min_ns = int(SETTLE_PERIODS * period * 1e9) if period else None
         self.open: tuple[int, int] | None = None  # (first step, begin ns)
         self.closed: list[Interval] = []
+        self.methods: tuple[str, ...] = ()  # of the intervals logged so far
         self.reason = "no jpwr sampler: energy per interval n/a" if live is None else (
             None if period else f"the sampler knows no sensor update period: {live.reason or 'no devices'}")
         scope = "n/a" if live is None else f"node {live.node}: {len(live.devices)} accelerator(s)"
@@ -86,8 +87,10 @@ class IntervalLog:
             elif energy is not None and energy.unavailable_reason:
                 self.exports.facts({"interval/unavailable": f"steps {interval.first_step}-{interval.last_step}: "
                                                             f"{energy.unavailable_reason}"})
-        if methods:
-            self.exports.facts({"interval/method": ",".join(sorted(methods))})
+        method = ",".join(sorted(methods | set(self.methods)))
+        if methods and method != ",".join(self.methods):  # a fact changes rarely: logged when it does
+            self.methods = tuple(sorted(methods | set(self.methods)))
+            self.exports.facts({"interval/method": method})
 
     def figures(self, interval: Interval, energy: WindowEnergy) -> dict[str, float]:
         """An interval's figures, each energy with its bound; n/a figures are left out (never logged as 0)."""

@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import TextIO
 
 from jpwr import __version__
-from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, Number
+from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, PORT, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.errors import ExitCode, ValidationError, exit_code_of, os_error_message, take_debug_flag
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt
 from jpwr.summary import NodeSummary
 
-PORT = Number(int, 1, 65535)
 SUBCOMMANDS = ("serve", "combine", "info", "selftest", "qualify")
 MOVED_VERBS = ("plot", "report")  # now `joulebench VERB`; forwarded until the next minor release
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

@@ -59,8 +59,8 @@ def exposition(sampler: Sampler) -> str:
             reading = latest.get(sensor.id)
             if domain is None or sensor.signal not in signals or reading is None:
                 continue
-            labels = {"node": sampler.node, "device": domain.id, "uuid": domain.uuid or "", "run_id": sampler.run_id,
-                      "window": window}
+            labels = {"node": sampler.node, "device": domain.id, "uuid": domain.device_uuid or "",
+                      "run_id": sampler.run_id, "window": window}
             text = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
             stamp = "" if wall_minus_mono is None else f" {(reading.t_ns + wall_minus_mono) // 1_000_000}"
             lines.append(f"{name}{{{text}}} {reading.value!r}{stamp}")

@@ -1,12 +1,13 @@
-"""Energy per log interval, from the meter, logged one log point late.
+"""Energy per log interval, from the meter, logged a few log points late.
 
 The loop's log points are already synced (the loss read-out), so each is an interval edge the sampler receives as
 a mark (`WindowMeter.mark_interval`, no window in the record). An interval shorter than twice the sensor's update
 period would have a bound as large as its energy: it is merged with the next (its edge is skipped). An interval's
 energy is asked of the sampler at a later log point, once the counter has updated past its end, so the query never
-waits for the sensor; the last ones when the loop ends. The sampler answers for this node's accelerators: on more
-than one node the per-interval figures cover global rank 0's node only (the facts say so) and work per Wh is left
-out; the window figures at the end cover the whole job.
+waits for the sensor, and at most every 10 s, several intervals in one round trip; the last ones when the loop
+ends. The sampler answers for this node's accelerators: on more than one node the per-interval figures cover
+global rank 0's node only (the facts say so) and work per Wh is left out; the window figures at the end cover the
+whole job.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from jpwr import J_PER_WH, WindowEnergy, WindowMeter
 
 PREFIX = "log/"  # the sampler's name of a log interval: log/<its last step>
 SETTLE_PERIODS = 2.0  # the sampler waits this many update periods past an edge before it reads a window
+QUERY_EVERY_NS = 10 * 10**9  # ask the sampler at most this often: each answer costs the loop a round trip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,7 @@ class IntervalLog:
         self.open: tuple[int, int] | None = None  # (first step, begin ns)
         self.closed: list[Interval] = []
         self.methods: tuple[str, ...] = ()  # of the intervals logged so far
+        self.asked_ns = 0  # when the sampler was last asked
         self.reason = "no jpwr sampler: energy per interval n/a" if live is None else (
             None if period else f"the sampler knows no sensor update period: {live.reason or 'no devices'}")
         scope = "n/a" if live is None else f"node {live.node}: {len(live.devices)} accelerator(s)"
@@ -58,7 +61,7 @@ class IntervalLog:
 
     def log_point(self, step: int, last: bool = False) -> None:
         """Close the open interval when it is long enough (always at the last point), open the next, and log the
-        intervals the sampler can answer for now (all of them at the last point)."""
+        intervals the sampler can answer for now, at most every QUERY_EVERY_NS (all of them at the last point)."""
         if self.open is None or self.min_ns is None:
             return
         first, t0 = self.open
@@ -71,7 +74,8 @@ class IntervalLog:
             self.open = None if last else (step, self.meter.mark_interval(f"{PREFIX}{step}", "begin", step))
         now = time.monotonic_ns()
         ready = [i for i in self.closed if last or now - i.t1_ns >= self.min_ns]
-        if ready:
+        if ready and (last or now - self.asked_ns >= QUERY_EVERY_NS):
+            self.asked_ns = now
             self._log(ready)
             self.closed = [i for i in self.closed if i not in ready]
 

@@ -1,7 +1,7 @@
 """One writer per tool, with the same three calls: a time series point, figures of the whole run, and text facts
 (method, bound, window, scope) beside them. Each imports its library only when built (an optional extra).
 
-    TensorBoard  event files in <out>/tensorboard (scalars; facts as text summaries under facts/)
+    TensorBoard  event files in <out>/tensorboard/<run id> (scalars; facts as text summaries under facts/)
     MLflow       a local SQLite store, <out>/mlflow.db, unless MLFLOW_TRACKING_URI names another (metrics; tags)
     W&B          offline run files under <out>/wandb unless WANDB_MODE says otherwise (history; summary; config)
 """
@@ -95,7 +95,6 @@ class WandbSink:
     def __init__(self, out_dir: Path, run_id: str, experiment: str) -> None:
         import wandb
 
-        (out_dir / "wandb").parent.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(mode=os.environ.get("WANDB_MODE", "offline"), dir=str(out_dir), project=experiment,
                               name=run_id, reinit="create_new",
                               settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))

@@ -213,12 +213,8 @@ class Lifecycle:
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
-        if run.exports is not None:
-            try:
-                run.exports.finish(record.status, record.metrics)
-            except Exception as exc:  # a tool that fails must not cost the record
-                traceback.print_exc()
-                record.warn(f"--log-to: the window figures were not logged: {type(exc).__name__}: {exc}")
+        if run.exports is not None:  # a tool that fails costs neither the run nor the record: the warnings say so
+            run.exports.finish(record.status, record.metrics)
             for problem in run.exports.close():
                 record.warn(f"--log-to: {problem}")
         if self.launch.is_global_zero:

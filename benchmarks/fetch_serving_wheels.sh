@@ -1,11 +1,12 @@
 #!/bin/sh
-# Download the wheels of benchmarks/serving-gpu-requirements.txt (transformers serve on the
-# GPU machine's Python 3.12, which installs them with --no-index --no-deps) into .whl/ of the
-# repo root. Idempotent: pip skips a wheel already there. Fails naming a requirement that has
+# Download the wheels of a requirements file (default benchmarks/serving-gpu-requirements.txt:
+# transformers serve; benchmarks/log-to-gpu-requirements.txt: --log-to's extras) for the GPU
+# machine's Python 3.12, which installs them with --no-index --no-deps, into .whl/ of the repo root.
+#     sh benchmarks/fetch_serving_wheels.sh [REQUIREMENTS] Idempotent: pip skips a wheel already there. Fails naming a requirement that has
 # no wheel for cp312 / manylinux x86-64 (or py3-none-any).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-req="$root/benchmarks/serving-gpu-requirements.txt"
+req=${1:-"$root/benchmarks/serving-gpu-requirements.txt"}
 dest="$root/.whl"
 py=${PYTHON:-python3}
 mkdir -p "$dest"

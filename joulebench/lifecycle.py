@@ -41,6 +41,8 @@ from types import FrameType
 from typing import Any
 
 from joulebench.disturbed import WINDOW, Watch, judge, summary
+from joulebench.exports.intervals import IntervalLog
+from joulebench.exports.run import Exports
 from joulebench.launch import LaunchEnv
 from joulebench.record import (
     EXIT_CODES,
@@ -132,6 +134,7 @@ class Run:
         self.launch = launch
         self.stop = stop
         self.meter: WindowMeter | None = None
+        self.exports: Exports | None = None  # --log-to, on global rank 0
         self.exit_code = 0
         self.watch = Watch(launch.is_node_leader)
         self._step_times: tuple[list[float] | None, str] = (None, "the driver gives no step times")
@@ -165,9 +168,15 @@ class Run:
         rates = {} if read_every_s is None else {"interval_s": read_every_s, "counter_interval_s": read_every_s}
         self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
                                       phase_stamps=phase_stamps, **rates)
-        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods,
+        # The clock anchor: UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)
+        anchor = {"wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns()}
+        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods, clock=anchor,
                                  in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
         return self.meter
+
+    def intervals(self, work_unit: str, work_per_step: float, devices: int) -> IntervalLog | None:
+        """Energy per log interval for the loop (joulebench.loop), where this rank logs to tools (--log-to)."""
+        return IntervalLog(self._meter(), self.exports, work_unit, work_per_step, devices) if self.exports else None
 
     def idle_baseline(self, enabled: bool, accelerator: bool, gather: Gather | None = None,
                       reuse: IdleBaseline | None = None) -> IdleBaseline:
@@ -233,10 +242,11 @@ class Lifecycle:
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
             metrics: Callable[[RunRecord], dict[str, Any]], gather: Gather | None = None,
-            hardware: Mapping[str, Any] | None = None) -> Iterator[Run]:
+            hardware: Mapping[str, Any] | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
         """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
         `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
-        rank 0 writes the record, also after a failure. Exceptions do not propagate: the exit code carries them."""
+        rank 0 writes the record, also after a failure, and logs its figures to the `log_to` tools (--log-to).
+        Exceptions do not propagate: the exit code carries them."""
         record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config),
                            launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
@@ -244,6 +254,8 @@ class Lifecycle:
         run.watch.start()  # never raises: an unreadable check is n/a with its reason
         try:
             try:
+                if log_to and self.launch.is_global_zero:
+                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark)
                 yield run
             except StopRequested as stopped:
                 record.status, record.status_reason = "TIMEOUT", str(stopped)
@@ -268,6 +280,10 @@ class Lifecycle:
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
+        if run.exports is not None:  # a tool that fails costs neither the run nor the record: the warnings say so
+            run.exports.finish(record.status, record.metrics)
+            for problem in run.exports.close():
+                record.warn(f"--log-to: {problem}")
         if self.launch.is_global_zero:
             try:
                 path = write_run_record(run.out_dir / RECORD_FILE, record)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from joulebench.exports.intervals import IntervalLog
 from joulebench.lifecycle import StopRequest
 from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, sized_by_time
 from jpwr import WindowMeter, fmt
@@ -99,14 +100,17 @@ def _format_eta(seconds: float) -> str:
 
 
 def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop: StopRequest, device_kind: str,
-             progress: Progress) -> LoopResult:
+             progress: Progress, intervals: IntervalLog | None = None) -> LoopResult:
     """Warm-up then steady steps in their windows; a stop request ends the loop at the next log point, on all
-    ranks. The steady plan (fixed, or sized by jpwr's bound rule from the timed warm-up) is the same everywhere."""
+    ranks. The steady plan (fixed, or sized by jpwr's bound rule from the timed warm-up) is the same everywhere.
+    `intervals` (global rank 0 with --log-to): energy per log interval to the tools."""
     warmup = spec.warmup_iterations
     result = LoopResult(losses=[], plan=steady_plan(spec, device_kind))
     total = warmup + result.plan.iterations if result.plan else None
     timer = StepTimer(steps.sync)
     meter.begin("warmup" if warmup else "steady", 0)
+    if intervals:
+        intervals.begin(0)
     timer.tick()
     step = 0
     synced = (0, time.monotonic())  # the steady window's last synced step and when it was reached
@@ -134,6 +138,8 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
             result.step_times_s.append((now - synced[1]) / (step - synced[0]))
             synced = (step, now)
         progress.log(step, loss, total)
+        if intervals:
+            intervals.log_point(step)
         if (total is None or step < total) and steps.any_rank(stop.local_reason() is not None):
             result.stop_reason = stop.local_reason() or "another rank requested the stop"
             break
@@ -142,6 +148,8 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
         _end(meter, "warmup", 0, step, spec, f"stopped during warm-up: {result.stop_reason}")
     elif result.plan is not None:
         _end(meter, "steady", warmup, step, spec, result.plan.end_reason(step - warmup, result.stop_reason))
+    if intervals:
+        intervals.log_point(step, last=True)
     return result
 
 

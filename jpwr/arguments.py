@@ -65,6 +65,7 @@ NON_NEGATIVE = Number(float, 0.0)  # weight decay, gradient clip (0 = off), prob
 UNIT_OPEN = Number(float, 0.0, 1.0, low_open=True, high_open=True)  # fractions strictly inside (0, 1)
 FINITE = Number(float)  # offsets: any sign
 FRACTION = Number(float, 0.0, 1.0)  # coverage thresholds: 0 and 1 both meaningful
+PORT = Number(int, 1, 65535)  # a TCP port (--metrics-port)
 
 
 def method_names(text: str) -> str:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TextIO
 
 from jpwr import __version__
-from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, POSITIVE
+from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, PORT, POSITIVE
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
+from jpwr.errors import ExitCode, ValidationError, exit_code_of, os_error_message, take_debug_flag
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt, write_atomic
 from jpwr.summary import NodeSummary
@@ -50,6 +50,12 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--counter-interval", type=POSITIVE, default=1000.0, help="energy counter read interval in ms")
     p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
     p.add_argument("--run-id", default=None, help="run id shared by all nodes of one run")
+    p.add_argument("--metrics-port", type=PORT, default=None,
+                   help="serve power and energy counters per device at http://HOST:PORT/metrics in Prometheus' "
+                        "text format, labelled with node, run id and the open window (default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address --metrics-port binds to (default 127.0.0.1: this host only; 0.0.0.0 opens it to "
+                        "the network, e.g. for the cluster's Prometheus: the figures show what runs where)")
     p.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
                    help="fraction of a window each device's data must cover for its energy to be trusted "
                         f"(default {DEFAULT_MIN_COVERAGE:g}); below it the energy is n/a and the run PARTIAL")
@@ -87,7 +93,19 @@ def _start(args: argparse.Namespace):
     sampler = Sampler(backends, discoveries, out, args.interval / 1000.0, args.counter_interval / 1000.0,
                       run_id=run_id, min_coverage=args.min_coverage).start()
     server = SocketServer(sampler, addr).start()
-    return sampler, server, template
+    metrics = None
+    if args.metrics_port is not None:
+        from jpwr.prometheus import MetricsServer
+
+        try:
+            metrics = MetricsServer(sampler, args.metrics_host, args.metrics_port).start()
+        except OSError as exc:
+            server.stop()
+            sampler.stop()
+            raise ValidationError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: "
+                                  f"{os_error_message(exc)}. Fix: pick a free port") from None
+        print(f"jpwr: Prometheus metrics at {metrics.address}", file=sys.stderr, flush=True)
+    return sampler, server, template, metrics
 
 
 def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
@@ -127,7 +145,7 @@ def cmd_wrap(argv: Sequence[str]) -> int:
         parser.error("no command given: jpwr [options] -- CMD ...")
     from jpwr.channel import ADDR_ENV, Mark
 
-    sampler, server, template = _start(args)
+    sampler, server, template, metrics = _start(args)
     env = dict(os.environ, **{ADDR_ENV: template, "JPWR_RUN_ID": sampler.run_id})
     # The whole command is a window of its own, so a command that marks nothing is metered too.
     sampler.add_mark(Mark("command", "begin", 0, SYSTEM_CLOCK.monotonic_ns()))
@@ -135,6 +153,8 @@ def cmd_wrap(argv: Sequence[str]) -> int:
         child = subprocess.Popen(command, env=env)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         server.stop()
+        if metrics:
+            metrics.stop()
         sampler.stop()
         if isinstance(exc, FileNotFoundError):
             print(f"jpwr: command not found: {command[0]}. Fix: check its name and PATH", file=sys.stderr)
@@ -155,6 +175,8 @@ def cmd_wrap(argv: Sequence[str]) -> int:
             signal.signal(s, handler)
     sampler.add_mark(Mark("command", "end", 0, SYSTEM_CLOCK.monotonic_ns()))
     server.stop()
+    if metrics:
+        metrics.stop()
     child_code = 128 - code if code < 0 else code
     try:
         summary = sampler.stop()
@@ -183,11 +205,13 @@ def cmd_serve(argv: Sequence[str]) -> int:
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda *_: stop.set())
-    sampler, server, _ = _start(args)
+    sampler, server, _, metrics = _start(args)
     write_atomic(sampler.node_dir / "ready", f"{server.addr}\n")  # polled by job scripts: whole or absent
     print(f"jpwr: serving node {sampler.node} on {server.addr} (run {sampler.run_id})", file=sys.stderr, flush=True)
     stop.wait()
     server.stop()
+    if metrics:
+        metrics.stop()
     summary = sampler.stop()
     _print_windows(summary)
     return ExitCode.OK

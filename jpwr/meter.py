@@ -145,6 +145,18 @@ class WindowMeter:
             self.channel.send_phases(batch)  # after the edge: converting and sending is outside the window
         return window
 
+    def mark_interval(self, name: str, edge: str, step: int) -> int:
+        """An edge for the sampler only: no window is kept here and no phases are marked, so an interval inside a
+        window (a log interval) adds nothing to the record; node_energy([name]) returns its energy. Returns the
+        edge's time (monotonic ns), taken after a device sync."""
+        if self.sync is not None:
+            self.sync()
+        t_ns = self.clock.monotonic_ns()
+        if self.channel is not None:
+            self.channel.send_mark(Mark(name=name, edge=edge, step=step, t_ns=t_ns, rank=self.launch.rank,
+                                        local_rank=self.launch.local_rank))
+        return t_ns
+
     def live(self, span_s: float, timeout_s: float = 10.0) -> NodeLive | None:
         """The node's recent readings and sensor facts from its sampler; None without a sampler."""
         if self.channel is None:

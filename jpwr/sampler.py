@@ -261,6 +261,16 @@ class Sampler:
                 if all(self.readings[s.id][-1].value != first[s.id] for s in counters):
                     return
 
+    def latest(self) -> tuple[dict[str, Reading], list[Mark], int | None]:
+        """Each sensor's latest valid reading, the marks so far, and wall minus monotonic time (ns) from the pair
+        read at start: what `--metrics-port` serves, without a sensor read."""
+        with self._data:
+            latest = {sid: r for sid, rs in self.readings.items()
+                      if (r := next((x for x in reversed(rs) if x.value is not None), None)) is not None}
+            marks = list(self.marks)
+        offset = self._clock_pairs[0][0] - self._clock_pairs[0][1] if self._clock_pairs else None
+        return latest, marks, offset
+
     def live(self, span_s: float) -> NodeLive:
         """Recent power, temperature and update period per accelerator, from readings already taken."""
         with self._data:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
+import jbfootprint
 import jbslurm
 import jbsubmit
 from jbsettings import in_profile_shell, read_settings, write_settings
@@ -265,6 +266,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     profile.update(check_command_values(profile))  # before anything runs one of them (validate, submit, the job)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(benchmark, kinds, profile, run_id, value)
+    settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
     try:
         point_settings(settings, benchmark, kinds, profile, value)
     except PointRefused as exc:

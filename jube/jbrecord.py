@@ -29,9 +29,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jbfootprint
 import jblog  # same directory: on sys.path when run as a script
 import jbslurm
 from jbsettings import read_settings
+from jbsystems import ConfigError
 
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
@@ -49,6 +51,8 @@ SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comp
 # figures cannot be true (joulebench.figures).
 FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
+# The footprint block's estimates in the CSV table (jbfootprint.py): rejected with the figures they derive from
+FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
 SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
@@ -136,6 +140,7 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
         )
     record.job = job_facts(settings, record.status, elapsed_s)
     record.config[RECORD_KEY] = settings_block(settings, record)
+    record.footprint = footprint(settings, record)
     try:
         write_run_record(path, record)
     except OSError as exc:  # the row and the job log still get the figures; the record goes where the driver's went
@@ -145,6 +150,14 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
     if fallback is not None:
         fallback.unlink()  # the record is where it belongs now
     return record
+
+
+def footprint(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
+    """Carbon and cost from the site profile the job carries; a file changed since validate costs only the block."""
+    try:
+        return jbfootprint.footprint_block(record, jbfootprint.from_settings(settings))
+    except ConfigError as exc:
+        return {"estimate": None, "unavailable_reason": f"the site profile's footprint settings: {exc}"}
 
 
 def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
@@ -280,6 +293,7 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "energy_coverage": _num(m.get("energy_coverage"), 3),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
         **settings_fields(record),
+        **footprint_fields(record),
         "status": record.status,
         "note": _note(record, settings),
     }
@@ -288,8 +302,8 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         fields.update(energy_shares(record))
     if rejection(record):  # figures that cannot be true are flagged, never shown as numbers; the note says why
         inference = (*INFERENCE_KEYS, *SHARE_KEYS) if record.benchmark == "llm_inference" else ()
-        fields.update(dict.fromkeys([*FIGURE_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device", f"{unit}_per_wh",
-                                     *inference], REJECTED))
+        fields.update(dict.fromkeys([*FIGURE_KEYS, *FOOTPRINT_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device",
+                                     f"{unit}_per_wh", *inference], REJECTED))
     fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
 
@@ -302,6 +316,12 @@ def energy_shares(record: RunRecord) -> dict[str, str]:
     shares = (energy or {}).get("shares") if isinstance(energy, dict) else None
     shares = shares if isinstance(shares, dict) else {}
     return {f"{part}_share": _num(shares.get(part), 3) for part in SHARES}
+
+
+def footprint_fields(record: RunRecord) -> dict[str, str]:
+    """The footprint block's estimates (the CSV table only); n/a where the profile gave no value, or no block."""
+    block = record.footprint if isinstance(record.footprint, dict) else {}
+    return {**{key: _num(block.get(key)) for key in FOOTPRINT_KEYS}, "currency": block.get("currency") or "n/a"}
 
 
 def settings_fields(record: RunRecord) -> dict[str, str]:

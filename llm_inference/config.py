@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, method_names
+from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
 from llm_inference.memory import ENGINES
@@ -44,6 +45,7 @@ class InferenceConfig:
     out_dir: str
     run_id: str
     energy_methods: str | None
+    log_to: tuple[str, ...] = ()  # --log-to: tools each record's window figures go to (joulebench.exports)
 
     @property
     def points(self) -> list[tuple[str, int]]:
@@ -98,6 +100,7 @@ def add_control_arguments(parser: argparse.ArgumentParser, window_help: str, def
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", type=method_names,
                    help="in-process jpwr metering (single process only), e.g. nvml")
+    add_log_to(r)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,5 +132,5 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
         engine=args.engine, attention=args.attention,
         device=args.device, seed=args.seed, out_dir=args.out_dir or default_out_dir("llm_inference", run_id),
         run_id=run_id,
-        energy_methods=args.energy_methods,
+        energy_methods=args.energy_methods, log_to=args.log_to,
     )

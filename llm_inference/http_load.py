@@ -347,7 +347,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
             result.update(request_energy_figures(energy))
         return result
 
-    with life.run(run_id, out_dir, config, metrics=metrics) as run:
+    with life.run(run_id, out_dir, config, metrics=metrics, log_to=cfg.log_to) as run:
         if "server" not in state:
             state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir), life.stop.local_reason)
                                if target.command else {"url": target.url})

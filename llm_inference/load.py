@@ -264,7 +264,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
             result.update(request_energy_figures(energy))
         return result
 
-    with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware) as run:
+    with life.run(run_id, out_dir, config, metrics=metrics, hardware=hardware, log_to=cfg.log_to) as run:
         engine = model.get()
         meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods, read_every_s=COUNTER_READ_S)
         idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)

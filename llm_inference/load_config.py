@@ -95,6 +95,7 @@ class LoadConfig:
     run_id: str
     energy_methods: str | None
     server: ServerTarget | None = None  # an OpenAI-compatible server instead of the in-process engine
+    log_to: tuple[str, ...] = ()  # --log-to: tools the record's window figures go to (joulebench.exports)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -157,7 +158,7 @@ def resolve_load(args: argparse.Namespace) -> LoadConfig:
         slo_tpot_ms=args.slo_tpot_ms, steady_seconds=args.steady_seconds, idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
         out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
-        energy_methods=args.energy_methods, server=_server(args))
+        energy_methods=args.energy_methods, server=_server(args), log_to=args.log_to)
 
 
 def _server(args: argparse.Namespace) -> ServerTarget | None:

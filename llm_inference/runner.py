@@ -169,7 +169,8 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
         record.config["engine_detail"] = model.describe()
         return _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason, estimate)
 
-    with life.run(spec.run_id, spec.out_dir, config, metrics=point_metrics, hardware=hardware) as run:
+    with life.run(spec.run_id, spec.out_dir, config, metrics=point_metrics, hardware=hardware,
+                  log_to=cfg.log_to) as run:
         engine = model.get()
         meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods)
         if device.type == "cuda":

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
+from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.loop import LoopSpec
 from joulebench.sizing import add_window_arguments
@@ -57,6 +58,7 @@ class TrainConfig:
     out_dir: str
     run_id: str
     energy_methods: str | None
+    log_to: tuple[str, ...]  # --log-to: tools the run logs to (joulebench.exports)
     log_interval: int
     seed: int
     lr: float
@@ -162,7 +164,7 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, data_path=args.data_path,
         out_dir=args.out_dir or default_out_dir("llm_training", run_id), run_id=run_id,
-        energy_methods=args.energy_methods,
+        energy_methods=args.energy_methods, log_to=args.log_to,
         log_interval=args.log_interval, seed=args.seed,
         lr=_pick(args.lr, settings.lr), min_lr=_pick(args.min_lr, settings.min_lr),
         lr_warmup_samples=_pick(args.lr_warmup_samples, settings.lr_warmup_samples),
@@ -233,6 +235,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "
                         "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
     r.add_argument("--log-interval", type=COUNT, default=5)
+    add_log_to(r)
     r.add_argument("--seed", type=SEED, default=p.SEED)
     o = parser.add_argument_group("optimizer (CARAML's values by default)")
     o.add_argument("--lr", type=POSITIVE)

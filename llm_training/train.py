@@ -220,7 +220,8 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     spec = cfg.loop_spec()
     steps = TrainSteps(step=trainer.step, loss=lambda loss: _pipeline_loss(loss, device),
                        any_rank=lambda flag: _any_rank(flag, device), gather=_all_gather, sync=meter.sync)
-    loop = run_loop(steps, meter, spec, stop, device.type, Progress("llm_training", spec, launch.is_global_zero))
+    loop = run_loop(steps, meter, spec, stop, device.type, Progress("llm_training", spec, launch.is_global_zero),
+                    run.intervals(spec.work_unit, spec.work_per_step, cfg.world_size))
     record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
     run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
     record.metrics["loss_curve"] = [{"iteration": step, "loss": loss} for step, loss in loop.losses]
@@ -273,7 +274,7 @@ def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
     """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
     with Lifecycle("llm_training", launch, cfg.exit_duration_mins) as life, contextlib.ExitStack() as stack:
         with life.run(cfg.run_id, Path(cfg.out_dir), cfg.to_dict(), gather=_all_gather,
-                      metrics=lambda record: _metrics(cfg, record, device)) as run:
+                      metrics=lambda record: _metrics(cfg, record, device), log_to=cfg.log_to) as run:
             if device.type == "cpu":
                 stack.enter_context(cpu_compat.cpu_mode(device))
             distributed.init_distributed(launch, device, cfg)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, method_names
 from joulebench.boundary import exit_code_of
+from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
 from joulebench.sizing import add_window_arguments
 from jpwr import ValidationError, take_debug_flag
@@ -52,6 +53,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--energy-methods", type=method_names, default=None,
         help="in-process jpwr methods for single-process runs, e.g. pynvml")
     add("--log-interval", type=COUNT, default=10, help="progress line every N iterations (default 10)")
+    add_log_to(parser)
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
     add("--seed", type=SEED, default=42)
     add("--lr", type=POSITIVE, default=0.1, help="SGD learning rate (default 0.1)")

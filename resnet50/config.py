@@ -55,6 +55,7 @@ class TrainConfig:
     out_dir: str | None = None
     run_id: str | None = None
     energy_methods: str | None = None
+    log_to: tuple[str, ...] = ()  # --log-to: tools the run logs to (joulebench.exports)
     log_interval: int = 10
     caraml_output: bool = False
     seed: int = 42

@@ -43,7 +43,7 @@ def train(config: TrainConfig) -> int:
     with Lifecycle("resnet50", launch, config.exit_duration_mins, started) as life:
         with life.run(str(config.run_id), out_dir, config.to_dict(devices),
                       metrics=lambda record: _metrics(record, config, loop),
-                      gather=lambda obj: backend.gather(obj) if backend else [obj]) as run:
+                      gather=lambda obj: backend.gather(obj) if backend else [obj], log_to=config.log_to) as run:
             meter = run.open_meter(methods=config.energy_methods)
             backend = module.create(config, launch)
             run.record.hardware = backend.hardware()
@@ -53,7 +53,8 @@ def train(config: TrainConfig) -> int:
             steps = TrainSteps(step=backend.train_step, loss=backend.loss_value, any_rank=backend.any_rank,
                                gather=backend.gather, sync=backend.sync)
             loop = run_loop(steps, meter, spec, life.stop, backend.device_kind,
-                            Progress("resnet50", spec, launch.is_global_zero))
+                            Progress("resnet50", spec, launch.is_global_zero),
+                            run.intervals(spec.work_unit, spec.work_per_step, devices))
             run.record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
             run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
             if loop.stop_reason:

@@ -6,7 +6,7 @@
 # - <repo>/.venv, created if missing (a venv: Debian's system Python refuses pip, PEP 668), with torch and
 #   torchvision unless they import already (the CPU-capable pinned build CI uses; a site's own torch stays),
 #   then joulebench with every extra the tests use (test, nvidia, llm, resnet-pytorch, resnet-tensorflow-cpu,
-#   inference, serving, reports). No GPU is needed: vendor libraries are replaced by the fakes in tests/fakes.
+#   inference, serving, reports, tensorboard, mlflow, wandb). No GPU is needed: vendor libraries are replaced by the fakes in tests/fakes.
 # - System packages are not installed here: the JUBE/Slurm workflow tests need JUBE, Slurm, munge and
 #   xmllint (`sh jube/ci-setup.sh` as root, what CI does) and are skipped with that reason without them.
 # Idempotent: a second run reuses the venv and its packages.
@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! .venv/bin/python -c 'import torch, torchvision' 2>/dev/null; then
     .venv/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-.venv/bin/python -m pip install -q -e ".[test,nvidia,llm,resnet-pytorch,resnet-tensorflow-cpu,inference,serving,reports]"
+.venv/bin/python -m pip install -q -e ".[test,nvidia,llm,resnet-pytorch,resnet-tensorflow-cpu,inference,serving,reports,tensorboard,mlflow,wandb]"
 missing=""
 for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
 [ -z "$missing" ] || echo "tests/run.sh: not installed:$missing; the JUBE/Slurm workflow tests will be skipped" \

@@ -103,3 +103,14 @@ def test_a_missing_extra_names_what_to_install(bare_python, tmp_path):
             continue
         assert code in (64, 69), (argv, err[-2000:])
         assert f"pip install '{extra}'" in err and "Traceback" not in err, (argv, err[-2000:])
+
+
+def test_log_to_without_its_extra_names_the_pip_install_before_any_work(bare_python, tmp_path):
+    commands = [["llm_training", "validate", "--model", "tiny", "--log-to", "tensorboard,mlflow"],
+                ["resnet50", "train", "--framework", "pytorch", "--device", "cpu", "--log-to", "mlflow"],
+                ["llm_inference", "run", "--preset", "tiny", "--device", "cpu", "--log-to", "wandb"]]
+    for argv, (code, _, err) in zip(commands, _run(bare_python, commands, tmp_path), strict=True):
+        extra = argv[-1].split(",")[0]
+        assert code == 2 and f"--log-to {extra} needs the {extra} package: pip install 'joulebench[{extra}]'" in err, (
+            argv, err[-2000:])
+        assert "Traceback" not in err and not (tmp_path / "runs").exists()

@@ -223,9 +223,23 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
             "coverage": fmt(m.get("energy_coverage"), 3), "bound J": fmt(m.get("energy_error_bound_j"), 3),
+            **footprint_cells(run.record),
             "note": " ".join(str(note or "").split()),
         })
     return rows
+
+
+def footprint_cells(record: RunRecord) -> dict[str, str]:
+    """The record's `footprint` (carbon and cost of the run, from the site profile by jube/jbfootprint.py) as
+    `value ± bound`, labelled estimate; n/a where the profile gave no value or the record has no block."""
+    block = record.footprint if isinstance(record.footprint, dict) else {}
+    currency = f" {block['currency']}" if block.get("currency") else ""
+
+    def cell(key: str, unit: str) -> str:
+        value, bound = block.get(key), block.get(f"{key}_error_bound")
+        return "n/a" if value is None else f"{readable(value)} ± {readable(bound)}{unit}"
+
+    return {"g CO2e (estimate)": cell("g_co2e", ""), "cost (estimate)": cell("cost", currency)}
 
 
 def _rejected_row(run: Run) -> dict[str, str]:
@@ -236,7 +250,8 @@ def _rejected_row(run: Run) -> dict[str, str]:
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": work_unit(run.record),
             "per s": REJECTED, "per s per device": REJECTED, "per Wh": REJECTED, "J per unit": REJECTED,
             "mean W per device": REJECTED, "GPU util %": "n/a", "SM MHz": "n/a", "method": REJECTED,
-            "coverage": REJECTED, "bound J": REJECTED, "note": str(run.rejected)}
+            "coverage": REJECTED, "bound J": REJECTED, "g CO2e (estimate)": REJECTED, "cost (estimate)": REJECTED,
+            "note": str(run.rejected)}
 
 
 # ---- charts ----------------------------------------------------------------------------------------------

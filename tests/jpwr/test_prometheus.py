@@ -1,0 +1,94 @@
+"""`jpwr --metrics-port` scraped by Debian's real Prometheus server on 127.0.0.1: the values it stored are the run's
+trace readings, each at its own reading's time, labelled with node, device, run id and the open window."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from jpwr import accelerator_domains, load_trace
+from tests.driver_helpers import free_port
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed "
+                                                          "(sh jube/ci-setup.sh installs it)")
+RUN_ID = "prom-1"
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return reply.read()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> tuple[str, int]:
+    """A Prometheus on 127.0.0.1 scraping the jpwr port every second; (its API base, the jpwr port)."""
+    jpwr_port, api_port = free_port(), free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: jpwr\n"
+                      f"    static_configs:\n      - targets: ['127.0.0.1:{jpwr_port}']\n")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{api_port}"], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115 (closed with the process)
+    base = f"http://127.0.0.1:{api_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if _get(f"{base}/-/ready"):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError((tmp_path / "prometheus.log").read_text()[-3000:]) from None
+                time.sleep(0.2)
+        yield base, jpwr_port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _series(base: str, metric: str) -> list[dict]:
+    query = urllib.parse.urlencode({"query": f'{metric}{{run_id="{RUN_ID}"}}[10m]'})
+    reply = json.loads(_get(f"{base}/api/v1/query?{query}"))
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def test_prometheus_scrapes_the_trace_values_with_their_labels(prometheus, h100_trace_dir, fake_env,
+                                                               tmp_path: Path) -> None:
+    base, port = prometheus
+    out = tmp_path / "jpwr"
+    result = subprocess.run([sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(out), "--run-id",
+                             RUN_ID, "--metrics-port", str(port), "--", sys.executable, "-c",
+                             "import time; time.sleep(8)"],
+                            env=fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir)), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"jpwr: Prometheus metrics at http://127.0.0.1:{port}/metrics" in result.stderr
+    (node_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    trace = load_trace(node_dir)
+    (gpu,) = accelerator_domains(trace.domains)
+    values = {sensor.signal.value: {r.value for r in trace.readings[sensor.id] if r.value is not None}
+              for sensor in trace.sensors if sensor.domain_id == gpu.id}
+    for metric, signals in (("jpwr_energy_joules_total", ("energy_counter",)),
+                            ("jpwr_power_watts", ("power_instant", "power_average"))):
+        (series,) = _series(base, metric)
+        labels = series["metric"]
+        assert (labels["node"], labels["device"], labels["uuid"], labels["window"]) == (
+            node_dir.name, gpu.id, gpu.device_uuid, "command")
+        samples = [(float(t), float(v)) for t, v in series["values"]]
+        assert len(samples) >= 3, samples  # scraped every second over the 8 s command
+        traced = set().union(*(values.get(s, set()) for s in signals))
+        assert all(v in traced for _, v in samples), (samples, sorted(traced)[:10])  # the trace's own values
+        times = [t for t, _ in samples]
+        assert times == sorted(set(times))  # each at its reading's own time, never moved by a scrape
+    energies = [v for _, v in _series(base, "jpwr_energy_joules_total")[0]["values"]]
+    assert float(energies[-1]) >= float(energies[0])  # a counter

@@ -1,0 +1,160 @@
+"""`--log-to tensorboard,mlflow,wandb` with the real libraries, offline: a tiny ResNet-50 run on the CPU metered by
+the fake NVML logs to all three, and what each tool stored is read back with the tool's own reader and checked
+against the run record: the window figures equal the record's, with their method and window beside them; the
+energy per log interval adds up to the loop's windows within the stated bounds."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from joulebench.record import read_run_record
+
+pytest.importorskip("torchvision")
+tensorboard = pytest.importorskip("tensorboard")
+mlflow = pytest.importorskip("mlflow")
+wandb = pytest.importorskip("wandb")
+
+ITERATIONS, WARMUP = 5, 1
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from resnet50.cli import main
+    from tests.conftest import H100_TRACE_DIR
+    from tests.resnet50.conftest import SMALL
+
+    out = tmp_path_factory.mktemp("run")
+    with pytest.MonkeyPatch.context() as patch:
+        import pynvml
+
+        pynvml.configure(H100_TRACE_DIR)
+        patch.setenv("JPWR_FAKE_NVML_TRACE", str(H100_TRACE_DIR))
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_SILENT", "true")
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        try:
+            assert main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations",
+                         str(WARMUP), "--iterations", str(ITERATIONS), "--log-interval", "1", "--out-dir", str(out),
+                         "--energy-methods", "nvml", "--no-idle-baseline", "--log-to",
+                         "tensorboard,mlflow,wandb"]) == 0
+        finally:
+            pynvml.reset()
+    return out
+
+
+def _tensorboard(out: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    (run_dir,) = (out / "tensorboard").iterdir()
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    facts = {tag.removeprefix("facts/"): tensor_util.make_ndarray(acc.Tensors(tag)[-1].tensor_proto).item().decode()
+             for tag in acc.Tags()["tensors"]}
+    return scalars, facts
+
+
+def _mlflow(out: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "joulebench-resnet50"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    series = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+              for key in run.data.metrics}
+    return series, dict(run.data.tags)
+
+
+def _wandb_records(path: Path) -> list[object]:
+    """The offline run file's records, parsed with W&B's own protobuf: it is LevelDB's log format (32 KiB blocks;
+    each chunk a 7-byte header: checksum, length, type 1 full / 2 first / 3 middle / 4 last) after W&B's 7-byte file
+    header; the W&B library itself no longer ships a reader."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, chunks, records = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunks += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            records.append(record)
+            chunks = b""
+    return records
+
+
+def _wandb(out: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, float], dict[str, str]]:
+    (path,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    history: dict[str, list[tuple[int, float]]] = {}
+    summary: dict[str, float] = {}
+    config: dict[str, str] = {}
+    for record in _wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            for key, value in items.items():
+                if not key.startswith("_"):
+                    history.setdefault(key, []).append((items["_step"], value))
+        elif kind == "summary":
+            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update})
+        elif kind == "config":
+            config.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.config.update})
+    return history, summary, config
+
+
+def test_every_tool_holds_the_records_window_figures_with_method_and_window(logged_run: Path) -> None:
+    record = read_run_record(logged_run / "run_record.json")
+    m = record.metrics
+    assert record.status == "OK" and m["images_per_wh"] > 0
+    tb, tb_facts = _tensorboard(logged_run)
+    ml, ml_tags = _mlflow(logged_run)
+    wb_history, wb_summary, wb_config = _wandb(logged_run)
+    for key in ("images_per_wh", "energy_wh", "energy_error_bound_j", "mean_power_w_per_device", "images_per_s"):
+        assert tb[f"window/{key}"][-1][1] == pytest.approx(m[key], rel=1e-6)  # TensorBoard keeps float32
+        assert ml[f"window/{key}"][-1][1] == wb_summary[f"window/{key}"] == m[key]
+    for facts in (tb_facts, ml_tags, wb_config):
+        assert facts["window/energy_method"] == m["energy_method"] == "counter+power"
+        assert facts["window/window"] == "steady" and facts["status"] == "OK"
+        assert facts["interval/method"] == "counter+power"
+    assert "window/energy_unavailable_reason" not in ml_tags  # a figure's reason only where it is n/a
+    assert wb_history["interval/energy_j"] == ml["interval/energy_j"]
+
+
+def test_energy_per_log_interval_adds_up_to_the_windows_within_the_bounds(logged_run: Path) -> None:
+    record = read_run_record(logged_run / "run_record.json")
+    series, tags = _mlflow(logged_run)
+    energy, bound = series["interval/energy_j"], series["interval/energy_error_bound_j"]
+    steps = [step for step, _ in energy]
+    assert steps == sorted(set(steps)) and steps[-1] == WARMUP + ITERATIONS and 1 < len(steps) <= WARMUP + ITERATIONS
+    period = float(tags["interval/update_period_s"])
+    seconds = dict(series["interval/seconds"])
+    assert all(seconds[s] >= 2 * period for s in steps[:-1])  # shorter ones were merged with the next
+    loop_j = sum(w.energy.energy_j for w in record.windows if w.name in ("warmup", "steady"))
+    loop_bound = sum(w.energy.error_bound_j for w in record.windows if w.name in ("warmup", "steady"))
+    assert abs(sum(v for _, v in energy) - loop_j) <= sum(v for _, v in bound) + loop_bound
+    power = dict(series["interval/mean_power_w"])
+    assert all(power[s] == pytest.approx(v / seconds[s]) for s, v in energy)
+    per_image = dict(series["interval/j_per_image"])
+    first = 0
+    for step, joules in energy:  # 8 images per step (SMALL: global batch 8)
+        assert per_image[step] == pytest.approx(joules / ((step - first) * 8))
+        first = step
+
+
+def test_an_unknown_or_missing_tool_is_refused_when_the_command_line_is_parsed(capsys) -> None:
+    from resnet50.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--framework", "pytorch", "--log-to", "tensorboard,neptune"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown --log-to target 'neptune': use a comma list of tensorboard, mlflow, wandb" in err

@@ -37,6 +37,7 @@ from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
+from joulebench.reasons import short_note
 from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace
 
@@ -48,7 +49,7 @@ SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comp
 # figures cannot be true (joulebench.figures).
 FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
-SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
+SHORT_NOTE_CHARS = 56  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
                   "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
@@ -206,9 +207,8 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
                                         "default")) for name in names}
 
 
-def _note(record: RunRecord, settings: dict[str, str]) -> str:
-    """What a reader needs beside the numbers: which settings were chosen, why the run is not OK, or why
-    energy is missing, then every warning of the run (record.warnings: the meter's, the driver's, the job's)."""
+def _outcome(record: RunRecord) -> list[str]:
+    """The row's own reasons: why the run is not OK or why energy or its split is missing, a settings problem."""
     m = record.metrics
     rejected = rejection(record)
     if record.status != "OK":
@@ -223,10 +223,18 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
     why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
     per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
-    parts = [settings.get("JB_NOTE", ""), outcome, settings_note, per_request]
-    parts += [w for w in record.warnings if w not in outcome]  # a PARTIAL reason may quote its warning already
-    note = "; ".join(part for part in parts if part)
-    return " ".join(note.split()) or "-"
+    return [part for part in (outcome, settings_note, per_request) if part]
+
+
+def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
+    """What a reader needs beside the numbers: the profile's note on the settings chosen, the row's own reasons,
+    then every warning of the run (record.warnings: the meter's, the driver's, the job's). In full for the CSV table,
+    and as the reasons' heads, the row's own first, for the default table."""
+    own = _outcome(record)
+    warnings = [w for w in record.warnings if not any(w in part for part in own)]  # a PARTIAL reason may quote one
+    profile = [settings["JB_NOTE"]] if settings.get("JB_NOTE") else []
+    full = " ".join("; ".join([*profile, *own, *warnings]).split()) or "-"
+    return full, short_note([*own, *profile, *warnings], SHORT_NOTE_CHARS)
 
 
 def _headline(record: RunRecord, settings: dict[str, str], key: str) -> str:
@@ -265,12 +273,12 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "mean_power_w_per_device": _headline(record, settings, "mean_power_w_per_device"),
         f"{unit}_per_wh": _headline(record, settings, f"{unit}_per_wh"),
         "energy_method": m.get("energy_method") or "n/a",
-        "energy_coverage": _num(m.get("energy_coverage"), 3),
+        "energy_coverage": _num(100 * cover if is_number(cover := m.get("energy_coverage")) else cover, 4),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
         **settings_fields(record),
         "status": record.status,
-        "note": _note(record, settings),
     }
+    fields["note"], fields["short_note"] = _note(record, settings)
     if record.benchmark == "llm_inference":
         fields.update({key: _num(_first(m.get(key), m.get(SERVING_ALIASES.get(key, key)))) for key in INFERENCE_KEYS})
         fields.update(energy_shares(record))
@@ -278,7 +286,6 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         inference = (*INFERENCE_KEYS, *SHARE_KEYS) if record.benchmark == "llm_inference" else ()
         fields.update(dict.fromkeys([*FIGURE_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device", f"{unit}_per_wh",
                                      *inference], REJECTED))
-    fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
 
 
@@ -308,10 +315,6 @@ def settings_fields(record: RunRecord) -> dict[str, str]:
         "locked_sm_clock_mhz": read_back(recorded.locked_sm_clock_mhz, recorded.requested.sm_clock_mhz),
         "sm_clock_mean_mhz": _num((block.get("observed") or {}).get("sm_clock_mhz")),
     }
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def render(fields: dict[str, str]) -> str:
@@ -378,11 +381,31 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
     return rows
 
 
+def point_labels(rundir: Path) -> dict[str, str]:
+    """Per run id, the coordinates in which the rundir's rows differ (`name=value ...`), `-` where they all agree:
+    the default table's Point column names each row without a column per sweep dimension (those are in the CSV)."""
+    coords: dict[str, dict[str, str]] = {}
+    for env_path in sorted(rundir.glob("*_submit/work/job.env")):
+        result = env_path.parent / RESULT_FILE
+        if result.is_file():
+            lines = (line.removeprefix("JB ").split("=", 1) for line in result.read_text().splitlines())
+            coords[read_settings(env_path)["JB_RUN_ID"]] = {k.removeprefix("coord_"): v for k, v in lines
+                                                            if k.startswith("coord_")}
+    names = list(dict.fromkeys(name for point in coords.values() for name in point))
+    varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
+    return {run_id: " ".join(f"{name}={point.get(name, 'n/a')}" for name in varying) or "-"
+            for run_id, point in coords.items()}
+
+
 def write_comparison(rundir: Path) -> Path:
-    """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own)."""
+    """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own): the
+    comparison and the point's label."""
     target = rundir / "compare"
     target.mkdir(exist_ok=True)
-    for run_id, fields in compare(rundir).items():
+    rows = compare(rundir)
+    for run_id, label in point_labels(rundir).items():
+        rows.setdefault(run_id, {"slowdown": "n/a", "energy_saving": "n/a"})["point"] = label
+    for run_id, fields in rows.items():
         tmp = target / f".{run_id}.tmp"
         tmp.write_text(render(fields))
         os.replace(tmp, target / f"{run_id}.txt")

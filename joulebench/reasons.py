@@ -21,11 +21,15 @@ def short_reason(text: str, limit: int = SHORT_CHARS) -> str:
     characters, cut at a word with `...` where longer."""
     text = " ".join(text.split())
     cuts = [i for sep in DETAIL_STARTS if (i := text.find(sep, MIN_HEAD_CHARS)) >= 0]
-    head = text[: min(cuts)] if cuts else text
-    if len(head) <= limit:
-        return head
-    cut = head.rfind(" ", 0, limit - 2)
-    return head[: cut if cut > 0 else limit - 3].rstrip(" ;:,") + "..."
+    return clip(text[: min(cuts)] if cuts else text, limit)
+
+
+def clip(text: str, limit: int) -> str:
+    """At most `limit` characters, cut at a word with `...` where longer."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 2)
+    return text[: cut if cut > 0 else limit - 3].rstrip(" ;:,") + "..."
 
 
 def short_note(reasons: Iterable[str], limit: int) -> str:

@@ -37,7 +37,7 @@ from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
-from joulebench.reasons import short_note
+from joulebench.reasons import clip, short_note
 from joulebench.record import EXIT_CODES, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace
 
@@ -49,7 +49,14 @@ SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comp
 # figures cannot be true (joulebench.figures).
 FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
-SHORT_NOTE_CHARS = 56  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
+SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
+POINT_CHARS = 24  # the default table's Point; the CSV table has a column per coordinate
+POINT_NAMES = {  # short names in the Point column; the other coordinates go by their own name
+    "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
+    "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
+    "power_limit": "pl", "sm_clock": "clock", "image_size": "px", "batch_size": "bs", "max_concurrency": "slots",
+    "slo_ttft_ms": "ttft_slo", "slo_tpot_ms": "tpot_slo", "min_window_s": "window_s",
+}
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
                   "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
@@ -382,8 +389,9 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
 
 
 def point_labels(rundir: Path) -> dict[str, str]:
-    """Per run id, the coordinates in which the rundir's rows differ (`name=value ...`), `-` where they all agree:
-    the default table's Point column names each row without a column per sweep dimension (those are in the CSV)."""
+    """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`, at most POINT_CHARS), `-`
+    where they all agree: the default table's Point names each row without a column per sweep dimension (the CSV
+    table has those)."""
     coords: dict[str, dict[str, str]] = {}
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
         result = env_path.parent / RESULT_FILE
@@ -393,8 +401,9 @@ def point_labels(rundir: Path) -> dict[str, str]:
                                                             if k.startswith("coord_")}
     names = list(dict.fromkeys(name for point in coords.values() for name in point))
     varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
-    return {run_id: " ".join(f"{name}={point.get(name, 'n/a')}" for name in varying) or "-"
-            for run_id, point in coords.items()}
+    labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name, 'n/a')}" for name in varying) or "-"
+              for run_id, point in coords.items()}
+    return {run_id: clip(label, POINT_CHARS) for run_id, label in labels.items()}
 
 
 def write_comparison(rundir: Path) -> Path:

@@ -111,7 +111,7 @@ def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Pat
     assert (row["status"], row["job_id"], row["coord_nodes"]) == ("INVALID", "n/a", "2")
     assert row["note"] == f"local: no GPU found; {reason.replace(',', ';')}"  # JUBE's CSV does not quote
     assert record.status_reason == reason  # the default table: each reason's head, the row's own first
-    assert row["short_note"] == "Slurm would never start this job; local: no GPU found"
+    assert row["short_note"] == "Slurm would never start this job +1"  # +1: the profile's note did not fit
 
 
 def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_jobs_alone(tmp_path: Path) -> None:
@@ -243,7 +243,6 @@ def test_the_point_names_the_coordinates_in_which_the_rows_differ(tmp_path: Path
     for n, (name, coords) in enumerate(points.items()):
         work = job_dir(rundir / f"00000{n}_submit", "OK", JB_RUN_ID=name, **coords)
         jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
-        assert jbrecord.point_labels(rundir) == ({"a": "-"} if name == "a" else {"a": "global_batch_size=8",
-                                                                               "b": "global_batch_size=16"})
+        assert jbrecord.point_labels(rundir) == ({"a": "-"} if name == "a" else {"a": "gbs=8", "b": "gbs=16"})
     jbrecord.main(["compare", "--rundir", str(rundir)])
-    assert "JB point=global_batch_size=16\n" in (rundir / "compare" / "b.txt").read_text()
+    assert "JB point=gbs=16\n" in (rundir / "compare" / "b.txt").read_text()

@@ -116,10 +116,13 @@ def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
         print(f"jpwr:   {reason}", file=stream)
     if summary.trace_error:
         print(f"jpwr: warning: the trace was not saved completely: {summary.trace_error}", file=stream)
+    first_with: dict[str | None, str] = {}  # a reason in full once (on a CPU machine 460 characters, every window's)
     for name, w in summary.windows.items():
         e = w.energy
         if e.energy_j is None:
-            print(f"jpwr: window {name}: {w.duration_s:.3f} s, energy n/a ({e.unavailable_reason})", file=stream)
+            said = first_with.setdefault(e.unavailable_reason, name)
+            why = e.unavailable_reason if said == name else f"the same reason as window {said}"
+            print(f"jpwr: window {name}: {w.duration_s:.3f} s, energy n/a ({why})", file=stream)
             continue
         coverage = "n/a" if e.coverage is None else f"{e.coverage:.1%}"
         print(f"jpwr: window {name}: {w.duration_s:.3f} s, {fmt(e.energy_j, 6)} J ({fmt(e.energy_wh, 5)} Wh) "

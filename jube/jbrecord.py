@@ -41,6 +41,7 @@ from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.lifecycle import fallback_paths, write_elsewhere
+from joulebench.reasons import clip, short_note
 from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace, write_atomic
 
@@ -53,7 +54,14 @@ FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", 
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
 # The footprint block's estimates in the CSV table (jbfootprint.py): rejected with the figures they derive from
 FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
-SHORT_NOTE_CHARS = 90  # the pretty table's note; the CSV table has it in full
+SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
+POINT_CHARS = 24  # the default table's Point; the CSV table has a column per coordinate
+POINT_NAMES = {  # short names in the Point column; the other coordinates go by their own name
+    "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
+    "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
+    "power_limit": "pl", "sm_clock": "clock", "image_size": "px", "batch_size": "bs", "max_concurrency": "slots",
+    "slo_ttft_ms": "ttft_slo", "slo_tpot_ms": "tpot_slo", "min_window_s": "window_s",
+}
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
                   "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
@@ -229,10 +237,8 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
                                         "default")) for name in names}
 
 
-def _note(record: RunRecord, settings: dict[str, str]) -> str:
-    """What a reader needs beside the numbers: which settings were chosen, what disturbed the run, why the run is
-    not OK, or why energy is missing, then every warning of the run (record.warnings: the meter's, the driver's,
-    the job's)."""
+def _outcome(record: RunRecord) -> list[str]:
+    """The row's own reasons: why the run is not OK or why energy or its split is missing, a settings problem."""
     m = record.metrics
     rejected = rejection(record)
     if record.status != "OK":
@@ -247,11 +253,20 @@ def _note(record: RunRecord, settings: dict[str, str]) -> str:
     energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
     why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
     per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
-    disturbed = disturbed_summary(record.disturbed) or ""  # first after the profile's note: the short note shows it
-    parts = [settings.get("JB_NOTE", ""), disturbed, outcome, settings_note, per_request]
-    parts += [w for w in record.warnings if w not in outcome and w != disturbed]  # a PARTIAL reason may quote one
-    note = "; ".join(part for part in parts if part)
-    return " ".join(note.split()) or "-"
+    return [part for part in (outcome, settings_note, per_request) if part]
+
+
+def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
+    """What a reader needs beside the numbers: the profile's note on the settings chosen, what disturbed the run,
+    the row's own reasons, then every warning of the run (record.warnings: the meter's, the driver's, the job's). In
+    full for the CSV table, and as the reasons' heads, the row's own first, for the default table."""
+    own = _outcome(record)
+    disturbed = [text for text in [disturbed_summary(record.disturbed)] if text]  # the status stays: said early
+    warnings = [w for w in record.warnings
+                if w not in disturbed and not any(w in part for part in own)]  # a PARTIAL reason may quote one
+    profile = [settings["JB_NOTE"]] if settings.get("JB_NOTE") else []
+    full = " ".join("; ".join([*profile, *disturbed, *own, *warnings]).split()) or "-"
+    return full, short_note([*own, *disturbed, *profile, *warnings], SHORT_NOTE_CHARS)
 
 
 def _headline(record: RunRecord, settings: dict[str, str], key: str) -> str:
@@ -290,13 +305,13 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "mean_power_w_per_device": _headline(record, settings, "mean_power_w_per_device"),
         f"{unit}_per_wh": _headline(record, settings, f"{unit}_per_wh"),
         "energy_method": m.get("energy_method") or "n/a",
-        "energy_coverage": _num(m.get("energy_coverage"), 3),
+        "energy_coverage": _num(100 * cover if is_number(cover := m.get("energy_coverage")) else cover, 4),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
         **settings_fields(record),
         **footprint_fields(record),
         "status": record.status,
-        "note": _note(record, settings),
     }
+    fields["note"], fields["short_note"] = _note(record, settings)
     if record.benchmark == "llm_inference":
         fields.update({key: _num(_first(m.get(key), m.get(SERVING_ALIASES.get(key, key)))) for key in INFERENCE_KEYS})
         fields.update(energy_shares(record))
@@ -304,7 +319,6 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         inference = (*INFERENCE_KEYS, *SHARE_KEYS) if record.benchmark == "llm_inference" else ()
         fields.update(dict.fromkeys([*FIGURE_KEYS, *FOOTPRINT_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device",
                                      f"{unit}_per_wh", *inference], REJECTED))
-    fields["short_note"] = _shorten(fields["note"], SHORT_NOTE_CHARS)
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
 
 
@@ -340,10 +354,6 @@ def settings_fields(record: RunRecord) -> dict[str, str]:
         "locked_sm_clock_mhz": read_back(recorded.locked_sm_clock_mhz, recorded.requested.sm_clock_mhz),
         "sm_clock_mean_mhz": _num((block.get("observed") or {}).get("sm_clock_mhz")),
     }
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def render(fields: dict[str, str]) -> str:
@@ -412,11 +422,33 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
     return rows
 
 
+def point_labels(rundir: Path) -> dict[str, str]:
+    """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`, at most POINT_CHARS), `-`
+    where they all agree: the default table's Point names each row without a column per sweep dimension (the CSV
+    table has those)."""
+    coords: dict[str, dict[str, str]] = {}
+    for env_path in sorted(rundir.glob("*_submit/work/job.env")):
+        result = env_path.parent / RESULT_FILE
+        if result.is_file():
+            lines = (line.removeprefix("JB ").split("=", 1) for line in result.read_text().splitlines())
+            coords[read_settings(env_path)["JB_RUN_ID"]] = {k.removeprefix("coord_"): v for k, v in lines
+                                                            if k.startswith("coord_")}
+    names = list(dict.fromkeys(name for point in coords.values() for name in point))
+    varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
+    labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name, 'n/a')}" for name in varying) or "-"
+              for run_id, point in coords.items()}
+    return {run_id: clip(label, POINT_CHARS) for run_id, label in labels.items()}
+
+
 def write_comparison(rundir: Path) -> Path:
-    """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own)."""
+    """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own): the
+    comparison and the point's label."""
     target = rundir / "compare"
     target.mkdir(exist_ok=True)
-    for run_id, fields in compare(rundir).items():
+    rows = compare(rundir)
+    for run_id, label in point_labels(rundir).items():
+        rows.setdefault(run_id, {"slowdown": "n/a", "energy_saving": "n/a"})["point"] = label
+    for run_id, fields in rows.items():
         write_atomic(target / f"{run_id}.txt", render(fields))
     return target
 

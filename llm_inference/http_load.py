@@ -33,6 +33,7 @@ import torch
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, StopRequested
+from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
 from joulebench.torch_device import resolve_device
@@ -450,15 +451,16 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     if target.devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # a started server and the in-process meter: the same
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life, \
-            contextlib.ExitStack() as stack:
+            contextlib.ExitStack() as stack, Heartbeat(_log) as beat:
         idle: IdleBaseline | None = None
         sweep = Sweep()
         state: dict[str, Any] = {}
         rates: list[float | None] = [None] if trace is not None else list(cfg.rates)
-        for rate in rates:
+        for n, rate in enumerate(rates, start=1):
+            beat.begin(f"rate {'trace' if rate is None else rate} ({n} of {len(rates)}) against the server")
             record, idle = _run_rate(life, cfg, target, rate, trace, shape, device, idle, len(rates) == 1, sweep,
                                      stack, state)
-            _log(progress_line(record))
+            beat.say(progress_line(record))
             if record.status == "TIMEOUT" or (record.status == "FAILED" and ("server" not in state or _gone(state))):
                 break  # stopped, or the server cannot serve another rate
         return life.exit_code(SUMMARY_EXTRA)

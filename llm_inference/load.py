@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import torch
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, StopRequested
+from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
 from joulebench.torch_device import hardware_info
@@ -221,7 +222,7 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
 
 # ---- one rate, one record ------------------------------------------------------------------------------
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
-                       trace: list[Request] | None) -> ServeLog:
+                       trace: list[Request] | None, say: Callable[[str], None]) -> ServeLog:
     """Test (c)'s window, before the load: every slot admitted at once and decoded to the end, no refills, so
     prefill and decode run at separate times (metered as window `controlled`). Requests drawn from the task, or
     a trace's first ones (all arriving at once)."""
@@ -231,18 +232,18 @@ def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowM
         items = [Request(k, 0.0, r.input_tokens, r.output_tokens, r.prompt_ids)
                  for k, r in enumerate(trace[:cfg.max_concurrency])]
     loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed + 1),
-                     log=_log, admit_all=True)
+                     log=say, admit_all=True)
     log = loop.run(iter(items), ArrivalWindow(0.0, math.inf), lambda: meter.begin("controlled", 0),
                    lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), lambda: None,
                    len(items))
-    _log(f"controlled-split window: {len(items)} requests admitted at once, no refills")
+    say(f"controlled-split window: {len(items)} requests admitted at once, no refills")
     return log
 
 
 def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[Request] | None,
               model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str, device: torch.device,
-              hardware: dict[str, object], idle: IdleBaseline | None, single: bool, sweep: Sweep
-              ) -> tuple[RunRecord, IdleBaseline | None]:
+              hardware: dict[str, object], idle: IdleBaseline | None, single: bool, sweep: Sweep,
+              say: Callable[[str], None]) -> tuple[RunRecord, IdleBaseline | None]:
     label, out_dir, run_id = rate_paths(cfg, rate, single)
     config = {**cfg.to_dict(), "rate": label, "model": cfg.preset if cfg.checkpoint is None else shape.name,
               "precision": precision, "out_dir": str(out_dir), "engine": "continuous",
@@ -277,7 +278,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         if engine.state is None or engine.state.slots != cfg.max_concurrency or engine.state.cache_slots < sequence:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
         if not sweep.earlier and sweep.controlled is None:
-            state["controlled"] = _controlled_window(cfg, engine, meter, shape, trace)
+            state["controlled"] = _controlled_window(cfg, engine, meter, shape, trace, say)
         served: dict[int, Request] = {}
 
         def source() -> Iterator[Request]:
@@ -286,7 +287,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
                 yield r
 
         loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed),
-                         log=_log)
+                         log=say)
 
         def on_end(tokens: int) -> None:
             state["steady"] = meter.end("steady", len(loop.steps), {WORK_UNIT: tokens, "steps": len(loop.steps)})
@@ -331,15 +332,17 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
         model = build_model(shape, cfg.checkpoint, precision, "sdpa", device, cfg.seed)
         return compact_engine(ContinuousEngine, model, device)
 
-    with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
+    with (Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life,
+          Heartbeat(_log) as beat):
         model = BuiltModel(make, shape, precision, device, cfg.checkpoint)
         idle: IdleBaseline | None = None
         sweep = Sweep()
         rates: list[float | None] = [None] if trace is not None else list(cfg.rates)
-        for rate in rates:
+        for n, rate in enumerate(rates, start=1):
+            beat.begin(f"rate {'trace' if rate is None else rate} ({n} of {len(rates)})")
             record, idle = _run_rate(life, cfg, rate, trace, model, shape, precision, device, hardware, idle,
-                                     len(rates) == 1, sweep)
-            _log(progress_line(record))
+                                     len(rates) == 1, sweep, beat.say)
+            beat.say(progress_line(record))
             if record.status == "TIMEOUT" or model.engine is None:
                 break  # the job is being stopped, or the model could not be built: no further rate can finish
         return life.exit_code(SUMMARY_EXTRA)

@@ -171,6 +171,11 @@ def readable(value: float | None) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 4)
 
 
+def percent(fraction: float | None) -> str:
+    """A fraction (energy coverage) as a percentage with 4 digits, 99.95 rather than 0.9995: read by people."""
+    return fmt(None if fraction is None else 100 * fraction, 4)
+
+
 def _seconds(value: float) -> str:
     """Time per unit in s, ms or µs (a token takes microseconds)."""
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from joulebench.analysis.diagnose import readable, work_unit
+from joulebench.analysis.diagnose import percent, readable, work_unit
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.arguments import FRACTION
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
@@ -167,7 +167,7 @@ def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoi
             "W per device": readable(p.run.metric("mean_power_w_per_device")),
             "s per step": fmt(p.time_per_step_s, 4), f"J per {unit[:-1]}": fmt(p.energy_per_unit_j, 4),
             "method": str(p.run.record.metrics.get("energy_method") or "n/a"),
-            "coverage": fmt(p.run.metric("energy_coverage"), 3),
+            "coverage %": percent(p.run.metric("energy_coverage")),
             "slowdown": _pct(slowdown(p, base)), "saving": _pct(saving(p, base)),
             "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
             "note": f"excluded: {p.excluded}" if p.excluded else "",

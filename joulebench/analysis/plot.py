@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so
     from matplotlib.patches import Patch
 
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+LABEL_ROW = 0.06  # axes fraction of the power axis per window label, from its top down
 WINDOW_COLOURS = {"steady": "tab:green", "warmup": "tab:orange", "command": "tab:gray"}
 PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:red", "optimizer": "tab:purple", "grad_reduce": "tab:brown",
                  "pipeline_p2p": "tab:olive"}
@@ -171,10 +172,11 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
     several = len(nodes) > 1
     for node in nodes:
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
-    window_handles = (_shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
-                      + _mark_phases(nodes, origin, ax_power))
+    windows = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
+    window_handles = windows + _mark_phases(nodes, origin, ax_power)
     ax_power.set_ylabel("accelerator power (W)")
     ax_power.set_ylim(bottom=0)
+    _label_headroom(ax_power, len(windows))
     ax_clock.set_ylabel("clock (MHz)")
     ax_util.set_ylabel("GPU utilisation (%)")
     ax_util.set_ylim(-2, 102)
@@ -236,6 +238,14 @@ def _plot_metric(trace: TraceData, domain_id: str, name: str, scale: float, node
     ax.plot((t + node.wall_offset_ns - origin) / 1e9, v * scale, lw=0.9, color=colour, ls=style, label=label)
 
 
+def _label_headroom(ax, rows: int) -> None:
+    """Raise the power axis' top so that the window labels' rows (from the top down) lie above every point of the
+    curves: a label is never hidden by the curve, nor the curve by a label."""
+    if rows:
+        bottom, top = ax.get_ylim()
+        ax.set_ylim(bottom, bottom + (top - bottom) / (1 - LABEL_ROW * rows))
+
+
 def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> list[Patch]:
     """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
     from matplotlib.patches import Patch
@@ -254,9 +264,9 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial:
                 ax.axvspan(t0, t1, color=colour, alpha=alpha, lw=0)
             if name not in names:
                 names.append(name)
-                y = 0.98 - 0.06 * (len(names) - 1)
+                y = 0.98 - LABEL_ROW * (len(names) - 1)
                 axes[0].text(t0, y, f" {name}", transform=axes[0].get_xaxis_transform(), va="top", fontsize=8,
-                             color=colour)
+                             color=colour, zorder=5)
                 handles.append(Patch(color=colour, alpha=0.35,
                                      label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9,
                                                         allow_partial)))

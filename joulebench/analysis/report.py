@@ -26,11 +26,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis import serving
-from joulebench.analysis.diagnose import STEADY, Diagnosis, UnitCost, diagnose, readable, unit_cost, work_unit
+from joulebench.analysis.diagnose import (
+    STEADY,
+    Diagnosis,
+    UnitCost,
+    diagnose,
+    percent,
+    readable,
+    unit_cost,
+    work_unit,
+)
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
+from joulebench.reasons import Footnotes
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord
 from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
 
@@ -222,7 +232,7 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
                                   else readable(m.get("mean_power_w_per_device"))),
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
-            "coverage": fmt(m.get("energy_coverage"), 3), "bound J": fmt(m.get("energy_error_bound_j"), 3),
+            "coverage %": percent(m.get("energy_coverage")), "bound J": fmt(m.get("energy_error_bound_j"), 3),
             **footprint_cells(run.record),
             "note": " ".join(str(note or "").split()),
         })
@@ -250,7 +260,7 @@ def _rejected_row(run: Run) -> dict[str, str]:
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": work_unit(run.record),
             "per s": REJECTED, "per s per device": REJECTED, "per Wh": REJECTED, "J per unit": REJECTED,
             "mean W per device": REJECTED, "GPU util %": "n/a", "SM MHz": "n/a", "method": REJECTED,
-            "coverage": REJECTED, "bound J": REJECTED, "g CO2e (estimate)": REJECTED, "cost (estimate)": REJECTED,
+            "coverage %": REJECTED, "bound J": REJECTED, "g CO2e (estimate)": REJECTED, "cost (estimate)": REJECTED,
             "note": str(run.rejected)}
 
 
@@ -441,8 +451,11 @@ def render_html(rows: Sequence[dict[str, str]], images: Sequence[tuple[Path, str
                 diagnoses: Sequence[tuple[str, Diagnosis]], sources: Sequence[Path],
                 serving_sections: Sequence[dict[str, Any]] = ()) -> str:
     head = list(rows[0]) if rows else []
+    notes = Footnotes()  # a long note once, under the table; each row its head and mark
+    rows = [{**row, "note": notes.mark(row["note"])} for row in rows]
     table = "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{html.escape(row[h])}</td>" for h in head) + "</tr>" for row in rows) + "</table>"
+    table += "".join(f'<p class="note">[{n}] {html.escape(text)}</p>' for n, text in notes.numbered())
     diag = "".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in d.sentences)
                    + "</ul>" for title, d in diagnoses) or "<p>Fewer than two runs with energy: nothing to compare.</p>"
     return f"""<!DOCTYPE html>

@@ -58,6 +58,21 @@ def test_auto_without_sensors_runs_and_reports_none(no_gpu_env, tmp_path):
     assert "energy n/a" in result.stderr
 
 
+def test_a_reason_every_window_shares_is_printed_once(no_gpu_env, tmp_path):
+    """Without sensors the command's and the marked window's energy are n/a for the same (long) reason: in full once,
+    the other window refers to it."""
+    marks = ("from joulebench.launch import LaunchEnv\nfrom jpwr.meter import WindowMeter\n"
+             "meter = WindowMeter.open(LaunchEnv.from_env())\nmeter.begin('steady', 0)\nmeter.end('steady', 1)\n")
+    result = run(["--out", "o", "--", sys.executable, "-c", marks], no_gpu_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(next((tmp_path / "o").glob("*/summary.json")).read_text())
+    reason = summary["windows"]["steady"]["energy"]["unavailable_reason"]
+    assert reason == summary["windows"]["command"]["energy"]["unavailable_reason"] and len(reason) > 40
+    lines = [line for line in result.stderr.splitlines() if line.startswith("jpwr: window ")]
+    assert len(lines) == 2 and result.stderr.count(reason) == 1, result.stderr
+    assert any(line.endswith("energy n/a (the same reason as window command)") for line in lines), lines
+
+
 @pytest.mark.parametrize(("args", "code", "text"), [
     (["--methods", "bogus", "--", "true"], ExitCode.USAGE, "unknown measurement method 'bogus'"),
     (["--out", "/proc/jpwr-cannot-write", "--", "true"], ExitCode.CANT_CREATE, "Fix: choose a writable"),

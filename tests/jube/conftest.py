@@ -8,6 +8,7 @@ read from the CSV file JUBE writes (<outpath>/<id>/result/<table>.dat).
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import shutil
 import subprocess
@@ -123,6 +124,20 @@ def read_table(outpath: Path, table: str) -> list[dict[str, str]]:
     path = outpath / "000000" / "result" / f"{table}.dat"
     with path.open() as handle:
         return list(csv.DictReader(handle))
+
+
+TABLE_WIDTH = 160  # the default table's limit (docs/jube.md, "Result tables")
+
+
+def default_table(output: str, name: str) -> list[dict[str, str]]:
+    """The rows of the named default (pretty) table in `jube result`'s output, after checking that each of its
+    lines fits TABLE_WIDTH characters."""
+    lines = output.splitlines()
+    block = [line for line in itertools.takewhile(str.strip, lines[lines.index(f"{name}:") + 1:])]
+    too_wide = [line for line in block if len(line) > TABLE_WIDTH]
+    assert not too_wide, f"{name}: {len(too_wide)} line(s) over {TABLE_WIDTH} characters:\n" + "\n".join(block)
+    head, _, *rows = ([cell.strip() for cell in line.strip("|").split(" | ")] for line in block)
+    return [dict(zip(head, row, strict=True)) for row in rows]
 
 
 def is_number(text: str) -> bool:

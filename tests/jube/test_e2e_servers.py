@@ -22,6 +22,7 @@ from tests.jube.conftest import (
     JUBE_DIR,
     REPO,
     continue_and_read,
+    default_table,
     jube_run,
     requires_slurm,
     submit_workdirs,
@@ -70,6 +71,8 @@ def test_local_serving_points_start_and_stop_transformers_serve(checkpoint, jube
     with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
         rows = list(csv.DictReader(handle))
     _assert_served(rows, [w / "work" for w in sorted((out / "000000").glob("*_submit"))], ["8", "max"])
+    shown = default_table(proc.stdout, "inference")  # within 160 characters; serving's columns in the CSV (above)
+    assert [(row["Point"], row["Status"]) for row in shown] == [("rate=8", "OK"), ("rate=max", "OK")], shown
 
 
 @requires_slurm

@@ -11,6 +11,7 @@ import pytest
 from tests.jube.conftest import (
     LLM_XML,
     RESNET_XML,
+    default_table,
     jube,
     jube_run,
     read_table,
@@ -54,11 +55,14 @@ def test_local_llm_and_resnet50_run_without_slurm_and_measure_the_iterations_ask
         out = tmp_path / name
         proc = jube_run(xml, tags, out, env)  # local jobs finish inside `jube run`: no continue
         assert "FINISHED" in jube("status", str(out), env=env).stdout, proc.stdout
-        jube("result", "-a", str(out), env=env)
+        shown = jube("result", "-a", str(out), env=env).stdout
         (row,) = read_table(out, table)
         assert (row["JobID"], row["System"], row["Devices"], row["Status"], row["Precision"]) == (
             "local", "local", "1", "OK", "fp32"), row
         assert row["Energy(Wh)"] == "n/a" and row["Note"].startswith(f"{CPU_NOTE}; energy n/a: "), row
+        (short,) = default_table(shown, table.removesuffix("_csv"))  # the note's reasons as heads, the row's own first
+        assert short["Reason"].startswith("energy n/a: no accelerator sensors on node ") and len(row["Note"]) > 200
+        assert (short["Point"], short["Status"]) == ("-", "OK"), short  # one point: no coordinate tells it apart
         assert (row["Iterations asked"], row["Warm-up iterations"]) == (str(measured), str(warmup)), row
         (workdir,) = submit_workdirs(out)
         assert_patterns_match(xml, (workdir / "result.txt").read_text())

@@ -110,7 +110,8 @@ def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Pat
     row = fields(work)
     assert (row["status"], row["job_id"], row["coord_nodes"]) == ("INVALID", "n/a", "2")
     assert row["note"] == f"local: no GPU found; {reason.replace(',', ';')}"  # JUBE's CSV does not quote
-    assert row["short_note"].endswith("...") and record.status_reason == reason
+    assert record.status_reason == reason  # the default table: each reason's head, the row's own first
+    assert row["short_note"] == "Slurm would never start this job +1"  # +1: the profile's note did not fit
 
 
 def test_the_finalizer_records_a_job_slurm_no_longer_knows_and_leaves_recorded_jobs_alone(tmp_path: Path) -> None:
@@ -250,3 +251,33 @@ def test_finalize_moves_the_drivers_record_from_elsewhere_into_the_run_directory
                           "74"]) == 0  # the driver's code for a record it wrote elsewhere: the record decides
     record = read_run_record(work / "run" / "run_record.json")
     assert record.status == "OK" and record.metrics["tokens_per_s"] == 99.0 and not fallback.exists()
+
+
+def test_a_long_warning_is_in_full_in_the_note_and_its_head_in_the_short_note(tmp_path: Path) -> None:
+    """The meter's list of every sensor it could not read is one long text: the CSV's note has it in full, the default
+    table's Reason only its head, beside the other warnings' heads that fit."""
+    sensors = ("no accelerator sensors on node vm: nvml: unavailable: nvmlInit failed: NVML Shared Library Not Found "
+               "(no NVIDIA driver or GPU?); amdsmi: unavailable: amdsmi not installed (ships with ROCm); rapl: "
+               "unavailable: no RAPL zones under /sys/class/powercap (no intel_rapl driver?)")
+    work = job_dir(tmp_path, None, JB_NOTE="local: no GPU found (neither nvidia-smi -L nor rocm-smi lists one)")
+    write_run_record(work / "run" / "run_record.json", RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", metrics={"energy_unavailable_reason": sensors},
+        warnings=["steady window: 3 counter segments, the fit needs 20"]))
+    jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
+    row = fields(work)
+    assert row["note"].count("nvmlInit failed") == 1 and "intel_rapl driver?)" in row["note"]
+    assert row["short_note"] == "energy n/a: no accelerator sensors on node vm +2"
+    assert len(row["short_note"]) <= jbrecord.SHORT_NOTE_CHARS
+
+
+def test_the_point_names_the_coordinates_in_which_the_rows_differ(tmp_path: Path) -> None:
+    """The default table's Point: `-` for a single point, else only the swept coordinates, in the sweep's order."""
+    points = {"a": {"JB_COORD_GLOBAL_BATCH_SIZE": "8", "JB_COORD_PRECISION": "bf16"},
+              "b": {"JB_COORD_GLOBAL_BATCH_SIZE": "16", "JB_COORD_PRECISION": "bf16"}}
+    rundir = tmp_path / "rundir"
+    for n, (name, coords) in enumerate(points.items()):
+        work = job_dir(rundir / f"00000{n}_submit", "OK", JB_RUN_ID=name, **coords)
+        jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
+        assert jbrecord.point_labels(rundir) == ({"a": "-"} if name == "a" else {"a": "gbs=8", "b": "gbs=16"})
+    jbrecord.main(["compare", "--rundir", str(rundir)])
+    assert "JB point=gbs=16\n" in (rundir / "compare" / "b.txt").read_text()

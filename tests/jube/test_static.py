@@ -60,7 +60,7 @@ def test_every_reference_resolves(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
-def test_every_sweep_parameter_has_a_column_in_every_table_and_reaches_jbprofile(path: Path) -> None:
+def test_every_sweep_parameter_has_a_column_in_the_csv_table_and_reaches_jbprofile(path: Path) -> None:
     """The coordinate columns are generated from the sweep parameterset (jube/jbcolumns.py); jbprofile knows
     each parameter (an unknown one would be refused at validate) and JUBE exports each to it."""
     proc = subprocess.run([sys.executable, str(JUBE_DIR / "jbcolumns.py"), "--check"], capture_output=True, text=True)
@@ -69,12 +69,31 @@ def test_every_sweep_parameter_has_a_column_in_every_table_and_reaches_jbprofile
     names = list(dict.fromkeys(p.get("name") for p in sweep.iter("parameter")))
     assert tuple(names) == jbprofile.SWEEP_KEYS[BENCHMARK_OF[path]]
     assert all(p.get("export") == "true" for p in sweep.iter("parameter"))
-    tables = list(_root(path).iter("table"))
-    assert len(tables) == 2
-    for table in tables:
-        assert [c.text for c in table.iter("column") if (c.text or "").startswith("coord_")] == [
-            f"coord_{n}" for n in names], table.get("name")
+    (csv_table,) = [t for t in _root(path).iter("table") if t.get("style") == "csv"]
+    assert [c.text for c in csv_table.iter("column") if (c.text or "").startswith("coord_")] == [
+        f"coord_{n}" for n in names]
     assert '--sweep "$jube_wp_envlist"' in next(d.text for d in _root(path).iter("do") if "prepare" in (d.text or ""))
+
+
+OTHER_BENCHMARKS_PATTERNS = {  # shared patterns (common.xml) that are training's, not inference's, or the other's
+    LLM_XML: ("batch_per_device",), RESNET_XML: ("tp_pp_dp",),
+    INFERENCE_XML: ("batch_per_device", "tp_pp_dp", "devices", "measured_iterations", "time_per_iteration_s",
+                    "model_tflops_per_device", "mfu")}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_the_csv_table_has_every_figure_and_the_default_table_only_columns_of_it(path: Path) -> None:
+    """Narrowing the default table (at most 160 characters, tests/jube/test_local.py) loses nothing: the CSV table has
+    a column for every pattern the analyser reads except the note's short form, which only the default table shows
+    (with the row's Point, which the CSV has too), and shared patterns another benchmark's columns give."""
+    tables = {t.get("style"): [c.text for c in t.iter("column")] for t in _root(path).iter("table")}
+    used = {name for s in _root(path).iter("analyser") for use in s.iter("use")
+            for name in (use.text or "").split(",")}
+    sets = [*_root(path).iter("patternset"), *_root(COMMON_XML).iter("patternset")]
+    patterns = {p.get("name") for s in sets if s.get("name") in used for p in s.iter("pattern")}
+    assert patterns - {"short_note", *OTHER_BENCHMARKS_PATTERNS[path]} <= set(tables["csv"])
+    assert set(tables["pretty"]) - {"short_note"} <= set(tables["csv"])
+    assert len(tables["pretty"]) < len(tables["csv"]) / 2
 
 
 @requires_jube
@@ -114,7 +133,7 @@ def test_documented_tags_exist_in_the_workflows() -> None:
     assert not unknown, f"documented tags unknown to the workflows: {unknown}"
 
 
-COMPARED = ("slowdown", "energy_saving", "compare_note")  # the compare step's file (compare.txt), not result.txt
+COMPARED = ("slowdown", "energy_saving", "compare_note", "point")  # the compare step's compare.txt, not result.txt
 
 
 def assert_patterns_match(path: Path, fields: str, compared: str | None = None) -> None:

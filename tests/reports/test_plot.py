@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from joulebench.analysis.cli import main as joulebench_main
 from joulebench.analysis.plot import find_trace_sources, load_nodes, plot_trace, save_figure
@@ -51,6 +53,18 @@ def _rename_gpu(node_dir, suffix: str) -> None:
 def steady_joules(fig) -> float:
     text = next(t for t in _legend_texts(fig.axes[0]) if t.startswith("steady:"))
     return float(text.split(", ")[1].split(" J")[0])
+
+
+def test_window_labels_lie_above_every_curve(h200_trace):
+    """The labels at the top of the power axis: the axis is raised so that no power reading reaches their rows."""
+    fig = plot_trace(load_nodes(h200_trace))
+    ax_power = fig.axes[0]
+    FigureCanvasAgg(fig).draw()  # as save_figure renders it: the constrained layout sets the axes' final size
+    renderer = fig.canvas.get_renderer()
+    lowest = min(ax_power.transData.inverted().transform(t.get_window_extent(renderer).p0)[1]
+                 for t in ax_power.texts)
+    highest = max(float(np.nanmax(line.get_ydata())) for line in ax_power.lines)
+    assert len(ax_power.texts) == 3 and highest < lowest, (highest, lowest)
 
 
 def test_two_nodes_share_one_time_axis_and_energies_add(replayed_runs, tmp_path):

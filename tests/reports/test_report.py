@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ from joulebench.analysis.report import (
     efficiency_figure,
     energy_figure,
     load_runs,
+    render_html,
     table_rows,
     write_report,
 )
@@ -27,11 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER_RECORDS = sorted((REPO / "benchmarks" / "results").rglob("run_record.json"))
 
 
-def _without_energy(source: Path, target: Path) -> Path:
+def _without_energy(source: Path, target: Path, reason: str = "no accelerator sensors on node n1: nvml: unavailable"
+                    ) -> Path:
     """The same run as if no sensor had been found: energy unavailable with a reason, metrics recomputed."""
     record = read_run_record(source)
     for window in record.windows:
-        window.energy = WindowEnergy.unavailable("no accelerator sensors on node n1: nvml: unavailable")
+        window.energy = WindowEnergy.unavailable(reason)
     steady = record.window("steady")
     record.metrics = {**steady_metrics(steady, "steps", devices=1), "devices": 1}
     record.run_id += "-no-energy"
@@ -86,6 +89,22 @@ def test_runs_without_batch_size_or_energy_are_na_never_zero(replayed_runs, tmp_
     energy = energy_figure(runs, "h100_replay")
     assert energy.axes[1].get_title(loc="right") == "1 run(s) n/a, not plotted"
     assert all(y > 0 for c in energy.axes[1].collections for _, y in c.get_offsets())
+
+
+def test_a_long_note_is_on_the_page_once_and_its_head_with_a_mark_in_every_row(replayed_runs, tmp_path):
+    """The meter's list of every sensor it could not read (about 460 characters on a CPU machine) once, under the
+    table; each row that has it shows its head and [1]; coverage in %."""
+    reason = ("no accelerator sensors on node n1: nvml: unavailable: nvmlInit failed: NVML Shared Library Not Found "
+              "(no NVIDIA driver or GPU?); amdsmi: unavailable: amdsmi not installed (ships with ROCm); rapl: "
+              "unavailable: no RAPL zones under /sys/class/powercap (no intel_rapl driver?)")
+    for run in ("burst37", "burst100"):
+        _without_energy(replayed_runs / run / "run_record.json", tmp_path / run, reason)
+    rows = table_rows(load_runs([replayed_runs, tmp_path]))
+    page = render_html(rows, [], [], [tmp_path])
+    assert page.count("nvmlInit failed") == 1 and f"[1] energy n/a: {html.escape(reason)}</p>" in page
+    assert page.count("<td>energy n/a: no accelerator sensors on node n1 [1]</td>") == 2
+    measured = [r for r in rows if r["method"] != "n/a"]
+    assert len(measured) == 2 and all(float(r["coverage %"]) > 99 for r in measured), measured
 
 
 def test_compare_prints_the_decomposition(replayed_runs, capsys):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jpwr import (
+    REPLAYED,
     SEGMENT_DIR,
     SUMMARY_FILE,
     TRACE_FILE,
@@ -171,8 +172,8 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
     several = len(nodes) > 1
     for node in nodes:
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
-    window_handles = (_shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
-                      + _mark_phases(nodes, origin, ax_power))
+    window_handles, domain = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
+    window_handles += _mark_phases(nodes, origin, ax_power)
     ax_power.set_ylabel("accelerator power (W)")
     ax_power.set_ylim(bottom=0)
     ax_clock.set_ylabel("clock (MHz)")
@@ -181,14 +182,16 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
     ax_util.set_xlabel("time since first reading (s)" + (", nodes aligned by wall clock" if several else ""))
     handles, _ = ax_power.get_legend_handles_labels()
     ax_power.legend(handles=handles + window_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                    title="devices and windows (energy: all accelerators)", title_fontsize=8)
+                    title=f"devices and windows (energy: {domain})", title_fontsize=8)
     for ax in (ax_clock, ax_util):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         ax.grid(alpha=0.3)
     ax_power.grid(alpha=0.3)
     run_id = nodes[0].trace.info.get("run_id", "") if nodes else ""
-    fig.suptitle(title or f"jpwr trace {run_id} ({len(nodes)} node{'s' if several else ''})")
+    replayed = any(REPLAYED in d.name for n in nodes for d in n.trace.domains)
+    fig.suptitle((title or f"jpwr trace {run_id} ({len(nodes)} node{'s' if several else ''})")
+                 + (f" — {REPLAYED}" if replayed else ""))
     return fig
 
 
@@ -236,8 +239,9 @@ def _plot_metric(trace: TraceData, domain_id: str, name: str, scale: float, node
     ax.plot((t + node.wall_offset_ns - origin) / 1e9, v * scale, lw=0.9, color=colour, ls=style, label=label)
 
 
-def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> list[Patch]:
-    """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
+def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> tuple[list[Patch], str]:
+    """Shade every node's windows; one legend entry per window with its energy summed over nodes. Also returns
+    what that energy covers (its domain: accelerators, or CPU packages and DRAM where no accelerator was metered)."""
     from matplotlib.patches import Patch
 
     per_node = [node_window_energies(n) for n in nodes]
@@ -260,7 +264,7 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial:
                 handles.append(Patch(color=colour, alpha=0.35,
                                      label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9,
                                                         allow_partial)))
-    return handles
+    return handles, ", ".join(sorted({e.domain for e in combined.values() if e.domain})) or "n/a"
 
 
 def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
@@ -288,7 +292,8 @@ def save_figure(fig: Figure, path: Path) -> Path:
     """Write the image via a temporary file and rename, so a viewer never reads half a PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
+    suptitle = fig.get_suptitle()  # also in the PNG's own Title, so the file says what it shows
+    fig.savefig(tmp, dpi=110, **({"metadata": {"Title": suptitle}} if suptitle and path.suffix == ".png" else {}))
     os.replace(tmp, path)
     return path
 

@@ -164,7 +164,7 @@ def window_energy(
                                       _p_max(domain, power), span.steps)
         entry = domain_entry(domain, result, duration_s, node, min_coverage)
         (per_device if domain in accel else others).append(entry)
-    if domain_name != ACCELERATORS and empty_selection:
+    if empty_selection and not accelerator_domains(trace.domains):  # no CPU fallback inside a GPU job
         energy = WindowEnergy.unavailable(f"node {node} metered no accelerators: {empty_selection}")
         energy.metered_nothing, energy.other_domains, energy.nodes = True, others, [node]
         return energy

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sysfs_trees
 
-from joulebench.analysis import pareto, plan, report
+from joulebench.analysis import pareto, plan, plot, report
 from jpwr import REPLAYED, ValidationError
 from tests.driver_helpers import read_record, run_cmd
 
@@ -68,6 +68,15 @@ def test_rapl_package_and_dram_are_the_headline_without_an_accelerator(rapl_run:
     assert metrics["mean_power_w_per_device"] == pytest.approx(PACKAGE_W + DRAM_W, rel=0.1)
     assert metrics["energy_warning"] is None  # RAPL counts packages, not the run's devices: no device mismatch
     assert data["meter"]["idle_baseline"]["power_w"] == pytest.approx(PACKAGE_W + DRAM_W, rel=0.1)
+
+
+def test_a_cpu_run_plots_its_package_and_dram_power(rapl_run: Path) -> None:
+    figure = plot.plot_trace(plot.load_nodes(rapl_run / "jpwr"))
+    ax_power = figure.axes[0]
+    assert ax_power.get_ylabel() == "cpu package + dram power (W)"
+    lines = {line.get_label(): line for line in ax_power.get_lines()}
+    assert set(lines) == {"cpu_package (package-0): counter ΔE/Δt", "dram (package-0/dram): counter ΔE/Δt"}
+    assert ax_power.get_legend().get_title().get_text() == "devices and windows (energy: cpu package + dram)"
 
 
 def test_nothing_readable_is_one_short_reason(tmp_path: Path, fake_env) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jpwr import (
+    ACCELERATORS,
     REPLAYED,
     SEGMENT_DIR,
     SUMMARY_FILE,
@@ -30,9 +31,9 @@ from jpwr import (
     TraceData,
     ValidationError,
     WindowEnergy,
-    accelerator_domains,
     combine_energies,
     fmt,
+    headline_domains,
     load_trace,
     spans_from_marks,
     window_energy,
@@ -174,7 +175,7 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
     window_handles, domain = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
     window_handles += _mark_phases(nodes, origin, ax_power)
-    ax_power.set_ylabel("accelerator power (W)")
+    ax_power.set_ylabel("accelerator power (W)" if domain.startswith(ACCELERATORS) else f"{domain} power (W)")
     ax_power.set_ylim(bottom=0)
     ax_clock.set_ylabel("clock (MHz)")
     ax_util.set_ylabel("GPU utilisation (%)")
@@ -206,7 +207,7 @@ def _origin_ns(nodes: Sequence[NodeTrace]) -> int:
 
 def _plot_node(node: NodeTrace, origin: int, several: bool, ax_power, ax_clock, ax_util) -> None:
     trace = node.trace
-    for domain in accelerator_domains(trace.domains):
+    for domain in headline_domains(trace.domains)[0]:  # the accelerators, else RAPL's packages and DRAM
         label = _device_label(node, domain, several)
         sensors = {s.signal: s for s in trace.sensors if s.domain_id == domain.id}
         power = sensors.get(Signal.POWER_INSTANT) or sensors.get(Signal.POWER_AVERAGE)

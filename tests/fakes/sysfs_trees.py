@@ -39,7 +39,7 @@ def set_energy(root: Path, zone: str, energy_uj: int) -> None:
 
 
 @contextlib.contextmanager
-def drawing(root: Path, watts: Mapping[str, float], tick_s: float = 0.002) -> Iterator[None]:
+def drawing(root: Path, watts: Mapping[str, float], tick_s: float = 0.01) -> Iterator[None]:
     """Zones whose counters climb at constant power (µJ from wall time, every `tick_s`) while the block runs,
     as RAPL's do under a steady load; for a process that meters the tree (JPWR_SYSFS_ROOT)."""
     start = {zone: int((root / "class" / "powercap" / zone / "energy_uj").read_text()) for zone in watts}

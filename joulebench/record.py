@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
+from jpwr import ACCELERATORS, J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
 RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
@@ -157,6 +157,8 @@ def _device_mismatch(energy: WindowEnergy | None, devices: int) -> str | None:
     """Say so when the sampler metered other devices than the run used (e.g. an idle GPU beside it)."""
     if energy is None or energy.energy_j is None or energy.devices == devices:
         return None
+    if energy.domain and not energy.domain.startswith(ACCELERATORS):  # RAPL counts CPU packages, not the run's
+        return None
     return (f"energy covers {energy.devices} metered devices but the run used {devices}: restrict the job's "
             "devices (CUDA_VISIBLE_DEVICES, Slurm GPU binding) so that idle devices are not counted")
 
@@ -267,6 +269,19 @@ def _source_version() -> str:
     return f"{__version__}+g{commit}" if commit else __version__
 
 
+def headline_domain(record: RunRecord) -> str | None:
+    """The energy domain of the record's headline figures: the recorded one, else its headline window's (records
+    written before the field existed: their meter summed accelerators only, so "accelerators" is exact, not a
+    guess); None where the headline has no energy."""
+    if record.energy_domain:
+        return record.energy_domain
+    window = record.window(str(record.metrics.get("window") or "steady"))
+    energy = window.energy if window else None
+    if energy is None or (energy.energy_j is None and energy.partial_energy_j is None):
+        return None
+    return energy.domain or ACCELERATORS
+
+
 def collect_warnings(record: RunRecord) -> None:
     """Bring the warnings that arose in other parts of the record (the metrics' device mismatch, each window's
     energy) into `record.warnings`, so that one list carries all of them to tables and reports."""
@@ -280,6 +295,7 @@ def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
     """Every record is written through here, so the PARTIAL rule and the warnings list apply to all alike."""
     settle_status(record)
     collect_warnings(record)
+    record.energy_domain = headline_domain(record)
     if record.finished_at is None:
         record.finished_at = utc_now()
     return write_json_atomic(path, record.to_dict())

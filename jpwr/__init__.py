@@ -53,6 +53,9 @@ _HOMES = {
     "WindowSpan": "jpwr.windows",  # a window's edges on one node, from its marks
     "spans_from_marks": "jpwr.windows",  # a trace's marks -> its windows
     "accelerator_domains": "jpwr.windows",  # the accelerators that sum into a headline (no double count)
+    "headline_domains": "jpwr.windows",  # what a headline sums: the accelerators, else RAPL packages (+ DRAM)
+    "ACCELERATORS": "jpwr.windows",  # WindowEnergy.domain of an accelerator headline ("cpu package + dram": RAPL)
+    "REPLAYED": "jpwr.backends.replay",  # the label a replayed trace's domains and energy domain carry
     "window_energy": "jpwr.windows",  # one window's energy from a saved trace: the sampler's own estimator
     "counter_segments": "jpwr.estimator",  # an energy counter's update knots, which the attribution fit reads
     "Knots": "jpwr.estimator",  # one run of counter updates (counter_segments' result)

@@ -45,7 +45,8 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--methods", nargs="+", default=["auto"],
                    help="auto (default) or names: nvml, amdsmi, rapl, hwmon_gh, gcipuinfo "
-                        "(aliases pynvml, rocm, gh, gc); comma or space separated")
+                        "(aliases pynvml, rocm, gh, gc); comma or space separated; replay:TRACE_DIR plays a "
+                        "recorded trace back (joulebench demo)")
     p.add_argument("--interval", type=POSITIVE, default=100.0, help="power/metrics sampling interval in ms")
     p.add_argument("--counter-interval", type=POSITIVE, default=1000.0, help="energy counter read interval in ms")
     p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
@@ -126,7 +127,8 @@ def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
             continue
         coverage = "n/a" if e.coverage is None else f"{e.coverage:.1%}"
         print(f"jpwr: window {name}: {w.duration_s:.3f} s, {fmt(e.energy_j, 6)} J ({fmt(e.energy_wh, 5)} Wh) "
-              f"on {e.devices} device(s), mean {fmt(e.mean_power_w, 5)} W, method {e.method}, "
+              f"on {e.devices} device(s) ({e.domain or 'accelerators'}), mean {fmt(e.mean_power_w, 5)} W, "
+              f"method {e.method}, "
               f"coverage {coverage}, bound ±{fmt(e.error_bound_j, 3)} J", file=stream)
         for warning in e.warnings:
             print(f"jpwr:   warning: {warning}", file=stream)

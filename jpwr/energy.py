@@ -51,6 +51,9 @@ class WindowEnergy:
     partial_energy_j: float | None = None  # untrusted only: energy over the covered time, never a headline
     partial_error_bound_j: float | None = None  # its bound (uncovered time not charged)
     partial_mean_power_w: float | None = None  # sum over devices of energy / seconds measured (not / window)
+    # What the headline covers: "accelerators", "cpu package + dram" (RAPL on a node without accelerator sensors),
+    # "accelerators (replayed trace, not this machine)"; None where nothing was measured (jpwr.windows).
+    domain: str | None = None
 
     @property
     def energy_wh(self) -> float | None:
@@ -285,6 +288,12 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             combined[name] = WindowEnergy.unavailable("; ".join(reasons), sum(p.devices for p in parts if p))
             continue
         present, overlap = _count_devices_once([p for p in parts if p is not None])
+        domains = sorted({p.domain for p in present if p.domain})  # None: a summary written before the field
+        if len(domains) > 1:  # a CPU node's RAPL never adds to another node's GPUs
+            by_node = "; ".join(f"{','.join(p.nodes)}: {p.domain}" for p in present)
+            combined[name] = WindowEnergy.unavailable(f"the nodes metered different energy domains ({by_node})",
+                                                      sum(p.devices for p in present))
+            continue
         devices = sum(p.devices for p in present)
         methods = sorted({p.method for p in present if p.method})
         thresholds = [p.coverage_threshold for p in present if p.coverage_threshold is not None]
@@ -301,6 +310,7 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             nodes=[n for p in present for n in p.nodes] + [n for p in empty for n in p.nodes],
             faults=[f for p in present for f in p.faults],
             coverage_threshold=max(thresholds) if thresholds else None,
+            domain=domains[0] if domains else None,
         )
         untrusted = [p for p in present if not p.trusted]
         if untrusted:

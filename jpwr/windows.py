@@ -3,16 +3,22 @@
 Used live by the sampler (answering a rank's query) and offline on a saved trace, so both
 give the same numbers. Only accelerator domains not contained in another counted domain are
 added into the headline; CPU, DRAM and module domains are reported beside it, never summed.
+A node without accelerator sensors takes its headline from RAPL instead (CPU packages plus
+DRAM), so a CPU-only machine still has figures; `WindowEnergy.domain` says which it is, and
+nothing that ranks runs mixes the two (docs/jpwr.md, "The headline's energy domain").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from jpwr.backends.rapl import PERMISSION_FIX
+from jpwr.backends.replay import NAME as REPLAYED_BACKEND
+from jpwr.backends.replay import REPLAYED
 from jpwr.channel import Mark
 from jpwr.device_energy import DeviceEnergy
-from jpwr.domains import Domain, Signal
+from jpwr.domains import Domain, Kind, Signal
 from jpwr.energy import WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
 from jpwr.trace import SensorSeries, TraceData
@@ -21,6 +27,9 @@ DEFAULT_P_MAX_W = 1000.0  # only when a device states no power limit and no samp
 # Below this share of a window with data on every device, the window's energy is withheld (docs/jpwr.md,
 # "Faults and what the meter does about them"); Sampler(min_coverage=...) and window_energy() take another.
 DEFAULT_MIN_COVERAGE = 0.99
+ACCELERATORS = "accelerators"  # the headline's energy domain on a node with accelerator sensors
+CPU_PACKAGE = "cpu package"  # ... without them: RAPL packages, plus DRAM where its zones are readable
+CPU_PACKAGE_DRAM = "cpu package + dram"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +66,34 @@ def accelerator_domains(domains: Iterable[Domain]) -> list[Domain]:
     accel = [d for d in domains if d.kind.is_accelerator]
     inner = {c for d in accel for c in d.contains}
     return [d for d in accel if d.id not in inner]
+
+
+def cpu_domains(domains: Iterable[Domain]) -> list[Domain]:
+    """RAPL's CPU packages and DRAM zones: disjoint rails (core and uncore lie inside a package, psys covers all)."""
+    return [d for d in domains if d.kind in (Kind.CPU_PACKAGE, Kind.DRAM)]
+
+
+def headline_domains(domains: Sequence[Domain]) -> tuple[list[Domain], str | None]:
+    """The domains summed into the headline and the domain's name: the accelerators where the node has any,
+    else its CPU packages (+ DRAM), else none. A replayed trace says so in the name, so it is never mistaken for
+    (or ranked with) this machine's energy."""
+    accel = accelerator_domains(domains)
+    if accel:
+        replayed = any(d.backend == REPLAYED_BACKEND for d in accel)
+        return accel, f"{ACCELERATORS} ({REPLAYED})" if replayed else ACCELERATORS
+    cpu = cpu_domains(domains)
+    if not any(d.kind is Kind.CPU_PACKAGE for d in cpu):
+        return [], None
+    return cpu, CPU_PACKAGE_DRAM if any(d.kind is Kind.DRAM for d in cpu) else CPU_PACKAGE
+
+
+def nothing_readable(node: str, unavailable: Iterable[str]) -> str:
+    """One short reason for a node without a headline: RAPL needs root, or no sensor at all (`jpwr info` has
+    every backend's own line, which the record need not repeat)."""
+    if any(PERMISSION_FIX in line for line in unavailable):
+        return (f"no accelerator sensor on node {node}, and RAPL's energy_uj needs root: run as root or make it "
+                "readable (`jpwr info` says how)")
+    return f"no energy sensor readable on node {node} (no accelerator, no RAPL): `jpwr info` lists why"
 
 
 def _pick(trace: TraceData, domain: Domain) -> tuple[SensorSeries | None, SensorSeries | None]:
@@ -118,7 +155,7 @@ def window_energy(
     the uncovered time and the read errors, and the covered part is given as partial_* figures.
     """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
-    accel = accelerator_domains(trace.domains)
+    accel, domain_name = headline_domains(trace.domains)
     per_device: list[DeviceEnergy] = []
     others: list[DeviceEnergy] = []
     for domain in trace.domains:
@@ -127,13 +164,12 @@ def window_energy(
                                       _p_max(domain, power), span.steps)
         entry = domain_entry(domain, result, duration_s, node, min_coverage)
         (per_device if domain in accel else others).append(entry)
-    if not accel and empty_selection:
+    if empty_selection and not accelerator_domains(trace.domains):  # no CPU fallback inside a GPU job
         energy = WindowEnergy.unavailable(f"node {node} metered no accelerators: {empty_selection}")
         energy.metered_nothing, energy.other_domains, energy.nodes = True, others, [node]
         return energy
     if not accel:
-        reasons = "; ".join(unavailable) or "no backend found a device"
-        return WindowEnergy.unavailable(f"no accelerator sensors on node {node}: {reasons}")
+        return WindowEnergy.unavailable(nothing_readable(node, unavailable))
     faults = [f for d in per_device for f in d.faults]
     warnings = sorted({f"{d.domain}: {w}" for d in per_device for w in d.warnings})
     methods = sorted({d.method for d in per_device if d.method})
@@ -147,11 +183,11 @@ def window_energy(
         reason = "; ".join(_untrusted_reason(d, min_coverage) for d in untrusted)
         measured = [d for d in per_device if d.covered_s]
         return WindowEnergy(
-            energy_j=None, mean_power_w=None, devices=len(per_device), method=",".join(methods) or None,
+            energy_j=None, mean_power_w=None, devices=_device_count(per_device), method=",".join(methods) or None,
             coverage=coverage, error_bound_j=None,
             unavailable_reason=f"untrusted: {reason}", warnings=warnings, per_device=per_device,
             other_domains=others, nodes=[node], trusted=False, untrusted_reason=reason, faults=faults,
-            coverage_threshold=min_coverage,
+            coverage_threshold=min_coverage, domain=domain_name,
             partial_energy_j=_sum(measured, "energy_j", "partial_energy_j"),
             partial_error_bound_j=_sum(measured, "error_bound_j", "partial_error_bound_j"),
             partial_mean_power_w=_sum(measured, "mean_power_w", "partial_mean_power_w"),
@@ -160,7 +196,7 @@ def window_energy(
     return WindowEnergy(
         energy_j=total,
         mean_power_w=total / duration_s if duration_s > 0 else None,
-        devices=len(per_device),
+        devices=_device_count(per_device),
         method=",".join(methods),
         coverage=coverage,
         error_bound_j=sum(d.error_bound_j or 0.0 for d in per_device),
@@ -170,7 +206,13 @@ def window_energy(
         nodes=[node],
         faults=faults,
         coverage_threshold=min_coverage,
+        domain=domain_name,
     )
+
+
+def _device_count(per_device: Sequence[DeviceEnergy]) -> int:
+    """Devices of the headline: each accelerator, or each CPU package (its DRAM zone is part of it, not a device)."""
+    return sum(d.kind != Kind.DRAM.value for d in per_device)
 
 
 def _sum(devices: list[DeviceEnergy], whole: str, partial: str) -> float | None:

@@ -69,7 +69,7 @@ def fake_gcipuinfo() -> Iterator[object]:
     gcipuinfo.reset()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # stateless: module-scoped fixtures that run a driver once use it too
 def fake_env() -> Callable[..., dict[str, str]]:
     """fake_env(JPWR_FAKE_NVML_TRACE=...) -> an environment whose Python imports the fakes and this checkout."""
 

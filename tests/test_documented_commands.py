@@ -201,6 +201,8 @@ def not_run_reason(where: str, command: str, comment: str) -> str | None:
     program = words[0].removeprefix(".venv/bin/")
     if GPU_ONLY in comment:
         return f"marked `# {GPU_ONLY}` in the doc"
+    if words[:2] == ["joulebench", "demo"]:
+        return "the demo: tests/test_energy_domain.py runs it (with a shorter phase replay)"
     if where.startswith("README.md") and "runs/" in command:
         return "the quick start or its run: tests/test_quick_start.py runs the sequence"
     if any(command.startswith(prefix) for prefix in SETUP_PREFIXES):

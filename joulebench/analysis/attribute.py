@@ -30,7 +30,7 @@ from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_
 from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
 from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
-from joulebench.record import RECORD_FILE, RunRecord, read_run_record, write_run_record
+from joulebench.record import RECORD_FILE, RunRecord, headline_domain, read_run_record, write_run_record
 from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
 from jpwr import (
     ExitCode,
@@ -135,9 +135,10 @@ def fit_devices(trace: TraceData, window: str, timelines: dict[int, Timeline], r
     span = spans_from_marks(trace.marks)[window]
     devices = sorted(accelerator_domains(trace.domains), key=lambda d: (d.index is None, d.index or 0, d.id))
     if not devices:
-        raise ValidationError(f"node {node}: the sampler metered no accelerator (no sensor was available when it ran), "
-                              "so there is no energy to attribute",
-                              "check `jpwr info` on that machine; attribute a run metered on an accelerator")
+        raise ValidationError(f"node {node}: the sampler metered no accelerator, and the phases are split on an "
+                              "accelerator's energy counter (a CPU run's RAPL energy stays whole)",
+                              "attribute a run metered on an accelerator; to see the verb on this machine, "
+                              "`joulebench demo` replays a recorded H100 trace")
     if len(devices) != len(timelines):
         raise ValidationError(f"node {node}: {len(timelines)} rank(s) marked phases but the sampler metered "
                               f"{len(devices)} accelerator(s), so ranks cannot be paired with devices",
@@ -354,7 +355,8 @@ def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | N
     if idle_power_w is None:
         idle_power_w, idle_source = recorded_idle_w(record)
     block: dict[str, Any] = {"window": window, "computed_at": utc_now(), "tool": "joulebench attribute",
-                             "idle_power_w_per_device": idle_power_w, "idle_source": idle_source, "estimators": {}}
+                             "energy_domain": headline_domain(record), "idle_power_w_per_device": idle_power_w,
+                             "idle_source": idle_source, "estimators": {}}
     if record.benchmark == "llm_inference":
         block["estimators"]["windows"] = inference_estimator(record, idle_power_w)
         return path, record, block

@@ -109,6 +109,8 @@ def render(record: RunRecord, block: dict[str, Any]) -> str:
     if block.get("window_energy_j") is not None:
         head += (f" ({fmt(block['window_duration_s'], 4)} s, {block['steps']} steps, "
                  f"{fmt(block['window_energy_j'], 6)} J ± {fmt(block['window_error_bound_j'], 3)} J)")
+    if block.get("energy_domain"):
+        head += f"; energy of {block['energy_domain']}"
     if block.get("idle_power_w_per_device") is not None:
         head += (f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device from {block.get('idle_source')} "
                  "(dynamic = energy − idle × time)")

@@ -5,6 +5,7 @@
     joulebench plan RUNS... | --profile FILE              # one clock per phase under a slowdown limit (predicted)
     joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
     joulebench attribute RUN_DIR [--profile KERNELS.json] # a window's energy per phase: fit and replay estimators
+    joulebench demo [--out DIR]                           # all of it on a laptop, from a recorded H100 trace
 
 Measuring is the meter's job (`jpwr -- CMD`, `jpwr serve`, `jpwr combine`, `jpwr info`,
 `jpwr selftest`). Each verb's module is imported only when that verb runs, so the usage text
@@ -28,6 +29,8 @@ VERBS = {
                                          "clock (a prediction)"),
     "attribute": ("joulebench.analysis.attribute", "where a window's joules go: per phase (fit, replay), kernel "
                                                    "classes; writes the record's attribution block"),
+    "demo": ("joulebench.analysis.demo", "a tiny CPU run metered by a replayed H100 trace, then plot, report and "
+                                         "attribute it (labelled: replayed trace, not this machine)"),
 }
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis.diagnose import percent, readable, work_unit
+from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.arguments import FRACTION
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
@@ -100,6 +101,7 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
         if run.rejected:  # its figures cannot be true, its workload neither: excluded below, named
             continue
         kinds.setdefault(workload(run), []).append(run.record.run_id)
+    require_one_domain((run.record for run in runs if not run.rejected), "joulebench report --pareto")
     if len(kinds) > 1:
         listing = "; ".join(f"{k[0]} {k[1]} ×{k[2]} devices, batch {fmt(k[3])}, {[v for v in k[4:] if v]}: "
                             f"{', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for k, ids in kinds.items())

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.arguments import NON_NEGATIVE
 from joulebench.device_settings.record import recorded_settings
@@ -133,6 +134,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     phases: list[str] = []
     excluded: list[str] = []
     windows: set[str] = set()
+    planned: list[RunRecord] = []  # the records whose phases the plan uses: one energy domain only
     documents = {path: read_record_json(path) for path in record_paths(paths)}
     check_versions(documents)
     for path, data in documents.items():
@@ -148,7 +150,8 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
             continue
         window_name = attribution.get("window", "steady")
         windows.add(window_name)
-        window = RunRecord.from_dict(data).window(window_name)  # _rejected read it already
+        record = RunRecord.from_dict(data)  # _rejected read it already
+        window = record.window(window_name)
         if window is None or not window.steps:
             raise ValidationError(f"{path}: no steps in window {window_name!r} that the attribution covers",
                                   "attribute a window with counted steps (the steady window)")
@@ -162,6 +165,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
         if wrong:
             excluded.append(f"run {run}: figures rejected: {'; '.join(wrong)}")
             continue
+        planned.append(record)
         for entry in entries:
             name = str(entry["name"])
             if name not in phases:
@@ -174,6 +178,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
                 continue
             samples.setdefault((name, settings.requested.sm_clock_mhz), []).append(
                 (duration / steps, energy / steps, f"run {run}"))
+    require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
     return Profile(phases, _average(samples), origin, excluded)
 

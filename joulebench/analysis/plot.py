@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jpwr import (
+    ACCELERATORS,
+    REPLAYED,
     SEGMENT_DIR,
     SUMMARY_FILE,
     TRACE_FILE,
@@ -28,10 +30,10 @@ from jpwr import (
     TraceData,
     ValidationError,
     WindowEnergy,
-    accelerator_domains,
     atomic_path,
     combine_energies,
     fmt,
+    headline_domains,
     load_trace,
     spans_from_marks,
     window_energy,
@@ -172,9 +174,9 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
     several = len(nodes) > 1
     for node in nodes:
         _plot_node(node, origin, several, ax_power, ax_clock, ax_util)
-    windows = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
+    windows, domain = _shade_windows(nodes, origin, (ax_power, ax_clock, ax_util), allow_partial)
     window_handles = windows + _mark_phases(nodes, origin, ax_power)
-    ax_power.set_ylabel("accelerator power (W)")
+    ax_power.set_ylabel("accelerator power (W)" if domain.startswith(ACCELERATORS) else f"{domain} power (W)")
     ax_power.set_ylim(bottom=0)
     _label_headroom(ax_power, len(windows))
     ax_clock.set_ylabel("clock (MHz)")
@@ -183,14 +185,16 @@ def plot_trace(nodes: Sequence[NodeTrace], title: str | None = None, allow_parti
     ax_util.set_xlabel("time since first reading (s)" + (", nodes aligned by wall clock" if several else ""))
     handles, _ = ax_power.get_legend_handles_labels()
     ax_power.legend(handles=handles + window_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                    title="devices and windows (energy: all accelerators)", title_fontsize=8)
+                    title=f"devices and windows (energy: {domain})", title_fontsize=8)
     for ax in (ax_clock, ax_util):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         ax.grid(alpha=0.3)
     ax_power.grid(alpha=0.3)
     run_id = nodes[0].trace.info.get("run_id", "") if nodes else ""
-    fig.suptitle(title or f"jpwr trace {run_id} ({len(nodes)} node{'s' if several else ''})")
+    replayed = any(REPLAYED in d.name for n in nodes for d in n.trace.domains)
+    fig.suptitle((title or f"jpwr trace {run_id} ({len(nodes)} node{'s' if several else ''})")
+                 + (f" — {REPLAYED}" if replayed else ""))
     return fig
 
 
@@ -205,7 +209,7 @@ def _origin_ns(nodes: Sequence[NodeTrace]) -> int:
 
 def _plot_node(node: NodeTrace, origin: int, several: bool, ax_power, ax_clock, ax_util) -> None:
     trace = node.trace
-    for domain in accelerator_domains(trace.domains):
+    for domain in headline_domains(trace.domains)[0]:  # the accelerators, else RAPL's packages and DRAM
         label = _device_label(node, domain, several)
         sensors = {s.signal: s for s in trace.sensors if s.domain_id == domain.id}
         power = sensors.get(Signal.POWER_INSTANT) or sensors.get(Signal.POWER_AVERAGE)
@@ -246,8 +250,9 @@ def _label_headroom(ax, rows: int) -> None:
         ax.set_ylim(bottom, bottom + (top - bottom) / (1 - LABEL_ROW * rows))
 
 
-def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> list[Patch]:
-    """Shade every node's windows; one legend entry per window with its energy summed over nodes."""
+def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial: bool) -> tuple[list[Patch], str]:
+    """Shade every node's windows; one legend entry per window with its energy summed over nodes. Also returns
+    what that energy covers (its domain: accelerators, or CPU packages and DRAM where no accelerator was metered)."""
     from matplotlib.patches import Patch
 
     per_node = [node_window_energies(n) for n in nodes]
@@ -270,7 +275,7 @@ def _shade_windows(nodes: Sequence[NodeTrace], origin: int, axes, allow_partial:
                 handles.append(Patch(color=colour, alpha=0.35,
                                      label=energy_label(name, combined.get(name), (span.t1_ns - span.t0_ns) / 1e9,
                                                         allow_partial)))
-    return handles
+    return handles, ", ".join(sorted({e.domain for e in combined.values() if e.domain})) or "n/a"
 
 
 def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
@@ -296,8 +301,9 @@ def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
 
 def save_figure(fig: Figure, path: Path) -> Path:
     """Write the image via a temporary file and rename, so a viewer never reads half a PNG."""
+    suptitle = fig.get_suptitle()  # also in the PNG's own Title, so the file says what it shows
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=110, **({"metadata": {"Title": suptitle}} if suptitle and path.suffix == ".png" else {}))
     return path
 
 

@@ -36,13 +36,14 @@ from joulebench.analysis.diagnose import (
     unit_cost,
     work_unit,
 )
+from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
 from joulebench.reasons import Footnotes
-from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord
-from jpwr import ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
+from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord, headline_domain
+from jpwr import ACCELERATORS, ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
@@ -75,7 +76,13 @@ class Run:
         if device != self.system:
             head = f"{self.system}: {head}"
         extras = [str(self.record.config[k]) for k in SERIES_CONFIG_KEYS if self.record.config.get(k) is not None]
+        if self.domain not in (None, ACCELERATORS):  # one line never joins energies of different domains
+            extras.append(f"energy: {self.domain}")
         return ", ".join([head, *extras])
+
+    @property
+    def domain(self) -> str | None:
+        return headline_domain(self.record)
 
     @property
     def usable(self) -> bool:
@@ -232,8 +239,8 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
                                   else readable(m.get("mean_power_w_per_device"))),
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
-            "coverage %": percent(m.get("energy_coverage")), "bound J": fmt(m.get("energy_error_bound_j"), 3),
-            **footprint_cells(run.record),
+            "energy domain": run.domain or "n/a", "coverage %": percent(m.get("energy_coverage")),
+            "bound J": fmt(m.get("energy_error_bound_j"), 3), **footprint_cells(run.record),
             "note": " ".join(str(note or "").split()),
         })
     return rows
@@ -260,8 +267,8 @@ def _rejected_row(run: Run) -> dict[str, str]:
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": work_unit(run.record),
             "per s": REJECTED, "per s per device": REJECTED, "per Wh": REJECTED, "J per unit": REJECTED,
             "mean W per device": REJECTED, "GPU util %": "n/a", "SM MHz": "n/a", "method": REJECTED,
-            "coverage %": REJECTED, "bound J": REJECTED, "g CO2e (estimate)": REJECTED, "cost (estimate)": REJECTED,
-            "note": str(run.rejected)}
+            "energy domain": run.domain or "n/a", "coverage %": REJECTED, "bound J": REJECTED,
+            "g CO2e (estimate)": REJECTED, "cost (estimate)": REJECTED, "note": str(run.rejected)}
 
 
 # ---- charts ----------------------------------------------------------------------------------------------
@@ -431,7 +438,8 @@ def compare_runs(a: Run, b: Run) -> Diagnosis:
 
 
 def extreme_pair(runs: Sequence[Run]) -> tuple[Run, Run] | None:
-    """The cheapest and the dearest run per unit (among runs with energy): the spread worth explaining."""
+    """The cheapest and the dearest run per unit (among runs with energy, of one energy domain): the spread worth
+    explaining."""
     measured = [(cost, r) for r in runs
                 if r.usable and r.record.status != "PARTIAL" and (cost := r.cost.energy_per_unit_j) is not None]
     if len(measured) < 2:
@@ -465,8 +473,10 @@ td,th{{border:1px solid #bbb;padding:3px 6px;text-align:right}}th{{background:#e
 figure{{margin:1em 0}}</style></head><body>
 <h1>joulebench report</h1>
 <p>Generated {html.escape(utc_now())} from {len(rows)} run record(s) under {html.escape(', '.join(map(str, sources)))}.
-All figures are of the steady window; energy is the accelerators' total (not above idle), with method, coverage and
-the estimator's bound. n/a marks a value that was not measured (the note says why); it is never plotted as 0.</p>
+All figures are of the steady window; energy is the total (not above idle) of the domain its column names (the
+accelerators, or CPU packages and DRAM where a machine has no accelerator sensor), with method, coverage and the
+estimator's bound; runs of different domains are never joined, ranked or diagnosed together. n/a marks a value
+that was not measured (the note says why); it is never plotted as 0.</p>
 <h2>Runs</h2>{table}
 {serving.html_section(serving_sections)}
 <h2>Charts</h2>{''.join(_image_tag(p, alt) for p, alt in images)}
@@ -498,10 +508,13 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
         if attribution is not None:
             images.append((save_figure(attribution, out_dir / f"attribution_{benchmark}.png"),
                            f"{benchmark}: energy per phase (joulebench attribute)"))
-        pair = extreme_pair(group)
-        if pair:
-            left_out = [r.label for r in group if r.record.status == "PARTIAL"]
-            title = f"{benchmark}: {pair[1].label} vs {pair[0].label}"
+        for domain in sorted({r.domain for r in group if r.domain}):  # never ranked across energy domains
+            same = [r for r in group if r.domain == domain]
+            pair = extreme_pair(same)
+            if not pair:
+                continue
+            left_out = [r.label for r in same if r.record.status == "PARTIAL"]
+            title = f"{benchmark}, energy of {domain}: {pair[1].label} vs {pair[0].label}"
             if left_out:
                 title += f" (PARTIAL runs left out of the diagnosis: {', '.join(left_out)})"
             diagnoses.append((title, compare_runs(*pair)))
@@ -547,6 +560,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.compare:
         a, b = (_single(p) for p in args.compare)
+        require_one_domain([a.record, b.record], "joulebench report --compare")
         partial = [run for run in (a, b) if run.record.status == "PARTIAL"]
         if partial:
             for run in partial:

@@ -7,7 +7,11 @@ tree as an unprivileged user (see tests/jpwr/test_backend_rapl.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -27,7 +31,34 @@ def powercap(root: Path, zones: dict[str, tuple[str, int, int]]) -> Path:
 
 
 def set_energy(root: Path, zone: str, energy_uj: int) -> None:
-    (root / "class" / "powercap" / zone / "energy_uj").write_text(f"{energy_uj}\n")
+    """Replace the counter as the kernel does: a reader sees the old value or the new one, never half a line."""
+    path = root / "class" / "powercap" / zone / "energy_uj"
+    tmp = path.with_name(".energy_uj.tmp")
+    tmp.write_text(f"{energy_uj}\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def drawing(root: Path, watts: Mapping[str, float], tick_s: float = 0.01) -> Iterator[None]:
+    """Zones whose counters climb at constant power (µJ from wall time, every `tick_s`) while the block runs,
+    as RAPL's do under a steady load; for a process that meters the tree (JPWR_SYSFS_ROOT)."""
+    start = {zone: int((root / "class" / "powercap" / zone / "energy_uj").read_text()) for zone in watts}
+    t0 = time.monotonic()
+    stop = threading.Event()
+
+    def climb() -> None:
+        while not stop.wait(tick_s):
+            elapsed = time.monotonic() - t0
+            for zone, power in watts.items():
+                set_energy(root, zone, start[zone] + int(power * elapsed * 1e6))
+
+    thread = threading.Thread(target=climb, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def deny(path: Path) -> None:

@@ -14,6 +14,8 @@ import sysfs_trees
 from jpwr.backends import create_backend
 from jpwr.clock import VirtualClock
 from jpwr.domains import Kind, Signal, Status
+from jpwr.trace import TraceData
+from jpwr.windows import WindowSpan, window_energy
 
 MAX_UJ = 262_143_328_850
 ZONES = {
@@ -121,3 +123,27 @@ def test_root_only_energy_uj_as_this_user(tmp_path) -> None:
     sysfs_trees.deny(root / "class" / "powercap" / "intel-rapl:0" / "energy_uj")
     _, disc = _discover(root)
     assert disc.sensors == [] and "permission" in disc.unavailable[0] and "CVE-2020-8694" in disc.unavailable[0]
+
+
+def test_rapl_needing_root_is_one_short_reason_for_the_headline(tmp_path) -> None:
+    """With no accelerator and RAPL root-only, the window's energy is n/a for one short reason that says so;
+    the backend's long line (the fix in full) is for `jpwr info` and the sampler's start, not every record."""
+    if os.geteuid() == 0:
+        base = Path(tempfile.mkdtemp(prefix="jpwr-rapl-"))  # outside pytest's 0700 tmp dirs, so uid 65534 can enter
+        base.chmod(0o755)
+    else:
+        base = tmp_path
+    try:
+        root = sysfs_trees.powercap(base, {"intel-rapl:0": ("package-0", 1, 100), "intel-rapl:0:0": ("dram", 1, 100)})
+        for zone in ("intel-rapl:0", "intel-rapl:0:0"):
+            sysfs_trees.deny(root / "class" / "powercap" / zone / "energy_uj")
+        unavailable = _discover_as_nobody(root)[1] if os.geteuid() == 0 else _discover(root)[1].unavailable
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base)
+    no_domains = TraceData(domains=[], sensors=[], info={}, readings={}, metrics=[], marks=[])
+    energy = window_energy(no_domains, WindowSpan("steady", 0, 10**9, 1, {}), 0.1, "n1",
+                           ["nvml: unavailable: nvmlInit failed", *unavailable])
+    assert energy.energy_j is None and energy.domain is None
+    assert energy.unavailable_reason == ("no accelerator sensor on node n1, and RAPL's energy_uj needs root: run as "
+                                         "root or make it readable (`jpwr info` says how)")

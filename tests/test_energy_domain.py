@@ -1,0 +1,147 @@
+"""The headline's energy domain: RAPL on a machine without an accelerator sensor, the demo's replayed trace, and the
+verbs that rank refusing to mix them.
+
+Two real runs, each made once: the tiny GPT on the CPU metered by RAPL (a fake powercap tree whose package and
+DRAM counters climb at known power; no GPU library answers), and `joulebench demo` (the same driver metered by the
+replayed H100 trace, then plot, report and attribute). The verbs run on their records as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import sysfs_trees
+
+from joulebench.analysis import pareto, plan, plot, report
+from jpwr import REPLAYED, ValidationError
+from tests.driver_helpers import read_record, run_cmd
+
+PACKAGE_W, DRAM_W, CORE_W = 30.0, 6.0, 20.0  # core lies inside the package: never added to it
+ZONES = {"intel-rapl:0": ("package-0", 1_000_000, 262_143_328_850),
+         "intel-rapl:0:0": ("core", 500_000, 262_143_328_850),
+         "intel-rapl:0:1": ("dram", 2_000_000, 65_532_610_987)}
+
+
+@pytest.fixture(scope="module")
+def rapl_run(tmp_path_factory, fake_env) -> Path:
+    """The tiny GPT trained on the CPU with `--energy-methods auto`: only the fake RAPL tree can be read."""
+    base = tmp_path_factory.mktemp("rapl")
+    root = sysfs_trees.powercap(base / "sys", ZONES)
+    out = base / "run"
+    env = fake_env(JPWR_SYSFS_ROOT=str(root), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu",
+               "--iterations", "6", "--warmup-iterations", "1", "--out-dir", str(out), "--run-id", "rapl-1",
+               "--energy-methods", "auto"]
+    with sysfs_trees.drawing(root, {"intel-rapl:0": PACKAGE_W, "intel-rapl:0:0": CORE_W,
+                                    "intel-rapl:0:1": DRAM_W}):
+        result = run_cmd(command, env, base, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, fake_env) -> tuple[Path, str]:
+    """`joulebench demo` as documented, with a shorter phase replay; its directory and what it printed."""
+    base = tmp_path_factory.mktemp("demo")
+    command = [sys.executable, "-m", "joulebench", "demo", "--out", "demo", "--replay-phases", "1"]
+    result = run_cmd(command, fake_env(OMP_NUM_THREADS="1"), base, timeout=300)
+    assert result.returncode == 0, f"{shlex.join(command)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return base / "demo", result.stdout
+
+
+def test_rapl_package_and_dram_are_the_headline_without_an_accelerator(rapl_run: Path) -> None:
+    data = read_record(rapl_run)
+    assert data["status"] == "OK" and data["energy_domain"] == "cpu package + dram"
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
+    energy, metrics = steady["energy"], data["metrics"]
+    assert energy["domain"] == "cpu package + dram" and energy["devices"] == 1  # one package; its DRAM is no device
+    assert sorted(d["kind"] for d in energy["per_device"]) == ["cpu_package", "dram"]
+    # Package and DRAM drew 36 W the whole window (the 20 W core is inside the package, not added again).
+    expected_j = (PACKAGE_W + DRAM_W) * steady["duration_s"]
+    assert energy["energy_j"] == pytest.approx(expected_j, abs=energy["error_bound_j"] + 0.05 * expected_j)
+    assert metrics["energy_coverage"] >= 0.99 and metrics["energy_method"]
+    assert metrics["tokens_per_wh"] == pytest.approx(steady["work"]["tokens"] / metrics["energy_wh"])
+    assert metrics["mean_power_w_per_device"] == pytest.approx(PACKAGE_W + DRAM_W, rel=0.1)
+    assert metrics["energy_warning"] is None  # RAPL counts packages, not the run's devices: no device mismatch
+    assert data["meter"]["idle_baseline"]["power_w"] == pytest.approx(PACKAGE_W + DRAM_W, rel=0.1)
+
+
+def test_a_cpu_run_plots_its_package_and_dram_power(rapl_run: Path) -> None:
+    figure = plot.plot_trace(plot.load_nodes(rapl_run / "jpwr"))
+    ax_power = figure.axes[0]
+    assert ax_power.get_ylabel() == "cpu package + dram power (W)"
+    lines = {line.get_label(): line for line in ax_power.get_lines()}
+    assert set(lines) == {"cpu_package (package-0): counter ΔE/Δt", "dram (package-0/dram): counter ΔE/Δt"}
+    assert ax_power.get_legend().get_title().get_text() == "devices and windows (energy: cpu package + dram)"
+
+
+def test_nothing_readable_is_one_short_reason(tmp_path: Path, fake_env) -> None:
+    """No accelerator library answers and the sysfs tree has no RAPL zone: the meter's energy is n/a for one short
+    reason (each backend's own line stays in `jpwr info`)."""
+    env = fake_env(JPWR_SYSFS_ROOT=str(tmp_path / "empty-sys"))
+    result = run_cmd([sys.executable, "-m", "jpwr", "--out", str(tmp_path / "jpwr"), "--", sys.executable, "-c",
+                      "pass"], env, tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stderr.splitlines() if line.startswith("jpwr: window command: "))
+    reason = line.partition("energy n/a (")[2]
+    assert reason.startswith("no energy sensor readable on node ") and "(no accelerator, no RAPL)" in reason
+    assert len(reason) < 120
+
+
+def test_the_demo_runs_the_pipeline_and_labels_every_output(demo_run: tuple[Path, str]) -> None:
+    out, printed = demo_run
+    data = read_record(out / "run")
+    assert data["energy_domain"] == f"accelerators ({REPLAYED})"
+    assert data["metrics"]["tokens_per_wh"] > 0
+    assert REPLAYED.encode() in (out / "trace.png").read_bytes()  # the plot's title, kept as the PNG's Title
+    rows = json.loads((out / "report" / "runs.json").read_text())["rows"]
+    assert [row["energy domain"] for row in rows] == [data["energy_domain"]]
+    assert REPLAYED in (out / "report" / "index.html").read_text()
+    assert data["attribution"]["energy_domain"] == data["energy_domain"]
+    attribution_head = next(line for line in printed.splitlines() if line.startswith("joulebench attribute: "))
+    assert REPLAYED in attribution_head
+    assert printed.splitlines()[-1].startswith(f"joulebench demo: done ({REPLAYED})")
+
+
+def test_verbs_that_rank_refuse_runs_of_different_domains(rapl_run: Path, demo_run: tuple[Path, str],
+                                                          tmp_path: Path) -> None:
+    cpu, replayed = rapl_run / "run_record.json", demo_run[0] / "run" / "run_record.json"
+    domains = r"2 energy domains \(accelerators \(replayed trace, not this machine\): .*; cpu package \+ dram: rapl-1\)"
+    with pytest.raises(ValidationError, match=r"report --compare would rank runs of " + domains):
+        report.main(["--compare", str(cpu), str(replayed)])
+    with pytest.raises(ValidationError, match=r"report --pareto would rank runs of " + domains):
+        pareto.main(["--pareto", str(cpu), str(replayed)])
+    # plan reads the phases of attributed runs: the demo's record with one phase, and the same as if RAPL had
+    # metered it
+    phases = {"window": "steady", "phases": [{"name": "step", "method": "fit", "energy_j": 10.0, "duration_s": 1.0}]}
+    for name, domain in (("replayed", None), ("cpu", "cpu package + dram")):
+        (tmp_path / name).mkdir()
+        data = json.loads(replayed.read_text())
+        data.update(attribution=phases, run_id=f"{name}-2", energy_domain=domain or data["energy_domain"])
+        (tmp_path / name / "run_record.json").write_text(json.dumps(data))
+    with pytest.raises(ValidationError, match=r"plan would rank runs of 2 energy domains .*cpu package \+ dram: cpu-2"):
+        plan.main([str(tmp_path / "replayed"), str(tmp_path / "cpu")])
+    # A record written before the field reads as the accelerators' (its meter summed nothing else): no mix with
+    # a RAPL run either.
+    old = {**json.loads(cpu.read_text()), "run_id": "old-1", "schema_version": 2}
+    del old["energy_domain"]
+    for window in old["windows"]:
+        if window["energy"]:
+            window["energy"].pop("domain")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run_record.json").write_text(json.dumps(old))
+    with pytest.raises(ValidationError, match=r"accelerators: old-1; cpu package \+ dram: rapl-1"):
+        report.main(["--compare", str(cpu), str(tmp_path / "old" / "run_record.json")])
+
+
+def test_the_report_keeps_domains_apart_instead_of_refusing(rapl_run: Path, demo_run: tuple[Path, str],
+                                                            tmp_path: Path) -> None:
+    report.write_report([rapl_run, demo_run[0] / "run"], tmp_path / "report")
+    data = json.loads((tmp_path / "report" / "runs.json").read_text())
+    assert sorted(row["energy domain"] for row in data["rows"]) == ["accelerators (replayed trace, not this machine)",
+                                                                     "cpu package + dram"]
+    assert data["diagnoses"] == []  # one run per domain: nothing to diagnose, and never a pair across domains

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from joulebench.arguments import POSITIVE, SEED
+from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
 from jpwr import ExitCode, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
@@ -36,14 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate_load = commands.add_parser("validate-load", help="check a load configuration without a GPU")
     add_load_arguments(validate_load)
     for checker in (validate, validate_load):
-        checker.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+        checker.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
     save = commands.add_parser("save-checkpoint", help="save a preset (random weights, word tokenizer) for servers")
     save.add_argument("--preset", required=True, help="model preset to save")
     save.add_argument("--out", required=True, type=Path, help="checkpoint directory (new or empty)")
     save.add_argument("--seed", type=SEED, default=1234, help="seed of the random weights")
     save.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the weights")
     save.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
+    return state_ranges(parser)
 
 
 def _checked(args: argparse.Namespace) -> tuple[InferenceConfig, ModelPreset]:

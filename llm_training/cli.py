@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from joulebench.arguments import COUNT, POSITIVE
+from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
 from jpwr import ExitCode, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
@@ -25,10 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
     add_run_arguments(validate)
     layout = validate.add_argument_group("job layout (train reads it from torchrun/srun)")
-    layout.add_argument("--world-size", type=COUNT)
-    layout.add_argument("--nodes", type=COUNT)
-    layout.add_argument("--devices-per-node", type=COUNT)
-    layout.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+    layout.add_argument("--world-size", type=NODES)
+    layout.add_argument("--nodes", type=NODES)
+    layout.add_argument("--devices-per-node", type=NODES)
+    layout.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
     prep = commands.add_parser("preprocess", help="JSONL text -> Megatron PREFIX.bin/.idx")
     prep.add_argument("--input", required=True, help="JSON lines, one document per line")
     prep.add_argument("--output-prefix", required=True)
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--merges-file", help="GPT-2 merges.txt")
     prep.add_argument("--json-key", default="text")
     prep.add_argument("--eod-token", help="end-of-document token (default: <|endoftext|> or similar)")
-    return parser
+    return state_ranges(parser)
 
 
 def resolve_checked(args: argparse.Namespace, world_size: int) -> TrainConfig:

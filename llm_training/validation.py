@@ -111,6 +111,10 @@ def check_optimizer(cfg: TrainConfig) -> None:
             raise ValidationError(f"{name} {value:g} is not positive", f"pass {name} > 0")
     if cfg.clip_grad < 0.0:
         raise ValidationError(f"--clip-grad {cfg.clip_grad:g} is negative", "pass --clip-grad >= 0 (0 turns it off)")
+    if cfg.lr_warmup_samples >= cfg.lr_decay_samples:  # Megatron's scheduler asserts this
+        raise ValidationError(f"--lr-warmup-samples {cfg.lr_warmup_samples} is not below --lr-decay-samples "
+                              f"{cfg.lr_decay_samples}: the warm-up would never end",
+                              "use fewer warm-up samples than decay samples")
 
 
 def check_data_path(prefix: str) -> None:

@@ -27,7 +27,7 @@ from joulebench.analysis.kernel_classes import CATEGORY_NAMES, category
 from joulebench.analysis.phase_fit import LabelFit, Timeline, exclusive_timeline, fit_labels, held_out_folds
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
-from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
+from joulebench.arguments import SEED, WATTS, Number, state_ranges
 from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RunRecord, read_run_record, write_run_record
@@ -390,12 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--phases", help="comma list of phases to fit; the others count as unmarked")
     parser.add_argument("--profile", type=Path, help="kernel intervals from benchmarks/kernel_profile.py "
                                                      "--intervals-out: also fit kernel classes")
-    parser.add_argument("--bootstrap", type=COUNT, default=DEFAULT_DRAWS, help="bootstrap draws (default 200)")
+    parser.add_argument("--bootstrap", type=Number(int, 1, 10_000), default=DEFAULT_DRAWS,
+                        help=f"bootstrap draws (default {DEFAULT_DRAWS})")
     parser.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--idle-power-w", type=NON_NEGATIVE, help="idle power per device for the idle/dynamic split "
-                                                           "(default: the record's idle baseline, when it has one)")
+    parser.add_argument("--idle-power-w", type=WATTS, help="idle power per device for the idle/dynamic split "
+                                                    "(default: the record's idle baseline, when it has one; 0 = "
+                                                    "every joule dynamic)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave the run record as it is")
-    return parser
+    return state_ranges(parser)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -30,7 +30,7 @@ from typing import TextIO
 from jpwr import __version__
 from jpwr.arguments import FRACTION, INTERVAL_MS, NODES, SECONDS_OR_ZERO, state_ranges
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, exit_code_of, os_error_message, take_debug_flag
+from jpwr.errors import ExitCode, exit_code_of, os_error_message, signal_death, take_debug_flag
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt
 from jpwr.summary import NodeSummary
@@ -157,6 +157,8 @@ def cmd_wrap(argv: Sequence[str]) -> int:
     sampler.add_mark(Mark("command", "end", 0, SYSTEM_CLOCK.monotonic_ns()))
     server.stop()
     child_code = 128 - code if code < 0 else code
+    if code < 0:
+        print(f"jpwr: {command[0]} was {signal_death(-code)}", file=sys.stderr)
     try:
         summary = sampler.stop()
         if args.df_out:

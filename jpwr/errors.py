@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +78,18 @@ def take_debug_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
         args.remove(DEBUG_FLAG)
         return True, args
     return False, args
+
+
+def signal_death(signum: int) -> str:
+    """How a parent words a child that a signal ended. SIGKILL is what the kernel's out-of-memory killer sends, and
+    the killed process cannot say so itself: only its parent (`jpwr --`, the JUBE job) can name the likely cause."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "unknown signal"
+    if signum == signal.SIGKILL:
+        return f"killed by signal {signum} (out of memory?)"
+    return f"killed by signal {signum} ({name})"
 
 
 def os_error_message(exc: OSError) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
+from joulebench.host_memory import HOST, available_gib
 from jpwr import ExitCode, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
@@ -60,6 +61,8 @@ def _validate(args: argparse.Namespace) -> int:
     device_type = "cpu" if args.device == "cpu" else "cuda"
     precision = validation.resolve_precision(cfg.precision, device_type)
     validation.check_memory(cfg, shape, precision, args.device_memory_gib)
+    if device_type == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
+        validation.check_memory(cfg, shape, precision, available_gib(), HOST)
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): tasks "
           f"{', '.join(cfg.tasks)}; batch sizes {', '.join(map(str, cfg.batch_sizes))}; "
           f"{len(cfg.points)} run record(s)")
@@ -82,8 +85,11 @@ def _validate_load(args: argparse.Namespace) -> int:
 
     cfg = resolve_load(args)
     shape, trace = validation.check_load_config(cfg)
-    precision = validation.resolve_precision(cfg.precision, "cpu" if args.device == "cpu" else "cuda")
+    device_type = "cpu" if args.device == "cpu" else "cuda"
+    precision = validation.resolve_precision(cfg.precision, device_type)
     validation.check_load_memory(cfg, shape, precision, args.device_memory_gib, trace)
+    if device_type == "cpu":
+        validation.check_load_memory(cfg, shape, precision, available_gib(), trace, HOST)
     load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
           f"{cfg.max_concurrency} slots")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
+from joulebench.host_memory import available_gib
 from jpwr import ExitCode, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
@@ -61,6 +62,8 @@ def _validate(args: argparse.Namespace) -> int:
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)
         validation.check_attention_backend(cfg.attention_backend, args.device)
+    if args.device == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
+        memory.check_host(cfg, -(-world // (args.nodes or 1)), available_gib())
     estimate = memory.estimate_memory(cfg)
     print(
         f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "

@@ -22,12 +22,14 @@ from jpwr import (
     state_ranges,
 )
 
-__all__ = ["COUNT", "COUNT_OR_ZERO", "FACTOR", "FRACTION", "GIB", "LEARNING_RATE", "LOSS_SCALE", "MILLISECONDS",
-           "MINUTES", "NODES", "PORT", "POSITIVE_FACTOR", "PROBABILITY", "SECONDS", "SECONDS_OR_ZERO", "SEED", "SIZE",
-           "WATTS", "Number", "comma_list", "method_names", "state_ranges"]
+__all__ = ["COUNT", "COUNT_OR_ZERO", "FACTOR", "FRACTION", "GIB", "LEARNING_RATE", "LOG_INTERVAL", "LOSS_SCALE",
+           "MILLISECONDS", "MINUTES", "NODES", "PORT", "POSITIVE_FACTOR", "PROBABILITY", "SECONDS",
+           "SECONDS_OR_ZERO", "SEED", "SIZE", "WATTS", "Number", "comma_list", "method_names", "state_ranges"]
 
 SEED = Number(int, 0, 2**32 - 1)  # the range numpy and torch seeds accept (0 is a seed like any other)
 PROBABILITY = Number(float, 0.0, 1.0, high_open=True)  # dropout, Adam's betas: 1 would drop (or keep) everything
+# progress lines, where the training loop also hears a stop: a longer interval would delay SIGTERM past Slurm's margin
+LOG_INTERVAL = Number(int, 1, 1000)
 SIZE = Number(int, 1, 2**20)  # model and batch dimensions, tokens, pixels: validate's memory estimate refuses most
 MINUTES = Number(float, 0.0, 7 * 24 * 60.0, low_open=True)  # --exit-duration-mins: at most 7 days
 MILLISECONDS = Number(float, 0.0, 3_600_000.0, low_open=True)  # latency objectives: at most 1 hour

@@ -78,17 +78,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import torch
-
     from joulebench.launch import LaunchEnv
     from joulebench.phases import check_replay_seconds
-    from joulebench.torch_device import resolve_device
     from jpwr import ADDR_ENV
-    from llm_training import train, validation
 
     launch = LaunchEnv.from_env()
-    cfg = resolve_checked(args, launch.world_size)
+    cfg = resolve_checked(args, launch.world_size)  # before importing Megatron (tens of seconds): refusals are quick
     check_replay_seconds(cfg.replay_phases_s, bool(cfg.energy_methods or os.environ.get(ADDR_ENV)))
+    import torch
+
+    from joulebench.torch_device import resolve_device
+    from llm_training import train, validation
+
     device = resolve_device(cfg.device)
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)

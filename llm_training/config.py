@@ -15,6 +15,7 @@ from joulebench.arguments import (
     COUNT_OR_ZERO,
     FACTOR,
     LEARNING_RATE,
+    LOG_INTERVAL,
     LOSS_SCALE,
     MINUTES,
     NODES,
@@ -250,7 +251,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="after training, run forward, forward+backward, the optimizer step and the whole step each "
                         "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "
                         "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0 = off)")
-    r.add_argument("--log-interval", type=COUNT, default=5, help="progress line every N iterations (default 5)")
+    r.add_argument("--log-interval", type=LOG_INTERVAL, default=5,
+                   help="progress line every N iterations (default 5); a stop (SIGTERM, --exit-duration-mins) waits "
+                        "for the next")
     r.add_argument("--seed", type=SEED, default=p.SEED)
     o = parser.add_argument_group("optimizer (CARAML's values by default)")
     o.add_argument("--lr", type=LEARNING_RATE, help="peak learning rate")

@@ -11,6 +11,7 @@ from joulebench.arguments import (
     COUNT,
     COUNT_OR_ZERO,
     LEARNING_RATE,
+    LOG_INTERVAL,
     MINUTES,
     NODES,
     SECONDS_OR_ZERO,
@@ -67,7 +68,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--run-id", default=None)
     add("--energy-methods", type=method_names, default=None,
         help="in-process jpwr methods for single-process runs, e.g. pynvml")
-    add("--log-interval", type=COUNT, default=10, help="progress line every N iterations (default 10)")
+    add("--log-interval", type=LOG_INTERVAL, default=10,
+        help="progress line every N iterations (default 10); a stop (SIGTERM, --exit-duration-mins) waits for the next")
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
     add("--seed", type=SEED, default=42)
     add("--lr", type=LEARNING_RATE, default=0.1, help="SGD learning rate (default 0.1)")

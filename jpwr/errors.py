@@ -111,8 +111,9 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
                  extras: Mapping[str, str] | None = None) -> int:
     """Run one CLI command behind the one error boundary every joulebench command shares.
 
-    A JpwrError (bad input, raised before any device work) and an OSError (a full disk, a missing
-    file) become one line "<prog>: error: ..." on stderr with their sysexits code; a missing optional
+    A JpwrError (bad input, raised before any device work), an OSError (a full disk, a missing
+    file) and a text file that is not UTF-8 (65) become one line "<prog>: error: ..." on stderr with their
+    sysexits code; a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
     else is an internal error (70). `--debug` adds the traceback.
@@ -130,6 +131,10 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
         return _report(prog, str(exc), int(exc.exit_code), debug)
     except OSError as exc:
         return _report(prog, os_error_message(exc), int(ExitCode.IO), debug)
+    except UnicodeDecodeError as exc:  # a text input (profile, schedule, CSV, corpus) that is not text
+        return _report(prog, f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save it as "
+                             "UTF-8, or check that the option names the intended file (--debug shows which read "
+                             "failed)", int(ExitCode.DATA), debug)
     except Exception as exc:
         return _internal(prog, exc, debug)
 

@@ -318,3 +318,17 @@ def test_value_helper_reads_open_and_closed_ends() -> None:
 
     assert (_value(COUNT, "low"), _value(COUNT, "high")) == ("1", "10000000")
     assert float(_value(SECONDS, "low")) == math.nextafter(0.0, 1.0) and _value(SECONDS, "high") == "604800.0"
+
+
+@pytest.mark.parametrize(("command", "argv"), [
+    ("joulebench plan", ["--profile", "{file}.csv"]),
+    ("joulebench plan", ["--profile", "{file}.json"]),
+    ("python -m llm_inference", ["validate-load", "--preset", "tiny", "--device", "cpu", "--trace", "{file}.jsonl"]),
+])
+def test_a_text_file_that_is_not_utf8_is_named_not_an_internal_error(command: str, argv: list[str], tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    for suffix in (".csv", ".json", ".jsonl"):
+        (tmp_path / f"bad{suffix}").write_bytes(b"\xff\xfe\x00\x81 not text\n")
+    code = _in_process(command)([part.replace("{file}", str(tmp_path / "bad")) for part in argv])
+    err = capfd.readouterr().err
+    assert code in (64, 65) and "UTF-8" in err and "Fix:" in err and "internal error" not in err, err

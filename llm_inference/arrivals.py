@@ -31,7 +31,7 @@ from llm_inference.tasks import Task
 
 PROCESSES = ("poisson", "constant")
 MAX_RATE = 1e6  # requests/s: far above any server; a finite rate above it is refused
-_RATE_EXPECTED = f"expected a number of requests/s in (0, {MAX_RATE:g}], or max"
+_RATE_EXPECTED = f"expected a positive number of requests/s, or max; at most {MAX_RATE:g}"
 _TRACE_FORMAT = ('one JSON object a line: {"arrival_s": seconds >= 0 (non-decreasing), "output_tokens": int >= 1, '
                  'and exactly one of "input_tokens": int >= 1, "prompt_ids": [token ids >= 0], "prompt": "text"}')
 _PROMPT_FIELDS = ("input_tokens", "prompt_ids", "prompt")

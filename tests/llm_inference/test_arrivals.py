@@ -97,7 +97,7 @@ def test_parse_rate_accepts_numbers_and_max():
     assert parse_rate("max") == math.inf and parse_rate(" MAX ") == math.inf
 
 
-@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "fast", "", "1e999"])
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "fast", "", "1e999", "2e6"])
 def test_parse_rate_refuses_values_that_are_not_a_positive_rate(text):
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         parse_rate(text)

@@ -120,7 +120,7 @@ def test_parse_rates_keeps_the_given_order():
 
 
 @pytest.mark.parametrize(("text", "named"), [("1,2,1", "repeats 1"), ("max,2,MAX", "repeats max"),
-                                             ("1,,2", "''"), ("1,-2", "-2"), ("1,inf", "inf")])
+                                             ("1,,2", "has an empty rate"), ("1,-2", "-2"), ("1,inf", "inf")])
 def test_parse_rates_refuses_repeats_and_bad_rates(text, named):
     with pytest.raises(argparse.ArgumentTypeError, match=named):
         parse_rates(text)

@@ -120,6 +120,13 @@ class StopRequest:
         return None
 
 
+class RunFailed(JpwrError):
+    """A run that cannot go on, for a reason its message states with the fix (a server that never answers, a load
+    too small to open its window): FAILED with that reason, and no traceback, which would say it was a bug."""
+
+    exit_code = EXIT_CODES["FAILED"]
+
+
 class StopRequested(Exception):
     """Raised by a driver's loop at a step boundary (never by a signal handler) after it closed its open window:
     the run ends there as TIMEOUT, with the energy of the windows it completed."""
@@ -202,8 +209,12 @@ class Run:
 
     def failed(self, exc: BaseException) -> None:
         """Exception → status: FAILED with the error's code, also while a stop was pending (a clean stop never
-        raises; an exception then is often a peer killed by the launcher, and the reason says the stop was asked)."""
-        traceback.print_exc()
+        raises; an exception then is often a peer killed by the launcher, and the reason says the stop was asked).
+        A deliberate error (JpwrError) prints its message; anything else its traceback."""
+        if isinstance(exc, JpwrError):
+            print(f"{self.record.benchmark}: error: {exc}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         self.record.status = "FAILED"
         self.record.status_reason = str(exc) if isinstance(exc, JpwrError) else f"{type(exc).__name__}: {exc}"
         pending = self.stop.local_reason()

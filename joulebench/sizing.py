@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from jpwr import POSITIVE, NodeLive, ValidationError, aliasing_warning, planned_bound_j
+from jpwr import SECONDS, NodeLive, ValidationError, aliasing_warning, planned_bound_j
 
 if TYPE_CHECKING:  # only the type: sizing is imported by the drivers' parsers, before any meter is opened
     from jpwr import WindowMeter
@@ -191,7 +191,7 @@ def steady_seconds_arg(text: str) -> float | None:
     if text.strip().lower() == "auto":
         return None
     try:
-        return POSITIVE(text)
+        return SECONDS(text)
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(f"{exc}, or 'auto'") from None
 
@@ -204,7 +204,7 @@ def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, al
         help=f"length of the steady window in seconds, grown to whole iterations and decided before it opens from "
              f"the warm-up's step time (default auto: on accelerators long enough that the planned energy bound is "
              f"<= {TARGET_BOUND_FRACTION * 100:.1f}%% and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "
-             f"{MAX_SECONDS:g} s; {cpu_default}). An explicit iteration count wins")
+             f"{MAX_SECONDS:g} s; {cpu_default}). An explicit iteration count wins [{SECONDS.describe()}, or auto]")
     if not idle:
         return
     group.add_argument(

@@ -90,10 +90,14 @@ _HOMES = {
     "reason_names": "jpwr.device_state",  # a clock event reason mask -> NVML's names of its bits
     # --- Command-line types (joulebench.arguments adds the drivers' ranges) -------------------------
     "Number": "jpwr.arguments",  # an argparse type: a finite number within a stated range
-    "COUNT": "jpwr.arguments",  # a whole number >= 1
-    "POSITIVE": "jpwr.arguments",  # a number > 0
-    "NON_NEGATIVE": "jpwr.arguments",  # a number >= 0
+    "state_ranges": "jpwr.arguments",  # appends each numeric option's range to its help
+    "COUNT": "jpwr.arguments",  # a whole number in [1, 10**7]
+    "COUNT_OR_ZERO": "jpwr.arguments",  # a whole number in [0, 10**7]
+    "NODES": "jpwr.arguments",  # nodes, devices, ranks: a whole number in [1, 65536]
+    "SECONDS": "jpwr.arguments",  # a duration in (0, 7 days]
+    "SECONDS_OR_ZERO": "jpwr.arguments",  # a duration in [0, 7 days]
     "FRACTION": "jpwr.arguments",  # a number in [0, 1]
+    "PORT": "jpwr.arguments",  # a TCP port in [1, 65535]
     "method_names": "jpwr.arguments",  # an argparse type for a list of measurement methods jpwr knows
     # --- A known GPU load (the selftest's), for scripts that check the meter against it ---------------
     "MATMUL_N": "jpwr.selftest",  # the matrix size of the load (2·N³ FLOP per product)

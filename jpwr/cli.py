@@ -28,9 +28,16 @@ from pathlib import Path
 from typing import TextIO
 
 from jpwr import __version__
-from jpwr.arguments import COUNT, FRACTION, NON_NEGATIVE, PORT, POSITIVE
+from jpwr.arguments import (
+    FRACTION,
+    INTERVAL_MS,
+    NODES,
+    PORT,
+    SECONDS_OR_ZERO,
+    state_ranges,
+)
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, ValidationError, exit_code_of, os_error_message, take_debug_flag
+from jpwr.errors import ExitCode, ValidationError, exit_code_of, os_error_message, signal_death, take_debug_flag
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt, write_atomic
 from jpwr.summary import NodeSummary
@@ -47,8 +54,8 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
                    help="auto (default) or names: nvml, amdsmi, rapl, hwmon_gh, gcipuinfo "
                         "(aliases pynvml, rocm, gh, gc); comma or space separated; replay:TRACE_DIR plays a "
                         "recorded trace back (joulebench demo)")
-    p.add_argument("--interval", type=POSITIVE, default=100.0, help="power/metrics sampling interval in ms")
-    p.add_argument("--counter-interval", type=POSITIVE, default=1000.0, help="energy counter read interval in ms")
+    p.add_argument("--interval", type=INTERVAL_MS, default=100.0, help="power/metrics sampling interval in ms")
+    p.add_argument("--counter-interval", type=INTERVAL_MS, default=1000.0, help="energy counter read interval in ms")
     p.add_argument("--out", default="jpwr_out", help="output directory (per-node subdirectories)")
     p.add_argument("--run-id", default=None, help="run id shared by all nodes of one run")
     p.add_argument("--metrics-port", type=PORT, default=None,
@@ -59,7 +66,8 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
                         "the network, e.g. for the cluster's Prometheus: the figures show what runs where)")
     p.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
                    help="fraction of a window each device's data must cover for its energy to be trusted "
-                        f"(default {DEFAULT_MIN_COVERAGE:g}); below it the energy is n/a and the run PARTIAL")
+                        f"(default {DEFAULT_MIN_COVERAGE:g}; 0 = trust any coverage); below it the energy is n/a and "
+                        "the run PARTIAL")
 
 
 def _methods(raw: Sequence[str]) -> list[str] | None:
@@ -142,7 +150,7 @@ def cmd_wrap(argv: Sequence[str]) -> int:
     parser.add_argument("--df-filetype", default="csv", choices=("csv", "h5"))
     parser.add_argument("--version", action="version", version=f"jpwr {__version__} (joulebench)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -183,6 +191,8 @@ def cmd_wrap(argv: Sequence[str]) -> int:
     if metrics:
         metrics.stop()
     child_code = 128 - code if code < 0 else code
+    if code < 0:
+        print(f"jpwr: {command[0]} was {signal_death(-code)}", file=sys.stderr)
     try:
         summary = sampler.stop()
         if args.df_out:
@@ -203,7 +213,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
     _add_meter_options(parser)
     parser.add_argument("--addr", default=None, help="socket path template ({node} = node name); default from "
                                                      "JPWR_ADDR or a per-run path in the temp dir")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     from jpwr.channel import ADDR_ENV
 
     args.addr = args.addr or os.environ.get(ADDR_ENV)
@@ -228,9 +238,9 @@ def cmd_combine(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
     parser.add_argument("directory")
     parser.add_argument("--run-id", default=None, help="the run to combine (needed when DIR holds several)")
-    parser.add_argument("--expected-nodes", type=COUNT, default=expected_nodes_from(),
+    parser.add_argument("--expected-nodes", type=NODES, default=expected_nodes_from(),
                         help="nodes the run has (default: Slurm's SLURM_JOB_NUM_NODES); fewer found = no energy")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     result = combine_run(Path(args.directory), args.run_id, args.expected_nodes)
     for node in result.recovered_nodes:
         print(f"jpwr combine: warning: node {node} had no summary (sampler killed?); recovered from its segments",
@@ -250,8 +260,9 @@ def cmd_combine(argv: Sequence[str]) -> int:
 def cmd_info(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr info", description="List sensors, signals, read cost, update period.")
     parser.add_argument("--methods", nargs="+", default=["auto"])
-    parser.add_argument("--probe-seconds", type=NON_NEGATIVE, default=1.0, help="time spent measuring update periods")
-    args = parser.parse_args(argv)
+    parser.add_argument("--probe-seconds", type=SECONDS_OR_ZERO, default=1.0,
+                        help="time spent measuring update periods (0 = list the sensors, no update periods)")
+    args = state_ranges(parser).parse_args(argv)
     from jpwr.info import describe
 
     print(describe(_methods(args.methods), args.probe_seconds))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +80,18 @@ def take_debug_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
     return False, args
 
 
+def signal_death(signum: int) -> str:
+    """How a parent words a child that a signal ended. SIGKILL is what the kernel's out-of-memory killer sends, and
+    the killed process cannot say so itself: only its parent (`jpwr --`, the JUBE job) can name the likely cause."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "unknown signal"
+    if signum == signal.SIGKILL:
+        return f"killed by signal {signum} (out of memory?)"
+    return f"killed by signal {signum} ({name})"
+
+
 def os_error_message(exc: OSError) -> str:
     """One line for a failed file operation: what failed, on which file, and what to do about it."""
     where = f" {exc.filename}" if exc.filename else ""
@@ -98,8 +111,9 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
                  extras: Mapping[str, str] | None = None) -> int:
     """Run one CLI command behind the one error boundary every joulebench command shares.
 
-    A JpwrError (bad input, raised before any device work) and an OSError (a full disk, a missing
-    file) become one line "<prog>: error: ..." on stderr with their sysexits code; a missing optional
+    A JpwrError (bad input, raised before any device work), an OSError (a full disk, a missing
+    file) and a text file that is not UTF-8 (65) become one line "<prog>: error: ..." on stderr with their
+    sysexits code; a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
     else is an internal error (70). `--debug` adds the traceback.
@@ -117,6 +131,10 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
         return _report(prog, str(exc), int(exc.exit_code), debug)
     except OSError as exc:
         return _report(prog, os_error_message(exc), int(ExitCode.IO), debug)
+    except UnicodeDecodeError as exc:  # a text input (profile, schedule, CSV, corpus) that is not text
+        return _report(prog, f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save it as "
+                             "UTF-8, or check that the option names the intended file (--debug shows which read "
+                             "failed)", int(ExitCode.DATA), debug)
     except Exception as exc:
         return _internal(prog, exc, debug)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from jpwr.arguments import FINITE, NON_NEGATIVE, POSITIVE
+from jpwr.arguments import OFFSET_S, SECONDS, SECONDS_OR_ZERO, Number, state_ranges
 from jpwr.errors import ExitCode, ValidationError
 from jpwr.output import fmt, write_json_atomic
 from jpwr.qualify_meters import SPEC_FORMS, CsvMeter, Meter, parse_meter
@@ -40,6 +40,7 @@ from jpwr.qualify_meters import SPEC_FORMS, CsvMeter, Meter, parse_meter
 SCHEMA = "jpwr.qualify/1"
 SEQUENCE = ("idle", "load1", "load2", "load1", "load2")
 PASS_LIMIT = 0.05
+RELATIVE_ERROR = Number(float, 0.0, 1.0, low_open=True)  # --pass-limit, --target: 0 could never pass
 TARGET = 0.01
 BUILTIN_SIZES = {"load1": 8192, "load2": 2048}  # matmul sides: the steady full-power load, and a lighter one
 LOAD_CODE = ("import sys, torch; from jpwr.selftest import matmul_operands, matmuls_until; "
@@ -214,21 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("meter_a", metavar="METER_A", help=f"the meter under test: {SPEC_FORMS}")
     parser.add_argument("meter_b", metavar="METER_B", help="the reference meter, same forms")
-    parser.add_argument("--window-seconds", type=POSITIVE, default=60.0, help="length of each window (default 60)")
-    parser.add_argument("--lead-seconds", type=NON_NEGATIVE, default=10.0,
-                        help="a load starts this long before its window opens (default 10)")
+    parser.add_argument("--window-seconds", type=SECONDS, default=60.0, help="length of each window (default 60)")
+    parser.add_argument("--lead-seconds", type=SECONDS_OR_ZERO, default=10.0,
+                        help="a load starts this long before its window opens (default 10; 0 = with it)")
     parser.add_argument("--load1", help="command for load 1 (default: built-in 8192² bf16 matmuls)")
     parser.add_argument("--load2", help="command for load 2 (default: built-in 2048² bf16 matmuls)")
     parser.add_argument("--windows", type=Path, help="evaluate this recorded schedule (qualify.json) instead of "
                                                      "running one; CSV meters only")
-    parser.add_argument("--offset-a", type=FINITE, default=0.0, help="seconds added to our clock to reach A's clock")
-    parser.add_argument("--offset-b", type=FINITE, default=0.0, help="the same for B")
-    parser.add_argument("--max-clock-offset", type=NON_NEGATIVE, default=1.0, help="seconds a CSV meter may be off (1)")
-    parser.add_argument("--offset-search", type=NON_NEGATIVE, default=120.0, help="seconds searched for a CSV offset")
-    parser.add_argument("--pass-limit", type=POSITIVE, default=PASS_LIMIT)
-    parser.add_argument("--target", type=POSITIVE, default=TARGET)
+    parser.add_argument("--offset-a", type=OFFSET_S, default=0.0,
+                        help="seconds added to our clock to reach A's clock (default 0 = the same clock)")
+    parser.add_argument("--offset-b", type=OFFSET_S, default=0.0, help="the same for B (0 = the same clock)")
+    parser.add_argument("--max-clock-offset", type=SECONDS_OR_ZERO, default=1.0,
+                        help="seconds a CSV meter may be off (1; 0 = none)")
+    parser.add_argument("--offset-search", type=SECONDS_OR_ZERO, default=120.0,
+                        help="seconds searched for a CSV offset (0 = no search)")
+    parser.add_argument("--pass-limit", type=RELATIVE_ERROR, default=PASS_LIMIT,
+                        help="largest relative error that passes")
+    parser.add_argument("--target", type=RELATIVE_ERROR, default=TARGET, help="relative error reported as the goal")
     parser.add_argument("--out", type=Path, default=Path("jpwr_qualify"))
-    return parser
+    return state_ranges(parser)
 
 
 def main(argv: Sequence[str]) -> int:

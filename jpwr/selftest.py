@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr.arguments import COUNT, POSITIVE, UNIT_OPEN
+from jpwr.arguments import INTERVAL_MS, SECONDS, UNIT_OPEN, Number, state_ranges
 from jpwr.channel import Mark
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.domains import Signal
@@ -90,12 +90,12 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr selftest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="nvml")
     parser.add_argument("--periods-ms", default="37,100,250")
-    parser.add_argument("--repeats", type=COUNT, default=3)
-    parser.add_argument("--seconds", type=POSITIVE, default=4.0, help="length of each load window")
+    parser.add_argument("--repeats", type=Number(int, 1, 1000), default=3)
+    parser.add_argument("--seconds", type=SECONDS, default=4.0, help="length of each load window")
     parser.add_argument("--on-fraction", type=UNIT_OPEN, default=0.3)
-    parser.add_argument("--interval", type=POSITIVE, default=20.0, help="power sampling interval in ms")
+    parser.add_argument("--interval", type=INTERVAL_MS, default=20.0, help="power sampling interval in ms")
     parser.add_argument("--out", default="jpwr_selftest")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     try:
         import torch
     except ImportError:

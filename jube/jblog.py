@@ -24,6 +24,9 @@ TASK_END = re.compile(r"^(?:srun|joulebench-job):.*?(?:(?P<node>[^\s:]+): )?task
 EXITED = re.compile(r"^Exited with exit code (\d+)$")
 RANK_LINE = re.compile(r"^\s*(\d+): (.*)$")  # srun --label (padded to the widest rank) and job.sh's local copy
 OWN_ERROR = ": error: "  # joulebench's "<prog>: error: <problem>. Fix: <fix>"
+# SIGKILL is the kernel's out-of-memory killer's signal, and a killed rank cannot say so itself; worded as jpwr's
+# signal_death words it (this module is standard library only, so not imported from there)
+KILLED = "killed by signal 9 (out of memory?)"
 ERRORISH = re.compile(r"error|exception|fatal|abort|killed|terminate", re.IGNORECASE)  # tracebacks, runtimes
 
 
@@ -37,6 +40,11 @@ class RankEnd:
     line: str | None
 
     @property
+    def killed(self) -> bool:
+        """SIGKILL, as srun ("Killed") or job.sh ("Killed by SIGKILL") words it: the out-of-memory killer's signal."""
+        return self.what in ("Killed", "Killed by SIGKILL")
+
+    @property
     def code(self) -> int | None:
         """Its exit code; None when a signal ended it."""
         match = EXITED.match(self.what)
@@ -44,6 +52,8 @@ class RankEnd:
 
     def describe(self, with_line: bool = True) -> str:
         how = f"exited with code {self.code}" if self.code is not None else f"ended: {self.what}"
+        if self.killed:
+            how = f"was {KILLED}"
         where = f" on {self.node}" if self.node else ""
         said = f": {self.line}" if with_line and self.line else "" if self.line else " (nothing on its stderr)"
         return f"rank {self.rank}{where} {how}{said}"

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from joulebench.arguments import comma_list
 from jpwr import ValidationError
 from llm_inference.tasks import Task
 
 PROCESSES = ("poisson", "constant")
-_RATE_EXPECTED = "expected a positive number of requests/s, or max"
+MAX_RATE = 1e6  # requests/s: far above any server; a finite rate above it is refused
+_RATE_EXPECTED = f"expected a positive number of requests/s, or max; at most {MAX_RATE:g}"
 _TRACE_FORMAT = ('one JSON object a line: {"arrival_s": seconds >= 0 (non-decreasing), "output_tokens": int >= 1, '
                  'and exactly one of "input_tokens": int >= 1, "prompt_ids": [token ids >= 0], "prompt": "text"}')
 _PROMPT_FIELDS = ("input_tokens", "prompt_ids", "prompt")
@@ -56,7 +58,7 @@ def parse_rate(text: str) -> float:
         rate = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a rate ({_RATE_EXPECTED})") from None
-    if not math.isfinite(rate) or rate <= 0:
+    if not math.isfinite(rate) or not 0 < rate <= MAX_RATE:
         raise argparse.ArgumentTypeError(f"{text} is not a usable rate ({_RATE_EXPECTED}, e.g. 2.5)")
     return rate
 
@@ -64,7 +66,7 @@ def parse_rate(text: str) -> float:
 def parse_rates(text: str) -> tuple[float, ...]:
     """An argparse `type` for --rates: comma-separated rates, kept in the order given (one record each); a
     repeated rate would measure the same point twice under one name, so it is refused."""
-    rates = tuple(parse_rate(part) for part in text.split(","))
+    rates = tuple(parse_rate(part) for part in comma_list(text, "rate", "1,2,4,8,max"))
     repeated = sorted({rate for rate in rates if rates.count(rate) > 1})
     if repeated:
         names = ", ".join("max" if math.isinf(rate) else f"{rate:g}" for rate in repeated)

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from joulebench.arguments import POSITIVE, SEED
+from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
+from joulebench.host_memory import HOST, available_gib
 from jpwr import ExitCode, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
@@ -36,14 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate_load = commands.add_parser("validate-load", help="check a load configuration without a GPU")
     add_load_arguments(validate_load)
     for checker in (validate, validate_load):
-        checker.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+        checker.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
     save = commands.add_parser("save-checkpoint", help="save a preset (random weights, word tokenizer) for servers")
     save.add_argument("--preset", required=True, help="model preset to save")
     save.add_argument("--out", required=True, type=Path, help="checkpoint directory (new or empty)")
     save.add_argument("--seed", type=SEED, default=1234, help="seed of the random weights")
     save.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16", help="dtype of the weights")
     save.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
+    return state_ranges(parser)
 
 
 def _checked(args: argparse.Namespace) -> tuple[InferenceConfig, ModelPreset]:
@@ -60,6 +61,8 @@ def _validate(args: argparse.Namespace) -> int:
     device_type = "cpu" if args.device == "cpu" else "cuda"
     precision = validation.resolve_precision(cfg.precision, device_type)
     validation.check_memory(cfg, shape, precision, args.device_memory_gib)
+    if device_type == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
+        validation.check_memory(cfg, shape, precision, available_gib(), HOST)
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): tasks "
           f"{', '.join(cfg.tasks)}; batch sizes {', '.join(map(str, cfg.batch_sizes))}; "
           f"{len(cfg.points)} run record(s)")
@@ -82,8 +85,11 @@ def _validate_load(args: argparse.Namespace) -> int:
 
     cfg = resolve_load(args)
     shape, trace = validation.check_load_config(cfg)
-    precision = validation.resolve_precision(cfg.precision, "cpu" if args.device == "cpu" else "cuda")
+    device_type = "cpu" if args.device == "cpu" else "cuda"
+    precision = validation.resolve_precision(cfg.precision, device_type)
     validation.check_load_memory(cfg, shape, precision, args.device_memory_gib, trace)
+    if device_type == "cpu":
+        validation.check_load_memory(cfg, shape, precision, available_gib(), trace, HOST)
     load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
           f"{cfg.max_concurrency} slots")

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, method_names
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, comma_list, method_names
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
@@ -61,9 +61,7 @@ class InferenceConfig:
 
 def _int_list(text: str) -> tuple[int, ...]:
     """A sweep of batch sizes: each at least 1, none twice (a repeated point would overwrite its record)."""
-    values = tuple(COUNT(part) for part in text.split(",") if part.strip())
-    if not values:
-        raise argparse.ArgumentTypeError(f"{text!r} names no batch size (expected e.g. 1,8,64)")
+    values = tuple(SIZE(part) for part in comma_list(text, "batch size", "1,8,64"))
     repeated = sorted({v for v in values if values.count(v) > 1})
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r} lists {', '.join(map(str, repeated))} more than once")
@@ -71,7 +69,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _name_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    return tuple(comma_list(text, "task", "chat,code"))
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -> None:
@@ -93,7 +91,7 @@ def add_control_arguments(parser: argparse.ArgumentParser, window_help: str, def
     """The run-control options of `run` and `load`."""
     r = parser.add_argument_group("run control")
     add_window_arguments(r, cpu_default=f"{CPU_WINDOW_S:g} s on the CPU; {window_help}", aliases=("--min-window-s",))
-    r.add_argument("--exit-duration-mins", type=POSITIVE, default=None,
+    r.add_argument("--exit-duration-mins", type=MINUTES, default=None,
                    help="stop cleanly at the next call boundary this many minutes after the start (status TIMEOUT)")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--out-dir", help=f"run directory (default {default_out})")
@@ -109,13 +107,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--task", type=_name_list, default=("chat",),
                    help=f"task or comma-separated tasks: {', '.join(TASKS)}")
-    w.add_argument("--batch-size", type=COUNT, help="one batch size (requests per generate call)")
+    w.add_argument("--batch-size", type=SIZE, help="one batch size (requests per generate call)")
     w.add_argument("--batch-sizes", type=_int_list, help="sweep, e.g. 1,2,4,8 (one run record per point)")
     w.add_argument("--num-batches", type=COUNT, default=2, help="distinct batches drawn per point")
-    w.add_argument("--output-length", type=COUNT, help="force this many new tokens instead of the task's draw")
-    w.add_argument("--seed", type=SEED, default=1234)
+    w.add_argument("--output-length", type=SIZE, help="force this many new tokens instead of the task's draw")
+    w.add_argument("--seed", type=SEED, default=1234, help="seed of the batches drawn")
     w.add_argument("--warmup-batches", type=COUNT_OR_ZERO, default=1,
-                   help="generate calls before the measured windows")
+                   help="generate calls before the measured windows (0 = none)")
     add_control_arguments(parser, "the prefill and steady windows each repeat their batches in whole passes until "
                                   "at least this long", "runs/llm_inference/<run-id>")
 

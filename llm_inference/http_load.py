@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from joulebench.launch import LaunchEnv
-from joulebench.lifecycle import Lifecycle, StopRequested
+from joulebench.lifecycle import Lifecycle, RunFailed, StopRequested
 from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
@@ -318,7 +318,7 @@ def _prime(client: Target, stop: Callable[[], str | None]) -> float:
             stopping.set()
             raise StopRequested(f"{reason}: while waiting for the server's first answer")
     if result.outcome != "done":
-        raise RuntimeError(f"the server did not answer a first request: {result.outcome}: {result.error}")
+        raise RunFailed(f"the server did not answer a first request: {result.outcome}: {result.error}")
     seconds = (time.monotonic_ns() - result.sent_ns) / 1e9
     _log(f"first request answered in {seconds:.1f} s (before any window)")
     return seconds
@@ -428,7 +428,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
                                f"{(failures['first'] or [{}])[0].get('reason')})")
         if window_ns is None:
-            raise RuntimeError(NO_WINDOW)
+            raise RunFailed(NO_WINDOW)
     return run.record, idle
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from joulebench.launch import LaunchEnv
-from joulebench.lifecycle import Lifecycle, StopRequested
+from joulebench.lifecycle import Lifecycle, RunFailed, StopRequested
 from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
@@ -304,7 +304,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                                "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
         if log.window is None and not log.stop_reason:
-            raise RuntimeError(NO_WINDOW)
+            raise RunFailed(NO_WINDOW)
         if log.stop_reason:
             raise StopRequested(f"{log.stop_reason}: the load stopped with {len(loop.running)} requests in flight")
     return run.record, idle

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Number
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number
 from joulebench.lifecycle import default_out_dir, new_run_id
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
@@ -113,16 +113,16 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--arrivals", choices=PROCESSES, default="poisson", help="arrival process of finite rates")
     w.add_argument("--trace", help="replay this JSONL trace (arrival_s, input_tokens | prompt_ids | prompt, "
                                    "output_tokens per line) instead of --rate")
-    w.add_argument("--max-concurrency", type=COUNT, default=DEFAULT_CONCURRENCY,
+    w.add_argument("--max-concurrency", type=SIZE, default=DEFAULT_CONCURRENCY,
                    help="request slots: requests decoded together at most")
     w.add_argument("--requests", type=COUNT, help="counted requests per rate (default: enough for the window)")
     w.add_argument("--warmup-requests", type=COUNT_OR_ZERO,
                    help=f"requests before the counted ones (default: the slots at max, {WARMUP_ARRIVAL_S:g} s of "
-                        "arrivals at a finite rate)")
-    w.add_argument("--output-length", type=COUNT, help="force this many new tokens per request")
-    w.add_argument("--slo-ttft-ms", type=POSITIVE, help="time-to-first-token objective for goodput")
-    w.add_argument("--slo-tpot-ms", type=POSITIVE, help="time-per-output-token objective for goodput")
-    w.add_argument("--seed", type=SEED, default=1234)
+                        "arrivals at a finite rate; 0 = none)")
+    w.add_argument("--output-length", type=SIZE, help="force this many new tokens per request")
+    w.add_argument("--slo-ttft-ms", type=MILLISECONDS, help="time-to-first-token objective for goodput")
+    w.add_argument("--slo-tpot-ms", type=MILLISECONDS, help="time-per-output-token objective for goodput")
+    w.add_argument("--seed", type=SEED, default=1234, help="seed of the arrivals and lengths")
     add_control_arguments(parser, "the load window lasts at least this long", "runs/llm_inference/<run-id>")
     h = parser.add_argument_group("server (an OpenAI-compatible server instead of the in-process engine)")
     where = h.add_mutually_exclusive_group()
@@ -131,18 +131,18 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                        help="start this server, a template with {model} {host} {port} {concurrency} {devices} "
                             "{python}, e.g. 'vllm serve {model} --host {host} --port {port} --max-num-seqs "
                             "{concurrency}'")
-    h.add_argument("--server-port", type=Number(int, 1, 65535), help="port of the started server (default: free)")
+    h.add_argument("--server-port", type=PORT, help="port of the started server (default: free)")
     h.add_argument("--server-version-command", help="prints the server's version (first line recorded)")
-    h.add_argument("--server-ready-timeout", type=POSITIVE, default=600.0, help="seconds to wait for readiness")
+    h.add_argument("--server-ready-timeout", type=SECONDS, default=600.0, help="seconds to wait for readiness")
     h.add_argument("--server-devices", help="the server's devices (CUDA_VISIBLE_DEVICES form): given to a started "
                                             "server and metered; with --url, energy needs them")
     h.add_argument("--api", choices=list(APIS), default="chat",
                    help="/v1/chat/completions or /v1/completions")
     h.add_argument("--served-model", help="the requests' model name (default: --checkpoint, else the preset)")
     h.add_argument("--engine-name", help="the engine column (default: the command's program, or external)")
-    h.add_argument("--request-timeout", type=POSITIVE, default=600.0, help="seconds for one whole request")
-    h.add_argument("--retries", type=COUNT_OR_ZERO, default=0,
-                   help="new attempts of a request whose connection could not be made (nothing was sent)")
+    h.add_argument("--request-timeout", type=SECONDS, default=600.0, help="seconds for one whole request")
+    h.add_argument("--retries", type=Number(int, 0, 100), default=0,
+                   help="new attempts of a request whose connection could not be made (nothing was sent; 0 = none)")
     h.add_argument("--request-extra", type=_json_object, default={},
                    help='JSON object merged into every request, e.g. \'{"ignore_eos": true}\' (vLLM, SGLang)')
 

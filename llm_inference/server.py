@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from joulebench.lifecycle import StopRequested
+from joulebench.lifecycle import RunFailed, StopRequested
 from jpwr import ValidationError
 
 PLACEHOLDERS = ("model", "host", "port", "concurrency", "devices", "python")  # python: this interpreter
@@ -132,11 +132,11 @@ class Server:
                 raise StopRequested(f"{reason}: while waiting for the server to become ready")
             gone = self.exited()
             if gone:
-                raise RuntimeError(f"the server never became ready: {gone}")
+                raise RunFailed(f"the server never became ready: {gone}")
             if any(_answers(host, port, path) for path in READY_PATHS):
                 return time.monotonic() - start
             if time.monotonic() - start > timeout_s:
-                raise RuntimeError(f"the server was not ready within {timeout_s:g} s (no 200 from "
+                raise RunFailed(f"the server was not ready within {timeout_s:g} s (no 200 from "
                                    f"{' or '.join(READY_PATHS)} on {host}:{port}); raise --server-ready-timeout if "
                                    f"it loads slowly. The last lines of {self.log_path}:\n{log_tail(self.log_path)}")
             time.sleep(READY_POLL_S)

@@ -79,8 +79,9 @@ def check_task_context(task: str, output_length: int | None, shape: ModelPreset)
             "pick a task with shorter prompts, a smaller --output-length, or a model with more positions")
 
 
-def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memory_gib: float | None) -> None:
-    """Refuse a batch size whose estimate exceeds the device memory (unknown memory: no check)."""
+def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memory_gib: float | None,
+                 holder: str = "the device") -> None:
+    """Refuse a batch size whose estimate exceeds the memory `holder` has (unknown memory: no check)."""
     if memory_gib is None:
         return
     for task_name in cfg.tasks:
@@ -94,7 +95,7 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
                     f"batch size {size} of task {task_name!r} on {shape.name} ({precision}, engine {cfg.engine}) "
                     f"needs an estimated {estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:.1f}, KV "
                     f"cache {estimate.kv_cache_gib:.1f}, activations {estimate.activations_gib:.1f}, CUDA graphs "
-                    f"{estimate.graphs_gib:.1f}) but the device has {memory_gib:.1f} GiB",
+                    f"{estimate.graphs_gib:.1f}) but {holder} has {memory_gib:.1f} GiB",
                     f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
 
 
@@ -182,7 +183,7 @@ def load_lengths(cfg: LoadConfig, trace: list[Request] | None) -> tuple[int, int
 
 
 def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None,
-                      trace: list[Request] | None) -> None:
+                      trace: list[Request] | None, holder: str = "the device") -> None:
     """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits.
     A server's memory is its own business: no check."""
     if memory_gib is None or cfg.server is not None:
@@ -199,7 +200,7 @@ def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memor
     raise ValidationError(
         f"--max-concurrency {cfg.max_concurrency} on {shape.name} ({precision}) needs an estimated "
         f"{estimate.total_gib:.1f} GiB (KV cache {estimate.kv_cache_gib:.1f} GiB for {sequence} positions a slot) but "
-        f"the device has {memory_gib:.1f} GiB",
+        f"{holder} has {memory_gib:.1f} GiB",
         f"use --max-concurrency {admitted} or fewer (the most the estimate admits)" if admitted else
         "use a smaller model or lower precision")
 

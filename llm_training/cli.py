@@ -11,8 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from joulebench.arguments import COUNT, POSITIVE
+from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
+from joulebench.host_memory import available_gib
 from jpwr import ExitCode, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
@@ -25,10 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a configuration without a GPU (JUBE calls this)")
     add_run_arguments(validate)
     layout = validate.add_argument_group("job layout (train reads it from torchrun/srun)")
-    layout.add_argument("--world-size", type=COUNT)
-    layout.add_argument("--nodes", type=COUNT)
-    layout.add_argument("--devices-per-node", type=COUNT)
-    layout.add_argument("--device-memory-gib", type=POSITIVE, help="device memory for the fit estimate")
+    layout.add_argument("--world-size", type=NODES)
+    layout.add_argument("--nodes", type=NODES)
+    layout.add_argument("--devices-per-node", type=NODES)
+    layout.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
     prep = commands.add_parser("preprocess", help="JSONL text -> Megatron PREFIX.bin/.idx")
     prep.add_argument("--input", required=True, help="JSON lines, one document per line")
     prep.add_argument("--output-prefix", required=True)
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--merges-file", help="GPT-2 merges.txt")
     prep.add_argument("--json-key", default="text")
     prep.add_argument("--eod-token", help="end-of-document token (default: <|endoftext|> or similar)")
-    return parser
+    return state_ranges(parser)
 
 
 def resolve_checked(args: argparse.Namespace, world_size: int) -> TrainConfig:
@@ -61,6 +62,8 @@ def _validate(args: argparse.Namespace) -> int:
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)
         validation.check_attention_backend(cfg.attention_backend, args.device)
+    if args.device == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
+        memory.check_host(cfg, -(-world // (args.nodes or 1)), available_gib())
     estimate = memory.estimate_memory(cfg)
     print(
         f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "
@@ -75,17 +78,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import torch
-
     from joulebench.launch import LaunchEnv
     from joulebench.phases import check_replay_seconds
-    from joulebench.torch_device import resolve_device
     from jpwr import ADDR_ENV
-    from llm_training import train, validation
 
     launch = LaunchEnv.from_env()
-    cfg = resolve_checked(args, launch.world_size)
+    cfg = resolve_checked(args, launch.world_size)  # before importing Megatron (tens of seconds): refusals are quick
     check_replay_seconds(cfg.replay_phases_s, bool(cfg.energy_methods or os.environ.get(ADDR_ENV)))
+    import torch
+
+    from joulebench.torch_device import resolve_device
+    from llm_training import train, validation
+
     device = resolve_device(cfg.device)
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)

@@ -10,13 +10,31 @@ import argparse
 import dataclasses
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, method_names
+from joulebench.arguments import (
+    COUNT,
+    COUNT_OR_ZERO,
+    FACTOR,
+    LEARNING_RATE,
+    LOG_INTERVAL,
+    LOSS_SCALE,
+    MINUTES,
+    NODES,
+    POSITIVE_FACTOR,
+    PROBABILITY,
+    SECONDS_OR_ZERO,
+    SEED,
+    SIZE,
+    Number,
+    method_names,
+)
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.loop import LoopSpec
 from joulebench.sizing import add_window_arguments
 from llm_training import presets
 from llm_training.presets import ModelShape, RunSettings
+
+SAMPLES = Number(int, 1, 10**12)  # learning-rate schedules in samples: CARAML's decay alone is 1.3e8
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 CPU_ITERATIONS = 45  # measured iterations of a CPU run without --iterations (50 with the default warm-up): quick in CI
@@ -188,17 +206,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and parallelism")
     g.add_argument("--model", default="800M", help=f"preset: {', '.join(p.MODEL_SHAPES)}")
     g.add_argument("--caraml", action="store_true", help="use CARAML's exact run settings instead of the fastest")
-    g.add_argument("--tensor-parallel", type=COUNT)
-    g.add_argument("--pipeline-parallel", type=COUNT)
+    g.add_argument("--tensor-parallel", type=NODES)
+    g.add_argument("--pipeline-parallel", type=NODES)
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--micro-batch-size", type=COUNT)
-    g.add_argument("--global-batch-size", type=COUNT)
-    g.add_argument("--seq-length", type=COUNT)
-    g.add_argument("--num-layers", type=COUNT)
-    g.add_argument("--hidden-size", type=COUNT)
-    g.add_argument("--num-attention-heads", type=COUNT)
-    g.add_argument("--ffn-hidden-size", type=COUNT)
-    g.add_argument("--vocab-size", type=COUNT, help="tokenizer vocabulary before padding (GPT-2: 50257)")
+    g.add_argument("--micro-batch-size", type=SIZE)
+    g.add_argument("--global-batch-size", type=SIZE)
+    g.add_argument("--seq-length", type=SIZE)
+    g.add_argument("--num-layers", type=SIZE)
+    g.add_argument("--hidden-size", type=SIZE)
+    g.add_argument("--num-attention-heads", type=SIZE)
+    g.add_argument("--ffn-hidden-size", type=SIZE)
+    g.add_argument("--vocab-size", type=SIZE, help="tokenizer vocabulary before padding (GPT-2: 50257)")
     g.add_argument("--precision", choices=PRECISIONS)
     g.add_argument("--recompute", choices=RECOMPUTE)
     g.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
@@ -220,9 +238,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "fixes the steady window. Default: sized by --steady-seconds on accelerators, "
                         f"{CPU_ITERATIONS} on the CPU")
     r.add_argument("--warmup-iterations", type=COUNT_OR_ZERO, default=5,
-                   help="first iterations left out of the measured window; they time the step (default 5)")
+                   help="first iterations left out of the measured window; they time the step (default 5; 0 = none: "
+                        "the first measured iteration times it)")
     add_window_arguments(r, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations")
-    r.add_argument("--exit-duration-mins", type=POSITIVE, help="stop cleanly after this many minutes of training")
+    r.add_argument("--exit-duration-mins", type=MINUTES, help="stop cleanly after this many minutes of training")
     r.add_argument("--device", choices=DEVICES, default="auto")
     r.add_argument("--data-path", help="Megatron dataset prefix (PREFIX.bin/.idx); mock data when omitted")
     r.add_argument("--overfit-batch", action="store_true", help="train on the first global batch every step")
@@ -230,27 +249,31 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--run-id")
     r.add_argument("--energy-methods", type=method_names,
                    help="in-process jpwr metering (single process only), e.g. pynvml")
-    r.add_argument("--replay-phases", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
+    r.add_argument("--replay-phases", type=SECONDS_OR_ZERO, default=0.0, metavar="SECONDS",
                    help="after training, run forward, forward+backward, the optimizer step and the whole step each "
                         "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>: "
-                        "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
-    r.add_argument("--log-interval", type=COUNT, default=5)
+                        "the replay estimator of `joulebench attribute` (needs a jpwr sampler; default 0 = off)")
+    r.add_argument("--log-interval", type=LOG_INTERVAL, default=5,
+                   help="progress line every N iterations (default 5); a stop (SIGTERM, --exit-duration-mins) waits "
+                        "for the next")
     add_log_to(r)
     r.add_argument("--seed", type=SEED, default=p.SEED)
     o = parser.add_argument_group("optimizer (CARAML's values by default)")
-    o.add_argument("--lr", type=POSITIVE)
-    o.add_argument("--min-lr", type=NON_NEGATIVE)
-    o.add_argument("--lr-warmup-samples", type=COUNT_OR_ZERO)
-    o.add_argument("--lr-decay-samples", type=COUNT_OR_ZERO)
-    o.add_argument("--weight-decay", type=NON_NEGATIVE, default=p.WEIGHT_DECAY)
-    o.add_argument("--clip-grad", type=NON_NEGATIVE, default=p.CLIP_GRAD)
-    o.add_argument("--adam-beta1", type=PROBABILITY, default=p.ADAM_BETA1)
-    o.add_argument("--adam-beta2", type=PROBABILITY, default=p.ADAM_BETA2)
-    o.add_argument("--adam-eps", type=POSITIVE, default=p.ADAM_EPS)
-    o.add_argument("--init-method-std", type=POSITIVE, default=p.INIT_METHOD_STD)
-    o.add_argument("--attention-dropout", type=PROBABILITY, default=p.DROPOUT)
-    o.add_argument("--hidden-dropout", type=PROBABILITY, default=p.DROPOUT)
-    o.add_argument("--initial-loss-scale", type=POSITIVE, default=p.INITIAL_LOSS_SCALE)
+    o.add_argument("--lr", type=LEARNING_RATE, help="peak learning rate")
+    o.add_argument("--min-lr", type=FACTOR, help="learning rate at the end of the decay (0 = decay to zero)")
+    o.add_argument("--lr-warmup-samples", type=Number(int, 0, SAMPLES.high),
+                   help="samples of linear learning-rate warm-up, fewer than --lr-decay-samples (0 = none)")
+    o.add_argument("--lr-decay-samples", type=SAMPLES, help="samples of cosine decay to --min-lr")
+    o.add_argument("--weight-decay", type=FACTOR, default=p.WEIGHT_DECAY, help="AdamW weight decay (0 = off)")
+    o.add_argument("--clip-grad", type=FACTOR, default=p.CLIP_GRAD, help="gradient-norm clip (0 = off)")
+    o.add_argument("--adam-beta1", type=PROBABILITY, default=p.ADAM_BETA1, help="0 = no momentum")
+    o.add_argument("--adam-beta2", type=PROBABILITY, default=p.ADAM_BETA2,
+                   help="0 = the last gradient's square only")
+    o.add_argument("--adam-eps", type=POSITIVE_FACTOR, default=p.ADAM_EPS)
+    o.add_argument("--init-method-std", type=POSITIVE_FACTOR, default=p.INIT_METHOD_STD)
+    o.add_argument("--attention-dropout", type=PROBABILITY, default=p.DROPOUT, help="0 = no dropout")
+    o.add_argument("--hidden-dropout", type=PROBABILITY, default=p.DROPOUT, help="0 = no dropout")
+    o.add_argument("--initial-loss-scale", type=LOSS_SCALE, default=p.INITIAL_LOSS_SCALE)
     o.add_argument("--loss-scale-window", type=COUNT, default=p.LOSS_SCALE_WINDOW)
     o.add_argument("--loss-scale-hysteresis", type=COUNT, default=p.LOSS_SCALE_HYSTERESIS)
-    o.add_argument("--min-loss-scale", type=POSITIVE, default=p.MIN_LOSS_SCALE)
+    o.add_argument("--min-loss-scale", type=LOSS_SCALE, default=p.MIN_LOSS_SCALE)

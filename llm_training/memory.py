@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from joulebench.host_memory import HOST
+from jpwr import ValidationError
 from llm_training.config import TrainConfig
 from llm_training.flops import parameter_count
 
@@ -78,3 +80,17 @@ def fit_warning(cfg: TrainConfig, device_memory_gib: float | None) -> str | None
         f"device has {device_memory_gib:.1f} GiB: lower --micro-batch-size, use --recompute full, or raise "
         "--tensor-parallel/--pipeline-parallel"
     )
+
+
+def check_host(cfg: TrainConfig, ranks_per_node: int, available_gib: float | None) -> None:
+    """On the CPU the estimate is host memory, once per rank on the node: refuse a run the kernel would kill
+    mid-way (unknown availability: no check)."""
+    per_rank = estimate_memory(cfg).total_gib
+    need = per_rank * ranks_per_node
+    if available_gib is None or need <= available_gib:
+        return
+    ranks = f" ({ranks_per_node} ranks × {per_rank:.1f} GiB)" if ranks_per_node > 1 else ""
+    raise ValidationError(
+        f"{cfg.model} (MBS {cfg.micro_batch_size}, sequence {cfg.seq_length}, {cfg.precision}) needs an estimated "
+        f"{need:.1f} GiB{ranks} on the CPU but {HOST} has {available_gib:.1f} GiB",
+        "use a smaller --model, --micro-batch-size or --seq-length, or fewer ranks per node")

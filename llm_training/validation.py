@@ -68,6 +68,12 @@ def check_config(cfg: TrainConfig) -> None:
             f"--hidden-size {cfg.hidden_size} is not divisible by --num-attention-heads {cfg.num_attention_heads}",
             "make the hidden size a multiple of the head count",
         )
+    if (cfg.hidden_size // cfg.num_attention_heads) % 2:  # RoPE rotates pairs of a head's dimensions
+        raise ValidationError(
+            f"the head dimension --hidden-size {cfg.hidden_size} / --num-attention-heads {cfg.num_attention_heads} = "
+            f"{cfg.hidden_size // cfg.num_attention_heads} is odd, and rotary embeddings rotate pairs of dimensions",
+            "make the hidden size an even multiple of the head count",
+        )
     if cfg.ffn_hidden_size % cfg.tensor_parallel != 0:
         raise ValidationError(
             f"--ffn-hidden-size {cfg.ffn_hidden_size} is not divisible by --tensor-parallel {cfg.tensor_parallel}",
@@ -111,6 +117,10 @@ def check_optimizer(cfg: TrainConfig) -> None:
             raise ValidationError(f"{name} {value:g} is not positive", f"pass {name} > 0")
     if cfg.clip_grad < 0.0:
         raise ValidationError(f"--clip-grad {cfg.clip_grad:g} is negative", "pass --clip-grad >= 0 (0 turns it off)")
+    if cfg.lr_warmup_samples >= cfg.lr_decay_samples:  # Megatron's scheduler asserts this
+        raise ValidationError(f"--lr-warmup-samples {cfg.lr_warmup_samples} is not below --lr-decay-samples "
+                              f"{cfg.lr_decay_samples}: the warm-up would never end",
+                              "use fewer warm-up samples than decay samples")
 
 
 def check_data_path(prefix: str) -> None:

@@ -7,7 +7,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, method_names
+from joulebench.arguments import (
+    COUNT,
+    COUNT_OR_ZERO,
+    LEARNING_RATE,
+    LOG_INTERVAL,
+    MINUTES,
+    NODES,
+    SECONDS_OR_ZERO,
+    SEED,
+    SIZE,
+    Number,
+    method_names,
+    state_ranges,
+)
 from joulebench.boundary import exit_code_of
 from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
@@ -18,6 +31,7 @@ from resnet50.config import (
     DATA_FORMATS,
     DEVICES,
     FRAMEWORKS,
+    MIN_IMAGE_SIZE,
     PRECISIONS,
     TrainConfig,
     check_devices,
@@ -25,24 +39,27 @@ from resnet50.config import (
 )
 from resnet50.flops import resnet50_flops
 
+PIXELS = Number(int, 1, 2**14)  # square image sides; training refuses below MIN_IMAGE_SIZE (validate says so)
+
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--framework", choices=FRAMEWORKS, required=True)
-    add("--global-batch-size", type=COUNT, default=256, help="images per step over all devices (default 256)")
+    add("--global-batch-size", type=SIZE, default=256, help="images per step over all devices (default 256)")
     add("--precision", choices=PRECISIONS, default="bf16", help="mixed precision compute type (default bf16)")
-    add("--image-size", type=COUNT, default=224)
+    add("--image-size", type=PIXELS, default=224, help=f"square input images (default 224; at least {MIN_IMAGE_SIZE})")
     add("--iterations", type=COUNT, default=None,
         help="measured iterations, warm-up not included, as tf_cnn_benchmarks' --num_batches; fixes the steady "
              f"window (default: sized by --steady-seconds on accelerators, {CPU_ITERATIONS} on the CPU)")
     add("--warmup-iterations", type=COUNT_OR_ZERO, default=10,
-        help="iterations before the measured window; they time the step (default 10)")
+        help="iterations before the measured window; they time the step (default 10; 0 = none)")
     add_window_arguments(parser, cpu_default=f"on the CPU {CPU_ITERATIONS} iterations")
-    add("--exit-duration-mins", type=POSITIVE, default=None, help="end the steady window after this many minutes")
+    add("--exit-duration-mins", type=MINUTES, default=None, help="end the steady window after this many minutes")
     add("--data", default="synthetic", help="'synthetic' or a data directory (default synthetic)")
     add("--data-format", choices=DATA_FORMATS, default=None,
         help="tfrecord (tensorflow default) or jpeg ImageFolder tree (pytorch default)")
-    add("--data-workers", type=COUNT_OR_ZERO, default=4, help="torch DataLoader worker processes per rank (default 4)")
+    add("--data-workers", type=Number(int, 0, 1024), default=4,
+        help="torch DataLoader worker processes per rank (default 4; 0 = load in the training process)")
     add("--channels-last", action=argparse.BooleanOptionalAction, default=True, help="NHWC layout (default on)")
     add("--compile", action="store_true", help="torch.compile the model (pytorch)")
     add("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune (default: default)")
@@ -52,15 +69,16 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--run-id", default=None)
     add("--energy-methods", type=method_names, default=None,
         help="in-process jpwr methods for single-process runs, e.g. pynvml")
-    add("--log-interval", type=COUNT, default=10, help="progress line every N iterations (default 10)")
+    add("--log-interval", type=LOG_INTERVAL, default=10,
+        help="progress line every N iterations (default 10); a stop (SIGTERM, --exit-duration-mins) waits for the next")
     add_log_to(parser)
     add("--caraml-output", action="store_true", help="also print tf_cnn_benchmarks' `total images/sec:` line")
     add("--seed", type=SEED, default=42)
-    add("--lr", type=POSITIVE, default=0.1, help="SGD learning rate (default 0.1)")
-    add("--replay-phases", type=NON_NEGATIVE, default=0.0, metavar="SECONDS",
+    add("--lr", type=LEARNING_RATE, default=0.1, help="SGD learning rate (default 0.1)")
+    add("--replay-phases", type=SECONDS_OR_ZERO, default=0.0, metavar="SECONDS",
         help="pytorch: after training, run forward, forward+backward, the optimizer step and the whole step each "
              "alone for SECONDS (>= 30 counter updates, 3 s on an H100) in windows replay/<phase>, the replay "
-             "estimator of `joulebench attribute` (needs a jpwr sampler; default 0: off)")
+             "estimator of `joulebench attribute` (needs a jpwr sampler; default 0 = off)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,18 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(sub.add_parser("train", help="train ResNet-50 and write a run record"))
     validate = sub.add_parser("validate", help="check a configuration without touching a device")
     _add_run_options(validate)
-    validate.add_argument("--world-size", type=COUNT, default=None, help="data-parallel devices of the planned run")
-    validate.add_argument("--nodes", type=COUNT, default=None)
-    validate.add_argument("--devices-per-node", type=COUNT, default=None)
+    validate.add_argument("--world-size", type=NODES, default=None, help="data-parallel devices of the planned run")
+    validate.add_argument("--nodes", type=NODES, default=None)
+    validate.add_argument("--devices-per-node", type=NODES, default=None)
     make = sub.add_parser("make-data", help="write a tiny data set of noise images for tests")
     make.add_argument("out", type=Path)
     make.add_argument("--format", choices=DATA_FORMATS, required=True)
-    make.add_argument("--images", type=COUNT, default=32, help="training images (default 32)")
-    make.add_argument("--classes", type=COUNT, default=4, help="classes of a JPEG tree (default 4)")
-    make.add_argument("--shards", type=COUNT, default=2, help="TFRecord shards (default 2)")
-    make.add_argument("--image-size", type=COUNT, default=64)
-    make.add_argument("--seed", type=SEED, default=0)
-    return parser
+    make.add_argument("--images", type=Number(int, 1, 10**6), default=32, help="training images (default 32)")
+    make.add_argument("--classes", type=Number(int, 1, 1000), default=4, help="classes of a JPEG tree (default 4)")
+    make.add_argument("--shards", type=Number(int, 1, 1024), default=2, help="TFRecord shards (default 2)")
+    make.add_argument("--image-size", type=PIXELS, default=64, help="square images (default 64)")
+    make.add_argument("--seed", type=SEED, default=0, help="noise seed (default 0)")
+    return state_ranges(parser)
 
 
 def validate(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 PRECISIONS = ("bf16", "fp16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 DATA_FORMATS = ("jpeg", "tfrecord")
+STRIDE = 32  # ResNet-50's overall stride: its last stage sees 1x1 maps at images up to this size
 MIN_IMAGE_SIZE = 32  # Keras ResNet50 refuses smaller inputs; five stride-2 stages need it anyway
 VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
 DEFAULT_DATA_FORMAT = {"tensorflow": "tfrecord", "pytorch": "jpeg"}
@@ -138,6 +139,12 @@ def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
             f"--global-batch-size {config.global_batch_size} does not divide evenly over {devices} devices "
             f"(would leave {config.global_batch_size % devices} images unassigned)",
             f"pass a multiple of {devices}, e.g. --global-batch-size {lower or devices} or {lower + devices}",
+        )
+    if config.framework == "pytorch" and config.global_batch_size == devices and config.image_size <= STRIDE:
+        raise ValidationError(
+            f"one image per device at --image-size {config.image_size} leaves the last stage's batch norm a single "
+            "value per channel, which PyTorch refuses to train on",
+            f"use --image-size {STRIDE + 1} or more, or at least 2 images per device",
         )
     if config.device == "cuda" and device_kind != "cuda":
         raise no_gpu_error()

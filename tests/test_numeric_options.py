@@ -1,18 +1,23 @@
-"""Every numeric option of jpwr, the drivers and the analysis verbs has a stated range (issue 22 item 6).
+"""Every numeric option of jpwr, the drivers and the analysis verbs has a stated range (issues 22 and 32).
 
 The parsers are read, not listed: each command's parser is captured where its main builds it, every option
 found with a numeric type is fed NaN, infinities, a non-number and values just outside its range, and must
 end the command with exit 2 naming the option before anything starts. A new option with a bare `type=int` or
-`type=float` fails the first test.
+`type=float`, a range without an upper bound, a help that does not state the range, or a range that admits 0
+without the help saying what 0 does fails the first test. tests/test_option_bounds.py runs the commands at
+the bounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from joulebench.arguments import SEED
 from jpwr import Number
 
 
@@ -78,19 +83,31 @@ def _numeric(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[str, ...]
 def _outside(number: Number) -> list[str]:
     """Values just outside the stated range (the open end itself where it is open)."""
     step = 1 if number.kind is int else 1e-9
-    values = []
-    if number.low is not None:
-        values.append(number.low if number.low_open else number.low - max(step, abs(number.low) * 1e-9))
-    if number.high is not None:
-        values.append(number.high if number.high_open else number.high + max(step, abs(number.high) * 1e-9))
+    values = [number.low if number.low_open else number.low - max(step, abs(number.low) * 1e-9),
+              number.high if number.high_open else number.high + max(step, abs(number.high) * 1e-9)]
     return [str(number.kind(v)) if number.kind is int else repr(float(v)) for v in values]
+
+
+def _name(command: str, path: tuple[str, ...], action: argparse.Action) -> str:
+    return f"{command} {' '.join(path)} {action.option_strings[-1]}".replace("  ", " ")
+
+
+ZERO_SAID = re.compile(r"\b0 = \S")  # "(0 = off)", "default 0 = none"
 
 
 def test_every_numeric_option_states_its_range(monkeypatch: pytest.MonkeyPatch) -> None:
     numeric = _numeric(monkeypatch)
-    bare = [f"{command} {' '.join(path)} {action.option_strings[-1]}".replace("  ", " ")
-            for command, path, action in numeric if not isinstance(action.type, Number)]
+    bare = [_name(*found) for found in numeric if not isinstance(found[2].type, Number)]
     assert not bare, f"numeric options without a range (use a jpwr.Number type (joulebench.arguments)): {bare}"
+    unbounded = [_name(*found) for found in numeric
+                 if not (math.isfinite(found[2].type.low) and math.isfinite(found[2].type.high))]
+    assert not unbounded, f"numeric options without a finite lower and upper bound: {unbounded}"
+    unstated = [_name(*found) for found in numeric if found[2].type.describe() not in (found[2].help or "")]
+    assert not unstated, f"numeric options whose help does not state the range (jpwr.state_ranges): {unstated}"
+    # zero is refused by the range, or the help says what it does (a seed's 0 is a seed like any other)
+    silent = [_name(*found) for found in numeric if found[2].type.admits(0) and found[2].type is not SEED
+              and not ZERO_SAID.search(found[2].help.replace(found[2].type.describe(), ""))]
+    assert not silent, f"options that admit 0 without saying what 0 does (write '0 = ...' in the help): {silent}"
     assert len(numeric) >= 80  # the commands above: a parser that was not found would shrink this
 
 
@@ -118,9 +135,8 @@ def test_bad_values_end_the_command_with_the_option_named(value_kind: str, monke
 def test_edges_inside_the_range_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     for command, _path, action in _numeric(monkeypatch):
         number = action.type
-        for edge in (number.low, number.high):
-            open_end = (edge == number.low and number.low_open) or (edge == number.high and number.high_open)
-            if edge is not None and not open_end:
+        for edge, open_end in ((number.low, number.low_open), (number.high, number.high_open)):
+            if not open_end:
                 assert number(str(number.kind(edge))) == edge, f"{command} {action.option_strings[-1]} {edge}"
 
 
@@ -165,13 +181,28 @@ def test_steady_seconds_is_positive_finite_or_auto(driver: str, value: str, monk
     assert parser.parse_args(["validate", *required, "--steady-seconds=auto"]).steady_seconds is None
 
 
-@pytest.mark.parametrize("value", ["1,8,8", "0,4", "", "1,x"])
+@pytest.mark.parametrize("value", ["1,8,8", "0,4", "", "1,x", "1,,4", "4,", " ,"])
 def test_inference_batch_sweep_refuses_repeats_and_non_counts(value: str, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     parser = _capture(_commands()["python -m llm_inference"], monkeypatch)
     with pytest.raises(SystemExit) as ended:
         parser.parse_args(["validate", f"--batch-sizes={value}"])
     assert ended.value.code == 2 and "--batch-sizes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "option", "value"), [
+    ("validate", "--batch-sizes", "1,,4"), ("validate", "--task", "chat,,code"), ("validate", "--task", "chat,"),
+    ("validate-load", "--rates", "1,,4"), ("validate-load", "--rates", "max,"),
+])
+def test_a_list_with_an_empty_item_is_refused_not_shortened(command: str, option: str, value: str,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`1,,4` was read as 1,4 (batch sizes, tasks) or ended in a bare "'' is not a rate": a typo is named."""
+    parser = _capture(_commands()["python -m llm_inference"], monkeypatch)
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args([command, f"{option}={value}"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and option in err and "has an empty" in err, err
 
 
 @pytest.mark.parametrize("driver", ["llm_training", "resnet50", "llm_inference"])

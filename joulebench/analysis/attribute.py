@@ -27,7 +27,7 @@ from joulebench.analysis.kernel_classes import CATEGORY_NAMES, category
 from joulebench.analysis.phase_fit import LabelFit, Timeline, exclusive_timeline, fit_labels, held_out_folds
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
-from joulebench.arguments import COUNT, NON_NEGATIVE, SEED
+from joulebench.arguments import SEED, WATTS, Number, comma_list, state_ranges
 from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RECORD_FILE, RunRecord, headline_domain, read_run_record, write_run_record
@@ -388,23 +388,23 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a driver's --out-dir (run_record.json and its jpwr trace)")
     parser.add_argument("--window", default="steady", help="window to attribute (default steady)")
-    parser.add_argument("--phases", help="comma list of phases to fit; the others count as unmarked")
+    parser.add_argument("--phases", type=lambda text: comma_list(text, "phase", "forward,backward"),
+                        help="comma list of phases to fit; the others count as unmarked")
     parser.add_argument("--profile", type=Path, help="kernel intervals from benchmarks/kernel_profile.py "
                                                      "--intervals-out: also fit kernel classes")
-    parser.add_argument("--bootstrap", type=COUNT, default=DEFAULT_DRAWS, help="bootstrap draws (default 200)")
+    parser.add_argument("--bootstrap", type=Number(int, 20, 10_000), default=DEFAULT_DRAWS,
+                        help=f"bootstrap draws (default {DEFAULT_DRAWS})")
     parser.add_argument("--seed", type=SEED, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--idle-power-w", type=NON_NEGATIVE, help="idle power per device for the idle/dynamic split "
-                                                           "(default: the record's idle baseline, when it has one)")
+    parser.add_argument("--idle-power-w", type=WATTS, help="idle power per device for the idle/dynamic split "
+                                                    "(default: the record's idle baseline, when it has one; 0 = "
+                                                    "every joule dynamic)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave the run record as it is")
-    return parser
+    return state_ranges(parser)
 
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.bootstrap < 20:
-        raise ValidationError(f"--bootstrap {args.bootstrap} draws", "use at least 20 (default 200)")
-    selected = [p.strip() for p in args.phases.split(",") if p.strip()] if args.phases else None
-    path, record, block = attribute(args.run_dir, args.window, selected, args.profile, args.bootstrap, args.seed,
+    path, record, block = attribute(args.run_dir, args.window, args.phases, args.profile, args.bootstrap, args.seed,
                                     args.idle_power_w)
     print(render(record, block))
     if not args.no_write:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from joulebench.arguments import NON_NEGATIVE
+from joulebench.arguments import Number, state_ranges
 from jpwr import REPLAYED, ExitCode, ValidationError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,9 +45,10 @@ def main(argv: Sequence[str]) -> int:
                                                                              "runs/demo; must not exist yet)")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a recorded trace directory "
                                                                           "(default: the clone's H100 trace)")
-    parser.add_argument("--replay-phases", type=NON_NEGATIVE, default=3.0, metavar="SECONDS",
+    parser.add_argument("--replay-phases", type=Number(float, 0.0, 600.0, low_open=True), default=3.0,
+                        metavar="SECONDS",
                         help="seconds each training phase runs alone for the attribution (default 3)")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     if not (args.trace / "meta.json").is_file():
         raise ValidationError(f"no recorded trace at {args.trace}", "run the demo from a clone of the repository, "
                                                                     "or pass --trace DIR (meta.json, trace.csv.gz)")

@@ -23,7 +23,7 @@ from typing import Any
 from joulebench.analysis.diagnose import percent, readable, work_unit
 from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
-from joulebench.arguments import FRACTION
+from joulebench.arguments import FRACTION, state_ranges
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
 from jpwr import ExitCode, ValidationError, fmt
 
@@ -236,9 +236,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--max-slowdown", default="1%", help="slowdown allowed for the waste-free point (1%% or 0.01)")
     parser.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
-                        help="energy coverage below this fraction excludes a run (default 0.99)")
+                        help="energy coverage below this fraction excludes a run (default 0.99; 0 = none excluded)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="also write pareto.json and pareto.png here")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     max_slowdown = parse_fraction(args.max_slowdown)
     points = sweep_points(load_runs(args.paths), args.min_coverage)
     base = baseline(points)

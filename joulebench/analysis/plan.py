@@ -38,7 +38,7 @@ from typing import Any
 
 from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
-from joulebench.arguments import NON_NEGATIVE
+from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
 from joulebench.device_settings.record import recorded_settings
 from joulebench.figures import number_problem, rejection
 from joulebench.record import RunRecord
@@ -360,11 +360,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="a JSON or CSV profile instead of run records")
     parser.add_argument("--method", default="fit", help="attribution estimator to use: fit (default) or replay")
     parser.add_argument("--max-slowdown", default="1%", help="time allowed above the default clocks (1%% or 0.01)")
-    parser.add_argument("--switch-latency", type=NON_NEGATIVE, default=0.0, metavar="S",
-                        help="seconds one clock switch costs (default 0)")
+    parser.add_argument("--switch-latency", type=SECONDS_OR_ZERO, default=0.0, metavar="S",
+                        help="seconds one clock switch costs (default 0 = free)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     parser.add_argument("--write-profile", type=Path, default=None, help="write the per-phase profile (JSON)")
-    args = parser.parse_args(argv)
+    args = state_ranges(parser).parse_args(argv)
     if bool(args.paths) == bool(args.profile):
         raise ValidationError("give either run records or --profile", "e.g. `joulebench plan jube/runs/llm/000003` "
                                                                       "or `joulebench plan --profile clocks.csv`")

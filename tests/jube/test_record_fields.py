@@ -202,7 +202,10 @@ def test_local_ranks_are_found_as_job_sh_logs_them_and_without_any_rank_line_sru
              "0: [W] destroy_process_group() was not called\n"
              "joulebench-job: [9 s] host-n0: task 0: Killed by SIGKILL\n")
     _, row = finalize_ranks(job_dir(tmp_path / "local", None), local, 137)
-    assert row["note"] == "rank 0 on host-n0 ended: Killed by SIGKILL: RuntimeError: out of memory"
+    assert row["note"] == "rank 0 on host-n0 was killed by signal 9 (out of memory?): RuntimeError: out of memory"
+    killed = "srun: error: n1: tasks 0-1: Killed\n"  # srun's word for SIGKILL, the out-of-memory killer's signal
+    _, row = finalize_ranks(job_dir(tmp_path / "killed", None), killed, 137)
+    assert row["note"] == "rank 0 on n1 was killed by signal 9 (out of memory?) (nothing on its stderr)"
     srun = "srun: error: Unable to create step for job 7: Requested node configuration is not available\n"
     _, row = finalize_ranks(job_dir(tmp_path / "srun", None), srun, 1)
     assert row["note"] == ("the ranks exited with code 1 without writing the run record: srun: error: Unable to create "

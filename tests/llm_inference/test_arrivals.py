@@ -97,7 +97,7 @@ def test_parse_rate_accepts_numbers_and_max():
     assert parse_rate("max") == math.inf and parse_rate(" MAX ") == math.inf
 
 
-@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "fast", "", "1e999"])
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "fast", "", "1e999", "2e6"])
 def test_parse_rate_refuses_values_that_are_not_a_positive_rate(text):
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         parse_rate(text)
@@ -120,7 +120,7 @@ def test_parse_rates_keeps_the_given_order():
 
 
 @pytest.mark.parametrize(("text", "named"), [("1,2,1", "repeats 1"), ("max,2,MAX", "repeats max"),
-                                             ("1,,2", "''"), ("1,-2", "-2"), ("1,inf", "inf")])
+                                             ("1,,2", "has an empty rate"), ("1,-2", "-2"), ("1,inf", "inf")])
 def test_parse_rates_refuses_repeats_and_bad_rates(text, named):
     with pytest.raises(argparse.ArgumentTypeError, match=named):
         parse_rates(text)

@@ -35,8 +35,11 @@ from typing import Any
 
 CONTAINER_DIR = Path(__file__).resolve().parent
 REPO = CONTAINER_DIR.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "jube"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from jbsettings import in_profile_shell  # noqa: E402  (jube/ is put on sys.path just above)
 
 from jpwr import ValidationError, atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
@@ -229,8 +232,8 @@ def _registry_digest(url: str) -> str:
 
 def _which(program: str, env: dict[str, str], setup: str = "") -> str | None:
     """Absolute path of `program` after the profile's setup lines (module loads can put apptainer on PATH)."""
-    proc = subprocess.run(["bash", "-c", 'eval "$1"; command -v "$2"', "jb-setup", setup, program],
-                          capture_output=True, text=True, env=env)  # bash, as the job runs setup (jube/jbshell.py)
+    proc = subprocess.run(in_profile_shell(setup, ["sh", "-c", 'command -v "$1"', "jb-which", program]),
+                          capture_output=True, text=True, env=env)
     found = proc.stdout.strip().splitlines()
     return found[-1] if proc.returncode == 0 and found and found[-1].startswith("/") else None
 
@@ -407,7 +410,6 @@ def check(profile: dict[str, str], framework: str, environ: dict[str, str] | Non
 
 
 def _system_profile(system: str) -> dict[str, str]:
-    sys.path.insert(0, str(REPO / "jube"))
     import jbprofile  # the JUBE side owns the system profiles; imported here only for the CLI
 
     try:

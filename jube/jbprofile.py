@@ -38,7 +38,7 @@ from types import ModuleType
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
 import jbslurm
 import jbsubmit
-from jbsettings import in_profile_shell, read_settings, write_settings
+from jbsettings import SETUP_FAILED, job_python, read_settings, write_settings
 from jbshell import check_command_values
 from jbsystems import (
     FLAG_TAGS,
@@ -58,6 +58,7 @@ from jbsystems import (
 
 EX_USAGE = 64
 ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
+CANNOT_EXECUTE = (126, 127)  # a shell's exit code for a program that is not executable or not found
 
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
 MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
@@ -460,11 +461,10 @@ def _cli_args(values: dict[str, str]) -> list[str]:
 def run_module(settings: dict[str, str], module: str, args: list[str], refused: tuple[int, ...]) -> None:
     """`python -m module args` where the job will run it (profile shell, container); an exit code in `refused` is
     this point's refusal (its last "error: <problem>. Fix: <fix>" line), any other failure a broken interpreter."""
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
-    argv = [*container, settings["JB_PYTHON"], "-m", module, *args]
+    argv = job_python(settings, ["-m", module, *args])
     print("validate:", shlex.join(argv), flush=True)
     try:
-        proc = subprocess.run(in_profile_shell(settings, argv), capture_output=True, text=True)
+        proc = subprocess.run(argv, capture_output=True, text=True)
     except OSError as exc:
         raise ConfigError(f"cannot run {settings['JB_PYTHON']}: {exc}", _python_fix(settings)) from None
     sys.stdout.write(proc.stdout)
@@ -474,6 +474,16 @@ def run_module(settings: dict[str, str], module: str, args: list[str], refused: 
         errors = [line.split(": error: ", 1)[1] for line in proc.stderr.splitlines() if ": error: " in line]
         problem, _, fix = (errors[-1] if errors else proc.stderr.strip() or "rejected").partition(". Fix: ")
         raise PointRefused(f"{what}: {problem}", fix or "see the validate step's stderr")
+    if proc.returncode == SETUP_FAILED:
+        raise ConfigError(f"profile key setup failed on the login node before {what} (its lines returned non-zero "
+                          "or ended the shell: `exit`, `set -e`); the job would fail the same way",
+                          f"make the setup lines succeed in bash ({override_variable(settings['JB_SYSTEM'], 'setup')}"
+                          " or the profile file); see the validate step's stderr")
+    if proc.returncode in CANNOT_EXECUTE and settings.get("JB_CONTAINER"):
+        raise ConfigError(f"{what} could not run (exit {proc.returncode}): the container prefix "
+                          f"{settings['JB_CONTAINER']!r} or {settings['JB_PYTHON']} inside it was not found or is not "
+                          "executable", "fix profile key container (a launcher on PATH after setup, e.g. `apptainer "
+                          f"exec --nv IMAGE`: {override_variable(settings['JB_SYSTEM'], 'container')}) or python")
     if proc.returncode != 0:
         raise ConfigError(f"{what} could not run (exit {proc.returncode}) with {settings['JB_PYTHON']}",
                           _python_fix(settings))
@@ -586,12 +596,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     settings = read_settings(points[0])
     rundir = str(Path(args.rundir).resolve())
-    argv = [*shlex.split(settings.get("JB_CONTAINER", "")), settings["JB_PYTHON"], str(REPO / "jube" / "jbrecord.py"),
-            "compare", "--rundir", rundir]
+    argv = job_python(settings, [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir", rundir])
     env = dict(os.environ)
     if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the points' records and writes compare/
         env[bind_var] = ",".join(filter(None, [env.get(bind_var), rundir]))
-    code = subprocess.call(in_profile_shell(settings, argv), env=env)
+    code = subprocess.call(argv, env=env)
     if code != 0:
         print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
               file=sys.stderr)

@@ -88,12 +88,11 @@ def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str
     workdir = Path(settings["JB_WORKDIR"])
     record = job_python(settings, [str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
                                    "--job-id", job_id])
-    before, after = failed_result(f"the finalizer job could not record job {job_id}: its recorder exited with "
-                                  f"code @RC@ ({SETUP_FAILED}: profile key setup failed there); see finalize.out"
-                                  ).split("@RC@")
+    text = failed_result(f"the finalizer job could not record job {job_id}: its recorder exited with code @RC@ "
+                         f"({SETUP_FAILED}: profile key setup failed there); see finalize.out")
     done, result = shlex.quote(settings["JB_DONE_FILE"]), shlex.quote(str(workdir / RESULT_FILE))
-    fallback = (f'[ -e {done} ] || {{ printf %s {shlex.quote(before)}"$rc"{shlex.quote(after)} > {result}; '
-                f'touch {done}; }}')
+    lines = '"$rc"'.join(shlex.quote(part) for part in text.split("@RC@"))
+    fallback = f"[ -e {done} ] || {{ printf %s {lines} > {result}; touch {done}; }}"
     limit = jbslurm.hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
     return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
             "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import jbslurm
 import jbsubmit
 from jbsettings import SETUP_FAILED, job_python, read_settings, write_settings
-from jbshell import check_command_values
+from jbshell import SERVER_SETTINGS, check_command_values
 from jbsystems import (
     FLAG_TAGS,
     FRAMEWORK_TAGS,
@@ -79,7 +79,6 @@ SWEEP_KEYS = {
 # other mode's are not driver options there and read `-` in the table.
 STATIC_ONLY = ("batch_size",)
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
-SERVER_SETTINGS = ("server_version_", "server_extra_", "server_api", "server_ready_timeout_s")
 SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
 DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
@@ -143,6 +142,29 @@ def device_settings_policy(profile: dict[str, str]) -> str:
                           "set device_settings = off (the default) or, where the admins allow sweeps, allowed "
                           "(docs/sweeps.md)")
     return value
+
+
+def jpwr_methods(profile: dict[str, str]) -> str:
+    """The samplers' --methods: `auto` or names jpwr knows (checked here, not when every node's sampler starts)."""
+    from jpwr.backends import parse_methods  # stdlib-only; the repository root is on sys.path (jbsettings)
+    from jpwr.errors import ValidationError
+
+    value = profile["jpwr_methods"] or "auto"
+    try:
+        parse_methods(value)
+    except ValidationError as exc:
+        raise ConfigError(f"profile key jpwr_methods = {value!r}: {exc.problem}",
+                          f"{exc.fix} ({override_variable(profile['system'], 'jpwr_methods')})") from None
+    return value
+
+
+def check_site_names(profile: dict[str, str]) -> None:
+    """`partition` and `account` are one Slurm name each (sbatch --partition=NAME); whitespace is a typo."""
+    for key in ("partition", "account"):
+        if len(profile[key].split()) > 1:
+            raise ConfigError(f"profile key {key} = {profile[key]!r} is not one Slurm name",
+                              f"set {key} to one name, or a comma list without spaces for partitions "
+                              f"({override_variable(profile['system'], key)})")
 
 
 def yes_or_no(value: str, key: str) -> str:
@@ -263,7 +285,8 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     if profile["launcher"] == "slurm" and not shutil.which("sbatch", path=env.get("PATH", os.defpath)):
         raise ConfigError(f"system {system} submits with Slurm, but sbatch is not on PATH",
                           "run on the cluster's login node, or use the local system (no system tag)")
-    profile.update(check_command_values(profile))  # before anything runs one of them (validate, submit, the job)
+    profile.update(check_command_values(profile, env))  # before anything runs one of them (validate, submit, job)
+    check_site_names(profile)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(benchmark, kinds, profile, run_id, value)
     try:
@@ -301,7 +324,7 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_TIME_LIMIT": profile["time_limit"], "JB_TIME_LIMIT_S": str(limit_s),
         "JB_STOP_MARGIN_S": str(stop_margin_s(limit_s)), "JB_STOP_BUDGET_S": str(limit_s - stop_margin_s(limit_s)),
         "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
-        "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
+        "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": jpwr_methods(profile),
         "JB_VENDOR": profile["vendor"], "JB_LOCAL_NODE_DEVICES": local_node_devices(profile),
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],

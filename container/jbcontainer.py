@@ -254,6 +254,11 @@ def launcher_argv(runtime: str, vendor: str, image: Path, binds: list[str]) -> l
     if vendor not in GPU_FLAGS:
         raise ValidationError(f"vendor '{vendor}' cannot run in a container", f"use one of {', '.join(GPU_FLAGS)}")
     unique = list(dict.fromkeys(str(Path(b)) for b in binds if b))
+    for path in unique:
+        if "," in path or ":" in path:
+            raise ValidationError(f"path {path!r} has ',' or ':', which separate entries of Apptainer's --bind list",
+                                  "move or link the repository or data (llm_data_path, resnet_data_dir) to a path "
+                                  "without them")
     return [runtime, "exec", *GPU_FLAGS[vendor], *(["--bind", ",".join(unique)] if unique else []), str(image)]
 
 

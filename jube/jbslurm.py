@@ -197,7 +197,7 @@ def release(job_id: str) -> str | None:
     if proc is not None and proc.returncode == 0:
         return None
     state = job_state(job_id)
-    if state is not None and not (state[0] == "PENDING" and state[1].startswith("JobHeld")):
+    if state is not None and not _over(state[0]) and not (state[0] == "PENDING" and state[1].startswith("JobHeld")):
         return None
     said = (proc.stderr.strip() or f"exit {proc.returncode}") if proc else f"no answer within {QUERY_TIMEOUT_S} s"
     return f"scontrol release {job_id} failed ({said})"
@@ -216,4 +216,9 @@ def _ended(job_id: str, cancelled: bool) -> bool:
     """Whether the job is over (a final state or being torn down); one the controller forgot is over if scancel
     said so."""
     state = job_state(job_id)
-    return cancelled if state is None else state[0] in STATUS_OF_STATE or state[0] == "COMPLETING"
+    return cancelled if state is None else _over(state[0])
+
+
+def _over(state: str) -> bool:
+    """A final state, or one on the way there."""
+    return state in STATUS_OF_STATE or state == "COMPLETING"

@@ -307,8 +307,10 @@ finish() {
     code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
-    if [ -z "$final" ]; then
+    if [ -z "$final" ]; then  # the recorder did not run (a broken interpreter or container prefix): the row says so
         final=FAILED; code=1
+        why="the job script could not finalise the run record: see $out/finalize.log"
+        printf 'JB status=FAILED\nJB note=%s\nJB status_reason=%s\n' "$why" "$why" > "$JB_WORKDIR/result.txt"
         log "could not finalise the run record, see $out/finalize.log"
     fi
     why=$(sed -n 's/^JB status_reason=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)

@@ -39,7 +39,7 @@ for _path in (REPO, REPO / "jube"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from jbsettings import in_profile_shell  # noqa: E402  (jube/ is put on sys.path just above)
+from jbsettings import SETUP_FAILED, in_profile_shell  # noqa: E402  (jube/ is put on sys.path just above)
 
 from jpwr import ValidationError, atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
@@ -234,6 +234,10 @@ def _which(program: str, env: dict[str, str], setup: str = "") -> str | None:
     """Absolute path of `program` after the profile's setup lines (module loads can put apptainer on PATH)."""
     proc = subprocess.run(in_profile_shell(setup, ["sh", "-c", 'command -v "$1"', "jb-which", program]),
                           capture_output=True, text=True, env=env)
+    if proc.returncode == SETUP_FAILED:
+        raise ValidationError(f"profile key setup failed on the login node while looking for {program} (its lines "
+                              "returned non-zero or ended the shell: `exit`, `set -e`)",
+                              "make the setup lines succeed in bash; the job would fail the same way")
     found = proc.stdout.strip().splitlines()
     return found[-1] if proc.returncode == 0 and found and found[-1].startswith("/") else None
 

@@ -1,6 +1,6 @@
 """The held-then-released submission's failure branches and the finalizer's fallback (jube/jbsubmit.py).
 
-The Slurm commands here are fakes on PATH (tests/jube/test_held_submission.py writes them): a release that fails,
+The Slurm commands here are fakes on PATH (FAKE_SLURM below): a release that fails,
 a scancel the controller does not confirm, sbatch printing a site plugin's line before the id and an interruption
 between the two sbatch calls cannot be produced on demand by the real Slurm of the CI cluster. The paths that real
 Slurm produces (a finalizer sbatch refuses) are tested against it in test_profile_commands.py."""

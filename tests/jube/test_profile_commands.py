@@ -85,6 +85,7 @@ def test_hostile_values_are_refused_at_prepare_naming_key_value_source_and_fix(k
     assert not isinstance(err.value, jbprofile.PointRefused)
     assert f"profile key {key} = {value.strip()!r}" in message, message
     assert "Fix: " in message and f"set in JOULEBENCH_LOCAL_{key.upper()}" in message.split("Fix: ")[1], message
+    assert "bash: " not in message, message  # bash's own prefixes (`bash: -c: line 1:`) are left out
     if case == "dollar in double quotes" and COMMAND_KEYS[key] == jbshell.WORDS:
         assert "inside double quotes" in message and "unquoted" not in message, message
     if case == "line-ending backslash" and COMMAND_KEYS[key] == jbshell.WORDS:
@@ -124,6 +125,7 @@ def test_site_names_and_meter_methods_are_checked_at_prepare(key: str, value: st
     ("SRUN_ARGS", "--x=a;b", "has shell syntax (';', unquoted)"),
     ("SETUP", "echo 'open", "is not valid shell"), ("PYTHON", "python3 -u", "is not a program name or path"),
     ("SETUP", "set -e; false", "profile key setup failed on the login node"),
+    ("CONTAINER", "no-such-launcher exec", "the container prefix 'no-such-launcher exec'"),
 ])
 def test_the_prepare_command_exits_64_and_writes_no_job_env(tmp_path: Path, key: str, value: str, said: str) -> None:
     out = tmp_path / "job.env"

@@ -32,7 +32,6 @@ SERVER_NOT_COMMANDS = ("server_extra_", "server_api", "server_ready_timeout_s") 
 SERVER_SETTINGS = (SERVER_VERSION_PREFIX, *SERVER_NOT_COMMANDS)  # server_ keys that do not name an engine
 OPERATORS = ";&|<>()\n"
 EXPANSIONS = "$`"  # expanded by a shell also inside double quotes
-QUOTE_IT = "quote a character meant literally (e.g. '--comment=a;b'); shell commands and variables belong in setup"
 
 
 def command_keys(profile: dict[str, str]) -> dict[str, str]:
@@ -72,7 +71,8 @@ def _shell_difference(value: str) -> tuple[str, str] | None:
                         "single-quote a literal $ or backtick; shell commands and variables belong in setup")
             quote = "" if char == '"' else quote
         elif char in OPERATORS or char in EXPANSIONS or (char == "#" and word_start):
-            return f"has shell syntax ({char!r}, unquoted)", QUOTE_IT
+            return (f"has shell syntax ({char!r}, unquoted)", "quote a character meant literally (e.g. "
+                    "'--comment=a;b'); shell commands and variables belong in setup")
         elif char == "~" and word_start:
             return "starts a word with an unquoted '~', a home directory only to a shell", "write the full path"
         elif char == "{":

@@ -35,8 +35,11 @@ from typing import Any
 
 CONTAINER_DIR = Path(__file__).resolve().parent
 REPO = CONTAINER_DIR.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _path in (REPO, REPO / "jube"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from jbsettings import SETUP_FAILED, in_profile_shell  # noqa: E402  (jube/ is put on sys.path just above)
 
 from jpwr import ValidationError, atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
@@ -229,8 +232,12 @@ def _registry_digest(url: str) -> str:
 
 def _which(program: str, env: dict[str, str], setup: str = "") -> str | None:
     """Absolute path of `program` after the profile's setup lines (module loads can put apptainer on PATH)."""
-    proc = subprocess.run(["bash", "-c", 'eval "$1"; command -v "$2"', "jb-setup", setup, program],
-                          capture_output=True, text=True, env=env)  # bash, as the job runs setup (jube/jbshell.py)
+    proc = subprocess.run(in_profile_shell(setup, ["sh", "-c", 'command -v "$1"', "jb-which", program]),
+                          capture_output=True, text=True, env=env)
+    if proc.returncode == SETUP_FAILED:
+        raise ValidationError(f"profile key setup failed on the login node while looking for {program} (its lines "
+                              "returned non-zero or ended the shell: `exit`, `set -e`)",
+                              "make the setup lines succeed in bash; the job would fail the same way")
     found = proc.stdout.strip().splitlines()
     return found[-1] if proc.returncode == 0 and found and found[-1].startswith("/") else None
 
@@ -251,6 +258,11 @@ def launcher_argv(runtime: str, vendor: str, image: Path, binds: list[str]) -> l
     if vendor not in GPU_FLAGS:
         raise ValidationError(f"vendor '{vendor}' cannot run in a container", f"use one of {', '.join(GPU_FLAGS)}")
     unique = list(dict.fromkeys(str(Path(b)) for b in binds if b))
+    for path in unique:
+        if "," in path or ":" in path:
+            raise ValidationError(f"path {path!r} has ',' or ':', which separate entries of Apptainer's --bind list",
+                                  "move or link the repository or data (llm_data_path, resnet_data_dir) to a path "
+                                  "without them")
     return [runtime, "exec", *GPU_FLAGS[vendor], *(["--bind", ",".join(unique)] if unique else []), str(image)]
 
 
@@ -407,7 +419,6 @@ def check(profile: dict[str, str], framework: str, environ: dict[str, str] | Non
 
 
 def _system_profile(system: str) -> dict[str, str]:
-    sys.path.insert(0, str(REPO / "jube"))
     import jbprofile  # the JUBE side owns the system profiles; imported here only for the CLI
 
     try:

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import jbfootprint
 import jbslurm
 import jbsubmit
-from jbsettings import in_profile_shell, read_settings, write_settings
-from jbshell import check_command_values
+from jbsettings import SETUP_FAILED, job_python, read_settings, write_settings
+from jbshell import SERVER_SETTINGS, check_command_values
 from jbsystems import (
     FLAG_TAGS,
     FRAMEWORK_TAGS,
@@ -59,6 +59,7 @@ from jbsystems import (
 
 EX_USAGE = 64
 ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
+CANNOT_EXECUTE = (126, 127)  # a shell's exit code for a program that is not executable or not found
 
 BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
 MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
@@ -79,7 +80,6 @@ SWEEP_KEYS = {
 # other mode's are not driver options there and read `-` in the table.
 STATIC_ONLY = ("batch_size",)
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
-SERVER_SETTINGS = ("server_version_", "server_extra_", "server_api", "server_ready_timeout_s")
 SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
 DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
@@ -143,6 +143,29 @@ def device_settings_policy(profile: dict[str, str]) -> str:
                           "set device_settings = off (the default) or, where the admins allow sweeps, allowed "
                           "(docs/sweeps.md)")
     return value
+
+
+def jpwr_methods(profile: dict[str, str]) -> str:
+    """The samplers' --methods: `auto` or names jpwr knows (checked here, not when every node's sampler starts)."""
+    from jpwr.backends import parse_methods  # stdlib-only; the repository root is on sys.path (jbsettings)
+    from jpwr.errors import ValidationError
+
+    value = profile["jpwr_methods"] or "auto"
+    try:
+        parse_methods(value)
+    except ValidationError as exc:
+        raise ConfigError(f"profile key jpwr_methods = {value!r}: {exc.problem}",
+                          f"{exc.fix} ({override_variable(profile['system'], 'jpwr_methods')})") from None
+    return value
+
+
+def check_site_names(profile: dict[str, str]) -> None:
+    """`partition` and `account` are one Slurm name each (sbatch --partition=NAME); whitespace is a typo."""
+    for key in ("partition", "account"):
+        if len(profile[key].split()) > 1:
+            raise ConfigError(f"profile key {key} = {profile[key]!r} is not one Slurm name",
+                              f"set {key} to one name, or a comma list without spaces for partitions "
+                              f"({override_variable(profile['system'], key)})")
 
 
 def yes_or_no(value: str, key: str) -> str:
@@ -263,7 +286,8 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     if profile["launcher"] == "slurm" and not shutil.which("sbatch", path=env.get("PATH", os.defpath)):
         raise ConfigError(f"system {system} submits with Slurm, but sbatch is not on PATH",
                           "run on the cluster's login node, or use the local system (no system tag)")
-    profile.update(check_command_values(profile))  # before anything runs one of them (validate, submit, the job)
+    profile.update(check_command_values(profile, env))  # before anything runs one of them (validate, submit, job)
+    check_site_names(profile)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(benchmark, kinds, profile, run_id, value)
     settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
@@ -302,7 +326,7 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_TIME_LIMIT": profile["time_limit"], "JB_TIME_LIMIT_S": str(limit_s),
         "JB_STOP_MARGIN_S": str(stop_margin_s(limit_s)), "JB_STOP_BUDGET_S": str(limit_s - stop_margin_s(limit_s)),
         "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
-        "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": profile["jpwr_methods"] or "auto",
+        "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": jpwr_methods(profile),
         "JB_VENDOR": profile["vendor"], "JB_LOCAL_NODE_DEVICES": local_node_devices(profile),
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],
@@ -462,11 +486,10 @@ def _cli_args(values: dict[str, str]) -> list[str]:
 def run_module(settings: dict[str, str], module: str, args: list[str], refused: tuple[int, ...]) -> None:
     """`python -m module args` where the job will run it (profile shell, container); an exit code in `refused` is
     this point's refusal (its last "error: <problem>. Fix: <fix>" line), any other failure a broken interpreter."""
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
-    argv = [*container, settings["JB_PYTHON"], "-m", module, *args]
+    argv = job_python(settings, ["-m", module, *args])
     print("validate:", shlex.join(argv), flush=True)
     try:
-        proc = subprocess.run(in_profile_shell(settings, argv), capture_output=True, text=True)
+        proc = subprocess.run(argv, capture_output=True, text=True)
     except OSError as exc:
         raise ConfigError(f"cannot run {settings['JB_PYTHON']}: {exc}", _python_fix(settings)) from None
     sys.stdout.write(proc.stdout)
@@ -476,6 +499,16 @@ def run_module(settings: dict[str, str], module: str, args: list[str], refused: 
         errors = [line.split(": error: ", 1)[1] for line in proc.stderr.splitlines() if ": error: " in line]
         problem, _, fix = (errors[-1] if errors else proc.stderr.strip() or "rejected").partition(". Fix: ")
         raise PointRefused(f"{what}: {problem}", fix or "see the validate step's stderr")
+    if proc.returncode == SETUP_FAILED:
+        raise ConfigError(f"profile key setup failed on the login node before {what} (its lines returned non-zero "
+                          "or ended the shell: `exit`, `set -e`); the job would fail the same way",
+                          f"make the setup lines succeed in bash ({override_variable(settings['JB_SYSTEM'], 'setup')}"
+                          " or the profile file); see the validate step's stderr")
+    if proc.returncode in CANNOT_EXECUTE and settings.get("JB_CONTAINER"):
+        raise ConfigError(f"{what} could not run (exit {proc.returncode}): the container prefix "
+                          f"{settings['JB_CONTAINER']!r} or {settings['JB_PYTHON']} inside it was not found or is not "
+                          "executable", "fix profile key container (a launcher on PATH after setup, e.g. `apptainer "
+                          f"exec --nv IMAGE`: {override_variable(settings['JB_SYSTEM'], 'container')}) or python")
     if proc.returncode != 0:
         raise ConfigError(f"{what} could not run (exit {proc.returncode}) with {settings['JB_PYTHON']}",
                           _python_fix(settings))
@@ -588,12 +621,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     settings = read_settings(points[0])
     rundir = str(Path(args.rundir).resolve())
-    argv = [*shlex.split(settings.get("JB_CONTAINER", "")), settings["JB_PYTHON"], str(REPO / "jube" / "jbrecord.py"),
-            "compare", "--rundir", rundir]
+    argv = job_python(settings, [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir", rundir])
     env = dict(os.environ)
     if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the points' records and writes compare/
         env[bind_var] = ",".join(filter(None, [env.get(bind_var), rundir]))
-    code = subprocess.call(in_profile_shell(settings, argv), env=env)
+    code = subprocess.call(argv, env=env)
     if code != 0:
         print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
               file=sys.stderr)

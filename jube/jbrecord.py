@@ -32,7 +32,7 @@ from typing import Any
 import jbfootprint
 import jblog  # same directory: on sys.path when run as a script
 import jbslurm
-from jbsettings import read_settings
+from jbsettings import JOB_ID_FILE, RESULT_FILE, read_settings
 from jbsystems import ConfigError
 
 from joulebench.device_settings import Request
@@ -45,8 +45,6 @@ from joulebench.reasons import clip, short_note
 from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
 from jpwr import JpwrError, fmt, load_trace, write_atomic
 
-RESULT_FILE = "result.txt"
-JOB_ID_FILE = "job.id"
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 # The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's
 # figures cannot be true (joulebench.figures).

@@ -29,7 +29,27 @@ def read_settings(path: Path) -> dict[str, str]:
     return dict(word.split("=", 1) for word in words)
 
 
-def in_profile_shell(settings: dict[str, str], argv: list[str]) -> list[str]:
+SETUP_FAILED = 86  # exit code of in_profile_shell when the setup lines fail (non-zero status) or end the shell
+RESULT_FILE = "result.txt"  # the JB lines JUBE's result step reads (jbrecord.py writes them)
+JOB_ID_FILE = "job.id"  # the benchmark job's Slurm id (jbsubmit.py writes it once sbatch answered)
+
+
+def in_profile_shell(setup: str, argv: list[str]) -> list[str]:
     """Run argv after the profile's setup lines (module loads, venv) as the job script runs them: bash's `eval` of
-    the same text (jbprofile.py checked it with `bash -n`), so that both read every line alike."""
-    return ["bash", "-c", 'eval "$1"; shift; exec "$@"', "jb-setup", settings["JB_SETUP"], *argv]
+    the same text (jbshell.py checked it with `bash -n`) with no positional parameters. Setup lines that fail or end
+    the shell (`exit`, `set -e` and a failing command) make it exit SETUP_FAILED, as they fail the job (job.sh)."""
+    script = (f'trap "exit {SETUP_FAILED}" EXIT; _jb_setup=$1; set --; eval "$_jb_setup"; '
+              f'[ $? -eq 0 ] || exit {SETUP_FAILED}; trap - EXIT; exec {shlex.join(argv)}')
+    return ["bash", "-c", script, "jb-setup", setup]
+
+
+def job_python(settings: dict[str, str], args: list[str]) -> list[str]:
+    """The job's Python with `args`, where the job runs it: after the setup lines, inside the container prefix."""
+    container = shlex.split(settings.get("JB_CONTAINER", ""))
+    return in_profile_shell(settings["JB_SETUP"], [*container, settings["JB_PYTHON"], *args])
+
+
+def failed_result(reason: str) -> str:
+    """result.txt's lines for a job whose recorder could not run (jbrecord.render's form: one line each, no commas)."""
+    reason = " ".join(reason.split()).replace(",", ";")
+    return f"JB status=FAILED\nJB note={reason}\nJB status_reason={reason}\n"

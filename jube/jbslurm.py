@@ -190,7 +190,35 @@ def pending_blocker(job_id: str, wait_s: float, fit_problem_now: str | None = No
         time.sleep(0.25)
 
 
-def cancel(*job_ids: str) -> None:
+def release(job_id: str) -> str | None:
+    """`scontrol release` of a held job: None once it is no longer held (also where scontrol failed or did not
+    answer but the release took effect), else why not, in scontrol's own words."""
+    proc = _run(["scontrol", "release", job_id])
+    if proc is not None and proc.returncode == 0:
+        return None
+    state = job_state(job_id)
+    if state is not None and not _over(state[0]) and not (state[0] == "PENDING" and state[1].startswith("JobHeld")):
+        return None
+    said = (proc.stderr.strip() or f"exit {proc.returncode}") if proc else f"no answer within {QUERY_TIMEOUT_S} s"
+    return f"scontrol release {job_id} failed ({said})"
+
+
+def cancel(*job_ids: str) -> list[str]:
+    """scancel the jobs; those still queued or running afterwards (someone has to cancel them by hand)."""
     ids = [j for j in job_ids if j]
-    if ids:
-        query(["scancel", *ids])
+    if not ids:
+        return []
+    cancelled = query(["scancel", *ids]) is not None
+    return [j for j in ids if not _ended(job_id=j, cancelled=cancelled)]
+
+
+def _ended(job_id: str, cancelled: bool) -> bool:
+    """Whether the job is over (a final state or being torn down); one the controller forgot is over if scancel
+    said so."""
+    state = job_state(job_id)
+    return cancelled if state is None else _over(state[0])
+
+
+def _over(state: str) -> bool:
+    """A final state, or one on the way there."""
+    return state in STATUS_OF_STATE or state == "COMPLETING"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,7 +19,16 @@ import time
 from pathlib import Path
 
 import jbslurm
-from jbsettings import in_profile_shell, read_settings, write_settings
+from jbsettings import (
+    JOB_ID_FILE,
+    RESULT_FILE,
+    SETUP_FAILED,
+    failed_result,
+    job_python,
+    read_settings,
+    write_atomic,
+    write_settings,
+)
 
 JUBE_DIR = Path(__file__).resolve().parent
 JOB_SCRIPT = JUBE_DIR / "job.sh"
@@ -29,16 +39,26 @@ PENDING_CHECK_S = 3.0  # after sbatch: how long to look for a pending reason tha
 
 def _finalize_here(settings_path: Path, *record_args: str) -> None:
     """Record an outcome on this (login) node with the job's Python: a job that never ran or never reported.
+    Where the recorder cannot run (its setup lines fail, a broken interpreter), a FAILED result.txt says so.
 
     `record_args`: jbrecord.py's command and options, e.g. ("finalize", "--status", "INVALID", "--reason", why)."""
     settings = read_settings(settings_path)
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
     command, *options = record_args
-    argv = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), command, "--settings", str(settings_path), *options]
     try:
-        subprocess.call(in_profile_shell(settings, argv))
-    finally:
-        Path(settings["JB_DONE_FILE"]).touch()
+        code: int | str = subprocess.call(job_python(settings, [str(RECORD_TOOL), command, "--settings",
+                                                                 str(settings_path), *options]))
+    except OSError as exc:
+        code = str(exc)
+    done = Path(settings["JB_DONE_FILE"])
+    if not done.exists():
+        given = options[options.index("--reason") + 1] if "--reason" in options else ""
+        why = f"jbrecord.py {command} could not record this point on the login node ({_exit_said(code)})"
+        write_atomic(Path(settings["JB_WORKDIR"]) / RESULT_FILE, failed_result(why + (f"; {given}" if given else "")))
+        done.touch()
+
+
+def _exit_said(code: int | str) -> str:
+    return "profile key setup failed there" if code == SETUP_FAILED else f"exit {code}"
 
 
 def sbatch_command(settings: dict[str, str], settings_path: Path) -> list[str]:
@@ -62,17 +82,23 @@ def _site_args(settings: dict[str, str]) -> list[str]:
 
 
 def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str) -> list[str]:
-    """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not."""
+    """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not.
+    Where its recorder cannot run (setup lines that fail on that partition, a broken interpreter), a plain-sh line
+    writes a FAILED result.txt and the done file, so that JUBE never waits for a row that no one writes."""
     workdir = Path(settings["JB_WORKDIR"])
-    container = shlex.split(settings.get("JB_CONTAINER", ""))
-    record = [*container, settings["JB_PYTHON"], str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
-              "--job-id", job_id]
+    record = job_python(settings, [str(RECORD_TOOL), "finalize-job", "--settings", str(settings_path),
+                                   "--job-id", job_id])
+    text = failed_result(f"the finalizer job could not record job {job_id}: its recorder exited with code @RC@ "
+                         f"({SETUP_FAILED}: profile key setup failed there); see finalize.out")
+    done, result = shlex.quote(settings["JB_DONE_FILE"]), shlex.quote(str(workdir / RESULT_FILE))
+    lines = '"$rc"'.join(shlex.quote(part) for part in text.split("@RC@"))
+    fallback = f"[ -e {done} ] || {{ printf %s {lines} > {result}; touch {done}; }}"
     limit = jbslurm.hms(min(300, int(settings["JB_TIME_LIMIT_S"])))
     return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
             "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
             f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
             *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
-            "--wrap", "exec " + shlex.join(in_profile_shell(settings, record))]
+            "--wrap", f"{shlex.join(record)}; rc=$?; {fallback}; exit $rc"]
 
 
 class SubmitFailed(Exception):
@@ -80,7 +106,8 @@ class SubmitFailed(Exception):
 
 
 def _sbatch(argv: list[str], what: str, env: dict[str, str]) -> str:
-    """`sbatch --parsable`: the new job's id, or SubmitFailed with sbatch's own words."""
+    """`sbatch --parsable`: the new job's id (its answer's last line, `ID` or `ID;CLUSTER`; site plugins may print
+    lines before it), or SubmitFailed with sbatch's own words."""
     print("submit:", shlex.join(argv), flush=True)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -88,15 +115,27 @@ def _sbatch(argv: list[str], what: str, env: dict[str, str]) -> str:
         raise SubmitFailed(f"sbatch could not run for {what}: {exc}") from None
     if proc.returncode != 0:
         raise SubmitFailed(f"sbatch refused {what}: {proc.stderr.strip() or proc.stdout.strip()}")
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise SubmitFailed(f"sbatch's answer for {what} is not a job id: {proc.stdout.strip()!r}")
-    return job_id
+    lines = proc.stdout.strip().splitlines()
+    match = re.fullmatch(r"(\d+)(;.*)?", lines[-1].strip()) if lines else None
+    if match is None:
+        raise SubmitFailed(f"sbatch's answer for {what} does not end in a job id: {proc.stdout.strip()!r}")
+    return match.group(1)
+
+
+def _cancelled(job_id: str, finalizer_id: str) -> str:
+    """Cancel a held job and its finalizer; what became of them, for the row's reason."""
+    return _not_cancelled(jbslurm.cancel(finalizer_id, job_id)) or (
+        f"job {job_id} was cancelled before it started (a job without its finalizer could end without a row)")
+
+
+def _not_cancelled(job_ids: list[str]) -> str:
+    return "; ".join(f"could not cancel job {j}: run `scancel {j}`" for j in job_ids)
 
 
 def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: dict[str, str]) -> tuple[str, str]:
-    """(job id, finalizer id). The job is queued held, its finalizer after it, then the job is released: it never
-    runs without the finalizer that records it if it cannot. A failing step cancels both and raises SubmitFailed."""
+    """(job id, finalizer id). The job is queued held (its id into job.id at once), its finalizer after it, then the
+    job is released: it never runs without the finalizer that records it if it cannot. A failing step cancels both
+    and raises SubmitFailed; an interruption (Ctrl-C, SystemExit) cancels both and is raised again."""
     try:
         job_argv = sbatch_command(settings, settings_path)
     except ValueError as exc:  # a word list that prepare did not check: a job.env written by other means
@@ -104,13 +143,20 @@ def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: di
     job_id = _sbatch(job_argv, "the job", env)
     finalizer_id = ""
     try:
-        finalizer_id = _sbatch(finalizer_command(settings, settings_path, job_id), "its finalizer job", env)
-        if jbslurm.query(["scontrol", "release", job_id]) is None:
-            raise SubmitFailed(f"scontrol release {job_id} failed after its finalizer job {finalizer_id} was queued")
-    except (SubmitFailed, ValueError) as exc:
-        jbslurm.cancel(finalizer_id, job_id)
-        raise SubmitFailed(f"{exc}; job {job_id} was cancelled before it started (a job without its finalizer "
-                           "could end without a row)") from None
+        (Path(settings["JB_WORKDIR"]) / JOB_ID_FILE).write_text(job_id + "\n")
+        try:
+            finalizer_argv = finalizer_command(settings, settings_path, job_id)
+        except ValueError as exc:
+            raise SubmitFailed(f"its finalizer's sbatch options cannot be split into words ({exc})") from None
+        finalizer_id = _sbatch(finalizer_argv, "its finalizer job", env)
+        refused = jbslurm.release(job_id)
+        if refused:
+            raise SubmitFailed(f"{refused} after its finalizer job {finalizer_id} was queued")
+    except SubmitFailed as exc:
+        raise SubmitFailed(f"{exc}; {_cancelled(job_id, finalizer_id)}") from None
+    except BaseException:
+        print(_cancelled(job_id, finalizer_id), file=sys.stderr)
+        raise
     return job_id, finalizer_id
 
 
@@ -160,13 +206,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", str(exc))
         return 0
-    (workdir / "job.id").write_text(job_id + "\n")
     print(f"Submitted batch job {job_id}; finalizer job {finalizer_id} records it if it ends without recording "
           "itself", flush=True)
     blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, jbslurm.job_fit(settings)[0])
     if blocker:
-        jbslurm.cancel(finalizer_id, job_id)
-        reason = f"Slurm would never start job {job_id} ({blocker}); cancelled by joulebench"
+        left = _not_cancelled(jbslurm.cancel(finalizer_id, job_id))
+        reason = f"Slurm would never start job {job_id} ({blocker}); {left or 'cancelled by joulebench'}"
         print(reason, file=sys.stderr)
         _finalize_here(settings_path, "finalize", "--status", "CANCELLED", "--reason", reason)
         return 0

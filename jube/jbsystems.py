@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 JUBE_DIR = Path(__file__).resolve().parent
@@ -152,9 +153,7 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
         raise ConfigError(f"system '{system}' has no profile in {PROFILE_FILE}",
                           f"use one of {', '.join(systems)} or add a section (docs/jube.md)")
     profile = {key: value.strip() for key, value in parser.items(section)}
-    upper_env = {key.upper(): value.strip() for key, value in env.items() if key.upper().startswith("JOULEBENCH_")}
-    overrides = {key: upper_env[prefix + key.upper()] for prefix in ("JOULEBENCH_", f"JOULEBENCH_{section.upper()}_")
-                 for key in sorted(profile) if prefix + key.upper() in upper_env}
+    overrides = {key: value for key, (_, value) in _overrides(section, profile, env).items()}
     profile["selection"] = ""
     if overrides.get("vendor", profile["vendor"]) == "auto":
         vendor, found, count = detect_accelerator(env)
@@ -171,10 +170,29 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
     return profile
 
 
+def _overrides(section: str, keys: Iterable[str], env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """key -> (the environment variable that sets it, its value): JOULEBENCH_<SYSTEM>_<KEY> over JOULEBENCH_<KEY>."""
+    upper_env = {key.upper(): (key, value.strip()) for key, value in env.items()
+                 if key.upper().startswith("JOULEBENCH_")}
+    return {key: upper_env[prefix + key.upper()] for prefix in ("JOULEBENCH_", f"JOULEBENCH_{section.upper()}_")
+            for key in sorted(keys) if prefix + key.upper() in upper_env}
+
+
+def value_source(system: str, key: str, environ: dict[str, str]) -> str:
+    """Where load_profile took `key` of `system` from: the environment variable, or the profile files."""
+    found = _overrides(system, [key], environ).get(key)
+    extra = f" or {environ['JOULEBENCH_PROFILE']}" if environ.get("JOULEBENCH_PROFILE") else ""
+    return found[0] if found else f"the profile file (jube/{PROFILE_FILE.name}{extra})"
+
+
 def override_variable(system: str, key: str) -> str:
     """The environment variable that sets `key` for `system` over every other source (load_profile's order): the one a
-    hint must name, since JOULEBENCH_<KEY> and the profile files lose to it."""
-    return f"JOULEBENCH_{system.upper()}_{key.upper()}"
+    hint must name, since JOULEBENCH_<KEY> and the profile files lose to it. A system whose name a shell cannot put
+    into a variable name (`-`, `+`) gets the way that works instead."""
+    name = f"JOULEBENCH_{system.upper()}_{key.upper()}"
+    if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+        return name
+    return f"{key} in [{system}] of a file named by JOULEBENCH_PROFILE ({name} cannot be exported)"
 
 
 def resolve_python(profile: dict[str, str]) -> str:

@@ -39,9 +39,12 @@ settings=$(cd "$(dirname "$settings")" && pwd)/$(basename "$settings")
 . "$settings"
 cd "$JB_WORKDIR" || exit 1
 # Word lists of the profile, in the shell-quoted form jbprofile.py checked and wrote (jbshell.py): the same words
-# here as in the Python tools' shlex.split.
+# here as in the Python tools' shlex.split. py: the job's Python inside the container prefix, as the tools run it
+# (jbsettings.job_python). ${a[@]+"${a[@]}"}: an empty array under `set -u` in bash < 4.4.
 eval "container=($JB_CONTAINER)"
 eval "srun_args=($JB_SRUN_ARGS)"
+PY=$JB_PYTHON
+py=(${container[@]+"${container[@]}"} "$PY")
 
 status=OK
 reason=""
@@ -89,23 +92,6 @@ slurm_seconds_left() {
         NF == 2 {print $1 * 60 + $2; exit}'
 }
 
-if [ -n "$JB_SETUP" ]; then
-    set +u  # as in the tools' bash (jbsettings.in_profile_shell): module and activate scripts read unset variables
-    eval "$JB_SETUP" || { status=FAILED; reason="profile setup lines failed: $JB_SETUP"; }
-    set -u
-fi
-PY=$JB_PYTHON
-# The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
-# MASTER_PORT (TF workers on MASTER_PORT + rank): free right now and below the kernel's ephemeral range (see
-# jbport.py), not one derived from the job id, which collides with whatever else runs on a shared node.
-MASTER_PORT=$("$PY" "$JB_REPO/jube/jbport.py" --span "${JB_WORLD_SIZE:-1}") \
-    && export MASTER_PORT || log "no free port found; the drivers fall back to their default"
-if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
-    # `container` tag: the image also needs the run directory and the samplers' socket directory, which only
-    # the job knows (Apptainer appends $APPTAINER_BIND to the prefix's --bind list).
-    export "$JB_CONTAINER_BIND_VAR=${!JB_CONTAINER_BIND_VAR:+${!JB_CONTAINER_BIND_VAR},}$JB_WORKDIR,${TMPDIR:-/tmp}"
-fi
-
 # Seconds to wait for ranks and samplers to stop: generous after a normal end, within the margin at a deadline.
 stop_wait_s=60
 
@@ -126,7 +112,7 @@ start_local_samplers() {
         for ((i = 0; i < JB_NODES; i++)); do
             seen=$i
             [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
-            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${container[@]}" "$PY" -m jpwr serve \
+            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${py[@]}" -m jpwr serve \
                 --methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID" &
         done
         wait
@@ -142,7 +128,7 @@ log_rank_end() {
 
 # Rank 0 on this host (nodes = 1): stderr to its own file, the node's own devices and name.
 launch_local_rank() {
-    "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
+    "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
         2>> "$rank_logs/0.err" &
 }
 
@@ -153,7 +139,7 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
         for ((i = 0; i < JB_NODES; i++)); do
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
                 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
-                "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" \
+                "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" \
                 --out-dir "$out" 2>> "$rank_logs/$i.err" &
             pids+=($!)
         done
@@ -202,10 +188,10 @@ start_samplers() {
     elif [ "$JB_LAUNCHER" = slurm ]; then
         # One task per node; --overlap shares the allocation with the ranks' step.
         srun --overlap --job-name=jpwr-serve --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
-            "${container[@]}" "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
+            "${py[@]}" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
             --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
     else
-        "${container[@]}" "$PY" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
+        "${py[@]}" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
             --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
     fi
     sampler_pid=$!
@@ -237,10 +223,10 @@ start_settings_guard() {
     if [ "$JB_LAUNCHER" = slurm ]; then
         nodes=$JB_NODES
         srun --overlap --job-name=jb-settings --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
-            "${container[@]}" "$PY" -m joulebench.device_settings "${args[@]}" >> "$out/device-settings.log" 2>&1 &
+            "${py[@]}" -m joulebench.device_settings "${args[@]}" >> "$out/device-settings.log" 2>&1 &
     else
         [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && args+=(--devices "$(local_devices 0)")  # the GPUs the ranks will use
-        CUDA_DEVICE_ORDER=PCI_BUS_ID "${container[@]}" "$PY" -m joulebench.device_settings "${args[@]}" \
+        CUDA_DEVICE_ORDER=PCI_BUS_ID "${py[@]}" -m joulebench.device_settings "${args[@]}" \
             >> "$out/device-settings.log" 2>&1 &
     fi
     settings_pid=$!
@@ -284,7 +270,7 @@ stop_samplers() {
     wait_gone "$sampler_pid" "$stop_wait_s" || { log "samplers did not stop within $stop_wait_s s"; kill -KILL "$sampler_pid"; }
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
-    "${container[@]}" "$PY" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
+    "${py[@]}" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
         >> "$out/jpwr-serve.log" 2>&1 \
         || log "jpwr combine failed, see $out/jpwr-serve.log"
 }
@@ -309,19 +295,22 @@ seconds_to_hold() {
 finish() {
     [ -n "$finished" ] && return
     finished=1
+    set +e  # setup lines that ended the script under their own `set -e` leave it on
     trap '' USR1 USR2 TERM INT
     [ -n "$timer_pid" ] && kill "$timer_pid" 2>/dev/null
     [ "$status" = OK ] || stop_wait_s=$((JB_STOP_MARGIN_S / 3 > 5 ? JB_STOP_MARGIN_S / 3 : 5))
     stop_ranks
     stop_samplers
     stop_settings_guard
-    "${container[@]}" "$PY" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
+    "${py[@]}" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
         --reason "$reason" --elapsed-s "$(elapsed)" --ranks-exit-code "$ranks_rc" > "$out/finalize.log" 2>&1
     code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
-    if [ -z "$final" ]; then
+    if [ -z "$final" ]; then  # the recorder did not run (a broken interpreter or container prefix): the row says so
         final=FAILED; code=1
+        why="the job script could not finalise the run record: see $out/finalize.log"
+        printf 'JB status=FAILED\nJB note=%s\nJB status_reason=%s\n' "$why" "$why" > "$JB_WORKDIR/result.txt"
         log "could not finalise the run record, see $out/finalize.log"
     fi
     why=$(sed -n 's/^JB status_reason=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
@@ -380,6 +369,31 @@ trap finish EXIT
 arm_timer "$JB_STOP_BUDGET_S"
 log "time limit $JB_TIME_LIMIT: the run stops at ${JB_STOP_BUDGET_S} s, ${JB_STOP_MARGIN_S} s are kept for the record"
 
+# The profile's setup lines, as the tools run them (jbsettings.in_profile_shell): no positional parameters, `set -u`
+# off (module and activate scripts read unset variables); a non-zero status, or lines that end this script (`exit`,
+# `set -e` and a failing command: the EXIT trap records it), fail the run. The shell's options are restored after.
+if [ -n "$JB_SETUP" ]; then
+    status=FAILED
+    reason="profile setup lines ended the job script (exit, or set -e and a failing command): $JB_SETUP"
+    _o=$(set +o)
+    set +u --
+    eval "$JB_SETUP"
+    rc=$?
+    eval "$_o"
+    status=OK reason=""
+    [ $rc -eq 0 ] || { status=FAILED; reason="profile setup lines failed (exit $rc): $JB_SETUP"; }
+fi
+# The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
+# MASTER_PORT (TF workers on MASTER_PORT + rank): free right now and below the kernel's ephemeral range (see
+# jbport.py), not one derived from the job id, which collides with whatever else runs on a shared node.
+MASTER_PORT=$("$PY" "$JB_REPO/jube/jbport.py" --span "${JB_WORLD_SIZE:-1}") \
+    && export MASTER_PORT || log "no free port found; the drivers fall back to their default"
+if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
+    # `container` tag: the image also needs the run directory and the samplers' socket directory, which only
+    # the job knows (Apptainer appends $APPTAINER_BIND to the prefix's --bind list).
+    export "$JB_CONTAINER_BIND_VAR=${!JB_CONTAINER_BIND_VAR:+${!JB_CONTAINER_BIND_VAR},}$JB_WORKDIR,${TMPDIR:-/tmp}"
+fi
+
 [ "$status" = OK ] && start_settings_guard
 if [ "$status" = OK ]; then
     start_samplers
@@ -394,8 +408,8 @@ if [ "$status" = OK ]; then
     log "launching $JB_WORLD_SIZE rank(s) of $JB_DRIVER on $JB_NODES node(s)"
     if [ "$JB_LAUNCHER" = slurm ]; then
         srun --kill-on-bad-exit=1 --label --job-name=jb-ranks --nodes="$JB_NODES" --ntasks="$JB_WORLD_SIZE" \
-            --ntasks-per-node="$JB_TASKS_PER_NODE" "${srun_args[@]}" \
-            "${container[@]}" "$PY" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
+            --ntasks-per-node="$JB_TASKS_PER_NODE" ${srun_args[@]+"${srun_args[@]}"} \
+            "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     else
         mkdir -p "$rank_logs"
         if [ "$JB_NODES" -gt 1 ]; then launch_local_ranks; else launch_local_rank; fi

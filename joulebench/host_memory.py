@@ -3,7 +3,7 @@
 Why: a CPU run that validate called fitting was killed by the kernel's out-of-memory killer after 95 s, with no
 word from the driver: a process killed by SIGKILL cannot say why it ended. On the CPU the drivers' memory estimates
 are host memory, so `validate --device cpu` compares them with MemAvailable before any work. The parent of a killed
-rank (`jpwr --`, the JUBE job) names the signal; a driver started bare cannot (docs/troubleshooting.md).
+rank (`jpwr --`, the JUBE job) names the signal; a driver started bare cannot (docs/llm_training.md, docs/jube.md).
 """
 
 from __future__ import annotations

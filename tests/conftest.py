@@ -22,6 +22,10 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 FAKES_DIR = TESTS_DIR / "fakes"
 H100_TRACE_DIR = TESTS_DIR / "data" / "h100_trace"
+# The host-load check of disturbed runs reads a quiet /proc/loadavg in every test and in every run a test starts
+# (drivers, JUBE jobs): this machine's own load (2 cores, the suite's subprocesses) must not change a record or a
+# table's note; tests that plant load point JOULEBENCH_LOADAVG at their own file.
+os.environ.setdefault("JOULEBENCH_LOADAVG", str(TESTS_DIR / "data" / "loadavg_quiet"))
 
 # One pytest process imports TensorFlow (resnet50's TF backend) and torch._dynamo (torchvision, torch.compile).
 # Loading triton's libtriton after TensorFlow's bundled LLVM segfaults (TF 2.21, triton 3.x from torch 2.14);

@@ -217,6 +217,16 @@ class Run:
         return self.meter
 
 
+def _close_meter(meter: WindowMeter, record: RunRecord) -> None:
+    """Stop the meter; an in-process sampler that cannot write its files (a full disk) costs the record a warning,
+    never the record itself: the windows' energy is in memory already."""
+    try:
+        meter.close()
+    except Exception as exc:
+        traceback.print_exc()
+        record.warn(f"the in-process sampler could not finish its files: {type(exc).__name__}: {exc}")
+
+
 class Lifecycle:
     """A driver process: its stop request and signal handlers, its run records, its exit code."""
 
@@ -268,7 +278,7 @@ class Lifecycle:
             run.watch.stop()
             if run.meter is not None:
                 record.windows = run.meter.windows
-                run.meter.close()
+                _close_meter(run.meter, record)
             self._write(run, metrics)
         if run.exit_code == 0:
             run.exit_code = EXIT_CODES[record.status]

@@ -36,11 +36,11 @@ def disk(tmp_path: Path):
         yield failing
 
 
-def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, str], cwd: Path
-                                  ) -> subprocess.CompletedProcess:
+def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, str], cwd: Path,
+                                  extra: list[str]) -> subprocess.CompletedProcess:
     """Start the run, stop it (SIGSTOP) once its first step is logged, make the disk fail, let it finish: the
     steps left take more than a second, the stop comes within milliseconds."""
-    cmd = [sys.executable, "-m", "llm_training", *TRAIN, "--out-dir", str(out)]
+    cmd = [sys.executable, "-m", "llm_training", *TRAIN, *extra, "--out-dir", str(out)]
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     seen = []
@@ -58,13 +58,17 @@ def _driver_on_a_disk_that_fails(disk: FailingDisk, out: Path, env: dict[str, st
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(seen) + stdout, stderr)
 
 
-def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, fake_env, tmp_path):
+@pytest.mark.parametrize("metered", [False, True], ids=["unmetered", "in-process sampler"])
+def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, fake_env, h100_trace_dir, tmp_path,
+                                                                          metered):
+    """Metered: the in-process sampler writes its trace and summary under <out-dir>/jpwr, on the failing disk too;
+    its failing last writes are a warning of the record, which is still written (elsewhere) with its energy."""
     elsewhere = tmp_path / "elsewhere"  # $TMPDIR: another file system than the failing one
     elsewhere.mkdir()
-    env = fake_env(TMPDIR=str(elsewhere))
+    env = fake_env(TMPDIR=str(elsewhere), JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
     env.pop("JPWR_ADDR", None)
     out = disk.path / "run"
-    result = _driver_on_a_disk_that_fails(disk, out, env, tmp_path)
+    result = _driver_on_a_disk_that_fails(disk, out, env, tmp_path, ["--energy-methods", "nvml"] if metered else [])
 
     assert result.returncode == RECORD_NOT_WRITTEN == 74, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
@@ -76,6 +80,9 @@ def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, f
     assert summary_line(record) == last  # the record is the one the summary line was printed from
     assert record.status == "OK" and record.metrics["iterations"] == ITERATIONS and record.finished_at
     assert not [p.name for p in out.iterdir() if "run_record" in p.name]  # no record, no temporary one
+    if metered:
+        assert record.metrics["energy_wh"] > 0
+        assert any(w.startswith("the in-process sampler could not finish its files: ") for w in record.warnings)
 
 
 # A run's life with nothing in it, whose output directory and every fallback are full: /dev/shm is a full tmpfs of

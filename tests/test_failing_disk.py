@@ -20,6 +20,7 @@ import pytest
 
 from joulebench.lifecycle import fallback_paths
 from joulebench.record import RECORD_NOT_WRITTEN, RunRecord, read_run_record, summary_line
+from joulebench.requests_table import FILE_NAME
 from jpwr import atomic_path, write_atomic, write_json_atomic
 from tests.driver_helpers import parse_summary
 from tests.failing_disk import FailingDisk, failing_disk
@@ -157,3 +158,24 @@ def test_a_failing_preprocess_leaves_no_half_written_dataset(disk, tmp_path):
         preprocess(str(corpus), str(disk.path / "data" / "corpus"), tokenizer)
     assert failed.value.errno == disk.expected_errno()
     assert list((disk.path / "data").iterdir()) == []
+
+
+def test_a_load_run_whose_request_table_cannot_be_written_keeps_its_figures(tmp_path, capsys):
+    """The table is written at the end of the load and again with its energy columns; a write the OS refuses there
+    (here a directory in the table's place: the rename onto it fails) is a warning, the measurement stays OK."""
+    from llm_inference.cli import main
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0.02 * i, "prompt_ids": [3 + i, 4, 5], "output_tokens": 2})
+                             + "\n" for i in range(8)))
+    out = tmp_path / "load"
+    (out / FILE_NAME).mkdir(parents=True)
+    assert main(["load", "--preset", "tiny", "--device", "cpu", "--trace", str(trace), "--max-concurrency", "2",
+                 "--steady-seconds", "0.1", "--out-dir", str(out)]) == 0
+    record = read_run_record(out / "run_record.json")
+    assert record.status == "OK" and record.metrics["output_tokens_per_s"] > 0 and record.metrics["ttft_p90_s"] > 0
+    assert record.requests["file"] is None and record.requests["rows"] == 8 and "energy" in record.requests
+    assert record.requests["file_unavailable_reason"].startswith("not written: ")
+    assert f"the per-request table {out / FILE_NAME} was not written: " in " ".join(record.warnings)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("JOULEBENCH_RESULT ") and " status=OK " in last

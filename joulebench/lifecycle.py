@@ -29,6 +29,7 @@ A run that ends with its windows also says whether it was disturbed (joulebench.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -70,10 +71,13 @@ def default_out_dir(benchmark: str, run_id: str) -> str:
     return str(Path("runs") / benchmark / run_id)
 
 
-def fallback_paths(run_id: str) -> list[Path]:
-    """Where a record goes when its output directory cannot take it, in order: $TMPDIR, else /dev/shm (memory:
-    writable when every disk is full), under a name with the run id (jube/jbrecord.py looks there too)."""
-    name = f"run_record-{run_id.replace(os.sep, '_')}.json"
+def fallback_paths(run_id: str, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Where a record goes when its output directory `out_dir` cannot take it, in order: $TMPDIR, else /dev/shm
+    (memory: writable when every disk is full), under a name with the run id, the user id and a short hash of the
+    resolved output directory: run ids repeat across JUBE outpaths, and users share /dev/shm (jube/jbrecord.py
+    looks there too)."""
+    where = hashlib.sha256(str(Path(out_dir).resolve()).encode()).hexdigest()[:10]
+    name = f"run_record-{run_id.replace(os.sep, '_')}-{os.getuid()}-{where}.json"
     return [Path(directory) / name for directory in (os.environ.get("TMPDIR"), "/dev/shm") if directory]
 
 
@@ -81,7 +85,7 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
     """The record that `wanted` could not take, written to the first fallback path that can take it, else to
     stderr only; says on stderr which, and returns where it went."""
     problem = f"[{record.benchmark}] error: cannot write the run record {wanted} ({exc.strerror or exc})"
-    for fallback in fallback_paths(record.run_id):
+    for fallback in fallback_paths(record.run_id, wanted.parent):
         try:
             path = write_run_record(fallback, record)
         except OSError:
@@ -89,7 +93,7 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
         print(f"{problem}; wrote it to {path} instead: move it to {wanted} once that file system can take it",
               file=sys.stderr, flush=True)
         return str(path)
-    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id))
+    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id, wanted.parent))
     print(f"{problem}, nor to {tried}: the record follows on stderr only", file=sys.stderr, flush=True)
     sys.stderr.write(json_text(record.to_dict()))
     sys.stderr.flush()

@@ -22,6 +22,7 @@ record and the table agree.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from typing import Any
 import jbfootprint
 import jblog  # same directory: on sys.path when run as a script
 import jbslurm
-from jbsettings import read_settings
+from jbsettings import SETTINGS_FILE, read_settings
 from jbsystems import ConfigError
 
 from joulebench.device_settings import Request
@@ -124,9 +125,7 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
              ranks_exit_code: int = 0) -> RunRecord:
     """Merge the job's outcome into the driver's record, or write one when the driver left none."""
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
-    # a driver whose output directory could not take its record (a full disk) left it on another file system
-    fallback = next((p for p in fallback_paths(settings["JB_RUN_ID"]) if p.is_file()), None)
-    record = read_run_record(path) if path.exists() else read_run_record(fallback) if fallback else None
+    fallback, record = (None, read_run_record(path)) if path.exists() else drivers_copy(settings)
     if status == "OK" and ranks_exit_code:
         status, reason = ranks_outcome(settings, ranks_exit_code, record)
     if record is not None:
@@ -156,7 +155,11 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
         write_elsewhere(record, path, exc)
         return record
     if fallback is not None:
-        fallback.unlink()  # the record is where it belongs now
+        try:
+            fallback.unlink()  # the record is where it belongs now
+        except OSError as exc:  # not ours to remove after all (a sticky /dev/shm): it is only a copy
+            print(f"jbrecord.py: warning: cannot remove the driver's copy {fallback} ({exc.strerror or exc})",
+                  file=sys.stderr)
     return record
 
 
@@ -166,6 +169,26 @@ def footprint(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
         return jbfootprint.footprint_block(record, jbfootprint.from_settings(settings))
     except ConfigError as exc:
         return {"estimate": None, "unavailable_reason": f"the site profile's footprint settings: {exc}"}
+
+
+def drivers_copy(settings: dict[str, str]) -> tuple[Path | None, RunRecord | None]:
+    """The record a driver left on another file system when its output directory could not take it (a full disk),
+    and where: only a copy of this run (the same run id, named after the same output directory) that started no
+    earlier than the job was submitted (job.env written, to the second), so that a copy an earlier run of the same
+    directory left behind is never taken for this one's."""
+    try:
+        submitted = int((Path(settings["JB_WORKDIR"]) / SETTINGS_FILE).stat().st_mtime)
+    except OSError:
+        submitted = None
+    for path in fallback_paths(settings["JB_RUN_ID"], settings["JB_OUT_DIR"]):
+        try:
+            record = read_run_record(path)
+            started = dt.datetime.fromisoformat(record.started_at).timestamp()
+        except (OSError, JpwrError, ValueError, TypeError):  # absent, or no record of ours
+            continue
+        if record.run_id == settings["JB_RUN_ID"] and (submitted is None or started >= submitted):
+            return path, record
+    return None, None
 
 
 def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:

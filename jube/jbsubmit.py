@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import jbslurm
-from jbsettings import in_profile_shell, read_settings, write_settings
+from jbsettings import SETTINGS_FILE, in_profile_shell, read_settings, write_settings
 
 JUBE_DIR = Path(__file__).resolve().parent
 JOB_SCRIPT = JUBE_DIR / "job.sh"
@@ -136,7 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     workdir = Path.cwd().resolve()
     settings = read_settings(Path(args.settings))
     settings.update(JB_WORKDIR=str(workdir), JB_OUT_DIR=str(workdir / "run"), JB_DONE_FILE=str(workdir / "job.done"))
-    settings_path = workdir / "job.env"
+    settings_path = workdir / SETTINGS_FILE
     write_settings(settings_path, settings)
     print(f"job log: {workdir / 'job.out'} and {workdir / 'job.err'}", flush=True)
     if settings["JB_STATUS"] == "INVALID":

@@ -74,7 +74,7 @@ def test_a_run_whose_disk_fails_keeps_its_figures_elsewhere_and_exits_74(disk, f
     assert result.returncode == RECORD_NOT_WRITTEN == 74, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("JOULEBENCH_RESULT ") and " status=OK " in last
-    fallback = elsewhere / fallback_paths(parse_summary(result.stdout)["run_id"])[0].name
+    fallback = elsewhere / fallback_paths(parse_summary(result.stdout)["run_id"], out)[0].name
     assert f"cannot write the run record {out / 'run_record.json'}" in result.stderr
     assert f"wrote it to {fallback} instead" in result.stderr
     record = read_run_record(fallback)

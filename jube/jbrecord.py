@@ -43,7 +43,15 @@ from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.lifecycle import fallback_paths, write_elsewhere
 from joulebench.reasons import clip, short_note
-from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
+from joulebench.record import (
+    EXIT_CODES,
+    RECORD_FILE,
+    RECORD_NOT_WRITTEN,
+    STATUSES,
+    RunRecord,
+    read_run_record,
+    write_run_record,
+)
 from jpwr import JpwrError, fmt, load_trace, write_atomic
 
 RESULT_FILE = "result.txt"
@@ -103,13 +111,14 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
 def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None) -> tuple[str, str]:
     """The job's status and reason when its ranks ended on their own with exit code `code` (not 0).
 
-    Where no rank failed (their own clean stop exits 124), the driver's record decides. A rank that failed first (any
-    other code, or a signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others,
-    whose code the step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run
-    recorded as measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
+    Where no rank failed (their own clean stop exits 124; rank 0 exits 74 when its record went to another file
+    system, which finalize found), the driver's record decides. A rank that failed first (any other code, or a
+    signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others, whose code the
+    step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run recorded as
+    measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
     log = Path(settings["JB_WORKDIR"]) / jblog.JOB_LOG
     end = jblog.first_rank_end(log)
-    if end is None or end.code == EXIT_CODES["TIMEOUT"]:
+    if end is None or end.code == EXIT_CODES["TIMEOUT"] or (end.code == RECORD_NOT_WRITTEN and record is not None):
         if record is not None:
             return "OK", ""
         line = jblog.last_error_line(log)
@@ -118,7 +127,8 @@ def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None)
     if record is not None and record.status in ("OK", "PARTIAL"):
         record.warn(end.describe())
         return "OK", ""
-    return "FAILED", end.describe(with_line=record is None or end.line not in (record.status_reason or ""))
+    quoted = record is not None and end.line is not None and end.line in (record.status_reason or "")
+    return "FAILED", end.describe(with_line=not quoted)
 
 
 def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None,

@@ -302,3 +302,30 @@ def test_finalize_never_takes_a_copy_another_run_left_elsewhere(tmp_path, monkey
                           "137"]) == 1
     row = fields(work)
     assert row["status"] == "FAILED" and row["tokens_per_s"] == "n/a" and copy.exists()
+
+
+def test_a_timeout_whose_record_went_elsewhere_stays_a_timeout(tmp_path, monkeypatch):
+    """Rank 0 stopped cleanly, could not write its record to the run directory and exited 74 (srun names the task):
+    the record decides, as for a clean stop's 124."""
+    from joulebench.lifecycle import fallback_paths
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    work = job_dir(tmp_path, None)
+    write_run_record(fallback_paths("llm-000000-000003", work / "run")[0], RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", status="TIMEOUT",
+        status_reason="stopped cleanly after 9 of 100 iterations", metrics={"work_unit": "tokens"}))
+    (work / "job.err").write_text("0: [llm_training] error: cannot write the run record (No space left on device)\n"
+                                  "srun: error: n1: task 0: Exited with exit code 74\n")
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "74"]) == 124
+    row = fields(work)
+    assert row["status"] == "TIMEOUT" and "stopped cleanly after 9 of 100 iterations" in row["note"]
+
+
+def test_a_failed_rank_that_wrote_nothing_of_its_own_is_named(tmp_path):
+    """srun names the task, but the rank printed no line of its own (no `N:` label): FAILED, nothing on its stderr."""
+    work = job_dir(tmp_path, "TIMEOUT")
+    (work / "job.err").write_text("srun: error: n2: task 1: Segmentation fault\n")
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "139"]) == 1
+    assert "rank 1 on n2 ended: Segmentation fault (nothing on its stderr)" in fields(work)["note"]

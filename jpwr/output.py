@@ -43,23 +43,36 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _read_umask() -> int:
+    """The process's umask without changing it, where Linux shows it; elsewhere the one at import (os.umask can
+    only read it by setting it, which races with threads that create files meanwhile)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return _IMPORT_UMASK
+
+
+_IMPORT_UMASK = os.umask(0o022)
+os.umask(_IMPORT_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary file beside `path` for a writer that opens the file itself (h5py, savefig, a builder, a
     subprocess): when the block ends, its data is flushed to disk and it is renamed onto `path`; when the block
     or the flush fails, it is removed and `path` keeps what it held. The one way every final file is written,
-    so a reader, a full disk or a crash never leaves a half-written one under the final name."""
+    so a reader, a full disk or a crash never leaves a half-written one under the final name. An OSError that
+    names no file, or the temporary one, is made to name `path`."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    # The same directory (a rename within one file system is atomic); the suffix ends in the target's own, which
-    # writers that infer the format from the name (savefig) need.
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    # The same directory (a rename within one file system is atomic); a hidden name ending in .tmp, which no
+    # reader's pattern (*.json, *.h5) matches. A writer that infers the format from the name must be told it.
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
+        os.chmod(tmp, 0o666 & ~_read_umask())  # mkstemp's 0600 would hide results from other users of a shared dir
         yield tmp
         flushed = os.open(tmp, os.O_RDONLY)
         try:
@@ -67,8 +80,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         finally:
             os.close(flushed)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename in (None, name):
+            exc.filename = str(target)  # "No space left on device: '<the file>'", not an empty or removed name
         raise
 
 

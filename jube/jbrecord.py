@@ -208,7 +208,8 @@ def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any
     requested = Request(float(text["power_limit"]) if text["power_limit"] else None,
                         int(text["sm_clock"]) if text["sm_clock"] else None)
     out = Path(settings["JB_OUT_DIR"])
-    nodes = [json.loads(p.read_text()) for p in sorted((out / "device_settings").glob("*.json"))]
+    nodes = [json.loads(p.read_text()) for p in sorted((out / "device_settings").glob("*.json"))
+             if not p.name.startswith(".")]  # a hidden file is no node's (an atomic writer's temporary one)
     observed: dict[str, Any] = {"power_w_per_device": record.metrics.get("mean_power_w_per_device")}
     try:
         traces = [load_trace(d) for d in sorted((out / "energy").iterdir()) if d.is_dir()]

@@ -133,6 +133,19 @@ def _streamed(path: Path) -> None:
 WRITERS: dict[str, Callable[[Path], None]] = {"json": _json, "text": _text, "streamed": _streamed}
 
 
+def test_a_temporary_file_is_hidden_and_no_reader_pattern_matches_it(tmp_path):
+    """A temporary file a killed writer leaves (SIGKILL skips the clean-up) must not be read as a final one: it is
+    hidden and ends in .tmp, so *.json, *.h5 and the readers' dotfile checks pass it by; it has the umask's mode."""
+    target = tmp_path / "n1.json"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.startswith(".n1.json.") and tmp.suffix == ".tmp"
+        assert list(tmp_path.glob("*.json")) == []
+        mode = tmp.stat().st_mode & 0o777
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask and (target.stat().st_mode & 0o777) == mode
+
+
 @pytest.mark.parametrize("writer", list(WRITERS))
 def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary_file(disk, writer):
     target = disk.path / "result.json"
@@ -141,6 +154,7 @@ def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary_file(di
     with pytest.raises(OSError) as failed:
         WRITERS[writer](target)
     assert failed.value.errno == disk.expected_errno()
+    assert failed.value.filename == str(target)  # the message names the file, never "No space left on device:."
     assert json.loads(target.read_text()) == {"previous": True}
     assert sorted(p.name for p in disk.path.iterdir() if p.name != ".filler") == ["result.json"]
 

@@ -308,10 +308,12 @@ class Lifecycle:
                 print(f"[{self.benchmark}] run record: {path}", flush=True)
 
     def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
-        """Print every record's summary line (global rank 0) and return the process's exit code: the first
-        run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
+        """Print every record's summary line (global rank 0) and return the process's exit code: 74 when any
+        run's record is not where it belongs (a wrapper must look elsewhere for it, whatever else happened), else
+        the first run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
         if self.launch.is_global_zero:
             for run in self.runs:
                 print(summary_line(run.record, summary_keys), flush=True)
         sys.stdout.flush()
-        return next((run.exit_code for run in self.runs if run.exit_code != 0), 0)
+        codes = [run.exit_code for run in self.runs]
+        return RECORD_NOT_WRITTEN if RECORD_NOT_WRITTEN in codes else next((code for code in codes if code), 0)

@@ -193,3 +193,27 @@ def test_a_load_run_whose_request_table_cannot_be_written_keeps_its_figures(tmp_
     assert f"the per-request table {out / FILE_NAME} was not written: " in " ".join(record.warnings)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("JOULEBENCH_RESULT ") and " status=OK " in last
+
+
+# A sweep of two points: the first fails, the second's output directory cannot be made (a file is in the way).
+SWEEP = """
+import sys
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+with Lifecycle("llm_training", LaunchEnv.from_env()) as life:
+    with life.run("r-1", "ok", {}, metrics=lambda record: {"work_unit": "tokens"}):
+        raise RuntimeError("the first point fails")
+    with life.run("r-2", "blocked/run", {}, metrics=lambda record: {"work_unit": "tokens"}):
+        pass
+sys.exit(life.exit_code())
+"""
+
+
+def test_a_sweep_with_a_record_written_elsewhere_exits_74_whatever_failed_first(fake_env, tmp_path):
+    """74 tells a wrapper to look for a record elsewhere; the first point's FAILED (exit 1) is in its own record."""
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    result = subprocess.run([sys.executable, "-c", SWEEP], env=fake_env(TMPDIR=str(tmp_path)), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == RECORD_NOT_WRITTEN, result.stderr[-3000:]
+    assert read_run_record(tmp_path / "ok" / "run_record.json").status == "FAILED"
+    assert read_run_record(tmp_path / fallback_paths("r-2", tmp_path / "blocked" / "run")[0].name).status == "OK"

@@ -4,7 +4,7 @@ Called through jbprofile.py (`submit`, `verdict`, `summary`). Why: JUBE's `conti
 job's done file, so every path here ends with one: a point validate refused (INVALID), a job sbatch refuses
 (FAILED), a job whose finalizer cannot be queued (cancelled before it starts, FAILED), a job Slurm would never
 start (cancelled, CANCELLED), and a job that ends without recording itself (its finalizer job records what Slurm
-says). Standard library only (Python >= 3.8).
+says). Standard library only, plus jpwr's stdlib-only atomic writer (as jbsettings.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import jbslurm
 from jbsettings import SETTINGS_FILE, in_profile_shell, read_settings, write_settings
+
+from jpwr import write_atomic  # on sys.path since jbsettings put the repository there
 
 JUBE_DIR = Path(__file__).resolve().parent
 JOB_SCRIPT = JUBE_DIR / "job.sh"
@@ -160,7 +162,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         _finalize_here(settings_path, "finalize", "--status", "FAILED", "--reason", str(exc))
         return 0
-    (workdir / "job.id").write_text(job_id + "\n")
+    write_atomic(workdir / "job.id", job_id + "\n")
     print(f"Submitted batch job {job_id}; finalizer job {finalizer_id} records it if it ends without recording "
           "itself", flush=True)
     blocker = jbslurm.pending_blocker(job_id, PENDING_CHECK_S, jbslurm.job_fit(settings)[0])

@@ -159,19 +159,23 @@ def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary_file(di
     assert sorted(p.name for p in disk.path.iterdir() if p.name != ".filler") == ["result.json"]
 
 
-def test_a_failing_preprocess_leaves_no_half_written_dataset(disk, tmp_path):
+def test_a_failing_preprocess_leaves_no_half_written_dataset_and_keeps_the_earlier_one(disk, tmp_path):
     from llm_training.preprocess import preprocess
     from tests.llm_training.test_preprocess import DOCUMENTS, _train_tokenizer
 
     tokenizer = _train_tokenizer(tmp_path)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 20))
-    (disk.path / "data").mkdir()
+    prefix = disk.path / "data" / "corpus"
+    preprocess(str(corpus), str(prefix), tokenizer)  # the earlier pair, under the same prefix
+    earlier = {path.name: path.read_bytes() for path in (disk.path / "data").iterdir()}
+    assert sorted(earlier) == ["corpus.bin", "corpus.idx"]
+    corpus.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in DOCUMENTS * 40))
     disk.fail()
     with pytest.raises(OSError) as failed:
-        preprocess(str(corpus), str(disk.path / "data" / "corpus"), tokenizer)
+        preprocess(str(corpus), str(prefix), tokenizer)
     assert failed.value.errno == disk.expected_errno()
-    assert list((disk.path / "data").iterdir()) == []
+    assert {path.name: path.read_bytes() for path in (disk.path / "data").iterdir()} == earlier
 
 
 def test_a_load_run_whose_request_table_cannot_be_written_keeps_its_figures(tmp_path, capsys):

@@ -32,8 +32,8 @@ STARTED = "[llm_training] step 1/"  # its data cache is written: the disk fails 
 
 
 @pytest.fixture
-def disk(tmp_path: Path):
-    with failing_disk(tmp_path / "disk") as failing:
+def disk(tmp_path: Path, request: pytest.FixtureRequest):
+    with failing_disk(tmp_path / "disk", request) as failing:
         yield failing
 
 

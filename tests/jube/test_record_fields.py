@@ -219,14 +219,14 @@ def test_every_warning_of_the_record_reaches_the_note(tmp_path: Path) -> None:
     assert fields(work)["note"] == "steady window: sensor aliasing: 100 ms updates against a 1.0 s step"
 
 
-def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing_disk(tmp_path, monkeypatch):
+def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing_disk(tmp_path, monkeypatch, request):
     """The driver's disk failed (its record went to $TMPDIR) and still fails when the job finalises: the row has
     the driver's figures and says why the record is not in the run directory, and the job's facts join the copy."""
     from joulebench.lifecycle import fallback_paths
     from tests.failing_disk import failing_disk
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
-    with failing_disk(tmp_path / "disk") as disk:
+    with failing_disk(tmp_path / "disk", request) as disk:
         (disk.path / "run").mkdir()
         work = job_dir(tmp_path, None, JB_OUT_DIR=str(disk.path / "run"))
         fallback = fallback_paths("llm-000000-000003", disk.path / "run")[0]

@@ -160,8 +160,10 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
     record.footprint = footprint(settings, record)
     try:
         write_run_record(path, record)
-    except OSError as exc:  # the row and the job log still get the figures; the record goes where the driver's went
-        record.warn(f"the run record could not be written to {path} ({exc.strerror or exc}): see the job log")
+    except OSError as exc:  # the record goes where the driver's went; the row has it only if result.txt can be written
+        copy = fallback_paths(record.run_id, path.parent)[0].name
+        record.warn(f"the run record could not be written to {path} ({exc.strerror or exc}): it is {copy} in "
+                    "$TMPDIR or /dev/shm, else only on jbrecord.py's stderr (finalize.log)")
         write_elsewhere(record, path, exc)
         return record
     if fallback is not None:

@@ -44,17 +44,15 @@ def _finite(value: Any) -> Any:
 
 
 def _read_umask() -> int:
-    """The process's umask without changing it, where Linux shows it; elsewhere the one at import (os.umask can
-    only read it by setting it, which races with threads that create files meanwhile)."""
+    """The process's umask, on Linux read without changing it: os.umask can only read it by setting it, which
+    races with threads that create files meanwhile (a sampler's); elsewhere it is set and restored."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    return _IMPORT_UMASK
-
-
-_IMPORT_UMASK = os.umask(0o022)
-os.umask(_IMPORT_UMASK)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ A run that ends with its windows also says whether it was disturbed (joulebench.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -70,10 +71,13 @@ def default_out_dir(benchmark: str, run_id: str) -> str:
     return str(Path("runs") / benchmark / run_id)
 
 
-def fallback_paths(run_id: str) -> list[Path]:
-    """Where a record goes when its output directory cannot take it, in order: $TMPDIR, else /dev/shm (memory:
-    writable when every disk is full), under a name with the run id (jube/jbrecord.py looks there too)."""
-    name = f"run_record-{run_id.replace(os.sep, '_')}.json"
+def fallback_paths(run_id: str, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Where a record goes when its output directory `out_dir` cannot take it, in order: $TMPDIR, else /dev/shm
+    (memory: writable when every disk is full), under a name with the run id, the user id and a short hash of the
+    resolved output directory: run ids repeat across JUBE outpaths, and users share /dev/shm (jube/jbrecord.py
+    looks there too)."""
+    where = hashlib.sha256(str(Path(out_dir).resolve()).encode()).hexdigest()[:10]
+    name = f"run_record-{run_id.replace(os.sep, '_')}-{os.getuid()}-{where}.json"
     return [Path(directory) / name for directory in (os.environ.get("TMPDIR"), "/dev/shm") if directory]
 
 
@@ -81,7 +85,7 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
     """The record that `wanted` could not take, written to the first fallback path that can take it, else to
     stderr only; says on stderr which, and returns where it went."""
     problem = f"[{record.benchmark}] error: cannot write the run record {wanted} ({exc.strerror or exc})"
-    for fallback in fallback_paths(record.run_id):
+    for fallback in fallback_paths(record.run_id, wanted.parent):
         try:
             path = write_run_record(fallback, record)
         except OSError:
@@ -89,7 +93,7 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
         print(f"{problem}; wrote it to {path} instead: move it to {wanted} once that file system can take it",
               file=sys.stderr, flush=True)
         return str(path)
-    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id))
+    tried = " or ".join(str(path.parent) for path in fallback_paths(record.run_id, wanted.parent))
     print(f"{problem}, nor to {tried}: the record follows on stderr only", file=sys.stderr, flush=True)
     sys.stderr.write(json_text(record.to_dict()))
     sys.stderr.flush()
@@ -228,6 +232,16 @@ class Run:
         return self.meter
 
 
+def _close_meter(meter: WindowMeter, record: RunRecord) -> None:
+    """Stop the meter; an in-process sampler that cannot write its files (a full disk) costs the record a warning,
+    never the record itself: the windows' energy is in memory already."""
+    try:
+        meter.close()
+    except Exception as exc:
+        traceback.print_exc()
+        record.warn(f"the in-process sampler could not finish its files: {type(exc).__name__}: {exc}")
+
+
 class Lifecycle:
     """A driver process: its stop request and signal handlers, its run records, its exit code."""
 
@@ -279,7 +293,7 @@ class Lifecycle:
             run.watch.stop()
             if run.meter is not None:
                 record.windows = run.meter.windows
-                run.meter.close()
+                _close_meter(run.meter, record)
             self._write(run, metrics)
         if run.exit_code == 0:
             run.exit_code = EXIT_CODES[record.status]
@@ -305,10 +319,12 @@ class Lifecycle:
                 print(f"[{self.benchmark}] run record: {path}", flush=True)
 
     def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
-        """Print every record's summary line (global rank 0) and return the process's exit code: the first
-        run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
+        """Print every record's summary line (global rank 0) and return the process's exit code: 74 when any
+        run's record is not where it belongs (a wrapper must look elsewhere for it, whatever else happened), else
+        the first run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
         if self.launch.is_global_zero:
             for run in self.runs:
                 print(summary_line(run.record, summary_keys), flush=True)
         sys.stdout.flush()
-        return next((run.exit_code for run in self.runs if run.exit_code != 0), 0)
+        codes = [run.exit_code for run in self.runs]
+        return RECORD_NOT_WRITTEN if RECORD_NOT_WRITTEN in codes else next((code for code in codes if code), 0)

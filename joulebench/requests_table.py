@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from joulebench.record import RunRecord
 from jpwr import atomic_path
 
 SCHEMA = "joulebench.requests/1"
@@ -71,6 +72,23 @@ def write_requests(path: Path, table: RequestsTable) -> Path:
                 compress = {"compression": "gzip", "shuffle": True} if len(values) else {}
                 group.create_dataset(name, data=np.asarray(values), **compress)
     return path
+
+
+def save_requests(out_dir: Path, table: RequestsTable, record: RunRecord) -> None:
+    """Write the table beside the record as `FILE_NAME` and say in `record.requests["file"]` whether it is there: a
+    file system that refuses it (a full disk) costs the run a warning and the table, never its figures or its
+    status, as the record may still find a place (joulebench.lifecycle)."""
+    path = out_dir / FILE_NAME
+    block = record.requests if isinstance(record.requests, dict) else {}
+    try:
+        write_requests(path, table)
+    except OSError as exc:
+        why = f"not written: {exc.strerror or exc}"
+        record.warn(f"the per-request table {path} was {why}")
+        record.requests = {**block, "file": None, "file_unavailable_reason": why}
+        return
+    block.pop("file_unavailable_reason", None)
+    record.requests = {**block, "file": FILE_NAME}
 
 
 def read_requests(path: Path) -> RequestsTable:

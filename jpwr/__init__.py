@@ -72,6 +72,7 @@ _HOMES = {
     # --- Writing results -------------------------------------------------------------------------------
     "fmt": "jpwr.output",  # numbers for tables: None prints "n/a", never 0
     "atomic_path": "jpwr.output",  # the one atomic writer: a temporary file beside a final one, renamed at the end
+    "atomic_paths": "jpwr.output",  # several files together: all flushed, then renamed in order
     "write_atomic": "jpwr.output",  # text or bytes through it
     "write_json_atomic": "jpwr.output",  # JSON through it (no reader ever sees a half-written file)
     "json_text": "jpwr.output",  # the JSON text those files hold (NaN as null), for a copy that goes elsewhere

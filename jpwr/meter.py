@@ -242,12 +242,16 @@ class WindowMeter:
                 for node in self._everyone(mine, gather) if isinstance(node, dict) and node]
 
     def close(self) -> None:
-        if self._owned_sampler is not None:
-            self._owned_sampler.stop()
-            self._owned_sampler = None
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        """Stop an owned sampler and close the channel; the channel is closed also when the sampler's last writes
+        fail (their error propagates)."""
+        sampler, self._owned_sampler = self._owned_sampler, None
+        try:
+            if sampler is not None:
+                sampler.stop()
+        finally:
+            if self.channel is not None:
+                self.channel.close()
+                self.channel = None
 
     def __enter__(self) -> WindowMeter:
         return self

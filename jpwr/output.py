@@ -43,33 +43,61 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _read_umask() -> int:
+    """The process's umask, on Linux read without changing it: os.umask can only read it by setting it, which
+    races with threads that create files meanwhile (a sampler's); elsewhere it is set and restored."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: str | os.PathLike[str]) -> Iterator[list[Path]]:
+    """Temporary files beside `paths`, for writers that open the files themselves (h5py, savefig, a builder, a
+    subprocess): when the block ends, every one is flushed to disk, then each is renamed onto its path in the order
+    given (the one that makes the set valid last); when the block or a flush fails, they are removed and the paths
+    keep what they held. The one way every final file is written, so a reader, a full disk or a crash never leaves
+    a half-written one under a final name; only a crash between two renames leaves the earlier ones renamed. An
+    OSError that names no file, or a temporary one, is made to name the final file(s)."""
+    targets = [Path(path) for path in paths]
+    temporaries: list[Path] = []
+    try:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # The same directory (a rename within one file system is atomic); a hidden name ending in .tmp, which no
+            # reader's pattern (*.json, *.h5) matches. A writer that infers the format from the name must be told it.
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            temporaries.append(Path(name))
+            os.chmod(name, 0o666 & ~_read_umask())  # mkstemp's 0600 would hide results from other users
+        yield temporaries
+        for tmp in temporaries:
+            flushed = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(flushed)  # the data is on disk before a name points at it: a crash leaves old or new
+            finally:
+                os.close(flushed)
+        for tmp, target in zip(temporaries, targets, strict=True):
+            os.replace(tmp, target)
+    except BaseException as exc:
+        for tmp in temporaries:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # "No space left on device: '<the file>'", not an empty or removed name
+            finals = {str(tmp): str(target) for tmp, target in zip(temporaries, targets, strict=False)}
+            exc.filename = finals.get(exc.filename, exc.filename) if exc.filename is not None else \
+                ", ".join(str(target) for target in targets)
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary file beside `path` for a writer that opens the file itself (h5py, savefig, a builder, a
-    subprocess): when the block ends, its data is flushed to disk and it is renamed onto `path`; when the block
-    or the flush fails, it is removed and `path` keeps what it held. The one way every final file is written,
-    so a reader, a full disk or a crash never leaves a half-written one under the final name."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # The same directory (a rename within one file system is atomic); the suffix ends in the target's own, which
-    # writers that infer the format from the name (savefig) need.
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from other users of a shared directory
+    """`atomic_paths` for one file: the temporary file's path."""
+    with atomic_paths(path) as (tmp,):
         yield tmp
-        flushed = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(flushed)  # the data is on disk before the name points at it: a crash leaves old or new
-        finally:
-            os.close(flushed)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_atomic(path: str | os.PathLike[str], content: str | bytes) -> Path:

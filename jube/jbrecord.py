@@ -22,6 +22,7 @@ record and the table agree.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from typing import Any
 import jbfootprint
 import jblog  # same directory: on sys.path when run as a script
 import jbslurm
-from jbsettings import JOB_ID_FILE, RESULT_FILE, read_settings
+from jbsettings import JOB_ID_FILE, RESULT_FILE, SETTINGS_FILE, read_settings
 from jbsystems import ConfigError
 
 from joulebench.device_settings import Request
@@ -42,7 +43,15 @@ from joulebench.figures import REJECTED, is_number, rejection
 from joulebench.latents import steady_latents
 from joulebench.lifecycle import fallback_paths, write_elsewhere
 from joulebench.reasons import clip, short_note
-from joulebench.record import EXIT_CODES, RECORD_FILE, STATUSES, RunRecord, read_run_record, write_run_record
+from joulebench.record import (
+    EXIT_CODES,
+    RECORD_FILE,
+    RECORD_NOT_WRITTEN,
+    STATUSES,
+    RunRecord,
+    read_run_record,
+    write_run_record,
+)
 from jpwr import JpwrError, fmt, load_trace, write_atomic
 
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
@@ -100,13 +109,14 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
 def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None) -> tuple[str, str]:
     """The job's status and reason when its ranks ended on their own with exit code `code` (not 0).
 
-    Where no rank failed (their own clean stop exits 124), the driver's record decides. A rank that failed first (any
-    other code, or a signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others,
-    whose code the step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run
-    recorded as measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
+    Where no rank failed (their own clean stop exits 124; rank 0 exits 74 when its record went to another file
+    system, which finalize found), the driver's record decides. A rank that failed first (any other code, or a
+    signal) makes the row FAILED in its own words: srun's --kill-on-bad-exit then ends the others, whose code the
+    step's often is, and whose stop on that SIGTERM rank 0 may have recorded as TIMEOUT. Only a run recorded as
+    measured to its end (OK, PARTIAL) keeps its status, with the failure as one of its warnings."""
     log = Path(settings["JB_WORKDIR"]) / jblog.JOB_LOG
     end = jblog.first_rank_end(log)
-    if end is None or end.code == EXIT_CODES["TIMEOUT"]:
+    if end is None or end.code == EXIT_CODES["TIMEOUT"] or (end.code == RECORD_NOT_WRITTEN and record is not None):
         if record is not None:
             return "OK", ""
         line = jblog.last_error_line(log)
@@ -115,16 +125,15 @@ def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None)
     if record is not None and record.status in ("OK", "PARTIAL"):
         record.warn(end.describe())
         return "OK", ""
-    return "FAILED", end.describe(with_line=record is None or end.line not in (record.status_reason or ""))
+    quoted = record is not None and end.line is not None and end.line in (record.status_reason or "")
+    return "FAILED", end.describe(with_line=not quoted)
 
 
 def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None,
              ranks_exit_code: int = 0) -> RunRecord:
     """Merge the job's outcome into the driver's record, or write one when the driver left none."""
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
-    # a driver whose output directory could not take its record (a full disk) left it on another file system
-    fallback = next((p for p in fallback_paths(settings["JB_RUN_ID"]) if p.is_file()), None)
-    record = read_run_record(path) if path.exists() else read_run_record(fallback) if fallback else None
+    fallback, record = (None, read_run_record(path)) if path.exists() else drivers_copy(settings)
     if status == "OK" and ranks_exit_code:
         status, reason = ranks_outcome(settings, ranks_exit_code, record)
     if record is not None:
@@ -149,12 +158,18 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
     record.footprint = footprint(settings, record)
     try:
         write_run_record(path, record)
-    except OSError as exc:  # the row and the job log still get the figures; the record goes where the driver's went
-        record.warn(f"the run record could not be written to {path} ({exc.strerror or exc}): see the job log")
+    except OSError as exc:  # the record goes where the driver's went; the row has it only if result.txt can be written
+        copy = fallback_paths(record.run_id, path.parent)[0].name
+        record.warn(f"the run record could not be written to {path} ({exc.strerror or exc}): it is {copy} in "
+                    "$TMPDIR or /dev/shm, else only on jbrecord.py's stderr (finalize.log)")
         write_elsewhere(record, path, exc)
         return record
     if fallback is not None:
-        fallback.unlink()  # the record is where it belongs now
+        try:
+            fallback.unlink()  # the record is where it belongs now
+        except OSError as exc:  # not ours to remove after all (a sticky /dev/shm): it is only a copy
+            print(f"jbrecord.py: warning: cannot remove the driver's copy {fallback} ({exc.strerror or exc})",
+                  file=sys.stderr)
     return record
 
 
@@ -166,6 +181,26 @@ def footprint(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
         return {"estimate": None, "unavailable_reason": f"the site profile's footprint settings: {exc}"}
 
 
+def drivers_copy(settings: dict[str, str]) -> tuple[Path | None, RunRecord | None]:
+    """The record a driver left on another file system when its output directory could not take it (a full disk),
+    and where: only a copy of this run (the same run id, named after the same output directory) that started no
+    earlier than the job was submitted (job.env written, to the second), so that a copy an earlier run of the same
+    directory left behind is never taken for this one's."""
+    try:
+        submitted = int((Path(settings["JB_WORKDIR"]) / SETTINGS_FILE).stat().st_mtime)
+    except OSError:
+        submitted = None
+    for path in fallback_paths(settings["JB_RUN_ID"], settings["JB_OUT_DIR"]):
+        try:
+            record = read_run_record(path)
+            started = dt.datetime.fromisoformat(record.started_at).timestamp()
+        except (OSError, JpwrError, ValueError, TypeError):  # absent, or no record of ours
+            continue
+        if record.run_id == settings["JB_RUN_ID"] and (submitted is None or started >= submitted):
+            return path, record
+    return None, None
+
+
 def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
     """The point's GPU settings: requested, what each node's guard read back and whether it restored them, and what
     the devices did in the steady window (mean SM clock from the samplers' traces, mean power from the record)."""
@@ -173,7 +208,8 @@ def settings_block(settings: dict[str, str], record: RunRecord) -> dict[str, Any
     requested = Request(float(text["power_limit"]) if text["power_limit"] else None,
                         int(text["sm_clock"]) if text["sm_clock"] else None)
     out = Path(settings["JB_OUT_DIR"])
-    nodes = [json.loads(p.read_text()) for p in sorted((out / "device_settings").glob("*.json"))]
+    nodes = [json.loads(p.read_text()) for p in sorted((out / "device_settings").glob("*.json"))
+             if not p.name.startswith(".")]  # a hidden file is no node's (an atomic writer's temporary one)
     observed: dict[str, Any] = {"power_w_per_device": record.metrics.get("mean_power_w_per_device")}
     try:
         traces = [load_trace(d) for d in sorted((out / "energy").iterdir()) if d.is_dir()]

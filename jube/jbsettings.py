@@ -16,6 +16,8 @@ if str(REPO) not in sys.path:
 
 from jpwr import write_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
+SETTINGS_FILE = "job.env"  # in the point's work directory; jbsubmit.py writes it just before it submits the job
+
 
 def write_settings(path: Path, settings: dict[str, str]) -> None:
     text = "# joulebench job settings (written by jube/jbprofile.py; sourced by jube/job.sh)\n"

@@ -4,7 +4,7 @@ Called through jbprofile.py (`submit`, `verdict`, `summary`). Why: JUBE's `conti
 job's done file, so every path here ends with one: a point validate refused (INVALID), a job sbatch refuses
 (FAILED), a job whose finalizer cannot be queued (cancelled before it starts, FAILED), a job Slurm would never
 start (cancelled, CANCELLED), and a job that ends without recording itself (its finalizer job records what Slurm
-says). Standard library only (Python >= 3.8).
+says). Standard library only, plus jpwr's stdlib-only atomic writer (as jbsettings.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import jbslurm
 from jbsettings import (
     JOB_ID_FILE,
     RESULT_FILE,
+    SETTINGS_FILE,
     SETUP_FAILED,
     failed_result,
     job_python,
@@ -143,7 +144,7 @@ def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: di
     job_id = _sbatch(job_argv, "the job", env)
     finalizer_id = ""
     try:
-        (Path(settings["JB_WORKDIR"]) / JOB_ID_FILE).write_text(job_id + "\n")
+        write_atomic(Path(settings["JB_WORKDIR"]) / JOB_ID_FILE, job_id + "\n")
         try:
             finalizer_argv = finalizer_command(settings, settings_path, job_id)
         except ValueError as exc:
@@ -182,7 +183,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     workdir = Path.cwd().resolve()
     settings = read_settings(Path(args.settings))
     settings.update(JB_WORKDIR=str(workdir), JB_OUT_DIR=str(workdir / "run"), JB_DONE_FILE=str(workdir / "job.done"))
-    settings_path = workdir / "job.env"
+    settings_path = workdir / SETTINGS_FILE
     write_settings(settings_path, settings)
     print(f"job log: {workdir / 'job.out'} and {workdir / 'job.err'}", flush=True)
     if settings["JB_STATUS"] == "INVALID":

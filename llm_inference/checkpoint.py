@@ -77,6 +77,23 @@ def save_model(shape: ModelPreset, directory: Path, precision: str, seed: int) -
     return sum(parameter.numel() for parameter in model.parameters())
 
 
+def replace_directory(new: Path, out: Path) -> None:
+    """Rename `new` onto `out`; an existing `out` (--force) is renamed aside first and removed only once `new` is in
+    its place, so that a failure keeps the old checkpoint. A crash between the two renames leaves it under its
+    hidden name `.<out>.<random>.old` beside `out`."""
+    if not out.exists():
+        new.rename(out)
+        return
+    aside = out.parent / f"{new.name}.old"
+    out.rename(aside)
+    try:
+        new.rename(out)
+    except BaseException:
+        aside.rename(out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def save_checkpoint(preset: str, out: Path, precision: str, seed: int, force: bool) -> str:
     """Write the checkpoint into a temporary sibling of `out`, then move it into place; returns the summary line."""
     if preset not in PRESETS:
@@ -92,9 +109,7 @@ def save_checkpoint(preset: str, out: Path, precision: str, seed: int, force: bo
         for path in staging.iterdir():  # mkdtemp and the safetensors writer make them owner-only: a server run as
             path.chmod(0o644)  # another user (a container's) could not read them
         staging.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        replace_directory(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

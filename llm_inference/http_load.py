@@ -35,7 +35,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, RunFailed, StopRequested
 from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord
-from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, save_requests
 from joulebench.torch_device import resolve_device
 from jpwr import IdleBaseline, Window
 from llm_inference import request_metrics, server
@@ -344,7 +344,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                 label, figures["streams"], figures["lifetimes"], figures["steady"], figures["finished"],
                 None if idle is None else idle.power_w, out_dir / "jpwr", figures["table"], sweep)
             record.requests = {**(record.requests or {}), "energy": energy}
-            write_requests(out_dir / FILE_NAME, figures["table"])
+            save_requests(out_dir, figures["table"], record)
             result.update(request_energy_figures(energy))
         return result
 
@@ -402,7 +402,6 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         done = {i for i, r in results.items() if r.outcome == "done"}
         times = [t for t in _times(results, served, arrival_ns, start_ns) if t.id in counted]
         table = _table(results, served, arrival_ns, counted, start_ns)
-        write_requests(out_dir / FILE_NAME, table)
         figures.update(rule=plan.rule, counted=counted, times=times, table=table,
                        streams=_streams(results, served, arrival_ns),
                        lifetimes=np.array([(i, arrival_ns[i], r.chunk_ns[-1]) for i, r in sorted(results.items())
@@ -415,6 +414,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
                                "output_token_counts": {"from usage": sources.get("usage", 0),
                                                        "counted from the stream": sources.get("stream", 0)},
                                "failures": failures}
+        save_requests(out_dir, table, run.record)
         if failures["count"]:
             run.record.warn(f"{failures['count']} request(s) failed or timed out: "
                             + "; ".join(f"{n} x {k}" for k, n in failures["by_reason"].items()))

@@ -32,7 +32,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, RunFailed, StopRequested
 from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, write_requests
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, save_requests
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference import request_metrics, validation
@@ -261,7 +261,7 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
                                     None if idle is None else idle.power_w, out_dir / "jpwr", state["table"], sweep,
                                     state.get("controlled"))
             record.requests = {**(record.requests or {}), "energy": energy}
-            write_requests(out_dir / FILE_NAME, state["table"])
+            save_requests(out_dir, state["table"], record)
             result.update(request_energy_figures(energy))
         return result
 
@@ -300,9 +300,9 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, rate: float | None, trace: list[
         state.update(log=log, rule=plan.rule, counted=counted,
                      times=[t for t in request_times(log, served) if t.id in counted])
         table = state["table"] = requests_table(log, served, counted)
-        write_requests(out_dir / FILE_NAME, table)
         run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                                "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
+        save_requests(out_dir, table, run.record)
         if log.window is None and not log.stop_reason:
             raise RunFailed(NO_WINDOW)
         if log.stop_reason:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
 
-from jpwr import ValidationError, atomic_path
+from jpwr import ValidationError, atomic_paths
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -63,14 +63,15 @@ def preprocess(input_path: str, output_prefix: str, tokenizer: Tokenizer, json_k
                eod_token: str | None = None) -> dict[str, int]:
     """Tokenise every line's `json_key` and write PREFIX.bin/.idx; returns document and token counts.
 
-    Both files are written under temporary names and renamed at the end, the index last: a failure (a bad line, a
-    full disk) leaves no half-written pair, and an earlier pair under the same prefix stays as it was."""
+    Both files are written under temporary names, flushed, then renamed, the index last: a failure (a bad line, a
+    full disk) leaves no half-written pair, and an earlier pair under the same prefix stays as it was; only a crash
+    between the two renames leaves a new .bin beside the old .idx (or beside none)."""
     _require_file(input_path, "--input")
     eod = eod_token_id(tokenizer, eod_token)
     vocab = tokenizer.get_vocab_size()
     dtype = numpy.uint16 if vocab < 65500 else numpy.int32  # Megatron's optimal index dtype
     documents = tokens = 0
-    with atomic_path(get_idx_path(output_prefix)) as idx, atomic_path(get_bin_path(output_prefix)) as bin_path:
+    with atomic_paths(get_bin_path(output_prefix), get_idx_path(output_prefix)) as (bin_path, idx):
         builder = IndexedDatasetBuilder(str(bin_path), dtype=dtype)
         with builder.data_file, open(input_path, encoding="utf-8") as handle:  # closed on a failure too
             for line_number, line in enumerate(handle, start=1):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from jpwr import atomic_path
 from resnet50.config import TrainConfig, tfrecord_pattern
 from resnet50.flops import NUM_CLASSES
 
@@ -51,7 +52,7 @@ def write_tfrecords(out: Path, images: int, shards: int, image_size: int, seed: 
     out.mkdir(parents=True, exist_ok=True)
     for shard in range(shards):
         path = out / f"{subset}-{shard:05d}-of-{shards:05d}"
-        with tf.io.TFRecordWriter(str(path)) as writer:
+        with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:  # whole shards or none
             for index in range(shard, images, shards):
                 pixels = rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)
                 jpeg = tf.io.encode_jpeg(pixels, quality=90).numpy()

@@ -16,7 +16,7 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2 as transforms
 
-from jpwr import ValidationError
+from jpwr import ValidationError, atomic_path
 from resnet50.config import TrainConfig, jpeg_root
 from resnet50.flops import NUM_CLASSES
 
@@ -78,5 +78,6 @@ def write_jpeg_tree(root: Path, classes: int, per_class: int, image_size: int, s
         folder.mkdir(parents=True, exist_ok=True)
         for n in range(per_class):
             pixels = rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"{n:05d}.jpg", quality=90)
+            with atomic_path(folder / f"{n:05d}.jpg") as tmp:  # whole images or none (the name ends in .tmp)
+                Image.fromarray(pixels).save(tmp, format="JPEG", quality=90)
     return classes * per_class

@@ -2,8 +2,9 @@
 
 As root (CI): a small tmpfs mounted for the test and filled by `fail()`, so that every later write ends in ENOSPC.
 Without root the mount is not possible; `fail()` makes the directories read-only instead (EACCES): the same
-failure at the same boundary (a write the kernel refuses), not a full disk. The variant is printed so that the
-test's output says which one ran. The tmpfs is unmounted on every exit path.
+failure at the same boundary (a write the kernel refuses), not a full disk. The variant is written to the terminal
+(pytest's reporter, past output capture, also under -q) so that the CI log says which one ran. The tmpfs is
+unmounted on every exit path.
 """
 
 from __future__ import annotations
@@ -41,12 +42,22 @@ class FailingDisk:
         return errno.ENOSPC if self.variant == "full tmpfs" else errno.EACCES
 
 
+def _say(request: pytest.FixtureRequest, line: str) -> None:
+    """To the terminal past pytest's capture, as capsys.disabled() does (captured output shows only on failure)."""
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write(f"\n{request.node.nodeid}: {line}\n")
+
+
 @contextlib.contextmanager
-def failing_disk(where: Path) -> Iterator[FailingDisk]:
+def failing_disk(where: Path, request: pytest.FixtureRequest) -> Iterator[FailingDisk]:
     where.mkdir(parents=True)
     if os.geteuid() != 0:
         disk = FailingDisk(where, "read-only directory")
-        print(f"failing disk: {disk.variant} (not root: no tmpfs can be mounted)")
+        _say(request, f"failing disk: {disk.variant} (not root: no tmpfs can be mounted)")
         try:
             yield disk
         finally:
@@ -58,7 +69,7 @@ def failing_disk(where: Path) -> Iterator[FailingDisk]:
     if mounted.returncode != 0:  # root without CAP_SYS_ADMIN (a container): permissions do not stop root either
         pytest.skip(f"root, but cannot mount a tmpfs here: {mounted.stderr.strip()}")
     disk = FailingDisk(where, "full tmpfs")
-    print(f"failing disk: {disk.variant} of {SIZE} at {where}")
+    _say(request, f"failing disk: {disk.variant} of {SIZE} at {where}")
     try:
         yield disk
     finally:

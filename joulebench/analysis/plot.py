@@ -300,10 +300,13 @@ def _mark_phases(nodes: Sequence[NodeTrace], origin: int, ax) -> list[Patch]:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    """Write the image via a temporary file and rename, so a viewer never reads half a PNG."""
+    """Write the image via a temporary file and rename, so a viewer never reads half a PNG; the format is the
+    name's (the temporary name ends in .tmp)."""
     suptitle = fig.get_suptitle()  # also in the PNG's own Title, so the file says what it shows
+    image = path.suffix.lstrip(".").lower()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, **({"metadata": {"Title": suptitle}} if suptitle and path.suffix == ".png" else {}))
+        fig.savefig(tmp, dpi=110, format=image, **({"metadata": {"Title": suptitle}} if suptitle and image == "png"
+                                                    else {}))
     return path
 
 

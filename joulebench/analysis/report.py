@@ -177,9 +177,11 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
     steady = record.window(STEADY)
     if steady is None:
         return {}
-    # a trace file kept beside the record (results folders); a load record's per-request table is no trace
+    # a trace file kept beside the record (results folders); a load record's per-request table is no trace, nor is
+    # a hidden file (an atomic writer's temporary one)
     request_table = (record.requests or {}).get("file") if isinstance(record.requests, dict) else None
-    sources = sorted(p for p in record_path.parent.glob("*.h5") if p.name != request_table)
+    sources = sorted(p for p in record_path.parent.glob("*.h5")
+                     if p.name != request_table and not p.name.startswith("."))
     with contextlib.suppress(ValidationError):
         sources += find_trace_sources(record_path.parent)
     by_out_dir: dict[Path, list[TraceData]] = {}  # one group per jpwr --out directory (or lone file)

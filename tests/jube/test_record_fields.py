@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from joulebench.record import RunRecord, read_run_record, write_run_record
+from jpwr import utc_now
 from tests.jube.conftest import JUBE_DIR
 from tests.jube.test_profile import jbprofile  # noqa: F401  (loads jbprofile and its jbsettings, jbslurm)
 
@@ -221,17 +222,17 @@ def test_every_warning_of_the_record_reaches_the_note(tmp_path: Path) -> None:
     assert fields(work)["note"] == "steady window: sensor aliasing: 100 ms updates against a 1.0 s step"
 
 
-def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing_disk(tmp_path, monkeypatch):
+def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing_disk(tmp_path, monkeypatch, request):
     """The driver's disk failed (its record went to $TMPDIR) and still fails when the job finalises: the row has
     the driver's figures and says why the record is not in the run directory, and the job's facts join the copy."""
     from joulebench.lifecycle import fallback_paths
     from tests.failing_disk import failing_disk
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
-    with failing_disk(tmp_path / "disk") as disk:
+    with failing_disk(tmp_path / "disk", request) as disk:
         (disk.path / "run").mkdir()
         work = job_dir(tmp_path, None, JB_OUT_DIR=str(disk.path / "run"))
-        fallback = fallback_paths("llm-000000-000003")[0]
+        fallback = fallback_paths("llm-000000-000003", disk.path / "run")[0]
         write_run_record(fallback, RunRecord(benchmark="llm_training", run_id="llm-000000-000003",
                                              metrics={"work_unit": "tokens", "tokens_per_s": 1234.5}))
         disk.fail()
@@ -248,7 +249,7 @@ def test_finalize_moves_the_drivers_record_from_elsewhere_into_the_run_directory
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
     work = job_dir(tmp_path, None)
-    fallback = write_run_record(fallback_paths("llm-000000-000003")[0], RunRecord(
+    fallback = write_run_record(fallback_paths("llm-000000-000003", work / "run")[0], RunRecord(
         benchmark="llm_training", run_id="llm-000000-000003", metrics={"work_unit": "tokens", "tokens_per_s": 99.0}))
     assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
                           "74"]) == 0  # the driver's code for a record it wrote elsewhere: the record decides
@@ -284,3 +285,50 @@ def test_the_point_names_the_coordinates_in_which_the_rows_differ(tmp_path: Path
         assert jbrecord.point_labels(rundir) == ({"a": "-"} if name == "a" else {"a": "gbs=8", "b": "gbs=16"})
     jbrecord.main(["compare", "--rundir", str(rundir)])
     assert "JB point=gbs=16\n" in (rundir / "compare" / "b.txt").read_text()
+
+
+@pytest.mark.parametrize("stale", ["another output directory", "an earlier run of this one"])
+def test_finalize_never_takes_a_copy_another_run_left_elsewhere(tmp_path, monkeypatch, stale):
+    """Run ids repeat across JUBE outpaths and reruns: a copy in $TMPDIR of a run with the same id is this run's only
+    when it is named after this run directory and started after the job was submitted."""
+    from joulebench.lifecycle import fallback_paths
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    work = job_dir(tmp_path, None)  # this run's driver was killed: it left no record at all
+    other = stale == "another output directory"
+    copy = write_run_record(fallback_paths("llm-000000-000003", tmp_path / "old" if other else work / "run")[0],
+                            RunRecord(benchmark="llm_training", run_id="llm-000000-000003",
+                                      started_at="2020-01-01T00:00:00+00:00" if not other else utc_now(),
+                                      metrics={"work_unit": "tokens", "tokens_per_s": 1234.5}))
+    (work / "job.err").write_text("srun: error: n1: task 0: Killed\n")
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "137"]) == 1
+    row = fields(work)
+    assert row["status"] == "FAILED" and row["tokens_per_s"] == "n/a" and copy.exists()
+
+
+def test_a_timeout_whose_record_went_elsewhere_stays_a_timeout(tmp_path, monkeypatch):
+    """Rank 0 stopped cleanly, could not write its record to the run directory and exited 74 (srun names the task):
+    the record decides, as for a clean stop's 124."""
+    from joulebench.lifecycle import fallback_paths
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    work = job_dir(tmp_path, None)
+    write_run_record(fallback_paths("llm-000000-000003", work / "run")[0], RunRecord(
+        benchmark="llm_training", run_id="llm-000000-000003", status="TIMEOUT",
+        status_reason="stopped cleanly after 9 of 100 iterations", metrics={"work_unit": "tokens"}))
+    (work / "job.err").write_text("0: [llm_training] error: cannot write the run record (No space left on device)\n"
+                                  "srun: error: n1: task 0: Exited with exit code 74\n")
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "74"]) == 124
+    row = fields(work)
+    assert row["status"] == "TIMEOUT" and "stopped cleanly after 9 of 100 iterations" in row["note"]
+
+
+def test_a_failed_rank_that_wrote_nothing_of_its_own_is_named(tmp_path):
+    """srun names the task, but the rank printed no line of its own (no `N:` label): FAILED, nothing on its stderr."""
+    work = job_dir(tmp_path, "TIMEOUT")
+    (work / "job.err").write_text("srun: error: n2: task 1: Segmentation fault\n")
+    assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
+                          "139"]) == 1
+    assert "rank 1 on n2 ended: Segmentation fault (nothing on its stderr)" in fields(work)["note"]

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from jpwr.errors import ExitCode
-from llm_inference.checkpoint import prompt_text
+from llm_inference.checkpoint import prompt_text, replace_directory
 from llm_inference.cli import main
 from llm_inference.presets import PRESETS
 
@@ -90,6 +90,17 @@ def test_non_empty_out_is_refused_unless_forced(tmp_path, capsys):
     assert main(["save-checkpoint", "--preset", "tiny", "--out", str(out), "--force"]) == ExitCode.OK
     assert not (out / "notes.txt").exists() and (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+
+
+def test_a_swap_that_fails_keeps_the_old_checkpoint(tmp_path):
+    """--force renames the old checkpoint aside before the new one takes its name, and back when that fails (here
+    the new one has vanished)."""
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "model.safetensors").write_text("old weights")
+    with pytest.raises(FileNotFoundError):
+        replace_directory(tmp_path / ".ckpt.vanished", out)
+    assert (out / "model.safetensors").read_text() == "old weights" and [p.name for p in tmp_path.iterdir()] == ["ckpt"]
 
 
 def test_unknown_preset_is_refused(tmp_path, capsys):

@@ -96,5 +96,5 @@ def test_preprocess_errors_name_the_problem(tmp_path, corpus, capsys):
         assert code == ExitCode.USAGE
         err = capsys.readouterr().err
         assert message in err and "Fix:" in err
-    # the unknown key fails after the first documents were written: no half-written file, nor a temporary one
+    # the unknown key fails at the first line, when both temporary files exist already: none is left behind
     assert not [path.name for path in tmp_path.iterdir() if path.name.lstrip(".").startswith("x")]

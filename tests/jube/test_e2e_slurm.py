@@ -30,7 +30,7 @@ from tests.jube.test_static import assert_patterns_match
 
 pytestmark = requires_slurm
 SLURM_STATE = {"OK": "COMPLETED", "FAILED": "FAILED", "TIMEOUT": "TIMEOUT", "CANCELLED": "CANCELLED"}  # docs/jube.md
-ENERGY_COLUMNS = ("Energy(Wh)", "Power/device(W)", "Energy method", "Coverage", "Error bound(J)")
+ENERGY_COLUMNS = ("Energy(Wh)", "Power/device(W)", "Energy method", "Coverage %", "Error bound(J)")
 
 
 def _cluster_env(jube_env: dict[str, str], slurm_conf: Path) -> dict[str, str]:
@@ -60,7 +60,7 @@ def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
         assert float(row["Tokens/s"]) > 0 and is_number(row["Tokens/s/device"]) and is_number(row["Time/iteration(s)"])
         assert float(row["Energy(Wh)"]) > 0 and float(row["Tokens/Wh"]) > 0 and float(row["Power/device(W)"]) > 0
         assert row["Energy method"] in ("counter", "counter+power", "power")
-        assert 0 < float(row["Coverage"]) <= 1 and is_number(row["Error bound(J)"])
+        assert 0 < float(row["Coverage %"]) <= 100 and is_number(row["Error bound(J)"])
         assert row["Note"] == _as_note(records[row["JobID"]]["warnings"]), row  # every warning of the run
     for job in jobs:
         assert (job / "run" / "run_record.json").exists()

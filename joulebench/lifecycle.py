@@ -40,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from joulebench.disturbed import WINDOW, Watch, judge, summary
+from joulebench.disturbed import WINDOW, Watch, judge, summary, unjudged
 from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
 from joulebench.launch import LaunchEnv
@@ -154,15 +154,21 @@ class Run:
     def judge_disturbance(self, gather: Gather | None) -> None:
         """Every rank's view of the steady window (collective), judged into the record's `disturbed` block; a
         disturbed run keeps its status and gets a warning naming why (joulebench.disturbed)."""
-        self.watch.stop()
-        window = next((w for w in self.meter.windows if w.name == WINDOW), None) if self.meter else None
-        part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
-        parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
         try:
+            self.watch.stop()
+            window = next((w for w in self.meter.windows if w.name == WINDOW), None) if self.meter else None
+            part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
+        except Exception as exc:  # this rank's view fails: it still joins the gather, and every check is n/a
+            traceback.print_exc()
+            part = {"unjudged": f"rank {self.launch.rank}'s view failed: {type(exc).__name__}: {exc}"}
+        try:
+            parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
             self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times)
         except Exception as exc:  # a check that cannot be made must not cost the record
             traceback.print_exc()
-            self.record.warn(f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}")
+            reason = f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}"
+            self.record.disturbed = unjudged(reason)
+            self.record.warn(reason)
             return
         text = summary(self.record.disturbed)
         if text and text not in self.record.warnings:

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,3 +166,38 @@ def test_a_failing_nvml_call_makes_its_check_na_with_nvmls_error(fake_pynvml, h1
     assert checks["other_processes"]["disturbed"] is None
     assert "running processes: Not Supported" in checks["other_processes"]["unavailable_reason"]
     assert checks["clock_events"]["disturbed"] is False  # the other call still answers
+
+
+def _sampling_thread_ended() -> None:
+    """Wait for a sampling thread left inside a slow call, so that it never calls the fake of the next test."""
+    for thread in threading.enumerate():
+        if thread.name == "joulebench-disturbed":
+            thread.join()
+
+
+@pytest.mark.parametrize("stuck", ["nvmlDeviceGetUUID", "nvmlDeviceGetComputeRunningProcesses"])
+def test_a_stuck_nvml_call_neither_holds_the_run_nor_counts(fake_pynvml, h100_trace_dir: Path, loadavg: Path,
+                                                           stuck: str) -> None:
+    fake_pynvml.configure(h100_trace_dir, faults=fake_pynvml.Faults(slow_ms={stuck: 2600}))
+    try:
+        began = time.monotonic()
+        watch = Watch(leader=True, every_s=0.01).start()  # opening the probe (UUID) is the thread's, never the run's
+        start = time.monotonic_ns()
+        assert time.monotonic() - began < 0.5
+        time.sleep(0.05)
+        end = time.monotonic_ns()
+        began = time.monotonic()
+        watch.stop()
+        assert time.monotonic() - began < 2.4  # two periods, at least 2 s: not the stuck call's 2.6 s
+        checks = judge([watch.part((start, end))], None, "-")["checks"]
+    finally:
+        _sampling_thread_ended()
+    for name in ("other_processes", "clock_events"):
+        assert checks[name]["disturbed"] is None
+        assert "the GPUs' state call did not return within 2 s" in checks[name]["unavailable_reason"]
+
+
+def test_a_rank_whose_view_failed_makes_every_check_na() -> None:
+    block = judge([{"unjudged": "rank 1's view failed: OSError: gone"}, watched()], [0.1] * 5, "steps")
+    assert block["disturbed"] is None and block["reasons"] == []
+    assert {c["unavailable_reason"] for c in block["checks"].values()} == {"rank 1's view failed: OSError: gone"}

@@ -158,8 +158,10 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"clocks": clocks, "processes": processes, "process_reads": process_reads, "device_errors": errors}
 
 
-def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str) -> dict[str, Any]:
-    """The record's `disturbed` block from every rank's part and rank 0's step times in the window."""
+def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str,
+          processes_unjudged: str | None = None) -> dict[str, Any]:
+    """The record's `disturbed` block from every rank's part and rank 0's step times in the window;
+    `processes_unjudged`: why the GPUs' processes cannot be told apart (the check is n/a, e.g. an external server)."""
     failed = [str(p["unjudged"]) for p in parts if p.get("unjudged")]
     if failed:
         return unjudged("; ".join(failed))
@@ -172,8 +174,9 @@ def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None
         own = {p["node"]: set() for p in parts}
         for p in parts:
             own[p["node"]].add(int(p["pid"]))
-        checks.update(other_processes=_process_check(leaders, own), host_load=_load_check(leaders),
-                      clock_events=_clock_check(leaders))
+        processes = ({"disturbed": None, "unavailable_reason": processes_unjudged} if processes_unjudged
+                     else _process_check(leaders, own))
+        checks.update(other_processes=processes, host_load=_load_check(leaders), clock_events=_clock_check(leaders))
     reasons = [c["reason"] for c in checks.values() if c.get("disturbed")]
     return {"disturbed": bool(reasons), "reasons": reasons, "window": WINDOW, "checks": checks}
 

@@ -145,11 +145,16 @@ class Run:
         self.exit_code = 0
         self.watch = Watch(launch.is_node_leader)
         self._step_times: tuple[list[float] | None, str] = (None, "the driver gives no step times")
+        self._processes_unjudged: str | None = None
 
     def step_times(self, seconds: Sequence[float] | None, basis: str) -> None:
         """The driver's step times in the steady window (what `basis` says they are), or None with `basis` saying
         why there are none: the disturbance check's step-time spread."""
         self._step_times = (None if seconds is None else list(seconds), basis)
+
+    def processes_unjudged(self, reason: str) -> None:
+        """The GPUs' processes cannot be told this run's or another job's (`reason`): that check is n/a."""
+        self._processes_unjudged = reason
 
     def judge_disturbance(self, gather: Gather | None) -> None:
         """Every rank's view of the steady window (collective), judged into the record's `disturbed` block; a
@@ -163,7 +168,8 @@ class Run:
             part = {"unjudged": f"rank {self.launch.rank}'s view failed: {type(exc).__name__}: {exc}"}
         try:
             parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
-            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times)
+            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times,
+                                         self._processes_unjudged)
         except Exception as exc:  # a check that cannot be made must not cost the record
             traceback.print_exc()
             reason = f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}"

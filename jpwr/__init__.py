@@ -78,6 +78,7 @@ _HOMES = {
     "utc_now": "jpwr.output",  # the timestamp format of every record
     # --- The node and the job's devices (device settings must touch exactly the metered GPUs) --------
     "node_name": "jpwr.node",  # this node's name as the sampler records it
+    "host_id": "jpwr.node",  # this host (hostname and boot id), which several node names may share
     "job_devices": "jpwr.devices",  # the job's accelerators on this node, as selectors
     "selector_kind": "jpwr.devices",  # index, UUID, MIG or PCI: how a selector names a device
     "selector_matches": "jpwr.devices",  # whether a device is the one a selector names

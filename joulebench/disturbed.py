@@ -4,7 +4,8 @@ run stays OK): its figures are measured correctly, but of a machine that was not
 table, report and comparison says so.
 
 * step-time spread: coefficient of variation of the driver's step times in the steady window above 10 %;
-* other processes on the metered GPUs (NVML's running processes), any not of this run's ranks or their children;
+* other processes on the metered GPUs (NVML's running processes), any not of this run's ranks on that host or their
+  children;
 * host load: the 1-minute load average above the core count in more than half of the window's samples;
 * clock events: thermal slowdown (SW or HW), HW slowdown or HW power brake on any GPU in more than 10 % of the
   window's samples. SW power cap is not counted: at full load it is how an H100 holds its power limit.
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import DeviceState, DeviceStateProbe, ProcessFacts, node_name, process_facts, reason_names
+from jpwr import DeviceState, DeviceStateProbe, ProcessFacts, host_id, node_name, process_facts, reason_names
 
 STEP_CV_MAX = 0.10  # the step times' standard deviation over their mean
 MIN_STEP_TIMES = 3  # fewer step times give no spread worth judging
@@ -107,7 +108,7 @@ class Watch:
     def part(self, window: tuple[int, int] | None) -> dict[str, Any]:
         """What this rank brings to the judgement, reduced to the window (t_start_ns, t_end_ns on this node's
         clock); plain JSON, since a gather may travel as JSON."""
-        part: dict[str, Any] = {"node": node_name(), "pid": os.getpid(), "leader": self.leader}
+        part: dict[str, Any] = {"node": node_name(), "host": host_id(), "pid": os.getpid(), "leader": self.leader}
         if not self.leader or window is None:
             return part
         samples = list(self.samples)  # a thread left inside a call may still append
@@ -171,9 +172,9 @@ def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None
         missing = {"disturbed": None, "unavailable_reason": f"no {WINDOW} window was sampled"}
         checks.update(other_processes=missing, host_load=missing, clock_events=missing)
     else:
-        own = {p["node"]: set() for p in parts}
+        own: dict[str, set[int]] = {}  # by host: node identities of one host see each other's ranks on its GPUs
         for p in parts:
-            own[p["node"]].add(int(p["pid"]))
+            own.setdefault(p["host"], set()).add(int(p["pid"]))
         processes = ({"disturbed": None, "unavailable_reason": processes_unjudged} if processes_unjudged
                      else _process_check(leaders, own))
         checks.update(other_processes=processes, host_load=_load_check(leaders), clock_events=_clock_check(leaders))
@@ -211,7 +212,7 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
     others: list[dict[str, Any]] = []
     notes: list[str] = []
     for part in leaders:
-        mine = own.get(part["node"], set())
+        mine = own.get(part["host"], set())
         ours_seen, hidden = False, []
         for pid, seen in part["processes"].items():
             shown = {"pid": int(pid), "node": part["node"], **_shown(seen)}

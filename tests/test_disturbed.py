@@ -201,3 +201,19 @@ def test_a_rank_whose_view_failed_makes_every_check_na() -> None:
     block = judge([{"unjudged": "rank 1's view failed: OSError: gone"}, watched()], [0.1] * 5, "steps")
     assert block["disturbed"] is None and block["reasons"] == []
     assert {c["unavailable_reason"] for c in block["checks"].values()} == {"rank 1's view failed: OSError: gone"}
+
+
+def test_node_identities_of_one_host_see_each_others_ranks_as_the_runs(fake_pynvml, h100_trace_dir: Path,
+                                                                      loadavg: Path, stranger: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-identity local system: rank 1 (here the stranger's PID) is node n1 on this same host; its process on
+    the GPUs that node n0's leader samples is the run's, never another job's."""
+    fake_pynvml.configure(h100_trace_dir, overrides={0: {"processes": {os.getpid(): GIB, stranger: GIB}}})
+    monkeypatch.setenv("JPWR_NODE_NAME", "n0")
+    leader = watched()
+    monkeypatch.setenv("JPWR_NODE_NAME", "n1")
+    rank1 = {**Watch(leader=False).part(None), "pid": stranger}
+    checks = judge([leader, rank1], None, "-")["checks"]
+    assert checks["other_processes"]["disturbed"] is False and checks["other_processes"]["value"] == []
+    rank1_elsewhere = {**rank1, "host": "another-host:boot"}
+    assert judge([leader, rank1_elsewhere], None, "-")["checks"]["other_processes"]["disturbed"] is True

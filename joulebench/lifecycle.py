@@ -53,7 +53,16 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter, json_text
+from jpwr import (
+    ACCELERATORS,
+    DeviceEventStamps,
+    IdleBaseline,
+    JpwrError,
+    WindowEnergy,
+    WindowMeter,
+    json_text,
+    split_energy,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
@@ -146,6 +155,7 @@ class Run:
         self.watch = Watch(launch.is_node_leader)
         self._step_times: tuple[list[float] | None, str] = (None, "the driver gives no step times")
         self._processes_unjudged: str | None = None
+        self.accelerator = False  # the run computes on GPUs (idle_baseline says so)
 
     def step_times(self, seconds: Sequence[float] | None, basis: str) -> None:
         """The driver's step times in the steady window (what `basis` says they are), or None with `basis` saying
@@ -180,6 +190,20 @@ class Run:
         if text and text not in self.record.warnings:
             self.record.warnings.insert(0, text)  # first, as every table's note shows it
 
+    def withhold_cpu_headline(self) -> None:
+        """A GPU run whose meter read no accelerator (NVML failed) would get the CPU packages' energy (RAPL) as its
+        headline: each such window's energy is withheld with why, and the RAPL figures stay beside it."""
+        for window in self.meter.windows if self.meter and self.accelerator else ():
+            energy = window.energy
+            if energy is None or not energy.domain or energy.domain.startswith(ACCELERATORS):
+                continue
+            why = "; ".join(w for w in energy.warnings if w.startswith("headline from RAPL")) or energy.domain
+            withheld = WindowEnergy.unavailable(f"the run computes on accelerators but none was metered ({why}); the "
+                                                f"CPU's energy ({energy.domain}) is not the run's: see other_domains")
+            withheld.other_domains, withheld.nodes = [*energy.per_device, *energy.other_domains], energy.nodes
+            window.energy = withheld
+            window.split = split_energy(withheld, window.duration_s, self.meter.idle)
+
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
                    phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:
         """The node's sampler (JPWR_ADDR), or an in-process one for `methods`, writing beside the record;
@@ -202,6 +226,7 @@ class Run:
         """Measure the idle baseline before the first window (collective), or reuse one measured earlier in
         this process (a sweep's later points), so that every window's energy splits into idle and dynamic."""
         meter = self._meter()
+        self.accelerator = accelerator
         if reuse is not None:
             meter.idle = reuse
             self.record.meter["idle_baseline"] = {**reuse.to_dict(),
@@ -284,6 +309,7 @@ class Lifecycle:
                 record.status, record.status_reason = "TIMEOUT", str(stopped)
             if run.meter is not None:
                 run.meter.attach_energy(gather)
+                run.withhold_cpu_headline()
                 run.judge_disturbance(gather)
         except BaseException as exc:  # the record is written on any failure; the exit code says what happened
             run.failed(exc)

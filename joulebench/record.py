@@ -333,6 +333,9 @@ def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:
         ("energy_coverage", m.get("energy_coverage")), ("energy_error_bound_j", m.get("energy_error_bound_j")),
         *((key, m.get(key)) for key in extra_keys),
     ]
+    domain = headline_domain(record)
+    if domain and domain != ACCELERATORS:  # the headline is not the accelerators': never read as if it were
+        fields.append(("energy_domain", domain.replace(" ", "_")))
     parts = []
     for key, value in fields:
         text = value if isinstance(value, str) else fmt(value, 6)

@@ -40,6 +40,7 @@ _HOMES = {
     "aliasing_warning": "jpwr.estimator",  # whether a loop's period aliases with the sensor's
     # --- Combining nodes -------------------------------------------------------------------------------
     "combine_energies": "jpwr.energy",  # per-node window energies -> the run's, each device counted once
+    "split_energy": "jpwr.energy",  # a window's energy -> idle and dynamic parts by the idle baseline
     "J_PER_WH": "jpwr.energy",  # the unit WindowEnergy.energy_wh converts with
     # --- Reading a saved trace (analysis, workflows) ---------------------------------------------------
     "load_trace": "jpwr.trace",  # a node's trace from its directory (HDF5 or segments) or a trace file

@@ -293,8 +293,12 @@ def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return check
 
 
-def summary(block: Mapping[str, Any] | None) -> str | None:
-    """One phrase for tables and notes: 'disturbed: <reasons>', or None for an undisturbed or unjudged run."""
-    if not block or not block.get("disturbed"):
+def summary(block: object) -> str | None:
+    """One phrase for tables and notes: 'disturbed: <reasons>', or None for an undisturbed or unjudged run. Any
+    block is read (jube/jbrecord.py passes what a record holds): a verdict other than true is no disturbance, and
+    reasons that are not a list of texts are 'reason not recorded'."""
+    if not isinstance(block, Mapping) or block.get("disturbed") is not True:
         return None
-    return "disturbed: " + "; ".join(block.get("reasons") or ["reason not recorded"])
+    reasons = block.get("reasons")
+    texts = [r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else []
+    return "disturbed: " + "; ".join(texts or ["reason not recorded"])

@@ -6,7 +6,8 @@ table, report and comparison says so.
 * step-time spread: coefficient of variation of the driver's step times in the steady window above 10 %;
 * other processes on the metered GPUs (NVML's running processes), any not of this run's ranks on that host or their
   children;
-* host load: the 1-minute load average above the core count in more than half of the window's samples;
+* host load: the 1-minute load average (this run's own threads included) above the core count in more than
+  half of the window's samples;
 * clock events: thermal slowdown (SW or HW), HW slowdown or HW power brake on any GPU in more than 10 % of the
   window's samples. SW power cap is not counted: at full load it is how an H100 holds its power limit.
 
@@ -269,9 +270,9 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     check = {"value": fraction, "threshold": LOAD_FRACTION_MAX, "samples": len(loads), "max_load_1min": peak[0],
              "cores": peak[1], "disturbed": fraction > LOAD_FRACTION_MAX}
     if check["disturbed"]:
-        check["reason"] = (f"host load: 1-minute load above the {peak[1]} cores of {peak[2]} in {fraction:.0%} of "
-                           f"{len(loads)} samples (max {peak[0]:.1f}; threshold: more than "
-                           f"{LOAD_FRACTION_MAX:.0%})")
+        check["reason"] = (f"host load: 1-minute load (including this run's threads) above the {peak[1]} cores of "
+                           f"{peak[2]} in {fraction:.0%} of {len(loads)} samples (max {peak[0]:.1f}; threshold: "
+                           f"more than {LOAD_FRACTION_MAX:.0%})")
     return check
 
 

@@ -140,7 +140,8 @@ def test_without_nvml_the_device_checks_are_na_with_the_reason_and_the_load_stil
     checks = block["checks"]
     for name in ("other_processes", "clock_events"):
         assert checks[name]["disturbed"] is None and "nvmlInit failed" in checks[name]["unavailable_reason"]
-    assert block["disturbed"] is True and block["reasons"][0].startswith("host load: 1-minute load above")
+    assert block["disturbed"] is True and block["reasons"][0].startswith(
+        "host load: 1-minute load (including this run's threads) above")
 
 
 def test_pids_of_another_namespace_count_where_ours_are_seen_or_outnumber_the_run(fake_pynvml, h100_trace_dir: Path,

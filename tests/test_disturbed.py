@@ -18,7 +18,9 @@ import pytest
 
 from joulebench.analysis.report import load_runs, table_rows
 from joulebench.analysis.report import main as report_main
-from joulebench.disturbed import LOADAVG_ENV, STEP_CV_MAX, Watch, judge
+from joulebench.disturbed import LOADAVG_ENV, STEP_CV_MAX, WINDOW, Watch, judge
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
 from joulebench.record import RunRecord
 from jpwr import node_name
 from llm_training.cli import main as llm_training_main
@@ -218,3 +220,23 @@ def test_node_identities_of_one_host_see_each_others_ranks_as_the_runs(fake_pynv
     assert checks["other_processes"]["disturbed"] is False and checks["other_processes"]["value"] == []
     rank1_elsewhere = {**rank1, "host": "another-host:boot"}
     assert judge([leader, rank1_elsewhere], None, "-")["checks"]["other_processes"]["disturbed"] is True
+
+
+def test_a_judgement_that_fails_makes_every_check_na_and_the_run_goes_on(tmp_path: Path, fake_pynvml,
+                                                                         h100_trace_dir: Path, loadavg: Path) -> None:
+    """Step times a judgement cannot reduce (a driver's bug): the record says why no check was made, the run is OK."""
+    fake_pynvml.configure(h100_trace_dir)
+    with Lifecycle("llm_training", LaunchEnv.from_env()) as life, \
+            life.run("judged", tmp_path / "run", {}, metrics=lambda record: {"work_unit": "tokens"}) as run:
+        meter = run.open_meter(methods="nvml", read_every_s=0.05)
+        meter.begin(WINDOW, 0)
+        time.sleep(0.1)
+        meter.end(WINDOW, 3, {"tokens": 30.0})
+        run.step_times(["0.1 s"] * 3, "log intervals' mean step times")  # type: ignore[list-item]
+    assert life.exit_code() == 0
+    record = json.loads((tmp_path / "run" / "run_record.json").read_text())
+    assert record["status"] == "OK" and record["disturbed"]["disturbed"] is None
+    reasons = {check["unavailable_reason"] for check in record["disturbed"]["checks"].values()}
+    assert len(reasons) == 1
+    assert reasons.pop().startswith("whether the run was disturbed could not be judged: TypeError")
+    assert any(w.startswith("whether the run was disturbed could not be judged") for w in record["warnings"])

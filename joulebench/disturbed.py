@@ -4,8 +4,10 @@ run stays OK): its figures are measured correctly, but of a machine that was not
 table, report and comparison says so.
 
 * step-time spread: coefficient of variation of the driver's step times in the steady window above 10 %;
-* other processes on the metered GPUs (NVML's running processes), any not of this run's ranks or their children;
-* host load: the 1-minute load average above the core count in more than half of the window's samples;
+* other processes on the metered GPUs (NVML's running processes), any not of this run's ranks on that host or their
+  children;
+* host load: the 1-minute load average (this run's own threads included) above the core count in more than
+  half of the window's samples;
 * clock events: thermal slowdown (SW or HW), HW slowdown or HW power brake on any GPU in more than 10 % of the
   window's samples. SW power cap is not counted: at full load it is how an H100 holds its power limit.
 
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import DeviceState, DeviceStateProbe, ProcessFacts, node_name, process_facts, reason_names
+from jpwr import DeviceState, DeviceStateProbe, ProcessFacts, host_id, node_name, process_facts, reason_names
 
 STEP_CV_MAX = 0.10  # the step times' standard deviation over their mean
 MIN_STEP_TIMES = 3  # fewer step times give no spread worth judging
@@ -31,6 +33,7 @@ LOAD_FRACTION_MAX = 0.5  # of the window's samples with the 1-minute load above 
 CLOCK_FRACTION_MAX = 0.10  # of the window's samples with a counted clock event reason, on any GPU
 COUNTED_CLOCK_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 SAMPLE_EVERY_S = 1.0
+JOIN_MIN_S = 1.0  # the stop waits for the sampling thread two periods, but at least twice this
 LOADAVG_ENV = "JOULEBENCH_LOADAVG"  # a file in /proc/loadavg's format instead of /proc/loadavg (tests plant load)
 WINDOW = "steady"
 GIB = 2**30
@@ -46,25 +49,35 @@ class Watch:
         self.samples: list[dict[str, Any]] = []
         self.probe: DeviceStateProbe | None = None
         self.probe_reason: str | None = None  # why the GPUs cannot be read (no NVML, no GPU selected)
+        self.hung_reason: str | None = None  # set when the thread did not end at the stop
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> Watch:
+        """On a node leader, start the sampling thread; it opens the GPUs' probe itself, so that a stuck NVML call
+        never holds up the run."""
         if self.leader:
-            try:
-                self.probe = DeviceStateProbe.open()
-                self.probe_reason = self.probe.unavailable_reason
-            except Exception as exc:  # e.g. a device selection jpwr refuses: the meter reports it, the run goes on
-                self.probe_reason = f"the GPUs' state could not be read: {type(exc).__name__}: {exc}"
             self._thread = threading.Thread(target=self._loop, name="joulebench-disturbed", daemon=True)
             self._thread.start()
         return self
 
     def _loop(self) -> None:
-        while True:
-            self.samples.append(self._sample())
-            if self._stop.wait(self.every_s):
-                return
+        """Open the probe, sample until stopped and once more at the stop (a window shorter than a period still
+        has a sample), then close the probe: only this thread calls NVML, so NVML is never closed under it."""
+        try:
+            self.probe = DeviceStateProbe.open()
+            self.probe_reason = self.probe.unavailable_reason
+        except Exception as exc:  # e.g. a device selection jpwr refuses: the meter reports it, the run goes on
+            self.probe_reason = f"the GPUs' state could not be read: {type(exc).__name__}: {exc}"
+        try:
+            while True:
+                self.samples.append(self._sample())
+                if self._stop.wait(self.every_s):
+                    self.samples.append(self._sample())
+                    return
+        finally:
+            if self.probe is not None:
+                self.probe.close()
 
     def _sample(self) -> dict[str, Any]:
         try:
@@ -82,27 +95,30 @@ class Watch:
                 "facts": {pid: process_facts(pid) for pid in pids}}
 
     def stop(self) -> None:
-        """End the thread (one last sample first, so that a window shorter than a period still has one)."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self.samples.append(self._sample())
-        if self.probe is not None:
-            self.probe.close()
-            self.probe = None
+        """End the thread, waiting at most two sampling periods (at least JOIN_MIN_S): a thread still inside an
+        NVML call then is left to finish on its own, and the GPU checks are n/a."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        timeout = 2 * max(self.every_s, JOIN_MIN_S)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.hung_reason = f"the GPUs' state call did not return within {timeout:g} s"
+        self._thread = None
 
     def part(self, window: tuple[int, int] | None) -> dict[str, Any]:
         """What this rank brings to the judgement, reduced to the window (t_start_ns, t_end_ns on this node's
         clock); plain JSON, since a gather may travel as JSON."""
-        part: dict[str, Any] = {"node": node_name(), "pid": os.getpid(), "leader": self.leader}
+        part: dict[str, Any] = {"node": node_name(), "host": host_id(), "pid": os.getpid(), "leader": self.leader}
         if not self.leader or window is None:
             return part
-        inside = [s for s in self.samples if window[0] <= s["t_ns"] <= window[1]]
-        if not inside and self.samples:  # a window shorter than the sampling period: the first sample after it
-            inside = [min(self.samples, key=lambda s: (s["t_ns"] < window[0], abs(s["t_ns"] - window[1])))]
-        part.update(samples=len(inside), cores=os.cpu_count(), **_loads(inside), **_devices(inside),
-                    probe_unavailable=self.probe_reason)
+        samples = list(self.samples)  # a thread left inside a call may still append
+        inside = [s for s in samples if window[0] <= s["t_ns"] <= window[1]]
+        if not inside and samples:  # a window shorter than the sampling period: the first sample after it
+            inside = [min(samples, key=lambda s: (s["t_ns"] < window[0], abs(s["t_ns"] - window[1])))]
+        devices = _devices([] if self.hung_reason else inside)  # a stuck call: no GPU check is judged
+        part.update(samples=len(inside), cores=os.cpu_count(), **_loads(inside), **devices,
+                    probe_unavailable=self.hung_reason or self.probe_reason)
         return part
 
 
@@ -144,21 +160,35 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"clocks": clocks, "processes": processes, "process_reads": process_reads, "device_errors": errors}
 
 
-def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str) -> dict[str, Any]:
-    """The record's `disturbed` block from every rank's part and rank 0's step times in the window."""
+def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str,
+          processes_unjudged: str | None = None) -> dict[str, Any]:
+    """The record's `disturbed` block from every rank's part and rank 0's step times in the window;
+    `processes_unjudged`: why the GPUs' processes cannot be told apart (the check is n/a, e.g. an external server)."""
+    failed = [str(p["unjudged"]) for p in parts if p.get("unjudged")]
+    if failed:
+        return unjudged("; ".join(failed))
     leaders = [p for p in parts if p.get("leader") and "samples" in p]
     checks = {"step_time_cv": _step_check(step_times, basis)}
     if not leaders:
         missing = {"disturbed": None, "unavailable_reason": f"no {WINDOW} window was sampled"}
         checks.update(other_processes=missing, host_load=missing, clock_events=missing)
     else:
-        own = {p["node"]: set() for p in parts}
+        own: dict[str, set[int]] = {}  # by host: node identities of one host see each other's ranks on its GPUs
         for p in parts:
-            own[p["node"]].add(int(p["pid"]))
-        checks.update(other_processes=_process_check(leaders, own), host_load=_load_check(leaders),
-                      clock_events=_clock_check(leaders))
+            own.setdefault(p["host"], set()).add(int(p["pid"]))
+        processes = ({"disturbed": None, "unavailable_reason": processes_unjudged} if processes_unjudged
+                     else _process_check(leaders, own))
+        checks.update(other_processes=processes, host_load=_load_check(leaders), clock_events=_clock_check(leaders))
     reasons = [c["reason"] for c in checks.values() if c.get("disturbed")]
     return {"disturbed": bool(reasons), "reasons": reasons, "window": WINDOW, "checks": checks}
+
+
+def unjudged(reason: str) -> dict[str, Any]:
+    """The block of a run whose disturbance could not be judged (a rank's part or the judgement failed): every
+    check n/a with `reason`, never a failed run."""
+    missing = {"disturbed": None, "unavailable_reason": reason}
+    return {"disturbed": None, "reasons": [], "window": WINDOW,
+            "checks": dict.fromkeys(("step_time_cv", "other_processes", "host_load", "clock_events"), missing)}
 
 
 def _step_check(times: Sequence[float] | None, basis: str) -> dict[str, Any]:
@@ -183,7 +213,7 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
     others: list[dict[str, Any]] = []
     notes: list[str] = []
     for part in leaders:
-        mine = own.get(part["node"], set())
+        mine = own.get(part["host"], set())
         ours_seen, hidden = False, []
         for pid, seen in part["processes"].items():
             shown = {"pid": int(pid), "node": part["node"], **_shown(seen)}
@@ -240,9 +270,9 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     check = {"value": fraction, "threshold": LOAD_FRACTION_MAX, "samples": len(loads), "max_load_1min": peak[0],
              "cores": peak[1], "disturbed": fraction > LOAD_FRACTION_MAX}
     if check["disturbed"]:
-        check["reason"] = (f"host load: 1-minute load above the {peak[1]} cores of {peak[2]} in {fraction:.0%} of "
-                           f"{len(loads)} samples (max {peak[0]:.1f}; threshold: more than "
-                           f"{LOAD_FRACTION_MAX:.0%})")
+        check["reason"] = (f"host load: 1-minute load (including this run's threads) above the {peak[1]} cores of "
+                           f"{peak[2]} in {fraction:.0%} of {len(loads)} samples (max {peak[0]:.1f}; threshold: "
+                           f"more than {LOAD_FRACTION_MAX:.0%})")
     return check
 
 
@@ -264,8 +294,12 @@ def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return check
 
 
-def summary(block: Mapping[str, Any] | None) -> str | None:
-    """One phrase for tables and notes: 'disturbed: <reasons>', or None for an undisturbed or unjudged run."""
-    if not block or not block.get("disturbed"):
+def summary(block: object) -> str | None:
+    """One phrase for tables and notes: 'disturbed: <reasons>', or None for an undisturbed or unjudged run. Any
+    block is read (jube/jbrecord.py passes what a record holds): a verdict other than true is no disturbance, and
+    reasons that are not a list of texts are 'reason not recorded'."""
+    if not isinstance(block, Mapping) or block.get("disturbed") is not True:
         return None
-    return "disturbed: " + "; ".join(block.get("reasons") or ["reason not recorded"])
+    reasons = block.get("reasons")
+    texts = [r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else []
+    return "disturbed: " + "; ".join(texts or ["reason not recorded"])

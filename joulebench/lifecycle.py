@@ -41,7 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from joulebench.disturbed import WINDOW, Watch, judge, summary
+from joulebench.disturbed import WINDOW, Watch, judge, summary, unjudged
 from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
 from joulebench.launch import LaunchEnv
@@ -54,7 +54,16 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from jpwr import DeviceEventStamps, IdleBaseline, JpwrError, WindowMeter, json_text
+from jpwr import (
+    ACCELERATORS,
+    DeviceEventStamps,
+    IdleBaseline,
+    JpwrError,
+    WindowEnergy,
+    WindowMeter,
+    json_text,
+    split_energy,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
@@ -149,28 +158,55 @@ class Run:
         self.exit_code = 0
         self.watch = Watch(launch.is_node_leader)
         self._step_times: tuple[list[float] | None, str] = (None, "the driver gives no step times")
+        self._processes_unjudged: str | None = None
+        self.accelerator = False  # the run computes on GPUs (idle_baseline says so)
 
     def step_times(self, seconds: Sequence[float] | None, basis: str) -> None:
         """The driver's step times in the steady window (what `basis` says they are), or None with `basis` saying
         why there are none: the disturbance check's step-time spread."""
         self._step_times = (None if seconds is None else list(seconds), basis)
 
+    def processes_unjudged(self, reason: str) -> None:
+        """The GPUs' processes cannot be told this run's or another job's (`reason`): that check is n/a."""
+        self._processes_unjudged = reason
+
     def judge_disturbance(self, gather: Gather | None) -> None:
         """Every rank's view of the steady window (collective), judged into the record's `disturbed` block; a
         disturbed run keeps its status and gets a warning naming why (joulebench.disturbed)."""
-        self.watch.stop()
-        window = next((w for w in self.meter.windows if w.name == WINDOW), None) if self.meter else None
-        part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
-        parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
         try:
-            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times)
+            self.watch.stop()
+            window = next((w for w in self.meter.windows if w.name == WINDOW), None) if self.meter else None
+            part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
+        except Exception as exc:  # this rank's view fails: it still joins the gather, and every check is n/a
+            traceback.print_exc()
+            part = {"unjudged": f"rank {self.launch.rank}'s view failed: {type(exc).__name__}: {exc}"}
+        try:
+            parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
+            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times,
+                                         self._processes_unjudged)
         except Exception as exc:  # a check that cannot be made must not cost the record
             traceback.print_exc()
-            self.record.warn(f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}")
+            reason = f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}"
+            self.record.disturbed = unjudged(reason)
+            self.record.warn(reason)
             return
         text = summary(self.record.disturbed)
         if text and text not in self.record.warnings:
             self.record.warnings.insert(0, text)  # first, as every table's note shows it
+
+    def withhold_cpu_headline(self) -> None:
+        """A GPU run whose meter read no accelerator (NVML failed) would get the CPU packages' energy (RAPL) as its
+        headline: each such window's energy is withheld with why, and the RAPL figures stay beside it."""
+        for window in self.meter.windows if self.meter and self.accelerator else ():
+            energy = window.energy
+            if energy is None or not energy.domain or energy.domain.startswith(ACCELERATORS):
+                continue
+            why = "; ".join(w for w in energy.warnings if w.startswith("headline from RAPL")) or energy.domain
+            withheld = WindowEnergy.unavailable(f"the run computes on accelerators but none was metered ({why}); the "
+                                                f"CPU's energy ({energy.domain}) is not the run's: see other_domains")
+            withheld.other_domains, withheld.nodes = [*energy.per_device, *energy.other_domains], energy.nodes
+            window.energy = withheld
+            window.split = split_energy(withheld, window.duration_s, self.meter.idle)
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
                    phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:
@@ -194,6 +230,7 @@ class Run:
         """Measure the idle baseline before the first window (collective), or reuse one measured earlier in
         this process (a sweep's later points), so that every window's energy splits into idle and dynamic."""
         meter = self._meter()
+        self.accelerator = accelerator
         if reuse is not None:
             meter.idle = reuse
             self.record.meter["idle_baseline"] = {**reuse.to_dict(),
@@ -286,6 +323,7 @@ class Lifecycle:
                 record.status, record.status_reason = "TIMEOUT", str(stopped)
             if run.meter is not None:
                 run.meter.attach_energy(gather)
+                run.withhold_cpu_headline()
                 run.judge_disturbance(gather)
         except BaseException as exc:  # the record is written on any failure; the exit code says what happened
             run.failed(exc)

@@ -235,9 +235,28 @@ class RunRecord:
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})), job=dict(data.get("job") or {}),
             attribution=data.get("attribution"), warnings=[str(w) for w in data.get("warnings") or []],
-            requests=data.get("requests"), disturbed=data.get("disturbed"), footprint=data.get("footprint"),
-            energy_domain=data.get("energy_domain"),
+            requests=data.get("requests"), disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
+            energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> Any:
+    """`value` where it is None or of `kind`; else a TypeError naming the field (read_run_record: a FormatError)."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{field} is {value!r}, not {what}")
+    return value
+
+
+def _disturbed(block: Any) -> dict[str, Any] | None:
+    """The `disturbed` block where its verdict and reasons have the types the tables read (true/false/null, a list
+    of texts); else a TypeError naming the field."""
+    _typed(block, dict, "disturbed", "an object")
+    if block is not None:
+        _typed(block.get("disturbed"), bool, "disturbed.disturbed", "true, false or null")
+        reasons = _typed(block.get("reasons"), list, "disturbed.reasons", "a list")
+        for reason in reasons or []:
+            _typed(reason, str, "disturbed.reasons[]", "a text")
+    return block
 
 
 def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
@@ -333,6 +352,9 @@ def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:
         ("energy_coverage", m.get("energy_coverage")), ("energy_error_bound_j", m.get("energy_error_bound_j")),
         *((key, m.get(key)) for key in extra_keys),
     ]
+    domain = headline_domain(record)
+    if domain and domain != ACCELERATORS:  # the headline is not the accelerators': never read as if it were
+        fields.append(("energy_domain", domain.replace(" ", "_")))
     parts = []
     for key, value in fields:
         text = value if isinstance(value, str) else fmt(value, 6)

@@ -40,6 +40,7 @@ _HOMES = {
     "aliasing_warning": "jpwr.estimator",  # whether a loop's period aliases with the sensor's
     # --- Combining nodes -------------------------------------------------------------------------------
     "combine_energies": "jpwr.energy",  # per-node window energies -> the run's, each device counted once
+    "split_energy": "jpwr.energy",  # a window's energy -> idle and dynamic parts by the idle baseline
     "J_PER_WH": "jpwr.energy",  # the unit WindowEnergy.energy_wh converts with
     # --- Reading a saved trace (analysis, workflows) ---------------------------------------------------
     "load_trace": "jpwr.trace",  # a node's trace from its directory (HDF5 or segments) or a trace file
@@ -79,6 +80,7 @@ _HOMES = {
     "utc_now": "jpwr.output",  # the timestamp format of every record
     # --- The node and the job's devices (device settings must touch exactly the metered GPUs) --------
     "node_name": "jpwr.node",  # this node's name as the sampler records it
+    "host_id": "jpwr.node",  # this host (hostname and boot id), which several node names may share
     "job_devices": "jpwr.devices",  # the job's accelerators on this node, as selectors
     "selector_kind": "jpwr.devices",  # index, UUID, MIG or PCI: how a selector names a device
     "selector_matches": "jpwr.devices",  # whether a device is the one a selector names

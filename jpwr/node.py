@@ -9,12 +9,29 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
     """This node's name: Slurm's node name where set (unique per test node), else the hostname."""
     env = os.environ if environ is None else environ
     return env.get("SLURMD_NODENAME") or env.get("JPWR_NODE_NAME") or socket.gethostname()
+
+
+def boot_id() -> str:
+    """This host's boot id (new at every boot): what tells node identities on one host (JPWR_NODE_NAME, a local
+    Slurm's test nodes) from real nodes; the hostname where /proc does not give it."""
+    try:
+        return BOOT_ID.read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def host_id() -> str:
+    """This host, whatever node name it goes by: its hostname and boot id."""
+    return f"{socket.gethostname()}:{boot_id()}"
 
 
 def check_file_name(value: str, what: str, fix: str) -> str:

@@ -96,6 +96,12 @@ def nothing_readable(node: str, unavailable: Iterable[str]) -> str:
     return f"no energy sensor readable on node {node} (no accelerator, no RAPL): `jpwr info` lists why"
 
 
+def cpu_headline(node: str, unavailable: Iterable[str]) -> str:
+    """The warning of a headline taken from RAPL: which node, and why it read no accelerator."""
+    why = "; ".join(unavailable)
+    return f"headline from RAPL: no accelerator sensor on node {node}" + (f" ({why})" if why else "")
+
+
 def _pick(trace: TraceData, domain: Domain) -> tuple[SensorSeries | None, SensorSeries | None]:
     sensors = [s for s in trace.sensors if s.domain_id == domain.id]
     counter = next((s for s in sensors if s.signal is Signal.ENERGY_COUNTER), None)
@@ -155,6 +161,7 @@ def window_energy(
     the uncovered time and the read errors, and the covered part is given as partial_* figures.
     """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
+    unavailable = list(unavailable)
     accel, domain_name = headline_domains(trace.domains)
     per_device: list[DeviceEnergy] = []
     others: list[DeviceEnergy] = []
@@ -172,6 +179,8 @@ def window_energy(
         return WindowEnergy.unavailable(nothing_readable(node, unavailable))
     faults = [f for d in per_device for f in d.faults]
     warnings = sorted({f"{d.domain}: {w}" for d in per_device for w in d.warnings})
+    if domain_name in (CPU_PACKAGE, CPU_PACKAGE_DRAM):  # why the headline is the CPU's: a GPU run may not want it
+        warnings.insert(0, cpu_headline(node, unavailable))
     methods = sorted({d.method for d in per_device if d.method})
     coverage = sum(d.coverage for d in per_device) / len(per_device)
     shared = [d.domain for d in per_device if d.shared_with]

@@ -49,10 +49,11 @@ from joulebench.record import (
     RECORD_NOT_WRITTEN,
     STATUSES,
     RunRecord,
+    headline_domain,
     read_run_record,
     write_run_record,
 )
-from jpwr import JpwrError, fmt, load_trace, write_atomic
+from jpwr import ACCELERATORS, JpwrError, fmt, load_trace, write_atomic
 
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 # The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's
@@ -272,7 +273,8 @@ def coordinates(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
 
 
 def _outcome(record: RunRecord) -> list[str]:
-    """The row's own reasons: why the run is not OK or why energy or its split is missing, a settings problem."""
+    """The row's own reasons: why the run is not OK or why energy or its split is missing, a headline that is not
+    the accelerators' (its energy domain), a settings problem."""
     m = record.metrics
     rejected = rejection(record)
     if record.status != "OK":
@@ -284,10 +286,12 @@ def _outcome(record: RunRecord) -> list[str]:
     else:
         outcome = ""
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})
+    domain = headline_domain(record)
+    domain_note = f"energy domain: {domain}" if domain and domain != ACCELERATORS else ""
     energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
     why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
     per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
-    return [part for part in (outcome, settings_note, per_request) if part]
+    return [part for part in (outcome, domain_note, settings_note, per_request) if part]
 
 
 def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:

@@ -70,6 +70,7 @@ PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
 PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
 READY_POLL_S = 0.5
+EXTERNAL_SERVER = "an external server's processes cannot be told from another job's (--url)"
 
 
 def _log(text: str) -> None:
@@ -349,6 +350,8 @@ def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: floa
         return result
 
     with life.run(run_id, out_dir, config, metrics=metrics, log_to=cfg.log_to) as run:
+        if not target.command:  # --url: the server is no child of this run's, its GPU processes are not ours
+            run.processes_unjudged(EXTERNAL_SERVER)
         if "server" not in state:
             state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir), life.stop.local_reason)
                                if target.command else {"url": target.url})

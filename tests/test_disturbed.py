@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,9 @@ import pytest
 
 from joulebench.analysis.report import load_runs, table_rows
 from joulebench.analysis.report import main as report_main
-from joulebench.disturbed import LOADAVG_ENV, STEP_CV_MAX, Watch, judge
+from joulebench.disturbed import LOADAVG_ENV, STEP_CV_MAX, WINDOW, Watch, judge
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
 from joulebench.record import RunRecord
 from jpwr import node_name
 from llm_training.cli import main as llm_training_main
@@ -139,7 +142,8 @@ def test_without_nvml_the_device_checks_are_na_with_the_reason_and_the_load_stil
     checks = block["checks"]
     for name in ("other_processes", "clock_events"):
         assert checks[name]["disturbed"] is None and "nvmlInit failed" in checks[name]["unavailable_reason"]
-    assert block["disturbed"] is True and block["reasons"][0].startswith("host load: 1-minute load above")
+    assert block["disturbed"] is True and block["reasons"][0].startswith(
+        "host load: 1-minute load (including this run's threads) above")
 
 
 def test_pids_of_another_namespace_count_where_ours_are_seen_or_outnumber_the_run(fake_pynvml, h100_trace_dir: Path,
@@ -165,3 +169,74 @@ def test_a_failing_nvml_call_makes_its_check_na_with_nvmls_error(fake_pynvml, h1
     assert checks["other_processes"]["disturbed"] is None
     assert "running processes: Not Supported" in checks["other_processes"]["unavailable_reason"]
     assert checks["clock_events"]["disturbed"] is False  # the other call still answers
+
+
+def _sampling_thread_ended() -> None:
+    """Wait for a sampling thread left inside a slow call, so that it never calls the fake of the next test."""
+    for thread in threading.enumerate():
+        if thread.name == "joulebench-disturbed":
+            thread.join()
+
+
+@pytest.mark.parametrize("stuck", ["nvmlDeviceGetUUID", "nvmlDeviceGetComputeRunningProcesses"])
+def test_a_stuck_nvml_call_neither_holds_the_run_nor_counts(fake_pynvml, h100_trace_dir: Path, loadavg: Path,
+                                                           stuck: str) -> None:
+    fake_pynvml.configure(h100_trace_dir, faults=fake_pynvml.Faults(slow_ms={stuck: 2600}))
+    try:
+        began = time.monotonic()
+        watch = Watch(leader=True, every_s=0.01).start()  # opening the probe (UUID) is the thread's, never the run's
+        start = time.monotonic_ns()
+        assert time.monotonic() - began < 0.5
+        time.sleep(0.05)
+        end = time.monotonic_ns()
+        began = time.monotonic()
+        watch.stop()
+        assert time.monotonic() - began < 2.4  # two periods, at least 2 s: not the stuck call's 2.6 s
+        checks = judge([watch.part((start, end))], None, "-")["checks"]
+    finally:
+        _sampling_thread_ended()
+    for name in ("other_processes", "clock_events"):
+        assert checks[name]["disturbed"] is None
+        assert "the GPUs' state call did not return within 2 s" in checks[name]["unavailable_reason"]
+
+
+def test_a_rank_whose_view_failed_makes_every_check_na() -> None:
+    block = judge([{"unjudged": "rank 1's view failed: OSError: gone"}, watched()], [0.1] * 5, "steps")
+    assert block["disturbed"] is None and block["reasons"] == []
+    assert {c["unavailable_reason"] for c in block["checks"].values()} == {"rank 1's view failed: OSError: gone"}
+
+
+def test_node_identities_of_one_host_see_each_others_ranks_as_the_runs(fake_pynvml, h100_trace_dir: Path,
+                                                                      loadavg: Path, stranger: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-identity local system: rank 1 (here the stranger's PID) is node n1 on this same host; its process on
+    the GPUs that node n0's leader samples is the run's, never another job's."""
+    fake_pynvml.configure(h100_trace_dir, overrides={0: {"processes": {os.getpid(): GIB, stranger: GIB}}})
+    monkeypatch.setenv("JPWR_NODE_NAME", "n0")
+    leader = watched()
+    monkeypatch.setenv("JPWR_NODE_NAME", "n1")
+    rank1 = {**Watch(leader=False).part(None), "pid": stranger}
+    checks = judge([leader, rank1], None, "-")["checks"]
+    assert checks["other_processes"]["disturbed"] is False and checks["other_processes"]["value"] == []
+    rank1_elsewhere = {**rank1, "host": "another-host:boot"}
+    assert judge([leader, rank1_elsewhere], None, "-")["checks"]["other_processes"]["disturbed"] is True
+
+
+def test_a_judgement_that_fails_makes_every_check_na_and_the_run_goes_on(tmp_path: Path, fake_pynvml,
+                                                                         h100_trace_dir: Path, loadavg: Path) -> None:
+    """Step times a judgement cannot reduce (a driver's bug): the record says why no check was made, the run is OK."""
+    fake_pynvml.configure(h100_trace_dir)
+    with Lifecycle("llm_training", LaunchEnv.from_env()) as life, \
+            life.run("judged", tmp_path / "run", {}, metrics=lambda record: {"work_unit": "tokens"}) as run:
+        meter = run.open_meter(methods="nvml", read_every_s=0.05)
+        meter.begin(WINDOW, 0)
+        time.sleep(0.1)
+        meter.end(WINDOW, 3, {"tokens": 30.0})
+        run.step_times(["0.1 s"] * 3, "log intervals' mean step times")  # type: ignore[list-item]
+    assert life.exit_code() == 0
+    record = json.loads((tmp_path / "run" / "run_record.json").read_text())
+    assert record["status"] == "OK" and record["disturbed"]["disturbed"] is None
+    reasons = {check["unavailable_reason"] for check in record["disturbed"]["checks"].values()}
+    assert len(reasons) == 1
+    assert reasons.pop().startswith("whether the run was disturbed could not be judged: TypeError")
+    assert any(w.startswith("whether the run was disturbed could not be judged") for w in record["warnings"])

@@ -17,8 +17,10 @@ import pytest
 import sysfs_trees
 
 from joulebench.analysis import pareto, plan, plot, report
+from joulebench.record import read_run_record, summary_line
 from jpwr import REPLAYED, ValidationError
 from tests.driver_helpers import read_record, run_cmd
+from tests.jube.test_record_fields import jbrecord
 
 PACKAGE_W, DRAM_W, CORE_W = 30.0, 6.0, 20.0  # core lies inside the package: never added to it
 ZONES = {"intel-rapl:0": ("package-0", 1_000_000, 262_143_328_850),
@@ -145,3 +147,45 @@ def test_the_report_keeps_domains_apart_instead_of_refusing(rapl_run: Path, demo
     assert sorted(row["energy domain"] for row in data["rows"]) == ["accelerators (replayed trace, not this machine)",
                                                                      "cpu package + dram"]
     assert data["diagnoses"] == []  # one run per domain: nothing to diagnose, and never a pair across domains
+
+
+GPU_RUN_NVML_FAILED = """
+import sys, time
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+from joulebench.record import steady_metrics, summary_line
+with Lifecycle("llm_training", LaunchEnv.from_env()) as life:
+    with life.run("gpu-1", sys.argv[1], {}, metrics=lambda r: steady_metrics(r.window("steady"), "tokens", 1)) as run:
+        meter = run.open_meter(methods="auto", read_every_s=0.1)
+        run.idle_baseline(False, accelerator=True)  # a GPU run, as the drivers call it with device "cuda"
+        meter.begin("steady", 0)
+        time.sleep(1.5)
+        meter.end("steady", 10, {"tokens": 100.0})
+print(summary_line(life.runs[0].record))
+"""
+
+
+def test_a_gpu_run_whose_nvml_fails_gets_no_cpu_headline(tmp_path: Path, fake_env) -> None:
+    """NVML answers nothing (no trace for the fake), RAPL does: the run on GPUs gets energy n/a naming why, never the
+    CPU's joules as its headline; the RAPL figures stay beside it."""
+    root = sysfs_trees.powercap(tmp_path / "sys", ZONES)
+    env = fake_env(JPWR_SYSFS_ROOT=str(root), OMP_NUM_THREADS="1")
+    with sysfs_trees.drawing(root, {"intel-rapl:0": PACKAGE_W, "intel-rapl:0:1": DRAM_W}):
+        result = run_cmd([sys.executable, "-c", GPU_RUN_NVML_FAILED, str(tmp_path / "run")], env, tmp_path,
+                         timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = read_record(tmp_path / "run")
+    steady = next(w for w in data["windows"] if w["name"] == "steady")["energy"]
+    assert steady["energy_j"] is None and data["metrics"]["energy_wh"] is None and data.get("energy_domain") is None
+    reason = data["metrics"]["energy_unavailable_reason"]
+    assert reason.startswith("the run computes on accelerators but none was metered (headline from RAPL: no "
+                             "accelerator sensor on node ") and "nvml" in reason and "cpu package + dram" in reason
+    assert {"cpu_package", "dram"} <= {d["kind"] for d in steady["other_domains"]}
+    line = result.stdout.strip().splitlines()[-1]
+    assert "energy_wh=n/a" in line and "energy_domain" not in line
+
+
+def test_the_summary_line_and_the_jube_note_name_a_domain_other_than_the_accelerators(rapl_run: Path) -> None:
+    record = read_run_record(rapl_run / "run_record.json")
+    assert summary_line(record).endswith(" energy_domain=cpu_package_+_dram")
+    assert "energy domain: cpu package + dram" in jbrecord.table_fields(record, {})["note"]

@@ -2,8 +2,10 @@
 request rate, one record per rate) as a table by rate, a chart of J/request and p90 TTFT / TPOT against the offered
 rate with the SLO lines, and one sentence naming the cheapest rate that meets the SLO.
 
-Load records are grouped by (engine, model, task, max_concurrency): only rates of one engine setup are compared
-(the engine: `continuous`, the in-process engine, or the server a record names, e.g. `transformers`). The
+Load records are grouped by (engine, model, task, max_concurrency, energy domain): only rates of one engine setup
+metered on one kind of hardware are compared (the engine: `continuous`, the in-process engine, or the server a
+record names, e.g. `transformers`; the domain: joulebench.record.headline_domain, a rate without headline energy
+joining its sweep's group where that is one). The
 cheapest rate is the one with the lowest J/request p50 among rates whose p90 TTFT <= slo_ttft_ms and p90 TPOT <=
 slo_tpot_ms (each record is judged against the SLOs it carries). A static-batch record has no `rate` in its metrics
 and is not part of this section. A figure that is missing is n/a, never 0; a record whose figures cannot be true
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from joulebench.figures import REJECTED, serving_problems
+from joulebench.record import headline_domain
 from jpwr import fmt
 
 if TYPE_CHECKING:
@@ -125,28 +128,37 @@ def _float_or_none(text: str) -> float | None:
         return None
 
 
-GroupKey = tuple[str, str, str, str]
+GroupKey = tuple[str, str, str, str, str]
+NO_DOMAIN = "energy n/a"  # a rate without headline energy: in its sweep's group where that has one domain
 
 
 def group_key(run: Run) -> GroupKey:
+    """Engine, model, task, max concurrency and the headline's energy domain: a CPU and a GPU sweep never share a
+    sentence or a chart line."""
     config, m = run.record.config, run.record.metrics
     engine = config.get("engine") or "engine n/a"
     model = config.get("model") or config.get("preset") or "model n/a"
     task = config.get("task") or m.get("task") or "task n/a"
     slots = m.get("max_concurrency", config.get("max_concurrency"))
-    return str(engine), str(model), str(task), fmt(slots) if _number(slots) is not None else "n/a"
+    return (str(engine), str(model), str(task), fmt(slots) if _number(slots) is not None else "n/a",
+            headline_domain(run.record) or NO_DOMAIN)
 
 
 def group_title(key: GroupKey) -> str:
-    return f"{key[0]}: {key[1]}, {key[2]}, max concurrency {key[3]}"
+    return f"{key[0]}: {key[1]}, {key[2]}, max concurrency {key[3]}, {key[4]}"
 
 
 def serving_groups(runs: Sequence[Run]) -> dict[GroupKey, list[RateRow]]:
-    """Load records by (engine, model, task, max_concurrency), each group's rows by offered rate, `max` last."""
+    """Load records by (engine, model, task, max_concurrency, energy domain), each group's rows by offered rate,
+    `max` last."""
     groups: dict[GroupKey, list[RateRow]] = {}
     for run in runs:
         if is_load_record(run):
             groups.setdefault(group_key(run), []).append(rate_row(run))
+    for key in [k for k in groups if k[4] == NO_DOMAIN]:
+        measured = [k for k in groups if k[:4] == key[:4] and k[4] != NO_DOMAIN]
+        if len(measured) == 1:
+            groups[measured[0]] += groups.pop(key)
     for rows in groups.values():
         rows.sort(key=lambda r: (r.offered is None, r.offered if r.offered is not None else 0.0, r.run.record.run_id))
     return dict(sorted(groups.items()))

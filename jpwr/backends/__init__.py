@@ -52,7 +52,8 @@ def canonical_name(name: str) -> str:
 
 
 def parse_methods(spec: str | None) -> list[str] | None:
-    """Parse `--methods`: None means auto (meter whatever exists); otherwise canonical names, de-duplicated."""
+    """Parse `--methods`: None means auto (meter whatever exists); otherwise canonical names, de-duplicated. A
+    replayed trace stands alone: it is no measurement of this machine, so nothing is added to it."""
     if spec is None or spec.strip().lower() in ("", "auto"):
         return None
     names: list[str] = []
@@ -62,6 +63,9 @@ def parse_methods(spec: str | None) -> list[str] | None:
         name = canonical_name(part)
         if name not in names:
             names.append(name)
+    if len(names) > 1 and any(name.startswith(REPLAY_PREFIX) for name in names):
+        raise ValidationError(f"--methods {spec!r} combines a replayed trace with another method: their devices "
+                              "would be summed under the replayed label", "pass replay:TRACE_DIR alone")
     return names
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from jpwr.backends._base import SysfsMicroBackend, read_sysfs, unavailable
 from jpwr.clock import Clock
 from jpwr.domains import Discovery, Domain, Kind, Sensor, Signal
+from jpwr.node import boot_id
 
 NAME = "rapl"
 _ZONE_DIR = re.compile(r"^(intel|amd)-rapl:(\d+)(?::(\d+))?$")
@@ -66,6 +67,7 @@ class RaplBackend(SysfsMicroBackend):
                             est_update_s=0.001, resolution=1e-6, wrap_at=(max_range_uj + 1) / 1e6)
             self._files[sensor.id] = zone / "energy_uj"
             disc.sensors.append(sensor)
+        host = boot_id()
         for zone_dir, name in names.items():
             parent = zone_dir.rsplit(":", 1)[0] if zone_dir.count(":") == 2 else None
             label = f"{names.get(parent, parent)}/{name}" if parent else name
@@ -73,6 +75,7 @@ class RaplBackend(SysfsMicroBackend):
                              if z.startswith(zone_dir + ":") and n in _INSIDE_PACKAGE)
             kind = _KINDS.get(name.split("-")[0], Kind.OTHER)
             disc.domains.append(Domain(f"{NAME}:{zone_dir}", NAME, kind, label, contains=children,
+                                       device_uuid=f"{NAME}:{host}:{zone_dir}",  # node identities share a host
                                        attrs=(("sysfs", str(self._base / zone_dir)),)))
         if denied:
             disc.unavailable.append(unavailable(NAME, f"{', '.join(denied)}: {PERMISSION_FIX}"))

@@ -34,6 +34,15 @@ def test_empty_entry_is_rejected() -> None:
         parse_methods("nvml,,rapl")
 
 
+@pytest.mark.parametrize("spec", ["replay:tests/data/h100_trace,nvml", "rapl, replay:t", "replay:a,replay:b"])
+def test_a_replayed_trace_is_never_combined_with_another_method(spec: str) -> None:
+    with pytest.raises(ValidationError, match="combines a replayed trace with another method") as info:
+        parse_methods(spec)
+    assert "pass replay:TRACE_DIR alone" in str(info.value)
+    assert parse_methods("replay:tests/data/h100_trace, replay:tests/data/h100_trace") == [
+        "replay:tests/data/h100_trace"]
+
+
 @pytest.mark.parametrize("name", [*BACKEND_NAMES, "pynvml", "rocm", "gh", "gc"])
 def test_every_backend_reports_unavailable_without_hardware(name: str, tmp_path, fake_pynvml, fake_amdsmi,
                                                             fake_gcipuinfo) -> None:

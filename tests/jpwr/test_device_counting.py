@@ -8,10 +8,13 @@ run on the CPU in tests/benchmarks/test_device_counting.py and on a GPU by the l
 from __future__ import annotations
 
 import pytest
+import sysfs_trees
 
+from jpwr.backends import create_backend
 from jpwr.channel import Mark
 from jpwr.clock import VirtualClock
 from jpwr.meter import combine_energies
+from jpwr.node import boot_id
 from jpwr.sampler import Sampler, open_backends
 from tests.jpwr.synthetic import NS
 from tests.jpwr.test_sampler_replay import _dense_counter_energy
@@ -99,3 +102,21 @@ def test_a_gpu_that_vanishes_mid_window_is_named_and_its_gap_is_in_the_bound(fak
     assert counted.trusted and abs(counted.energy_j - truth) <= counted.error_bound_j
     assert after.energy_j is None and not after.trusted and gone.domain in after.unavailable_reason
     assert "NVML_ERROR_GPU_IS_LOST" in after.unavailable_reason
+
+
+def test_a_rapl_zone_seen_by_two_node_identities_of_one_host_is_counted_once(tmp_path):
+    """Node identities (JPWR_NODE_NAME, a local Slurm's test nodes) on one host read the same powercap: its zones
+    carry the host's boot id as their UUID, so the sum counts each once."""
+    root = sysfs_trees.powercap(tmp_path / "sys", {"intel-rapl:0": ("package-0", 1_000_000, 2**40)})
+    clock = VirtualClock()
+    samplers = []
+    for node in ("host-n0", "host-n1"):
+        backend = create_backend("rapl", clock, sysfs_root=root)
+        samplers.append(Sampler([backend], [backend.discover()], tmp_path / node, 0.1, 1.0, clock=clock, node=node,
+                                background=False).start(measure_costs=False))
+    per_node = _window(samplers, clock, "steady", 0.5, 2.0)
+    assert [p["steady"].devices for p in per_node] == [1, 1]
+    combined = combine_energies(per_node)["steady"]
+    assert combined.devices == 1 and combined.energy_j == pytest.approx(per_node[0]["steady"].energy_j)
+    overlap = [w for w in combined.warnings if "counted once" in w]
+    assert len(overlap) == 1 and f"rapl:{boot_id()}:intel-rapl:0" in overlap[0] and "host-n0, host-n1" in overlap[0]

@@ -24,6 +24,7 @@ import pytest
 from joulebench.requests_table import FILE_NAME, STATUSES, read_requests
 from llm_inference import server
 from llm_inference.cli import main
+from llm_inference.http_load import EXTERNAL_SERVER
 from tests.llm_inference.conftest import INFER, run_cmd
 from tests.llm_inference.fault_proxy import FaultProxy
 
@@ -120,6 +121,9 @@ def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_tra
     assert int((table.requests["status"] == STATUSES.index("failed")).sum()) == failures["count"]
     # an external server without --server-devices: energy n/a with the reason, never a number
     assert "without --server-devices" in record["requests"]["energy"]["unavailable_reason"]
+    # an external server is no child of the run: its processes on the GPUs are not judged, said why
+    assert record["disturbed"]["checks"]["other_processes"] == {"disturbed": None,
+                                                                "unavailable_reason": EXTERNAL_SERVER}
 
 
 def _run_failed(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> dict:

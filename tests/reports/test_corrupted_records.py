@@ -7,7 +7,8 @@ steady work, a window's energy, power, coverage or bound, a headline metric, a b
 0, negative, NaN, infinite, text, a fraction above 1, an edge before its start, or a unit mix-up (Wh × 3600, rates
 × 1000). Every verb that reads it must then: exit 0 or with a documented error code (64, 65), never 70 or a
 traceback; show the run flagged with the reason; and never rank it, diagnose with it, put it on a front or plan on
-it.
+it. The blocks beside the figures, `disturbed` and `energy_domain`, take any JSON value: a wrong type is a
+FormatError naming the field, never an internal error.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from joulebench.analysis.cli import main as joulebench_main
 from joulebench.analysis.report import extreme_pair, load_runs, table_rows
 from joulebench.figures import REJECTED, rejection
 from joulebench.record import RunRecord, read_run_record
+from jpwr import FormatError
 from tests.jube.test_record_fields import jbrecord
 
 from .test_pareto import WORKLOADS, write_sweep
@@ -315,3 +317,40 @@ def test_the_check_names_disordered_edges_and_mixed_units(groups) -> None:
     kwh["metrics"]["energy_wh"] /= 1000
     assert "energy_wh" in rejection(RunRecord.from_dict(kwh)) and "units mixed up or edited" in rejection(
         RunRecord.from_dict(kwh))
+
+
+# ---- the blocks beside the figures: `disturbed` and `energy_domain` of any JSON shape ------------------------------
+TEXTS = st.sampled_from(["step-time spread: CV 57%", "", "yes"])
+ANY_JSON = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), TEXTS, st.lists(TEXTS, max_size=2),
+                     st.dictionaries(TEXTS, st.integers(), max_size=2))
+DISTURBED = st.one_of(ANY_JSON, st.fixed_dictionaries({"disturbed": ANY_JSON},
+                                                      optional={"reasons": ANY_JSON, "checks": ANY_JSON}))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(choice=st.data())
+def test_a_corrupted_disturbed_or_energy_domain_field_is_named_never_an_internal_error(groups, choice) -> None:
+    """A record whose `disturbed` or `energy_domain` has a wrong type is a FormatError naming the field or, where its
+    types are right, read as it is: `--compare` exits 0 or with a documented error, never 70, and the JUBE table's
+    fields are made."""
+    root, found = groups
+    path = choice.draw(st.sampled_from(found["lifecycle"]))
+    original = path.read_text()
+    bad = json.loads(original)
+    field = choice.draw(st.sampled_from(["disturbed", "energy_domain"]))
+    bad[field] = choice.draw(DISTURBED if field == "disturbed" else ANY_JSON)
+    try:
+        path.write_text(json.dumps(bad))
+        code, text = run(["report", "--compare", str(root / "pristine" / path.relative_to(root)), str(path)])
+        assert code in (0, *DOCUMENTED_ERRORS), (field, bad[field], text)
+        assert code == 0 or field in text or "energy domains" in text, (field, bad[field], text)
+        try:
+            record = read_run_record(path)
+        except FormatError as exc:
+            assert f"{field}" in str(exc), (bad[field], exc)
+        else:
+            fields = jbrecord.table_fields(record, {})
+            said = field == "disturbed" and isinstance(bad[field], dict) and bad[field].get("disturbed") is True
+            assert ("disturbed: " in fields["note"]) == said, (bad[field], fields["note"])
+    finally:
+        path.write_text(original)

@@ -152,8 +152,9 @@ def test_report_page_chart_and_cli_sentence(sweep, tmp_path, capsys):
     out = tmp_path / "report"
     assert joulebench_main(["report", str(sweep), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "serving, continuous: llama-8b, chat, max concurrency 256: Cheapest rate that meets the SLO" in printed
-    chart = out / "serving_continuous_llama-8b_chat_256.png"
+    assert ("serving, continuous: llama-8b, chat, max concurrency 256, accelerators: Cheapest rate that meets the "
+            "SLO") in printed
+    chart = out / "serving_continuous_llama-8b_chat_256_accelerators.png"
     assert chart.stat().st_size > 10_000
     page = (out / "index.html").read_text()
     assert "Serving (llm_inference load records)" in page and "32 requests/s at 21.87 J/request" in page
@@ -194,3 +195,27 @@ def test_static_batch_records_have_no_serving_section(sweep, tmp_path):
     write_report([*records, sweep], tmp_path / "mixed")
     (section,) = json.loads((tmp_path / "mixed" / "runs.json").read_text())["serving"]
     assert [r["offered rate"] for r in section["rows"]] == list(RATES) and section["cheapest_rate"] == "32"
+
+
+def test_a_sweep_metered_on_the_cpu_is_a_group_of_its_own(sweep, tmp_path):
+    """The same sweep once more, its headline from RAPL: two sentences and two charts, never one cheapest rate over
+    the CPU's and the GPUs' joules; a rate without energy joins its sweep's group where that is one."""
+    cpu = tmp_path / "cpu"
+    shutil.copytree(sweep, cpu)
+    for rate in RATES:
+        path = cpu / f"rate_{rate}" / "run_record.json"
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "run_id": f"cpu-{rate}", "energy_domain": "cpu package + dram"}))
+    _edit(sweep, "8", energy_wh=None)
+    data = json.loads((sweep / "rate_8" / "run_record.json").read_text())
+    for window in data["windows"]:
+        window["energy"] = None
+    (sweep / "rate_8" / "run_record.json").write_text(json.dumps({**data, "energy_domain": None}))
+    (alone,) = serving.serving_groups(load_runs([sweep])).items()  # its sweep has one domain: the rate joins it
+    assert alone[0][4] == "accelerators" and len(alone[1]) == 6
+    groups = serving.serving_groups(load_runs([sweep, cpu]))  # two domains: the rate without energy stands apart
+    assert [serving.group_title(k) for k in groups] == [
+        "continuous: llama-8b, chat, max concurrency 256, accelerators",
+        "continuous: llama-8b, chat, max concurrency 256, cpu package + dram",
+        "continuous: llama-8b, chat, max concurrency 256, energy n/a"]
+    assert [len(rows) for rows in groups.values()] == [5, 6, 1]

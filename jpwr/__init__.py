@@ -102,6 +102,7 @@ _HOMES = {
     "FRACTION": "jpwr.arguments",  # a number in [0, 1]
     "PORT": "jpwr.arguments",  # a TCP port in [1, 65535]
     "method_names": "jpwr.arguments",  # an argparse type for a list of measurement methods jpwr knows
+    "parse_methods": "jpwr.backends",  # a --methods text -> its backends; an unknown name is a ValidationError
     # --- A known GPU load (the selftest's), for scripts that check the meter against it ---------------
     "MATMUL_N": "jpwr.selftest",  # the matrix size of the load (2·N³ FLOP per product)
     "matmul_operands": "jpwr.selftest",  # the load's two bf16 matrices on the current GPU

@@ -147,8 +147,7 @@ def device_settings_policy(profile: dict[str, str]) -> str:
 
 def jpwr_methods(profile: dict[str, str]) -> str:
     """The samplers' --methods: `auto` or names jpwr knows (checked here, not when every node's sampler starts)."""
-    from jpwr.backends import parse_methods  # stdlib-only; the repository root is on sys.path (jbsettings)
-    from jpwr.errors import ValidationError
+    from jpwr import ValidationError, parse_methods  # the repository root is on sys.path (jbsettings)
 
     value = profile["jpwr_methods"] or "auto"
     try:

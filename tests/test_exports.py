@@ -158,3 +158,28 @@ def test_an_unknown_or_missing_tool_is_refused_when_the_command_line_is_parsed(c
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unknown --log-to target 'neptune': use a comma list of tensorboard, mlflow, wandb" in err
+
+
+def _lifecycle_run(out: Path, metrics: dict[str, object]) -> tuple[int, list[str]]:
+    """A run of the lifecycle with no body, logging to TensorBoard: its exit code and the record's warnings."""
+    from joulebench.launch import LaunchEnv
+    from joulebench.lifecycle import Lifecycle
+
+    with (Lifecycle("resnet50", LaunchEnv.from_env({})) as life,
+          life.run("r", out, {}, metrics=lambda _record: dict(metrics), log_to=("tensorboard",)) as run):
+        pass
+    return run.exit_code, read_run_record(out / "run_record.json").warnings
+
+
+def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "tensorboard").write_text("a file where TensorBoard needs its directory")
+    exit_code, warnings = _lifecycle_run(tmp_path, {})
+    assert exit_code == 0
+    assert any(w.startswith("--log-to: tensorboard could not be opened and was left out: ") and
+               "is not a directory" in w for w in warnings)
+
+
+def test_the_tools_get_the_status_the_record_is_written_with(tmp_path: Path) -> None:
+    _exit, _warnings = _lifecycle_run(tmp_path, {"energy_wh": 1.0, "energy_untrusted_reason": "coverage 0.61 < 0.99"})
+    assert read_run_record(tmp_path / "run_record.json").status == "PARTIAL"
+    assert _tensorboard(tmp_path)[1]["status"] == "PARTIAL"

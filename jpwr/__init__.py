@@ -52,6 +52,7 @@ _HOMES = {
     "Signal": "jpwr.domains",  # what a sensor reads: energy counter, instant or averaged power
     "WindowSpan": "jpwr.windows",  # a window's edges on one node, from its marks
     "spans_from_marks": "jpwr.windows",  # a trace's marks -> its windows
+    "INTERVAL_PREFIX": "jpwr.channel",  # how WindowMeter.mark_interval's names start (log intervals, no windows)
     "accelerator_domains": "jpwr.windows",  # the accelerators that sum into a headline (no double count)
     "headline_domains": "jpwr.windows",  # what a headline sums: the accelerators, else RAPL packages (+ DRAM)
     "ACCELERATORS": "jpwr.windows",  # WindowEnergy.domain of an accelerator headline ("cpu package + dram": RAPL)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from jpwr.channel import is_interval_mark
 from jpwr.domains import Signal
 from jpwr.windows import accelerator_domains
 
@@ -39,9 +40,11 @@ def _label(value: str) -> str:
 
 
 def open_window(marks: Iterable[Any]) -> str:
-    """The window begun last and not yet ended on this node, or `none`."""
+    """The window begun last and not yet ended on this node, or `none` (log intervals are not windows)."""
     opened: list[str] = []
     for mark in marks:
+        if is_interval_mark(mark.name):  # a log interval inside the window, not a window
+            continue
         if mark.edge == "begin":
             opened.append(mark.name)
         elif mark.name in opened:

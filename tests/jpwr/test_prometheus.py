@@ -126,3 +126,15 @@ def test_one_series_per_device_and_an_idle_client_does_not_keep_jpwr_running(h10
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_log_intervals_are_neither_windows_nor_window_labels() -> None:
+    from jpwr.channel import Mark
+    from jpwr.prometheus import open_window
+    from jpwr.windows import spans_from_marks
+
+    marks = [Mark("steady", "begin", 0, 10), Mark("log/0", "begin", 0, 10), Mark("log/0", "end", 5, 20),
+             Mark("log/5", "begin", 5, 20)]
+    assert open_window(marks) == "steady"
+    assert list(spans_from_marks([*marks, Mark("steady", "end", 9, 30)])) == ["steady"]
+    assert list(spans_from_marks(marks, intervals=True)) == ["log/0"]  # a query that names an interval

@@ -183,3 +183,53 @@ def test_the_tools_get_the_status_the_record_is_written_with(tmp_path: Path) -> 
     _exit, _warnings = _lifecycle_run(tmp_path, {"energy_wh": 1.0, "energy_untrusted_reason": "coverage 0.61 < 0.99"})
     assert read_run_record(tmp_path / "run_record.json").status == "PARTIAL"
     assert _tensorboard(tmp_path)[1]["status"] == "PARTIAL"
+
+
+def test_a_last_interval_too_short_joins_the_one_before_else_it_is_n_a(tmp_path: Path, fake_pynvml) -> None:
+    """IntervalLog on a virtual clock against an in-process sampler replaying the H100 trace: deterministic."""
+    from joulebench.exports.intervals import IntervalLog
+    from joulebench.exports.run import Exports
+    from joulebench.launch import LaunchEnv
+    from jpwr.clock import VirtualClock
+    from jpwr.meter import WindowMeter
+    from jpwr.sampler import LocalChannel, Sampler, open_backends
+    from tests.conftest import H100_TRACE_DIR
+
+    clock = VirtualClock()
+    fake_pynvml.configure(H100_TRACE_DIR, clock, origin_ns=0)
+    backends, discoveries = open_backends(["nvml"], clock, strict=True)
+    sampler = Sampler(backends, discoveries, tmp_path / "jpwr", 0.1, 0.1, clock=clock, run_id="t", node="n1",
+                      background=False).start()
+    tick = 0
+
+    def run_for(seconds: float) -> None:
+        nonlocal tick
+        for _ in range(round(seconds / 0.1)):
+            tick += 1
+            clock.set_ns(tick * 10**8)
+            sampler.poll_once(tick)
+
+    run_for(12)  # the sensor's update period is known; QUERY_EVERY_NS has passed
+    meter = WindowMeter(LaunchEnv.from_env({}), LocalChannel(sampler), clock=clock)
+    exports = Exports(("tensorboard",), tmp_path, "r", "resnet50")
+    merged, alone = (IntervalLog(meter, exports, "images", 8.0, 1) for _ in range(2))
+    gap = 3 * merged.min_ns / 1e9 / 2  # 1.5 times the merge threshold
+    merged.begin(0)
+    for step in (1, 2):
+        run_for(gap)
+        merged.log_point(step)  # closes log/0 (0-1), then log/1 (1-2) and logs log/0
+    run_for(0.1)
+    merged.log_point(3, last=True)  # too short: log/1 covers steps 1-3
+    alone.begin(10)
+    run_for(0.1)
+    alone.log_point(11, last=True)  # the only interval, too short: n/a
+    exports.finish("OK", {})
+    assert exports.close() == []
+    sampler.stop()
+    scalars, facts = _tensorboard(tmp_path)
+    energy = dict(scalars["interval/energy_j"])
+    assert sorted(energy) == [1, 3]
+    assert dict(scalars["interval/energy_j_per_step"])[3] == pytest.approx(energy[3] / 2, rel=1e-6)
+    assert dict(scalars["interval/seconds"])[3] == pytest.approx(gap + 0.1, abs=0.01)
+    assert facts["interval/unavailable"] == ("steps 10-11: shorter than 2 sensor update periods, its bound as large "
+                                             "as its energy: not logged")

@@ -2,6 +2,8 @@
 
     carbon_intensity_g_per_kwh = 380            a fixed intensity (g CO2e per kWh), or
     carbon_intensity_csv = /path/intensity.csv  hourly values: `time,value` per line, ISO 8601 with an offset
+                                                (a relative path: to the profile file that sets it, or from a
+                                                JOULEBENCH_* variable to the working directory: jbsystems.py)
     price_per_kwh = 0.31 and currency = EUR     a fixed price, or price_csv = /path/price.csv (same form)
     pue = 1.2                                   facility energy per accelerator energy (>= 1; empty: 1, stated)
 
@@ -62,7 +64,7 @@ class SiteFootprint:
     pue_text: str  # the profile's text; empty: not given (1)
 
     def settings(self) -> dict[str, str]:
-        """The job.env variables that carry them to the job (paths made absolute by the caller's profile)."""
+        """The job.env variables that carry them to the job (each CSV by its absolute path)."""
         def text(rate: Rate | None, fixed_key: str, csv_key: str) -> dict[str, str]:
             hourly = rate is not None and rate.hourly is not None
             return {fixed_key: "" if rate is None or hourly else rate.given, csv_key: rate.given if hourly else ""}

@@ -185,3 +185,15 @@ def test_the_job_carries_the_checked_values_and_the_csv_as_an_absolute_path(tmp_
     assert (settings["JB_PRICE_CSV"], settings["JB_CURRENCY"], settings["JB_PUE"]) == (str(tmp_path / "p.csv"),
                                                                                        "CHF", "1.1")
     assert settings["JB_CARBON_INTENSITY_G_PER_KWH"] == settings["JB_CARBON_INTENSITY_CSV"] == ""
+
+
+def test_a_relative_csv_path_is_relative_to_the_profile_file_that_sets_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "data").mkdir(parents=True)
+    (site / "data" / "p.csv").write_text("2026-11-26T13:00:00Z,0.25\n")
+    (site / "profile.ini").write_text("[DEFAULT]\nprice_csv = data/p.csv\ncurrency = CHF\n")
+    monkeypatch.chdir(tmp_path)  # not the profile's directory
+    env = {**CLEAN_ENV, "JOULEBENCH_PROFILE": str(site / "profile.ini")}
+    settings = jbprofile.build_settings("llm", [], {}, "r", env)
+    assert settings["JB_PRICE_CSV"] == str(site / "data" / "p.csv")

@@ -231,5 +231,11 @@ def test_a_last_interval_too_short_joins_the_one_before_else_it_is_n_a(tmp_path:
     assert sorted(energy) == [1, 3]
     assert dict(scalars["interval/energy_j_per_step"])[3] == pytest.approx(energy[3] / 2, rel=1e-6)
     assert dict(scalars["interval/seconds"])[3] == pytest.approx(gap + 0.1, abs=0.01)
+    last = {key: dict(points)[3] for key, points in scalars.items() if key.startswith("interval/")}
+    joules, bound, work = last["interval/energy_j"], last["interval/energy_error_bound_j"], 2 * 8.0
+    for name, divisor in (("mean_power_w", last["interval/seconds"]), ("energy_j_per_step", 2), ("j_per_image", work)):
+        assert last[f"interval/{name}_error_bound"] == pytest.approx(bound / divisor, rel=1e-6)  # each with its bound
+    assert 0 < bound < joules and last["interval/images_per_wh_error_bound"] == pytest.approx(
+        work * 3600 / (joules - bound) - work * 3600 / joules, rel=1e-5)
     assert facts["interval/unavailable"] == ("steps 10-11: shorter than 2 sensor update periods, its bound as large "
                                              "as its energy: not logged")

@@ -109,19 +109,23 @@ class IntervalLog:
             self.exports.facts({"interval/method": method})
 
     def figures(self, interval: Interval, energy: WindowEnergy) -> dict[str, float]:
-        """An interval's figures, each energy with its bound; n/a figures are left out (never logged as 0)."""
-        if energy.energy_j is None or energy.error_bound_j is None:
+        """An interval's figures, each with its bound (`<name>_error_bound`, from the energy's); n/a figures are
+        left out (never logged as 0), so is work per Wh where the bound reaches zero energy (no finite bound)."""
+        joules, bound = energy.energy_j, energy.error_bound_j
+        if joules is None or bound is None:
             return {}
         seconds = (interval.t1_ns - interval.t0_ns) / 1e9
         steps = interval.last_step - interval.first_step
-        values = {"interval/energy_j": energy.energy_j, "interval/energy_error_bound_j": energy.error_bound_j,
-                  "interval/seconds": seconds}
-        if seconds > 0:
-            values["interval/mean_power_w"] = energy.energy_j / seconds
-        if steps > 0:
-            values["interval/energy_j_per_step"] = energy.energy_j / steps
-        if steps > 0 and energy.devices == self.devices and energy.energy_j > 0:  # the whole job's devices
+        values = {"interval/energy_j": joules, "interval/energy_error_bound_j": bound, "interval/seconds": seconds}
+        per = {"interval/mean_power_w": seconds, "interval/energy_j_per_step": steps}
+        if energy.devices == self.devices and steps > 0:  # the whole job's devices: work per energy
             work = steps * self.work_per_step
-            values[f"interval/{self.work_unit}_per_wh"] = work / (energy.energy_j / J_PER_WH)
-            values[f"interval/j_per_{self.work_unit.rstrip('s')}"] = energy.energy_j / work
+            per[f"interval/j_per_{self.work_unit.rstrip('s')}"] = work
+            if joules > bound:  # work / energy is largest at the bound's low end
+                values[f"interval/{self.work_unit}_per_wh"] = work * J_PER_WH / joules
+                values[f"interval/{self.work_unit}_per_wh_error_bound"] = (work * J_PER_WH / (joules - bound)
+                                                                           - work * J_PER_WH / joules)
+        for name, divisor in per.items():
+            if divisor > 0:
+                values[name], values[f"{name}_error_bound"] = joules / divisor, bound / divisor
         return values

@@ -11,7 +11,7 @@ throughout (benchmarks.common.CounterPoller, no jpwr code). Afterwards five logg
 intervals' edges (the sampler's marks `log/<first step>` in the run's trace, CLOCK_MONOTONIC on the same host):
 each must agree within the logged bound plus the counter read's own uncertainty. Throughput (tokens/s of the
 steady window) with logging must be within 1 % of the run without. The GPU machine has no package access: the
-extras come as wheels (benchmarks/fetch_wheels.sh benchmarks/log-to-gpu-requirements.txt, docs/exports.md).
+extras come as wheels (benchmarks/fetch_serving_wheels.sh benchmarks/log-to-gpu-requirements.txt, docs/exports.md).
 Exit status 1 when a check fails.
 """
 

@@ -7,9 +7,11 @@
 
 One series per accelerator (the disjoint cover a headline sums, so a module and the GPU inside it are not both
 counted) and per node; `window` is the window open on this node when scraped (the last begun and not yet ended,
-`none` between windows). Each sample carries its reading's own time (wall clock, ms), so a scrape never moves a
-value in time and the values are the trace's, not averages. Only values the sampler already holds are served: a
-scrape costs no sensor read. Bound to 127.0.0.1 unless --metrics-host opens it: the figures reveal what runs where.
+`none` between windows; a log interval is no window). Each sample carries its reading's own time (wall clock, ms),
+so a scrape never moves a value in time and the values are the trace's, not averages. Only values the sampler
+already holds are served: a scrape costs no sensor read. Bound to 127.0.0.1 unless --metrics-host opens it: the
+figures reveal what runs where. A client that sends nothing is dropped after HANDLER_TIMEOUT_S, and closing the
+server waits for no client.
 """
 
 from __future__ import annotations

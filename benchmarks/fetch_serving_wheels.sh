@@ -2,8 +2,9 @@
 # Download the wheels of a requirements file (default benchmarks/serving-gpu-requirements.txt:
 # transformers serve; benchmarks/log-to-gpu-requirements.txt: --log-to's extras) for the GPU
 # machine's Python 3.12, which installs them with --no-index --no-deps, into .whl/ of the repo root.
-#     sh benchmarks/fetch_serving_wheels.sh [REQUIREMENTS] Idempotent: pip skips a wheel already there. Fails naming a requirement that has
-# no wheel for cp312 / manylinux x86-64 (or py3-none-any).
+#     sh benchmarks/fetch_serving_wheels.sh [REQUIREMENTS]
+# Idempotent: pip skips a wheel already there. Fails naming a requirement that has no wheel for cp312 /
+# manylinux x86-64 (or py3-none-any).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 req=${1:-"$root/benchmarks/serving-gpu-requirements.txt"}

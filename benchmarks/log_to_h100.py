@@ -11,7 +11,7 @@ throughout (benchmarks.common.CounterPoller, no jpwr code). Afterwards five logg
 intervals' edges (the sampler's marks `log/<first step>` in the run's trace, CLOCK_MONOTONIC on the same host):
 each must agree within the logged bound plus the counter read's own uncertainty. Throughput (tokens/s of the
 steady window) with logging must be within 1 % of the run without. The GPU machine has no package access: the
-extras come as wheels (benchmarks/fetch_wheels.sh benchmarks/log-to-gpu-requirements.txt, docs/exports.md).
+extras come as wheels (benchmarks/fetch_serving_wheels.sh benchmarks/log-to-gpu-requirements.txt, docs/exports.md).
 Exit status 1 when a check fails.
 """
 
@@ -65,7 +65,7 @@ def interval_rows(name: str, run_dir: Path, record: dict[str, Any], uuid: str,
     energy = {m.step: m.value for m in client.get_metric_history(mlrun.info.run_id, "interval/energy_j")}
     bound = {m.step: m.value for m in client.get_metric_history(mlrun.info.run_id, "interval/energy_error_bound_j")}
     (node_dir,) = [d for d in (run_dir / "jpwr").iterdir() if d.is_dir()]
-    spans = spans_from_marks(load_trace(node_dir).marks)
+    spans = spans_from_marks(load_trace(node_dir).marks, intervals=True)
     steady = next(w for w in record["windows"] if w["name"] == "steady")
     steps = sorted(energy)
     firsts = dict(zip(steps, [0, *steps[:-1]], strict=True))  # intervals are consecutive from the loop's start

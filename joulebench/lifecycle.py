@@ -50,6 +50,7 @@ from joulebench.record import (
     RECORD_FILE,
     RECORD_NOT_WRITTEN,
     RunRecord,
+    settle_record,
     software_versions,
     summary_line,
     write_run_record,
@@ -343,6 +344,7 @@ class Lifecycle:
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
+        settle_record(record)  # the tools get the status and warnings the record is written with
         if run.exports is not None:  # a tool that fails costs neither the run nor the record: the warnings say so
             run.exports.finish(record.status, record.metrics)
             for problem in run.exports.close():

@@ -310,11 +310,17 @@ def collect_warnings(record: RunRecord) -> None:
             record.warn(f"{window.name} window: {text}")
 
 
-def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
-    """Every record is written through here, so the PARTIAL rule and the warnings list apply to all alike."""
+def settle_record(record: RunRecord) -> None:
+    """The PARTIAL rule, the warnings list and the energy domain, once the figures are in: what the record is
+    written with, also what --log-to gives the tools before it is written (repeating it changes nothing)."""
     settle_status(record)
     collect_warnings(record)
     record.energy_domain = headline_domain(record)
+
+
+def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
+    """Every record is written through here, so the PARTIAL rule and the warnings list apply to all alike."""
+    settle_record(record)
     if record.finished_at is None:
         record.finished_at = utc_now()
     return write_json_atomic(path, record.to_dict())

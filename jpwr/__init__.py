@@ -35,6 +35,7 @@ _HOMES = {
     "DeviceEventStamps": "jpwr.phases",  # phase stamps as CUDA/ROCm events (the caller passes torch in)
     "HostStamps": "jpwr.phases",  # the same stamps on the host's monotonic clock (CPU runs)
     "ADDR_ENV": "jpwr.channel",  # the environment variable naming the node's sampler (set by job scripts)
+    "INTERVAL_PREFIX": "jpwr.channel",  # how WindowMeter.mark_interval's names start (log intervals, no windows)
     # --- Planning a window from the estimator's own terms (the core's steady-window sizing) ----------
     "planned_bound_j": "jpwr.estimator",  # the bound the estimator will state for a window's two edges
     "aliasing_warning": "jpwr.estimator",  # whether a loop's period aliases with the sensor's

@@ -24,6 +24,12 @@ from jpwr.phases import PhaseBatch
 ADDR_ENV = "JPWR_ADDR"
 MAX_DATAGRAM = 65507
 PHASES_SEND_TIMEOUT_S = 5.0
+INTERVAL_PREFIX = "log/"  # WindowMeter.mark_interval's edges: log intervals inside a window, never windows
+
+
+def is_interval_mark(name: str) -> bool:
+    """A log interval's name, not a window's: no window of a summary, no Prometheus `window` label."""
+    return name.startswith(INTERVAL_PREFIX)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -188,8 +188,6 @@ def cmd_wrap(argv: Sequence[str]) -> int:
             signal.signal(s, handler)
     sampler.add_mark(Mark("command", "end", 0, SYSTEM_CLOCK.monotonic_ns()))
     server.stop()
-    if metrics:
-        metrics.stop()
     child_code = 128 - code if code < 0 else code
     if code < 0:
         print(f"jpwr: {command[0]} was {signal_death(-code)}", file=sys.stderr)
@@ -204,6 +202,9 @@ def cmd_wrap(argv: Sequence[str]) -> int:
         print(f"jpwr: error: could not write the results: {os_error_message(exc)}", file=sys.stderr)
         _print_windows(sampler.in_memory_summary())
         return child_code
+    finally:  # after the sampler: the trace and summary are written whatever the metrics' clients do
+        if metrics:
+            metrics.stop()
     _print_windows(summary)
     return child_code
 
@@ -225,9 +226,11 @@ def cmd_serve(argv: Sequence[str]) -> int:
     print(f"jpwr: serving node {sampler.node} on {server.addr} (run {sampler.run_id})", file=sys.stderr, flush=True)
     stop.wait()
     server.stop()
-    if metrics:
-        metrics.stop()
-    summary = sampler.stop()
+    try:
+        summary = sampler.stop()
+    finally:  # after the sampler: the trace and summary are written whatever the metrics' clients do
+        if metrics:
+            metrics.stop()
     _print_windows(summary)
     return ExitCode.OK
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from jpwr.channel import Channel, Mark, channel_from_env
+from jpwr.channel import INTERVAL_PREFIX, Channel, Mark, channel_from_env, is_interval_mark
 from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.energy import IdleBaseline, Window, WindowEnergy, combine_energies, split_energy
 from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, SettleResult, wait_until_settled
@@ -148,7 +148,10 @@ class WindowMeter:
     def mark_interval(self, name: str, edge: str, step: int) -> int:
         """An edge for the sampler only: no window is kept here and no phases are marked, so an interval inside a
         window (a log interval) adds nothing to the record; node_energy([name]) returns its energy. Returns the
-        edge's time (monotonic ns), taken after a device sync."""
+        edge's time (monotonic ns), taken after a device sync. The name starts with INTERVAL_PREFIX, which keeps
+        it out of the sampler's windows."""
+        if not is_interval_mark(name):
+            raise ValueError(f"interval {name!r} must start with {INTERVAL_PREFIX!r}")
         if self.sync is not None:
             self.sync()
         t_ns = self.clock.monotonic_ns()

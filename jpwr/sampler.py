@@ -292,7 +292,7 @@ class Sampler:
             self.read_counters()
 
     def window_energies(self, names: Sequence[str] | None = None) -> dict[str, WindowEnergy]:
-        spans = spans_from_marks(self.trace().marks)
+        spans = spans_from_marks(self.trace().marks, intervals=names is not None)
         wanted = list(names) if names is not None else list(spans)
         if any(n in spans for n in wanted):
             self._settle_after(max(spans[n].t1_ns for n in wanted if n in spans))

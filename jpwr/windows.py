@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from jpwr.backends.rapl import PERMISSION_FIX
 from jpwr.backends.replay import NAME as REPLAYED_BACKEND
 from jpwr.backends.replay import REPLAYED
-from jpwr.channel import Mark
+from jpwr.channel import Mark, is_interval_mark
 from jpwr.device_energy import DeviceEnergy
 from jpwr.domains import Domain, Kind, Signal
 from jpwr.energy import WindowEnergy
@@ -43,11 +43,14 @@ class WindowSpan:
     work: dict[str, float]
 
 
-def spans_from_marks(marks: Iterable[Mark]) -> dict[str, WindowSpan]:
-    """Pair begin/end marks by window name; windows still open are left out."""
+def spans_from_marks(marks: Iterable[Mark], intervals: bool = False) -> dict[str, WindowSpan]:
+    """Pair begin/end marks by window name; windows still open are left out, and so are log intervals unless
+    `intervals` (only a query that names them asks for their energy)."""
     begins: dict[str, list[Mark]] = {}
     ends: dict[str, list[Mark]] = {}
     for m in marks:
+        if is_interval_mark(m.name) and not intervals:
+            continue
         (begins if m.edge == "begin" else ends).setdefault(m.name, []).append(m)
     spans = {}
     for name, bs in begins.items():

@@ -2,6 +2,8 @@
 
     carbon_intensity_g_per_kwh = 380            a fixed intensity (g CO2e per kWh), or
     carbon_intensity_csv = /path/intensity.csv  hourly values: `time,value` per line, ISO 8601 with an offset
+                                                (a relative path: to the profile file that sets it, or from a
+                                                JOULEBENCH_* variable to the working directory: jbsystems.py)
     price_per_kwh = 0.31 and currency = EUR     a fixed price, or price_csv = /path/price.csv (same form)
     pue = 1.2                                   facility energy per accelerator energy (>= 1; empty: 1, stated)
 
@@ -44,6 +46,12 @@ class Rate:
         """The value of the hour starting at `hour` (UTC); None when the CSV does not cover it."""
         return self.fixed if self.hourly is None else self.hourly.get(hour)
 
+    @property
+    def phase(self) -> dt.timedelta:
+        """How far past each UTC hour the rate's hours start: 30 min for a CSV in +05:30, else 0."""
+        first = next(iter(self.hourly or {}), None)
+        return dt.timedelta(0) if first is None else first - first.replace(minute=0, second=0, microsecond=0)
+
 
 @dataclasses.dataclass(frozen=True)
 class SiteFootprint:
@@ -56,7 +64,7 @@ class SiteFootprint:
     pue_text: str  # the profile's text; empty: not given (1)
 
     def settings(self) -> dict[str, str]:
-        """The job.env variables that carry them to the job (paths made absolute by the caller's profile)."""
+        """The job.env variables that carry them to the job (each CSV by its absolute path)."""
         def text(rate: Rate | None, fixed_key: str, csv_key: str) -> dict[str, str]:
             hourly = rate is not None and rate.hourly is not None
             return {fixed_key: "" if rate is None or hourly else rate.given, csv_key: rate.given if hourly else ""}
@@ -86,20 +94,22 @@ def _hour(text: str, where: str) -> dt.datetime:
     if stamp.tzinfo is None:
         raise ConfigError(f"{where}: {text!r} has no UTC offset (local time is ambiguous at clock changes)",
                           "write the hour with its offset, e.g. 2026-11-26T14:00:00+01:00 or ...Z")
-    stamp = stamp.astimezone(dt.UTC)
-    if stamp != stamp.replace(minute=0, second=0, microsecond=0):
+    if stamp != stamp.replace(minute=0, second=0, microsecond=0):  # in its own offset: +05:30's hours too
         raise ConfigError(f"{where}: {text} is not the start of an hour", "give one value per whole hour")
-    return stamp
+    return stamp.astimezone(dt.UTC)
 
 
 def read_hourly(path: Path, kind: str, key: str) -> Rate:
     """An hourly CSV: `time,value` lines (a first line that is no time is a header; `#` lines are comments), one
     line per hour, in order, without a gap; refuses the first bad line by its number."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte order mark is not part of the header
     except OSError as exc:
         raise ConfigError(f"profile key {key} = {path}: cannot read it ({exc.strerror})",
                           "give a readable file on a file system the nodes share") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"profile key {key} = {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                          "save it as UTF-8 (or ASCII), e.g. iconv -f UTF-16 -t UTF-8") from None
     hourly: dict[dt.datetime, float] = {}
     previous: dt.datetime | None = None
     for number, line in enumerate(lines, 1):
@@ -185,9 +195,10 @@ def spans(record: Any) -> tuple[list[tuple[str, dt.datetime, dt.datetime, float,
             "no clock anchor in the record: each window spread over the run's start to end")
 
 
-def _hours(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, float]]:
-    """(UTC hour, share of [start, end] in it); a zero-length span lies wholly in its hour."""
-    first = start.replace(minute=0, second=0, microsecond=0)
+def _hours(start: dt.datetime, end: dt.datetime, phase: dt.timedelta) -> list[tuple[dt.datetime, float]]:
+    """(the rate's hour, share of [start, end] in it); the rate's hours start `phase` past each UTC hour (its CSV's
+    own hours, e.g. at :30 in +05:30); a zero-length span lies wholly in its hour."""
+    first = (start - phase).replace(minute=0, second=0, microsecond=0) + phase
     length = (end - start).total_seconds()
     if length <= 0:
         return [(first, 1.0)]
@@ -220,10 +231,14 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
     work, each with its bound, labelled an estimate with its sources; n/a (null, with the reason) where the profile
     gives no value."""
     placed, placement = spans(record)
-    run_pieces = [(hour, e * share, u * share) for _n, a, b, e, u in placed for hour, share in _hours(a, b)]
     steady_name = record.metrics.get("window", "steady")
-    steady = [(hour, e * share, u * share) for n, a, b, e, u in placed if n == steady_name
-              for hour, share in _hours(a, b)]
+
+    def pieces(rate: Rate | None, windows: str | None) -> list[tuple[dt.datetime, float, float]]:
+        """Each window's (or only `windows`') energy and bound spread over the rate's hours."""
+        phase = rate.phase if rate is not None else dt.timedelta(0)
+        return [(hour, e * share, u * share) for n, a, b, e, u in placed if windows in (None, n)
+                for hour, share in _hours(a, b, phase)]
+
     unit = record.metrics.get("work_unit")
     work = next((w.work.get(unit) for w in record.windows if w.name == steady_name), None) if unit else None
     block: dict[str, Any] = {
@@ -241,6 +256,7 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
         "work_unit": unit, "work": work,
     }
     for key, rate, what in (("g_co2e", site.carbon, "carbon intensity"), ("cost", site.price, "price")):
+        run_pieces, steady = pieces(rate, None), pieces(rate, steady_name)
         run = _weighted(rate, run_pieces, site.pue, what) if placed else {
             "value": None, "bound": None, "unavailable_reason": f"no metered energy: {placement}"}
         per = _weighted(rate, steady, site.pue, what) if steady and work else {

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 JUBE_DIR = Path(__file__).resolve().parent
@@ -24,6 +24,7 @@ INFERENCE_MODEL_TAGS = ("tiny", "gpt2", "llama-1b", "llama-8b")  # llm_inference
 FRAMEWORK_TAGS = ("pytorch", "tensorflow")
 FLAG_TAGS = ("wait", "synthetic", "container")
 RESERVED_NAMES = {t.lower() for t in (*MODEL_TAGS, *INFERENCE_MODEL_TAGS, *FRAMEWORK_TAGS, *FLAG_TAGS)}
+PATH_KEYS = ("carbon_intensity_csv", "price_csv")  # relative: to the profile file that sets them
 CPU_OVERLAY = "cpu"  # [<system>.cpu]: applied over a `vendor = auto` system when no accelerator is found
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
@@ -88,8 +89,8 @@ def _check_file(path: Path, sections: dict[str, dict[str, str]], known: set[str]
                                   "use a key listed at the top of jube/systems.ini, or remove it")
 
 
-def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, dict[str, dict[str, str]]]:
-    """All profile files merged, and the keys each section sets itself (overlays apply only those)."""
+def _profile_files(environ: dict[str, str]) -> list[Path]:
+    """jube/systems.ini, then the file JOULEBENCH_PROFILE names (its values win)."""
     files = [PROFILE_FILE]
     if environ.get("JOULEBENCH_PROFILE"):
         extra = Path(environ["JOULEBENCH_PROFILE"])
@@ -97,6 +98,26 @@ def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, 
             raise ConfigError(f"JOULEBENCH_PROFILE={extra} does not exist",
                               "point it to an .ini file of the form of jube/systems.ini")
         files.append(extra)
+    return files
+
+
+def _anchor_paths(profile: dict[str, str], sections: Sequence[str], environ: dict[str, str]) -> None:
+    """A relative PATH_KEYS value is relative to the profile file that sets it (an overlay over the section over
+    [DEFAULT], a later file over an earlier one: configparser's order), so it means the same from any directory."""
+    files = _profile_files(environ)
+    for key in PATH_KEYS:
+        value = profile.get(key, "")
+        if not value or Path(value).expanduser().is_absolute():
+            continue
+        setters = [(sections.index(section), index, path) for index, path in enumerate(files)
+                   for section, values in _own_keys(path).items() if section in sections and key in values]
+        if setters:
+            profile[key] = str((max(setters)[2].parent / Path(value).expanduser()).resolve())
+
+
+def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, dict[str, dict[str, str]]]:
+    """All profile files merged, and the keys each section sets itself (overlays apply only those)."""
+    files = _profile_files(environ)
     known = known_keys()
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str.lower  # type: ignore[assignment,method-assign]
@@ -155,17 +176,20 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
     profile = {key: value.strip() for key, value in parser.items(section)}
     overrides = {key: value for key, (_, value) in _overrides(section, profile, env).items()}
     profile["selection"] = ""
+    sections = ["DEFAULT", section]
     if overrides.get("vendor", profile["vendor"]) == "auto":
         vendor, found, count = detect_accelerator(env)
         profile["local_gpus"] = str(count)
         overlay = f"{section}.{CPU_OVERLAY}"
         if vendor == "cpu" and overlay in own:
+            sections.append(overlay)
             profile.update({key: value.strip() for key, value in own[overlay].items()})
             profile["selection"] = f"{section}: {found}: CPU-sized settings of [{overlay}]"
         else:
             profile["selection"] = f"{section}: {found}: the settings of a one-device node"
         profile["vendor"] = vendor
-    profile.update(overrides)
+    _anchor_paths(profile, sections, env)
+    profile.update(overrides)  # a path from the environment: relative to the working directory
     profile["system"] = section
     return profile
 

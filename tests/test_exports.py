@@ -158,3 +158,84 @@ def test_an_unknown_or_missing_tool_is_refused_when_the_command_line_is_parsed(c
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unknown --log-to target 'neptune': use a comma list of tensorboard, mlflow, wandb" in err
+
+
+def _lifecycle_run(out: Path, metrics: dict[str, object]) -> tuple[int, list[str]]:
+    """A run of the lifecycle with no body, logging to TensorBoard: its exit code and the record's warnings."""
+    from joulebench.launch import LaunchEnv
+    from joulebench.lifecycle import Lifecycle
+
+    with (Lifecycle("resnet50", LaunchEnv.from_env({})) as life,
+          life.run("r", out, {}, metrics=lambda _record: dict(metrics), log_to=("tensorboard",)) as run):
+        pass
+    return run.exit_code, read_run_record(out / "run_record.json").warnings
+
+
+def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "tensorboard").write_text("a file where TensorBoard needs its directory")
+    exit_code, warnings = _lifecycle_run(tmp_path, {})
+    assert exit_code == 0
+    assert any(w.startswith("--log-to: tensorboard could not be opened and was left out: ") and
+               "is not a directory" in w for w in warnings)
+
+
+def test_the_tools_get_the_status_the_record_is_written_with(tmp_path: Path) -> None:
+    _exit, _warnings = _lifecycle_run(tmp_path, {"energy_wh": 1.0, "energy_untrusted_reason": "coverage 0.61 < 0.99"})
+    assert read_run_record(tmp_path / "run_record.json").status == "PARTIAL"
+    assert _tensorboard(tmp_path)[1]["status"] == "PARTIAL"
+
+
+def test_a_last_interval_too_short_joins_the_one_before_else_it_is_n_a(tmp_path: Path, fake_pynvml) -> None:
+    """IntervalLog on a virtual clock against an in-process sampler replaying the H100 trace: deterministic."""
+    from joulebench.exports.intervals import IntervalLog
+    from joulebench.exports.run import Exports
+    from joulebench.launch import LaunchEnv
+    from jpwr.clock import VirtualClock
+    from jpwr.meter import WindowMeter
+    from jpwr.sampler import LocalChannel, Sampler, open_backends
+    from tests.conftest import H100_TRACE_DIR
+
+    clock = VirtualClock()
+    fake_pynvml.configure(H100_TRACE_DIR, clock, origin_ns=0)
+    backends, discoveries = open_backends(["nvml"], clock, strict=True)
+    sampler = Sampler(backends, discoveries, tmp_path / "jpwr", 0.1, 0.1, clock=clock, run_id="t", node="n1",
+                      background=False).start()
+    tick = 0
+
+    def run_for(seconds: float) -> None:
+        nonlocal tick
+        for _ in range(round(seconds / 0.1)):
+            tick += 1
+            clock.set_ns(tick * 10**8)
+            sampler.poll_once(tick)
+
+    run_for(12)  # the sensor's update period is known; QUERY_EVERY_NS has passed
+    meter = WindowMeter(LaunchEnv.from_env({}), LocalChannel(sampler), clock=clock)
+    exports = Exports(("tensorboard",), tmp_path, "r", "resnet50")
+    merged, alone = (IntervalLog(meter, exports, "images", 8.0, 1) for _ in range(2))
+    gap = 3 * merged.min_ns / 1e9 / 2  # 1.5 times the merge threshold
+    merged.begin(0)
+    for step in (1, 2):
+        run_for(gap)
+        merged.log_point(step)  # closes log/0 (0-1), then log/1 (1-2) and logs log/0
+    run_for(0.1)
+    merged.log_point(3, last=True)  # too short: log/1 covers steps 1-3
+    alone.begin(10)
+    run_for(0.1)
+    alone.log_point(11, last=True)  # the only interval, too short: n/a
+    exports.finish("OK", {})
+    assert exports.close() == []
+    sampler.stop()
+    scalars, facts = _tensorboard(tmp_path)
+    energy = dict(scalars["interval/energy_j"])
+    assert sorted(energy) == [1, 3]
+    assert dict(scalars["interval/energy_j_per_step"])[3] == pytest.approx(energy[3] / 2, rel=1e-6)
+    assert dict(scalars["interval/seconds"])[3] == pytest.approx(gap + 0.1, abs=0.01)
+    last = {key: dict(points)[3] for key, points in scalars.items() if key.startswith("interval/")}
+    joules, bound, work = last["interval/energy_j"], last["interval/energy_error_bound_j"], 2 * 8.0
+    for name, divisor in (("mean_power_w", last["interval/seconds"]), ("energy_j_per_step", 2), ("j_per_image", work)):
+        assert last[f"interval/{name}_error_bound"] == pytest.approx(bound / divisor, rel=1e-6)  # each with its bound
+    assert 0 < bound < joules and last["interval/images_per_wh_error_bound"] == pytest.approx(
+        work * 3600 / (joules - bound) - work * 3600 / joules, rel=1e-5)
+    assert facts["interval/unavailable"] == ("steps 10-11: shorter than 2 sensor update periods, its bound as large "
+                                             "as its energy: not logged")

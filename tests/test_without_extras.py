@@ -6,7 +6,9 @@ whose only third-party packages are the two base dependencies, linked from this 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -114,3 +116,18 @@ def test_log_to_without_its_extra_names_the_pip_install_before_any_work(bare_pyt
         assert code == 2 and f"--log-to {extra} needs the {extra} package: pip install 'joulebench[{extra}]'" in err, (
             argv, err[-2000:])
         assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_log_to_mlflow_without_the_sqlite_stores_packages_names_the_pip_install(tmp_path):
+    """mlflow-skinny alone (found, not imported) on an isolated path without sqlalchemy and alembic."""
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("mlflow is not installed")
+    (tmp_path / "mlflow").symlink_to(spec.submodule_search_locations[0])
+    probe = (f"import os, sys; sys.path[:0] = [{str(REPO)!r}, {str(tmp_path)!r}]\n"
+             "from joulebench.exports.targets import missing_extra\n"
+             "print(missing_extra('mlflow')); os.environ['MLFLOW_TRACKING_URI'] = 'http://tracking:5000'\n"
+             "print(missing_extra('mlflow'))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["--log-to mlflow without MLFLOW_TRACKING_URI (a local SQLite store) needs the "
+                                "sqlalchemy and alembic package(s): pip install 'joulebench[mlflow]'", "None"]

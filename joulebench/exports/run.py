@@ -17,20 +17,23 @@ FIGURES = "window/"
 
 
 class Exports:
-    """The writers of one run record, in the order asked for. A writer that fails is dropped and named in
-    `problems` (the lifecycle puts them into the record's warnings): a tool must not cost the run."""
+    """The writers of one run record, in the order asked for. A writer that cannot open, or fails later, is
+    dropped and named in `problems` (the lifecycle puts them into the record's warnings): a tool must not cost the
+    run, so nothing here raises an Exception."""
 
     def __init__(self, targets: Sequence[str], out_dir: Path, run_id: str, benchmark: str) -> None:
         self.sinks: list[Sink] = []
         self.problems: list[str] = []
-        out_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            for name in targets:
-                self.sinks.append(SINKS[name](out_dir, run_id, f"joulebench-{benchmark}"))
-        except BaseException:
-            self.close()  # the error that stopped the opening is the one to report
-            raise
         self.last_step = 0
+        for name in targets:
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                self.sinks.append(SINKS[name](out_dir, run_id, f"joulebench-{benchmark}"))
+            except Exception as exc:  # an unreachable server, a missing key, an unwritable directory
+                self.problems.append(f"{name} could not be opened and was left out: {type(exc).__name__}: {exc}")
+            except BaseException:
+                self.close()  # an interrupt stops the opening: the writers already open are closed
+                raise
 
     def _each(self, what: str, call: Callable[[Sink], None]) -> None:
         for sink in list(self.sinks):

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
 # --log-to name -> (module it needs, joulebench extra that installs it)
 TARGETS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+# MLflow's local SQLite store (no MLFLOW_TRACKING_URI) needs these too; mlflow-skinny alone does not bring them
+MLFLOW_STORE_MODULES = ("sqlalchemy", "alembic")
 
 
 def missing_extra(name: str) -> str | None:
@@ -15,6 +18,11 @@ def missing_extra(name: str) -> str | None:
     module, extra = TARGETS[name]
     if importlib.util.find_spec(module) is None:
         return f"--log-to {name} needs the {module} package: pip install 'joulebench[{extra}]'"
+    if name == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
+        missing = [m for m in MLFLOW_STORE_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            return (f"--log-to mlflow without MLFLOW_TRACKING_URI (a local SQLite store) needs the "
+                    f"{' and '.join(missing)} package(s): pip install 'joulebench[{extra}]'")
     return None
 
 

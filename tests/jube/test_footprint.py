@@ -128,6 +128,28 @@ def test_an_hourly_csv_weights_each_hour_by_the_energy_in_it(tmp_path: Path) -> 
     assert "has no value for the hour 2026-11-26T15:00:00+00:00" in late["g_co2e_unavailable_reason"]
 
 
+def test_a_csv_in_a_half_hour_offset_weights_its_own_hours(tmp_path: Path) -> None:
+    csv = tmp_path / "intensity.csv"  # India: 14:00+05:30 is 08:30 UTC
+    csv.write_text("2026-11-26T14:00:00+05:30,100\n2026-11-26T15:00:00+05:30,300\n")
+    site = jbfootprint.site_footprint({"carbon_intensity_csv": str(csv)})
+    record = RunRecord(benchmark="llm_training", run_id="r", metrics={"window": "steady", "work_unit": "tokens"},
+                       meter={"clock": {"wall_ns": 0, "monotonic_ns": 0}})
+    record.windows = [  # 09:00-10:00 UTC: half in the hour from 08:30 UTC, half in the one from 09:30
+        _window("steady", dt.datetime(2026, 11, 26, 9, 0, tzinfo=dt.UTC), 3600, 7200.0, 0.0, 0)]
+    assert jbfootprint.footprint_block(record, site)["g_co2e"] == pytest.approx((3600 * 100 + 3600 * 300) / J_PER_KWH)
+
+
+def test_a_byte_order_mark_is_no_header_and_a_utf16_file_is_refused_by_name(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("2026-11-26T13:00:00Z,100\n2026-11-26T14:00:00Z,200\n".encode("utf-8-sig"))
+    rate = jbfootprint.site_footprint({"carbon_intensity_csv": str(bom)}).carbon
+    assert rate is not None and list((rate.hourly or {}).values()) == [100.0, 200.0]
+    utf16 = tmp_path / "u16.csv"
+    utf16.write_bytes("time,value\n2026-11-26T13:00:00Z,100\n".encode("utf-16"))
+    with pytest.raises(jbprofile.ConfigError, match=f"carbon_intensity_csv = {utf16} is not UTF-8 text"):
+        jbfootprint.site_footprint({"carbon_intensity_csv": str(utf16)})
+
+
 @pytest.mark.parametrize(("lines", "message"), [
     ("2026-11-26T13:00:00+01:00,100\n2026-11-26T15:00:00+01:00,300\n", "line 2: .* a gap in the hourly values"),
     ("time,value\n2026-11-26T13:00:00Z,100\n2026-11-26T14:00:00Z,-3\n", r"line 3: -3 is out of range \(a negative"),
@@ -163,3 +185,15 @@ def test_the_job_carries_the_checked_values_and_the_csv_as_an_absolute_path(tmp_
     assert (settings["JB_PRICE_CSV"], settings["JB_CURRENCY"], settings["JB_PUE"]) == (str(tmp_path / "p.csv"),
                                                                                        "CHF", "1.1")
     assert settings["JB_CARBON_INTENSITY_G_PER_KWH"] == settings["JB_CARBON_INTENSITY_CSV"] == ""
+
+
+def test_a_relative_csv_path_is_relative_to_the_profile_file_that_sets_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "data").mkdir(parents=True)
+    (site / "data" / "p.csv").write_text("2026-11-26T13:00:00Z,0.25\n")
+    (site / "profile.ini").write_text("[DEFAULT]\nprice_csv = data/p.csv\ncurrency = CHF\n")
+    monkeypatch.chdir(tmp_path)  # not the profile's directory
+    env = {**CLEAN_ENV, "JOULEBENCH_PROFILE": str(site / "profile.ini")}
+    settings = jbprofile.build_settings("llm", [], {}, "r", env)
+    assert settings["JB_PRICE_CSV"] == str(site / "data" / "p.csv")

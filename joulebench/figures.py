@@ -117,23 +117,55 @@ def record_problems(record: RunRecord) -> list[str]:
                                ("config per_device_batch_size", record.config.get("per_device_batch_size"), True),
                                ("global_batch_size", metrics.get("global_batch_size"), False)):
         problems += [p for p in (number_problem(name, value, whole=whole),) if p]
-    if steady is not None and not problems:
-        problems += _consistency(steady, metrics, unit)
+    if not problems:
+        problems += _consistency(record, unit)
     return problems
 
 
-def _consistency(steady: Window, metrics: dict[str, Any], unit: str) -> list[str]:
-    """The record's headline figures against the steady window they were computed from (Wh vs J, rates vs work
-    and seconds), when they describe that window."""
-    if metrics.get("window", STEADY) != STEADY:
-        return []
-    energy_j = steady.energy.energy_j if steady.energy is not None else None
-    work = steady.work.get(unit)
-    checks = (("energy_wh", metrics.get("energy_wh"), None if energy_j is None else energy_j / J_PER_WH, "Wh"),
-              (f"{unit}_per_s", metrics.get(f"{unit}_per_s"), None if work is None else work / steady.duration_s,
-               f"{unit}/s"),
-              ("duration_s", metrics.get("duration_s"), steady.duration_s, "s"))
-    return [p for name, value, expected, what in checks if (p := _mismatch(name, value, expected, what))]
+# The J-per-unit figures a record may carry, with the steady work they divide the window's energy by.
+J_PER_UNIT_METRICS = (("energy_per_output_token_j", "output_tokens"), ("energy_per_request_j", "requests"))
+
+
+def _consistency(record: RunRecord, unit: str) -> list[str]:
+    """The record's headline figures against the window they were computed from (Wh, J per unit and mean power
+    vs J, rates vs work and seconds), and its mean power against its own idle baseline. Without that window a
+    headline figure cannot be checked, so it is not believed."""
+    metrics = record.metrics
+    name = metrics.get("window") or STEADY
+    window = record.window(name)
+    if window is None:
+        shown = [key.format(unit=unit) for key in POSITIVE_METRICS if metrics.get(key.format(unit=unit)) is not None]
+        return [f"no {name} window to check {', '.join(shown)} against (unverifiable)"] if shown else []
+    energy = window.energy
+    energy_j = energy.energy_j if energy is not None else None
+    work, seconds, steps = window.work.get(unit), window.duration_s, window.steps
+    checks = [("energy_wh", _ratio(energy_j, J_PER_WH), "Wh"), (f"{unit}_per_s", _ratio(work, seconds), f"{unit}/s"),
+              (f"{unit}_per_wh", _ratio(work, _ratio(energy_j, J_PER_WH)), f"{unit}/Wh"),
+              ("mean_power_w_per_device", energy.mean_power_w_per_device if energy is not None else None, "W"),
+              ("duration_s", seconds, "s"), ("time_per_iteration_s", _ratio(seconds, steps), "s")]
+    checks += [(key, _ratio(energy_j, window.work.get(divisor)), f"J/{divisor}") for key, divisor in J_PER_UNIT_METRICS]
+    problems = [p for key, expected, what in checks if (p := _mismatch(key, metrics.get(key), expected, what))]
+    return problems + [p for p in (_below_idle(record, window),) if p]
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    return None if top is None or not bottom else top / bottom
+
+
+def _below_idle(record: RunRecord, window: Window) -> str | None:
+    """A window drawing less than the devices draw idle (beyond both bounds) was not measured: a load cannot
+    lower a device's power below what it draws holding the model with no work queued."""
+    idle, energy = record.meter.get("idle_baseline") or {}, window.energy
+    idle_w, idle_bound_w = idle.get("power_w"), idle.get("error_bound_w")
+    if (energy is None or energy.energy_j is None or number_problem("idle power_w", idle_w)
+            or idle.get("devices") != energy.devices):
+        return None
+    idle_bound_w = 0.0 if number_problem("idle error_bound_w", idle_bound_w, zero_allowed=True) else idle_bound_w or 0.0
+    power_w, bound_w = energy.energy_j / window.duration_s, (energy.error_bound_j or 0.0) / window.duration_s
+    if power_w + bound_w >= idle_w - idle_bound_w:
+        return None
+    return (f"{window.name} power {power_w:.4g} W below the idle baseline {idle_w:.4g} W "
+            f"(bounds ±{bound_w:.3g} W, ±{idle_bound_w:.3g} W; energy edited or not measured)")
 
 
 # Serving figures of an llm_inference load record (joulebench.analysis.serving): positive, zero-or-positive, shares.

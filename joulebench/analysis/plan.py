@@ -6,13 +6,15 @@ Input: the per-phase time and energy of one step at several clocks. Either the r
 per clock, plus the default-setting run (sm_clock empty); repeats at one clock are averaged. Run records read:
 
     config.device_settings.requested.sm_clock_mhz   the run's locked clock; null/absent = the default row
-    windows[name == attribution.window].steps       steps of the attributed window (default "steady")
-    attribution.window                              the window the phases cover (default "steady")
-    attribution.phases[]: name, method ("fit" | "replay"; --method picks one), energy_j (over the window; null =
-                          below resolution: that clock is not a choice for that phase), and duration_s (over the
-                          window) or mean_power_w (then duration = energy_j / mean_power_w)
+    attribution.window                              the window the phases cover (default "steady"; the record
+                                                    must have it)
+    attribution.estimators.<method>.rows[]          as `joulebench attribute` writes them (--method fit or replay):
+        phase, energy_per_step_j (null = below resolution: that clock is not a choice for that phase),
+        seconds_per_step, mean_power_w; a replay row "not replayed" (gradient reduction, inside forward+backward)
+        is no phase of its own
 
-The phases are taken in their listed order, as one step runs them, repeating every step. Profile files (per step):
+The phases are taken in their listed order, as one step runs them, repeating every step; a phase named twice or
+with an empty name is refused. Profile files (per step; clocks 1 to 100000 MHz):
 
     JSON {"kind": "joulebench.clock_profile", "version": 1, "phases": [names in execution order],
           "points": [{"phase": ..., "clock": "default" | MHz, "time_s": ..., "energy_j": ..., "source": ...}]}
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis.energy_domain import require_one_domain
+from joulebench.analysis.replay import NOT_REPLAYED
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
 from joulebench.device_settings.record import recorded_settings
@@ -88,7 +91,8 @@ class Profile:
                                   "attribute the sweep's runs first (`joulebench attribute`), or pass --profile")
         missing = [p for p in self.phases if DEFAULT not in self.options.get(p, {})]
         if missing:
-            raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting",
+            left_out = f" (left out: {'; '.join(self.excluded)})" if self.excluded else ""
+            raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting{left_out}",
                                   "include the sweep's default-setting run (sm_clock empty), every phase attributed")
         bad = [f"{p} at {clock_name(c)}: {problem}" for p, by in self.options.items() for c, o in by.items()
                for problem in _point_problems(o.time_s, o.energy_j)]
@@ -117,14 +121,30 @@ def _average(samples: Mapping[tuple[str, Clock], list[tuple[float, float, str]]]
     return options
 
 
+CLOCK_RANGE_MHZ = (1, 100_000)  # a clock outside it is no clock of a device (H100 SM clocks: 210-1980 MHz)
+
+
 def _parse_clock(value: Any, where: str) -> Clock:
     if value is None or str(value).strip().lower() in ("", "default"):
         return DEFAULT
     try:
-        return int(value)
+        clock = int(value)
     except (TypeError, ValueError):
         raise FormatError(f"{where}: clock {value!r} is neither 'default' nor MHz",
-                              "write the clock as an integer MHz or 'default'") from None
+                          "write the clock as an integer MHz or 'default'") from None
+    low, high = CLOCK_RANGE_MHZ
+    if not low <= clock <= high:
+        raise FormatError(f"{where} cannot be planned on: clock {clock} MHz is outside {low} to {high} MHz",
+                          "write the clock the device was locked to, in MHz, or 'default'")
+    return clock
+
+
+def _phase_list_problem(names: Sequence[Any]) -> str | None:
+    """Why a list of phases in step order cannot be a step: an empty name, or one named twice (counted twice)."""
+    twice = sorted({str(n) for n in names if names.count(n) > 1 and str(n or "").strip()})
+    problems = ["a phase has an empty name"] if any(not str(n or "").strip() for n in names) else []
+    problems += [f"phase(s) {', '.join(twice)} listed twice"] if twice else []
+    return "; ".join(problems) or None
 
 
 # ---- input ------------------------------------------------------------------------------------------------------
@@ -137,7 +157,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     planned: list[RunRecord] = []  # the records whose phases the plan uses: one energy domain only
     documents = {path: read_record_json(path) for path in record_paths(paths)}
     check_versions(documents)
-    for path, data in documents.items():
+    for data in documents.values():
         run = str(data.get("run_id"))
         settings = recorded_settings(data.get("config", {}))
         attribution = data.get("attribution")
@@ -150,34 +170,28 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
             continue
         window_name = attribution.get("window", "steady")
         windows.add(window_name)
-        record = RunRecord.from_dict(data)  # _rejected read it already
-        window = record.window(window_name)
-        if window is None or not window.steps:
-            raise ValidationError(f"{path}: no steps in window {window_name!r} that the attribution covers",
-                                  "attribute a window with counted steps (the steady window)")
-        steps = window.steps
-        entries = [e for e in attribution.get("phases", []) if e.get("method", method) == method]
-        if not entries:
-            excluded.append(f"run {run}: no phases by method {method!r}")
+        rows = [r for r in ((attribution.get("estimators") or {}).get(method) or {}).get("rows") or []
+                if r.get("status") != NOT_REPLAYED]
+        problem = (f"no window {window_name!r}, which its attribution covers" if not any(
+                       w.get("name") == window_name for w in data.get("windows", [])) else
+                   f"no phases by method {method!r}" if not rows else
+                   _phase_list_problem([r.get("phase") for r in rows]))
+        wrong = [f"phase {r.get('phase')}: {p}" for r in rows
+                 for key in ("energy_per_step_j", "seconds_per_step", "mean_power_w")
+                 if (p := number_problem(key, r.get(key)))]
+        if problem or wrong:
+            excluded.append(f"run {run}: {problem or 'figures rejected: ' + '; '.join(wrong)}")
             continue
-        wrong = [f"phase {e.get('name')}: {p}" for e in entries for key in ("energy_j", "duration_s", "mean_power_w")
-                 if (p := number_problem(key, e.get(key)))]
-        if wrong:
-            excluded.append(f"run {run}: figures rejected: {'; '.join(wrong)}")
-            continue
-        planned.append(record)
-        for entry in entries:
-            name = str(entry["name"])
+        planned.append(RunRecord.from_dict(data))  # _rejected read it already
+        for row in rows:
+            name = str(row["phase"])
             if name not in phases:
                 phases.append(name)
-            energy, power, duration = entry.get("energy_j"), entry.get("mean_power_w"), entry.get("duration_s")
-            if duration is None and energy is not None and power:
-                duration = energy / power
-            if energy is None or duration is None:
-                excluded.append(f"run {run}: phase {name} has no energy or duration (below resolution?)")
+            energy, seconds = row.get("energy_per_step_j"), row.get("seconds_per_step")
+            if energy is None or seconds is None:
+                excluded.append(f"run {run}: phase {name} has no energy or duration ({row.get('status')})")
                 continue
-            samples.setdefault((name, settings.requested.sm_clock_mhz), []).append(
-                (duration / steps, energy / steps, f"run {run}"))
+            samples.setdefault((name, settings.requested.sm_clock_mhz), []).append((seconds, energy, f"run {run}"))
     require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
     return Profile(phases, _average(samples), origin, excluded)
@@ -210,6 +224,10 @@ def read_profile(path: Path) -> Profile:
         except (ValueError, AttributeError, KeyError, TypeError) as exc:
             raise FormatError(f"{path} is not a {PROFILE_KIND} of version {PROFILE_VERSION} ({exc})",
                               "write the JSON profile format of `joulebench plan --help`, or a CSV file") from None
+    problem = _phase_list_problem(phases)
+    if problem:
+        raise FormatError(f"{path}: {problem} in its phases {phases}",
+                          "name every phase of the step once, in execution order")
     samples: dict[tuple[str, Clock], list[tuple[float, float, str]]] = {}
     for number, row in enumerate(rows, start=1):
         where = f"{path} point {number}"
@@ -358,7 +376,8 @@ def main(argv: Sequence[str]) -> int:
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("paths", nargs="*", type=Path, help="run records (or JUBE run directories) of a clock sweep")
     parser.add_argument("--profile", type=Path, default=None, help="a JSON or CSV profile instead of run records")
-    parser.add_argument("--method", default="fit", help="attribution estimator to use: fit (default) or replay")
+    parser.add_argument("--method", default="fit", choices=("fit", "replay"),
+                        help="attribution estimator to use: fit (default) or replay")
     parser.add_argument("--max-slowdown", default="1%", help="time allowed above the default clocks (1%% or 0.01)")
     parser.add_argument("--switch-latency", type=SECONDS_OR_ZERO, default=0.0, metavar="S",
                         help="seconds one clock switch costs (default 0 = free)")

@@ -20,6 +20,7 @@ from jpwr import Window
 
 REPLAY_PARTS = ("forward", "forward+backward", "optimizer", "step")
 MIN_REPLAY_COUNTER_PERIODS = 30
+NOT_REPLAYED = "not replayed"  # a row with no figure of its own: its time lies inside another phase
 REPLAY_METHOD = ("each phase alone in its own window (--replay-phases), J per invocation = window energy "
                  "(counter-anchored) / invocations; backward = (forward+backward) − forward")
 INFERENCE_METHOD = ("the prefill-only window scaled to the steady window's passes; decode = steady − "
@@ -74,7 +75,7 @@ def replay_estimator(record: RunRecord, counter_period_s: float | None, devices:
     if optimizer:
         rows.append(_row(OPTIMIZER, "measured", optimizer))
     if replicas > 1:
-        rows.append({"phase": GRAD_REDUCE, "status": "not replayed", "note": "it needs backward's gradient "
+        rows.append({"phase": GRAD_REDUCE, "status": NOT_REPLAYED, "note": "it needs backward's gradient "
                      "buckets: inside forward+backward"})
     result: dict[str, Any] = {"method": REPLAY_METHOD, "rows": rows, "notes": notes,
                               "windows": {name: part for name, part in parts.items() if part}}

@@ -4,11 +4,12 @@ Sources: the records the drivers wrote in benchmarks/results (2026-11-25-session
 llm_inference, resnet50 on an H100) and tests/reports/data (resnet50 on CPU at three batch sizes), the clock sweep
 of test_pareto and the attributed clock sweep of test_plan. One figure a verb reads (a window edge or step, the
 steady work, a window's energy, power, coverage or bound, a headline metric, a batch size or device count) becomes
-0, negative, NaN, infinite, text, a fraction above 1, an edge before its start, or a unit mix-up (Wh × 3600, rates
-× 1000). Every verb that reads it must then: exit 0 or with a documented error code (64, 65), never 70 or a
-traceback; show the run flagged with the reason; and never rank it, diagnose with it, put it on a front or plan on
-it. The blocks beside the figures, `disturbed` and `energy_domain`, take any JSON value: a wrong type is a
-FormatError naming the field, never an internal error.
+0, negative, NaN, infinite, text, a fraction above 1, an edge before its start, or a unit mix-up (Wh × 3600, rates,
+W and J per unit × 1000), or the steady window the headline figures come from is removed. Every verb that reads it
+must then: exit 0 or with a documented error code (64, 65), never 70 or a traceback; show the run flagged with the
+reason; and never rank it, diagnose with it, put it on a front or plan on it. The blocks beside the figures,
+`disturbed` and `energy_domain`, take any JSON value: a wrong type is a FormatError naming the field, never an
+internal error.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ METRICS = ("iterations", "duration_s", "time_per_iteration_s", "{unit}_per_s", "
            "global_batch_size", "decode_energy_per_token_j", "energy_per_output_token_j", "requests_per_s",
            "ttft_median_s")
 ZERO_ALLOWED_METRICS = ("energy_error_bound_j",)
+# The headline figures derived from the steady window alone, checked against it: each gets a unit mix-up.
+UNIT_METRICS = ("energy_wh", "{unit}_per_s", "{unit}_per_wh", "mean_power_w_per_device", "duration_s",
+                "time_per_iteration_s", "energy_per_output_token_j", "energy_per_request_j")
 
 NOT_POSITIVE = st.one_of(st.sampled_from([0, 0.0, -0.0, -1, math.nan, math.inf, -math.inf, "12.5 J", True]),
                          st.floats(max_value=0, allow_nan=False), st.integers(max_value=0))
@@ -74,7 +78,9 @@ def figure_fields(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
     fields += [(("metrics", key), "zero_allowed") for key in ZERO_ALLOWED_METRICS if metrics.get(key) is not None]
     if metrics.get("energy_coverage") is not None:
         fields.append((("metrics", "energy_coverage"), "fraction"))
-    fields += [(("metrics", key), "units") for key in ("energy_wh", f"{unit}_per_s") if metrics.get(key)]
+    fields += [(("metrics", name), "units") for key in UNIT_METRICS if metrics.get(name := key.format(unit=unit))]
+    fields += [(("windows", i), "gone") for i, window in enumerate(data.get("windows", []))
+               if window["name"] == "steady"]
     fields += [((block, key), "positive") for block, key in (("config", "global_batch_size"), ("config", "devices"),
                                                             ("config", "per_device_batch_size"),
                                                             ("hardware", "devices"))
@@ -94,6 +100,9 @@ def corruption(draw, data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     path, kind = draw(st.sampled_from(figure_fields(data)))
     bad = json.loads(json.dumps(data))
     parent, key = _get(bad, path[:-1]), path[-1]
+    if kind == "gone":
+        del parent[key]
+        return bad, f"{'.'.join(map(str, path))} (the steady window) removed"
     if kind == "edge":
         value = parent["t_start_ns"] - draw(st.integers(0, 10**12))
     elif kind == "step":
@@ -247,10 +256,10 @@ def test_a_corrupted_figure_is_never_planned_on(attributed, choice) -> None:
         bad, what = choice.draw(corruption(data))
     else:
         bad = json.loads(original)
-        entries = bad["points"] if source == "profile" else bad["attribution"]["phases"]
+        entries = bad["points"] if source == "profile" else bad["attribution"]["estimators"]["fit"]["rows"]
         number = choice.draw(st.integers(0, len(entries) - 1))
         key = choice.draw(st.sampled_from(["time_s", "energy_j"] if source == "profile" else
-                                          ["energy_j", "mean_power_w"]))
+                                          ["energy_per_step_j", "seconds_per_step", "mean_power_w"]))
         entries[number][key] = choice.draw(NOT_POSITIVE)
         what = f"{source} {number} {key} = {entries[number][key]!r}"
     try:

@@ -99,16 +99,18 @@ def test_the_search_matches_enumeration(profile, slowdown, latency) -> None:
 
 # ---- inputs -----------------------------------------------------------------------------------------------------
 def write_attributed_run(root, run_id, clock, phases, steps=20, method="fit", power_limit=None, status="OK"):
-    """A run record with an attribution block of the documented shape (figures over the window)."""
+    """A run record with the attribution block `joulebench attribute` writes (figures per step; a phase with no
+    energy is below resolution)."""
     window = Window("steady", 5, 5 + steps, 10**9, 10**9 + 10**9, {"tokens": 1000.0 * steps})
     request = Request(power_limit_w=power_limit, sm_clock_mhz=clock)
     record = RunRecord("llm_training", run_id, status=status, status_reason="x" if status != "OK" else None,
                        config={"device_settings": node_block(request, "nvml", "n1", None, [])}, windows=[window])
     path = write_run_record(root / run_id / "run_record.json", record)
     data = json.loads(path.read_text())
-    data["attribution"] = {"window": "steady", "phases": [
-        {"name": name, "method": method, "energy_j": None if e is None else e * steps, "share": None,
-         "mean_power_w": None if e is None else e / t, "interval_j": None} for name, (t, e) in phases.items()]}
+    rows = [{"phase": name, "status": "below resolution", "seconds_per_step": t} if e is None else
+            {"phase": name, "status": "resolved", "seconds_per_step": t, "energy_per_step_j": e,
+             "mean_power_w": e / t} for name, (t, e) in phases.items()]
+    data["attribution"] = {"window": "steady", "steps": steps, "estimators": {method: {"rows": rows}}}
     path.write_text(json.dumps(data))
 
 
@@ -125,7 +127,7 @@ def test_profile_from_attributed_run_records(tmp_path) -> None:
             assert profile.options[phase][clock].time_s == pytest.approx(t)
             assert profile.options[phase][clock].energy_j == pytest.approx(e)
     assert sorted(profile.excluded) == ["run capped: it sets power_limit=300 W; the plan varies clocks only",
-                                        "run coarse: phase forward has no energy or duration (below resolution?)",
+                                        "run coarse: phase forward has no energy or duration (below resolution)",
                                         "run replay-only: no phases by method 'fit'"]
     best = plan.best_plan(profile, sum(KNOWN[p][None][0] for p in STEP_PHASES) * 1.01, 0.0)
     assert best is not None and best.clocks == (1110, None, 1410)
@@ -163,3 +165,46 @@ def test_bad_inputs_say_what_to_fix(tmp_path) -> None:
     with pytest.raises(SystemExit) as ended:  # argparse: the option's stated range
         plan.main(["--profile", str(bad), "--switch-latency", "-1"])
     assert ended.value.code == 2
+
+
+@pytest.mark.parametrize("clock", ["-1410", "0", "99999999"])
+def test_a_clock_no_device_has_is_refused_naming_the_point(tmp_path, clock) -> None:
+    """A negative, zero or absurd clock was planned on ("forward -1410 MHz ... saves a further 15.33 %")."""
+    profile = tmp_path / "clocks.csv"
+    profile.write_text(f"phase,clock,time_s,energy_j\nforward,default,0.3,100\nforward,{clock},0.32,85\n")
+    with pytest.raises(FormatError, match=f"point 2 cannot be planned on: clock {int(clock)} MHz is outside 1 to "
+                                          "100000 MHz") as refused:
+        plan.main(["--profile", str(profile)])
+    assert refused.value.exit_code == 65
+
+
+@pytest.mark.parametrize(("phases", "problem"), [(["forward", "forward"], "phase\\(s\\) forward listed twice"),
+                                                 (["forward", ""], "a phase has an empty name")])
+def test_a_phase_list_that_is_no_step_is_refused(tmp_path, phases, problem) -> None:
+    """A phase named twice was counted twice per step; an empty name is no phase."""
+    points = [{"phase": p, "clock": c, "time_s": 0.01, "energy_j": 5.0} for p in set(phases) for c in ("default", 1410)]
+    profile = tmp_path / "clocks.json"
+    profile.write_text(json.dumps({"kind": plan.PROFILE_KIND, "version": 1, "phases": phases, "points": points}))
+    with pytest.raises(FormatError, match=problem):
+        plan.main(["--profile", str(profile)])
+    csv_file = tmp_path / "clocks.csv"
+    csv_file.write_text("phase,clock,time_s,energy_j\n,default,0.3,100\n")
+    with pytest.raises(FormatError, match="a phase has an empty name"):
+        plan.main(["--profile", str(csv_file)])
+
+
+def test_a_run_naming_a_phase_twice_is_left_out(tmp_path) -> None:
+    for clock in (None, 1410):
+        write_attributed_run(tmp_path, f"sm-{clock or 'default'}", clock, {"forward": (0.3, 100.0)})
+    path = tmp_path / "sm-1410" / "run_record.json"
+    data = json.loads(path.read_text())
+    rows = data["attribution"]["estimators"]["fit"]["rows"]
+    rows.append(dict(rows[0]))
+    path.write_text(json.dumps(data))
+    assert plan.profile_from_records([tmp_path], "fit").excluded == ["run sm-1410: phase(s) forward listed twice"]
+
+
+def test_an_unknown_method_is_refused_with_the_choices(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        plan.main(["--method", "bogus", str(tmp_path)])
+    assert ended.value.code == 2 and "invalid choice: 'bogus' (choose from 'fit', 'replay')" in capsys.readouterr().err

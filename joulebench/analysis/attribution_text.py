@@ -24,6 +24,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _dynamic(row: dict[str, Any]) -> str:
+    if "dynamic_reason" in row:
+        return f"n/a: {row['dynamic_reason']}"
     return fmt(row.get("dynamic_j"), 4) if "dynamic_j" in row else ""
 
 

@@ -99,12 +99,18 @@ def _reason(window: Window) -> str:
 
 
 def add_dynamic(rows: list[dict[str, Any]], idle_w: float, energy_key: str, seconds_key: str) -> None:
-    """The idle/dynamic split: dynamic = energy − idle power × time (idle over all devices the energy covers)."""
+    """The idle/dynamic split: dynamic = energy − idle power × time (idle over all devices the energy covers).
+    A phase drawing less than the idle power has no dynamic energy to show: a negative one would read as measured,
+    so it is null with the reason."""
     for row in rows:
         energy, seconds = row.get(energy_key), row.get(seconds_key)
         if energy is not None and seconds is not None:
             row["idle_j"] = idle_w * seconds
             row["dynamic_j"] = energy - idle_w * seconds
+            if row["dynamic_j"] < 0:
+                row["dynamic_j"] = None
+                row["dynamic_reason"] = (f"idle baseline {idle_w:.4g} W above the phase's mean power "
+                                         f"{energy / seconds:.4g} W (baseline not settled, or --idle-power-w too high)")
 
 
 def inference_estimator(record: RunRecord, idle_power_w: float | None) -> dict[str, Any]:

@@ -205,6 +205,20 @@ def test_idle_power_adds_the_idle_dynamic_split(steady_run: MeteredRun) -> None:
     assert forward["dynamic_j"] == pytest.approx(forward["energy_per_step_j"] - idle_w * forward["seconds_per_step"])
 
 
+def test_a_phase_below_the_idle_power_has_no_dynamic_energy_but_the_reason(steady_run: MeteredRun) -> None:
+    """Issue 32 (A44): an idle power above a phase's (420 W forward at 500 W idle) printed a negative "dynamic J"
+    beside "measured"; backward (640 W) keeps its number."""
+    _, record, block = attribute(steady_run.run_dir, idle_power_w=500.0)
+    for estimator in ("fit", "replay"):
+        forward, backward = (_row(block["estimators"][estimator], phase) for phase in (FORWARD, BACKWARD))
+        assert forward["dynamic_j"] is None and forward["dynamic_reason"].startswith("idle baseline 500 W above the "
+                                                                                     "phase's mean power 4")
+        assert backward["dynamic_j"] > 0 and "dynamic_reason" not in backward
+    text = render(record, block)
+    assert "n/a: idle baseline 500 W above the phase's mean power" in text
+    assert not any(cell.strip().startswith("-") for line in text.splitlines() for cell in line.split("|")[5:6])
+
+
 def test_the_records_idle_baseline_gives_the_split_without_an_option(steady_run: MeteredRun, fresh_copy) -> None:
     run_dir = fresh_copy(steady_run)
     _, _, plain = attribute(run_dir)

@@ -58,6 +58,7 @@ from jbsystems import (
 )
 
 EX_USAGE = 64
+EX_CANTCREAT = 73  # the settings file (--out) cannot be written
 ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
 CANNOT_EXECUTE = (126, 127)  # a shell's exit code for a program that is not executable or not found
 
@@ -344,8 +345,8 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
     startup_key = {"llm": f"startup_s_{model.lower()}", "resnet50": "resnet_startup_s",
                    "inference": "inference_startup_s"}[benchmark]
     startup = number(profile[startup_key], startup_key, "startup_s")
-    steady_text = args.get("steady_seconds") or args.get("min_window_s") or profile["min_steady_s"]
-    steady = number(steady_text, "steady_seconds", "min_steady_s")
+    steady_key = next((key for key in ("steady_seconds", "min_window_s") if args.get(key)), "min_steady_s")
+    steady = number(args.get(steady_key) or profile["min_steady_s"], steady_key, "min_steady_s")
     warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
     shared = _cli_args(args)
@@ -607,7 +608,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     except PointRefused as exc:
         settings = {**getattr(exc, "settings", settings), "JB_STATUS": "INVALID", "JB_REASON": str(exc)}
         print(f"jbprofile: sweep point refused, nothing submitted for it: {exc}", file=sys.stderr)
-    write_settings(Path(args.out), settings)
+    try:
+        write_settings(Path(args.out), settings)
+    except OSError as exc:
+        print(f"jbprofile: error: cannot write --out {args.out} ({exc.strerror or exc}). Fix: pass a writable path",
+              file=sys.stderr)
+        return EX_CANTCREAT
     return 0
 
 

@@ -59,10 +59,15 @@ def _own_keys(path: Path) -> dict[str, dict[str, str]]:
     raw = configparser.ConfigParser(interpolation=None, default_section="\0none")
     raw.optionxform = str.lower  # type: ignore[assignment,method-assign]
     try:
-        raw.read(path)
+        raw.read_string(path.read_bytes().decode("utf-8"), source=str(path))
     except configparser.Error as exc:
         raise ConfigError(f"{path} is not a valid profile file ({exc.message.splitlines()[0]})",
                           "write it in the form of jube/systems.ini: [SECTION] lines and key = value lines") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          "save the profile file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror})", "make the profile file readable") from None
     return {section: dict(raw.items(section)) for section in raw.sections()}
 
 
@@ -127,7 +132,7 @@ def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, 
         _check_file(path, sections, known)
         for section, values in sections.items():
             own.setdefault(section, {}).update(values)
-        parser.read(path)
+        parser.read(path, encoding="utf-8")  # _own_keys decoded it already
     return parser, own
 
 

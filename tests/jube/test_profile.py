@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -303,3 +304,28 @@ def test_every_systems_defaults_pass_the_real_drivers_validate(tmp_path: Path, c
         if resnet_main(["validate", *shlex.split(settings["JB_VALIDATE_ARGS"])]) != 0:
             rejected.append((system, "resnet50", capsys.readouterr().err.strip()))
     assert not rejected, "\n".join(map(str, rejected))
+
+
+def test_a_profile_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    """Issue 32 (P07): a Latin-1 profile file ended prepare in a UnicodeDecodeError traceback."""
+    extra = tmp_path / "site.ini"
+    extra.write_bytes("[MYSITE]\npartition = café\n".encode("latin-1"))
+    with pytest.raises(jbprofile.ConfigError, match=f"{re.escape(str(extra))} is not UTF-8 text \\(byte 0xe9 at "
+                                                    "offset 24\\). Fix: save the profile file as UTF-8"):
+        jbprofile.system_names({**CLEAN_ENV, "JOULEBENCH_PROFILE": str(extra)})
+
+
+def test_prepare_names_an_unwritable_out_and_a_bad_min_steady_s(tmp_path: Path) -> None:
+    """Issue 32 (D13, P13): --out under a file ended prepare in a traceback; a bad min_steady_s was reported as
+    steady_seconds. The refused point's settings file is still written, or its failure said (exit 73)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    env = {**CLEAN_ENV, "JOULEBENCH_MIN_STEADY_S": "nan"}
+    for out, code in ((tmp_path / "job.env", 0), (blocker / "job.env", jbprofile.EX_CANTCREAT)):
+        proc = subprocess.run([sys.executable, str(JUBE_DIR / "jbprofile.py"), "prepare", "--benchmark", "llm",
+                               "--run-id", "r", "--out", str(out)], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, proc.stderr
+        assert "min_steady_s=nan is out of range. Fix: set min_steady_s to a finite number >= 0.0" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert f"jbprofile: error: cannot write --out {blocker / 'job.env'} (" in proc.stderr
+    assert "Fix: pass a writable path" in proc.stderr

@@ -71,12 +71,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from joulebench.launch import LaunchEnv
-    from joulebench.torch_device import resolve_device
-    from llm_inference import runner, validation
+    from joulebench.out_dir import check_out_dir
+    from llm_inference import validation
 
     cfg, shape = _checked(args)
     launch = LaunchEnv.from_env()
     validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")))
+    check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
+    from joulebench.torch_device import resolve_device
+    from llm_inference import runner
+
     return runner.run(cfg, shape, launch, resolve_device(cfg.device))
 
 
@@ -98,14 +102,18 @@ def _validate_load(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> int:
     from joulebench.launch import LaunchEnv
-    from joulebench.torch_device import resolve_device
-    from llm_inference import load, validation
+    from joulebench.out_dir import check_out_dir
+    from llm_inference import validation
 
     cfg = resolve_load(args)
     shape, trace = validation.check_load_config(cfg)
     launch = LaunchEnv.from_env()
     points = len(cfg.rates) or 1
     validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")))
+    check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
+    from joulebench.torch_device import resolve_device
+    from llm_inference import load
+
     if cfg.server is not None:
         from llm_inference import http_load
 

@@ -79,11 +79,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from joulebench.launch import LaunchEnv
+    from joulebench.out_dir import check_out_dir
     from joulebench.phases import check_replay_seconds
     from jpwr import ADDR_ENV
 
     launch = LaunchEnv.from_env()
     cfg = resolve_checked(args, launch.world_size)  # before importing Megatron (tens of seconds): refusals are quick
+    check_out_dir(cfg.out_dir)
     check_replay_seconds(cfg.replay_phases_s, bool(cfg.energy_methods or os.environ.get(ADDR_ENV)))
     import torch
 

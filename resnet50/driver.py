@@ -7,7 +7,6 @@ reason) and prints the JOULEBENCH_RESULT line last; the exit code follows the st
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,11 @@ from typing import Any
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
+from joulebench.out_dir import check_out_dir
 from joulebench.peaks import peak_flops
 from joulebench.phases import check_replay_seconds, replay_phases
 from joulebench.record import RunRecord, steady_metrics
-from jpwr import ADDR_ENV, OutputDirError
+from jpwr import ADDR_ENV
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
 from resnet50.flops import resnet50_flops
@@ -36,7 +36,7 @@ def train(config: TrainConfig) -> int:
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
     out_dir = Path(str(config.out_dir))
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     spec = config.loop_spec()
     backend: Backend | None = None
     loop: LoopResult | None = None
@@ -69,16 +69,6 @@ def train(config: TrainConfig) -> int:
         if backend is not None:
             backend.close()
         return life.exit_code()
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """Fail before device work if the run record could not be written at the end."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
-            pass
-    except OSError as exc:
-        raise OutputDirError(f"--out-dir {out_dir} cannot be written ({exc}); pass a writable directory") from None
 
 
 def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) -> dict[str, Any]:

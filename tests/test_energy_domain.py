@@ -119,7 +119,8 @@ def test_verbs_that_rank_refuse_runs_of_different_domains(rapl_run: Path, demo_r
         pareto.main(["--pareto", str(cpu), str(replayed)])
     # plan reads the phases of attributed runs: the demo's record with one phase, and the same as if RAPL had
     # metered it
-    phases = {"window": "steady", "phases": [{"name": "step", "method": "fit", "energy_j": 10.0, "duration_s": 1.0}]}
+    phases = {"window": "steady", "estimators": {"fit": {"rows": [{"phase": "step", "energy_per_step_j": 10.0,
+                                                                   "seconds_per_step": 1.0}]}}}
     for name, domain in (("replayed", None), ("cpu", "cpu package + dram")):
         (tmp_path / name).mkdir()
         data = json.loads(replayed.read_text())

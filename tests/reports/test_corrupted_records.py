@@ -314,6 +314,40 @@ def test_a_profile_point_that_cannot_be_planned_on_is_refused_naming_it(tmp_path
     assert "Fix: give every point a positive, finite time_s and energy_j per step" in text
 
 
+def test_the_check_names_an_edited_figure_a_missing_window_and_a_power_below_idle(groups) -> None:
+    """Issue 32 (A16-A18, A23): tokens/Wh × 10, W per device / 10, headline figures without their steady window
+    and a steady window of 1 J over ~50 s beside a 124 W idle baseline were shown, plotted and compared."""
+    data = json.loads(next(p for p in groups[1]["lifecycle"] if "llm_training" in p.parts).read_text())
+
+    def rejected(edit) -> str:
+        bad = json.loads(json.dumps(data))
+        edit(bad)
+        return rejection(RunRecord.from_dict(bad)) or ""
+
+    metrics = data["metrics"]
+    assert f"tokens_per_wh {10 * metrics['tokens_per_wh']:g} is inconsistent with the window's" in rejected(
+        lambda d: d["metrics"].update(tokens_per_wh=10 * metrics["tokens_per_wh"]))
+    assert "mean_power_w_per_device" in rejected(
+        lambda d: d["metrics"].update(mean_power_w_per_device=metrics["mean_power_w_per_device"] / 10))
+    assert "time_per_iteration_s" in rejected(
+        lambda d: d["metrics"].update(time_per_iteration_s=2 * metrics["time_per_iteration_s"]))
+    assert rejected(lambda d: d.update(windows=[w for w in d["windows"] if w["name"] != "steady"])).startswith(
+        "figures rejected: no steady window to check duration_s, time_per_iteration_s, tokens_per_s")
+
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
+    seconds = (steady["t_end_ns"] - steady["t_start_ns"]) / 1e9
+
+    def starve(d: dict[str, Any]) -> None:
+        """1 J over the window, the headline figures following it as a driver's would."""
+        energy = next(w for w in d["windows"] if w["name"] == "steady")["energy"]
+        energy.update(energy_j=1.0, error_bound_j=1.0, mean_power_w=1.0 / seconds)
+        d["metrics"].update(energy_wh=1.0 / 3600, tokens_per_wh=steady["work"]["tokens"] * 3600,
+                            mean_power_w_per_device=1.0 / seconds)
+
+    idle = data["meter"]["idle_baseline"]["power_w"]
+    assert f"steady power {1.0 / seconds:.4g} W below the idle baseline {idle:.4g} W" in rejected(starve)
+
+
 def test_the_check_names_disordered_edges_and_mixed_units(groups) -> None:
     data = json.loads(groups[1]["lifecycle"][0].read_text())
     steady = next(w for w in data["windows"] if w["name"] == "steady")
@@ -363,37 +397,3 @@ def test_a_corrupted_disturbed_or_energy_domain_field_is_named_never_an_internal
             assert ("disturbed: " in fields["note"]) == said, (bad[field], fields["note"])
     finally:
         path.write_text(original)
-
-
-def test_the_check_names_an_edited_figure_a_missing_window_and_a_power_below_idle(groups) -> None:
-    """Issue 32 (A16-A18, A23): tokens/Wh × 10, W per device / 10, headline figures without their steady window
-    and a steady window of 1 J over ~50 s beside a 124 W idle baseline were shown, plotted and compared."""
-    data = json.loads(next(p for p in groups[1]["lifecycle"] if "llm_training" in p.parts).read_text())
-
-    def rejected(edit) -> str:
-        bad = json.loads(json.dumps(data))
-        edit(bad)
-        return rejection(RunRecord.from_dict(bad)) or ""
-
-    metrics = data["metrics"]
-    assert f"tokens_per_wh {10 * metrics['tokens_per_wh']:g} is inconsistent with the window's" in rejected(
-        lambda d: d["metrics"].update(tokens_per_wh=10 * metrics["tokens_per_wh"]))
-    assert "mean_power_w_per_device" in rejected(
-        lambda d: d["metrics"].update(mean_power_w_per_device=metrics["mean_power_w_per_device"] / 10))
-    assert "time_per_iteration_s" in rejected(
-        lambda d: d["metrics"].update(time_per_iteration_s=2 * metrics["time_per_iteration_s"]))
-    assert rejected(lambda d: d.update(windows=[w for w in d["windows"] if w["name"] != "steady"])).startswith(
-        "figures rejected: no steady window to check duration_s, time_per_iteration_s, tokens_per_s")
-
-    steady = next(w for w in data["windows"] if w["name"] == "steady")
-    seconds = (steady["t_end_ns"] - steady["t_start_ns"]) / 1e9
-
-    def starve(d: dict[str, Any]) -> None:
-        """1 J over the window, the headline figures following it as a driver's would."""
-        energy = next(w for w in d["windows"] if w["name"] == "steady")["energy"]
-        energy.update(energy_j=1.0, error_bound_j=1.0, mean_power_w=1.0 / seconds)
-        d["metrics"].update(energy_wh=1.0 / 3600, tokens_per_wh=steady["work"]["tokens"] * 3600,
-                            mean_power_w_per_device=1.0 / seconds)
-
-    idle = data["meter"]["idle_baseline"]["power_w"]
-    assert f"steady power {1.0 / seconds:.4g} W below the idle baseline {idle:.4g} W" in rejected(starve)

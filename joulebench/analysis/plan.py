@@ -13,8 +13,9 @@ per clock, plus the default-setting run (sm_clock empty); repeats at one clock a
         seconds_per_step, mean_power_w; a replay row "not replayed" (gradient reduction, inside forward+backward)
         is no phase of its own
 
-The phases are taken in their listed order, as one step runs them, repeating every step; a phase named twice or
-with an empty name is refused. Profile files (per step; clocks 1 to 100000 MHz):
+The phases are taken in their listed order, as one step runs them, repeating every step. A run naming a phase twice
+(or with an empty name) is left out, a profile file doing so refused. Profile files (per step; clocks 1 to
+100000 MHz, else the point is refused):
 
     JSON {"kind": "joulebench.clock_profile", "version": 1, "phases": [names in execution order],
           "points": [{"phase": ..., "clock": "default" | MHz, "time_s": ..., "energy_j": ..., "source": ...}]}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from joulebench.record import RunRecord, read_run_record, write_run_record
-from jpwr import utc_now
+from jpwr import Window, WindowEnergy, utc_now
 from tests.jube.conftest import JUBE_DIR
 from tests.jube.test_profile import jbprofile  # noqa: F401  (loads jbprofile and its jbsettings, jbslurm)
 
@@ -42,6 +42,14 @@ def job_dir(tmp_path: Path, driver_status: str | None, **settings: str) -> Path:
             status_reason=None if driver_status == "OK" else "stopped cleanly after 9 of 100 iterations",
             config={"global_batch_size": 8, "precision": "bf16"}))
     return work
+
+
+def steady_window(tokens: float, seconds: float, energy_j: float | None = None) -> Window:
+    """The window a record's headline figures come from: figures without it are not believed (joulebench.figures)."""
+    energy = None if energy_j is None else WindowEnergy(energy_j=energy_j, mean_power_w=energy_j / seconds, devices=1,
+                                                      method="counter", coverage=1.0, error_bound_j=1.0,
+                                                      unavailable_reason=None)
+    return Window("steady", 5, 15, 10**9, 10**9 + round(seconds * 1e9), {"tokens": tokens}, energy)
 
 
 def fields(work: Path) -> dict[str, str]:
@@ -92,6 +100,7 @@ def test_a_partial_run_shows_its_covered_figures_only_when_the_profile_allows(tm
     write_run_record(work / "run" / "run_record.json", RunRecord(
         benchmark="llm_training", run_id="llm-000000-000003", status="PARTIAL",
         status_reason="energy of the steady window untrusted: GPU-0: coverage 60.0% < 99% (NVML_ERROR_GPU_IS_LOST)",
+        windows=[steady_window(tokens=760_000.0, seconds=10.0)],
         metrics={"work_unit": "tokens", "tokens_per_s": 76_000.0, "tokens_per_wh": None,
                  "mean_power_w_per_device": None, "partial_tokens_per_wh": 412_800.0,
                  "partial_mean_power_w_per_device": 650.0}))
@@ -217,6 +226,7 @@ def test_every_warning_of_the_record_reaches_the_note(tmp_path: Path) -> None:
     work = job_dir(tmp_path, None)
     write_run_record(work / "run" / "run_record.json", RunRecord(
         benchmark="llm_training", run_id="llm-000000-000003", metrics={"energy_wh": 1.0},
+        windows=[steady_window(tokens=1000.0, seconds=1.0, energy_j=3600.0)],
         warnings=["steady window: sensor aliasing: 100 ms updates against a 1.0 s step"]))
     jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
     assert fields(work)["note"] == "steady window: sensor aliasing: 100 ms updates against a 1.0 s step"
@@ -234,6 +244,7 @@ def test_finalize_takes_the_drivers_record_from_elsewhere_and_survives_a_failing
         work = job_dir(tmp_path, None, JB_OUT_DIR=str(disk.path / "run"))
         fallback = fallback_paths("llm-000000-000003", disk.path / "run")[0]
         write_run_record(fallback, RunRecord(benchmark="llm_training", run_id="llm-000000-000003",
+                                             windows=[steady_window(tokens=12_345.0, seconds=10.0)],
                                              metrics={"work_unit": "tokens", "tokens_per_s": 1234.5}))
         disk.fail()
         assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"]) == 0

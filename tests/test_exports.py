@@ -23,26 +23,12 @@ ITERATIONS, WARMUP = 5, 1
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from resnet50.cli import main
-    from tests.conftest import H100_TRACE_DIR
-    from tests.resnet50.conftest import SMALL
+    from tests.resnet50.conftest import metered_run
 
     out = tmp_path_factory.mktemp("run")
-    with pytest.MonkeyPatch.context() as patch:
-        import pynvml
-
-        pynvml.configure(H100_TRACE_DIR)
-        patch.setenv("JPWR_FAKE_NVML_TRACE", str(H100_TRACE_DIR))
-        patch.setenv("WANDB_MODE", "offline")
-        patch.setenv("WANDB_SILENT", "true")
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        try:
-            assert main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations",
-                         str(WARMUP), "--iterations", str(ITERATIONS), "--log-interval", "1", "--out-dir", str(out),
-                         "--energy-methods", "nvml", "--no-idle-baseline", "--log-to",
-                         "tensorboard,mlflow,wandb"]) == 0
-        finally:
-            pynvml.reset()
+    assert metered_run(out, "--warmup-iterations", str(WARMUP), "--iterations", str(ITERATIONS), "--no-idle-baseline",
+                       "--log-to", "tensorboard,mlflow,wandb",
+                       env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_TRACKING_URI": None}) == 0
     return out
 
 

@@ -25,21 +25,10 @@ J_PER_KWH = 3.6e6
 @pytest.fixture(scope="module")
 def real_record(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny ResNet-50 run on the CPU metered by the fake NVML (in-process sampler): idle, warm-up, steady."""
-    from resnet50.cli import main
-    from tests.conftest import H100_TRACE_DIR as h100_trace_dir
-    from tests.resnet50.conftest import SMALL
+    from tests.resnet50.conftest import metered_run
 
     out = tmp_path_factory.mktemp("run")
-    with pytest.MonkeyPatch.context() as patch:
-        import pynvml
-
-        pynvml.configure(h100_trace_dir)
-        patch.setenv("JPWR_FAKE_NVML_TRACE", str(h100_trace_dir))
-        try:
-            assert main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--warmup-iterations",
-                         "1", "--iterations", "3", "--out-dir", str(out), "--energy-methods", "nvml"]) == 0
-        finally:
-            pynvml.reset()
+    assert metered_run(out, "--warmup-iterations", "1", "--iterations", "3") == 0
     return out / "run_record.json"
 
 

@@ -36,6 +36,26 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def metered_run(out: Path, *extra: str, env: dict[str, str | None] | None = None) -> int:
+    """A tiny ResNet-50 run in this process on the CPU, metered by the fake NVML replaying the recorded H100 trace
+    (in-process sampler); `env`: variables set (or, with None, removed) for the run. Returns the exit code."""
+    from resnet50.cli import main
+    from tests.conftest import H100_TRACE_DIR
+
+    with pytest.MonkeyPatch.context() as patch:
+        import pynvml
+
+        pynvml.configure(H100_TRACE_DIR)
+        patch.setenv("JPWR_FAKE_NVML_TRACE", str(H100_TRACE_DIR))
+        for name, value in (env or {}).items():
+            patch.setenv(name, value) if value is not None else patch.delenv(name, raising=False)
+        try:
+            return main(["train", "--framework", "pytorch", *SMALL, "--precision", "fp32", "--out-dir", str(out),
+                         "--energy-methods", "nvml", *extra])
+        finally:
+            pynvml.reset()
+
+
 def assert_loss_decreased(record: dict) -> None:
     """Training on one fixed batch must lower the loss; every logged value must be finite."""
     losses = [loss for _step, loss in record["metrics"]["losses"]]

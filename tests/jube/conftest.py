@@ -65,10 +65,19 @@ def slurm_cluster_4() -> Iterator[Path]:
     yield from _cluster(4)
 
 
+def without_profile_overrides() -> dict[str, str]:
+    """The caller's environment minus its JOULEBENCH_* profile overrides; the quiet load average of tests/conftest.py
+    stays (the jobs' disturbed check must not see this machine's load)."""
+    from joulebench.disturbed import LOADAVG_ENV
+
+    return {k: v for k, v in os.environ.items()
+            if (k == LOADAVG_ENV or not k.upper().startswith("JOULEBENCH_")) and k != "SLURM_CONF"}
+
+
 @pytest.fixture
 def jube_env() -> dict[str, str]:
-    """The caller's environment minus its JOULEBENCH_* overrides, with this interpreter running the drivers."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("JOULEBENCH_") and k != "SLURM_CONF"}
+    """Without the caller's profile overrides, with this interpreter running the drivers."""
+    env = without_profile_overrides()
     env["JOULEBENCH_PYTHON"] = sys.executable
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llm_inference.cli import main
+from tests.jube.conftest import without_profile_overrides
 from tests.jube.test_static import assert_patterns_match
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def test_every_system_resolves_to_one_device_and_passes_the_drivers_validate(tmp
 
 @pytest.mark.skipif(shutil.which("jube") is None, reason="JUBE not installed (apt-get install jube)")
 def test_local_workflow_sweeps_batch_sizes_into_the_result_table(tmp_path, h100_trace_dir):
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("JOULEBENCH_")}
+    env = without_profile_overrides()
     env.update(JOULEBENCH_PYTHON=sys.executable, JOULEBENCH_SWEEP_BATCH_SIZE="1,2", JOULEBENCH_JPWR_METHODS="nvml",
                JPWR_FAKE_NVML_TRACE=str(h100_trace_dir),
                PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "fakes"), str(REPO), env.get("PYTHONPATH", "")]))
@@ -126,7 +127,7 @@ def test_a_server_engine_resolves_to_its_profile_template(tmp_path, capsys):
 def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_dir):
     """A real `jube run` of the serving mode: rate 0 is refused by validate-load before anything runs (an INVALID row
     naming --rate), rates 40 and max each run `llm_inference load` as one job under the job's sampler."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("JOULEBENCH_")}
+    env = without_profile_overrides()
     env.update(JOULEBENCH_PYTHON=sys.executable, JOULEBENCH_SWEEP_RATE="0,40,max", JOULEBENCH_JPWR_METHODS="nvml",
                JOULEBENCH_SWEEP_MAX_CONCURRENCY="4", JOULEBENCH_SWEEP_STEADY_SECONDS="2",
                JPWR_FAKE_NVML_TRACE=str(h100_trace_dir),

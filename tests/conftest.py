@@ -41,6 +41,17 @@ for _name in ("pynvml", "amdsmi", "gcipuinfo"):  # drop a real library imported 
 
 
 @pytest.fixture
+def roomy_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate's host-memory check sees a 1 TiB node (a fake /proc/meminfo): for tests of what a profile resolves
+    to, where what this machine has free is not the question (the check has its own tests)."""
+    from joulebench.host_memory import MEMINFO_ENV
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {2**30} kB\nMemAvailable: {2**30} kB\n")
+    monkeypatch.setenv(MEMINFO_ENV, str(meminfo))
+
+
+@pytest.fixture
 def h100_trace_dir() -> Path:
     return H100_TRACE_DIR
 

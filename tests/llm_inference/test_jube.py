@@ -33,7 +33,7 @@ def _fake_sbatch_env(tmp_path: Path) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
 
-def test_every_system_resolves_to_one_device_and_passes_the_drivers_validate(tmp_path, capsys):
+def test_every_system_resolves_to_one_device_and_passes_the_drivers_validate(tmp_path, capsys, roomy_host):
     env = _fake_sbatch_env(tmp_path)
     rejected = []
     for system in jbprofile.system_names(env):

@@ -85,7 +85,7 @@ def test_resnet50_both_frameworks_on_two_nodes_without_sensors(
         assert float(row["Images/s"]) > 0 and float(row["Images/s/device"]) > 0
         # No power sensor on this machine: every energy column says n/a (never 0), the note says why.
         assert all(row[c] == "n/a" for c in (*ENERGY_COLUMNS, "Images/Wh")), row
-        assert row["Note"].startswith("energy n/a: no energy sensor readable on node n1"), row
+        assert "energy n/a: no energy sensor readable on node n1" in row["Note"], row  # after "disturbed: ..." if busy
     for workdir in submit_workdirs(out):
         assert_patterns_match(RESNET_XML, (workdir / "result.txt").read_text())
 

@@ -295,15 +295,15 @@ def _outcome(record: RunRecord) -> list[str]:
 
 
 def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
-    """What a reader needs beside the numbers: the profile's note on the settings chosen, what disturbed the run,
-    the row's own reasons, then every warning of the run (record.warnings: the meter's, the driver's, the job's). In
+    """What a reader needs beside the numbers: the profile's note on the settings chosen, the row's own reasons,
+    what disturbed the run, then every warning of the run (record.warnings: the meter's, the driver's, the job's). In
     full for the CSV table, and as the reasons' heads, the row's own first, for the default table."""
     own = _outcome(record)
     disturbed = [text for text in [disturbed_summary(record.disturbed)] if text]  # the status stays: said early
     warnings = [w for w in record.warnings
                 if w not in disturbed and not any(w in part for part in own)]  # a PARTIAL reason may quote one
     profile = [settings["JB_NOTE"]] if settings.get("JB_NOTE") else []
-    full = " ".join("; ".join([*profile, *disturbed, *own, *warnings]).split()) or "-"
+    full = " ".join("; ".join([*profile, *own, *disturbed, *warnings]).split()) or "-"
     return full, short_note([*own, *disturbed, *profile, *warnings], SHORT_NOTE_CHARS)
 
 

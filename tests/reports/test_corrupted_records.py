@@ -345,7 +345,7 @@ def test_the_check_names_an_edited_figure_a_missing_window_and_a_power_below_idl
                             mean_power_w_per_device=1.0 / seconds)
 
     idle = data["meter"]["idle_baseline"]["power_w"]
-    assert f"steady power {1.0 / seconds:.4g} W below the idle baseline {idle:.4g} W" in rejected(starve)
+    assert f"steady power {1.0 / seconds:.4g} W below a tenth of the idle baseline {idle:.4g} W" in rejected(starve)
 
 
 def test_the_check_names_disordered_edges_and_mixed_units(groups) -> None:

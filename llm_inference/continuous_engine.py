@@ -88,7 +88,8 @@ class ContinuousEngine(CompactForward):
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
-                "slot_bucket": memory.SLOT_BUCKET, "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
+                "decode_attention": self.decode_attention_kind, "slot_bucket": memory.SLOT_BUCKET,
+                "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
                 "request_slots": None if state is None else state.slots,
                 "cache_slots": None if state is None else state.cache_slots,
                 "row_buckets": None if state is None else row_buckets(state.slots),
@@ -205,14 +206,13 @@ class ContinuousEngine(CompactForward):
 
     def _step(self, state: SlotState, rows: int, attended: int) -> None:
         positions = state.length[:rows]
-        visible = state.slot_index[:attended][None, :] <= positions[:, None]
         row_index = state.row_index[:rows]
 
         def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
             cache[:, row_index, :, positions] = kv[:, 0]  # each row's K and V at its own length
 
-        logits = self._decode_pass(state.cache[:, :, :rows], state.tokens[:rows], positions, state.rope, visible,
-                                   attended, write)
+        logits = self._decode_pass(state.cache[:, :, :rows], state.tokens[:rows], positions, state.rope, None,
+                                   positions, attended, write)
         state.tokens[:rows] = logits.argmax(dim=-1)
         state.length[:rows] += state.active[:rows]
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
+from llm_inference.decode_attention import additive_mask, decode_attention, triton_supported
 from llm_inference.engine import StepClock, Timing
 from llm_inference.tasks import Batch
 
@@ -99,6 +100,8 @@ class CompactForward:
         self.decode_pieces = (tuple(torch.compile(p, dynamic=dynamic) for p in pieces) if self.compile_decode
                               else pieces)
         self.clock = StepClock(device)
+        self.decode_attention_kind = ("triton split" if triton_supported(device, model.head_dim)
+                                      else "sdpa (masked)")
 
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> Self:
@@ -108,11 +111,6 @@ class CompactForward:
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-
-    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        """A boolean attention mask as SDPA's additive form, once per pass rather than once per layer."""
-        zero = torch.zeros((), dtype=self.model.embed.dtype, device=visible.device)
-        return torch.where(visible, zero, torch.finfo(zero.dtype).min)
 
     def _prefill_rows(self, cache: torch.Tensor, slot_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                       | None, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: int,
@@ -128,7 +126,8 @@ class CompactForward:
         causal = slots[None, :] <= slots[:, None]
         # Padding queries see themselves, so no row of the mask is empty (an empty row gives NaN in SDPA).
         own = torch.eye(width, dtype=torch.bool, device=ids.device)
-        mask = self._additive((causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None]))[:, None])
+        visible = causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None])
+        mask = additive_mask(visible, model.embed.dtype)[:, None]  # once per pass, not per layer
         x = model.embed_tokens(ids, positions)
         for index, layer in enumerate(model.layers):
             q, kv = model.attention_inputs(layer, x, rope)
@@ -141,15 +140,14 @@ class CompactForward:
         return model.logits(x[:, -1] if last is None else x[torch.arange(count, device=x.device), last])
 
     def _decode_pass(self, cache: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                     rope: tuple[torch.Tensor, torch.Tensor] | None, visible: torch.Tensor, length: int,
-                     write: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+                     rope: tuple[torch.Tensor, torch.Tensor] | None, first: torch.Tensor | None, last: torch.Tensor,
+                     length: int, write: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
         """Logits after one token per row, attending to the first `length` slots of `cache` (layers, 2, rows,
-        KV heads, slots, head dim) where `visible` (rows, length) allows; `write(layer cache, kv)` stores the
-        token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
+        KV heads, slots, head dim), row b to slots first[b]..last[b] (first None: from slot 0; last (rows,) or
+        (1,)); `write(layer cache, kv)` stores the token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
         model = self.model
         batch = tokens.shape[0]
         rope = None if rope is None else (rope[0][positions][:, None], rope[1][positions][:, None])
-        mask = self._additive(visible[:, None, None])
         x = model.embed_tokens(tokens[:, None], positions[:, None])
         attention_inputs, attention_output_and_mlp = self.decode_pieces
         for index, layer in enumerate(model.layers):
@@ -157,9 +155,8 @@ class CompactForward:
             layer_cache = cache[index]
             write(layer_cache, kv)
             # The query heads of one KV head share its keys and mask: they act as that head's query rows.
-            attention = F.scaled_dot_product_attention(
-                q.reshape(batch, model.kv_heads, model.groups, model.head_dim), layer_cache[0, :, :, :length],
-                layer_cache[1, :, :, :length], attn_mask=mask)
+            attention = decode_attention(q.reshape(batch, model.kv_heads, model.groups, model.head_dim),
+                                         layer_cache[0], layer_cache[1], first, last, length)
             x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
         return model.logits(x[:, 0])
 
@@ -176,6 +173,7 @@ class StaticEngine(CompactForward):
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
+                "decode_attention": self.decode_attention_kind,
                 "slot_bucket": memory.SLOT_BUCKET,
                 "cache_slots": None if state is None else state.slots,
                 "captured_graphs": None if state is None else len(state.graphs),
@@ -237,14 +235,11 @@ class StaticEngine(CompactForward):
     # ---- the forward passes -------------------------------------------------------------------------------
     def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
         """Logits after each row's last token, attending to the first `length` slots; writes that token's K/V."""
-        slots = state.slot_index[:length]
-        visible = (slots[None, :] >= state.start[:, None]) & (slots[None, :] <= state.current)
-
         def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
             cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current slot, one write
 
-        return self._decode_pass(state.cache, state.tokens, state.current - state.start, state.rope, visible, length,
-                                 write)
+        return self._decode_pass(state.cache, state.tokens, state.current - state.start, state.rope, state.start,
+                                 state.current, length, write)
 
     def _decode(self, state: DecodeState, length: int) -> None:
         """One decode step (what a graph replays): next token by argmax, counters advanced, all inside `state`."""

@@ -138,8 +138,10 @@ def max_batch(preset: str, memory_gib: float) -> int:
     from llm_inference.tasks import TASKS, longest_sequence
 
     task = TASKS[TASK]
-    return min(memory.largest_fitting_batch(PRESETS[preset], "bf16", task.input_length.high, longest_sequence(task),
-                                            memory_gib, engine) for engine in memory.ENGINES)
+    prompt, sequence = task.input_length.high, longest_sequence(task)
+    return min(memory.largest_fitting_batch(
+        lambda size, engine=engine: memory.estimate_memory(PRESETS[preset], "bf16", size, prompt, sequence,
+                                                           engine).total_gib, memory_gib) for engine in memory.ENGINES)
 
 
 def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namespace, env: dict[str, str]) -> int | str:

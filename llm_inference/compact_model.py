@@ -143,6 +143,13 @@ class CompactModel:
         cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
         return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)
 
+    def step_inputs(self, tokens: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                    | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """A decode step's hidden states (rows, 1, hidden) for one new token per row, and RoPE's rows for its
+        positions (rows, 1, d); tokens and positions (rows,)."""
+        rows = None if rope is None else (rope[0][positions][:, None], rope[1][positions][:, None])
+        return self.embed_tokens(tokens[:, None], positions[:, None]), rows
+
     def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed)
         return x if self.position_embed is None else x + F.embedding(positions, self.position_embed)

@@ -128,12 +128,7 @@ class ContinuousEngine(CompactForward):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(buckets))
         lengths = range(memory.SLOT_BUCKET, state.cache_slots + 1, memory.SLOT_BUCKET)
         for rows in buckets:
-            # Warm-up outside capture (compilation for this row count, cuBLAS workspaces), on a side stream.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._step(state, rows, lengths[-1])
-            torch.cuda.current_stream().wait_stream(side)
+            self.warm_up(lambda rows=rows: self._step(state, rows, lengths[-1]))  # compiles for this row count
             for length in lengths:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=state.pool):

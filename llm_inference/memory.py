@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from llm_inference.presets import ModelPreset
 
@@ -125,11 +125,9 @@ def estimate_memory(preset: ModelPreset, precision: str, batch_size: int, prompt
     )
 
 
-def largest_fitting_batch(preset: ModelPreset, precision: str, prompt_tokens: int, sequence_tokens: int,
-                          memory_gib: float, engine: str) -> int:
-    """The largest power of two whose estimate fits (0 when not even batch 1 fits)."""
+def largest_fitting_batch(estimate_gib: Callable[[int], float], memory_gib: float) -> int:
+    """The largest power of two whose estimate (GiB, by batch size) fits (0 when not even batch 1 fits)."""
     size = 0
-    while estimate_memory(preset, precision, max(1, 2 * size), prompt_tokens, sequence_tokens, engine).total_gib \
-            <= memory_gib and size < 2**16:
+    while estimate_gib(max(1, 2 * size)) <= memory_gib and size < 2**16:
         size = max(1, 2 * size)
     return size

@@ -30,7 +30,7 @@ from joulebench.record import RunRecord, steady_metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, TraceData, WindowMeter, load_trace
-from llm_inference import memory, metrics, validation
+from llm_inference import metrics, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
 from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import Engine, build_model, make_inputs
@@ -38,7 +38,7 @@ from llm_inference.hf_engine import HFEngine
 from llm_inference.measure import PointWindows, run_point
 from llm_inference.presets import ModelPreset
 from llm_inference.static_engine import StaticEngine
-from llm_inference.tasks import TASKS, draw_batches, longest_sequence
+from llm_inference.tasks import TASKS, draw_batches
 
 WORK_UNIT = "output_tokens"
 SUMMARY_EXTRA = ("batch_size", "requests_per_s", "energy_per_output_token_j", "energy_per_request_j",
@@ -159,8 +159,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
               "weights": "checkpoint" if cfg.checkpoint else "random (seeded)", "model_source": shape.source}
     batches = draw_batches(task, spec.batch_size, cfg.num_batches, cfg.seed, cfg.output_length)
     config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length} for b in batches]
-    estimate = memory.estimate_memory(shape, precision, spec.batch_size, task.input_length.high,
-                                      longest_sequence(task, cfg.output_length), cfg.engine).total_gib
+    estimate = validation.run_estimate(cfg, shape, precision, spec.task, spec.batch_size).total_gib
     point: PointWindows | None = None
 
     def point_metrics(record: RunRecord) -> dict[str, Any]:

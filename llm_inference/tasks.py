@@ -89,6 +89,13 @@ def draw_batches(task: Task, batch_size: int, num_batches: int, seed: int,
     return batches
 
 
+def batches_extent(batches: list[Batch]) -> tuple[int, int]:
+    """(longest padded prompt, longest prompt + output) of a run's batches: what the engines allocate for, and so
+    what the memory estimate sizes (tighter than the task's extremes: a batch of 512 chat prompts is padded to its
+    own longest prompt and has one output length, not the longest of each)."""
+    return max(b.padded_length for b in batches), max(b.padded_length + b.output_length for b in batches)
+
+
 def longest_sequence(task: Task, output_length: int | None = None) -> int:
     """The most positions any request of this task can need (for position limits and the memory estimate)."""
     return task.input_length.high + (task.output_length.high if output_length is None else output_length)

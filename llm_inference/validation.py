@@ -16,7 +16,7 @@ from llm_inference.arrivals import Request, check_context, load_trace
 from llm_inference.config import InferenceConfig
 from llm_inference.load_config import LoadConfig
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint
-from llm_inference.tasks import TASKS, longest_sequence
+from llm_inference.tasks import TASKS, batches_extent, draw_batches, longest_sequence
 
 
 def model_shape(cfg: InferenceConfig | LoadConfig) -> ModelPreset:
@@ -85,18 +85,26 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
     if memory_gib is None:
         return
     for task_name in cfg.tasks:
-        task = TASKS[task_name]
-        prompt, sequence = task.input_length.high, longest_sequence(task, cfg.output_length)
+        def estimate(size: int, task_name: str = task_name) -> memory.MemoryEstimate:
+            return run_estimate(cfg, shape, precision, task_name, size)
+
         for size in cfg.batch_sizes:
-            estimate = memory.estimate_memory(shape, precision, size, prompt, sequence, cfg.engine)
-            if estimate.total_gib > memory_gib:
-                fits = memory.largest_fitting_batch(shape, precision, prompt, sequence, memory_gib, cfg.engine)
+            if estimate(size).total_gib > memory_gib:
+                fits = memory.largest_fitting_batch(lambda n: estimate(n).total_gib, memory_gib)
+                estimate_gib = estimate(size)
                 raise ValidationError(
                     f"batch size {size} of task {task_name!r} on {shape.name} ({precision}, engine {cfg.engine}) "
-                    f"needs an estimated {estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:.1f}, KV "
-                    f"cache {estimate.kv_cache_gib:.1f}, activations {estimate.activations_gib:.1f}, CUDA graphs "
-                    f"{estimate.graphs_gib:.1f}) but {holder} has {memory_gib:.1f} GiB",
+                    f"needs an estimated {estimate_gib.total_gib:.1f} GiB (weights {estimate_gib.weights_gib:.1f}, KV "
+                    f"cache {estimate_gib.kv_cache_gib:.1f}, activations {estimate_gib.activations_gib:.1f}, CUDA "
+                    f"graphs {estimate_gib.graphs_gib:.1f}) but {holder} has {memory_gib:.1f} GiB",
                     f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
+
+
+def run_estimate(cfg: InferenceConfig, shape: ModelPreset, precision: str, task_name: str,
+                 size: int) -> memory.MemoryEstimate:
+    """The memory estimate of one `run` point, sized by the batches the run will draw (same seed, same lengths)."""
+    batches = draw_batches(TASKS[task_name], size, cfg.num_batches, cfg.seed, cfg.output_length)
+    return memory.estimate_memory(shape, precision, size, *batches_extent(batches), cfg.engine)
 
 
 def check_launch(world_size: int, points: int, external_sampler: bool) -> None:

@@ -26,8 +26,8 @@ def call(capsys, *args: str) -> tuple[int, str, str]:
           "use batch sizes up to 128"]),
         (["--preset", "llama-8b", "--task", "summarization", "--batch-sizes", "128", "--engine", "hf",
           "--device-memory-gib", "80"], ["(bf16, engine hf)", "use batch sizes up to 64"]),
-        (["--preset", "llama-8b", "--batch-sizes", "1,256,512", "--device-memory-gib", "79.2"],
-         ["batch size 512 of task 'chat'", "CUDA graphs", "use batch sizes up to 256"]),
+        (["--preset", "llama-8b", "--batch-sizes", "1,256,1024", "--device-memory-gib", "79.2"],
+         ["batch size 1024 of task 'chat'", "CUDA graphs", "use batch sizes up to 512"]),
         (["--preset", "tiny", "--attention", "eager"], ["--attention eager", "use --engine hf"]),
         (["--preset", "llama-8b", "--device-memory-gib", "8"], ["needs an estimated", "smaller model"]),
         (["--preset", "gpt2", "--task", "summarization"],
@@ -83,7 +83,8 @@ def test_memory_estimate_parts_follow_the_shape(engine):
     four = memory.estimate_memory(shape, "bf16", 4, 1024, 1280, engine)
     assert four.kv_cache_gib == pytest.approx(4 * one.kv_cache_gib)
     assert four.weights_gib == one.weights_gib
-    fits = memory.largest_fitting_batch(shape, "bf16", 1024, 1280, 80.0, engine)
+    fits = memory.largest_fitting_batch(
+        lambda size: memory.estimate_memory(shape, "bf16", size, 1024, 1280, engine).total_gib, 80.0)
     assert memory.estimate_memory(shape, "bf16", fits, 1024, 1280, engine).total_gib <= 80.0
     assert memory.estimate_memory(shape, "bf16", 2 * fits, 1024, 1280, engine).total_gib > 80.0
 
@@ -97,3 +98,18 @@ def test_static_estimate_counts_the_allocated_cache_bounded_prefill_and_graph_po
     # Prefill runs in groups of PREFILL_CHUNK_TOKENS // 512 = 32 rows, not all 256 at once.
     assert static.activations_gib == pytest.approx(hf.activations_gib * 32 / 256)
     assert static.graphs_gib > 0 and hf.graphs_gib == 0
+
+
+def test_run_estimate_is_sized_by_the_drawn_batches_not_the_tasks_extremes():
+    """Batch 512 of chat prompts is padded to its own longest prompt and has one output length: its cache needs
+    fewer slots than the task's longest prompt plus longest output, which is what lets it fit one H100."""
+    from llm_inference.tasks import TASKS, batches_extent, draw_batches, longest_sequence
+
+    shape, task = PRESETS["llama-8b"], TASKS["chat"]
+    batches = draw_batches(task, 512, 1, 1234)
+    prompt, sequence = batches_extent(batches)
+    assert prompt == max(batches[0].input_lengths) and sequence == prompt + batches[0].output_length
+    assert sequence < longest_sequence(task)
+    drawn = memory.estimate_memory(shape, "bf16", 512, prompt, sequence, "static")
+    extremes = memory.estimate_memory(shape, "bf16", 512, task.input_length.high, longest_sequence(task), "static")
+    assert drawn.total_gib < 79.2 < extremes.total_gib

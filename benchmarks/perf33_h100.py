@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Issue 33 on one GPU: the baseline tree and the branch side by side, each figure with its energy, the
+independent counter read of its window and the published anchor beside it.
+
+    python benchmarks/perf33_h100.py --out $OUT/p33 --trees base=.perf-baseline,branch=. --runs llama-1b-bs1,llama-8b
+    python benchmarks/perf33_h100.py --out /tmp/p --runs resnet50-readme -- --iterations 5   # after --: to every run
+
+A tree is a checkout of this repository (the baseline: `git archive <commit>` unpacked in a directory); each run
+starts the drivers of that tree (cwd and PYTHONPATH there), so both are measured by the same harness on the same
+GPU in the same call. Inference runs meter in-process (NVML, one record per batch point), training runs under
+`jpwr --methods nvml --` exactly as the README runs them. A thread of this process reads the GPU's energy counter
+throughout (benchmarks.common.CounterPoller, no jpwr code); every record's steady window is compared with it.
+Prints one `PERF33 {json}` line per window and writes results.md / results.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
+
+INFERENCE = ["-m", "llm_inference", "run", "--task", "chat", "--num-batches", "1", "--energy-methods", "nvml"]
+README_RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-size", "256", "--precision",
+                 "bf16"]
+JPWR = ["-m", "jpwr", "--methods", "nvml", "--out", "{run}/jpwr", "--"]
+RUNS: dict[str, list[str]] = {
+    "llama-1b-bs1": [*INFERENCE, "--preset", "llama-1b", "--batch-sizes", "1"],
+    "llama-8b": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1,256"],
+    "llama-8b-512": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "512"],
+    "continuous-256": ["-m", "llm_inference", "load", "--preset", "llama-8b", "--task", "chat", "--energy-methods",
+                       "nvml", "--rate", "max", "--max-concurrency", "256"],
+    "resnet50-readme": [*JPWR, "{python}", *README_RESNET],
+    "resnet50-gbs512": [*JPWR, "{python}", *README_RESNET[:-4], "--global-batch-size", "512", "--precision", "bf16"],
+    "gpt-800m": [*JPWR, "{python}", "-m", "llm_training", "train", "--model", "800M"],
+}
+# The best public figure for the same work (issue 33's table), by the record's workload and point.
+ANCHORS = {
+    ("llama-1b", 1): "< 1.0 ms/token (megakernel); SGLang ~1.4; target 1.20",
+    ("llama-8b", 1): "weight-read limit 4.8 ms/token; target 6.0",
+    ("llama-8b", 256): "ML.ENERGY vLLM 0.0766 J/token at 256",
+    ("llama-8b", 512): "ML.ENERGY vLLM 0.0702 J/token at 512; target 0.068",
+    "resnet50": "MLPerf Training v3.0 DGX H100 ~7,006 img/s/GPU; targets 6,000 (README) / 7,000 (best)",
+    "llm_training": "49–51 % MFU (1–2B models); target 80,000 tokens/s",
+}
+HEADER = ("run", "tree", "status", "point", "figure", "energy", "bound %", "deviation %", "W", "steady s", "anchor")
+
+
+def figures(record: dict[str, Any]) -> tuple[str, str, Any]:
+    """(point, headline figure, energy figure) of one record, as text, and the anchor key."""
+    m, config = record.get("metrics", {}), record.get("config", {})
+    workload = record.get("workload") or record.get("benchmark")
+
+    def num(key: str, fmt: str, scale: float = 1.0) -> str:
+        value = m.get(key)
+        return "n/a" if value is None else format(value * scale, fmt)
+
+    if workload == "llm_inference":
+        batch = config.get("batch_size") or config.get("max_concurrency")
+        preset = config.get("preset")
+        latency = (f"{num('per_token_latency_median_s', '.3f', 1e3)} ms/token" if "per_token_latency_median_s" in m
+                   else f"TPOT p50 {num('tpot_p50_s', '.1f', 1e3)} ms")
+        return (f"{preset} {'slots' if 'max_concurrency' in config else 'batch'} {batch}",
+                f"{latency}, {num('output_tokens_per_s', ',.0f')} tokens/s",
+                f"{num('energy_per_output_token_j', '.4f')} J/token"), (preset, batch)
+    if workload == "resnet50":
+        mode = (record.get("hardware", {}) or {}).get("compile_mode") or config.get("compile_mode")
+        return (f"GBS {config.get('global_batch_size')}, {mode or 'n/a'}", f"{num('images_per_s', ',.0f')} img/s",
+                f"{num('images_per_wh', ',.0f')} img/Wh"), "resnet50"
+    return (f"MBS {config.get('micro_batch_size')}, GBS {config.get('global_batch_size')}",
+            f"{num('tokens_per_s', ',.0f')} tokens/s, MFU {num('mfu', '.1%')}",
+            f"{num('tokens_per_wh', ',.0f')} tokens/Wh"), "llm_training"
+
+
+def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller: CounterPoller,
+            args: argparse.Namespace) -> list[dict[str, Any]]:
+    run_dir = out / tree_name / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [part.format(run=run_dir, python=sys.executable) for part in RUNS[name]]
+    command = [sys.executable, *argv, *args.driver_args, "--out-dir", str(run_dir / "run")]
+    path = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
+    env = first_gpus_env(1, {**os.environ, "PYTHONPATH": path})
+    env["CUDA_VISIBLE_DEVICES"] = uuid
+    print(f"=== {tree_name} {name}: {' '.join(command)}", flush=True)
+    started = time.monotonic()
+    with open(run_dir / "log.txt", "w") as log:
+        try:
+            code: int | str = subprocess.run(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             timeout=args.timeout_s, check=False).returncode
+        except subprocess.TimeoutExpired:
+            code = f"timeout after {args.timeout_s:.0f} s"
+    wall = time.monotonic() - started
+    print(f"=== {tree_name} {name}: exit {code} after {wall:.0f} s", flush=True)
+    rows = []
+    for path in sorted(run_dir.rglob("run_record.json")):
+        record = json.loads(path.read_text())
+        steady = next((w for w in record.get("windows", []) if w["name"] == "steady"), None)
+        if steady is None:
+            continue
+        (point, figure, energy_text), anchor = figures(record)
+        energy = steady.get("energy") or {}
+        measured = energy.get("energy_j")
+        independent, uncertainty = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
+        rows.append({
+            "run": name, "tree": tree_name, "status": record["status"], "point": point, "figure": figure,
+            "energy": energy_text, "record_energy_j": measured, "independent_j": independent,
+            "independent_uncertainty_j": uncertainty,
+            "bound %": None if measured is None else 100 * energy["error_bound_j"] / measured,
+            "deviation %": None if measured is None else 100 * (measured / independent - 1.0),
+            "W": record.get("metrics", {}).get("mean_power_w") or record.get("metrics", {}).get(
+                "mean_power_w_per_device"),
+            "steady s": steady["duration_s"], "anchor": ANCHORS.get(anchor, ""), "exit": code, "wall_s": wall,
+            "record": str(path.relative_to(out)), "engine": (record.get("config", {}) or {}).get("engine_detail"),
+        })
+    if not rows:
+        rows.append({"run": name, "tree": tree_name, "status": f"no measured record (exit {code})", "wall_s": wall})
+    for row in rows:
+        print("PERF33 " + json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="perf33_out")
+    parser.add_argument("--trees", default="branch=.", help="name=path,... (paths relative to the repository root)")
+    parser.add_argument("--runs", required=True, help=f"comma list of {', '.join(RUNS)}; NAME@TREE: in that tree only")
+    parser.add_argument("--timeout-s", type=float, default=400.0, help="per run and tree")
+    own, driver = split_at_double_dash(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    args.driver_args = driver
+    names = args.runs.split(",")
+    unknown = [n for n in names if n.split("@")[0] not in RUNS]
+    if unknown:
+        parser.error(f"unknown runs {unknown}; choose from {', '.join(RUNS)}")
+    trees = [(name, (REPO / path).resolve()) for name, path in (item.split("=", 1) for item in args.trees.split(","))]
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    uuid = first_gpu_uuid()
+    rows: list[dict[str, Any]] = []
+    with CounterPoller([uuid]) as poller:
+        for item in names:  # trees alternate per run: both see the same GPU state
+            name, _, only = item.partition("@")
+            for tree_name, tree in trees:
+                if only in ("", tree_name):
+                    rows += run_one(name, tree_name, tree, out, uuid, poller, args)
+                (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    table = markdown_table(rows, HEADER, digits=4)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+    return 0 if all(r["status"] == "OK" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

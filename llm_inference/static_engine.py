@@ -70,6 +70,7 @@ class DecodeState:
     graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
     tuning: str | None = None  # the compiled variant this shape's graphs run (None: not chosen yet)
     tuning_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # each variant's replayed step
+    tuning_graphs: list[torch.cuda.CUDAGraph] = dataclasses.field(default_factory=list)  # kept: they hold the pool
 
     @property
     def batch(self) -> int:
@@ -176,11 +177,13 @@ class CompactForward:
             step()
         torch.cuda.current_stream().wait_stream(side)
 
-    def choose_tuning(self, step: Callable[[], None], reset: Callable[[], None], replays: int, pool: Any
-                      ) -> tuple[str, dict[str, float]]:
+    def choose_tuning(self, step: Callable[[], None], reset: Callable[[], None], replays: int, pool: Any,
+                      keep: list[torch.cuda.CUDAGraph]) -> tuple[str, dict[str, float]]:
         """Per batch shape, the compiled variant (DECODE_TUNINGS) whose captured step replays fastest: inductor's
         coordinate-descent tuning made llama-1b's batch-1 step 9 % faster and llama-8b's 11 % slower, so neither
-        is right for every shape. Set-up time, outside every window; `reset` undoes the replays' counter moves."""
+        is right for every shape. Set-up time, outside every window; `reset` undoes the replays' counter moves.
+        The timed graphs go to `keep`: a memory pool dies with its last graph, and the shape's real graphs are
+        captured into the same pool afterwards."""
         if len(self.decode_variants) == 1 or replays < 1:
             return self.decode_tuning, {}
         timings = {}
@@ -190,6 +193,7 @@ class CompactForward:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 step()
+            keep.append(graph)
             reset()
             graph.replay()  # first replay: uploads the graph
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -273,7 +277,7 @@ class StaticEngine(CompactForward):
         reset()
         if state.tuning is None:  # replays advance the counters: at most outputs - 2 of them stay in the buffers
             state.tuning, state.tuning_ms = self.choose_tuning(step, reset, min(TUNING_REPLAYS, state.outputs - 2),
-                                                               state.pool)
+                                                               state.pool, state.tuning_graphs)
         self.decode_tuning = state.tuning
         self.warm_up(step)
         reset()

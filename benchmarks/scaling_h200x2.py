@@ -4,9 +4,9 @@
     python benchmarks/scaling_h200x2.py --wheel '.whl/megatron_core-0.16.1-*.whl' --out $OUT/scaling
 
 Runs, one after another, each metered by jpwr (NVML) exactly as the drivers' own benchmark scripts do:
-* GPT-800M with the llm_training defaults (bf16, MBS 8, 8 micro-batches per replica, cuDNN SDPA as
-  torch picks it, compiled RoPE and cross-entropy, fused AdamW): 1 GPU (GBS 64) vs torchrun DP=2
-  (GBS 128, overlapped reduce-scatter);
+* GPT-800M with the llm_training defaults but MBS pinned to 8 as in the earlier runs (config bf16-mbs8:
+  bf16, 8 micro-batches per replica, cuDNN SDPA as torch picks it, compiled RoPE and cross-entropy, fused
+  AdamW): 1 GPU (GBS 64) vs torchrun DP=2 (GBS 128, overlapped reduce-scatter);
 * ResNet-50 (torchvision, bf16, channels-last, torch.compile): 1 GPU (GBS 256) vs DDP over 2 (GBS 512).
 Both are weak scaling (same work per GPU). Efficiency = 2-GPU rate / (2 × 1-GPU rate); the GPT target
 is ≥ 95 %. Prints one table and writes it as scaling.md beside the per-run records in --out.

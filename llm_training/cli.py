@@ -59,6 +59,7 @@ def _validate(args: argparse.Namespace) -> int:
         world = (args.nodes or 1) * (args.devices_per_node or 1)
     validation.check_layout(world, args.nodes, args.devices_per_node)
     cfg = resolve_checked(args, world)
+    cfg = memory.choose_micro_batch(cfg, None if args.device == "cpu" else args.device_memory_gib)
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)
         validation.check_attention_backend(cfg.attention_backend, args.device)
@@ -67,7 +68,8 @@ def _validate(args: argparse.Namespace) -> int:
     estimate = memory.estimate_memory(cfg)
     print(
         f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "
-        f"{cfg.pipeline_parallel} × DP {cfg.data_parallel}; {cfg.precision}, MBS {cfg.micro_batch_size}, "
+        f"{cfg.pipeline_parallel} × DP {cfg.data_parallel}; {cfg.precision}, MBS {cfg.micro_batch_size} "
+        f"({cfg.micro_batch_size_from}), "
         f"GBS {cfg.global_batch_size} ({cfg.num_microbatches} micro-batches per replica), recompute "
         f"{cfg.recompute}, sequence parallel {cfg.sequence_parallel}; estimated {estimate.total_gib:.1f} GiB/device"
     )
@@ -90,9 +92,11 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from joulebench.torch_device import resolve_device
-    from llm_training import train, validation
+    from llm_training import memory, train, validation
 
     device = resolve_device(cfg.device)
+    cuda_memory = torch.cuda.get_device_properties(device).total_memory / memory.GIB if device.type == "cuda" else None
+    cfg = memory.choose_micro_batch(cfg, cuda_memory)  # every rank alike: a node's GPUs are of one kind
     capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
     validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
     validation.check_attention_backend(cfg.attention_backend, device.type)

@@ -41,6 +41,8 @@ CPU_ITERATIONS = 45  # measured iterations of a CPU run without --iterations (50
 RECOMPUTE = ("none", "selective", "full")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+MBS_FROM_OPTION = "--micro-batch-size"
+MBS_FROM_PRESET = "preset"  # the profile's; llm_training.memory.choose_micro_batch may raise it on a GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,7 @@ class TrainConfig:
     sequence_parallel: bool
     micro_batch_size: int
     global_batch_size: int
+    micro_batch_size_from: str  # why this MBS: MBS_FROM_OPTION, MBS_FROM_PRESET, or the device-memory choice's text
     precision: str
     recompute: str
     iterations: int | None  # measured steady iterations, warm-up not included; None: sized by time (or the CPU default)
@@ -177,6 +180,7 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         eod_token=min(shape.eod_token, vocab - 1), world_size=world_size,
         tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, sequence_parallel=sequence_parallel,
         micro_batch_size=mbs, global_batch_size=gbs,
+        micro_batch_size_from=MBS_FROM_PRESET if args.micro_batch_size is None else MBS_FROM_OPTION,
         precision=_pick(args.precision, settings.precision), recompute=_pick(args.recompute, settings.recompute),
         iterations=args.iterations, warmup_iterations=args.warmup_iterations, steady_seconds=args.steady_seconds,
         idle_baseline=args.idle_baseline,

@@ -212,7 +212,8 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     fusions = trainer.active_fusions()
     record.config["active_fusions"] = fusions
     _log(launch, f"model built: {cfg.model}, TP={cfg.tensor_parallel} PP={cfg.pipeline_parallel} "
-                 f"DP={cfg.data_parallel}, {cfg.precision}, MBS={cfg.micro_batch_size} GBS={cfg.global_batch_size} "
+                 f"DP={cfg.data_parallel}, {cfg.precision}, MBS={cfg.micro_batch_size} "
+                 f"({cfg.micro_batch_size_from}) GBS={cfg.global_batch_size} "
                  f"({cfg.num_microbatches} micro-batch{'es' if cfg.num_microbatches != 1 else ''} per replica), "
                  f"recompute={cfg.recompute}, device={device}, "
                  f"fusions: {', '.join(name for name, on in fusions.items() if on) or 'none'}")

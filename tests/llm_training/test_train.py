@@ -36,6 +36,9 @@ def test_single_process_learns_and_writes_a_consistent_record(fake_env, h100_tra
     assert len(losses) == 7
     assert losses[0] > 6.0 and losses[-1] < losses[0] - 1.0
 
+    # The record says where the MBS came from (the preset's on the CPU: no device memory to choose by).
+    assert (data["config"]["micro_batch_size"], data["config"]["micro_batch_size_from"]) == (2, "preset")
+
     # Windows: idle baseline, 3 warm-up + 27 steady iterations, tokens = iterations × GBS 4 × seq 64.
     assert [w.name for w in record.windows] == ["idle", "warmup", "steady"]
     warmup, steady = record.window("warmup"), record.window("steady")

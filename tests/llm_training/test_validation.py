@@ -68,13 +68,14 @@ def test_caraml_13b_layout_on_44_nodes_is_valid_and_reports_derived_batch(capsys
 def test_caraml_800m_profile_is_caramls_settings(capsys):
     code, out, _ = validate(capsys, "--model", "800M", "--caraml", "--world-size", "4")
     assert code == ExitCode.OK
-    assert "fp16, MBS 4, GBS 32 (2 micro-batches per replica), recompute selective" in out
+    assert "fp16, MBS 4 (preset), GBS 32 (2 micro-batches per replica), recompute selective" in out
 
 
 def test_default_800m_is_the_fastest_measured_setting(capsys):
     code, out, _ = validate(capsys, "--model", "800M")
     assert code == ExitCode.OK
-    assert "bf16, MBS 8, GBS 64 (8 micro-batches per replica), recompute none" in out
+    assert ("bf16, MBS 8 (preset: no device memory to choose by), GBS 64 (8 micro-batches per replica), "
+            "recompute none") in out
 
 
 def test_memory_estimate_warns_but_does_not_fail(capsys):

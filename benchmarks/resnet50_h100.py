@@ -106,7 +106,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def table(rows: list[tuple[str, dict | None]]) -> str:
-    header = (f"{'config':<20} {'GPUs':>4} {'GBS':>5} {'compile':>15} {'img/s':>9} {'img/s/GPU':>9} {'s/iter':>8} "
+    header = (f"{'config':<20} {'GPUs':>4} {'GBS':>5} {'compile':>19} {'img/s':>9} {'img/s/GPU':>9} {'s/iter':>8} "
               f"{'warmup s':>8} {'1st it s':>8} {'Wh':>8} {'img/Wh':>9} {'W/GPU':>7} {'TFLOP/s/GPU':>11} "
               f"{'energy':>14} {'status':>8}")
     lines = [header, "-" * len(header)]
@@ -121,7 +121,7 @@ def table(rows: list[tuple[str, dict | None]]) -> str:
             mode += "+cdt"
         method = f"{m.get('energy_method') or 'n/a'} {_num(m.get('energy_coverage'), '.0%')}"
         lines.append(
-            f"{name:<20} {m['devices']:>4} {m['global_batch_size']:>5} {mode:>15} "
+            f"{name:<20} {m['devices']:>4} {m['global_batch_size']:>5} {mode:>19} "
             f"{_num(m.get('images_per_s'), ',.0f'):>9} {_num(m.get('images_per_s_per_device'), ',.0f'):>9} "
             f"{_num(m.get('time_per_iteration_s'), '.4f'):>8} {_num(warm, '.1f'):>8} "
             f"{_num(m.get('first_step_s'), '.1f'):>8} {_num(m.get('energy_wh'), '.3f'):>8} "

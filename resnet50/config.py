@@ -31,6 +31,7 @@ VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
 DEFAULT_DATA_FORMAT = {"tensorflow": "tfrecord", "pytorch": "jpeg"}
 CPU_ITERATIONS = 100  # measured iterations of a CPU run without --iterations (tf_cnn_benchmarks' --num_batches)
 MOMENTUM = 0.9
+WEIGHT_DECAY = 5e-5  # MLPerf ResNet-50 value; applied the same way in both backends (decoupled, on all weights)
 # torch.compile on CUDA by default: CUDA graphs (reduce-overhead) with inductor's per-kernel launch tuning, the
 # fastest measured on one H100 (docs/perf-notes.md: eager 3,966, compile 5,631, this 5,910 img/s; minutes of warm-up
 # the first time, inductor's cache shortens later runs). Forced on the CPU (--compile) the mode stays "default".
@@ -40,7 +41,6 @@ CPU_COMPILE_MODE = "default"
 # recorded on the calls after it (reduce-overhead); all of it must end before the steady window opens
 MIN_COMPILE_WARMUP = 3
 CDT_ENV = "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"  # inductor's own switch: honoured where the option is left auto
-WEIGHT_DECAY = 5e-5  # MLPerf ResNet-50 value; applied the same way in both backends (decoupled, on all weights)
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Default training and inference runs against an independent read of the GPU's energy counter (issue 20, Done-when).
 
     python benchmarks/default_runs_accuracy.py --out /tmp/acc                      # four runs, ~10 min, one GPU
-    python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-compile
+    python benchmarks/default_runs_accuracy.py --out /tmp/acc --runs resnet50-eager   # the README's with --no-compile
     python benchmarks/default_runs_accuracy.py --runs jube-llm,jube-resnet50       # the JUBE workflows on `local`
     python benchmarks/default_runs_accuracy.py --runs jube-llm-sweep               # a refused power-limit point
     python benchmarks/default_runs_accuracy.py --runs jube-inference               # llama-8b chat batch 8 via JUBE
@@ -37,7 +37,7 @@ RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-s
 RUNS = {
     "llm_training": ["-m", "llm_training", "train", "--model", "800M"],
     "resnet50": RESNET,
-    "resnet50-compile": [*RESNET, "--compile"],
+    "resnet50-eager": [*RESNET, "--no-compile"],  # the GPU default compiles (issue 33); eager for comparison
     # the static decode engine at ML.ENERGY's batch-8 anchor (llama-8b); its steady window is one point's
     "llm_inference": ["-m", "llm_inference", "run", "--preset", "llama-8b", "--task", "chat", "--batch-sizes", "8"],
 }

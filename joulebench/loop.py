@@ -59,6 +59,7 @@ class LoopResult:
     plan: SteadyPlan | None = None
     # the steady window's mean step time between consecutive log points (the only synced moments in it), s
     step_times_s: list[float] = dataclasses.field(default_factory=list)
+    first_step_s: float | None = None  # the first warm-up step, synced: tracing and compilation (None: no warm-up)
 
 
 def steady_plan(spec: LoopSpec, device_kind: str) -> SteadyPlan | None:
@@ -117,6 +118,7 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
     while total is None or step < total:
         if step == warmup and warmup:
             _end(meter, "warmup", 0, step, spec)
+            result.first_step_s = timer.first_step_s
             if result.plan is None:
                 step_s = timer.step_s or 0.0  # validation guarantees a timed warm-up step
                 result.plan = plan_steady(meter, step_s, spec.steady_seconds, steps.gather)

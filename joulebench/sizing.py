@@ -179,6 +179,11 @@ class StepTimer:
         self._ticks.append(time.monotonic_ns())
 
     @property
+    def first_step_s(self) -> float | None:
+        """The first step alone (compilation, allocator growth); None before it ended."""
+        return (self._ticks[1] - self._ticks[0]) / 1e9 if len(self._ticks) > 1 else None
+
+    @property
     def step_s(self) -> float | None:
         steps = [(b - a) / 1e9 for a, b in itertools.pairwise(self._ticks)]
         if not steps:

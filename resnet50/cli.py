@@ -27,6 +27,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.sizing import add_window_arguments
 from jpwr import ValidationError, take_debug_flag
 from resnet50.config import (
+    CDT_ENV,
     CPU_ITERATIONS,
     DATA_FORMATS,
     DEVICES,
@@ -61,8 +62,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--data-workers", type=Number(int, 0, 1024), default=4,
         help="torch DataLoader worker processes per rank (default 4; 0 = load in the training process)")
     add("--channels-last", action=argparse.BooleanOptionalAction, default=True, help="NHWC layout (default on)")
-    add("--compile", action="store_true", help="torch.compile the model (pytorch)")
-    add("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune (default: default)")
+    add("--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.compile the model (pytorch; default: on GPUs, off on the CPU; --no-compile: eager)")
+    add("--compile-mode", default=None,
+        help="torch.compile mode, e.g. default, max-autotune (default: reduce-overhead = CUDA graphs on GPUs, "
+             "default on the CPU)")
+    add("--coordinate-descent-tuning", action=argparse.BooleanOptionalAction, default=None,
+        help="inductor's per-kernel launch-config tuning of compiled kernels (default: on when compiling on GPUs; "
+             f"on the CPU as {CDT_ENV} says)")
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
     add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
@@ -116,10 +123,17 @@ def validate(args: argparse.Namespace) -> int:
     print(
         f"OK: {config.framework} {flops.to_dict()['architecture']}, global batch {config.global_batch_size} = "
         f"{devices} devices x {config.per_device_batch(devices)}, {config.precision}, {config.image_size} px, "
-        f"{config.warmup_iterations} warm-up + {_measured(config)} measured iterations, "
+        f"{config.warmup_iterations} warm-up + {_measured(config)} measured iterations, {_compiled(config)}, "
         f"{flops.training / 1e9:.2f} GFLOP per training image"
     )
     return 0
+
+
+def _compiled(config: TrainConfig) -> str:
+    if config.framework == "pytorch" and config.compile:
+        tuning = ", coordinate-descent tuning" if config.coordinate_descent_tuning else ""
+        return f"torch.compile mode {config.compile_mode}{tuning}"
+    return config.compile_label
 
 
 def _measured(config: TrainConfig) -> str:

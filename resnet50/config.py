@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ DEFAULT_DATA_FORMAT = {"tensorflow": "tfrecord", "pytorch": "jpeg"}
 CPU_ITERATIONS = 100  # measured iterations of a CPU run without --iterations (tf_cnn_benchmarks' --num_batches)
 MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-5  # MLPerf ResNet-50 value; applied the same way in both backends (decoupled, on all weights)
+# torch.compile on CUDA by default: CUDA graphs (reduce-overhead) with inductor's per-kernel launch tuning, the
+# fastest measured on one H100 (docs/perf-notes.md: eager 3,966, compile 5,631, this 5,910 img/s; minutes of warm-up
+# the first time, inductor's cache shortens later runs). Forced on the CPU (--compile) the mode stays "default".
+CUDA_COMPILE_MODE = "reduce-overhead"
+CPU_COMPILE_MODE = "default"
+# warm-up iterations a compiled run needs: the first call traces and compiles forward and backward, CUDA graphs are
+# recorded on the calls after it (reduce-overhead); all of it must end before the steady window opens
+MIN_COMPILE_WARMUP = 3
+CDT_ENV = "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"  # inductor's own switch: honoured where the option is left auto
 
 
 @dataclasses.dataclass
@@ -49,8 +59,9 @@ class TrainConfig:
     data: str = "synthetic"
     data_format: str | None = None
     channels_last: bool = True
-    compile: bool = False
-    compile_mode: str = "default"
+    compile: bool | None = None  # None: auto, on for pytorch on CUDA (resolve_compile)
+    compile_mode: str | None = None  # None: reduce-overhead on CUDA, default on the CPU; eager runs keep None
+    coordinate_descent_tuning: bool | None = None  # inductor's; None: on when compiling on CUDA
     xla: bool = False
     device: str = "auto"
     out_dir: str | None = None
@@ -81,6 +92,13 @@ class TrainConfig:
         return LoopSpec(iterations=self.iterations, warmup_iterations=self.warmup_iterations,
                         steady_seconds=self.steady_seconds, cpu_iterations=CPU_ITERATIONS,
                         log_interval=self.log_interval, work_unit="images", work_per_step=float(self.global_batch_size))
+
+    @property
+    def compile_label(self) -> str:
+        """What compiled the step, for the record: "eager", the torch.compile mode, "xla" or "tf.function"."""
+        if self.framework == "tensorflow":
+            return "xla" if self.xla else "tf.function"
+        return str(self.compile_mode) if self.compile else "eager"
 
     @property
     def synthetic(self) -> bool:
@@ -130,7 +148,9 @@ def check_static(config: TrainConfig) -> None:
 
 
 def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
-    """Checks that need the device count ("cpu" or "cuda" kind) of the whole run."""
+    """Checks that need the device count ("cpu" or "cuda" kind) of the whole run; resolves the compile defaults
+    that depend on the device kind first (resolve_compile)."""
+    resolve_compile(config, device_kind)
     if devices <= 0:
         raise ValidationError(f"{devices} devices", "run on at least one device")
     if config.global_batch_size % devices:
@@ -155,6 +175,39 @@ def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
         )
 
 
+def resolve_compile(config: TrainConfig, device_kind: str) -> None:
+    """Fill in --compile, --compile-mode and --coordinate-descent-tuning where left auto (idempotent), and refuse
+    compilation whose first calls would land in the measured window.
+
+    pytorch: compile on CUDA, eager on the CPU; on CUDA mode reduce-overhead (CUDA graphs) with inductor's
+    coordinate-descent tuning, on the CPU mode default with the tuning as inductor's environment variable says.
+    tensorflow: never torch.compile (its --xla is separate)."""
+    if config.framework != "pytorch":
+        config.compile = False
+        return
+    cuda = device_kind == "cuda"
+    if config.compile is None:
+        config.compile = cuda
+    if not config.compile:
+        if config.compile_mode is not None or config.coordinate_descent_tuning is not None:
+            given = "--compile-mode" if config.compile_mode is not None else "--coordinate-descent-tuning"
+            why = "--no-compile" if cuda else "on the CPU compilation is off unless --compile is given"
+            raise ValidationError(f"{given} without compilation ({why})",
+                                  f"add --compile, or drop {given}")
+        return
+    if config.compile_mode is None:
+        config.compile_mode = CUDA_COMPILE_MODE if cuda else CPU_COMPILE_MODE
+    if config.coordinate_descent_tuning is None:
+        config.coordinate_descent_tuning = cuda or os.environ.get(CDT_ENV) == "1"
+    if config.warmup_iterations < MIN_COMPILE_WARMUP:
+        default = " (the default on GPUs)" if cuda else ""
+        raise ValidationError(
+            f"--warmup-iterations {config.warmup_iterations} with torch.compile{default}: compilation and CUDA-graph "
+            "recording take the first calls and would land in the measured window",
+            f"give at least {MIN_COMPILE_WARMUP} warm-up iterations (--warmup-iterations {MIN_COMPILE_WARMUP}), "
+            "or --no-compile for eager")
+
+
 def _positive(flag: str, value: int) -> None:
     if value <= 0:
         raise ValidationError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
@@ -172,6 +225,10 @@ def _check_framework_options(config: TrainConfig) -> None:
     else:
         if config.compile:
             raise ValidationError("--compile with --framework tensorflow", "use --xla for XLA compilation")
+        if config.compile_mode is not None or config.coordinate_descent_tuning is not None:
+            given = "--compile-mode" if config.compile_mode is not None else "--coordinate-descent-tuning"
+            raise ValidationError(f"{given} with --framework tensorflow (torch.compile options)",
+                                  f"drop {given}; use --xla for XLA compilation")
         if config.replay_phases:
             raise ValidationError("--replay-phases with --framework tensorflow (its step is one compiled function "
                                   "without phase marks)", "use --framework pytorch, or drop --replay-phases")

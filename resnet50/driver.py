@@ -85,6 +85,11 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) ->
         global_batch_size=config.global_batch_size, per_device_batch_size=config.per_device_batch(devices),
         devices=devices, precision=config.precision, framework=config.framework,
         warmup_excluded={"iterations": warmup.steps, "duration_s": warmup.duration_s} if warmup else None,
+        # what compiled the step ("eager", the torch.compile mode, "xla", "tf.function") and what it cost: the
+        # warm-up window (compilation, CUDA-graph recording, cuDNN autotuning) and its first step alone
+        compile_mode=config.compile_label,
+        warmup_s=warmup.duration_s if warmup else None,
+        first_step_s=loop.first_step_s if loop else None,
         losses=[list(point) for point in loop.losses] if loop else [],
         loss_first=loop.losses[0][1] if loop and loop.losses else None,
         loss_last=loop.losses[-1][1] if loop and loop.losses else None,

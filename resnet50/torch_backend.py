@@ -1,4 +1,4 @@
-"""PyTorch backend: torchvision `resnet50` (v1.5), AMP, channels-last, optional torch.compile, DDP.
+"""PyTorch backend: torchvision `resnet50` (v1.5), AMP, channels-last, torch.compile (default on GPUs), DDP.
 
 One process per device, under torchrun or srun (LaunchEnv.export_torch_env makes env://
 work under both); NCCL on GPUs, gloo on CPUs. The step never waits for the device: the loss
@@ -20,7 +20,7 @@ import torchvision
 from joulebench.launch import LaunchEnv
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, Replay
 from jpwr import DeviceEventStamps, PhaseRecorder, ValidationError
-from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
+from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig, resolve_compile
 from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,8 +65,12 @@ class TorchBackend:
                 model, device_ids=[self.device.index] if cuda else None,
                 gradient_as_bucket_view=True, broadcast_buffers=False,
             )
-        self.compiled = config.compile
-        self.model: Any = torch.compile(model, mode=config.compile_mode) if config.compile else model
+        resolve_compile(config, self.device_kind)  # done by the driver's checks already; here for direct use
+        self.compiled = bool(config.compile)
+        self._inductor_restore: tuple[Any, bool] | None = None
+        if self.compiled:
+            self._set_coordinate_descent_tuning(bool(config.coordinate_descent_tuning))
+        self.model: Any = torch.compile(model, mode=config.compile_mode) if self.compiled else model
         self.model.train()
         self.amp_dtype = AMP_DTYPES.get(config.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
@@ -91,6 +95,14 @@ class TorchBackend:
             # an H100 for minutes of warm-up; recorded because it changes the measured kernels.
             "inductor_coordinate_descent_tuning": self._coordinate_descent_tuning(),
         }
+
+    def _set_coordinate_descent_tuning(self, value: bool) -> None:
+        """Inductor reads its config when it compiles, at the first calls of the compiled model (the warm-up), so it
+        is set here, before them, and put back at close() (several runs may share a process: the tests)."""
+        from torch._inductor import config as inductor_config
+
+        self._inductor_restore = (inductor_config, bool(inductor_config.coordinate_descent_tuning))
+        inductor_config.coordinate_descent_tuning = value
 
     def _coordinate_descent_tuning(self) -> bool | None:
         """Whether torch.compile tunes each generated kernel's launch config (None without --compile)."""
@@ -183,3 +195,7 @@ class TorchBackend:
         if self.distributed and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+        if self._inductor_restore is not None:
+            inductor_config, value = self._inductor_restore
+            inductor_config.coordinate_descent_tuning = value
+            self._inductor_restore = None

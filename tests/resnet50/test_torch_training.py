@@ -53,6 +53,11 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     assert "no jpwr sampler" in metrics["energy_unavailable_reason"]
     assert record["config"]["per_device_batch_size"] == 8 and record["hardware"]["device_kind"] == "cpu"
     assert record["hardware"]["inductor_coordinate_descent_tuning"] is None  # eager: no inductor kernels
+    # no compile flag: the auto default resolves to eager on the CPU, and the record says so (issue 33)
+    assert (record["config"]["compile"], record["config"]["compile_mode"]) == (False, None)
+    assert metrics["compile_mode"] == "eager"
+    assert metrics["warmup_s"] == pytest.approx(warmup["duration_s"]) == metrics["warmup_excluded"]["duration_s"]
+    assert 0 < metrics["first_step_s"] <= warmup["duration_s"] + 1e-3  # the one warm-up step, synced
     assert record["software"]["torch"] and record["launch"]["launcher"] == "single"
     summary = parse_summary(out)
     assert summary["status"] == "OK" and summary["energy_wh"] == "n/a"
@@ -74,19 +79,47 @@ def test_compiled_backend_records_inductor_kernel_tuning(tuning: bool) -> None:
     from resnet50.torch_backend import TorchBackend
 
     args = build_parser().parse_args(["train", "--framework", "pytorch", *SMALL, "--compile"])
-    backend = TorchBackend(TrainConfig.from_args(args), LaunchEnv.from_env())  # torch.compile wraps lazily
+    config = TrainConfig.from_args(args)
+    backend = TorchBackend(config, LaunchEnv.from_env())  # torch.compile wraps lazily
     try:
+        assert (config.compile, config.compile_mode) == (True, "default")  # forced on the CPU: mode default
         with inductor_config.patch(coordinate_descent_tuning=tuning):
             assert backend.hardware()["inductor_coordinate_descent_tuning"] is tuning
     finally:
         backend.close()
 
 
+@pytest.mark.parametrize("flag", ["--coordinate-descent-tuning", "--no-coordinate-descent-tuning"])
+def test_backend_sets_inductor_tuning_for_its_compile_and_restores_it(flag: str) -> None:
+    """--coordinate-descent-tuning is inductor's config while the backend lives (it compiles at the first calls),
+    reported in the record's hardware, and put back at close (issue 33)."""
+    from torch._inductor import config as inductor_config
+
+    from joulebench.launch import LaunchEnv
+    from resnet50.cli import build_parser
+    from resnet50.config import TrainConfig
+    from resnet50.torch_backend import TorchBackend
+
+    wanted = flag == "--coordinate-descent-tuning"
+    with inductor_config.patch(coordinate_descent_tuning=not wanted):
+        args = build_parser().parse_args(["train", "--framework", "pytorch", *SMALL, "--compile", flag])
+        backend = TorchBackend(TrainConfig.from_args(args), LaunchEnv.from_env())
+        try:
+            assert inductor_config.coordinate_descent_tuning is wanted
+            assert backend.hardware()["inductor_coordinate_descent_tuning"] is wanted
+        finally:
+            backend.close()
+        assert inductor_config.coordinate_descent_tuning is (not wanted)
+
+
 def test_bf16_channels_first_trains(tmp_path: Path) -> None:
     code = main(["train", "--framework", "pytorch", *SMALL, "--image-size", "32", "--precision", "bf16",
-                 "--no-channels-last", "--warmup-iterations", "0", "--iterations", "2", "--out-dir", str(tmp_path)])
+                 "--no-channels-last", "--no-compile", "--warmup-iterations", "0", "--iterations", "2",
+                 "--out-dir", str(tmp_path)])
     record = read_record(tmp_path)
     assert code == 0 and record["config"]["channels_last"] is False and record["config"]["precision"] == "bf16"
+    assert record["config"]["compile"] is False and record["metrics"]["compile_mode"] == "eager"
+    assert record["metrics"]["warmup_s"] is None and record["metrics"]["first_step_s"] is None  # no warm-up
     assert [w["name"] for w in record["windows"]] == ["steady"]  # no warm-up window when it is 0
     assert all(abs(loss) < 1e6 for _step, loss in record["metrics"]["losses"])
 

@@ -52,7 +52,20 @@ ANCHORS = {
     "resnet50": "MLPerf Training v3.0 DGX H100 ~7,006 img/s/GPU; targets 6,000 (README) / 7,000 (best)",
     "llm_training": "49–51 % MFU (1–2B models); target 80,000 tokens/s",
 }
-HEADER = ("run", "tree", "status", "point", "figure", "energy", "bound %", "deviation %", "W", "steady s", "anchor")
+HEADER = ("run", "tree", "status", "point", "figure", "energy", "bound %", "deviation %", "W", "steady s", "loss",
+          "anchor")
+LOSS_AT = {"llm_training": 20, "resnet50": 200}  # training losses compared at this iteration (both trees reach it)
+
+
+def loss_at(record: dict[str, Any]) -> str:
+    """The training loss at LOSS_AT's iteration ('it N: loss'), so a lever that changes the numerics shows it."""
+    m = record.get("metrics", {})
+    workload = record.get("workload") or record.get("benchmark")
+    points = ([(p["iteration"], p["loss"]) for p in m.get("loss_curve") or []] if workload == "llm_training"
+              else [tuple(p) for p in m.get("losses") or []])
+    wanted = LOSS_AT.get(str(workload))
+    value = next((loss for iteration, loss in points if iteration == wanted), None)
+    return "" if value is None else f"it {wanted}: {value:.4f}"
 
 
 def figures(record: dict[str, Any]) -> tuple[str, str, Any]:
@@ -118,7 +131,7 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
             "deviation %": None if measured is None else 100 * (measured / independent - 1.0),
             "W": record.get("metrics", {}).get("mean_power_w") or record.get("metrics", {}).get(
                 "mean_power_w_per_device"),
-            "steady s": steady["duration_s"], "anchor": ANCHORS.get(anchor, ""), "exit": code, "wall_s": wall,
+            "steady s": steady["duration_s"], "loss": loss_at(record), "anchor": ANCHORS.get(anchor, ""), "exit": code, "wall_s": wall,
             "record": str(path.relative_to(out)), "engine": (record.get("config", {}) or {}).get("engine_detail"),
         })
     if not rows:

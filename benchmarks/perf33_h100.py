@@ -131,7 +131,8 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
             "deviation %": None if measured is None else 100 * (measured / independent - 1.0),
             "W": record.get("metrics", {}).get("mean_power_w") or record.get("metrics", {}).get(
                 "mean_power_w_per_device"),
-            "steady s": steady["duration_s"], "loss": loss_at(record), "anchor": ANCHORS.get(anchor, ""), "exit": code, "wall_s": wall,
+            "steady s": steady["duration_s"], "loss": loss_at(record), "anchor": ANCHORS.get(anchor, ""), "exit": code,
+            "wall_s": wall,
             "record": str(path.relative_to(out)), "engine": (record.get("config", {}) or {}).get("engine_detail"),
         })
     if not rows:

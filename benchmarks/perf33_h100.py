@@ -37,6 +37,9 @@ RUNS: dict[str, list[str]] = {
     "llama-1b-bs1": [*INFERENCE, "--preset", "llama-1b", "--batch-sizes", "1"],
     "llama-8b": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1,256"],
     "llama-8b-512": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "512"],
+    # batch 1 with each compiled decode variant pinned (the branch's --decode-tuning): speed against power
+    **{f"llama-{size}-bs1-{tuning}": [*INFERENCE, "--preset", f"llama-{size}", "--batch-sizes", "1", "--decode-tuning",
+                                      tuning] for size in ("1b", "8b") for tuning in ("default", "coordinate-descent")},
     "continuous-256": ["-m", "llm_inference", "load", "--preset", "llama-8b", "--task", "chat", "--energy-methods",
                        "nvml", "--rate", "max", "--max-concurrency", "256"],
     "resnet50-readme": [*JPWR, "{python}", *README_RESNET],

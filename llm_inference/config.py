@@ -42,6 +42,7 @@ class InferenceConfig:
     attention: str
     device: str
     seed: int
+    decode_tuning: str  # "auto" (fastest per batch shape, chosen at set-up) or a DECODE_TUNING_CHOICES variant
     out_dir: str
     run_id: str
     energy_methods: str | None
@@ -72,6 +73,10 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(comma_list(text, "task", "chat,code"))
 
 
+# The static engine's compiled decode variants (llm_inference.static_engine.DECODE_TUNINGS) and "auto".
+DECODE_TUNING_CHOICES = ("auto", "default", "coordinate-descent")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -> None:
     """The model options of `run` and `load` (`engines`: the choice of engine and attention, `run` only)."""
     m = parser.add_argument_group("model")
@@ -79,6 +84,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
     m.add_argument("--checkpoint", help="local Hugging Face checkpoint directory (config.json + weights) "
                                         "instead of a preset's random weights")
     m.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPUs, fp32 on CPUs")
+    m.add_argument("--decode-tuning", choices=DECODE_TUNING_CHOICES, default="auto",
+                   help="compiled variant of the decode step (GPU): auto = the faster replayed step per batch shape "
+                        "(static engine; the continuous engine runs default), default, or coordinate-descent "
+                        "(inductor's per-kernel tuning: faster llama batch-1 steps on an H100, at more power)")
     if engines:
         m.add_argument("--engine", choices=ENGINES, default="static",
                        help="static: own model code, static KV cache, decode steps replayed as CUDA graphs "
@@ -127,7 +136,7 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
         num_batches=args.num_batches, output_length=args.output_length, steady_seconds=args.steady_seconds,
         idle_baseline=args.idle_baseline,
         warmup_batches=args.warmup_batches, exit_duration_mins=args.exit_duration_mins, precision=args.precision,
-        engine=args.engine, attention=args.attention,
+        engine=args.engine, attention=args.attention, decode_tuning=args.decode_tuning,
         device=args.device, seed=args.seed, out_dir=args.out_dir or default_out_dir("llm_inference", run_id),
         run_id=run_id,
         energy_methods=args.energy_methods, log_to=args.log_to,

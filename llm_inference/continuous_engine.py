@@ -81,14 +81,17 @@ class ContinuousEngine(CompactForward):
 
     name = "continuous"
 
-    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
-        super().__init__(model, device, compile_decode, dynamic=False)
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
+                 tuning: str = "auto") -> None:
+        # "auto" runs the first variant (default): choosing per row bucket would compile every bucket twice
+        super().__init__(model, device, compile_decode, dynamic=False, tuning=tuning)
         self.state: SlotState | None = None
 
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
-                "decode_attention": self.decode_attention_kind, "slot_bucket": memory.SLOT_BUCKET,
+                "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
+                "slot_bucket": memory.SLOT_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
                 "request_slots": None if state is None else state.slots,
                 "cache_slots": None if state is None else state.cache_slots,

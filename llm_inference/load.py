@@ -330,7 +330,7 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
 
     def make() -> ContinuousEngine:
         model = build_model(shape, cfg.checkpoint, precision, "sdpa", device, cfg.seed)
-        return compact_engine(ContinuousEngine, model, device)
+        return compact_engine(ContinuousEngine, model, device, cfg.decode_tuning)
 
     with (Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life,
           Heartbeat(_log) as beat):

@@ -94,6 +94,7 @@ class LoadConfig:
     out_dir: str
     run_id: str
     energy_methods: str | None
+    decode_tuning: str = "auto"  # the engine's compiled decode variant (llm_inference.config.DECODE_TUNING_CHOICES)
     server: ServerTarget | None = None  # an OpenAI-compatible server instead of the in-process engine
     log_to: tuple[str, ...] = ()  # --log-to: tools the record's window figures go to (joulebench.exports)
 
@@ -158,7 +159,8 @@ def resolve_load(args: argparse.Namespace) -> LoadConfig:
         slo_tpot_ms=args.slo_tpot_ms, steady_seconds=args.steady_seconds, idle_baseline=args.idle_baseline,
         exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
         out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
-        energy_methods=args.energy_methods, server=_server(args), log_to=args.log_to)
+        energy_methods=args.energy_methods, decode_tuning=args.decode_tuning, server=_server(args),
+        log_to=args.log_to)
 
 
 def _server(args: argparse.Namespace) -> ServerTarget | None:

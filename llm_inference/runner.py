@@ -190,15 +190,15 @@ def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, devic
     model = build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
     if cfg.engine == "hf":
         return HFEngine(model, device)
-    return compact_engine(StaticEngine, model, device)
+    return compact_engine(StaticEngine, model, device, cfg.decode_tuning)
 
 
 CompactT = TypeVar("CompactT", StaticEngine, ContinuousEngine)
 
 
-def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.device) -> CompactT:
+def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.device, tuning: str) -> CompactT:
     """An engine on compact model code, its weights taken from the transformers model, which is then dropped."""
-    engine = kind.from_transformers(model, device)
+    engine = kind.from_transformers(model, device, tuning)
     del model  # frees the separate Q/K/V and gate/up matrices (fused copies in the engine; the rest is shared)
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -98,14 +98,15 @@ class CompactForward:
     prefill of some rows into a cache and the decode pass over a cache (each engine keeps its own state)."""
 
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
-                 dynamic: bool | None = None) -> None:
+                 dynamic: bool | None = None, tuning: str = "auto") -> None:
         self.model = model
         self.device = device
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
+        tunings = DECODE_TUNINGS if tuning == "auto" else {tuning: DECODE_TUNINGS[tuning]}
         self.decode_variants = ({name: tuple(torch.compile(p, dynamic=dynamic, options=options) for p in pieces)
-                                 for name, options in DECODE_TUNINGS.items()} if self.compile_decode
+                                 for name, options in tunings.items()} if self.compile_decode
                                 else {"eager": pieces})
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
         self.clock = StepClock(device)
@@ -113,9 +114,10 @@ class CompactForward:
                                       else "sdpa (masked)")
 
     @classmethod
-    def from_transformers(cls, model: torch.nn.Module, device: torch.device) -> Self:
-        """The engine on a transformers model's weights (fused copies where the compact code fuses them)."""
-        return cls(CompactModel.from_transformers(model), device)
+    def from_transformers(cls, model: torch.nn.Module, device: torch.device, tuning: str = "auto") -> Self:
+        """The engine on a transformers model's weights (fused copies where the compact code fuses them); tuning:
+        "auto" or one DECODE_TUNINGS variant (llm_inference.config.DECODE_TUNING_CHOICES)."""
+        return cls(CompactModel.from_transformers(model), device, tuning=tuning)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -213,8 +215,9 @@ class StaticEngine(CompactForward):
 
     name = "static"
 
-    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None) -> None:
-        super().__init__(model, device, compile_decode)
+    def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
+                 tuning: str = "auto") -> None:
+        super().__init__(model, device, compile_decode, tuning=tuning)
         self.state: DecodeState | None = None
 
     def describe(self) -> dict[str, object]:

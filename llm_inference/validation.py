@@ -62,6 +62,10 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
         raise ValidationError(f"--attention {cfg.attention} selects a transformers attention implementation, which "
                               "the static engine does not use (it runs SDPA on its own KV cache)",
                               "leave --attention out, or use --engine hf")
+    if cfg.engine == "hf" and cfg.decode_tuning != "auto":
+        raise ValidationError(f"--decode-tuning {cfg.decode_tuning} chooses a compiled variant of the static "
+                              "engine's decode step; --engine hf runs transformers' generate",
+                              "leave --decode-tuning out, or use --engine static")
     if cfg.output_length is not None and cfg.output_length < 1:
         raise ValidationError(f"--output-length is {cfg.output_length}", "force at least one new token")
     for task in cfg.tasks:
@@ -155,6 +159,9 @@ def check_server(cfg: LoadConfig) -> None:
     target = cfg.server
     if target is None:
         return
+    if cfg.decode_tuning != "auto":
+        raise ValidationError(f"--decode-tuning {cfg.decode_tuning} with a server target (it tunes the in-process "
+                              "engine's decode step)", "leave --decode-tuning out for --url/--server-command")
     if target.command is None:
         given = [name for name, value in (("--server-port", target.port),
                                           ("--server-version-command", target.version_command)) if value is not None]

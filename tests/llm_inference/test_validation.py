@@ -113,3 +113,30 @@ def test_run_estimate_is_sized_by_the_drawn_batches_not_the_tasks_extremes():
     drawn = memory.estimate_memory(shape, "bf16", 512, prompt, sequence, "static")
     extremes = memory.estimate_memory(shape, "bf16", 512, task.input_length.high, longest_sequence(task), "static")
     assert drawn.total_gib < 79.2 < extremes.total_gib
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--engine", "hf", "--decode-tuning", "default"], "--decode-tuning default chooses a compiled variant"),
+])
+def test_decode_tuning_is_refused_where_no_static_step_runs(args, expected, capsys):
+    assert main(["validate", "--preset", "tiny", "--device", "cpu", *args]) == ExitCode.USAGE
+    assert expected in capsys.readouterr().err
+
+
+def test_decode_tuning_choices_are_the_engines_variants():
+    """The option's choices (config, torch-free) and the engine's compiled variants are one list; a pinned
+    variant leaves the engine nothing to choose at set-up."""
+    import torch
+
+    from llm_inference.compact_model import CompactModel
+    from llm_inference.config import DECODE_TUNING_CHOICES
+    from llm_inference.engine import build_model
+    from llm_inference.static_engine import DECODE_TUNINGS, StaticEngine
+
+    assert ("auto", *DECODE_TUNINGS) == DECODE_TUNING_CHOICES
+    cpu = torch.device("cpu")
+    model = CompactModel.from_transformers(build_model(PRESETS["tiny"], None, "fp32", "sdpa", cpu, 1))
+    assert set(StaticEngine(model, cpu, compile_decode=True).decode_variants) == set(DECODE_TUNINGS)
+    pinned = StaticEngine(model, cpu, compile_decode=True, tuning="coordinate-descent")
+    assert list(pinned.decode_variants) == ["coordinate-descent"] and pinned.decode_tuning == "coordinate-descent"
+    assert list(StaticEngine(model, cpu).decode_variants) == ["eager"]  # the CPU runs the pieces uncompiled

@@ -131,17 +131,19 @@ def run_child_check(preset: str, args: argparse.Namespace, env: dict[str, str]) 
     return {"error": f"logits check exited {code} without a result"}
 
 
-def max_batch(preset: str, memory_gib: float) -> int:
-    """Largest power of two both engines' estimates allow for the chat task (what `validate` accepts)."""
+def max_batch(preset: str, memory_gib: float, seed: int) -> int:
+    """Largest power of two both engines' estimates allow for the chat task, sized by the batch `run` will draw
+    (what `validate` accepts)."""
     from llm_inference import memory
     from llm_inference.presets import PRESETS
-    from llm_inference.tasks import TASKS, longest_sequence
+    from llm_inference.tasks import TASKS, batches_extent, draw_batches
 
-    task = TASKS[TASK]
-    prompt, sequence = task.input_length.high, longest_sequence(task)
-    return min(memory.largest_fitting_batch(
-        lambda size, engine=engine: memory.estimate_memory(PRESETS[preset], "bf16", size, prompt, sequence,
-                                                           engine).total_gib, memory_gib) for engine in memory.ENGINES)
+    def estimate_gib(size: int, engine: str) -> float:
+        extent = batches_extent(draw_batches(TASKS[TASK], size, 1, seed))
+        return memory.estimate_memory(PRESETS[preset], "bf16", size, *extent, engine).total_gib
+
+    return min(memory.largest_fitting_batch(lambda size, engine=engine: estimate_gib(size, engine), memory_gib)
+               for engine in memory.ENGINES)
 
 
 def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namespace, env: dict[str, str]) -> int | str:
@@ -224,7 +226,7 @@ def main() -> int:
                     rows.append({"preset": preset, "batch": "max",
                                  "status": "device memory unknown (CPU, or the logits check failed)"})
                     continue
-                sizes.append(max_batch(preset, memory_gib))
+                sizes.append(max_batch(preset, memory_gib, args.seed))
             else:
                 sizes.append(int(text))
         sizes = sorted(set(sizes))

@@ -37,7 +37,7 @@ RUNS: dict[str, list[str]] = {
     "llama-1b-bs1": [*INFERENCE, "--preset", "llama-1b", "--batch-sizes", "1"],
     "llama-8b": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1,256"],
     "llama-8b-512": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "512"],
-    # batch 1 with each compiled decode variant pinned (the branch's --decode-tuning): speed against power
+    # batch 1 with each compiled decode variant pinned: speed against power (the option is new: NAME@branch)
     **{f"llama-{size}-bs1-{tuning}": [*INFERENCE, "--preset", f"llama-{size}", "--batch-sizes", "1", "--decode-tuning",
                                       tuning] for size in ("1b", "8b") for tuning in ("default", "coordinate-descent")},
     "continuous-256": ["-m", "llm_inference", "load", "--preset", "llama-8b", "--task", "chat", "--energy-methods",
@@ -118,31 +118,39 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
     print(f"=== {tree_name} {name}: exit {code} after {wall:.0f} s", flush=True)
     rows = []
     for path in sorted(run_dir.rglob("run_record.json")):
-        record = json.loads(path.read_text())
-        steady = next((w for w in record.get("windows", []) if w["name"] == "steady"), None)
-        if steady is None:
-            continue
-        (point, figure, energy_text), anchor = figures(record)
-        energy = steady.get("energy") or {}
-        measured = energy.get("energy_j")
-        independent, uncertainty = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
-        rows.append({
-            "run": name, "tree": tree_name, "status": record["status"], "point": point, "figure": figure,
-            "energy": energy_text, "record_energy_j": measured, "independent_j": independent,
-            "independent_uncertainty_j": uncertainty,
-            "bound %": None if measured is None else 100 * energy["error_bound_j"] / measured,
-            "deviation %": None if measured is None else 100 * (measured / independent - 1.0),
-            "W": record.get("metrics", {}).get("mean_power_w") or record.get("metrics", {}).get(
-                "mean_power_w_per_device"),
-            "steady s": steady["duration_s"], "loss": loss_at(record), "anchor": ANCHORS.get(anchor, ""), "exit": code,
-            "wall_s": wall,
-            "record": str(path.relative_to(out)), "engine": (record.get("config", {}) or {}).get("engine_detail"),
-        })
+        try:
+            row = window_row(json.loads(path.read_text()), poller, uuid)
+        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:  # one bad record must not end the call
+            row = {"status": f"record not compared: {type(exc).__name__}: {exc}"}
+        if row is not None:
+            rows.append({"run": name, "tree": tree_name, **row, "exit": code, "wall_s": wall,
+                         "record": str(path.relative_to(out))})
     if not rows:
         rows.append({"run": name, "tree": tree_name, "status": f"no measured record (exit {code})", "wall_s": wall})
     for row in rows:
         print("PERF33 " + json.dumps(row), flush=True)
     return rows
+
+
+def window_row(record: dict[str, Any], poller: CounterPoller, uuid: str) -> dict[str, Any] | None:
+    """One record's steady window beside the independent counter read (None: the record has no steady window)."""
+    steady = next((w for w in record.get("windows", []) if w["name"] == "steady"), None)
+    if steady is None:
+        return None
+    (point, figure, energy_text), anchor = figures(record)
+    energy = steady.get("energy") or {}
+    measured = energy.get("energy_j")
+    independent, uncertainty = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
+    bound = energy.get("error_bound_j")
+    return {
+        "status": record["status"], "point": point, "figure": figure, "energy": energy_text,
+        "record_energy_j": measured, "independent_j": independent, "independent_uncertainty_j": uncertainty,
+        "bound %": None if measured is None or bound is None else 100 * bound / measured,
+        "deviation %": None if measured is None or not independent else 100 * (measured / independent - 1.0),
+        "W": record.get("metrics", {}).get("mean_power_w") or record.get("metrics", {}).get("mean_power_w_per_device"),
+        "steady s": steady["duration_s"], "loss": loss_at(record), "anchor": ANCHORS.get(anchor, ""),
+        "engine": (record.get("config", {}) or {}).get("engine_detail"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

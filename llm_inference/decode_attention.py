@@ -28,9 +28,12 @@ except ImportError:  # CPU-only torch wheels come without Triton: the SDPA path 
     triton = None
 
 
-def triton_supported(device: torch.device, head_dim: int) -> bool:
-    """Whether the split kernel runs here: CUDA, Triton importable, a power-of-two head size Triton can tile."""
-    return triton is not None and device.type == "cuda" and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the split kernel runs here: CUDA, Triton importable, a power-of-two head size Triton can tile, and
+    K/V tiles (SPLIT_BLOCK rows of at most 512 bytes, two pipeline stages) well inside an SM's shared memory."""
+    row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
+    return (triton is not None and device.type == "cuda" and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+            and row_bytes <= 512)
 
 
 def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, batch: int) -> torch.Tensor:
@@ -40,10 +43,18 @@ def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, ba
     return visible if first is None else visible & (slots >= first[:, None])
 
 
+def sdpa_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, rows: int, dtype: torch.dtype
+              ) -> torch.Tensor:
+    """The SDPA path's additive mask (rows, 1, 1, length): built once per decode pass, shared by its layers."""
+    return additive_mask(visible_mask(first, last, length, rows), dtype)[:, None, None]
+
+
 def sdpa_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
-                          last: torch.Tensor, length: int) -> torch.Tensor:
-    """The reference: SDPA over the first `length` slots with the visibility as an additive mask."""
-    mask = additive_mask(visible_mask(first, last, length, query.shape[0]), query.dtype)[:, None, None]
+                          last: torch.Tensor, length: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: SDPA over the first `length` slots with the visibility as an additive mask (`mask`: the
+    same, built by sdpa_mask beforehand)."""
+    if mask is None:
+        mask = sdpa_mask(first, last, length, query.shape[0], query.dtype)
     return F.scaled_dot_product_attention(query, keys[:, :, :length], values[:, :, :length], attn_mask=mask)
 
 
@@ -66,12 +77,14 @@ def _sm_count(index: int) -> int:
 
 
 def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
-                     last: torch.Tensor, length: int) -> torch.Tensor:
+                     last: torch.Tensor, length: int, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query token per row. query (rows, KV heads, groups, head dim); keys and values (rows, KV
-    heads, slots, head dim) with unit stride along the head dim; row b sees slots first[b]..last[b] (first None:
-    from 0; last (rows,) or (1,) for all rows), all below `length`. Returns (rows, KV heads, groups, head dim)."""
-    if not triton_supported(query.device, query.shape[-1]):
-        return sdpa_decode_attention(query, keys, values, first, last, length)
+    heads, slots, head dim); row b sees slots first[b]..last[b] below `length` (first None: from 0; last (rows,) or
+    (1,) for all rows; a row with nothing visible gets zeros). `mask`: sdpa_mask's, for the SDPA path. Returns
+    (rows, KV heads, groups, head dim)."""
+    if not triton_supported(query.device, query.shape[-1], query.dtype) or keys.stride(-1) != 1 \
+            or values.stride(-1) != 1:
+        return sdpa_decode_attention(query, keys, values, first, last, length, mask)
     return split_decode_attention(query, keys, values, first, last, length, _sm_count(query.device.index or 0))
 
 
@@ -85,15 +98,16 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     partial = torch.empty((rows * kv_heads, pieces, block_groups, head_dim), dtype=torch.float32, device=query.device)
     maxima = torch.empty((rows * kv_heads, pieces, block_groups), dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxima)
+    query = query.contiguous()  # the kernels read and write the head dim with unit stride
     out = torch.empty_like(query)
-    query = query.contiguous()
     _pieces_kernel[(rows * kv_heads, pieces)](
         query, keys, values, last if first is None else first, last, partial, maxima, sums,
         *query.stride()[:3], *keys.stride()[:3], *values.stride()[:3], last.stride(0) if last.shape[0] > 1 else 0,
-        1.0 / math.sqrt(head_dim), slots, pieces,
+        1.0 / math.sqrt(head_dim), slots, pieces, length,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_SLOTS=SPLIT_BLOCK,
         FROM_ZERO=first is None,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")  # tf32: Triton's default, unused in bf16
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # tf32: Triton's default, unused in bf16
+        num_stages=2)
     _combine_kernel[(rows * kv_heads,)](
         partial, maxima, sums, out, *out.stride()[:3], pieces,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups)
@@ -101,10 +115,10 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["last_stride", "piece_slots", "pieces"])
+    @triton.jit(do_not_specialize=["last_stride", "piece_slots", "pieces", "length"])
     def _pieces_kernel(query, keys, values, firsts, lasts, partial, maxima, sums,
                        q_row, q_head, q_group, k_row, k_head, k_slot, v_row, v_head, v_slot, last_stride,
-                       scale, piece_slots, pieces,
+                       scale, piece_slots, pieces, length,
                        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_GROUPS: tl.constexpr, BLOCK_SLOTS: tl.constexpr, FROM_ZERO: tl.constexpr,
                        DOT_PRECISION: tl.constexpr):
@@ -116,7 +130,7 @@ if triton is not None:
         last = tl.load(lasts + row * last_stride)
         first = 0 if FROM_ZERO else tl.load(firsts + row)
         begin = tl.maximum(first, piece * piece_slots)
-        end = tl.minimum(last + 1, (piece + 1) * piece_slots)
+        end = tl.minimum(tl.minimum(last + 1, length), (piece + 1) * piece_slots)
         group = tl.arange(0, BLOCK_GROUPS)
         dim = tl.arange(0, HEAD_DIM)
         q = tl.load(query + row * q_row + head * q_head + group[:, None] * q_group + dim[None, :],
@@ -139,7 +153,7 @@ if triton is not None:
             v = tl.load(value_base + slot[:, None] * v_slot + dim[None, :], mask=inside[:, None], other=0.0)
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
             maximum = new_maximum
-        at = row_head * pieces + piece
+        at = row_head.to(tl.int64) * pieces + piece
         tl.store(partial + (at * BLOCK_GROUPS + group[:, None]) * HEAD_DIM + dim[None, :], acc)
         tl.store(maxima + at * BLOCK_GROUPS + group, maximum)
         tl.store(sums + at * BLOCK_GROUPS + group, total)
@@ -158,7 +172,7 @@ if triton is not None:
         total = tl.zeros([BLOCK_GROUPS], tl.float32)
         acc = tl.zeros([BLOCK_GROUPS, HEAD_DIM], tl.float32)
         for piece in range(pieces):
-            at = row_head * pieces + piece
+            at = row_head.to(tl.int64) * pieces + piece
             piece_maximum = tl.load(maxima + at * BLOCK_GROUPS + group)
             new_maximum = tl.maximum(maximum, piece_maximum)
             old_weight = tl.exp(maximum - new_maximum)
@@ -167,6 +181,6 @@ if triton is not None:
             piece_acc = tl.load(partial + (at * BLOCK_GROUPS + group[:, None]) * HEAD_DIM + dim[None, :])
             acc = acc * old_weight[:, None] + piece_acc * piece_weight[:, None]
             maximum = new_maximum
-        result = acc / total[:, None]
+        result = tl.where(total[:, None] > 0, acc / total[:, None], 0.0)  # nothing visible: zeros, never NaN
         tl.store(out + row * o_row + head * o_head + group[:, None] * o_group + dim[None, :],
                  result.to(out.dtype.element_ty), mask=group[:, None] < GROUPS)

@@ -159,7 +159,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
               "weights": "checkpoint" if cfg.checkpoint else "random (seeded)", "model_source": shape.source}
     batches = draw_batches(task, spec.batch_size, cfg.num_batches, cfg.seed, cfg.output_length)
     config["batches"] = [{"input_lengths": list(b.input_lengths), "output_length": b.output_length} for b in batches]
-    estimate = validation.run_estimate(cfg, shape, precision, spec.task, spec.batch_size).total_gib
+    estimate = validation.run_estimate(cfg, shape, precision, spec.batch_size).total_gib
     point: PointWindows | None = None
 
     def point_metrics(record: RunRecord) -> dict[str, Any]:

@@ -35,13 +35,14 @@ import torch.nn.functional as F
 
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
-from llm_inference.decode_attention import additive_mask, decode_attention, triton_supported
+from llm_inference.decode_attention import additive_mask, decode_attention, sdpa_mask, triton_supported
 from llm_inference.engine import StepClock, Timing
 from llm_inference.tasks import Batch
 
 # Compiled variants of the decode pieces, chosen per batch shape at set-up (CompactForward.choose_tuning).
 DECODE_TUNINGS: dict[str, dict[str, Any]] = {"default": {}, "coordinate-descent": {"coordinate_descent_tuning": True}}
 TUNING_REPLAYS = 20  # replays timed per variant (a step of llama-8b at batch 512 takes ~15 ms: 0.3 s per variant)
+MIN_TUNING_REPLAYS = 8  # fewer (outputs below 10 tokens leave no room in the buffers): no choice, the default runs
 
 
 def attended_length(filled: int) -> int:
@@ -110,7 +111,7 @@ class CompactForward:
                                 else {"eager": pieces})
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
         self.clock = StepClock(device)
-        self.decode_attention_kind = ("triton split" if triton_supported(device, model.head_dim)
+        self.decode_attention_kind = ("triton split" if triton_supported(device, model.head_dim, model.embed.dtype)
                                       else "sdpa (masked)")
 
     @classmethod
@@ -159,6 +160,8 @@ class CompactForward:
         model = self.model
         batch = tokens.shape[0]
         step_inputs, attention_inputs, attention_output_and_mlp, logits = self.decode_variants[self.decode_tuning]
+        mask = None if self.decode_attention_kind == "triton split" else sdpa_mask(first, last, length, batch,
+                                                                                     model.embed.dtype)
         x, rope = step_inputs(tokens, positions, rope)
         for index, layer in enumerate(model.layers):
             q, kv = attention_inputs(layer, x, rope)
@@ -166,7 +169,7 @@ class CompactForward:
             write(layer_cache, kv)
             # The query heads of one KV head share its keys and mask: they act as that head's query rows.
             attention = decode_attention(q.reshape(batch, model.kv_heads, model.groups, model.head_dim),
-                                         layer_cache[0], layer_cache[1], first, last, length)
+                                         layer_cache[0], layer_cache[1], first, last, length, mask)
             x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
         return logits(x[:, 0])
 
@@ -186,7 +189,7 @@ class CompactForward:
         is right for every shape. Set-up time, outside every window; `reset` undoes the replays' counter moves.
         The timed graphs go to `keep`: a memory pool dies with its last graph, and the shape's real graphs are
         captured into the same pool afterwards."""
-        if len(self.decode_variants) == 1 or replays < 1:
+        if len(self.decode_variants) == 1 or replays < MIN_TUNING_REPLAYS:  # too few to time: the first variant
             return self.decode_tuning, {}
         timings = {}
         for name in self.decode_variants:
@@ -224,7 +227,8 @@ class StaticEngine(CompactForward):
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind,
-                "decode_tuning": None if state is None else state.tuning,
+                "decode_tuning": state.tuning if state is not None and state.tuning else (
+                    self.decode_tuning if len(self.decode_variants) == 1 else None),  # None: not chosen yet
                 "decode_tuning_ms": None if state is None else state.tuning_ms,
                 "slot_bucket": memory.SLOT_BUCKET,
                 "cache_slots": None if state is None else state.slots,
@@ -273,6 +277,7 @@ class StaticEngine(CompactForward):
         def reset() -> None:  # warm-up and timed steps really run: keep their writes inside the buffers
             state.current.zero_()
             state.step.zero_()
+            state.start.zero_()  # a reused state's rows would start after the current slot (nothing visible)
 
         def step() -> None:
             self._decode(state, max(lengths))

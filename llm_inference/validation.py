@@ -5,6 +5,7 @@ Every failure is a jpwr.errors.ValidationError naming the offending value and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -88,27 +89,30 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
     """Refuse a batch size whose estimate exceeds the memory `holder` has (unknown memory: no check)."""
     if memory_gib is None:
         return
-    for task_name in cfg.tasks:
-        def estimate(size: int, task_name: str = task_name) -> memory.MemoryEstimate:
-            return run_estimate(cfg, shape, precision, task_name, size)
+    for size in cfg.batch_sizes:
+        estimate = run_estimate(cfg, shape, precision, size)
+        if estimate.total_gib > memory_gib:
+            fits = memory.largest_fitting_batch(lambda n: run_estimate(cfg, shape, precision, n).total_gib,
+                                                memory_gib)
+            tasks = ", ".join(repr(task) for task in cfg.tasks)
+            raise ValidationError(
+                f"batch size {size} of task{'s' if len(cfg.tasks) > 1 else ''} {tasks} on {shape.name} ({precision}, "
+                f"engine {cfg.engine}) needs an estimated {estimate.total_gib:.1f} GiB (weights "
+                f"{estimate.weights_gib:.1f}, KV cache {estimate.kv_cache_gib:.1f}, activations "
+                f"{estimate.activations_gib:.1f}, CUDA graphs {estimate.graphs_gib:.1f}) but {holder} has "
+                f"{memory_gib:.1f} GiB",
+                f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
 
-        for size in cfg.batch_sizes:
-            if estimate(size).total_gib > memory_gib:
-                fits = memory.largest_fitting_batch(lambda n: estimate(n).total_gib, memory_gib)
-                estimate_gib = estimate(size)
-                raise ValidationError(
-                    f"batch size {size} of task {task_name!r} on {shape.name} ({precision}, engine {cfg.engine}) "
-                    f"needs an estimated {estimate_gib.total_gib:.1f} GiB (weights {estimate_gib.weights_gib:.1f}, KV "
-                    f"cache {estimate_gib.kv_cache_gib:.1f}, activations {estimate_gib.activations_gib:.1f}, CUDA "
-                    f"graphs {estimate_gib.graphs_gib:.1f}) but {holder} has {memory_gib:.1f} GiB",
-                    f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
 
-
-def run_estimate(cfg: InferenceConfig, shape: ModelPreset, precision: str, task_name: str,
-                 size: int) -> memory.MemoryEstimate:
-    """The memory estimate of one `run` point, sized by the batches the run will draw (same seed, same lengths)."""
-    batches = draw_batches(TASKS[task_name], size, cfg.num_batches, cfg.seed, cfg.output_length)
-    return memory.estimate_memory(shape, precision, size, *batches_extent(batches), cfg.engine)
+def run_estimate(cfg: InferenceConfig, shape: ModelPreset, precision: str, size: int) -> memory.MemoryEstimate:
+    """The memory estimate of a `run` batch size, sized by the batches the run will draw (same seed, same
+    lengths), part by part the largest over the run's tasks: the engine keeps one task's larger cache while the
+    next task's prefill runs."""
+    estimates = [memory.estimate_memory(shape, precision, size, *batches_extent(
+        draw_batches(TASKS[task], size, cfg.num_batches, cfg.seed, cfg.output_length)), cfg.engine)
+        for task in cfg.tasks]
+    return memory.MemoryEstimate(**{field.name: max(getattr(e, field.name) for e in estimates)
+                                    for field in dataclasses.fields(memory.MemoryEstimate)})
 
 
 def check_launch(world_size: int, points: int, external_sampler: bool) -> None:

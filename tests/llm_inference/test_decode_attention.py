@@ -4,8 +4,9 @@ The Triton kernels run here in Triton's interpreter (TRITON_INTERPRET=1, CPU ten
 products), in a child process because the interpreter is chosen when Triton is imported. What is checked: rows
 with left padding (first > 0) and without (first None), one `last` for all rows and one per row, lengths that
 are not multiples of the piece size, pieces that are wholly padding or wholly beyond `last` (empty pieces),
-grouped-query heads and head sizes 16/64. On a GPU, benchmarks/inference_engine_h100.py checks the engine's
-bf16 logits against fp32 weights.
+grouped-query heads and head sizes 16/64/128, a permuted (non-contiguous) query, a `last` past the attended
+length, and a row with nothing visible (zeros, not NaN). On a GPU, benchmarks/inference_engine_h100.py checks the
+engine's bf16 logits against fp32 weights.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ CHILD = textwrap.dedent("""
     worst = 0.0
     # rows, KV heads, groups, head dim, cache slots, attended length, first rows (None: from 0), per-row last, SMs
     cases = [(1, 2, 4, 16, 200, 192, None, False, 8), (3, 2, 4, 64, 256, 256, [0, 70, 130], False, 4),
-             (4, 1, 1, 16, 160, 150, [5, 0, 64, 140], True, 132), (2, 4, 2, 16, 130, 128, None, True, 1)]
+             (4, 1, 1, 16, 160, 150, [5, 0, 64, 140], True, 132), (2, 4, 2, 16, 130, 128, None, True, 1),
+             (2, 8, 4, 128, 192, 128, [3, 60], False, 132)]  # llama-8b's heads: 8 KV heads of 4 queries, d 128
     for rows, heads, groups, dim, slots, length, first, per_row, sms in cases:
         q = torch.randn(rows, heads, groups, dim)
         cache = torch.randn(2, rows, heads, slots, dim)
@@ -43,7 +45,17 @@ CHILD = textwrap.dedent("""
         got = split_decode_attention(q, cache[0], cache[1], first_t, last, length, sms)
         want = sdpa_decode_attention(q, cache[0], cache[1], first_t, last, length)
         worst = max(worst, (got - want).abs().max().item())
+    # a query that is a permuted view (not contiguous), and a `last` past `length` (a continuous engine's idle row)
+    q = torch.randn(2, 4, 3, 16).transpose(1, 2)
+    cache = torch.randn(2, 2, 3, 96, 16)
+    got = split_decode_attention(q, cache[0], cache[1], None, torch.tensor([40, 95]), 64, 4)
+    want = sdpa_decode_attention(q, cache[0], cache[1], None, torch.tensor([40, 63]), 64)
+    worst = max(worst, (got - want).abs().max().item())
     print(f"WORST {worst:.3e}")
+    # a row with nothing visible (first after last): zeros, never NaN
+    empty = split_decode_attention(torch.randn(1, 2, 4, 16), cache[0, :1, :2], cache[1, :1, :2], torch.tensor([50]),
+                                   torch.tensor([10]), 64, 4)
+    print(f"EMPTY {empty.abs().max().item():.3e} {int(empty.isnan().any())}")
 """)
 
 
@@ -52,8 +64,9 @@ def test_split_kernels_match_sdpa_in_tritons_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    worst = float(done.stdout.split("WORST")[1])
+    worst = float(done.stdout.split("WORST")[1].split()[0])
     assert worst < 1e-5, f"split kernels differ from SDPA by {worst}"
+    assert done.stdout.split("EMPTY")[1].split() == ["0.000e+00", "0"]
 
 
 def test_sdpa_reference_attends_only_the_visible_slots() -> None:

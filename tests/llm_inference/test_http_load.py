@@ -167,6 +167,7 @@ def test_a_server_killed_mid_run_fails_the_rate_with_its_last_log_lines(checkpoi
     (["--server-command", "vllm serve {model} --name 'open"], "not a valid command line"),
     (["--server-command", "vllm serve {0}"], "unknown placeholder(s) {0}"),
     (["--url", "http://127.0.0.1:8000", "--server-port", "9000"], "--server-port given with --url"),
+    (["--url", "http://127.0.0.1:8000", "--decode-tuning", "default"], "--decode-tuning default with a server"),
 ])
 def test_bad_server_options_are_refused_before_anything_starts(checkpoint, argv, message, capsys):
     assert main(["validate-load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "2", *argv]) == 64

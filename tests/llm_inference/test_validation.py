@@ -103,16 +103,33 @@ def test_static_estimate_counts_the_allocated_cache_bounded_prefill_and_graph_po
 def test_run_estimate_is_sized_by_the_drawn_batches_not_the_tasks_extremes():
     """Batch 512 of chat prompts is padded to its own longest prompt and has one output length: its cache needs
     fewer slots than the task's longest prompt plus longest output, which is what lets it fit one H100."""
+    import argparse
+
+    from llm_inference.config import add_run_arguments, resolve
     from llm_inference.tasks import TASKS, batches_extent, draw_batches, longest_sequence
+
+    def config(*argv: str) -> object:
+        parser = argparse.ArgumentParser()
+        add_run_arguments(parser)
+        return resolve(parser.parse_args(["--preset", "llama-8b", *argv]))
 
     shape, task = PRESETS["llama-8b"], TASKS["chat"]
     batches = draw_batches(task, 512, 1, 1234)
     prompt, sequence = batches_extent(batches)
     assert prompt == max(batches[0].input_lengths) and sequence == prompt + batches[0].output_length
     assert sequence < longest_sequence(task)
-    drawn = memory.estimate_memory(shape, "bf16", 512, prompt, sequence, "static")
+    cfg = config("--task", "chat", "--batch-sizes", "512")
+    drawn = validation.run_estimate(cfg, shape, "bf16", 512)
+    assert drawn == memory.estimate_memory(shape, "bf16", 512, prompt, sequence, "static")
     extremes = memory.estimate_memory(shape, "bf16", 512, task.input_length.high, longest_sequence(task), "static")
     assert drawn.total_gib < 79.2 < extremes.total_gib
+    # Several tasks: each part the largest over them (one task's cache stays while the next one's prefill runs).
+    both = config("--task", "chat,summarization", "--batch-sizes", "8")
+    parts = [validation.run_estimate(config("--task", name, "--batch-sizes", "8"), shape, "bf16", 8)
+             for name in ("chat", "summarization")]
+    combined = validation.run_estimate(both, shape, "bf16", 8)
+    assert combined.kv_cache_gib == max(p.kv_cache_gib for p in parts)
+    assert combined.activations_gib == max(p.activations_gib for p in parts)
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -1,0 +1,31 @@
+"""benchmarks/perf33_h100.py on the CPU: two trees (here both this checkout) run the same tiny inference point,
+each record's steady window is compared with the script's own read of the (fake, replayed H100) energy counter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "perf33_h100.py"
+
+
+@pytest.mark.slow
+def test_both_trees_are_measured_and_checked_against_the_independent_read(fake_env, h100_trace_dir, tmp_path):
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_ORIGIN_NS=str(time.monotonic_ns()))
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--trees", "base=.,branch=.",
+                             "--runs", "llama-1b-bs1,llama-8b-512@branch", "--timeout-s", "300", "--",
+                             "--preset", "tiny", "--device", "cpu", "--steady-seconds", "2"],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("PERF33 ")]
+    assert [(row["run"], row["tree"]) for row in rows] == [
+        ("llama-1b-bs1", "base"), ("llama-1b-bs1", "branch"), ("llama-8b-512", "branch")], result.stderr[-3000:]
+    for row in rows:
+        assert row["status"] == "OK" and row["point"] in ("tiny batch 1", "tiny batch 512"), row
+        allowed = row["record_energy_j"] * row["bound %"] / 100 + row["independent_uncertainty_j"]
+        assert abs(row["record_energy_j"] - row["independent_j"]) <= allowed, row
+    assert result.returncode == 0 and "| llama-8b-512 | branch | OK |" in (tmp_path / "results.md").read_text()

@@ -30,10 +30,11 @@ except ImportError:  # CPU-only torch wheels come without Triton: the SDPA path 
 
 def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
     """Whether the split kernel runs here: CUDA, Triton importable, a power-of-two head size Triton can tile, and
-    K/V tiles (SPLIT_BLOCK rows of at most 512 bytes, two pipeline stages) well inside an SM's shared memory."""
+    K/V rows of at most 256 bytes (bf16 up to head dim 128, as measured on an H100; larger tiles in Triton's
+    default three pipeline stages come close to an SM's shared memory and were never run: SDPA serves them)."""
     row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     return (triton is not None and device.type == "cuda" and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
-            and row_bytes <= 512)
+            and row_bytes <= 256)
 
 
 def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, batch: int) -> torch.Tensor:
@@ -106,8 +107,7 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
         1.0 / math.sqrt(head_dim), slots, pieces, length,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_SLOTS=SPLIT_BLOCK,
         FROM_ZERO=first is None,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # tf32: Triton's default, unused in bf16
-        num_stages=2)
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")  # tf32: Triton's default, unused in bf16
     _combine_kernel[(rows * kv_heads,)](
         partial, maxima, sums, out, *out.stride()[:3], pieces,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups)

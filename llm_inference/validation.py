@@ -17,7 +17,7 @@ from llm_inference.arrivals import Request, check_context, load_trace
 from llm_inference.config import InferenceConfig
 from llm_inference.load_config import LoadConfig
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint
-from llm_inference.tasks import TASKS, batches_extent, draw_batches, longest_sequence
+from llm_inference.tasks import TASKS, Task, batches_extent, draw_batches, longest_sequence
 
 
 def model_shape(cfg: InferenceConfig | LoadConfig) -> ModelPreset:
@@ -104,13 +104,19 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
                 f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
 
 
+DRAWN_EXTENT_LIMIT = 1 << 20  # prompts drawn for a run's estimate; more: the task's longest prompt and output
+
+
 def run_estimate(cfg: InferenceConfig, shape: ModelPreset, precision: str, size: int) -> memory.MemoryEstimate:
     """The memory estimate of a `run` batch size, sized by the batches the run will draw (same seed, same
     lengths), part by part the largest over the run's tasks: the engine keeps one task's larger cache while the
     next task's prefill runs."""
-    estimates = [memory.estimate_memory(shape, precision, size, *batches_extent(
-        draw_batches(TASKS[task], size, cfg.num_batches, cfg.seed, cfg.output_length)), cfg.engine)
-        for task in cfg.tasks]
+    def extent(task: Task) -> tuple[int, int]:
+        if size * cfg.num_batches > DRAWN_EXTENT_LIMIT:  # drawing them would take long; their maxima near these
+            return task.input_length.high, longest_sequence(task, cfg.output_length)
+        return batches_extent(draw_batches(task, size, cfg.num_batches, cfg.seed, cfg.output_length))
+
+    estimates = [memory.estimate_memory(shape, precision, size, *extent(TASKS[task]), cfg.engine) for task in cfg.tasks]
     return memory.MemoryEstimate(**{field.name: max(getattr(e, field.name) for e in estimates)
                                     for field in dataclasses.fields(memory.MemoryEstimate)})
 

@@ -12,7 +12,6 @@ SDPA with the equivalent mask, which is also the reference the tests compare aga
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -32,9 +31,8 @@ def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) ->
     """Whether the split kernel runs here: CUDA, Triton importable, a power-of-two head size Triton can tile, and
     K/V rows of at most 256 bytes (bf16 up to head dim 128, as measured on an H100; larger tiles in Triton's
     default three pipeline stages come close to an SM's shared memory and were never run: SDPA serves them)."""
-    row_bytes = head_dim * torch.tensor([], dtype=dtype).element_size()
     return (triton is not None and device.type == "cuda" and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
-            and row_bytes <= 256)
+            and head_dim * dtype.itemsize <= 256)
 
 
 def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, batch: int) -> torch.Tensor:
@@ -72,26 +70,18 @@ def piece_slots(rows_heads: int, length: int, sms: int) -> int:
     return max(SPLIT_BLOCK, math.ceil(math.ceil(length / wanted) / SPLIT_BLOCK) * SPLIT_BLOCK)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
-                     last: torch.Tensor, length: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one query token per row. query (rows, KV heads, groups, head dim); keys and values (rows, KV
-    heads, slots, head dim); row b sees slots first[b]..last[b] below `length` (first None: from 0; last (rows,) or
-    (1,) for all rows; a row with nothing visible gets zeros). `mask`: sdpa_mask's, for the SDPA path. Returns
-    (rows, KV heads, groups, head dim)."""
-    if not triton_supported(query.device, query.shape[-1], query.dtype) or keys.stride(-1) != 1 \
-            or values.stride(-1) != 1:
-        return sdpa_decode_attention(query, keys, values, first, last, length, mask)
-    return split_decode_attention(query, keys, values, first, last, length, _sm_count(query.device.index or 0))
+def sm_count(device: torch.device) -> int:
+    """The GPU's SMs: how many pieces split_decode_attention aims for."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
                            last: torch.Tensor, length: int, sms: int) -> torch.Tensor:
-    """The two Triton kernels (no device check: the tests run them in Triton's interpreter on the CPU)."""
+    """Attention of one query token per row, by the two Triton kernels (where triton_supported says so; no device
+    check here: the tests run them in Triton's interpreter on the CPU). query (rows, KV heads, groups, head dim);
+    keys and values (rows, KV heads, slots, head dim) with unit stride along the head dim; row b sees slots
+    first[b]..last[b] below `length` (first None: from 0; last (rows,) or (1,) for all rows; a row with nothing
+    visible gets zeros). Returns (rows, KV heads, groups, head dim)."""
     rows, kv_heads, groups, head_dim = query.shape
     block_groups = max(16, triton.next_power_of_2(groups))  # tl.dot tiles are at least 16 wide
     slots = piece_slots(rows * kv_heads, length, sms)

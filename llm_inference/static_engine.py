@@ -35,7 +35,14 @@ import torch.nn.functional as F
 
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
-from llm_inference.decode_attention import additive_mask, decode_attention, sdpa_mask, triton_supported
+from llm_inference.decode_attention import (
+    additive_mask,
+    sdpa_decode_attention,
+    sdpa_mask,
+    sm_count,
+    split_decode_attention,
+    triton_supported,
+)
 from llm_inference.engine import StepClock, Timing
 from llm_inference.tasks import Batch
 
@@ -111,8 +118,12 @@ class CompactForward:
                                 else {"eager": pieces})
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
         self.clock = StepClock(device)
-        self.decode_attention_kind = ("triton split" if triton_supported(device, model.head_dim, model.embed.dtype)
-                                      else "sdpa (masked)")
+        # the split Triton kernels' SM count where they run (the cache has unit stride along the head dim), else None
+        self.split_sms = sm_count(device) if triton_supported(device, model.head_dim, model.embed.dtype) else None
+
+    @property
+    def decode_attention_kind(self) -> str:
+        return "sdpa (masked)" if self.split_sms is None else "triton split"
 
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device, tuning: str = "auto") -> Self:
@@ -160,16 +171,19 @@ class CompactForward:
         model = self.model
         batch = tokens.shape[0]
         step_inputs, attention_inputs, attention_output_and_mlp, logits = self.decode_variants[self.decode_tuning]
-        mask = None if self.decode_attention_kind == "triton split" else sdpa_mask(first, last, length, batch,
-                                                                                     model.embed.dtype)
+        mask = None if self.split_sms is not None else sdpa_mask(first, last, length, batch, model.embed.dtype)
         x, rope = step_inputs(tokens, positions, rope)
         for index, layer in enumerate(model.layers):
             q, kv = attention_inputs(layer, x, rope)
             layer_cache = cache[index]
             write(layer_cache, kv)
             # The query heads of one KV head share its keys and mask: they act as that head's query rows.
-            attention = decode_attention(q.reshape(batch, model.kv_heads, model.groups, model.head_dim),
-                                         layer_cache[0], layer_cache[1], first, last, length, mask)
+            query = q.reshape(batch, model.kv_heads, model.groups, model.head_dim)
+            if self.split_sms is None:
+                attention = sdpa_decode_attention(query, layer_cache[0], layer_cache[1], first, last, length, mask)
+            else:
+                attention = split_decode_attention(query, layer_cache[0], layer_cache[1], first, last, length,
+                                                   self.split_sms)
             x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
         return logits(x[:, 0])
 

@@ -190,8 +190,7 @@ def resolve_compile(config: TrainConfig, device_kind: str) -> None:
     if config.compile is None:
         config.compile = cuda
     if not config.compile:
-        if config.compile_mode is not None or config.coordinate_descent_tuning is not None:
-            given = "--compile-mode" if config.compile_mode is not None else "--coordinate-descent-tuning"
+        if given := _compile_option_given(config):
             why = "--no-compile" if cuda else "on the CPU compilation is off unless --compile is given"
             raise ValidationError(f"{given} without compilation ({why})",
                                   f"add --compile, or drop {given}")
@@ -207,6 +206,13 @@ def resolve_compile(config: TrainConfig, device_kind: str) -> None:
             "recording take the first calls and would land in the measured window",
             f"give at least {MIN_COMPILE_WARMUP} warm-up iterations (--warmup-iterations {MIN_COMPILE_WARMUP}), "
             "or --no-compile for eager")
+
+
+def _compile_option_given(config: TrainConfig) -> str | None:
+    """The first torch.compile option the user set (not left auto), for the refusals where nothing compiles."""
+    if config.compile_mode is not None:
+        return "--compile-mode"
+    return "--coordinate-descent-tuning" if config.coordinate_descent_tuning is not None else None
 
 
 def _positive(flag: str, value: int) -> None:
@@ -226,8 +232,7 @@ def _check_framework_options(config: TrainConfig) -> None:
     else:
         if config.compile:
             raise ValidationError("--compile with --framework tensorflow", "use --xla for XLA compilation")
-        if config.compile_mode is not None or config.coordinate_descent_tuning is not None:
-            given = "--compile-mode" if config.compile_mode is not None else "--coordinate-descent-tuning"
+        if given := _compile_option_given(config):
             raise ValidationError(f"{given} with --framework tensorflow (torch.compile options)",
                                   f"drop {given}; use --xla for XLA compilation")
         if config.replay_phases:

@@ -96,3 +96,16 @@ def test_visible_mask_bounds_and_shared_last() -> None:
 def test_piece_slots(rows_heads: int, length: int, sms: int, expected: int) -> None:
     slots = piece_slots(rows_heads, length, sms)
     assert slots == expected and slots % SPLIT_BLOCK == 0
+
+
+def test_triton_serves_only_the_measured_tile_sizes():
+    """bf16 up to head dim 128 (K/V rows of 256 bytes, the case measured on an H100); larger rows, head sizes that
+    are not powers of two and CPUs go to SDPA. Only the device's type is read: no GPU is needed."""
+    pytest.importorskip("triton", reason="Triton is not installed (CPU-only torch wheel)")
+    from llm_inference.decode_attention import triton_supported
+
+    cuda = torch.device("cuda")
+    assert triton_supported(cuda, 128, torch.bfloat16) and triton_supported(cuda, 64, torch.float32)
+    assert not triton_supported(cuda, 128, torch.float32) and not triton_supported(cuda, 256, torch.bfloat16)
+    assert not triton_supported(cuda, 96, torch.bfloat16)
+    assert not triton_supported(torch.device("cpu"), 64, torch.bfloat16)

@@ -112,6 +112,12 @@ class TrainConfig:
         return self.global_batch_size // (self.micro_batch_size * self.data_parallel)
 
     @property
+    def micro_batches_in_flight(self) -> int:
+        """Micro-batches whose activations a device holds at once in training: 1F1B keeps up to PP in flight on the
+        first stage, one without a pipeline. The memory estimate and the forward replay both size by it."""
+        return min(self.pipeline_parallel, max(self.num_microbatches, 1))
+
+    @property
     def tokens_per_iteration(self) -> int:
         return self.global_batch_size * self.seq_length
 

@@ -66,8 +66,7 @@ def estimate_memory(cfg: TrainConfig) -> MemoryEstimate:
         per_layer = s * b * h * (34.0 / t if cfg.sequence_parallel else 10.0 + 24.0 / t)
     if not half:
         per_layer *= 1.5
-    in_flight = min(p, max(cfg.num_microbatches, 1))
-    activations = per_layer * (cfg.num_layers / p) * in_flight
+    activations = per_layer * (cfg.num_layers / p) * cfg.micro_batches_in_flight
     logits = s * b * cfg.padded_vocab_size / t * 8.0
     return MemoryEstimate(weights / GIB, gradients / GIB, optimizer / GIB, activations / GIB, logits / GIB)
 

@@ -148,12 +148,23 @@ class Trainer:
             "fused_adam": bool(groups) and all(g.get("fused") for g in groups),
         }
 
-    def _forward_backward(self, forward_only: bool = False) -> list[dict[str, torch.Tensor]]:
+    def _forward_backward(self, forward_only: bool = False, micro_batches: int | None = None
+                          ) -> list[dict[str, torch.Tensor]]:
         return self.forward_backward(
             forward_step_func=_forward_step, data_iterator=self.batches, model=[self.model],
-            num_microbatches=self.cfg.num_microbatches, seq_length=self.cfg.seq_length,
+            num_microbatches=micro_batches or self.cfg.num_microbatches, seq_length=self.cfg.seq_length,
             micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only,
         )
+
+    def _forward_only(self) -> None:
+        """Forward of one global batch, its graphs kept as in training but never more micro-batches' at once than
+        training holds (`micro_batches_in_flight`): a forward-only pass over all micro-batches keeps every graph
+        alive until it returns, and at the MBS chosen by memory (800M: 16, four micro-batches) that ran out of
+        memory on an H100 where training fits."""
+        chunk, left = self.cfg.micro_batches_in_flight, self.cfg.num_microbatches
+        while left > 0:
+            self._forward_backward(forward_only=True, micro_batches=min(chunk, left))
+            left -= chunk
 
     def _gradients(self) -> list[dict[str, torch.Tensor]]:
         """Forward and backward of one global batch into freshly zeroed gradient buffers."""
@@ -175,10 +186,10 @@ class Trainer:
         return torch.stack([item["lm loss"] for item in losses]).mean()
 
     def phase_replays(self) -> list[Replay]:
-        """The replay estimator's parts: forward of all micro-batches (graph kept, as in training, then
-        dropped), forward + backward (with DP > 1 the gradient reduction too: it needs backward's buckets),
-        the optimizer step alone on the real gradients, and the whole step for comparison."""
-        return [Replay("forward", lambda: self._forward_backward(forward_only=True)),
+        """The replay estimator's parts: forward of all micro-batches (graphs kept, as in training, then
+        dropped: `_forward_only`), forward + backward (with DP > 1 the gradient reduction too: it needs backward's
+        buckets), the optimizer step alone on the real gradients, and the whole step for comparison."""
+        return [Replay("forward", self._forward_only),
                 Replay("forward+backward", self._gradients),
                 Replay("optimizer", self.optimizer.step, setup=self._gradients),
                 Replay("step", self.step)]

@@ -98,3 +98,18 @@ def test_validate_states_the_choice_for_the_given_device_memory(capsys):
     # The CPU keeps the preset whatever memory is named.
     assert main(["validate", "--model", "tiny", "--device", "cpu", "--device-memory-gib", "80"]) == 0
     assert "MBS 2 (preset)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "world", "in_flight"), [
+    ((), 1, 1),  # no pipeline: one micro-batch's activations at a time, however many micro-batches
+    (("--pipeline-parallel", "2"), 2, 2),
+    (("--pipeline-parallel", "4", "--global-batch-size", "16", "--micro-batch-size", "8"), 4, 2),  # 2 micro-batches
+])
+def test_micro_batches_in_flight_bound_the_estimate_and_the_forward_replay(args, world, in_flight):
+    """The forward replay runs in chunks of this many micro-batches (llm_training.train: it ran out of memory on an
+    H100 holding all four graphs of MBS 16); the estimate counts the same number."""
+    cfg = _cfg(*args, world=world)
+    assert cfg.micro_batches_in_flight == in_flight
+    one = dataclasses.replace(cfg, global_batch_size=cfg.micro_batch_size * cfg.data_parallel)  # one micro-batch
+    assert memory.estimate_memory(cfg).activations_gib == pytest.approx(
+        memory.estimate_memory(one).activations_gib * in_flight)

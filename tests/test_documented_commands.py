@@ -27,59 +27,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.doc_lines import GPU_ONLY, documented_commands
+
 REPO = Path(__file__).resolve().parent.parent
-RECORDS = ("BENCHMARKS.md", "perf-notes.md")
 DRIVERS = ("llm_training", "resnet50", "llm_inference")
 SETUP_PREFIXES = ("python3 -m venv", "python -m venv", "pip install", "sh jube/setup.sh", ". .venv/bin/activate",
                   "bash .ci/run", "sh tests/", "bash tests/")
-PROGRAMS = ("jpwr", "joulebench", "python", "python3", "jube", "sh", "bash", ".", "pip", "torchrun")
 PLACEHOLDER = re.compile(r"\[|\.\.\.|\||<|\$|\b[A-Z][A-Z_]{2,}\b")  # synopses: [--opt], CMD ..., RUN_DIR, $OUT
-
-
-def _code_lines(text: str) -> list[tuple[int, str]]:
-    """Lines of fenced and of indented code blocks, backslash continuations joined."""
-    found: list[tuple[int, str]] = []
-    fenced, indented, previous_blank = False, False, True
-    pending: tuple[int, str] | None = None
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        # an indented block starts after a blank line (else it is a list item's continuation)
-        indented = line.startswith("    ") and (previous_blank or indented)
-        previous_blank = not line.strip()
-        if not (fenced or indented):
-            continue
-        start, content = (pending[0], f"{pending[1]} {line.strip()}") if pending else (number, line.strip())
-        pending = (start, content[:-1].rstrip()) if content.endswith("\\") else None
-        if pending is None:
-            found.append((start, content))
-    return found
-
-
-def _strip_comment(command: str) -> str:
-    words = shlex.split(command, comments=True)
-    return shlex.join(words)
-
-
-def documented_commands() -> list[tuple[str, str, str]]:
-    """(where, command, its comment) of every command in the README's and docs' code blocks."""
-    commands = []
-    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        if doc.name in RECORDS:
-            continue
-        for number, line in _code_lines(doc.read_text()):
-            words = line.split()
-            if not words or words[0].removeprefix(".venv/bin/") not in PROGRAMS or words[1:2] == ["="]:
-                continue  # not a command (an ini line such as `python = python` is not one either)
-            if words[1].endswith(":"):
-                continue  # a program's output (`joulebench device-settings: error: ...`)
-            try:
-                commands.append((f"{doc.relative_to(REPO)}:{number}", _strip_comment(line),
-                                 line.partition(" # ")[2].strip()))
-            except ValueError:  # not shell (a Python line that happens to start with "python")
-                continue
-    return commands
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -191,7 +145,6 @@ def _check_jube(words: list[str]) -> None:
     jbprofile.classify_tags(benchmark, tags, jbprofile.system_names())  # raises on an unknown tag
 
 
-GPU_ONLY = "GPU only"
 NOT_LINKED = {"runs", "report", "jpwr_out", "out"}  # what the commands write: in the sandbox, not the clone
 
 

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Every line marked `# GPU only` in README.md and docs/, run literally from the clone's root on a GPU machine.
+
+    python3 benchmarks/gpu_doc_lines.py --list                          # which lines run, which not and why
+    python3 benchmarks/gpu_doc_lines.py --out $OUT/lines                # all that run here, in the docs' order
+    python3 benchmarks/gpu_doc_lines.py --out $OUT/lines --only README.md:45,README.md:100
+
+Each line runs as the doc shows it, from the repository root, with this interpreter for `python`, `jpwr`,
+`joulebench` and `torchrun`; placeholders the doc asks the reader to fill in get this script's directories (RUN,
+PROF, $OUT) or the carried megatron-core wheel (PATH). A line passes when it exits 0 and every run record it wrote
+says OK with energy (a line that writes no record, such as `joulebench report`, passes on its exit code). A thread
+reads every GPU's NVML energy counter throughout (benchmarks.common.CounterPoller, no jpwr code): each record's
+steady window is compared with that read. Lines that depend on an earlier one (a report of a sweep) run after it.
+The CPU suite checks the selection and the exclusions (tests/benchmarks/test_gpu_doc_lines.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import CounterPoller, markdown_table  # noqa: E402
+from benchmarks.doc_lines import GPU_ONLY, documented_commands  # noqa: E402
+
+# Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
+EXCLUDED: tuple[tuple[str, str], ...] = (
+    ("joulebench.device_settings", "changes power limits or clocks: never on the lent GPUs (wave2 safety rules)"),
+    ("--framework tensorflow", "TensorFlow's GPU wheel is too large to travel to the device: untested there"),
+    ("csv:", "needs a site's file (a PDU/BMC export)"),
+    ("$IMAGENET", "needs a site's file (ImageNet TFRecords)"),
+    ("--nproc-per-node 4", "several GPUs: run in the whole-node issue's calls on a multi-GPU host"),
+    ("--nproc 2", "several GPUs: run in the whole-node issue's calls on a multi-GPU host"),
+    ("jube run", "submits to a cluster system's Slurm partition (--tag H100); the local system's JUBE line runs in "
+                 "tests/jube and the whole-node calls"),
+    ("--url http://", "needs the OpenAI-compatible server the doc starts first; benchmarks/endpoint_h100.py measures "
+                      "that pair"),
+)
+# What a doc's placeholder stands for here: {out} is this script's --out.
+PLACEHOLDERS = {"$OUT": "{out}", "RUN": "{out}/RUN", "PROF": "{out}/PROF", "PATH/": ".whl/"}
+RESULT_FILES = ("run_record.json",)
+
+
+@dataclass(frozen=True)
+class DocLine:
+    where: str  # file:line
+    command: str
+    comment: str
+
+    @property
+    def excluded(self) -> str | None:
+        """Why this script does not run the line (None: it runs)."""
+        text = f"{self.command} # {self.comment}"
+        return next((why for part, why in EXCLUDED if part in text), None)
+
+    def argv(self, out: Path) -> list[str]:
+        """The command as this machine runs it: placeholders filled, this interpreter for Python programs."""
+        argv: list[str] = []
+        for i, word in enumerate(shlex.split(self.command)):
+            for placeholder, value in PLACEHOLDERS.items():
+                if word.startswith(placeholder) or word == placeholder.rstrip("/"):
+                    word = value.format(out=out) + word[len(placeholder):]
+                    break
+            word = word.removeprefix(".venv/bin/")
+            at_start = i == 0 or argv[-1:] == ["--"]
+            if at_start and word in ("jpwr", "joulebench"):
+                argv += [sys.executable, "-m", word]
+            elif at_start and word == "torchrun":
+                argv += [sys.executable, "-m", "torch.distributed.run"]
+            elif at_start and word in ("python", "python3"):
+                argv.append(sys.executable)
+            else:
+                argv.append(word)
+        return argv
+
+
+def gpu_lines() -> list[DocLine]:
+    return [DocLine(*c) for c in documented_commands() if GPU_ONLY in c[2]]
+
+
+def _records_since(started: float, roots: list[Path]) -> list[Path]:
+    """Run records written since `started` under the roots (the clone, the script's output)."""
+    found = []
+    for root in roots:
+        for name in RESULT_FILES:
+            found += [p for p in root.rglob(name) if ".git" not in p.parts and p.stat().st_mtime >= started]
+    return sorted(set(found))
+
+
+def record_row(path: Path, poller: CounterPoller | None) -> dict[str, Any]:
+    """A record's status, headline energy and steady window beside the independent counter read."""
+    record = json.loads(path.read_text())
+    metrics = record.get("metrics") or {}
+    steady = next((w for w in record.get("windows") or [] if w.get("name") == "steady"), None)
+    row: dict[str, Any] = {"record": str(path), "status": record.get("status"), "energy_wh": metrics.get("energy_wh"),
+                           "method": metrics.get("energy_method"), "steady s": steady and steady.get("duration_s")}
+    energy = (steady or {}).get("energy") or {}
+    measured = energy.get("energy_j")
+    if poller is not None and steady and measured:
+        try:
+            independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"])
+        except ValueError as exc:
+            row["deviation %"] = f"not compared: {exc}"
+        else:
+            row["deviation %"] = 100 * (measured / independent - 1.0)
+            row["bound %"] = 100 * (energy.get("error_bound_j") or 0.0) / measured
+    row["ok"] = row["status"] == "OK" and row["energy_wh"] is not None
+    return row
+
+
+def run_line(line: DocLine, out: Path, timeout_s: float, poller: CounterPoller | None) -> dict[str, Any]:
+    argv = line.argv(out)
+    log = out / (line.where.replace("/", "_").replace(":", "_") + ".log")
+    print(f"=== {line.where}: {shlex.join(argv)}", flush=True)
+    started = time.time()
+    with open(log, "w") as sink:
+        try:
+            code: int | str = subprocess.run(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                             timeout=timeout_s, check=False).returncode
+        except subprocess.TimeoutExpired:
+            code = f"timeout after {timeout_s:.0f} s"
+    wall = time.time() - started
+    records = [record_row(p, poller) for p in _records_since(started, [REPO, out])]
+    ok = code == 0 and all(r["ok"] for r in records)
+    row = {"line": line.where, "exit": code, "wall s": wall, "records": len(records),
+           "result": "pass" if ok else "FAIL", "detail": records}
+    print(f"=== {line.where}: exit {code} after {wall:.0f} s, {len(records)} record(s): {row['result']}", flush=True)
+    print("GPULINE " + json.dumps(row, default=str), flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("gpu_lines_out"))
+    parser.add_argument("--only", default="", help="comma list of file:line (as --list prints) to run")
+    parser.add_argument("--list", action="store_true", help="print each GPU line and whether it runs, then exit")
+    parser.add_argument("--timeout-s", type=float, default=540.0, help="per line")
+    args = parser.parse_args(argv)
+    lines = gpu_lines()
+    if args.list:
+        for line in lines:
+            print(f"{line.where}: {'not run: ' + line.excluded if line.excluded else 'runs'}\n    {line.command}")
+        return 0
+    wanted = {w for w in args.only.split(",") if w}
+    unknown = wanted - {line.where for line in lines}
+    if unknown:
+        parser.error(f"--only names no GPU line: {', '.join(sorted(unknown))} (see --list)")
+    chosen = [line for line in lines if not line.excluded and (not wanted or line.where in wanted)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with CounterPoller() as poller:
+        rows = [run_line(line, args.out.resolve(), args.timeout_s, poller) for line in chosen]
+    flat = [{"line": r["line"], "result": r["result"], "exit": str(r["exit"]), "wall s": r["wall s"],
+             **{k: d.get(k) for k in ("status", "energy_wh", "steady s", "bound %", "deviation %")}}
+            for r in rows for d in (r["detail"] or [{}])]
+    table = markdown_table(flat, ["line", "result", "exit", "wall s", "status", "energy_wh", "steady s", "bound %",
+                                  "deviation %"], digits=4)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    (args.out / "results.md").write_text(table + "\n")
+    print(table)
+    return 0 if all(r["result"] == "pass" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,8 +12,9 @@ from jpwr.domains import Backend, Sensor
 from jpwr.sampler import open_backends
 
 
-def update_period(backend: Backend, sensor: Sensor, seconds: float) -> tuple[float | None, float]:
-    """(median seconds between value changes, mean read cost) from polling one sensor for `seconds`."""
+def update_period(backend: Backend, sensor: Sensor, seconds: float) -> tuple[float | None, float | None]:
+    """(median seconds between value changes, mean read cost) from polling one sensor for `seconds`; each None
+    when it was not seen (no change, or no read at all: `seconds` 0 lists the sensors without reading them)."""
     changes: list[int] = []
     costs: list[float] = []
     last = None
@@ -28,7 +29,18 @@ def update_period(backend: Backend, sensor: Sensor, seconds: float) -> tuple[flo
             last = reading.value
         time.sleep(0.002)
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(changes)]
-    return (statistics.median(gaps) if gaps else None), (statistics.fmean(costs) if costs else 0.0)
+    return (statistics.median(gaps) if gaps else None), (statistics.fmean(costs) if costs else None)
+
+
+def probe_line(sensor: Sensor, period: float | None, cost: float | None) -> str:
+    """One sensor's line: its read cost and update period, n/a where they were not measured."""
+    avg = f"  averaged over {sensor.avg_window_s:g} s" if sensor.avg_window_s else ""
+    read = f"{'n/a':>12}" if cost is None else f"{cost * 1e6:9.1f} us"
+    if cost is None:
+        seen = "n/a (not probed: --probe-seconds 0)"
+    else:
+        seen = "n/a (no change seen)" if period is None else f"{period * 1e3:.1f} ms"
+    return f"    {sensor.signal.value:<15} read cost {read}  update period {seen}{avg}"
 
 
 def describe(methods: Sequence[str] | None, probe_seconds: float) -> str:
@@ -51,9 +63,6 @@ def describe(methods: Sequence[str] | None, probe_seconds: float) -> str:
                          + (f"  contains={list(domain.contains)}" if domain.contains else "")
                          + (f"  shared_with={list(domain.shared_with)}" if domain.shared_with else ""))
             for sensor in (s for s in disc.sensors if s.domain_id == domain.id):
-                period, cost = update_period(backend, sensor, probe_seconds)
-                avg = f"  averaged over {sensor.avg_window_s:g} s" if sensor.avg_window_s else ""
-                lines.append(f"    {sensor.signal.value:<15} read cost {cost * 1e6:9.1f} us  update period "
-                             f"{'n/a (no change seen)' if period is None else f'{period * 1e3:.1f} ms'}{avg}")
+                lines.append(probe_line(sensor, *update_period(backend, sensor, probe_seconds)))
         backend.close()
     return "\n".join(lines)

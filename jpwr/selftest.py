@@ -23,7 +23,7 @@ from jpwr.arguments import INTERVAL_MS, SECONDS, UNIT_OPEN, Number, state_ranges
 from jpwr.channel import Mark
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.domains import Signal
-from jpwr.errors import ExitCode
+from jpwr.errors import ExitCode, ValidationError
 from jpwr.estimator import PowerCurve, counter_segments, counter_window, power_window
 from jpwr.output import write_json_atomic
 from jpwr.sampler import Sampler, open_backends
@@ -86,16 +86,41 @@ def signal_energies(trace: TraceData, span: WindowSpan, interval_s: float) -> di
     return out
 
 
+def burst_periods(text: str, window_s: float) -> list[tuple[str, float]]:
+    """--periods-ms as (label, seconds) per item, checked before the GPU check: a 0 or negative period once
+    looped for ever, an empty item ended in an internal error. A period is 1 ms to the window's length (a
+    longer one may fit no burst in the window), each once (repeats share a window's name)."""
+    period_ms = Number(float, 1.0, window_s * 1000.0)
+    fix = (f"pass comma-separated burst periods in milliseconds, each from 1 to {window_s * 1000.0:g} (the --seconds "
+           "window) and each once, e.g. --periods-ms 37,100,250")
+    periods: list[tuple[str, float]] = []
+    for position, raw in enumerate(text.split(","), 1):
+        item = raw.strip()
+        where = f"--periods-ms {text!r}, item {position}"
+        if not item:
+            raise ValidationError(f"{where} is empty", fix)
+        try:
+            seconds = period_ms(item) / 1000.0
+        except argparse.ArgumentTypeError as exc:
+            raise ValidationError(f"{where}: {exc}", fix) from None
+        if any(seconds == earlier for _, earlier in periods):
+            raise ValidationError(f"{where}: {item} is given twice", fix)
+        periods.append((f"{item}ms", seconds))
+    return periods
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="jpwr selftest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="nvml")
-    parser.add_argument("--periods-ms", default="37,100,250")
+    parser.add_argument("--periods-ms", default="37,100,250",
+                        help="comma-separated burst periods in ms, each from 1 to the --seconds window")
     parser.add_argument("--repeats", type=Number(int, 1, 1000), default=3)
     parser.add_argument("--seconds", type=SECONDS, default=4.0, help="length of each load window")
     parser.add_argument("--on-fraction", type=UNIT_OPEN, default=0.3)
     parser.add_argument("--interval", type=INTERVAL_MS, default=20.0, help="power sampling interval in ms")
     parser.add_argument("--out", default="jpwr_selftest")
     args = state_ranges(parser).parse_args(argv)
+    periods = burst_periods(args.periods_ms, args.seconds)
     try:
         import torch
     except ImportError:
@@ -109,8 +134,7 @@ def main(argv: Sequence[str]) -> int:
     backends, discoveries = open_backends(parse_methods(args.methods), SYSTEM_CLOCK)
     interval_s = args.interval / 1000.0
     sampler = Sampler(backends, discoveries, Path(args.out), interval_s, counter_interval_s=interval_s).start()
-    configs: list[tuple[str, float | None]] = [("steady", None)] + [
-        (f"{p}ms", float(p) / 1000.0) for p in args.periods_ms.split(",")]
+    configs: list[tuple[str, float | None]] = [("steady", None), *periods]
     work: dict[str, int] = {}
 
     def window(name: str, fn) -> None:

@@ -98,3 +98,34 @@ def test_preprocess_errors_name_the_problem(tmp_path, corpus, capsys):
         assert message in err and "Fix:" in err
     # the unknown key fails at the first line, when both temporary files exist already: none is left behind
     assert not [path.name for path in tmp_path.iterdir() if path.name.lstrip(".").startswith("x")]
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    (b'{"text": "fine"}\n{"text": "cut off\n', "line 2 is not JSON"),
+    (b'{"text": "fine"}\n\n["a", "list"]\n', "line 3 is a JSON array, not an object"),
+    (b'{"text": 42}\n', "line 1: 'text' is a JSON number (42), not a string"),
+    (b'{"text": "fine"}\n{"text": null}\n', "line 2: 'text' is a JSON null (null), not a string"),
+    (b'{"text": ["a", "b"]}\n', "line 1: 'text' is a JSON array ([\"a\", \"b\"]), not a string"),
+    (b'{"text": "fine"}\n{"text": "caf\xe9"}\n', "line 2 is not UTF-8 text"),
+    (b"\n  \n", "holds no document"),
+])
+def test_malformed_jsonl_exits_65_naming_the_file_and_line(tmp_path, capsys, content, named):
+    _train_tokenizer(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    code = main(["preprocess", "--input", str(bad), "--output-prefix", str(tmp_path / "x"),
+                 "--tokenizer-json", str(tmp_path / "tokenizer.json")])
+    err = capsys.readouterr().err
+    assert code == ExitCode.DATA, err
+    assert str(bad) in err and named in err and "Fix:" in err and "internal error" not in err
+    assert not [path.name for path in tmp_path.iterdir() if path.name.lstrip(".").startswith("x")]
+
+
+@pytest.mark.parametrize("options", [["--tokenizer-json", "{corpus}"], ["--vocab-file", "{corpus}", "--merges-file",
+                                                                         "{corpus}"]])
+def test_a_file_that_is_not_a_tokenizer_exits_65_naming_it(tmp_path, corpus, capsys, options):
+    given = [option.format(corpus=corpus) for option in options]
+    code = main(["preprocess", "--input", str(corpus), "--output-prefix", str(tmp_path / "x"), *given])
+    err = capsys.readouterr().err
+    assert code == ExitCode.DATA, err
+    assert f"{options[0]} {str(corpus)!r}" in err and "Fix:" in err and "tokenizer.json" in err

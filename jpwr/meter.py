@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from jpwr.channel import INTERVAL_PREFIX, Channel, Mark, channel_from_env, is_interval_mark
 from jpwr.clock import SYSTEM_CLOCK, Clock
@@ -56,6 +56,8 @@ class Stoppable(Protocol):
 
 class WindowMeter:
     """Marks window edges for one rank and collects the node's window energies at the end."""
+
+    INTERVAL_PREFIX: ClassVar[str] = INTERVAL_PREFIX  # how mark_interval's names start (log intervals, no windows)
 
     def __init__(
         self,

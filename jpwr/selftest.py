@@ -27,26 +27,9 @@ from jpwr.errors import ExitCode
 from jpwr.estimator import PowerCurve, counter_segments, counter_window, power_window
 from jpwr.output import write_json_atomic
 from jpwr.sampler import Sampler, open_backends
-from jpwr.trace import TraceData
+from jpwr.selftest_load import matmul_operands, matmuls_until
+from jpwr.trace_io import TraceData
 from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks
-
-MATMUL_N = 8192  # one bf16 product is 2·8192³ FLOP: ~1.6 ms on a GH100, long enough to keep the GPU busy
-
-
-def matmul_operands(torch: Any, n: int = MATMUL_N) -> tuple[Any, Any]:
-    """The two bf16 n² matrices on the current GPU that a matmul load multiplies (MATMUL_N: the steady load)."""
-    return tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-
-def matmuls_until(torch: Any, a: Any, b: Any, deadline: float) -> int:
-    """Back-to-back products until the monotonic deadline, synced every 4 (a steady load); returns how many ran."""
-    done = 0
-    while time.monotonic() < deadline:
-        for _ in range(4):
-            a @ b
-        torch.cuda.synchronize()
-        done += 4
-    return done
 
 
 def _load(torch: Any, period_s: float | None, seconds: float, on_fraction: float) -> int:

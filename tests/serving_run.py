@@ -27,9 +27,9 @@ import numpy as np
 
 from joulebench.request_energy import WorkLog
 from joulebench.segment_fit import counter_knots
-from jpwr import Knots, accelerator_domains, load_trace
 from jpwr.clock import VirtualClock
 from jpwr.sampler import Sampler, open_backends
+from jpwr.trace import Knots, accelerator_domains, load_trace
 from tests.analysis.synthetic_run import NS, POLL_S, Schedule, write_fake_trace
 
 IDLE_W = 70.0

@@ -134,8 +134,8 @@ def test_a_forbidden_import_is_caught(tmp_path):
         "resnet50/bad_driver.py": "from joulebench.analysis import report\n",
         "jpwr/fine_lazy_framework.py": "def f():\n    import torch\n",
         "llm_training/fine.py": "from joulebench.record import RunRecord\nfrom jpwr import WindowMeter\n",
-        "jpwr/fine_private.py": "from jpwr.trace import read_hdf5\n",  # inside the meter, its modules are its own
-        "joulebench/analysis/bad_private.py": "def f():\n    from jpwr.trace import read_hdf5\n",
+        "jpwr/fine_private.py": "from jpwr.trace_io import read_hdf5\n",  # inside the meter, its modules are its own
+        "joulebench/analysis/bad_private.py": "def f():\n    from jpwr.trace_io import read_hdf5\n",
         "benchmarks/bad_private_name.py": "from jpwr import WindowMeter, read_hdf5\n",
         "container/bad_private_attribute.py": "import jpwr\n\njpwr.trace.read_hdf5\n",
         "jube/fine_public_attribute.py": "import jpwr\n\njpwr.load_trace\n",

@@ -27,7 +27,8 @@ from joulebench.request_energy import (
     request_parts,
     variance_inflation,
 )
-from jpwr import Knots, ValidationError
+from jpwr import ValidationError
+from jpwr.trace import Knots
 from tests import serving_run
 from tests.serving_run import COSTS, IDLE_W
 

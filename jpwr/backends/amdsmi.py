@@ -25,9 +25,9 @@ from typing import Any
 
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
-from jpwr.devices import selector_kind, selector_matches
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
+from jpwr.selectors import selector_kind, selector_matches
 
 NAME = "amdsmi"
 _INVALID = (0xFFFFFFFF, 0xFFFF)  # UINT32_MAX / UINT16_MAX: "not supported" in amdsmi integer fields

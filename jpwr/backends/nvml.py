@@ -29,10 +29,10 @@ from typing import Any
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
 from jpwr.device_state import DeviceState
-from jpwr.devices import selector_kind
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
 from jpwr.extras import install_hint
+from jpwr.selectors import selector_kind
 
 NAME = "nvml"
 FI_POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jpwr import accelerator_domains, load_trace
+from jpwr.trace import accelerator_domains, load_trace
 from tests.driver_helpers import free_port
 
 PROMETHEUS = shutil.which("prometheus")

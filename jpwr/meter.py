@@ -95,7 +95,7 @@ class WindowMeter:
         In-process metering is for single-process runs only: with several ranks per node each
         would meter the node's devices again, which is exactly the double counting jpwr avoids.
         """
-        channel = channel_from_env()
+        channel: Channel | None = channel_from_env()
         if channel is not None or not methods:
             return cls(launch, channel, sync, phase_stamps=phase_stamps)
         if launch.world_size > 1:

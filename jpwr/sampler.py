@@ -53,7 +53,8 @@ def open_backends(
 
     vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
     names = list(methods) if methods else list(BACKEND_NAMES)
-    backends, discoveries = [], []
+    backends: list[Backend] = []
+    discoveries: list[Discovery] = []
     for name in names:
         known = [d for disc in discoveries for d in disc.domains]
         selectors = job_devices(vendor_of[name]).selector_list if name in vendor_of else None

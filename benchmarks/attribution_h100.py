@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import first_gpus_env  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
-from jpwr import fmt  # noqa: E402
+from jpwr.output import fmt  # noqa: E402
 
 # torch.compile mode default without CUDA graphs or kernel tuning, as measured before the GPU default became
 # reduce-overhead + coordinate-descent tuning (issue 33): phase marks and replays stay the eager graph's

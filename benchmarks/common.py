@@ -6,7 +6,7 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 
-from jpwr import fmt
+from jpwr.output import fmt
 
 
 def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -56,14 +56,15 @@ def rank_worker(args: argparse.Namespace) -> int:
 
     from joulebench.launch import LaunchEnv
     from joulebench.sizing import StepTimer, plan_steady
-    from jpwr import IdlePlan, SettleRule, WindowMeter, write_json_atomic
+    from jpwr import IdlePlan, SettleRule, WindowMeter
+    from jpwr.output import write_json_atomic
 
     launch = LaunchEnv.from_env()
     dist.init_process_group("gloo")
     gather = _gather(dist)
     loads = launch.rank == 0 and args.load == "matmul"
     if loads:
-        from jpwr import matmul_operands
+        from jpwr.selftest_load import matmul_operands
 
         a, b = matmul_operands(torch)
     sync = torch.cuda.synchronize if loads else None

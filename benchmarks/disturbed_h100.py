@@ -42,7 +42,7 @@ def compete(seconds: float) -> None:
     """The competing process: jpwr's selftest matmul load on the current GPU until `seconds` have passed."""
     import torch
 
-    from jpwr import matmul_operands, matmuls_until
+    from jpwr.selftest_load import matmul_operands, matmuls_until
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, COMPETITOR_GIB * GIB / total))

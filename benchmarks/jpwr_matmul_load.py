@@ -18,7 +18,8 @@ import pynvml
 import torch
 
 from joulebench.launch import LaunchEnv
-from jpwr import MATMUL_N, WindowMeter, matmul_operands, matmuls_until
+from jpwr import WindowMeter
+from jpwr.selftest_load import MATMUL_N, matmul_operands, matmuls_until
 
 
 def run(seconds: float, warmup_s: float) -> dict[str, float | None]:

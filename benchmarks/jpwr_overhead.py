@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import split_at_double_dash
 from benchmarks.kernel_profile import WORKLOADS, Workload
 from joulebench.launch import LaunchEnv
-from jpwr import ADDR_ENV, MATMUL_N, DeviceEventStamps, WindowMeter, matmul_operands, matmuls_until
+from jpwr import ADDR_ENV, WindowMeter
+from jpwr.phases import DeviceEventStamps
+from jpwr.selftest_load import MATMUL_N, matmul_operands, matmuls_until
 
 
 def matmul_rate(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:

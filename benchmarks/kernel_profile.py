@@ -40,7 +40,9 @@ from benchmarks.common import split_at_double_dash  # noqa: E402 (needs REPO on 
 from joulebench.analysis.kernel_classes import category  # noqa: E402 (needs REPO on sys.path)
 from joulebench.boundary import exit_code_of  # noqa: E402 (needs REPO on sys.path)
 from joulebench.launch import LaunchEnv  # noqa: E402 (needs REPO on sys.path)
-from jpwr import ADDR_ENV, PhaseRecorder, ValidationError, WindowMeter, write_json_atomic  # noqa: E402 (needs REPO on sys.path)
+from jpwr import ADDR_ENV, ValidationError, WindowMeter  # noqa: E402 (needs REPO on sys.path)
+from jpwr.output import write_json_atomic  # noqa: E402 (needs REPO on sys.path)
+from jpwr.phases import PhaseRecorder  # noqa: E402 (needs REPO on sys.path)
 from resnet50.config import TrainConfig, check_devices, check_static  # noqa: E402 (imports no torch)
 
 

@@ -57,7 +57,7 @@ def interval_rows(name: str, run_dir: Path, record: dict[str, Any], uuid: str,
     """Five logged intervals inside the steady window against the independent counter at their edges."""
     from mlflow import MlflowClient
 
-    from jpwr import load_trace, spans_from_marks
+    from jpwr.trace import load_trace, spans_from_marks
 
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'run' / 'mlflow.db'}")
     (experiment,) = [e for e in client.search_experiments() if e.name == "joulebench-llm_training"]

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from joulebench.analysis.plot import find_trace_sources  # noqa: E402 (after sys.path)
-from jpwr import Signal, accelerator_domains, fmt, load_trace, spans_from_marks  # noqa: E402
+from jpwr.output import fmt  # noqa: E402
+from jpwr.trace import Signal, accelerator_domains, load_trace, spans_from_marks  # noqa: E402
 
 METRICS = (("sm_clock_hz", "SM MHz", 1e-6), ("temperature_c", "°C", 1.0))
 

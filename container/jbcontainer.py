@@ -41,7 +41,8 @@ for _path in (REPO, REPO / "jube"):
 
 from jbsettings import SETUP_FAILED, in_profile_shell  # noqa: E402  (jube/ is put on sys.path just above)
 
-from jpwr import ValidationError, atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
+from jpwr import ValidationError  # noqa: E402  (the repository root is put on sys.path just above)
+from jpwr.output import atomic_path, write_json_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 LOCK_FILE = CONTAINER_DIR / "images.lock.json"
 DEFAULT_IMAGE_DIR = CONTAINER_DIR / "images"

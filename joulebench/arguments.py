@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from jpwr import (
+from jpwr.arguments import (
     COUNT,
     COUNT_OR_ZERO,
     FRACTION,

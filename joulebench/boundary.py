@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jpwr import exit_code_of as jpwr_exit_code_of
+from jpwr.errors import exit_code_of as jpwr_exit_code_of
 
 # Top-level module -> the extra of pyproject.toml that installs it (the meter's own, e.g. pynvml, are jpwr's).
 # torch belongs to several extras (llm, inference, resnet-pytorch): the command line that needs it names its own.

@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import DeviceState, DeviceStateProbe, ProcessFacts, host_id, node_name, process_facts, reason_names
+from jpwr.device_state import DeviceState, DeviceStateProbe, ProcessFacts, process_facts, reason_names
+from jpwr.devices import host_id, node_name
 
 STEP_CV_MAX = 0.10  # the step times' standard deviation over their mean
 MIN_STEP_TIMES = 3  # fewer step times give no spread worth judging

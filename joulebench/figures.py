@@ -16,7 +16,8 @@ from typing import Any
 
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
-from jpwr import J_PER_WH, Window
+from jpwr import Window
+from jpwr.energy import J_PER_WH
 
 # Relative disagreement allowed between a record's derived figures and the window they are derived from: the
 # driver computes both from the same numbers, so anything beyond rounding means a unit mix-up or an edit.

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jpwr import TraceData, WindowSpan, accelerator_domains, spans_from_marks
+from jpwr.trace import TraceData, WindowSpan, accelerator_domains, spans_from_marks
 
 STEADY = "steady"
 

@@ -11,7 +11,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from jpwr import ValidationError, node_name
+from jpwr import ValidationError
+from jpwr.devices import node_name
 
 DEFAULT_MASTER_PORT = 29500
 

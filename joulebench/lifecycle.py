@@ -55,16 +55,10 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from jpwr import (
-    ACCELERATORS,
-    DeviceEventStamps,
-    IdleBaseline,
-    JpwrError,
-    WindowEnergy,
-    WindowMeter,
-    json_text,
-    split_energy,
-)
+from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
+from jpwr.energy import ACCELERATORS, split_energy
+from jpwr.output import json_text
+from jpwr.phases import DeviceEventStamps
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}

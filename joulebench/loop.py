@@ -20,7 +20,8 @@ from typing import Generic, TypeVar
 from joulebench.exports.intervals import IntervalLog
 from joulebench.lifecycle import StopRequest
 from joulebench.sizing import SteadyPlan, StepTimer, fixed_plan, plan_steady, sized_by_time
-from jpwr import WindowMeter, fmt
+from jpwr import WindowMeter
+from jpwr.output import fmt
 
 Handle = TypeVar("Handle")
 STEP_TIMES_BASIS = "log intervals' mean step times"  # what LoopResult.step_times_s are (disturbance check)

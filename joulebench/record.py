@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jpwr import ACCELERATORS, J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
+from jpwr import ExitCode, FormatError, Window, WindowEnergy
+from jpwr.energy import ACCELERATORS, J_PER_WH
+from jpwr.output import fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
 RECORD_FILE = "run_record.json"  # the record's name in a run's output directory

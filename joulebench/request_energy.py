@@ -39,7 +39,8 @@ from joulebench.segment_fit import (
     held_out_halves,
     window_segments,
 )
-from jpwr import Knots, ValidationError
+from jpwr import ValidationError
+from jpwr.trace import Knots
 
 PREFILL_COLUMNS = ("prefill_tokens", "prefill_steps")  # the prefill part of a request's energy
 DECODE_COLUMNS = ("decode_steps", "row_steps", "kv_tokens")  # the decode part

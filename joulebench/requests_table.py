@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from joulebench.record import RunRecord
-from jpwr import atomic_path
+from jpwr.output import atomic_path
 
 SCHEMA = "joulebench.requests/1"
 FILE_NAME = "requests.h5"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jpwr import Domain, Knots, Signal, TraceData, counter_segments
+from jpwr.trace import Domain, Knots, Signal, TraceData, counter_segments
 
 BLOCK_S = 1.0  # bootstrap block: ten 100 ms counter periods
 MIN_SEGMENTS = 20

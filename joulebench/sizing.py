@@ -31,7 +31,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from jpwr import SECONDS, NodeLive, ValidationError, aliasing_warning, planned_bound_j
+from jpwr import NodeLive, ValidationError
+from jpwr.arguments import SECONDS
+from jpwr.estimator import aliasing_warning, planned_bound_j
 
 if TYPE_CHECKING:  # only the type: sizing is imported by the drivers' parsers, before any meter is opened
     from jpwr import WindowMeter

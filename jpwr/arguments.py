@@ -1,4 +1,6 @@
-"""Numeric command-line options with a stated range, checked by argparse before anything starts.
+"""public: for command lines (jpwr's, and the drivers' through joulebench.arguments).
+
+Numeric command-line options with a stated range, checked by argparse before anything starts.
 
 `--interval 0` once killed the sampler thread with a division by zero and `--min-window-s inf`
 waited for ever: every numeric option of jpwr and of the drivers is declared with one of these
@@ -14,6 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+
+from jpwr.backends import parse_methods
+from jpwr.errors import ValidationError
+
+__all__ = [
+    "COUNT", "COUNT_OR_ZERO", "FRACTION", "NODES", "PORT", "SECONDS", "SECONDS_OR_ZERO",
+    "Number", "method_names", "parse_methods", "state_ranges",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +104,6 @@ PORT = Number(int, 1, 65535)  # TCP ports (--metrics-port, servers)
 def method_names(text: str) -> str:
     """An argparse `type` for a drivers' --energy-methods: every name known to jpwr (checked before anything
     runs); the text itself is kept, WindowMeter parses it when the run opens its meter."""
-    from jpwr.backends import parse_methods
-    from jpwr.errors import ValidationError
-
     try:
         parse_methods(text)
     except ValidationError as exc:

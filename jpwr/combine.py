@@ -20,7 +20,7 @@ from jpwr.errors import FormatError, ValidationError
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.sampler import summarize_trace
 from jpwr.summary import SUMMARY_FILE, CombinedSummary, NodeSummary, SummaryWindow
-from jpwr.trace import SEGMENT_DIR, read_segments
+from jpwr.trace_io import SEGMENT_DIR, read_segments
 
 EXPECTED_NODES_ENV = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 

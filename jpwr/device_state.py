@@ -1,4 +1,6 @@
-"""What else happens on the metered GPUs: the processes holding a context on them and why their clocks are held
+"""public: for judging what else ran on the job's GPUs (joulebench.disturbed).
+
+What else happens on the metered GPUs: the processes holding a context on them and why their clocks are held
 down (NVML's clock event reasons, formerly "throttle reasons"). Facts only, read-only (no NVML set call); the
 judgement of whether a run was disturbed lives with the benchmarks (joulebench.disturbed).
 
@@ -15,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.devices import job_devices
+from jpwr.selectors import job_devices
+
+__all__ = ["DeviceState", "DeviceStateProbe", "ProcessFacts", "process_facts", "reason_names"]
 
 if TYPE_CHECKING:
     from jpwr.backends.nvml import NvmlBackend

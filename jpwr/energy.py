@@ -1,4 +1,6 @@
-"""Window energy types: what the meter reports for one named window, and how nodes add up.
+"""public: for code that builds results from window energies (the run record, node combination).
+
+Window energy types: what the meter reports for one named window, and how nodes add up.
 
 A window is a named interval marked by the loop (warm-up, steady, idle, ...); its energy on one
 node's accelerators, or on all nodes once combined, carries the method, coverage and error bound
@@ -14,7 +16,13 @@ from typing import Any
 from jpwr.device_energy import DeviceEnergy, Fault
 from jpwr.output import known_fields
 
+__all__ = ["ACCELERATORS", "J_PER_WH", "combine_energies", "split_energy"]
+
 J_PER_WH = 3600.0
+# WindowEnergy.domain of a headline: what its total sums (jpwr.windows.headline_domains chooses)
+ACCELERATORS = "accelerators"  # the headline's energy domain on a node with accelerator sensors
+CPU_PACKAGE = "cpu package"  # ... without them: RAPL packages, plus DRAM where its zones are readable
+CPU_PACKAGE_DRAM = "cpu package + dram"
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,4 +1,8 @@
-"""Error types, process exit codes and the one error boundary shared by jpwr and every driver."""
+"""public: for command lines that share jpwr's error boundary (jpwr's own, the drivers', joulebench's).
+
+Error types, process exit codes and the one error boundary shared by jpwr and every driver. The error types and
+ExitCode are in jpwr's top-level API (`from jpwr import ValidationError`); this module adds the boundary itself.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["exit_code_of", "take_debug_flag"]
 
 DEBUG_FLAG = "--debug"
 

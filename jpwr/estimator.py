@@ -1,4 +1,7 @@
-"""Window energy from raw sensor series: counter-anchored, power-shaped, with an error bound that holds.
+"""public: for sizing a window before it opens (joulebench.sizing): the bound the estimator will state
+and whether a loop aliases with the sensor; the rest of this module is the meter's own.
+
+Window energy from raw sensor series: counter-anchored, power-shaped, with an error bound that holds.
 
 Method, per domain and window [t0, t1]:
 - counter: the hardware energy counter is the anchor. Each distinct counter value becomes a
@@ -32,7 +35,9 @@ import numpy as np
 
 from jpwr.device_energy import Fault
 from jpwr.power_envelope import Envelope, PowerCurve
-from jpwr.trace import SensorSeries
+from jpwr.trace_io import SensorSeries
+
+__all__ = ["aliasing_warning", "planned_bound_j"]
 
 # The H100's energy counter itself spread +/-8 % across identical runs whose period matched the
 # sensor's 100 ms (../shared/reference/energy-measurement.md): an aliased window gets this bound.

@@ -14,7 +14,7 @@ import numpy as np
 
 from jpwr.domains import Signal
 from jpwr.output import atomic_path
-from jpwr.trace import SensorSeries, TraceData
+from jpwr.trace_io import SensorSeries, TraceData
 from jpwr.windows import WindowSpan, window_energy
 
 

@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from jpwr.channel import INTERVAL_PREFIX, Channel, Mark, channel_from_env, is_interval_mark
 from jpwr.clock import SYSTEM_CLOCK, Clock
@@ -57,6 +57,8 @@ class Stoppable(Protocol):
 class WindowMeter:
     """Marks window edges for one rank and collects the node's window energies at the end."""
 
+    INTERVAL_PREFIX: ClassVar[str] = INTERVAL_PREFIX  # how mark_interval's names start (log intervals, no windows)
+
     def __init__(
         self,
         launch: Ranks,
@@ -93,7 +95,7 @@ class WindowMeter:
         In-process metering is for single-process runs only: with several ranks per node each
         would meter the node's devices again, which is exactly the double counting jpwr avoids.
         """
-        channel = channel_from_env()
+        channel: Channel | None = channel_from_env()
         if channel is not None or not methods:
             return cls(launch, channel, sync, phase_stamps=phase_stamps)
         if launch.world_size > 1:

@@ -1,4 +1,6 @@
-"""Writing results safely and legibly: atomic JSON, UTC timestamps, numbers with "n/a" for missing.
+"""public: for code that writes results (records, tables, settings files) and prints numbers.
+
+Writing results safely and legibly: atomic JSON, UTC timestamps, numbers with "n/a" for missing.
 
 Readers (JUBE patterns, reports, a second process) must never see a half-written file, and a
 missing value must never print as 0. Reading a result back takes the fields its type knows.
@@ -16,6 +18,8 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+__all__ = ["atomic_path", "atomic_paths", "fmt", "json_text", "utc_now", "write_atomic", "write_json_atomic"]
 
 
 def utc_now() -> str:

@@ -1,4 +1,6 @@
-"""Phase marks: named sub-windows of each training step (forward, backward, optimizer, gradient reduction).
+"""public: for drivers that time named phases inside a window (WindowMeter.phases is a PhaseRecorder).
+
+Phase marks: named sub-windows of each training step (forward, backward, optimizer, gradient reduction).
 
 The meter stores whatever names a driver marks; the names the drivers share, and the replay of each phase
 alone, are the core's (joulebench.phases).
@@ -25,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from jpwr.clock import SYSTEM_CLOCK, Clock
+
+__all__ = ["DeviceEventStamps", "HostStamps", "PhaseRecorder"]
 
 MAX_PART_BYTES = 60_000  # one datagram (the sampler reads up to 65,507 bytes)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from jpwr.domains import Signal
-from jpwr.trace import SensorSeries
+from jpwr.trace_io import SensorSeries
 
 GAP_FACTOR = 3.0  # a power sample holds for at most this many sampling intervals; longer is a gap
 

@@ -1,7 +1,7 @@
 """`jpwr qualify METER_A METER_B`: check a meter against a reference the way MLPerf Training's power rules do.
 
 Five windows (one minute each by default): idle, load 1, load 2, load 1, load 2. The loads come from a
-built-in generator (bf16 matmuls of 8192² and of 2048² on the first GPU, jpwr.selftest's helpers) or from
+built-in generator (bf16 matmuls of 8192² and of 2048² on the first GPU, jpwr.selftest_load) or from
 commands (--load1/--load2, started --lead-seconds before their window so that averaging sensors have
 followed the change, stopped after it). Per window the relative energy difference (A - B) / B, B being the
 reference; the Olympic score drops the highest and the lowest |difference| and averages the other three.
@@ -43,7 +43,7 @@ PASS_LIMIT = 0.05
 RELATIVE_ERROR = Number(float, 0.0, 1.0, low_open=True)  # --pass-limit, --target: 0 could never pass
 TARGET = 0.01
 BUILTIN_SIZES = {"load1": 8192, "load2": 2048}  # matmul sides: the steady full-power load, and a lighter one
-LOAD_CODE = ("import sys, torch; from jpwr.selftest import matmul_operands, matmuls_until; "
+LOAD_CODE = ("import sys, torch; from jpwr.selftest_load import matmul_operands, matmuls_until; "
              "a, b = matmul_operands(torch, int(sys.argv[1])); matmuls_until(torch, a, b, float('inf'))")
 STATUS_CODE = {"PASS": 0, "FAIL": 1, "INVALID": 2}
 

@@ -89,7 +89,7 @@ class PollMeter:
 
     def __init__(self, spec: str, interval_s: float) -> None:
         from jpwr.backends import create_backend
-        from jpwr.devices import job_devices
+        from jpwr.selectors import job_devices
 
         self.spec, self.interval_s = spec, interval_s
         backend = create_backend("nvml", SYSTEM_CLOCK, selectors=job_devices("nvidia").selector_list)

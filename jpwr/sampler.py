@@ -23,7 +23,6 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.devices import empty_selection
 from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
@@ -31,8 +30,9 @@ from jpwr.live import NodeLive, node_live
 from jpwr.node import node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.phases import PhaseBatch, phase_summary
+from jpwr.selectors import empty_selection
 from jpwr.summary import SUMMARY_FILE, NodeSummary, NodeWindow
-from jpwr.trace import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
+from jpwr.trace_io import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
 from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
@@ -49,11 +49,12 @@ def open_backends(
     `jpwr info` is not strict: it lists what is missing and why.
     """
     from jpwr.backends import BACKEND_NAMES, create_backend
-    from jpwr.devices import job_devices
+    from jpwr.selectors import job_devices
 
     vendor_of = {"nvml": "nvidia", "amdsmi": "amd"}
     names = list(methods) if methods else list(BACKEND_NAMES)
-    backends, discoveries = [], []
+    backends: list[Backend] = []
+    discoveries: list[Discovery] = []
     for name in names:
         known = [d for disc in discoveries for d in disc.domains]
         selectors = job_devices(vendor_of[name]).selector_list if name in vendor_of else None

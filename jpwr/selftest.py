@@ -11,11 +11,12 @@ spread at periods near its own; a good signal stays flat. Needs torch with a GPU
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,26 +28,9 @@ from jpwr.errors import ExitCode, ValidationError
 from jpwr.estimator import PowerCurve, counter_segments, counter_window, power_window
 from jpwr.output import write_json_atomic
 from jpwr.sampler import Sampler, open_backends
-from jpwr.trace import TraceData
+from jpwr.selftest_load import matmul_operands, matmuls_until
+from jpwr.trace_io import TraceData
 from jpwr.windows import WindowSpan, accelerator_domains, spans_from_marks
-
-MATMUL_N = 8192  # one bf16 product is 2·8192³ FLOP: ~1.6 ms on a GH100, long enough to keep the GPU busy
-
-
-def matmul_operands(torch: Any, n: int = MATMUL_N) -> tuple[Any, Any]:
-    """The two bf16 n² matrices on the current GPU that a matmul load multiplies (MATMUL_N: the steady load)."""
-    return tuple(torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-
-def matmuls_until(torch: Any, a: Any, b: Any, deadline: float) -> int:
-    """Back-to-back products until the monotonic deadline, synced every 4 (a steady load); returns how many ran."""
-    done = 0
-    while time.monotonic() < deadline:
-        for _ in range(4):
-            a @ b
-        torch.cuda.synchronize()
-        done += 4
-    return done
 
 
 def _load(torch: Any, period_s: float | None, seconds: float, on_fraction: float) -> int:
@@ -137,7 +121,7 @@ def main(argv: Sequence[str]) -> int:
     configs: list[tuple[str, float | None]] = [("steady", None), *periods]
     work: dict[str, int] = {}
 
-    def window(name: str, fn) -> None:
+    def window(name: str, fn: Callable[[], int]) -> None:
         torch.cuda.synchronize()
         sampler.add_mark(Mark(name, "begin", 0, SYSTEM_CLOCK.monotonic_ns()))
         work[name] = fn()
@@ -146,10 +130,14 @@ def main(argv: Sequence[str]) -> int:
 
     _load(torch, None, 1.0, 1.0)  # warm-up: clocks, cuBLAS handles
     time.sleep(2.0)
-    window("idle", lambda: (time.sleep(args.seconds), 0)[1])
+    def sleep_through() -> int:
+        time.sleep(args.seconds)
+        return 0  # no work
+
+    window("idle", sleep_through)
     for rep in range(args.repeats):
         for label, period in configs:
-            window(f"{label}#{rep}", lambda period=period: _load(torch, period, args.seconds, args.on_fraction))
+            window(f"{label}#{rep}", functools.partial(_load, torch, period, args.seconds, args.on_fraction))
             time.sleep(1.0)  # let averaged signals fall back between windows
     sampler.stop()
     trace = sampler.trace()
@@ -158,7 +146,7 @@ def main(argv: Sequence[str]) -> int:
     idle = signal_energies(trace, idle_span, interval_s)
     idle_power = {k: (v / ((idle_span.t1_ns - idle_span.t0_ns) / 1e9) if v is not None else None)
                   for k, v in idle.items()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, _ in configs:
         per_signal: dict[str, list[float]] = {}
         for rep in range(args.repeats):
@@ -166,9 +154,10 @@ def main(argv: Sequence[str]) -> int:
             span = spans[name]
             seconds = (span.t1_ns - span.t0_ns) / 1e9
             for sig, energy in signal_energies(trace, span, interval_s).items():
-                if energy is None or idle_power.get(sig) is None or not work[name]:
+                idle_w = idle_power.get(sig)
+                if energy is None or idle_w is None or not work[name]:
                     continue
-                per_signal.setdefault(sig, []).append((energy - idle_power[sig] * seconds) / work[name])
+                per_signal.setdefault(sig, []).append((energy - idle_w * seconds) / work[name])
         for sig, values in sorted(per_signal.items()):
             mean = statistics.fmean(values)
             rows.append({"load": label, "signal": sig, "j_per_matmul_above_idle": values, "mean": mean,

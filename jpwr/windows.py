@@ -19,17 +19,14 @@ from jpwr.backends.replay import REPLAYED
 from jpwr.channel import Mark, is_interval_mark
 from jpwr.device_energy import DeviceEnergy
 from jpwr.domains import Domain, Kind, Signal
-from jpwr.energy import WindowEnergy
+from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
-from jpwr.trace import SensorSeries, TraceData
+from jpwr.trace_io import SensorSeries, TraceData
 
 DEFAULT_P_MAX_W = 1000.0  # only when a device states no power limit and no sample exceeds it
 # Below this share of a window with data on every device, the window's energy is withheld (docs/jpwr.md,
 # "Faults and what the meter does about them"); Sampler(min_coverage=...) and window_energy() take another.
 DEFAULT_MIN_COVERAGE = 0.99
-ACCELERATORS = "accelerators"  # the headline's energy domain on a node with accelerator sensors
-CPU_PACKAGE = "cpu package"  # ... without them: RAPL packages, plus DRAM where its zones are readable
-CPU_PACKAGE_DRAM = "cpu package + dram"
 
 
 @dataclasses.dataclass(frozen=True)

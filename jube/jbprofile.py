@@ -148,7 +148,8 @@ def device_settings_policy(profile: dict[str, str]) -> str:
 
 def jpwr_methods(profile: dict[str, str]) -> str:
     """The samplers' --methods: `auto` or names jpwr knows (checked here, not when every node's sampler starts)."""
-    from jpwr import ValidationError, parse_methods  # the repository root is on sys.path (jbsettings)
+    from jpwr import ValidationError  # the repository root is on sys.path (jbsettings)
+    from jpwr.arguments import parse_methods
 
     value = profile["jpwr_methods"] or "auto"
     try:

@@ -53,7 +53,10 @@ from joulebench.record import (
     read_run_record,
     write_run_record,
 )
-from jpwr import ACCELERATORS, JpwrError, fmt, load_trace, write_atomic
+from jpwr import JpwrError
+from jpwr.energy import ACCELERATORS
+from jpwr.output import fmt, write_atomic
+from jpwr.trace import load_trace
 
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 # The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's

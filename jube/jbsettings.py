@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from jpwr import write_atomic  # noqa: E402  (the repository root is put on sys.path just above)
+from jpwr.output import write_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 SETTINGS_FILE = "job.env"  # in the point's work directory; jbsubmit.py writes it just before it submits the job
 

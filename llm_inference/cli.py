@@ -19,7 +19,8 @@ from pathlib import Path
 from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
 from joulebench.host_memory import HOST, available_gib
-from jpwr import ExitCode, take_debug_flag
+from jpwr import ExitCode
+from jpwr.errors import take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
 from llm_inference.presets import ModelPreset

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from joulebench.request_energy import RequestParts, WorkLog, fit_request_energy, request_parts
-from jpwr import Knots, ValidationError
+from jpwr import ValidationError
+from jpwr.trace import Knots
 
 METHOD = ("client-side estimate: the server's steps rebuilt from the client's chunk times and token counts "
           "(llm_inference/client_estimate.py), then the counter-segment fit")

@@ -29,7 +29,8 @@ from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
-from jpwr import IdleBaseline, TraceData, WindowMeter, load_trace
+from jpwr import IdleBaseline, WindowMeter
+from jpwr.trace import TraceData, load_trace
 from llm_inference import metrics, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
 from llm_inference.continuous_engine import ContinuousEngine

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jpwr import DeviceEventStamps, HostStamps
+from jpwr.phases import DeviceEventStamps, HostStamps
 from llm_inference import memory
 from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import ContinuousEngine, step_shape

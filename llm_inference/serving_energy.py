@@ -34,7 +34,8 @@ from joulebench.request_energy import (
 )
 from joulebench.requests_table import RequestsTable
 from joulebench.segment_fit import counter_knots
-from jpwr import JpwrError, Knots, Window, accelerator_domains, load_trace
+from jpwr import JpwrError, Window
+from jpwr.trace import Knots, accelerator_domains, load_trace
 from llm_inference import client_estimate
 from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
 

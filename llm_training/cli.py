@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
 from joulebench.host_memory import available_gib
-from jpwr import ExitCode, take_debug_flag
+from jpwr import ExitCode
+from jpwr.errors import take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
 

@@ -22,7 +22,7 @@ all-reduces) are not phases: their time stays in the phase around them, or unmar
 from __future__ import annotations
 
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, PIPELINE_P2P
-from jpwr import PhaseRecorder
+from jpwr.phases import PhaseRecorder
 
 P2P_TIMERS = ("forward-recv", "backward-recv", "forward-send", "backward-send", "forward-send-backward-recv",
               "backward-send-forward-recv", "forward-send-forward-recv", "backward-send-backward-recv",

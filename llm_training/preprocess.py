@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
 
-from jpwr import FormatError, ValidationError, atomic_paths
+from jpwr import FormatError, ValidationError
+from jpwr.output import atomic_paths
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

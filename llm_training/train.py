@@ -28,7 +28,7 @@ from joulebench.peaks import peak_flops
 from joulebench.phases import OPTIMIZER, Replay, replay_phases
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.torch_device import hardware_info
-from jpwr import DeviceEventStamps, PhaseRecorder
+from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from llm_training import cpu_compat, data, distributed, memory
 from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import Replay
-from jpwr import PhaseRecorder, ValidationError
+from jpwr import ValidationError
+from jpwr.phases import PhaseRecorder
 from resnet50.config import TrainConfig
 
 REQUIRED_MODULES = {"pytorch": ("torch", "torchvision"), "tensorflow": ("tensorflow", "keras")}

@@ -25,7 +25,8 @@ from joulebench.boundary import exit_code_of
 from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
 from joulebench.sizing import add_window_arguments
-from jpwr import ValidationError, take_debug_flag
+from jpwr import ValidationError
+from jpwr.errors import take_debug_flag
 from resnet50.config import (
     CDT_ENV,
     CPU_ITERATIONS,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import Replay
-from jpwr import PhaseRecorder
+from jpwr.phases import PhaseRecorder
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.flops import NUM_CLASSES
 from resnet50.tf_cluster import export_tf_config

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from jpwr import atomic_path
+from jpwr.output import atomic_path
 from resnet50.config import TrainConfig, tfrecord_pattern
 from resnet50.flops import NUM_CLASSES
 

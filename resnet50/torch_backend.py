@@ -19,7 +19,8 @@ import torchvision
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, Replay
-from jpwr import DeviceEventStamps, PhaseRecorder, ValidationError
+from jpwr import ValidationError
+from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig, resolve_compile
 from resnet50.torch_data import Batch, jpeg_batches, synthetic_batch
 

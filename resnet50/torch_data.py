@@ -16,7 +16,8 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2 as transforms
 
-from jpwr import ValidationError, atomic_path
+from jpwr import ValidationError
+from jpwr.output import atomic_path
 from resnet50.config import TrainConfig, jpeg_root
 from resnet50.flops import NUM_CLASSES
 

@@ -23,4 +23,5 @@ for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || m
 [ -z "$missing" ] || echo "tests/run.sh: not installed:$missing; the JUBE/Slurm workflow tests will be skipped" \
     "(install them with: sudo sh jube/ci-setup.sh)" >&2
 .venv/bin/ruff check .
+.venv/bin/python -m mypy jpwr  # flags and third-party policy: pyproject.toml [tool.mypy]
 .venv/bin/python -m pytest -q -ra "$@"

@@ -6,7 +6,7 @@ row) writes a WorkLog. Each step's dynamic energy is the planted model (e + a·p
 b + c·rows + d·KV tokens in a decode step) times (1 + 3 % noise), on top of IDLE_W, which also runs
 in the host gaps between steps and while no request is in the system. The schedule of constant-power pieces
 becomes a tests/fakes/pynvml trace (counter updated every ~100 ms, jittered ±5 ms, exact integral) that the
-real sampler reads every 20 ms; knots come from the trace as a driver gets them: jpwr.load_trace, then
+real sampler reads every 20 ms; knots come from the trace as a driver gets them: jpwr.trace.load_trace, then
 segment_fit.counter_knots.
 
 Magnitudes (H100 SXM, Llama-3.1-8B, chosen to reproduce ML.ENERGY's 0.455 J/output token at 8 concurrent
@@ -27,9 +27,9 @@ import numpy as np
 
 from joulebench.request_energy import WorkLog
 from joulebench.segment_fit import counter_knots
-from jpwr import Knots, accelerator_domains, load_trace
 from jpwr.clock import VirtualClock
 from jpwr.sampler import Sampler, open_backends
+from jpwr.trace import Knots, accelerator_domains, load_trace
 from tests.analysis.synthetic_run import NS, POLL_S, Schedule, write_fake_trace
 
 IDLE_W = 70.0

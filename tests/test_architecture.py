@@ -1,18 +1,20 @@
-"""The import rule of docs/architecture.md, checked on the source tree (AST; of ours only jpwr.__all__ is imported).
+"""The import rule of docs/architecture.md, checked on the source tree (AST), and the meter's API in tiers.
 
 Layers only point down: the meter (jpwr) imports nothing of ours and no framework at module
 level; the core (joulebench outside joulebench.analysis) imports no driver and no analysis;
 drivers never import each other or analysis; analysis never imports a driver. Outside jpwr, product
 code (the core, analysis, drivers, workflows, container tooling, GPU scripts) imports only the meter's
-public names, `from jpwr import X` with X in `jpwr.__all__`: the rest of jpwr is private to it. Imports
-inside functions count too (a lazy import is still a dependency), except the framework rule, which is
-about what `import jpwr` loads. tests/ may reach into jpwr's modules: they test the meter's parts.
+public names: `from jpwr import X` with X in `jpwr.__all__`, or `from jpwr.M import X` with M a public
+submodule (its docstring starts "public: for") and X in its `__all__`; the rest of jpwr is private to it.
+Imports inside functions count too (a lazy import is still a dependency), except the framework rule, which
+is about what `import jpwr` loads. tests/ may reach into jpwr's modules: they test the meter's parts.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import subprocess
 import sys
 from collections.abc import Collection
@@ -28,6 +30,18 @@ FRAMEWORKS = ("torch", "tensorflow", "keras", "transformers", "megatron", "matpl
 ENTRY_POINTS = ("joulebench/__main__.py",)  # `python -m joulebench` starts the analysis CLI by design
 # A GPU script that checks one of the meter's parts itself, as tests/jpwr does with fakes: it may reach inside.
 METER_PROBES = ("benchmarks/check_nvml_backend.py",)  # the nvml backend against nvidia-ml-py on a real GPU
+# Private modules that scripts under one folder may still import: the selftest's GPU load is no API, but the
+# benchmarks scripts that check the meter on a GPU run the same load so that their numbers compare.
+SHARED_PRIVATE = {"jpwr.selftest_load": "benchmarks/"}
+PUBLIC_MARK = "public: for"  # how a public submodule of jpwr starts its docstring
+# jpwr.__all__, each name approved with the reason jpwr/__init__.py states for it. A new name needs a reason
+# there and a place here; the list stays at most MAX_API long (issue 42): everything else goes to a public
+# submodule that says whom it serves.
+APPROVED_API = frozenset({
+    "__version__", "WindowMeter", "Window", "WindowEnergy", "IdleBaseline", "IdlePlan", "SettleRule", "NodeLive",
+    "ADDR_ENV", "JpwrError", "ValidationError", "FormatError", "MethodUnavailableError", "OutputDirError", "ExitCode",
+})
+MAX_API = 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +50,8 @@ class Import:
     target: str  # dotted name imported
     line: int
     top_level: bool  # at module level (not inside a function)
-    names: tuple[str, ...] = ()  # `from target import names`; for `import target`, the attributes used on it
+    names: tuple[str, ...] = ()  # `from target import names`; for `import target`, the dotted attributes read
+    bound: str = ""  # for `import target`: the module its name is bound to (`import jpwr.trace` binds jpwr)
 
 
 def layer(module: str) -> str | None:
@@ -57,7 +72,11 @@ def imports_of(path: Path, root: Path) -> list[Import]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets = [(alias.name, _attributes_of(tree, alias.asname or alias.name)) for alias in node.names]
+            bound = [alias.name if alias.asname else alias.name.split(".")[0] for alias in node.names]
+            found += [Import(module, alias.name, node.lineno, id(node) not in function_nodes,
+                             _attributes_of(tree, alias.asname or name), name)
+                      for alias, name in zip(node.names, bound, strict=True)]
+            continue
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: resolve against this module's package
@@ -72,13 +91,36 @@ def imports_of(path: Path, root: Path) -> list[Import]:
 
 
 def _attributes_of(tree: ast.Module, name: str) -> tuple[str, ...]:
-    """The attributes read on an imported module's name (`jpwr.X` after `import jpwr`)."""
-    return tuple(sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                         and isinstance(n.value, ast.Name) and n.value.id == name}))
+    """The dotted attributes read on an imported module's name (`trace.load_trace` for `jpwr.trace.load_trace`)."""
+    chains = set()
+    for node in ast.walk(tree):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if parts and isinstance(node, ast.Name) and node.id == name:
+            chains.add(".".join(reversed(parts)))
+    return tuple(sorted(chains))
 
 
-def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__)) -> list[str]:
+def public_submodules(root: Path = REPO) -> dict[str, frozenset[str]]:
+    """jpwr's public submodules (their docstring starts "public: for") -> their `__all__`, read from the source."""
+    found = {}
+    for path in sorted((root / "jpwr").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if not (ast.get_docstring(tree) or "").startswith(PUBLIC_MARK):
+            continue
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        names = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+        found[module] = frozenset(ast.literal_eval(names[0])) if names else frozenset()
+    return found
+
+
+def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__),
+               submodules: dict[str, frozenset[str]] | None = None) -> list[str]:
     """Every import that breaks the rule, as 'file:line: module imports target (why)'."""
+    submodules = public_submodules() if submodules is None else submodules
     problems = []
     for package in PRODUCT:
         for path in sorted((root / package).rglob("*.py")):
@@ -86,20 +128,37 @@ def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__)) -> lis
             if rel in ENTRY_POINTS:
                 continue
             for imp in imports_of(path, root):
-                why = _breaks(imp) or (None if rel in METER_PROBES else _private(imp, public))
+                shared = imp.target in SHARED_PRIVATE and rel.startswith(SHARED_PRIVATE[imp.target])
+                private = None if rel in METER_PROBES or shared else _private(imp, public, submodules)
+                why = _breaks(imp) or private
                 if why:
                     problems.append(f"{rel}:{imp.line}: {imp.module} imports {imp.target} ({why})")
     return problems
 
 
-def _private(imp: Import, public: Collection[str]) -> str | None:
-    """Outside the meter, only its public names: `from jpwr import X` with X in jpwr.__all__."""
+def _private(imp: Import, public: Collection[str], submodules: dict[str, frozenset[str]]) -> str | None:
+    """Outside the meter, only its public names: jpwr.__all__, and the `__all__` of its public submodules."""
     if layer(imp.module) == "meter" or layer(imp.target) != "meter":
         return None
-    if imp.target != "jpwr":
-        return "outside jpwr, import its public names: from jpwr import X"
-    hidden = [name for name in imp.names if name not in public]
-    return f"{', '.join(hidden)} not in jpwr.__all__" if hidden else None
+    if imp.bound:  # `import jpwr[.M]`: the module itself and every attribute read through its name
+        base = imp.bound.split(".")[1:]
+        paths = [imp.target.split(".")[1:], *(base + name.split(".") for name in imp.names)]
+    else:  # `from jpwr[.M] import X`
+        paths = [[*imp.target.split(".")[1:], name] for name in imp.names]
+    hidden = [".".join(path) for path in paths if path and not _is_public(path, public, submodules)]
+    if not hidden:
+        return None
+    return (f"{', '.join(hidden)} not public: import a name of jpwr.__all__ (from jpwr import X) or of a public "
+            "submodule's __all__ (from jpwr.trace import Y)")
+
+
+def _is_public(path: list[str], public: Collection[str], submodules: dict[str, frozenset[str]]) -> bool:
+    """A path below jpwr (['trace', 'load_trace']): a top-level public name, a public submodule, or a name
+    in that submodule's `__all__`; what lies below a public name is its own (`WindowMeter.open`)."""
+    if path[0] in public:
+        return True
+    module = f"jpwr.{path[0]}"
+    return module in submodules and (len(path) == 1 or path[1] in submodules[module])
 
 
 def _breaks(imp: Import) -> str | None:
@@ -134,11 +193,19 @@ def test_a_forbidden_import_is_caught(tmp_path):
         "resnet50/bad_driver.py": "from joulebench.analysis import report\n",
         "jpwr/fine_lazy_framework.py": "def f():\n    import torch\n",
         "llm_training/fine.py": "from joulebench.record import RunRecord\nfrom jpwr import WindowMeter\n",
-        "jpwr/fine_private.py": "from jpwr.trace import read_hdf5\n",  # inside the meter, its modules are its own
-        "joulebench/analysis/bad_private.py": "def f():\n    from jpwr.trace import read_hdf5\n",
+        "jpwr/fine_private.py": "from jpwr.trace_io import read_hdf5\n",  # inside the meter, its modules are its own
+        "joulebench/analysis/bad_private.py": "def f():\n    from jpwr.trace_io import read_hdf5\n",
+        "joulebench/analysis/bad_private_module.py": "import jpwr.trace_io\n",
         "benchmarks/bad_private_name.py": "from jpwr import WindowMeter, read_hdf5\n",
+        "jube/bad_moved_name.py": "from jpwr import load_trace\n",  # moved to jpwr.trace: the top level has it no more
+        "llm_training/bad_unlisted_name.py": "from jpwr.estimator import planned_bound_j, counter_window\n",
         "container/bad_private_attribute.py": "import jpwr\n\njpwr.trace.read_hdf5\n",
-        "jube/fine_public_attribute.py": "import jpwr\n\njpwr.load_trace\n",
+        "resnet50/bad_private_alias_attribute.py": "import jpwr.output as out\n\nout.known_fields\n",
+        "jube/fine_public_attribute.py": "import jpwr\n\njpwr.WindowMeter.open\njpwr.trace.load_trace\n",
+        "llm_inference/fine_public_submodule.py": "from jpwr.trace import load_trace\nimport jpwr.output as out\n\n"
+                                                  "out.fmt\n",
+        "benchmarks/fine_selftest_load.py": "from jpwr.selftest_load import MATMUL_N\n",  # shared with benchmarks/
+        "joulebench/bad_selftest_load.py": "from jpwr.selftest_load import MATMUL_N\n",  # ... and no one else
     }
     for rel, text in planted.items():
         path = tmp_path / rel
@@ -147,8 +214,50 @@ def test_a_forbidden_import_is_caught(tmp_path):
     found = violations(tmp_path)
     assert {line.split(":")[0] for line in found} == {rel for rel in planted if "bad_" in rel}
     assert any("the meter loads no framework" in line for line in found)
-    assert any("read_hdf5 not in jpwr.__all__" in line for line in found)
-    assert any("from jpwr import X" in line for line in found)
+    for hidden in ("trace_io.read_hdf5", "trace_io", "read_hdf5", "load_trace", "estimator.counter_window",
+                   "trace.read_hdf5", "output.known_fields", "selftest_load.MATMUL_N"):
+        assert any(f"({hidden} not public: import a name of jpwr.__all__" in line for line in found), hidden
+    assert not any("planned_bound_j" in line for line in found)  # in jpwr.estimator.__all__: only its neighbour
+
+
+def test_the_top_level_api_grows_only_with_a_listed_reason():
+    """jpwr.__all__ is what a user of the meter needs (issue 42): a name added without a place in APPROVED_API and
+    a reason in jpwr/__init__.py fails here, and the list stays at most MAX_API long."""
+    assert len(jpwr.__all__) <= MAX_API
+    assert set(jpwr.__all__) == APPROVED_API, (
+        f"jpwr.__all__ changed: added {sorted(set(jpwr.__all__) - APPROVED_API)}, removed "
+        f"{sorted(APPROVED_API - set(jpwr.__all__))}; a top-level name needs a reason in jpwr._API and a place "
+        "in APPROVED_API, else it belongs in a public submodule")
+    assert len(jpwr.__all__) == len(set(jpwr.__all__))
+    for name, (home, reason) in jpwr._API.items():
+        assert len(reason.split()) >= 4, f"jpwr._API[{name!r}] states no reason"
+        assert getattr(importlib.import_module(home), name) is getattr(jpwr, name)
+
+
+def test_each_public_submodule_says_whom_it_serves_and_each_public_name_has_one_home():
+    """A public submodule's docstring starts "public: for <whom>", its `__all__` names all load, and no name is
+    public in two places (one import line per name, whichever file writes it)."""
+    submodules = public_submodules()
+    assert {"jpwr.trace", "jpwr.output", "jpwr.arguments", "jpwr.devices", "jpwr.errors"} <= set(submodules)
+    assert "jpwr.selftest_load" not in submodules  # the selftest's load is shared with benchmarks/, not API
+    homes: dict[str, str] = {name: "jpwr" for name in jpwr.__all__}
+    for module, names in submodules.items():
+        loaded = importlib.import_module(module)
+        assert len(loaded.__doc__.removeprefix(PUBLIC_MARK).split("\n")[0].split()) >= 2, f"{module}: for whom?"
+        assert names and set(loaded.__all__) == names, f"{module} needs a literal __all__"
+        assert all(getattr(loaded, name) is not None for name in names)
+        for name in names:
+            assert name not in homes, f"{name} is public in both {homes[name]} and {module}"
+            homes[name] = module
+
+
+def test_the_docs_show_every_tier_of_the_meter_api():
+    """docs/architecture.md ("The meter's API") names every top-level name and every public submodule."""
+    text = (REPO / "docs/architecture.md").read_text()
+    section = text[text.index("## The meter's API"):]
+    section = section[: section.index("\n## ", 1)]
+    missing = [name for name in [*jpwr.__all__, *public_submodules()] if f"`{name}`" not in section]
+    assert missing == []
 
 
 def test_every_public_name_of_the_meter_loads_and_import_jpwr_stays_cheap():

@@ -22,7 +22,7 @@ from joulebench.disturbed import LOADAVG_ENV, STEP_CV_MAX, WINDOW, Watch, judge
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.record import RunRecord
-from jpwr import node_name
+from jpwr.devices import node_name
 from llm_training.cli import main as llm_training_main
 from tests.jube.test_record_fields import jbrecord
 from tests.llm_training.conftest import TINY

@@ -18,7 +18,8 @@ import sysfs_trees
 
 from joulebench.analysis import pareto, plan, plot, report
 from joulebench.record import read_run_record, summary_line
-from jpwr import REPLAYED, ValidationError
+from jpwr import ValidationError
+from jpwr.trace import REPLAYED
 from tests.driver_helpers import read_record, run_cmd
 from tests.jube.test_record_fields import jbrecord
 

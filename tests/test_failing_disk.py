@@ -21,7 +21,7 @@ import pytest
 from joulebench.lifecycle import fallback_paths
 from joulebench.record import RECORD_NOT_WRITTEN, RunRecord, read_run_record, summary_line
 from joulebench.requests_table import FILE_NAME
-from jpwr import atomic_path, write_atomic, write_json_atomic
+from jpwr.output import atomic_path, write_atomic, write_json_atomic
 from tests.driver_helpers import parse_summary
 from tests.failing_disk import FailingDisk, failing_disk
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from joulebench.arguments import SEED
-from jpwr import Number
+from jpwr.arguments import Number
 
 
 class _Captured(Exception):

@@ -2,7 +2,7 @@
 
 Each run is a scheduler's work log whose steps cost the planted model (tests/serving_run.py: H100/Llama-8B
 magnitudes, 3 % noise per step), metered as a real jpwr trace: fake pynvml energy counter (updates every
-~100 ms), production sampler reading it every 20 ms, knots from jpwr.load_trace + segment_fit.counter_knots.
+~100 ms), production sampler reading it every 20 ms, knots from jpwr.trace.load_trace + segment_fit.counter_knots.
 Issue 30's test (d) is here; (a) and (c) are exercised on the same synthetic runs (on the GPU they run on real
 records), and so are the held-out halves (b).
 """
@@ -27,7 +27,8 @@ from joulebench.request_energy import (
     request_parts,
     variance_inflation,
 )
-from jpwr import Knots, ValidationError
+from jpwr import ValidationError
+from jpwr.trace import Knots
 from tests import serving_run
 from tests.serving_run import COSTS, IDLE_W
 

@@ -32,21 +32,9 @@ from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RECORD_FILE, RunRecord, headline_domain, read_run_record, write_run_record
 from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
-from jpwr import (
-    ExitCode,
-    FormatError,
-    IdleBaseline,
-    PhaseBatch,
-    Signal,
-    TraceData,
-    ValidationError,
-    WindowEnergy,
-    accelerator_domains,
-    load_trace,
-    spans_from_marks,
-    utc_now,
-    window_energy,
-)
+from jpwr import ExitCode, FormatError, IdleBaseline, ValidationError, WindowEnergy
+from jpwr.output import utc_now
+from jpwr.trace import PhaseBatch, Signal, TraceData, accelerator_domains, load_trace, spans_from_marks, window_energy
 
 UNMARKED = "unmarked"
 NO_KERNEL = "idle (no kernel)"

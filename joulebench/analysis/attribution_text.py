@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from joulebench.record import RunRecord
-from jpwr import fmt
+from jpwr.output import fmt
 
 
 def _interval(values: Sequence[float] | None, scale: float = 1.0, digits: int = 4) -> str:

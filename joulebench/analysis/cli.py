@@ -19,7 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from joulebench.boundary import exit_code_of
-from jpwr import ExitCode, take_debug_flag
+from jpwr import ExitCode
+from jpwr.errors import take_debug_flag
 
 # verb -> (module with main(argv), one-line summary)
 VERBS = {

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from joulebench.arguments import Number, state_ranges
-from jpwr import REPLAYED, ExitCode, ValidationError
+from jpwr import ExitCode, ValidationError
+from jpwr.trace import REPLAYED
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO / "tests" / "data" / "h100_trace"

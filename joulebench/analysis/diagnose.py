@@ -20,7 +20,7 @@ from typing import Any
 from joulebench.figures import number_problem, rejection, work_unit
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
-from jpwr import fmt
+from jpwr.output import fmt
 
 # A latent metric "moved" when it changed by more than this fraction (utilisation: points, see _moved).
 MOVED_FRACTION = 0.05

@@ -25,7 +25,8 @@ from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.arguments import FRACTION, state_ranges
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
-from jpwr import ExitCode, ValidationError, fmt
+from jpwr import ExitCode, ValidationError
+from jpwr.output import fmt
 
 DEFAULT_MAX_SLOWDOWN = 0.01
 DEFAULT_MIN_COVERAGE = 0.99
@@ -250,7 +251,7 @@ def main(argv: Sequence[str]) -> int:
     print("\n".join(lines))
     if args.out is not None:
         from joulebench.analysis.plot import save_figure
-        from jpwr import write_json_atomic
+        from jpwr.output import write_json_atomic
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out / "pareto.json", {

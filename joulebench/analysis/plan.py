@@ -46,7 +46,8 @@ from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
 from joulebench.device_settings.record import recorded_settings
 from joulebench.figures import number_problem, rejection
 from joulebench.record import RunRecord
-from jpwr import ExitCode, FormatError, ValidationError, fmt, write_json_atomic
+from jpwr import ExitCode, FormatError, ValidationError
+from jpwr.output import fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
 PROFILE_VERSION = 1

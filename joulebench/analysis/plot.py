@@ -17,22 +17,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jpwr import (
-    ACCELERATORS,
+from jpwr import ExitCode, ValidationError, WindowEnergy
+from jpwr.energy import ACCELERATORS, combine_energies
+from jpwr.output import atomic_path, fmt
+from jpwr.trace import (
     REPLAYED,
     SEGMENT_DIR,
     SUMMARY_FILE,
     TRACE_FILE,
     Domain,
-    ExitCode,
     NodeSummary,
     Signal,
     TraceData,
-    ValidationError,
-    WindowEnergy,
-    atomic_path,
-    combine_energies,
-    fmt,
     headline_domains,
     load_trace,
     spans_from_marks,

@@ -43,7 +43,10 @@ from joulebench.figures import REJECTED, fraction_problem, rejection
 from joulebench.latents import steady_latents
 from joulebench.reasons import Footnotes
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord, headline_domain
-from jpwr import ACCELERATORS, ExitCode, TraceData, ValidationError, fmt, load_trace, utc_now, write_atomic
+from jpwr import ExitCode, ValidationError
+from jpwr.energy import ACCELERATORS
+from jpwr.output import fmt, utc_now, write_atomic
+from jpwr.trace import TraceData, load_trace
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure

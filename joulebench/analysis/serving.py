@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from joulebench.figures import REJECTED, serving_problems
 from joulebench.record import headline_domain
-from jpwr import fmt
+from jpwr.output import fmt
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -30,7 +30,8 @@ from joulebench.device_settings.amdsmi import AmdsmiDevices, AmdsmiSetter
 from joulebench.device_settings.nvml import Device, DeviceCallError, NvmlDevices, NvmlSetter, Reading
 from joulebench.device_settings.state import DeviceState, SettingsState, prepare_state_dir
 from joulebench.device_settings.zeusd import ZeusdSetter, socket_problem
-from jpwr import ExitCode, JpwrError, MethodUnavailableError, OutputDirError, ValidationError, fmt
+from jpwr import ExitCode, JpwrError, MethodUnavailableError, OutputDirError, ValidationError
+from jpwr.output import fmt
 
 PROFILE_KEY = "device_settings"
 POLICIES = ("off", "allowed")

@@ -48,7 +48,10 @@ from joulebench.device_settings import (
 from joulebench.device_settings.nvml import Reading
 from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
-from jpwr import ExitCode, ValidationError, fmt, job_devices, node_name, take_debug_flag, write_json_atomic
+from jpwr import ExitCode, ValidationError
+from jpwr.devices import job_devices, node_name
+from jpwr.errors import take_debug_flag
+from jpwr.output import fmt, write_json_atomic
 
 PROG = "joulebench device-settings"
 STATE_DIR_VARIABLE = "JOULEBENCH_DEVICE_SETTINGS_STATE_DIR"

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from joulebench.device_settings.nvml import Device, DeviceCallError, LibrarySetter, Reading
-from jpwr import MethodUnavailableError, ValidationError, selector_kind, selector_matches
+from jpwr import MethodUnavailableError, ValidationError
+from jpwr.devices import selector_kind, selector_matches
 
 PERF_LEVEL_AUTO = "AMDSMI_DEV_PERF_LEVEL_AUTO"
 POWER_SENSOR = 0  # amdsmi_set_power_cap's sensor index: 0 on every board with one power sensor

@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from jpwr import MethodUnavailableError, ValidationError, resolve_gpus
+from jpwr import MethodUnavailableError, ValidationError
+from jpwr.devices import resolve_gpus
 
 CLOCK_SM = 1  # NVML_CLOCK_SM
 CLOCK_MEM = 2  # NVML_CLOCK_MEM

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from joulebench.device_settings import Request
-from jpwr import fmt
+from jpwr.output import fmt
 
 RECORD_KEY = "device_settings"
 

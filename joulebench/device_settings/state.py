@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jpwr import FormatError, ValidationError, utc_now, write_json_atomic
+from jpwr import FormatError, ValidationError
+from jpwr.output import utc_now, write_json_atomic
 
 STATE_KIND = "joulebench.device_settings_state"
 STATE_VERSION = 1

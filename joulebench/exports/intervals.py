@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 
 from joulebench.exports.run import Exports
-from jpwr import INTERVAL_PREFIX as PREFIX  # the sampler's name of a log interval: log/<its first step>
-from jpwr import J_PER_WH, WindowEnergy, WindowMeter
+from jpwr import WindowEnergy, WindowMeter
+from jpwr.energy import J_PER_WH
+
+PREFIX = WindowMeter.INTERVAL_PREFIX  # the sampler's name of a log interval: log/<its first step>
 
 SETTLE_PERIODS = 2.0  # the sampler waits this many update periods past an edge before it reads a window
 QUERY_EVERY_NS = 10 * 10**9  # ask the sampler at most this often: each answer costs the loop a round trip

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import threading
 from collections.abc import Callable, Sequence
@@ -25,9 +26,9 @@ from typing import Any
 
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
-from jpwr.devices import selector_kind, selector_matches
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
+from jpwr.selectors import selector_kind, selector_matches
 
 NAME = "amdsmi"
 _INVALID = (0xFFFFFFFF, 0xFFFF)  # UINT32_MAX / UINT16_MAX: "not supported" in amdsmi integer fields
@@ -203,9 +204,9 @@ class AmdSmiBackend:
         readings: list[Reading] = []
         for meter in self._meters:
             if meter.counter and meter.counter.id in wanted:
-                readings.append(self._read(meter.counter.id, lambda m=meter: self._read_energy(m.gcd.handle)))
+                readings.append(self._read(meter.counter.id, functools.partial(self._read_energy, meter.gcd.handle)))
             if meter.power and meter.power.id in wanted:
-                readings.append(self._read(meter.power.id, lambda m=meter: self._power(m.gcd)))
+                readings.append(self._read(meter.power.id, functools.partial(self._power, meter.gcd)))
         known = {r.sensor_id for r in readings}
         now = self._clock.monotonic_ns()
         readings.extend(failed(sid, now, now) for sid in sorted(wanted - known))
@@ -237,22 +238,21 @@ class AmdSmiBackend:
     def read_metrics(self) -> list[MetricReading]:
         smi = self._smi
         metrics: list[MetricReading] = []
+        probes: list[tuple[str, Callable[[Any], Any], float]] = [  # each reads one GCD, given its handle
+            ("utilization_gpu", lambda h: smi.amdsmi_get_gpu_activity(h)["gfx_activity"], 0.01),
+            ("utilization_memory", lambda h: smi.amdsmi_get_gpu_activity(h)["umc_activity"], 0.01),
+            ("sm_clock_hz", lambda h: smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.GFX)["clk"], 1e6),
+            ("memory_clock_hz", lambda h: smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.MEM)["clk"], 1e6),
+            ("memory_used_bytes", lambda h: smi.amdsmi_get_gpu_vram_usage(h)["vram_used"], 1024.0**2),  # MiB
+            ("temperature_c", lambda h: smi.amdsmi_get_temp_metric(
+                h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT), 1.0),
+            ("power_limit_w", lambda h: smi.amdsmi_get_power_cap_info(h)["power_cap"], 1e-6),  # µW
+        ]
         for meter in self._meters:
-            h = meter.gcd.handle
-            probes: list[tuple[str, Callable[[], Any], float]] = [
-                ("utilization_gpu", lambda h=h: smi.amdsmi_get_gpu_activity(h)["gfx_activity"], 0.01),
-                ("utilization_memory", lambda h=h: smi.amdsmi_get_gpu_activity(h)["umc_activity"], 0.01),
-                ("sm_clock_hz", lambda h=h: smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.GFX)["clk"], 1e6),
-                ("memory_clock_hz", lambda h=h: smi.amdsmi_get_clock_info(h, smi.AmdSmiClkType.MEM)["clk"], 1e6),
-                ("memory_used_bytes", lambda h=h: smi.amdsmi_get_gpu_vram_usage(h)["vram_used"], 1024.0**2),  # MiB
-                ("temperature_c", lambda h=h: smi.amdsmi_get_temp_metric(
-                    h, smi.AmdSmiTemperatureType.HOTSPOT, smi.AmdSmiTemperatureMetric.CURRENT), 1.0),
-                ("power_limit_w", lambda h=h: smi.amdsmi_get_power_cap_info(h)["power_cap"], 1e-6),  # µW
-            ]
             for metric, probe, scale in probes:
                 t0 = self._clock.monotonic_ns()
                 try:
-                    value = _number(self._call(probe))
+                    value = _number(self._call(probe, meter.gcd.handle))
                 except (smi.AmdSmiException, KeyError, AttributeError):
                     continue
                 if value is not None:

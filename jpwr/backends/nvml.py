@@ -29,10 +29,10 @@ from typing import Any
 from jpwr.backends._base import failed, unavailable
 from jpwr.clock import Clock
 from jpwr.device_state import DeviceState
-from jpwr.devices import selector_kind
 from jpwr.domains import Discovery, Domain, Kind, MetricReading, Reading, Sensor, Signal, Status
 from jpwr.errors import ValidationError
 from jpwr.extras import install_hint
+from jpwr.selectors import selector_kind
 
 NAME = "nvml"
 FI_POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE
@@ -288,22 +288,21 @@ class NvmlBackend:
     def read_metrics(self) -> list[MetricReading]:
         nv = self._nv
         metrics: list[MetricReading] = []
+        probes: list[tuple[str, Callable[[Any], float]]] = [  # each reads one GPU, given its handle
+            ("utilization_gpu", lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+            ("utilization_memory", lambda h: nv.nvmlDeviceGetUtilizationRates(h).memory / 100.0),
+            ("sm_clock_hz", lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM) * 1e6),
+            ("memory_clock_hz", lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM) * 1e6),
+            ("memory_used_bytes", lambda h: float(nv.nvmlDeviceGetMemoryInfo(h).used)),
+            ("temperature_c", lambda h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+            ("throttle_reasons", lambda h: float(self._clock_event_reasons(h))),
+            ("power_limit_w", lambda h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+        ]
         for gpu in self._gpus:
-            h = gpu.handle
-            probes: list[tuple[str, Callable[[], float]]] = [
-                ("utilization_gpu", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
-                ("utilization_memory", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).memory / 100.0),
-                ("sm_clock_hz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM) * 1e6),
-                ("memory_clock_hz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM) * 1e6),
-                ("memory_used_bytes", lambda h=h: float(nv.nvmlDeviceGetMemoryInfo(h).used)),
-                ("temperature_c", lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
-                ("throttle_reasons", lambda h=h: float(self._clock_event_reasons(h))),
-                ("power_limit_w", lambda h=h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
-            ]
             for metric, probe in probes:
                 t0 = self._clock.monotonic_ns()
                 try:
-                    value = probe()
+                    value = probe(gpu.handle)
                 except nv.NVMLError:
                     continue  # not offered on this GPU: simply absent, never 0
                 metrics.append(MetricReading(gpu.domain.id, metric, (t0 + self._clock.monotonic_ns()) // 2, value))

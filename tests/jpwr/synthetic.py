@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from jpwr.domains import Sensor, Signal
-from jpwr.trace import SensorSeries
+from jpwr.trace_io import SensorSeries
 
 NS = 1_000_000_000
 

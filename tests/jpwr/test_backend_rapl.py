@@ -14,7 +14,7 @@ import sysfs_trees
 from jpwr.backends import create_backend
 from jpwr.clock import VirtualClock
 from jpwr.domains import Kind, Signal, Status
-from jpwr.trace import TraceData
+from jpwr.trace_io import TraceData
 from jpwr.windows import WindowSpan, window_energy
 
 MAX_UJ = 262_143_328_850

@@ -225,7 +225,7 @@ def test_combine_two_nodes_sums_and_counts_shared_devices_once(h100_env, tmp_pat
 
 
 def test_sigterm_and_sigkill_leave_readable_traces(h100_env, tmp_path):
-    from jpwr.trace import load_trace, read_segments
+    from jpwr.trace_io import load_trace, read_segments
 
     out = tmp_path / "o"
     proc = _serve(h100_env, out, tmp_path, "n1")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jpwr.devices import job_devices, pci_key, selector_kind
 from jpwr.errors import ValidationError
+from jpwr.selectors import job_devices, pci_key, selector_kind
 
 UUID = "GPU-ef47fe23-3892-5c44-1781-2043445923f0"
 

@@ -15,7 +15,7 @@ from jpwr.estimator import (
     counter_segments,
     domain_window_energy,
 )
-from jpwr.trace import SensorSeries
+from jpwr.trace_io import SensorSeries
 
 from .synthetic import NS, counter_series, integral, power_series, square_wave, steps
 

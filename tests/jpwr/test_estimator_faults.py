@@ -21,7 +21,7 @@ from jpwr.channel import Mark
 from jpwr.clock import VirtualClock
 from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.sampler import Sampler, open_backends
-from jpwr.trace import SEGMENT_DIR, read_segments
+from jpwr.trace_io import SEGMENT_DIR, read_segments
 from jpwr.windows import spans_from_marks, window_energy
 
 from .test_sampler_replay import TICK_NS, _dense_counter_energy

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from jpwr.domains import Domain, Kind, Reading, Sensor, Signal, Status
 from jpwr.power_envelope import GAP_FACTOR
-from jpwr.trace import TraceData
+from jpwr.trace_io import TraceData
 from jpwr.windows import DEFAULT_MIN_COVERAGE, WindowSpan, window_energy
 
 NS = 1_000_000_000

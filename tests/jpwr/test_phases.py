@@ -15,7 +15,7 @@ from jpwr.clock import VirtualClock
 from jpwr.meter import WindowMeter
 from jpwr.phases import MAX_PART_BYTES, HostStamps, PhaseBatch, PhaseRecorder, place_between
 from jpwr.sampler import LocalChannel, Sampler, SocketServer
-from jpwr.trace import read_hdf5, read_segments
+from jpwr.trace_io import read_hdf5, read_segments
 
 
 class Steps:

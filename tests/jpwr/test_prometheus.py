@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jpwr import accelerator_domains, load_trace
+from jpwr.trace import accelerator_domains, load_trace
 from tests.driver_helpers import free_port
 
 PROMETHEUS = shutil.which("prometheus")
@@ -138,3 +138,18 @@ def test_log_intervals_are_neither_windows_nor_window_labels() -> None:
     assert open_window(marks) == "steady"
     assert list(spans_from_marks([*marks, Mark("steady", "end", 9, 30)])) == ["steady"]
     assert list(spans_from_marks(marks, intervals=True)) == ["log/0"]  # a query that names an interval
+
+
+def test_a_busy_metrics_port_is_a_usage_error_naming_the_port(fake_env, tmp_path: Path) -> None:
+    """A port another process holds ends `jpwr --metrics-port` as a usage error (64) naming the port and the fix;
+    it once died with a TypeError, an "internal error" (70), before the wrapped command ran (issue 42)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "jpwr", "--out", str(tmp_path / "jpwr"), "--metrics-host",
+                                 "127.0.0.1", "--metrics-port", str(port), "--", "true"],
+                                env=fake_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 64, result.stderr[-3000:]
+    assert f"--metrics-port {port} on 127.0.0.1" in result.stderr and "Fix: pick a free port" in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr

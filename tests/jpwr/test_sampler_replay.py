@@ -118,7 +118,7 @@ def test_averaged_power_fallback_is_labelled_and_bounded(fake_pynvml, h100_trace
 
 
 def test_stop_writes_summary_and_hdf5_that_reload_identically(replayed, tmp_path):
-    from jpwr.trace import load_trace, read_segments
+    from jpwr.trace_io import load_trace, read_segments
     from jpwr.windows import spans_from_marks, window_energy
 
     _, sampler, _ = replayed

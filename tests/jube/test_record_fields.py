@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from joulebench.record import RunRecord, read_run_record, write_run_record
-from jpwr import Window, WindowEnergy, utc_now
+from jpwr import Window, WindowEnergy
+from jpwr.output import utc_now
 from tests.jube.conftest import JUBE_DIR
 from tests.jube.test_profile import jbprofile  # noqa: F401  (loads jbprofile and its jbsettings, jbslurm)
 

@@ -15,7 +15,7 @@ import pytest
 
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER
-from jpwr import load_trace
+from jpwr.trace import load_trace
 from tests.llm_training.conftest import LLM, TINY, read_record, run_cmd, torchrun
 
 REPLAYS = ["replay/forward", "replay/forward+backward", "replay/optimizer", "replay/step"]

@@ -13,7 +13,7 @@ from joulebench.analysis.report import load_runs
 from joulebench.latents import steady_latents
 from joulebench.record import read_run_record
 from jpwr.energy import J_PER_WH
-from jpwr.trace import read_hdf5
+from jpwr.trace_io import read_hdf5
 
 positive = st.fractions(min_value=Fraction(1, 10**6), max_value=Fraction(10**6))
 

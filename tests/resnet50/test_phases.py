@@ -9,7 +9,7 @@ import pytest
 
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER
-from jpwr import load_trace
+from jpwr.trace import load_trace
 from resnet50.cli import main
 from tests.resnet50.conftest import LAUNCH_VARS, REPO, SMALL, free_port, read_record, run_cmd
 

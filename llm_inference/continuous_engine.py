@@ -14,7 +14,7 @@ finishes: its output length is known), so the device is never read inside the lo
   positions.
   On CUDA each (row count, attended) pair is a CUDA graph captured in `prepare`, outside every window: row counts
   are the powers of two and 1.5 times them up to the rows (and the rows themselves), attended lengths multiples of
-  SLOT_BUCKET; the host keeps the running requests in the lowest rows (`move`), so a step computes at most 1.5
+  POSITION_BUCKET; the host keeps the running requests in the lowest rows (`move`), so a step computes at most 1.5
   times the occupied rows and reads only the filled part of the cache. Rows that hold no
   request compute too (their tokens are never read) but do not advance (`active` is 0);
 * `release(rows)`: those rows stop advancing.
@@ -42,7 +42,8 @@ from llm_inference.static_engine import CompactForward, attended_length
 def row_buckets(rows: int) -> list[int]:
     """Row counts a decode step runs with: powers of two and 1.5 times them (a step computes at most 1.5 times
     its occupied rows from 4 on) below `rows`, and `rows` itself."""
-    buckets, count = set(), 1
+    buckets: set[int] = set()
+    count = 1
     while count < rows:
         buckets.update((count, count * 3 // 2) if count >= 4 else (count,))
         count *= 2
@@ -93,7 +94,7 @@ class ContinuousEngine(CompactForward):
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
-                "slot_bucket": memory.SLOT_BUCKET,
+                "slot_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
                 "request_slots": None if state is None else state.rows,  # record keys kept as they were
                 "cache_slots": None if state is None else state.cache_positions,
@@ -110,7 +111,7 @@ class ContinuousEngine(CompactForward):
         if self.capture:
             torch.cuda.empty_cache()
         model, device = self.model, self.device
-        positions = memory.cache_slots(sequence)
+        positions = memory.cache_positions(sequence)
         shape = (len(model.layers), 2, rows, model.kv_heads, positions, model.head_dim)
 
         def index(size: int) -> torch.Tensor:
@@ -131,7 +132,7 @@ class ContinuousEngine(CompactForward):
 
         buckets = row_buckets(state.rows)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(buckets))
-        lengths = range(memory.SLOT_BUCKET, state.cache_positions + 1, memory.SLOT_BUCKET)
+        lengths = range(memory.POSITION_BUCKET, state.cache_positions + 1, memory.POSITION_BUCKET)
         for count in buckets:
             self.warm_up(lambda count=count: self._step(state, count, lengths[-1]))  # compiles for this row count
             for length in lengths:

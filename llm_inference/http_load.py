@@ -168,9 +168,9 @@ class HttpLoad:
                         self.queue.clear()
                         feed.close()
                 upcoming = feed.upcoming
-                due_later = upcoming is not None and upcoming.arrival_s > now_s
                 # a request due but held back by the full queue waits for a completion (notify), as does an idle one
-                self.cond.wait(min(WAIT_S, upcoming.arrival_s - now_s) if due_later else WAIT_S)
+                due_in = upcoming.arrival_s - now_s if upcoming is not None else 0.0
+                self.cond.wait(min(WAIT_S, due_in) if due_in > 0 else WAIT_S)
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     _log(f"load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | in flight "

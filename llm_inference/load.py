@@ -98,7 +98,7 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
 
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
                        trace: list[Request] | None, say: Callable[[str], None]) -> ServeLog:
-    """Test (c)'s window, before the load: every slot admitted at once and decoded to the end, no refills, so
+    """Test (c)'s window, before the load: every row admitted at once and decoded to the end, no refills, so
     prefill and decode run at separate times (metered as window `controlled`). Requests drawn from the task, or
     a trace's first ones (all arriving at once)."""
     if trace is None:
@@ -129,7 +129,8 @@ class EngineTarget:
     def __init__(self, cfg: LoadConfig, model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str,
                  hardware: dict[str, object], trace: list[Request] | None) -> None:
         self.cfg, self.model, self.shape, self.precision, self.trace = cfg, model, shape, precision, trace
-        self.device, self.hardware = model.device, hardware
+        self.device = model.device
+        self.hardware: dict[str, object] | None = hardware
         self.sweep = Sweep()
 
     def config(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def alone(static: StaticEngine, prompt: torch.Tensor, new_tokens: int) -> list[i
 def requests(name: str, count: int, rate: float) -> list[Request]:
     rng = np.random.default_rng(3)
     times = arrival_times("poisson", rate, count, seed=5)
-    # tiny: up to 30 + 60 positions, so steps cross a SLOT_BUCKET boundary (64) and attend to two cache lengths.
+    # tiny: up to 30 + 60 positions, so steps cross a POSITION_BUCKET boundary (64) and attend to two cache lengths.
     longest = 60 if name == "tiny" else 8
     return [Request(i, float(t), int(rng.integers(3, 30)), int(rng.integers(1, longest)), warmup=i < 2)
             for i, t in enumerate(times)]

@@ -181,7 +181,7 @@ class EngineTarget:
         """The engine has no reasons of its own: a stop and a missing window are the load run's."""
 
     def figures(self, outcome: RateOutcome[EngineServed]) -> dict[str, Any]:
-        return {} if outcome.detail is None else step_figures(outcome.detail.log)
+        return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail.log)
 
     def energy(self, outcome: RateOutcome[EngineServed]) -> dict[str, Any]:
         assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None

@@ -104,7 +104,7 @@ class LoadTarget(Protocol[DetailT]):
         ...
 
     def figures(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
-        """The target's own figures of a rate whose window closed."""
+        """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
     def energy(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
@@ -121,10 +121,8 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
     """The record's figures of one rate (its metrics callback)."""
     target.describe(record.config)
     result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule)
-    if outcome.steady is None or outcome.rule is None:
-        return result
     result.update(target.figures(outcome))
-    if outcome.table is not None:
+    if outcome.steady is not None and outcome.table is not None:
         energy = target.energy(outcome)
         record.requests = {**(record.requests or {}), "energy": energy}
         save_requests(outcome.out_dir, outcome.table, record)

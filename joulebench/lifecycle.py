@@ -39,12 +39,13 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from joulebench.disturbed import WINDOW, Watch, judge, summary, unjudged
 from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
 from joulebench.launch import LaunchEnv
+from joulebench.progress import Heartbeat
 from joulebench.record import (
     EXIT_CODES,
     RECORD_FILE,
@@ -102,6 +103,16 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
     sys.stderr.write(json_text(record.to_dict()))
     sys.stderr.flush()
     return "stderr"
+
+
+def merged_metrics(computed: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's figures: the metrics callback's and those the run's body set on `record.metrics` (a loss
+    curve). A key both set is a driver bug that once let the body's value win unseen: refused, naming the keys."""
+    both = sorted(set(computed) & set(body))
+    if both:
+        raise ValueError(f"metric(s) {', '.join(both)} set both by the run's body (record.metrics) and by its metrics "
+                         "callback: set each figure in one place only")
+    return {**computed, **body}
 
 
 class StopRequest:
@@ -334,7 +345,7 @@ class Lifecycle:
     def _write(self, run: Run, metrics: Callable[[RunRecord], dict[str, Any]]) -> None:
         record = run.record
         try:
-            record.metrics = {**metrics(record), **record.metrics}
+            record.metrics = merged_metrics(metrics(record), record.metrics)
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
@@ -362,3 +373,26 @@ class Lifecycle:
         sys.stdout.flush()
         codes = [run.exit_code for run in self.runs]
         return RECORD_NOT_WRITTEN if RECORD_NOT_WRITTEN in codes else next((code for code in codes if code), 0)
+
+
+PointT = TypeVar("PointT")
+RunPoint = Callable[[PointT, IdleBaseline | None, Callable[[str], None]], tuple[RunRecord, IdleBaseline | None]]
+
+
+def sweep(life: Lifecycle, points: Sequence[PointT], name: Callable[[PointT], str], run_point: RunPoint[PointT],
+          progress: Callable[[RunRecord], str], log: Callable[[str], None], summary_keys: Sequence[str] = (),
+          ends_sweep: Callable[[RunRecord], bool] | None = None) -> int:
+    """Every point of a driver's sweep, one record each, the same loop for every sweep: a heartbeat line while a
+    point runs, the idle baseline measured by the first point and handed to the next (`run_point(point, idle, say)`
+    returns its record and the baseline), a progress line per point; a TIMEOUT ends the sweep (the job is being
+    stopped), as does a point for which `ends_sweep(record)` is true (no further point can finish). Returns the
+    process's exit code (Lifecycle.exit_code)."""
+    with Heartbeat(log) as beat:
+        idle: IdleBaseline | None = None
+        for n, point in enumerate(points, start=1):
+            beat.begin(f"{name(point)} (point {n} of {len(points)})")
+            record, idle = run_point(point, idle, beat.say)
+            beat.say(progress(record))
+            if record.status == "TIMEOUT" or (ends_sweep is not None and ends_sweep(record)):
+                break
+        return life.exit_code(summary_keys)

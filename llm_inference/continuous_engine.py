@@ -1,24 +1,25 @@
-"""The continuous-batching engine (`python -m llm_inference load`): request slots that fill as requests finish.
+"""The continuous-batching engine (`python -m llm_inference load`): request rows that fill as requests finish.
 
-A fixed number of slots (`--max-concurrency`), each one row of a static KV cache with its own length: slot r
-holds one request's keys and values in cache slots [0, length[r]) (no left padding), and the token it feeds
-next. The host decides everything about slots (which request is where, when it finishes: its output length
-is known), so the device is never read inside the load loop; the engine only executes:
+A fixed number of request rows (`--max-concurrency`), each one row of a static KV cache with its own length: row r
+holds one request's keys and values in cache positions [0, length[r]) (no left padding), and the token it feeds
+next. The host decides everything about rows (llm_inference/scheduler.py: which request is where, when it
+finishes: its output length is known), so the device is never read inside the load loop; the engine only executes:
 
-* `admit(slots, prompts)`: the prefill of newly admitted requests into their slots (eager, with SDPA backends
+* `admit(rows, prompts)`: the prefill of newly admitted requests into their rows (eager, with SDPA backends
   that need no set-up per prompt width (engine.SHAPE_FREE_ATTENTION), rows of similar length grouped as in the
   static engine, each group right-padded to its longest prompt: a causal mask keeps
-  real tokens from seeing the padding, and the padding's K/V lies beyond the slot's length, where the decode
+  real tokens from seeing the padding, and the padding's K/V lies beyond the row's length, where the decode
   step overwrites it before any query sees it); the first token of each is picked on the device;
-* `step(rows, attended)`: one decode step over slots [0, rows) attending to the first `attended` cache slots.
-  On CUDA each (rows, attended) pair is a CUDA graph captured in `prepare`, outside every window: rows are the
-  powers of two and 1.5 times them up to the slot count (and the count itself), attended lengths multiples of
-  SLOT_BUCKET; the host keeps the running requests in the lowest slots (`move`), so a step computes at most 1.5
+* `step(row_count, attended)`: one decode step over rows [0, row_count) attending to the first `attended` cache
+  positions.
+  On CUDA each (row count, attended) pair is a CUDA graph captured in `prepare`, outside every window: row counts
+  are the powers of two and 1.5 times them up to the rows (and the rows themselves), attended lengths multiples of
+  POSITION_BUCKET; the host keeps the running requests in the lowest rows (`move`), so a step computes at most 1.5
   times the occupied rows and reads only the filled part of the cache. Rows that hold no
   request compute too (their tokens are never read) but do not advance (`active` is 0);
-* `release(slots)`: those rows stop advancing.
+* `release(rows)`: those rows stop advancing.
 
-Slot index and length updates are small host-to-device copies from pinned memory (no synchronisation).
+Row index and length updates are small host-to-device copies from pinned memory (no synchronisation).
 The decode pieces are compiled per row count (`dynamic=False`; the recompile limit is raised to cover them).
 """
 
@@ -38,46 +39,48 @@ from llm_inference.engine import SHAPE_FREE_ATTENTION
 from llm_inference.static_engine import CompactForward, attended_length
 
 
-def row_buckets(slots: int) -> list[int]:
+def row_buckets(rows: int) -> list[int]:
     """Row counts a decode step runs with: powers of two and 1.5 times them (a step computes at most 1.5 times
-    its occupied rows from 4 on) below `slots`, and `slots` itself."""
-    buckets, rows = set(), 1
-    while rows < slots:
-        buckets.update((rows, rows * 3 // 2) if rows >= 4 else (rows,))
-        rows *= 2
-    return [*sorted(b for b in buckets if b < slots), slots]
+    its occupied rows from 4 on) below `rows`, and `rows` itself."""
+    buckets: set[int] = set()
+    count = 1
+    while count < rows:
+        buckets.update((count, count * 3 // 2) if count >= 4 else (count,))
+        count *= 2
+    return [*sorted(b for b in buckets if b < rows), rows]
 
 
-def rows_for(highest_slot: int, slots: int) -> int:
-    """The smallest row bucket covering slots [0, highest_slot]."""
-    return next(rows for rows in row_buckets(slots) if rows > highest_slot)
+def rows_for(highest_row: int, rows: int) -> int:
+    """The smallest row bucket covering rows [0, highest_row]."""
+    return next(count for count in row_buckets(rows) if count > highest_row)
 
 
 @dataclasses.dataclass
-class SlotState:
-    """The slots' cache and counters: fixed shapes, fixed addresses (what the captured steps read and write)."""
+class RowState:
+    """The request rows' cache and counters: fixed shapes, fixed addresses (what the captured steps read and write)."""
 
-    cache: torch.Tensor  # (layers, 2, slots, KV heads, cache slots, head dim)
-    tokens: torch.Tensor  # (slots,) the token each slot feeds next
-    length: torch.Tensor  # (slots,) filled cache slots = position of that token
-    active: torch.Tensor  # (slots,) 1 while a request occupies the slot, else 0 (its length stays put)
-    row_index: torch.Tensor  # arange(slots)
-    slot_index: torch.Tensor  # arange(cache slots), for masks
+    cache: torch.Tensor  # (layers, 2, rows, KV heads, cache positions, head dim)
+    tokens: torch.Tensor  # (rows,) the token each row feeds next
+    length: torch.Tensor  # (rows,) filled cache positions = position of that token
+    active: torch.Tensor  # (rows,) 1 while a request occupies the row, else 0 (its length stays put)
+    row_index: torch.Tensor  # arange(rows)
+    position_index: torch.Tensor  # arange(cache positions), for masks
     rope: tuple[torch.Tensor, torch.Tensor] | None
     pool: Any
     graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
 
     @property
-    def slots(self) -> int:
+    def rows(self) -> int:
         return self.tokens.shape[0]
 
     @property
-    def cache_slots(self) -> int:
+    def cache_positions(self) -> int:
         return self.cache.shape[4]
 
 
 class ContinuousEngine(CompactForward):
-    """Slots, per-slot lengths and captured decode steps per (rows, attended length); see the module docstring."""
+    """Request rows, per-row lengths and captured decode steps per (row count, attended length); see the module
+    docstring."""
 
     name = "continuous"
 
@@ -85,59 +88,59 @@ class ContinuousEngine(CompactForward):
                  tuning: str = "auto") -> None:
         # "auto" runs the first variant (default): choosing per row bucket would compile every bucket twice
         super().__init__(model, device, compile_decode, dynamic=False, tuning=tuning)
-        self.state: SlotState | None = None
+        self.state: RowState | None = None
 
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
-                "slot_bucket": memory.SLOT_BUCKET,
+                "slot_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
-                "request_slots": None if state is None else state.slots,
-                "cache_slots": None if state is None else state.cache_slots,
-                "row_buckets": None if state is None else row_buckets(state.slots),
+                "request_slots": None if state is None else state.rows,  # record keys kept as they were
+                "cache_slots": None if state is None else state.cache_positions,
+                "row_buckets": None if state is None else row_buckets(state.rows),
                 "captured_graphs": None if state is None else len(state.graphs)}
 
     # ---- set-up, outside every window -------------------------------------------------------------------
     @torch.inference_mode()
-    def prepare(self, slots: int, sequence: int) -> float:
-        """Cache for `slots` requests of up to `sequence` positions; on CUDA every decode step captured.
+    def prepare(self, rows: int, sequence: int) -> float:
+        """Cache for `rows` requests of up to `sequence` positions; on CUDA every decode step captured.
         Returns the seconds spent."""
         started = time.monotonic()
         self.state = None
         if self.capture:
             torch.cuda.empty_cache()
         model, device = self.model, self.device
-        cache_slots = memory.cache_slots(sequence)
-        shape = (len(model.layers), 2, slots, model.kv_heads, cache_slots, model.head_dim)
+        positions = memory.cache_positions(sequence)
+        shape = (len(model.layers), 2, rows, model.kv_heads, positions, model.head_dim)
 
         def index(size: int) -> torch.Tensor:
             return torch.zeros(size, dtype=torch.long, device=device)
 
-        state = self.state = SlotState(
-            cache=torch.zeros(shape, dtype=model.embed.dtype, device=device), tokens=index(slots),
-            length=index(slots), active=index(slots), row_index=torch.arange(slots, device=device),
-            slot_index=torch.arange(cache_slots, device=device), rope=model.rope_tables(cache_slots, model.embed.dtype),
+        state = self.state = RowState(
+            cache=torch.zeros(shape, dtype=model.embed.dtype, device=device), tokens=index(rows),
+            length=index(rows), active=index(rows), row_index=torch.arange(rows, device=device),
+            position_index=torch.arange(positions, device=device), rope=model.rope_tables(positions, model.embed.dtype),
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
         if self.capture:
             self._capture_all(state)
         self.sync()
         return time.monotonic() - started
 
-    def _capture_all(self, state: SlotState) -> None:
+    def _capture_all(self, state: RowState) -> None:
         import torch._dynamo
 
-        buckets = row_buckets(state.slots)
+        buckets = row_buckets(state.rows)
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(buckets))
-        lengths = range(memory.SLOT_BUCKET, state.cache_slots + 1, memory.SLOT_BUCKET)
-        for rows in buckets:
-            self.warm_up(lambda rows=rows: self._step(state, rows, lengths[-1]))  # compiles for this row count
+        lengths = range(memory.POSITION_BUCKET, state.cache_positions + 1, memory.POSITION_BUCKET)
+        for count in buckets:
+            self.warm_up(lambda count=count: self._step(state, count, lengths[-1]))  # compiles for this row count
             for length in lengths:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=state.pool):
-                    self._step(state, rows, length)
-                state.graphs[rows, length] = graph
-        state.length.zero_()  # the warm-up steps ran for real: no slot is in use yet
+                    self._step(state, count, length)
+                state.graphs[count, length] = graph
+        state.length.zero_()  # the warm-up steps ran for real: no row is in use yet
         state.active.zero_()
 
     # ---- what the load loop calls --------------------------------------------------------------------
@@ -146,8 +149,8 @@ class ContinuousEngine(CompactForward):
         return host.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
-    def admit(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> None:
-        """Prefill each prompt (1-D token ids on the host) into its slot; its first token is picked and the slot
+    def admit(self, rows: Sequence[int], prompts: Sequence[torch.Tensor]) -> None:
+        """Prefill each prompt (1-D token ids on the host) into its row; its first token is picked and the row
         becomes active. Groups of similar length share a forward pass (memory.prefill_groups)."""
         state = self._state()
         lengths = [len(p) for p in prompts]
@@ -156,20 +159,20 @@ class ContinuousEngine(CompactForward):
                               pin_memory=self.device.type == "cuda")
             for row, member in enumerate(members):
                 ids[row, :lengths[member]] = prompts[member]
-            rows = self._to_device([slots[m] for m in members])
+            targets = self._to_device([rows[m] for m in members])
             last = self._to_device([lengths[m] - 1 for m in members])
             start = torch.zeros(len(members), dtype=torch.long, device=self.device)
             with sdpa_kernel(SHAPE_FREE_ATTENTION):  # a new prompt width almost every time: no per-shape set-up
-                logits = self._prefill_rows(state.cache, state.slot_index, state.rope, rows,
+                logits = self._prefill_rows(state.cache, state.position_index, state.rope, targets,
                                             ids.to(self.device, non_blocking=True), start, 0, last)
-            state.tokens.index_copy_(0, rows, logits.argmax(dim=-1))
-            state.length.index_copy_(0, rows, last + 1)
-            state.active.index_fill_(0, rows, 1)
+            state.tokens.index_copy_(0, targets, logits.argmax(dim=-1))
+            state.length.index_copy_(0, targets, last + 1)
+            state.active.index_fill_(0, targets, 1)
 
     @torch.inference_mode()
     def move(self, moves: Sequence[tuple[int, int, int]]) -> None:
-        """(from slot, to slot, filled length) per request: its cache row's filled part, token, length and activity
-        move; the old slots stop advancing. Sources are read before any destination is written."""
+        """(from row, to row, filled length) per request: its cache row's filled part, token, length and activity
+        move; the old rows stop advancing. Sources are read before any destination is written."""
         state = self._state()
         source = self._to_device([m[0] for m in moves])
         target = self._to_device([m[1] for m in moves])
@@ -180,29 +183,29 @@ class ContinuousEngine(CompactForward):
         state.active.index_fill_(0, source, 0)
 
     @torch.inference_mode()
-    def release(self, slots: Sequence[int]) -> None:
-        """These slots' requests are done: the slots stop advancing until admitted again."""
-        self._state().active.index_fill_(0, self._to_device(slots), 0)
+    def release(self, rows: Sequence[int]) -> None:
+        """These rows' requests are done: the rows stop advancing until admitted again."""
+        self._state().active.index_fill_(0, self._to_device(rows), 0)
 
     @torch.inference_mode()
-    def step(self, rows: int, attended: int) -> None:
-        """One decode step over slots [0, rows), attending to the first `attended` cache slots."""
+    def step(self, row_count: int, attended: int) -> None:
+        """One decode step over rows [0, row_count), attending to the first `attended` cache positions."""
         state = self._state()
         if self.capture:
-            state.graphs[rows, attended].replay()
+            state.graphs[row_count, attended].replay()
         else:
-            self._step(state, rows, attended)
+            self._step(state, row_count, attended)
 
     def next_tokens(self) -> torch.Tensor:
-        """Every slot's latest token (a device tensor the next step overwrites: clone it to keep it)."""
+        """Every row's latest token (a device tensor the next step overwrites: clone it to keep it)."""
         return self._state().tokens
 
-    def _state(self) -> SlotState:
+    def _state(self) -> RowState:
         if self.state is None:
             raise RuntimeError("ContinuousEngine.prepare must run before requests are admitted")
         return self.state
 
-    def _step(self, state: SlotState, rows: int, attended: int) -> None:
+    def _step(self, state: RowState, rows: int, attended: int) -> None:
         positions = state.length[:rows]
         row_index = state.row_index[:rows]
 
@@ -215,7 +218,7 @@ class ContinuousEngine(CompactForward):
         state.length[:rows] += state.active[:rows]
 
 
-def step_shape(lengths: Sequence[int], highest_slot: int, slots: int) -> tuple[int, int]:
-    """(rows, attended) of the next decode step: `lengths` are the active slots' filled lengths (each step
-    attends to its own length + 1 slots), `highest_slot` the highest active slot index."""
-    return rows_for(highest_slot, slots), attended_length(max(lengths) + 1)
+def step_shape(lengths: Sequence[int], highest_row: int, rows: int) -> tuple[int, int]:
+    """(row count, attended) of the next decode step: `lengths` are the active rows' filled cache positions (each
+    step attends to its own length + 1 positions), `highest_row` the highest active row."""
+    return rows_for(highest_row, rows), attended_length(max(lengths) + 1)

@@ -1,11 +1,11 @@
-"""Decode attention over a KV cache: one query token per row, reading only the row's own visible slots.
+"""Decode attention over a KV cache: one query token per row, reading only the row's own visible cache positions.
 
 Why not SDPA here: a decode step's query is one token per row (the query heads of one KV head act as that
 head's query rows), so SDPA gets batch × KV heads programs, each walking the whole attended length alone: at
-batch 1 that is 8 programs on a 132-SM GPU, and its additive mask makes every row read every attended slot,
+batch 1 that is 8 programs on a 132-SM GPU, and its additive mask makes every row read every attended position,
 left padding included (at batch 256 of chat prompts more than half of what is read is padding). Here the
-attended length is split into pieces of SPLIT_BLOCK slots that run in parallel (split-K, "flash decoding"),
-each piece skips slots outside its row's [first, last] range without reading them, and a second kernel
+attended length is split into pieces of SPLIT_BLOCK positions that run in parallel (split-K, "flash decoding"),
+each piece skips positions outside its row's [first, last] range without reading them, and a second kernel
 combines the pieces' partial softmax sums. On CUDA with Triton; anywhere else (or an unsupported head size)
 SDPA with the equivalent mask, which is also the reference the tests compare against.
 """
@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-SPLIT_BLOCK = 64  # slots per loop step of a piece; pieces are multiples of it
+SPLIT_BLOCK = 64  # cache positions per loop step of a piece; pieces are multiples of it
 PIECES_PER_SM = 2  # pieces in flight per SM aimed for when rows × KV heads alone cannot fill the GPU
 
 try:
@@ -36,10 +36,10 @@ def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) ->
 
 
 def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, batch: int) -> torch.Tensor:
-    """(batch, length) booleans: slot j visible to row b when first[b] <= j <= last[b] (first None: 0)."""
-    slots = torch.arange(length, device=last.device)[None, :]
-    visible = slots <= last.expand(batch)[:, None]
-    return visible if first is None else visible & (slots >= first[:, None])
+    """(batch, length) booleans: cache position j visible to row b when first[b] <= j <= last[b] (first None: 0)."""
+    positions = torch.arange(length, device=last.device)[None, :]
+    visible = positions <= last.expand(batch)[:, None]
+    return visible if first is None else visible & (positions >= first[:, None])
 
 
 def sdpa_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, rows: int, dtype: torch.dtype
@@ -50,7 +50,7 @@ def sdpa_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, rows:
 
 def sdpa_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
                           last: torch.Tensor, length: int, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: SDPA over the first `length` slots with the visibility as an additive mask (`mask`: the
+    """The reference: SDPA over the first `length` cache positions with the visibility as an additive mask (`mask`: the
     same, built by sdpa_mask beforehand)."""
     if mask is None:
         mask = sdpa_mask(first, last, length, query.shape[0], query.dtype)
@@ -63,9 +63,9 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(visible, zero, torch.finfo(dtype).min)
 
 
-def piece_slots(rows_heads: int, length: int, sms: int) -> int:
-    """Slots per piece: one piece per (row, KV head) when those alone fill the GPU, else shorter pieces (multiples
-    of SPLIT_BLOCK) until about PIECES_PER_SM × SMs pieces run."""
+def piece_positions(rows_heads: int, length: int, sms: int) -> int:
+    """Cache positions per piece: one piece per (row, KV head) when those alone fill the GPU, else shorter pieces
+    (multiples of SPLIT_BLOCK) until about PIECES_PER_SM × SMs pieces run."""
     wanted = max(1, math.ceil(PIECES_PER_SM * sms / rows_heads))
     return max(SPLIT_BLOCK, math.ceil(math.ceil(length / wanted) / SPLIT_BLOCK) * SPLIT_BLOCK)
 
@@ -79,13 +79,13 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
                            last: torch.Tensor, length: int, sms: int) -> torch.Tensor:
     """Attention of one query token per row, by the two Triton kernels (where triton_supported says so; no device
     check here: the tests run them in Triton's interpreter on the CPU). query (rows, KV heads, groups, head dim);
-    keys and values (rows, KV heads, slots, head dim) with unit stride along the head dim; row b sees slots
-    first[b]..last[b] below `length` (first None: from 0; last (rows,) or (1,) for all rows; a row with nothing
-    visible gets zeros). Returns (rows, KV heads, groups, head dim)."""
+    keys and values (rows, KV heads, cache positions, head dim) with unit stride along the head dim; row b sees
+    positions first[b]..last[b] below `length` (first None: from 0; last (rows,) or (1,) for all rows; a row with
+    nothing visible gets zeros). Returns (rows, KV heads, groups, head dim)."""
     rows, kv_heads, groups, head_dim = query.shape
     block_groups = max(16, triton.next_power_of_2(groups))  # tl.dot tiles are at least 16 wide
-    slots = piece_slots(rows * kv_heads, length, sms)
-    pieces = math.ceil(length / slots)
+    per_piece = piece_positions(rows * kv_heads, length, sms)
+    pieces = math.ceil(length / per_piece)
     partial = torch.empty((rows * kv_heads, pieces, block_groups, head_dim), dtype=torch.float32, device=query.device)
     maxima = torch.empty((rows * kv_heads, pieces, block_groups), dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxima)
@@ -94,8 +94,8 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     _pieces_kernel[(rows * kv_heads, pieces)](
         query, keys, values, last if first is None else first, last, partial, maxima, sums,
         *query.stride()[:3], *keys.stride()[:3], *values.stride()[:3], last.stride(0) if last.shape[0] > 1 else 0,
-        1.0 / math.sqrt(head_dim), slots, pieces, length,
-        KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_SLOTS=SPLIT_BLOCK,
+        1.0 / math.sqrt(head_dim), per_piece, pieces, length,
+        KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_POSITIONS=SPLIT_BLOCK,
         FROM_ZERO=first is None,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")  # tf32: Triton's default, unused in bf16
     _combine_kernel[(rows * kv_heads,)](
@@ -105,12 +105,12 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["last_stride", "piece_slots", "pieces", "length"])
+    @triton.jit(do_not_specialize=["last_stride", "piece_positions", "pieces", "length"])
     def _pieces_kernel(query, keys, values, firsts, lasts, partial, maxima, sums,
-                       q_row, q_head, q_group, k_row, k_head, k_slot, v_row, v_head, v_slot, last_stride,
-                       scale, piece_slots, pieces, length,
+                       q_row, q_head, q_group, k_row, k_head, k_position, v_row, v_head, v_position, last_stride,
+                       scale, piece_positions, pieces, length,
                        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       BLOCK_GROUPS: tl.constexpr, BLOCK_SLOTS: tl.constexpr, FROM_ZERO: tl.constexpr,
+                       BLOCK_GROUPS: tl.constexpr, BLOCK_POSITIONS: tl.constexpr, FROM_ZERO: tl.constexpr,
                        DOT_PRECISION: tl.constexpr):
         """One piece of one (row, KV head): its softmax maximum, sum and unnormalised output per query row."""
         row_head = tl.program_id(0)
@@ -119,8 +119,8 @@ if triton is not None:
         head = row_head % KV_HEADS
         last = tl.load(lasts + row * last_stride)
         first = 0 if FROM_ZERO else tl.load(firsts + row)
-        begin = tl.maximum(first, piece * piece_slots)
-        end = tl.minimum(tl.minimum(last + 1, length), (piece + 1) * piece_slots)
+        begin = tl.maximum(first, piece * piece_positions)
+        end = tl.minimum(tl.minimum(last + 1, length), (piece + 1) * piece_positions)
         group = tl.arange(0, BLOCK_GROUPS)
         dim = tl.arange(0, HEAD_DIM)
         q = tl.load(query + row * q_row + head * q_head + group[:, None] * q_group + dim[None, :],
@@ -130,17 +130,17 @@ if triton is not None:
         acc = tl.zeros([BLOCK_GROUPS, HEAD_DIM], tl.float32)
         key_base = keys + row * k_row + head * k_head
         value_base = values + row * v_row + head * v_head
-        for start in range(begin, end, BLOCK_SLOTS):
-            slot = start + tl.arange(0, BLOCK_SLOTS)
-            inside = slot < end
-            k = tl.load(key_base + slot[:, None] * k_slot + dim[None, :], mask=inside[:, None], other=0.0)
+        for start in range(begin, end, BLOCK_POSITIONS):
+            position = start + tl.arange(0, BLOCK_POSITIONS)
+            inside = position < end
+            k = tl.load(key_base + position[:, None] * k_position + dim[None, :], mask=inside[:, None], other=0.0)
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             scores = tl.where(inside[None, :], scores * scale, float("-inf"))
             new_maximum = tl.maximum(maximum, tl.max(scores, 1))
             weights = tl.exp(scores - new_maximum[:, None])
             rescale = tl.exp(maximum - new_maximum)
             total = total * rescale + tl.sum(weights, 1)
-            v = tl.load(value_base + slot[:, None] * v_slot + dim[None, :], mask=inside[:, None], other=0.0)
+            v = tl.load(value_base + position[:, None] * v_position + dim[None, :], mask=inside[:, None], other=0.0)
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=DOT_PRECISION)
             maximum = new_maximum
         at = row_head.to(tl.int64) * pieces + piece

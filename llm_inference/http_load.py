@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import socket
 import sys
@@ -32,35 +31,21 @@ import numpy as np
 import torch
 
 from joulebench.launch import LaunchEnv
-from joulebench.lifecycle import Lifecycle, RunFailed, StopRequested
-from joulebench.progress import Heartbeat
+from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable, save_requests
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import resolve_device
-from jpwr import IdleBaseline, Window
+from jpwr import WindowMeter
 from llm_inference import request_metrics, server
 from llm_inference.arrivals import Request
 from llm_inference.checkpoint import prompt_text
 from llm_inference.client_estimate import ClientStream
 from llm_inference.engine import request_prompt
 from llm_inference.http_client import StreamResult, Target, stream
-from llm_inference.load import (
-    COUNTER_READ_S,
-    NO_WINDOW,
-    SUMMARY_EXTRA,
-    WORK_UNIT,
-    Plan,
-    counted_ids,
-    load_metrics,
-    plan_rate,
-    plan_trace,
-    progress_line,
-    rate_paths,
-    request_energy_figures,
-)
 from llm_inference.load_config import LoadConfig, ServerTarget
+from llm_inference.load_plan import COUNTER_READ_S, WORK_UNIT, Plan, counted_ids
+from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
-from llm_inference.runner import window_seconds
 from llm_inference.serve_loop import ArrivalFeed, SaturatedWindow, WindowRule
 from llm_inference.serving_energy import Sweep, client_energy
 
@@ -78,11 +63,12 @@ def _log(text: str) -> None:
 
 
 class HttpLoad:
-    """The client side of one rate: arrivals into a queue, at most `slots` requests in flight, window edges.
-    Offers what the window rules read (free_slots, warming_up, exhausted, queue), as the engine's ServeLoop does."""
+    """The client side of one rate: arrivals into a queue, at most `rows` requests in flight, window edges.
+    Offers what the window rules read (serve_loop.LoadState: a row is one request in flight), as the engine's
+    scheduler does."""
 
-    def __init__(self, target: Target, slots: int, prompt: Callable[[Request], str]) -> None:
-        self.target, self.slots, self.prompt = target, slots, prompt
+    def __init__(self, target: Target, rows: int, prompt: Callable[[Request], str]) -> None:
+        self.target, self.rows, self.prompt = target, rows, prompt
         self.queue: deque[Request] = deque()
         self.results: dict[int, StreamResult] = {}
         self.in_flight = 0
@@ -94,8 +80,8 @@ class HttpLoad:
         self.sockets: dict[int, socket.socket] = {}
 
     @property
-    def free_slots(self) -> int:
-        return self.slots - self.in_flight
+    def free_rows(self) -> int:
+        return self.rows - self.in_flight
 
     @property
     def warming_up(self) -> bool:
@@ -138,9 +124,9 @@ class HttpLoad:
         """Serve `requests` (in arrival order; endless at `--rate max`) until they are done or a stop request;
         on a stop or an error the requests in flight are ended, never waited for."""
         start_ns = time.monotonic_ns()
-        feed = ArrivalFeed(requests, start_ns, self.slots)
+        feed = ArrivalFeed(requests, start_ns, self.rows)
         outcome = LoadOutcome(start_ns, feed.arrival_ns)
-        pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="request")
+        pool = ThreadPoolExecutor(max_workers=self.rows, thread_name_prefix="request")
         try:
             self._dispatch(feed, pool, rule, on_begin, on_end, stop, expected, outcome)
         except BaseException:
@@ -166,15 +152,15 @@ class HttpLoad:
                 if outcome.stop_reason or (not self.in_flight and not self.queue and feed.exhausted):
                     outcome.in_flight_at_end = self.in_flight
                     break
-                while self.queue and self.in_flight < self.slots:
+                while self.queue and self.in_flight < self.rows:
                     request = self.queue.popleft()
                     self.results[request.id] = StreamResult(request.id)
                     self.in_flight += 1
                     pool.submit(self._one, request)
-                if not edges and rule.begin_now(self, now_s):  # type: ignore[arg-type]
+                if not edges and rule.begin_now(self, now_s):
                     on_begin()
                     edges.append(time.monotonic_ns())
-                elif len(edges) == 1 and rule.end_now(self, now_s):  # type: ignore[arg-type]
+                elif len(edges) == 1 and rule.end_now(self, now_s):
                     now = time.monotonic_ns()
                     on_end(window_tokens(list(self.results.values()), (edges[0], now)))
                     edges.append(now)
@@ -182,9 +168,9 @@ class HttpLoad:
                         self.queue.clear()
                         feed.close()
                 upcoming = feed.upcoming
-                due_later = upcoming is not None and upcoming.arrival_s > now_s
                 # a request due but held back by the full queue waits for a completion (notify), as does an idle one
-                self.cond.wait(min(WAIT_S, upcoming.arrival_s - now_s) if due_later else WAIT_S)
+                due_in = upcoming.arrival_s - now_s if upcoming is not None else 0.0
+                self.cond.wait(min(WAIT_S, due_in) if due_in > 0 else WAIT_S)
                 if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     _log(f"load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | in flight "
@@ -291,17 +277,30 @@ def _placeholders(cfg: LoadConfig, port: int | None) -> dict[str, str]:
             "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
 
-def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget, out_dir: Path,
-                  stop: Callable[[], str | None]) -> dict[str, Any]:
+def _start_server(stack: contextlib.ExitStack, cfg: LoadConfig, target: ServerTarget,
+                  stop: Callable[[], str | None]) -> StartedServer:
+    """The server every rate sends to: started (stopped when `stack` closes) with its log in --out-dir, or the
+    one at --url."""
+    if not target.command:
+        url = target.url or ""
+        return StartedServer(url, None, _server_record(cfg, target, url, None, None, None))
     port = target.port or server.free_port(HOST)
-    argv = server.render(target.command or "", _placeholders(cfg, port))
-    log_path = out_dir / server.LOG_NAME
+    argv = server.render(target.command, _placeholders(cfg, port))
+    log_path = Path(cfg.out_dir) / server.LOG_NAME
     _log(f"starting the server: {' '.join(argv)} (log {log_path})")
     running, ready_s = stack.enter_context(server.started(argv, os.environ, log_path, HOST, port,
                                                           target.ready_timeout_s, stop))
     _log(f"server ready after {ready_s:.1f} s on {HOST}:{port}")
-    return {"url": f"http://{HOST}:{port}", "process": running, "argv": argv, "ready_s": ready_s,
-            "log": str(log_path)}
+    url = f"http://{HOST}:{port}"
+    return StartedServer(url, running, _server_record(cfg, target, url, argv, ready_s, str(log_path)))
+
+
+def _server_record(cfg: LoadConfig, target: ServerTarget, url: str, argv: list[str] | None, ready_s: float | None,
+                   log: str | None) -> dict[str, Any]:
+    """The record's config `server` block (its first request's seconds follow once it answered)."""
+    return {"url": url, "command": argv, "version": server.version(target.version_command,
+                                                                   _placeholders(cfg, target.port)),
+            "ready_s": ready_s, "log": log, "devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "api": target.api}
 
 
 def _prime(client: Target, stop: Callable[[], str | None]) -> float:
@@ -325,145 +324,155 @@ def _prime(client: Target, stop: Callable[[], str | None]) -> float:
     return seconds
 
 
-def _run_rate(life: Lifecycle, cfg: LoadConfig, target: ServerTarget, rate: float | None,
-              trace: list[Request] | None, shape: ModelPreset, device: torch.device, idle: IdleBaseline | None,
-              single: bool, sweep: Sweep, stack: contextlib.ExitStack, state: dict[str, Any]
-              ) -> tuple[RunRecord, IdleBaseline | None]:
-    label, out_dir, run_id = rate_paths(cfg, rate, single)
-    config = {**cfg.to_dict(), "rate": label, "model": cfg.preset if cfg.checkpoint is None else shape.name,
-              "engine": target.engine, "weights": "checkpoint" if cfg.checkpoint else "random (seeded)",
-              "model_source": shape.source, "out_dir": str(out_dir)}
-    figures: dict[str, Any] = {}
+@dataclasses.dataclass
+class StartedServer:
+    """The server every rate of the sweep sends to: a started one (its process) or one at --url."""
 
-    def metrics(record: RunRecord) -> dict[str, Any]:
-        record.config["server"] = state.get("server_record")
-        result = load_metrics(cfg, rate, figures.get("steady"), figures.get("times", []),
-                              figures.get("counted", set()), figures.get("rule"))
-        result["engine"] = target.engine
-        if "table" in figures and figures.get("steady") is not None:
-            energy = figures.get("energy_block") or client_energy(
-                label, figures["streams"], figures["lifetimes"], figures["steady"], figures["finished"],
-                None if idle is None else idle.power_w, out_dir / "jpwr", figures["table"], sweep)
-            record.requests = {**(record.requests or {}), "energy": energy}
-            save_requests(out_dir, figures["table"], record)
-            result.update(request_energy_figures(energy))
-        return result
+    url: str
+    process: server.Server | None
+    record: dict[str, Any]  # the record's config `server` block
 
-    with life.run(run_id, out_dir, config, metrics=metrics, log_to=cfg.log_to) as run:
-        if not target.command:  # --url: the server is no child of this run's, its GPU processes are not ours
+    def gone(self) -> str | None:
+        """Why a started server is gone (its exit and log), or None while it runs (or it is not ours)."""
+        return self.process.exited() if self.process is not None else None
+
+
+@dataclasses.dataclass
+class ClientServed:
+    """The client's own results of one rate: the streams the energy estimate reads, which requests finished."""
+
+    streams: list[ClientStream]
+    lifetimes: np.ndarray  # (id, arrival ns, last chunk ns) per request that streamed
+    done: set[int]
+    results: int  # requests sent
+    failures: dict[str, Any]
+
+
+class HttpServerTarget:
+    """An OpenAI-compatible server as a load target (llm_inference/load_run.py): started once (or given by --url),
+    primed with one request, metered where its devices are known."""
+
+    def __init__(self, cfg: LoadConfig, shape: ModelPreset, device: torch.device, stack: contextlib.ExitStack
+                 ) -> None:
+        assert cfg.server is not None
+        self.cfg, self.server, self.shape, self.device, self.stack = cfg, cfg.server, shape, device, stack
+        self.hardware: dict[str, object] | None = None
+        self.sweep = Sweep()
+        self.started: StartedServer | None = None
+        self.client: Target | None = None
+        # a started server runs on the metered devices; a server at --url only where --server-devices names them
+        self.meter_devices = self.server.devices is not None or self.server.command is not None
+
+    def config(self) -> dict[str, Any]:
+        return {"engine": self.server.engine}
+
+    def describe(self, config: dict[str, Any]) -> None:
+        config["server"] = None if self.started is None else self.started.record
+
+    def start(self, run: Run) -> None:
+        if not self.server.command:  # --url: the server is no child of this run's, its GPU processes are not ours
             run.processes_unjudged(EXTERNAL_SERVER)
-        if "server" not in state:
-            state["server"] = (_start_server(stack, cfg, target, Path(cfg.out_dir), life.stop.local_reason)
-                               if target.command else {"url": target.url})
-            started = state["server"]
-            state["server_record"] = {
-                "url": started["url"], "command": started.get("argv"),
-                "version": server.version(target.version_command, _placeholders(cfg, target.port)),
-                "ready_s": started.get("ready_s"), "log": started.get("log"),
-                "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "api": target.api}
-        _check_alive(state)
-        client = Target(state["server"]["url"], target.api, target.served_model or cfg.checkpoint or cfg.preset,
-                        target.request_timeout_s, target.retries, target.request_extra)
-        if "first_request_s" not in state["server_record"]:
-            state["server_record"]["first_request_s"] = _prime(client, life.stop.local_reason)
-        meter_devices = target.devices is not None or target.command is not None
-        if not meter_devices:
-            figures["energy_block"] = {"unavailable_reason": "an external server (--url) without --server-devices: "
-                                                             "which devices serve it is not known here"}
-        meter = run.open_meter(methods=cfg.energy_methods if meter_devices else None, read_every_s=COUNTER_READ_S)
-        idle = run.idle_baseline(cfg.idle_baseline, device.type == "cuda", reuse=idle)
-        window = window_seconds(cfg.steady_seconds, meter, device)
-        run.record.meter["steady_seconds"] = window.to_dict()
-        plan: Plan = plan_trace(trace, cfg.warmup_requests or 0) if trace is not None else \
-            plan_rate(cfg, rate or math.inf, window.seconds, device)
-        _log(f"rate {label}: {plan.note}; at most {cfg.max_concurrency} requests in flight to {state['server']['url']}")
-        served: dict[int, Request] = {}
+        if self.started is None:
+            self.started = _start_server(self.stack, self.cfg, self.server, run.stop.local_reason)
+        gone = self.started.gone()
+        if gone:
+            raise RuntimeError(gone)
+        self.client = Target(self.started.url, self.server.api, self.server.served_model or self.cfg.checkpoint
+                             or self.cfg.preset, self.server.request_timeout_s, self.server.retries,
+                             self.server.request_extra)
+        if "first_request_s" not in self.started.record:
+            self.started.record["first_request_s"] = _prime(self.client, run.stop.local_reason)
 
-        def source() -> Iterator[Request]:
-            for r in plan.requests:
-                served[r.id] = r
-                yield r
+    def open_meter(self, run: Run, cfg: LoadConfig) -> WindowMeter:
+        return run.open_meter(methods=cfg.energy_methods if self.meter_devices else None, read_every_s=COUNTER_READ_S)
 
-        load = HttpLoad(client, cfg.max_concurrency,
-                        lambda r: prompt_text(request_prompt(r, shape.vocab_size, cfg.seed).tolist()))
+    def limit_note(self) -> str:
+        url = "n/a" if self.started is None else self.started.url
+        return f"at most {self.cfg.max_concurrency} requests in flight to {url}"
 
-        def stop() -> str | None:
-            return life.stop.local_reason() or (_gone(state))
+    def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
+              outcome: RateOutcome[ClientServed], say: Callable[[str], None]) -> dict[str, Any]:
+        assert self.client is not None and self.started is not None
+        started, cfg = self.started, self.cfg
+        load = HttpLoad(self.client, cfg.max_concurrency,
+                        lambda r: prompt_text(request_prompt(r, self.shape.vocab_size, cfg.seed).tolist()))
 
         def on_end(tokens: float) -> None:
-            figures["steady"] = meter.end("steady", load.chunks_read(), {WORK_UNIT: tokens})
+            outcome.steady = meter.end("steady", load.chunks_read(), {WORK_UNIT: tokens})
 
-        outcome = load.run(source(), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end, stop,
-                           plan.expected)
-        start_ns, arrival_ns, window_ns = outcome.start_ns, outcome.arrival_ns, outcome.window
-        results = load.results
-        counted = counted_ids({i: r.sent_ns for i, r in results.items()}, window_ns, served, plan.rule)
-        steady: Window | None = figures.get("steady")
-        if steady is not None and window_ns is not None:
-            steady.work[WORK_UNIT] = window_tokens(list(results.values()), window_ns)
-        done = {i for i, r in results.items() if r.outcome == "done"}
-        times = [t for t in _times(results, served, arrival_ns, start_ns) if t.id in counted]
-        table = _table(results, served, arrival_ns, counted, start_ns)
-        figures.update(rule=plan.rule, counted=counted, times=times, table=table,
-                       streams=_streams(results, served, arrival_ns),
-                       lifetimes=np.array([(i, arrival_ns[i], r.chunk_ns[-1]) for i, r in sorted(results.items())
-                                           if r.chunk_ns], dtype=np.int64).reshape(-1, 3),
-                       finished={t.id for t in times})
-        sources = Counter(r.token_source for i, r in results.items() if i in done)
-        failures = _failures(results)
-        run.record.requests = {"file": FILE_NAME, "rows": len(table), "counted": len(counted),
-                               "columns": list(REQUEST_COLUMNS), "chunks": load.chunks_read(),
-                               "output_token_counts": {"from usage": sources.get("usage", 0),
-                                                       "counted from the stream": sources.get("stream", 0)},
-                               "failures": failures}
-        save_requests(out_dir, table, run.record)
+        ended = load.run(drawn(plan, served), plan.rule, lambda: meter.begin("steady", load.chunks_read()), on_end,
+                         lambda: run.stop.local_reason() or started.gone(), plan.expected)
+        _settle(load, plan, served, ended, outcome)
+        assert outcome.detail is not None and outcome.table is not None
+        sources = Counter(r.token_source for i, r in load.results.items() if i in outcome.detail.done)
+        return {"file": FILE_NAME, "rows": len(outcome.table), "counted": len(outcome.counted),
+                "columns": list(REQUEST_COLUMNS), "chunks": load.chunks_read(),
+                "output_token_counts": {"from usage": sources.get("usage", 0),
+                                        "counted from the stream": sources.get("stream", 0)},
+                "failures": outcome.detail.failures}
+
+    def check(self, run: Run, outcome: RateOutcome[ClientServed]) -> None:
+        """Failed requests are named; a server gone and a load without one counted success fail the rate."""
+        assert outcome.detail is not None and self.started is not None
+        failures = outcome.detail.failures
         if failures["count"]:
             run.record.warn(f"{failures['count']} request(s) failed or timed out: "
                             + "; ".join(f"{n} x {k}" for k, n in failures["by_reason"].items()))
-        asked = life.stop.local_reason()  # a stop first: a server it also reached, and cut requests, follow from it
-        if asked:
-            raise StopRequested(f"{asked}: the load stopped with {outcome.in_flight_at_end} requests in flight")
-        gone = _gone(state)  # the other reason the load stops early
+        # a stop first: a server it also reached, and cut requests, follow from it
+        outcome.stop_reason = run.stop.local_reason()
+        if outcome.stop_reason:
+            return
+        gone = self.started.gone()  # the other reason the load stops early
         if gone:
-            raise RuntimeError(f"{gone} (during rate {label}, {len(done)} of {len(results)} requests done)")
-        if counted and not counted & done:
+            raise RuntimeError(f"{gone} (during rate {outcome.label}, {len(outcome.detail.done)} of "
+                               f"{outcome.detail.results} requests done)")
+        if outcome.counted and not outcome.counted & outcome.detail.done:
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
                                f"{(failures['first'] or [{}])[0].get('reason')})")
-        if window_ns is None:
-            raise RunFailed(NO_WINDOW)
-    return run.record, idle
+
+    def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+        return {"engine": self.server.engine}
+
+    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+        if not self.meter_devices:
+            return {"unavailable_reason": "an external server (--url) without --server-devices: which devices "
+                                          "serve it is not known here"}
+        assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None
+        return client_energy(outcome.label, outcome.detail.streams, outcome.detail.lifetimes, outcome.steady,
+                             outcome.finished, outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table,
+                             self.sweep)
+
+    def ends_sweep(self, record: RunRecord) -> bool:
+        """A FAILED rate without a server (it never started) or with one gone: none can serve another rate."""
+        return record.status == "FAILED" and (self.started is None or self.started.gone() is not None)
 
 
-def _gone(state: dict[str, Any]) -> str | None:
-    process = state.get("server", {}).get("process")
-    return process.exited() if process is not None else None
-
-
-def _check_alive(state: dict[str, Any]) -> None:
-    gone = _gone(state)
-    if gone:
-        raise RuntimeError(gone)
+def _settle(load: HttpLoad, plan: Plan, served: dict[int, Request], ended: LoadOutcome,
+            outcome: RateOutcome[ClientServed]) -> None:
+    """The rate's outcome from the client's results: what counts, the window's tokens recounted with the usage the
+    requests reported after it closed, the table and the streams."""
+    results, arrival_ns, window_ns = load.results, ended.arrival_ns, ended.window
+    counted = counted_ids({i: r.sent_ns for i, r in results.items()}, window_ns, served, plan.rule)
+    if outcome.steady is not None and window_ns is not None:
+        outcome.steady.work[WORK_UNIT] = window_tokens(list(results.values()), window_ns)
+    outcome.times = [t for t in _times(results, served, arrival_ns, ended.start_ns) if t.id in counted]
+    outcome.table = _table(results, served, arrival_ns, counted, ended.start_ns)
+    outcome.detail = ClientServed(
+        _streams(results, served, arrival_ns),
+        np.array([(i, arrival_ns[i], r.chunk_ns[-1]) for i, r in sorted(results.items()) if r.chunk_ns],
+                 dtype=np.int64).reshape(-1, 3),
+        {i for i, r in results.items() if r.outcome == "done"}, len(results), _failures(results))
+    outcome.rule, outcome.counted = plan.rule, counted
+    outcome.window_ns, outcome.in_flight_at_end = window_ns, ended.in_flight_at_end
 
 
 def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch: LaunchEnv) -> int:
     """Every rate (or the trace) against the server; returns the exit code. Config and trace are validated."""
-    target = cfg.server
-    assert target is not None
+    assert cfg.server is not None
     device = resolve_device(cfg.device)  # picks the warm-up and window defaults (a GPU here: the server's); unused
-    if target.devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = target.devices  # a started server and the in-process meter: the same
+    if cfg.server.devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = cfg.server.devices  # a started server and the in-process meter: the same
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life, \
-            contextlib.ExitStack() as stack, Heartbeat(_log) as beat:
-        idle: IdleBaseline | None = None
-        sweep = Sweep()
-        state: dict[str, Any] = {}
-        rates: list[float | None] = [None] if trace is not None else list(cfg.rates)
-        for n, rate in enumerate(rates, start=1):
-            beat.begin(f"rate {'trace' if rate is None else rate} ({n} of {len(rates)}) against the server")
-            record, idle = _run_rate(life, cfg, target, rate, trace, shape, device, idle, len(rates) == 1, sweep,
-                                     stack, state)
-            beat.say(progress_line(record))
-            if record.status == "TIMEOUT" or (record.status == "FAILED" and ("server" not in state or _gone(state))):
-                break  # stopped, or the server cannot serve another rate
-        return life.exit_code(SUMMARY_EXTRA)
+            contextlib.ExitStack() as stack:
+        return run_rates(life, cfg, HttpServerTarget(cfg, shape, device, stack), trace, shape, _log,
+                         " against the server")

@@ -4,7 +4,7 @@ First order, meant to catch batch sizes off by large factors before any device w
 
 * weights: parameters × bytes per element (2 in bf16/fp16, 4 in fp32);
 * KV cache: 2 · layers · KV heads · head dim · bytes per token, for batch × (longest prompt + output);
-  the static engine allocates it once, its slots rounded up to SLOT_BUCKET;
+  the static engine allocates it once, its cache positions rounded up to POSITION_BUCKET;
 * prefill activations of one layer: tokens × (4·hidden + 3·intermediate) elements (the MLP's gate,
   up and product dominate; attention runs in SDPA without storing the score matrix). `hf` prefills the
   whole batch at once; `static` prefills groups of rows of at most PREFILL_CHUNK_TOKENS tokens (each group at
@@ -30,9 +30,9 @@ CONTEXT_OVERHEAD_GIB = 1.0
 FRAGMENTATION = 1.10
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ENGINES = ("static", "hf")
-# Static engine shapes (the engine and this estimate share them): cache slots come in multiples of
-# SLOT_BUCKET (one captured decode graph per multiple); prefill runs at most this many padded tokens at once.
-SLOT_BUCKET = 64
+# Static engine shapes (the engine and this estimate share them): cache positions come in multiples of
+# POSITION_BUCKET (one captured decode graph per multiple); prefill runs at most this many padded tokens at once.
+POSITION_BUCKET = 64
 PREFILL_CHUNK_TOKENS = 16384
 # What one more prefill group costs, in tokens of computation: its forward pass reads every weight once, and in that
 # time the device computes about (peak matrix FLOP/s) / (memory bandwidth) tokens' worth (H100: ~800e12 / 3.35e12
@@ -40,9 +40,9 @@ PREFILL_CHUNK_TOKENS = 16384
 PREFILL_GROUP_COST_TOKENS = 256
 
 
-def cache_slots(sequence_tokens: int) -> int:
-    """Slots the static engine allocates for sequences of up to `sequence_tokens` positions."""
-    return math.ceil(sequence_tokens / SLOT_BUCKET) * SLOT_BUCKET
+def cache_positions(sequence_tokens: int) -> int:
+    """Cache positions an engine allocates per row for sequences of up to `sequence_tokens` tokens."""
+    return math.ceil(sequence_tokens / POSITION_BUCKET) * POSITION_BUCKET
 
 
 def prefill_rows_per_chunk(prompt_tokens: int) -> int:
@@ -111,14 +111,14 @@ def estimate_memory(preset: ModelPreset, precision: str, batch_size: int, prompt
     """`prompt_tokens`: longest (padded) prompt; `sequence_tokens`: longest prompt + output."""
     width = BYTES[precision]
     static = engine == "static"
-    slots = cache_slots(sequence_tokens) if static else sequence_tokens
+    positions = cache_positions(sequence_tokens) if static else sequence_tokens
     prefill_rows = min(batch_size, prefill_rows_per_chunk(prompt_tokens)) if static else batch_size
     per_token = (4 * preset.hidden_size + 3 * preset.intermediate_size) * width
     qkv = (preset.num_attention_heads + 2 * preset.num_key_value_heads) * preset.head_dim
     step = batch_size * (qkv + 2 * preset.intermediate_size + preset.vocab_size) * width
     return MemoryEstimate(
         weights_gib=preset.parameter_count() * width / GIB,
-        kv_cache_gib=batch_size * slots * preset.kv_bytes_per_token(width) / GIB,
+        kv_cache_gib=batch_size * positions * preset.kv_bytes_per_token(width) / GIB,
         activations_gib=prefill_rows * prompt_tokens * per_token / GIB,
         logits_gib=2 * batch_size * preset.vocab_size * 4 / GIB,
         graphs_gib=2 * step / GIB if static else 0.0,

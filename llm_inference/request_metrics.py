@@ -1,7 +1,7 @@
 """Per-request latencies of a load, their percentiles, and goodput under latency limits (SLOs).
 
 Definitions (all from one clock, the load's start = 0):
-- queueing delay = admitted - arrival (waiting for a slot),
+- queueing delay = admitted - arrival (waiting for a request row),
 - TTFT (time to first token) = first_token - arrival (queueing included, as users see it),
 - TPOT (time per output token) = (finish - first_token) / (output_tokens - 1): the decode pace after the first
   token; a 1-token answer has none (None, never 0),

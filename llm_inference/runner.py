@@ -23,9 +23,8 @@ import torch
 
 from joulebench.latents import steady_latents
 from joulebench.launch import LaunchEnv
-from joulebench.lifecycle import Lifecycle
+from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
-from joulebench.progress import Heartbeat
 from joulebench.record import RunRecord, steady_metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
@@ -231,18 +230,20 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
     validation.check_memory(cfg, shape, precision, hardware.get("device_memory_gib"))
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    with (Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life,
-          Heartbeat(_log) as beat):
+    with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
         model = BuiltModel(lambda: _make_engine(cfg, shape, precision, device), shape, precision, device,
                            cfg.checkpoint)
-        idle: IdleBaseline | None = None
-        points = plan_points(cfg)
-        for n, spec in enumerate(points, start=1):
-            beat.begin(f"{spec.task} bs={spec.batch_size} (point {n} of {len(points)})")
-            record, idle = _run_one(life, cfg, spec, model, shape, precision, device, hardware, idle)
-            beat.say(_progress(record))
-            if record.status == "TIMEOUT" or model.engine is None:
-                break  # the job is being stopped, or the model could not be built: no further point can finish
+
+        def one(spec: Point, idle: IdleBaseline | None, _say: Callable[[str], None]
+                ) -> tuple[RunRecord, IdleBaseline | None]:
+            return _run_one(life, cfg, spec, model, shape, precision, device, hardware, idle)
+
+        def ends_sweep(record: RunRecord) -> bool:
+            if model.engine is None:
+                return True  # the model could not be built: no further point can finish
             if record.status == "FAILED" and device.type == "cuda":
                 torch.cuda.empty_cache()  # e.g. out of memory at a large batch: the smaller points stay valid
-        return life.exit_code(SUMMARY_EXTRA)
+            return False
+
+        return sweep(life, plan_points(cfg), lambda spec: f"{spec.task} bs={spec.batch_size}", one,
+                     _progress, _log, SUMMARY_EXTRA, ends_sweep)

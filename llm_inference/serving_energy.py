@@ -1,14 +1,14 @@
 """Per-request energy of a load run and the tests of its model, from the in-process trace beside the record.
 
 The fit (joulebench.request_energy) runs on the whole load of the rate, from its first step to its last: the ramp
-(warm-up requests filling the slots) and the drain vary the rows per step, which one saturated window does not (at
-`--rate max` every step decodes all slots, so a fixed cost per step and a cost per row cannot be told apart there,
+(warm-up requests filling the rows) and the drain vary the rows per step, which one saturated window does not (at
+`--rate max` every step decodes all rows, so a fixed cost per step and a cost per row cannot be told apart there,
 and a fit on that window alone cannot predict a rate at a few rows). Each request's parts are taken over its whole
 lifetime; the window's own energy is split the same way for the remainder diagnostic. The checks, recorded with
 the figures (docs/attribution.md):
 (a) cross-rate: this rate's coefficients predict every earlier rate's window energy, and theirs predict this one's;
 (b) held-out halves of the fitted span (the fit's folds);
-(c) the controlled-split window (all slots admitted at once, no refills) run once, before the first rate's load:
+(c) the controlled-split window (all rows admitted at once, no refills) run once, before the first rate's load:
     the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
 the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
 Under an external sampler the trace is written only when the sampler stops, after the driver: the figures are

@@ -2,10 +2,10 @@
 
 Per batch shape, once and outside every measured window (`prepare`):
 
-* a KV cache of `layers × batch × KV heads × slots × head dim` is allocated, slots = longest prompt +
-  output of the point's batches, rounded up to SLOT_BUCKET;
+* a KV cache of `layers × batch × KV heads × cache positions × head dim` is allocated, positions = longest
+  prompt + output of the point's batches, rounded up to POSITION_BUCKET;
 * on CUDA, one decode step is captured as a CUDA graph per attended cache length (multiples of
-  SLOT_BUCKET): a step attends to the first `length` slots only, so attention reads the filled part of
+  POSITION_BUCKET): a step attends to the first `length` cache positions only, so attention reads the filled part of
   the cache (within one bucket), not all of it. All graphs share one memory pool. The layer pieces around
   attention (norms, projections, RoPE, the K/V write's source, MLP, residuals) are compiled by inductor for
   the decode step (fewer, fused kernels: at batch 1 a step is ~16 × 14 small kernels whose gaps cost as much
@@ -14,12 +14,15 @@ Per batch shape, once and outside every measured window (`prepare`):
 
 A generation is then the prefill (eager: prompt lengths vary; rows of similar prompt length grouped, each group
 at its own longest prompt, so the left padding is hardly computed) and one graph replay per new token: the
-step reads the last token, writes its K/V at the current slot, picks the next token by argmax on the
+step reads the last token, writes its K/V at the current cache position, picks the next token by argmax on the
 device and advances its own counters, so the host only launches replays (no synchronisation, no
 per-step tensor set-up). On CPUs the same step runs eagerly.
 
-Left padding as in transformers: row i's prompt fills slots [start_i, W); its positions count from
-start_i, and attention masks slots before start_i (and after the current one).
+Left padding as in transformers: row i's prompt fills cache positions [start_i, W); its token positions count
+from start_i, and attention masks cache positions before start_i (and after the current one).
+
+Words, as in the continuous engine: a *row* is one sequence of the batch, a *cache position* one token's place in
+a row's KV cache.
 """
 
 from __future__ import annotations
@@ -53,12 +56,12 @@ MIN_TUNING_REPLAYS = 8  # fewer (outputs below 10 tokens leave no room in the bu
 
 
 def attended_length(filled: int) -> int:
-    """Cache slots a step attends to when `filled` slots hold keys: the next multiple of SLOT_BUCKET."""
-    return math.ceil(filled / memory.SLOT_BUCKET) * memory.SLOT_BUCKET
+    """Cache positions a step attends to when `filled` positions hold keys: the next multiple of POSITION_BUCKET."""
+    return math.ceil(filled / memory.POSITION_BUCKET) * memory.POSITION_BUCKET
 
 
 def decode_lengths(prompt: int, new_tokens: int) -> set[int]:
-    """Attended lengths of the decode steps of one generation (step t attends prompt + t + 1 slots)."""
+    """Attended lengths of the decode steps of one generation (step t attends prompt + t + 1 positions)."""
     return {attended_length(prompt + step + 1) for step in range(new_tokens - 1)}
 
 
@@ -66,13 +69,13 @@ def decode_lengths(prompt: int, new_tokens: int) -> set[int]:
 class DecodeState:
     """Everything one batch shape's captured steps read and write: fixed shapes, fixed addresses."""
 
-    cache: torch.Tensor  # (layers, 2, batch, KV heads, slots, head dim): keys [:, 0], values [:, 1]
+    cache: torch.Tensor  # (layers, 2, batch, KV heads, cache positions, head dim): keys [:, 0], values [:, 1]
     tokens: torch.Tensor  # (batch,) the last token of each row
-    start: torch.Tensor  # (batch,) first real slot of each row (left padding)
-    current: torch.Tensor  # (1,) slot the next step writes
+    start: torch.Tensor  # (batch,) first real cache position of each row (left padding)
+    current: torch.Tensor  # (1,) cache position the next step writes
     step: torch.Tensor  # (1,) output column the next step writes
     out: torch.Tensor  # (batch, outputs) generated tokens
-    slot_index: torch.Tensor  # arange(slots), for masks
+    position_index: torch.Tensor  # arange(cache positions), for masks
     rope: tuple[torch.Tensor, torch.Tensor] | None  # (cos, signed sin) per position
     pool: Any  # the memory pool this shape's graphs share (a pool dies with its last graph: one per shape)
     graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
@@ -93,7 +96,7 @@ class DecodeState:
         return self.cache[:, 1]
 
     @property
-    def slots(self) -> int:
+    def positions(self) -> int:
         return self.cache.shape[4]
 
     @property
@@ -135,21 +138,21 @@ class CompactForward:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _prefill_rows(self, cache: torch.Tensor, slot_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    def _prefill_rows(self, cache: torch.Tensor, position_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                       | None, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: int,
                       last: torch.Tensor | None = None) -> torch.Tensor:
-        """Prompt forward pass of some rows (indices `rows` of `cache`) over cache slots [offset, offset + width):
+        """Prompt forward pass of some rows (indices `rows` of `cache`) over cache positions [offset, offset + width):
         their K/V into the cache; the logits at position `last` of each row (default: the last column). `ids`
-        and `start` count from slot `offset`."""
+        and `start` count from cache position `offset`."""
         model = self.model
         count, width = ids.shape
-        slots = slot_index[:width]
-        positions = (slots[None, :] - start[:, None]).clamp(min=0)
+        columns = position_index[:width]
+        positions = (columns[None, :] - start[:, None]).clamp(min=0)
         rope = None if rope is None else (rope[0][positions], rope[1][positions])
-        causal = slots[None, :] <= slots[:, None]
+        causal = columns[None, :] <= columns[:, None]
         # Padding queries see themselves, so no row of the mask is empty (an empty row gives NaN in SDPA).
         own = torch.eye(width, dtype=torch.bool, device=ids.device)
-        visible = causal[None] & ((slots[None, None, :] >= start[:, None, None]) | own[None])
+        visible = causal[None] & ((columns[None, None, :] >= start[:, None, None]) | own[None])
         mask = additive_mask(visible, model.embed.dtype)[:, None]  # once per pass, not per layer
         x = model.embed_tokens(ids, positions)
         for index, layer in enumerate(model.layers):
@@ -165,9 +168,9 @@ class CompactForward:
     def _decode_pass(self, cache: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                      rope: tuple[torch.Tensor, torch.Tensor] | None, first: torch.Tensor | None, last: torch.Tensor,
                      length: int, write: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
-        """Logits after one token per row, attending to the first `length` slots of `cache` (layers, 2, rows,
-        KV heads, slots, head dim), row b to slots first[b]..last[b] (first None: from slot 0; last (rows,) or
-        (1,)); `write(layer cache, kv)` stores the token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
+        """Logits after one token per row, attending to the first `length` cache positions of `cache` (layers,
+        2, rows, KV heads, positions, head dim), row b to positions first[b]..last[b] (first None: from 0; last
+        (rows,) or (1,)); `write(layer cache, kv)` stores the token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
         model = self.model
         batch = tokens.shape[0]
         step_inputs, attention_inputs, attention_output_and_mlp, logits = self.decode_variants[self.decode_tuning]
@@ -244,8 +247,8 @@ class StaticEngine(CompactForward):
                 "decode_tuning": state.tuning if state is not None and state.tuning else (
                     self.decode_tuning if len(self.decode_variants) == 1 else None),  # None: not chosen yet
                 "decode_tuning_ms": None if state is None else state.tuning_ms,
-                "slot_bucket": memory.SLOT_BUCKET,
-                "cache_slots": None if state is None else state.slots,
+                "slot_bucket": memory.POSITION_BUCKET,  # record keys kept as they were
+                "cache_slots": None if state is None else state.positions,
                 "captured_graphs": None if state is None else len(state.graphs),
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
 
@@ -262,19 +265,19 @@ class StaticEngine(CompactForward):
 
     def _ensure(self, batch: int, sequence: int, outputs: int, lengths: set[int]) -> DecodeState:
         state = self.state
-        if state is None or state.batch != batch or state.slots < sequence or state.outputs < outputs:
+        if state is None or state.batch != batch or state.positions < sequence or state.outputs < outputs:
             state = self.state = None  # drop every reference to the old cache and graphs before allocating
             if self.capture:
                 torch.cuda.empty_cache()
-            state = self.state = self._allocate(batch, memory.cache_slots(sequence), outputs)
+            state = self.state = self._allocate(batch, memory.cache_positions(sequence), outputs)
         if self.capture:
             self._capture(state, lengths - state.graphs.keys())
         return state
 
-    def _allocate(self, batch: int, slots: int, outputs: int) -> DecodeState:
+    def _allocate(self, batch: int, positions: int, outputs: int) -> DecodeState:
         model, device = self.model, self.device
         dtype = model.embed.dtype
-        cache_shape = (len(model.layers), 2, batch, model.kv_heads, slots, model.head_dim)
+        cache_shape = (len(model.layers), 2, batch, model.kv_heads, positions, model.head_dim)
 
         def index(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
@@ -282,7 +285,7 @@ class StaticEngine(CompactForward):
         return DecodeState(
             cache=torch.zeros(cache_shape, dtype=dtype, device=device),
             tokens=index(batch), start=index(batch), current=index(1), step=index(1), out=index(batch, outputs),
-            slot_index=torch.arange(slots, device=device), rope=model.rope_tables(slots, dtype),
+            position_index=torch.arange(positions, device=device), rope=model.rope_tables(positions, dtype),
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
 
     def _capture(self, state: DecodeState, lengths: set[int]) -> None:
@@ -291,7 +294,7 @@ class StaticEngine(CompactForward):
         def reset() -> None:  # warm-up and timed steps really run: keep their writes inside the buffers
             state.current.zero_()
             state.step.zero_()
-            state.start.zero_()  # a reused state's rows would start after the current slot (nothing visible)
+            state.start.zero_()  # a reused state's rows would start after the current position (nothing visible)
 
         def step() -> None:
             self._decode(state, max(lengths))
@@ -311,9 +314,10 @@ class StaticEngine(CompactForward):
 
     # ---- the forward passes -------------------------------------------------------------------------------
     def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
-        """Logits after each row's last token, attending to the first `length` slots; writes that token's K/V."""
+        """Logits after each row's last token, attending to the first `length` cache positions; writes that
+        token's K/V."""
         def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
-            cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current slot, one write
+            cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current position, one write
 
         return self._decode_pass(state.cache, state.tokens, state.current - state.start, state.rope, state.start,
                                  state.current, length, write)
@@ -340,7 +344,7 @@ class StaticEngine(CompactForward):
         for rows, group_width in memory.prefill_groups(real.sum(dim=-1).tolist()):  # the host sync
             offset = width - group_width
             index = torch.tensor(rows, device=ids.device)
-            logits.index_copy_(0, index, self._prefill_rows(state.cache, state.slot_index, state.rope, index,
+            logits.index_copy_(0, index, self._prefill_rows(state.cache, state.position_index, state.rope, index,
                                                             ids[index, offset:], start[index] - offset, offset))
         state.start.copy_(start)
         state.current.fill_(width)

@@ -179,3 +179,55 @@ def test_the_lifecycle_check_finds_a_planted_direct_call(tmp_path):
         "    write_run_record('x', record)\n")
     assert _violations(tmp_path) == ["resnet50/driver.py:4: signal.signal", "resnet50/driver.py:5: status =",
                                      "resnet50/driver.py:6: write_run_record"]
+
+
+def test_a_figure_set_by_both_the_body_and_the_metrics_callback_is_refused_by_name():
+    from joulebench.lifecycle import merged_metrics
+
+    assert merged_metrics({"a": 1}, {"loss_curve": []}) == {"a": 1, "loss_curve": []}
+    with pytest.raises(ValueError, match=r"metric\(s\) a, b set both"):
+        merged_metrics({"a": 1, "b": 2, "c": 3}, {"b": 0, "a": 0})
+
+
+def test_a_record_whose_body_and_callback_set_one_figure_says_so(tmp_path):
+    from joulebench.launch import LaunchEnv
+    from joulebench.lifecycle import Lifecycle
+
+    life = Lifecycle("llm_inference", LaunchEnv.from_env({}))
+    with life.run("r", tmp_path, {}, metrics=lambda record: {"work_unit": "tokens", "rate": 2}) as run:
+        run.record.metrics["rate"] = 1
+    record = read_record(tmp_path)
+    assert record["metrics"].get("rate") == 1  # the body's figure is kept, the callback's is not merged over it
+    assert any("metric(s) rate set both" in warning for warning in record["warnings"]), record["warnings"]
+
+
+def test_one_sweep_loop_hands_the_idle_baseline_on_and_ends_at_a_stop(tmp_path):
+    from joulebench.launch import LaunchEnv
+    from joulebench.lifecycle import Lifecycle, StopRequested, sweep
+
+    life = Lifecycle("llm_inference", LaunchEnv.from_env({}))
+    seen: list[tuple[int, object]] = []
+    lines: list[str] = []
+
+    def point(n, idle, say):
+        seen.append((n, idle))
+        say(f"point {n} running")
+        with life.run(f"p{n}", tmp_path / str(n), {}, metrics=lambda record: {"work_unit": "tokens"}) as run:
+            if n == 2:
+                raise StopRequested("SIGTERM received")
+        return run.record, f"baseline of point {n}"
+
+    code = sweep(life, [1, 2, 3], lambda n: f"n={n}", point, lambda record: f"done: {record.status}", lines.append)
+    assert seen == [(1, None), (2, "baseline of point 1")]  # point 3 never ran: the job is being stopped
+    assert code == EXIT_CODES["TIMEOUT"] and "done: TIMEOUT" in lines and "point 2 running" in lines
+    ended: list[int] = []
+    fresh = Lifecycle("llm_inference", LaunchEnv.from_env({}))
+
+    def failing(n, idle, say):
+        ended.append(n)
+        with fresh.run(f"f{n}", tmp_path / f"f{n}", {}, metrics=lambda record: {}) as run:
+            raise RuntimeError("the model could not be built")
+        return run.record, None
+
+    assert sweep(fresh, [1, 2], str, failing, str, lines.append, ends_sweep=lambda record: True) == EXIT_CODES["FAILED"]
+    assert ended == [1]

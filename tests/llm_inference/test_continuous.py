@@ -1,5 +1,5 @@
 """The continuous-batching engine and its load loop on the CPU: every request's greedy tokens under random
-arrivals and slot reuse equal those of the same request generated alone by the static engine."""
+arrivals and row reuse equal those of the same request generated alone by the static engine."""
 
 from __future__ import annotations
 
@@ -29,17 +29,17 @@ def alone(static: StaticEngine, prompt: torch.Tensor, new_tokens: int) -> list[i
 def requests(name: str, count: int, rate: float) -> list[Request]:
     rng = np.random.default_rng(3)
     times = arrival_times("poisson", rate, count, seed=5)
-    # tiny: up to 30 + 60 positions, so steps cross a SLOT_BUCKET boundary (64) and attend to two cache lengths.
+    # tiny: up to 30 + 60 positions, so steps cross a POSITION_BUCKET boundary (64) and attend to two cache lengths.
     longest = 60 if name == "tiny" else 8
     return [Request(i, float(t), int(rng.integers(3, 30)), int(rng.integers(1, longest)), warmup=i < 2)
             for i, t in enumerate(times)]
 
 
-def serve(name: str, items: list[Request], slots: int):
+def serve(name: str, items: list[Request], rows: int):
     shape = PRESETS[name]
     engine = ContinuousEngine.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, SEED), CPU)
-    engine.prepare(slots, max(r.input_tokens + r.output_tokens for r in items))
-    loop = ServeLoop(engine, slots, lambda r: request_prompt(r, shape.vocab_size, SEED), keep_tokens=True,
+    engine.prepare(rows, max(r.input_tokens + r.output_tokens for r in items))
+    loop = ServeLoop(engine, rows, lambda r: request_prompt(r, shape.vocab_size, SEED), keep_tokens=True,
                      log=lambda _: None)
     edges: list[str] = []
     rule = ArrivalWindow(items[2].arrival_s, items[-1].arrival_s)
@@ -51,18 +51,18 @@ def serve(name: str, items: list[Request], slots: int):
 @pytest.mark.parametrize(("name", "rate"), [("tiny", 400.0), ("tiny", float("inf")), ("gpt2", 200.0)])
 def test_every_request_gets_the_tokens_it_gets_alone(name, rate):
     items = requests(name, 14 if name == "tiny" else 6, rate)
-    slots = 4 if name == "tiny" else 3
-    loop, log, edges = serve(name, items, slots)
+    rows = 4 if name == "tiny" else 3
+    loop, log, edges = serve(name, items, rows)
     static = StaticEngine.from_transformers(build_model(PRESETS[name], None, "fp32", "sdpa", CPU, SEED), CPU)
     assert log.tokens is not None
     for r in items:
         expected = alone(static, request_prompt(r, PRESETS[name].vocab_size, SEED), r.output_tokens)
         assert log.tokens[r.id] == expected, f"request {r.id} ({r.input_tokens} in, {r.output_tokens} out)"
     assert edges[0] == "begin" and edges[1].startswith("end")
-    # Slots were reused: more requests than slots, and every slot is free again at the end; requests were moved
-    # down into freed slots (the compaction) and still produced their own tokens.
-    assert len(items) > slots and sorted(loop.free) == list(range(slots)) and not loop.running
-    assert loop.moved > 0
+    # Rows were reused: more requests than rows, and every row is free again at the end; requests were moved
+    # down into freed rows (the compaction) and still produced their own tokens.
+    assert len(items) > rows and sorted(loop.scheduler.free) == list(range(rows)) and not loop.scheduler.running
+    assert loop.scheduler.moved > 0
 
 
 def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
@@ -77,11 +77,11 @@ def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
     assert np.all(log.step_t1_ns >= log.step_t0_ns) and np.all(log.step_t0_ns[1:] >= log.step_t1_ns[:-1])
     for r in items:
         assert log.arrival_ns[r.id] <= log.admitted_ns[r.id] <= log.first_token_ns[r.id] <= log.finish_ns[r.id]
-    # At most `slots` requests decode together; a prefill admits only arrived requests into free slots.
+    # At most `rows` requests decode together; a prefill admits only arrived requests into free rows.
     assert max(len(m) for k, m in zip(log.step_kind, log.step_members, strict=True) if k == DECODE) <= 3
 
 
-def test_row_buckets_cover_every_highest_slot():
+def test_row_buckets_cover_every_highest_row():
     assert row_buckets(1) == [1] and row_buckets(6) == [1, 2, 4, 6] and row_buckets(8) == [1, 2, 4, 6, 8]
     assert row_buckets(256)[-4:] == [96, 128, 192, 256]
     assert [rows_for(h, 6) for h in range(6)] == [1, 2, 4, 4, 6, 6]

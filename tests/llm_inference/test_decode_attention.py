@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llm_inference.decode_attention import SPLIT_BLOCK, piece_slots, sdpa_decode_attention, visible_mask
+from llm_inference.decode_attention import SPLIT_BLOCK, piece_positions, sdpa_decode_attention, visible_mask
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,13 +30,13 @@ CHILD = textwrap.dedent("""
 
     torch.manual_seed(0)
     worst = 0.0
-    # rows, KV heads, groups, head dim, cache slots, attended length, first rows (None: from 0), per-row last, SMs
+    # rows, KV heads, groups, head dim, cache positions, attended length, first rows (None: from 0), per-row last, SMs
     cases = [(1, 2, 4, 16, 200, 192, None, False, 8), (3, 2, 4, 64, 256, 256, [0, 70, 130], False, 4),
              (4, 1, 1, 16, 160, 150, [5, 0, 64, 140], True, 132), (2, 4, 2, 16, 130, 128, None, True, 1),
              (2, 8, 4, 128, 192, 128, [3, 60], False, 132)]  # llama-8b's heads: 8 KV heads of 4 queries, d 128
-    for rows, heads, groups, dim, slots, length, first, per_row, sms in cases:
+    for rows, heads, groups, dim, positions, length, first, per_row, sms in cases:
         q = torch.randn(rows, heads, groups, dim)
-        cache = torch.randn(2, rows, heads, slots, dim)
+        cache = torch.randn(2, rows, heads, positions, dim)
         first_t = None if first is None else torch.tensor(first)
         if per_row:
             last = torch.randint(max(first or [0]), length, (rows,))
@@ -69,8 +69,8 @@ def test_split_kernels_match_sdpa_in_tritons_interpreter() -> None:
     assert done.stdout.split("EMPTY")[1].split() == ["0.000e+00", "0"]
 
 
-def test_sdpa_reference_attends_only_the_visible_slots() -> None:
-    """The masked reference equals attention computed over each row's visible slots alone."""
+def test_sdpa_reference_attends_only_the_visible_positions() -> None:
+    """The masked reference equals attention computed over each row's visible cache positions alone."""
     torch.manual_seed(1)
     q, cache = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 2, 40, 8)
     first, last = torch.tensor([4, 0]), torch.tensor([20, 33])
@@ -89,13 +89,13 @@ def test_visible_mask_bounds_and_shared_last() -> None:
 
 
 @pytest.mark.parametrize(("rows_heads", "length", "sms", "expected"), [
-    (8, 512, 132, SPLIT_BLOCK),  # batch 1, 8 KV heads: as many pieces as 64-slot blocks
+    (8, 512, 132, SPLIT_BLOCK),  # batch 1, 8 KV heads: as many pieces as 64-position blocks
     (4096, 768, 132, 768),  # batch 512: rows × heads fill the GPU, one piece per row and head
     (64, 1000, 132, 256),  # in between: about 2 pieces per SM
 ])
-def test_piece_slots(rows_heads: int, length: int, sms: int, expected: int) -> None:
-    slots = piece_slots(rows_heads, length, sms)
-    assert slots == expected and slots % SPLIT_BLOCK == 0
+def test_piece_positions(rows_heads: int, length: int, sms: int, expected: int) -> None:
+    positions = piece_positions(rows_heads, length, sms)
+    assert positions == expected and positions % SPLIT_BLOCK == 0
 
 
 def test_triton_serves_only_the_measured_tile_sizes():

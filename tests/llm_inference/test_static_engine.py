@@ -21,7 +21,7 @@ from llm_inference.static_engine import StaticEngine, attended_length, decode_le
 from llm_inference.tasks import TASKS, Batch, draw_batches
 
 CPU = torch.device("cpu")
-# tiny: 11 + 70 positions cross a SLOT_BUCKET boundary (64), so steps attend to two cache lengths.
+# tiny: 11 + 70 positions cross a POSITION_BUCKET boundary (64), so steps attend to two cache lengths.
 CASES = {"tiny": Batch((5, 11, 8), 70), "gpt2": Batch((5, 9), 6)}
 
 
@@ -75,18 +75,19 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     batches = [Batch((5, 11, 8), 9), Batch((20, 3, 4), 50)]
     assert static.prepare(batches) >= 0
     state = static.state
-    slots = memory.cache_slots(20 + 50)
-    assert slots == 128 and slots % memory.SLOT_BUCKET == 0
+    positions = memory.cache_positions(20 + 50)
+    assert positions == 128 and positions % memory.POSITION_BUCKET == 0
     head_dim = shape.hidden_size // shape.num_attention_heads
-    assert state.keys.shape == state.values.shape == (shape.num_layers, 3, shape.num_key_value_heads, slots, head_dim)
+    assert state.keys.shape == state.values.shape == (shape.num_layers, 3, shape.num_key_value_heads, positions,
+                                                      head_dim)
     assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
                                  "decode_attention": "sdpa (masked)", "decode_tuning": "eager", "decode_tuning_ms": {},
-                                 "slot_bucket": memory.SLOT_BUCKET,
-                                 "cache_slots": slots, "captured_graphs": 0,
+                                 "slot_bucket": memory.POSITION_BUCKET,
+                                 "cache_slots": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
-    # Attended lengths: the filled slots rounded up to the bucket, never the whole cache.
+    # Attended lengths: the filled positions rounded up to the bucket, never the whole cache.
     assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()
     assert [attended_length(n) for n in (1, 64, 65)] == [64, 64, 128]
     cache = state.cache
@@ -96,7 +97,7 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert static.state.keys.shape[1] == 2
 
 
-def test_stale_cache_slots_from_a_longer_generation_do_not_leak_into_a_shorter_one():
+def test_stale_cache_positions_from_a_longer_generation_do_not_leak_into_a_shorter_one():
     _, used = engines("tiny")
     _, fresh = engines("tiny")
     vocab = PRESETS["tiny"].vocab_size

@@ -93,7 +93,7 @@ def test_static_estimate_counts_the_allocated_cache_bounded_prefill_and_graph_po
     shape = PRESETS["llama-8b"]
     static = memory.estimate_memory(shape, "bf16", 256, 512, 900, "static")
     hf = memory.estimate_memory(shape, "bf16", 256, 512, 900, "hf")
-    # The static cache holds whole SLOT_BUCKET multiples: 900 positions take 960 slots.
+    # The static cache holds whole POSITION_BUCKET multiples: 900 positions take 960.
     assert static.kv_cache_gib == pytest.approx(hf.kv_cache_gib * 960 / 900)
     # Prefill runs in groups of PREFILL_CHUNK_TOKENS // 512 = 32 rows, not all 256 at once.
     assert static.activations_gib == pytest.approx(hf.activations_gib * 32 / 256)

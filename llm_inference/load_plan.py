@@ -1,0 +1,162 @@
+"""What both load targets share (llm_inference/load_run.py runs them): a rate's plan and window rule, the requests
+it counts, where its record goes and its figures.
+
+* finite rates and traces, MLPerf's rule: the window runs from the first counted arrival to the last; the
+  requests arriving inside it count for latencies (they finish after it if they must: the load drains them);
+  a request in flight at an edge contributes only the tokens it produced inside the window;
+* `--rate max`: the window starts at the first moment every row is busy (warm-up requests done) and lasts
+  the window length; admission stops at its end (the queue "empties") and the running requests drain.
+  Counted for latencies: the requests admitted inside it.
+J/output token = the window's energy / the output tokens produced inside it; SLO goodput from request_metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from joulebench.record import RunRecord, steady_metrics
+from jpwr import Window
+from llm_inference import request_metrics
+from llm_inference.arrivals import Request, arrival_times, draw_requests
+from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
+from llm_inference.runner import shown
+from llm_inference.serve_loop import ArrivalWindow, SaturatedWindow, WindowRule
+from llm_inference.tasks import TASKS
+
+WORK_UNIT = "output_tokens"
+SUMMARY_EXTRA = ("rate", "max_concurrency", "requests_per_s", "energy_per_output_token_j", "ttft_p90_s",
+                 "tpot_p90_s", "goodput_requests_per_s")
+CPU_WARMUP_ARRIVAL_S = 1.0
+# The per-request fit's segments are bounded by the energy counter's updates (H100: ~20-100 ms): an in-process
+# sampler reads it at least twice per update (an NVML counter read costs ~4 ms of the sampler's own thread).
+COUNTER_READ_S = 0.05
+COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
+MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
+NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
+             "no counted arrival): raise --requests or lower --max-concurrency")
+
+
+
+@dataclasses.dataclass
+class Plan:
+    """One rate's requests and window rule; counted requests are the ones that are not warm-up requests."""
+
+    requests: Iterator[Request]
+    rule: WindowRule
+    expected: int | None  # how many requests, where known (an endless `--rate max` queue: None)
+    note: str
+
+
+def _warmup_count(cfg: LoadConfig, rate: float, device: torch.device) -> int:
+    if cfg.warmup_requests is not None:
+        return cfg.warmup_requests
+    if math.isinf(rate):
+        return cfg.max_concurrency
+    return math.ceil(rate * (WARMUP_ARRIVAL_S if device.type == "cuda" else CPU_WARMUP_ARRIVAL_S))
+
+
+def plan_rate(cfg: LoadConfig, rate: float, window_s: float, device: torch.device) -> Plan:
+    """Drawn requests at `rate` (warm-up, then counted) and when the window opens and closes."""
+    task = TASKS[cfg.task]
+    warmup = _warmup_count(cfg, rate, device)
+    if math.isinf(rate):
+        if cfg.requests is not None:
+            items = draw_requests(task, np.zeros(warmup + cfg.requests), cfg.seed, cfg.output_length, warmup)
+            return Plan(iter(items), SaturatedWindow(None), len(items), f"{cfg.requests} counted requests queued")
+        return Plan(_endless(cfg, warmup), SaturatedWindow(window_s), None,
+                    f"window of {window_s:.3g} s with every slot busy")
+    counted = cfg.requests or math.ceil(rate * window_s) + 1
+    times = arrival_times(cfg.arrivals, rate, warmup + counted, cfg.seed)
+    items = draw_requests(task, times, cfg.seed, cfg.output_length, warmup)
+    note = f"{warmup} warm-up and {counted} counted {cfg.arrivals} arrivals at {rate:g}/s"
+    return Plan(iter(items), ArrivalWindow(float(times[warmup]), float(times[-1])), len(items), note)
+
+
+def _endless(cfg: LoadConfig, warmup: int) -> Iterator[Request]:
+    """`--rate max` without --requests: requests drawn on demand, all arriving at the start."""
+    task = TASKS[cfg.task]
+    for chunk in itertools.count():
+        draw = draw_requests(task, np.zeros(MAX_CHUNK), cfg.seed + chunk, cfg.output_length,
+                             min(MAX_CHUNK, max(0, warmup - chunk * MAX_CHUNK)))
+        for r in draw:
+            yield Request(r.id + chunk * MAX_CHUNK, 0.0, r.input_tokens, r.output_tokens, None, r.warmup)
+
+
+def plan_trace(requests: list[Request], warmup: int) -> Plan:
+    flagged = [Request(r.id, r.arrival_s, r.input_tokens, r.output_tokens, r.prompt_ids, r.id < warmup)
+               for r in requests]
+    first = flagged[min(warmup, len(flagged) - 1)].arrival_s
+    return Plan(iter(flagged), ArrivalWindow(first, flagged[-1].arrival_s), len(flagged),
+                f"trace of {len(flagged)} requests ({warmup} warm-up)")
+
+
+def counted_ids(admitted_ns: Mapping[int, int], window: tuple[int, int] | None, served: dict[int, Request],
+                rule: WindowRule) -> set[int]:
+    """MLPerf's rule for finite rates (non-warm-up arrivals, all inside the window by construction); at `max`,
+    the requests admitted (an engine's prefill, a server's request sent) inside the window."""
+    if isinstance(rule, SaturatedWindow):
+        if window is None:
+            return set()
+        w0, w1 = window
+        return {i for i, t in admitted_ns.items() if w0 <= t < w1 and not served[i].warmup}
+    return {i for i, r in served.items() if not r.warmup}
+
+
+def rate_paths(cfg: LoadConfig, rate: float | None, single: bool) -> tuple[str, Path, str]:
+    """A rate's label, record directory and run id: one rate (or a trace) writes to --out-dir itself, a sweep's
+    rates to rate_<label>/ with the run id suffixed."""
+    label = "trace" if rate is None else rate_label(rate)
+    if single:
+        return label, Path(cfg.out_dir), cfg.run_id
+    return label, Path(cfg.out_dir) / f"rate_{label}", f"{cfg.run_id}-rate{label}"
+
+
+def request_energy_figures(energy: dict[str, Any]) -> dict[str, float | None]:
+    """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
+    quantiles = energy.get("energy_per_request_j") or {}
+    return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
+
+
+def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
+                 times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None
+                 ) -> dict[str, Any]:
+    """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
+    finished (of `counted`, the window's counted requests)."""
+    result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
+                              "max_concurrency": cfg.max_concurrency, "task": cfg.task}
+    if steady is None or rule is None:
+        return result
+    result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=1))
+    slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
+    slo_tpot = None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3
+    summary = request_metrics.latency_summary(times, slo_ttft, slo_tpot, steady.duration_s)
+    energy = steady.energy
+    joules = energy.energy_j if energy else None
+    tokens = steady.work.get(WORK_UNIT)
+    result.update(summary)
+    result.update(
+        requests_counted=len(counted), requests_finished=len(times),
+        requests_per_s=len(counted) / steady.duration_s if steady.duration_s > 0 else None,
+        energy_per_output_token_j=joules / tokens if joules is not None and tokens else None,
+        energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
+                                               if energy and energy.error_bound_j is not None and tokens else None),
+        slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
+        window_rule=("every slot busy (rate max)" if isinstance(rule, SaturatedWindow)
+                     else "first to last counted arrival (MLPerf)"))
+    return result
+
+
+def progress_line(record: RunRecord) -> str:
+    m = record.metrics
+    return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
+            f"{shown(m, 'requests_per_s')} req/s, {shown(m, 'energy_per_output_token_j')} J/token, p90 TTFT "
+            f"{shown(m, 'ttft_p90_s', 1e3)} ms, p90 TPOT {shown(m, 'tpot_p90_s', 1e3)} ms, goodput "
+            f"{shown(m, 'goodput_requests_per_s')} req/s")

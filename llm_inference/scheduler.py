@@ -1,0 +1,164 @@
+"""The load loop's decisions, apart from any engine: which request runs in which request row, when arrived requests
+are admitted, and which rows move down when requests finish. The loop (llm_inference/serve_loop.py) carries each
+plan out on the engine; the host decides everything (a request's output length is known), so the device is never
+read for a decision.
+
+Words: a *row* is one request's place in a decode step (`--max-concurrency` rows; a row of the engine's KV cache);
+a *cache position* is one token's place in a row's cache (the engine's, llm_inference/continuous_engine.py).
+
+* admission: arrived requests (arrival <= now) take the lowest free rows, up to PREFILL_CHUNK_TOKENS prompt tokens
+  per prefill step. Under a backlog (more requests waiting than rows free) they are admitted only once
+  1/ADMIT_DIVISOR of the rows are free: a prefill pass reads every weight once whatever its size, and one pass per
+  finished request (about one per step at 256 rows) would double the cost of a step; a row stays empty for half
+  that many steps on average (3 % of the rows at ADMIT_DIVISOR = 16). Without a backlog every arrival is admitted
+  at once;
+* decode: one step over every occupied row (the rows up to the highest occupied row's bucket);
+* release: finished requests leave their rows, and the highest running requests move down into the freed rows
+  (compaction: a decode step computes every row up to the highest occupied one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import deque
+
+from llm_inference import memory
+from llm_inference.arrivals import Request
+from llm_inference.continuous_engine import step_shape
+
+ADMIT_DIVISOR = 16  # under a backlog, admit once this fraction of the rows is free
+
+
+@dataclasses.dataclass
+class Running:
+    """A request in a row: host mirrors of its filled cache positions and the tokens it produced so far."""
+
+    request: Request
+    row: int
+    length: int
+    produced: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """Requests admitted together, one prefill step: each into its row (the first token comes with it)."""
+
+    requests: list[Request]
+    rows: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """One decode step: `row_count` rows (a bucket) attending to `attended` cache positions; per running request its
+    id, its row and the cache positions it attends to."""
+
+    row_count: int
+    attended: int
+    members: list[int]
+    rows: list[int]
+    amounts: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleasePlan:
+    """Rows whose requests finished, and the moves that keep the running requests in the lowest rows:
+    (from row, to row, filled cache positions) per moved request."""
+
+    finished: list[int]
+    moves: list[tuple[int, int, int]]
+
+
+class Scheduler:
+    """The queue, the free rows and the running requests of one load; see the module docstring.
+    `admit_all`: every arrived request that finds a row is admitted (no token budget, no backlog rule)."""
+
+    def __init__(self, rows: int, admit_all: bool = False) -> None:
+        self.rows, self.admit_all = rows, admit_all
+        self.free: list[int] = list(range(rows))  # a heap: the lowest free row first
+        self.running: dict[int, Running] = {}  # by row
+        self.queue: deque[Request] = deque()
+        self.exhausted = False  # every request of the source has arrived
+        self.warmups_left = 0
+        self.done = 0
+        self.moved = 0  # requests moved down to keep the occupied rows at the bottom
+
+    @property
+    def free_rows(self) -> int:
+        return len(self.free)
+
+    @property
+    def warming_up(self) -> bool:
+        return self.warmups_left > 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs and nothing waits."""
+        return not self.running and not self.queue
+
+    def admit(self, now_s: float) -> PrefillPlan | None:
+        """The arrived requests to prefill now, each in its row (taken), or None."""
+        backlog = len(self.queue) > len(self.free)
+        if backlog and self.running and len(self.free) < max(1, self.rows // ADMIT_DIVISOR) and not self.admit_all:
+            return None
+        admitted: list[Request] = []
+        budget = float("inf") if self.admit_all else memory.PREFILL_CHUNK_TOKENS
+        while self.queue and len(admitted) < len(self.free) and self.queue[0].arrival_s <= now_s:
+            request = self.queue[0]
+            if admitted and request.input_tokens > budget:
+                break
+            self.queue.popleft()
+            admitted.append(request)
+            budget -= request.input_tokens
+        if not admitted:
+            return None
+        rows = [heapq.heappop(self.free) for _ in admitted]
+        for request, row in zip(admitted, rows, strict=True):
+            self.running[row] = Running(request, row, request.input_tokens, 1)
+        return PrefillPlan(admitted, rows)
+
+    def decode(self) -> DecodePlan | None:
+        """The next decode step over every running request (their mirrors advance by its token), or None."""
+        if not self.running:
+            return None
+        running = list(self.running.values())
+        row_count, attended = step_shape([r.length for r in running], max(self.running), self.rows)
+        plan = DecodePlan(row_count, attended, [r.request.id for r in running], [r.row for r in running],
+                          [r.length + 1 for r in running])
+        for r in running:
+            r.length += 1
+            r.produced += 1
+        return plan
+
+    def release(self) -> ReleasePlan | None:
+        """The finished requests' rows, freed, and the compaction's moves; None when nothing finished."""
+        finished = [row for row, r in self.running.items() if r.produced >= r.request.output_tokens]
+        if not finished:
+            return None
+        for row in finished:
+            request = self.running.pop(row).request
+            heapq.heappush(self.free, row)
+            self.done += 1
+            if request.warmup:
+                self.warmups_left -= 1
+        return ReleasePlan(finished, self._compact())
+
+    def _compact(self) -> list[tuple[int, int, int]]:
+        """Keep the running requests in the lowest rows: the highest one moves into each free row below it.
+
+        A decode step computes every row up to the highest occupied one (its row bucket), so without this a drain
+        or a light load would keep computing rows long freed (on the H100 a 256-row drain ran at full step cost
+        with 30 requests left). A move copies one cache row's filled part (at most ~0.1 GB at 8B/896 rows)."""
+        moves: list[tuple[int, int, int]] = []
+        while self.free and self.running and self.free[0] < (high := max(self.running)):
+            low = heapq.heapreplace(self.free, high)
+            running = self.running.pop(high)
+            running.row = low
+            self.running[low] = running
+            moves.append((high, low, running.length))
+        self.moved += len(moves)
+        return moves
+
+    def close_queue(self) -> None:
+        """Nothing waiting is admitted any more (the queue "empties" at the end of a `--rate max` window)."""
+        self.queue.clear()

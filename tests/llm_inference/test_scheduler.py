@@ -1,0 +1,90 @@
+"""The load loop's scheduler on its own, no engine: rows, admission, decode plans, release and compaction."""
+
+from __future__ import annotations
+
+from llm_inference import memory
+from llm_inference.arrivals import Request
+from llm_inference.continuous_engine import rows_for
+from llm_inference.scheduler import ADMIT_DIVISOR, Scheduler
+from llm_inference.static_engine import attended_length
+
+
+def request(i: int, arrival_s: float = 0.0, input_tokens: int = 8, output_tokens: int = 3,
+            warmup: bool = False) -> Request:
+    return Request(i, arrival_s, input_tokens, output_tokens, warmup=warmup)
+
+
+def test_arrived_requests_take_the_lowest_free_rows_and_late_ones_wait():
+    scheduler = Scheduler(4)
+    scheduler.queue.extend([request(0), request(1), request(2, arrival_s=5.0)])
+    plan = scheduler.admit(now_s=1.0)
+    assert plan is not None and [r.id for r in plan.requests] == [0, 1] and plan.rows == [0, 1]
+    assert scheduler.free_rows == 2 and [r.id for r in scheduler.queue] == [2]
+    assert scheduler.admit(now_s=1.0) is None  # request 2 has not arrived yet
+    assert sorted(scheduler.running) == [0, 1] and scheduler.running[1].length == 8
+    assert scheduler.running[1].produced == 1  # the prefill gives the first token
+
+
+def test_one_prefill_holds_at_most_the_token_budget_but_always_one_request():
+    scheduler = Scheduler(8)
+    big = memory.PREFILL_CHUNK_TOKENS
+    scheduler.queue.extend([request(0, input_tokens=big + 1), request(1, input_tokens=4)])
+    first = scheduler.admit(0.0)
+    assert first is not None and [r.id for r in first.requests] == [0]  # over the budget alone: still admitted
+    second = scheduler.admit(0.0)
+    assert second is not None and [r.id for r in second.requests] == [1]
+
+
+def test_under_a_backlog_admission_waits_for_a_share_of_free_rows():
+    rows = 2 * ADMIT_DIVISOR
+    scheduler = Scheduler(rows)
+    scheduler.queue.extend(request(i, output_tokens=1 + i) for i in range(rows))
+    assert scheduler.admit(0.0) is not None and scheduler.free_rows == 0
+    scheduler.queue.extend(request(rows + i) for i in range(rows))  # the backlog
+    released = scheduler.release()  # request 0 makes one token, the prefill's: done already
+    assert released is not None and released.finished == [0] and scheduler.free_rows == 1
+    assert scheduler.admit(0.0) is None  # one free row < rows / ADMIT_DIVISOR under a backlog
+    admit_all = Scheduler(rows, admit_all=True)
+    admit_all.queue.extend(request(i, output_tokens=5) for i in range(rows + 1))
+    admit_all.admit(0.0)
+    admit_all.running.pop(0)
+    admit_all.free.append(0)
+    assert admit_all.admit(0.0) is not None  # the controlled-split window admits whatever finds a row
+
+
+def test_a_decode_plan_covers_the_running_rows_and_advances_their_mirrors():
+    scheduler = Scheduler(6)
+    scheduler.queue.extend([request(0, input_tokens=10), request(1, input_tokens=70), request(2, input_tokens=3)])
+    scheduler.admit(0.0)
+    plan = scheduler.decode()
+    assert plan is not None and plan.members == [0, 1, 2] and plan.rows == [0, 1, 2]
+    assert plan.amounts == [11, 71, 4]  # each attends to its filled positions + the new token's
+    assert plan.row_count == rows_for(2, 6) and plan.attended == attended_length(71)
+    assert [r.length for r in scheduler.running.values()] == [11, 71, 4]
+    assert [r.produced for r in scheduler.running.values()] == [2, 2, 2]
+    assert Scheduler(3).decode() is None
+
+
+def test_release_frees_finished_rows_and_moves_the_highest_running_requests_down():
+    scheduler = Scheduler(4)
+    scheduler.queue.extend([request(0, output_tokens=2, warmup=True), request(1, output_tokens=9),
+                            request(2, output_tokens=2), request(3, output_tokens=9)])
+    scheduler.warmups_left = 1
+    scheduler.admit(0.0)
+    scheduler.decode()
+    plan = scheduler.release()
+    assert plan is not None and plan.finished == [0, 2]
+    # request 3 (row 3) moves into row 0 with its 8 + 1 filled positions; request 1 stays in row 1
+    assert plan.moves == [(3, 0, 9)]
+    assert {row: r.request.id for row, r in scheduler.running.items()} == {0: 3, 1: 1}
+    assert scheduler.running[0].row == 0 and sorted(scheduler.free) == [2, 3]
+    assert scheduler.done == 2 and scheduler.moved == 1 and not scheduler.warming_up
+    assert scheduler.release() is None  # nothing else finished
+
+
+def test_closing_the_queue_leaves_the_running_requests():
+    scheduler = Scheduler(1)
+    scheduler.queue.extend([request(0), request(1)])
+    scheduler.admit(0.0)
+    scheduler.close_queue()
+    assert not scheduler.queue and list(scheduler.running) == [0] and not scheduler.idle

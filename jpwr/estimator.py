@@ -33,15 +33,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jpwr.aliasing import CardBound, card_bound
 from jpwr.device_energy import Fault
 from jpwr.power_envelope import Envelope, PowerCurve
 from jpwr.trace_io import SensorSeries
 
 __all__ = ["aliasing_warning", "planned_bound_j"]
 
-# The H100's energy counter itself spread +/-8 % across identical runs whose period matched the
-# sensor's 100 ms (../shared/reference/energy-measurement.md): an aliased window gets this bound.
-ALIASING_RELATIVE_BOUND = 0.08
 # The aliasing rule applies to loops that repeat at least a few times with a step of at most
 # ten sensor periods; a longer step already spans many sensor phases within itself.
 MIN_ALIAS_STEPS = 3
@@ -336,11 +334,13 @@ def planned_bound_j(edge_power_w: float, update_s: float) -> float:
     return 2.0 * edge_power_w * update_s
 
 
-def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None) -> str | None:
+def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None, bound: CardBound | None = None
+                     ) -> str | None:
     """Warn when the loop's period keeps hitting the same sensor phases (see issue's aliasing rule).
 
     With step period p = window/steps, offset delta of p from the nearest multiple of the
     sensor period T, the window's N steps drift through all phases only if N·|delta| >= T.
+    `bound` is the card's aliasing bound the warning states (default: a card without a measured row).
     """
     if not sensor_period_s or steps < MIN_ALIAS_STEPS or window_s <= 0:
         return None  # no repetition to alias with
@@ -350,10 +350,11 @@ def aliasing_warning(window_s: float, steps: int, sensor_period_s: float | None)
         return None  # several steps per sensor period, or a step spanning many periods: phases are all sampled
     delta = p - multiple * sensor_period_s
     if steps * abs(delta) < sensor_period_s:
+        bound = bound or card_bound(None)
         return (
             f"aliasing: step period {p * 1e3:.1f} ms is within {abs(delta) * 1e3:.1f} ms of a multiple of the "
             f"{sensor_period_s * 1e3:.0f} ms sensor period over {steps} steps; the sensor sees the same phases "
-            f"again and again (bound widened to {ALIASING_RELATIVE_BOUND:.0%})"
+            f"again and again (bound widened to {bound.percent}: {bound.origin()})"
         )
     return None
 
@@ -462,11 +463,13 @@ def domain_window_energy(
     interval_s: float,
     p_max_w: float,
     steps: int = 0,
+    card: str | None = None,
 ) -> DomainEnergy:
     """The best estimate for one domain and window, from whichever signals it has.
 
     p_max_w is the device's envelope (power limit × margin): the most any stretch without data, or any
-    counter step, can hold.
+    counter step, can hold. card is the device's model name (its domain's name): an aliased window's bound
+    is the one measured for that model (jpwr.aliasing), else the conservative one.
     """
     t0, t1 = float(t0_ns), float(t1_ns)
     counter = counter.ordered() if counter is not None else None
@@ -507,12 +510,13 @@ def domain_window_energy(
         result.warnings.append(f"data cover {result.coverage:.1%} of the window; the rest is charged to the bound at "
                                f"{p_max_w:.4g} W: " + "; ".join(g.detail for g in gaps))
     sensor_period = update_s or (power.sensor.est_update_s if power is not None else None)
-    alias = aliasing_warning((t1 - t0) / 1e9, steps, sensor_period)
+    bound = card_bound(card)
+    alias = aliasing_warning((t1 - t0) / 1e9, steps, sensor_period, bound)
     if alias and result.energy_j is not None and result.error_bound_j is not None:
         # The loop aliases with the sensor: the power samples cannot arbitrate a disagreement with the counter.
         result.warnings.append(alias)
         counter_bound = result.counter_bound_j if result.counter_bound_j is not None else result.error_bound_j
-        result.error_bound_j = max(counter_bound, ALIASING_RELATIVE_BOUND * abs(result.energy_j))
+        result.error_bound_j = max(counter_bound, bound.fraction * abs(result.energy_j))
     if result.energy_j is not None and not math.isfinite(result.energy_j):
         return DomainEnergy(energy_j=None, method=None, coverage=0.0, error_bound_j=None, warnings=result.warnings,
                             reason="non-finite energy", faults=result.faults)

@@ -1,4 +1,5 @@
-"""`jpwr info`: what this machine can measure, how much a read costs and how often values change."""
+"""`jpwr info`: what this machine can measure, how much a read costs, how often values change, and the bound an
+aliased window gets on each accelerator (its card's measured row in jpwr's aliasing table, or the conservative one)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from jpwr.aliasing import card_bound
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.domains import Backend, Sensor
 from jpwr.sampler import open_backends
@@ -64,5 +66,7 @@ def describe(methods: Sequence[str] | None, probe_seconds: float) -> str:
                          + (f"  shared_with={list(domain.shared_with)}" if domain.shared_with else ""))
             for sensor in (s for s in disc.sensors if s.domain_id == domain.id):
                 lines.append(probe_line(sensor, *update_period(backend, sensor, probe_seconds)))
+            if domain.kind.is_accelerator:
+                lines.append(f"    aliasing: {card_bound(domain.name, disc.info.get('driver')).describe()}")
         backend.close()
     return "\n".join(lines)

@@ -168,7 +168,7 @@ def window_energy(
     for domain in trace.domains:
         counter, power = _pick(trace, domain)
         result = domain_window_energy(counter, power, span.t0_ns, span.t1_ns, interval_s,
-                                      _p_max(domain, power), span.steps)
+                                      _p_max(domain, power), span.steps, domain.name)
         entry = domain_entry(domain, result, duration_s, node, min_coverage)
         (per_device if domain in accel else others).append(entry)
     if empty_selection and not accelerator_domains(trace.domains):  # no CPU fallback inside a GPU job

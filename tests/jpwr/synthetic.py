@@ -65,3 +65,19 @@ def power_series(power: Callable[[float], float], t_start: float, t_end: float, 
     values = [power(np.floor(t / update_s) * update_s) for t in times]
     stamps = (times * NS).astype(np.int64)
     return SensorSeries(sensor, stamps, stamps + 20_000, np.array(values, dtype=float))
+
+
+def part_time_counter_series(power: Callable[[float], float], read_times: Sequence[float], update_s: float = 0.1,
+                             sampled_s: float = 0.025, offset_j: float = 5_000.0,
+                             read_cost_s: float = 0.004) -> SensorSeries:
+    """A counter like the H100's part-time sensor: at each update (every `update_s` from 0) it adds the power
+    averaged over only the last `sampled_s` before the update, times the whole period."""
+    sensor = Sensor("d/energy_counter", "d", Signal.ENERGY_COUNTER, est_update_s=update_s)
+    last = int(np.floor(max(read_times) / update_s))
+    increments = [integral(power, k * update_s - sampled_s, k * update_s, step=2e-4) / sampled_s * update_s
+                  for k in range(1, last + 1)]
+    cumulative = offset_j + np.concatenate([[0.0], np.cumsum(increments)])
+    values = [cumulative[int(np.floor(t / update_s))] for t in read_times]
+    tb = [int((t - read_cost_s) * NS) for t in read_times]
+    ta = [int(t * NS) for t in read_times]
+    return SensorSeries(sensor, np.array(tb), np.array(ta), np.array(values, dtype=float))

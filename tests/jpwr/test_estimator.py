@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jpwr.aliasing import CONSERVATIVE_BOUND as ALIASING_RELATIVE_BOUND
 from jpwr.domains import Sensor, Signal
 from jpwr.estimator import (
-    ALIASING_RELATIVE_BOUND,
     PowerCurve,
     aliasing_warning,
     counter_segments,

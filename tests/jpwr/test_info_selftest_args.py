@@ -1,6 +1,6 @@
 """`jpwr info` and `jpwr selftest` on inputs that once gave wrong or no answers: no read cost for reads never made,
 and burst periods checked before the GPU check (a 0 or negative period looped for ever, an empty one was an
-internal error)."""
+internal error), as are the aliasing modes' options."""
 
 from __future__ import annotations
 
@@ -58,9 +58,27 @@ def test_selftest_refuses_bad_burst_periods_before_the_gpu_check(periods, named,
     assert named in err and f"--periods-ms {periods!r}" in err and "Fix:" in err and "--periods-ms 37,100,250" in err
 
 
+@pytest.mark.parametrize(("option", "named", "fix"), [
+    ("--modes=random,sideways", "--modes 'random,sideways', item 2: 'sideways' is not a mode", "--modes random,locked"),
+    ("--modes=locked,locked", "item 2: locked is given twice", "--modes random,locked"),
+    ("--detune-pct=-3,0", "--detune-pct '-3,0', item 2: 0 is the locked mode", "--detune-pct=-3,-1,1,3"),
+    ("--detune-pct=1,,3", "item 2 is empty", "--detune-pct=-3,-1,1,3"),
+    ("--detune-pct=80", "item 1: 80 is out of range", "--detune-pct=-3,-1,1,3"),
+    ("--multiples=1", "--multiples '1', item 1: 1 is out of range", "--multiples 2"),
+    ("--multiples=2,2", "item 2: 2 is given twice", "--multiples 2"),
+])
+def test_selftest_refuses_bad_mode_options_before_the_gpu_check(option, named, fix, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    code = cli.main(["selftest", option])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE, err
+    assert named in err and "Fix:" in err and fix in err
+
+
 def test_selftest_passes_good_periods_on_to_the_gpu_check(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU: the check after parsing answers, nothing runs
     result = subprocess.run([sys.executable, "-m", "jpwr", "selftest", "--periods-ms", " 37, 100 ,250",
+                             "--modes", "random, locked", "--detune-pct=-1, 2", "--multiples", "2,3",
                              "--out", str(tmp_path / "s")], env=env, cwd=tmp_path, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == ExitCode.UNAVAILABLE, result.stderr

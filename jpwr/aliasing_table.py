@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
+UNRECORDED = "not recorded"  # a row's driver when its run did not note it
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AliasingRow:
     """One mode of one selftest run on one card model and driver version."""
 
     card: str  # the model name as the backend reports it (the domain's name), e.g. "NVIDIA H100 80GB HBM3"
-    driver: str  # the driver version the run saw, or "not recorded"
+    driver: str  # the driver version the run saw, or UNRECORDED
     date: str  # ISO date of the run
     mode: str  # random | locked | detuned | multiple (see jpwr.selftest)
     period_ms: float  # the bursts' period
@@ -40,9 +42,33 @@ _H100_2026_11_27 = ("`jpwr selftest --periods-ms 37,100,200,250 --repeats 6 --se
                     "random phase offsets; published in shared/reference/measured-2026-11-27.md (steady load 2.8 %)")
 
 ROWS: tuple[AliasingRow, ...] = tuple(
-    AliasingRow(card="NVIDIA H100 80GB HBM3", driver="not recorded", date="2026-11-27", mode="random",
+    AliasingRow(card="NVIDIA H100 80GB HBM3", driver=UNRECORDED, date="2026-11-27", mode="random",
                 period_ms=period, counter_period_ms=None, windows=6, window_s=4.0, spread=spread, bound=spread,
                 aliased=aliased, source=_H100_2026_11_27)
     for period, spread, aliased in ((37.0, 0.034, False), (100.0, 0.202, True), (200.0, 0.068, True),
                                     (250.0, 0.033, False))
+)
+
+# The same card with every selftest mode (random offsets, locked at 4 phases of the counter's update, detuned by
+# -3/-1/+1/+3 %, twice the period), from that run's aliasing_rows.json (counter period 100.001 ms, 4 s windows;
+# driver 580.159.04). Today's random 100 ms row spread 2.7 % where the run above spread 20.2 %: jpwr.aliasing takes
+# the larger of the runs that may share a driver.
+_H100_SELFTEST_MODES = ("`jpwr selftest --methods nvml --periods-ms 37,100,250 --repeats 5 --seconds 4 "
+                        "--out OUT/selftest` on one H100 SXM (nvidia-h100-x1), every mode; docs/BENCHMARKS.md (wave 4)")
+_H100_MODES = (  # mode, burst period ms, windows, spread, flagged by the aliasing rule
+    ('random', 37.0, 5, 0.0363, False),
+    ('random', 100.0, 5, 0.0268, True),
+    ('random', 250.0, 5, 0.0201, False),
+    ('locked', 99.636, 20, 0.054, True),
+    ('detuned', 96.647, 5, 0.0103, False),
+    ('detuned', 98.64, 5, 0.0159, True),
+    ('detuned', 100.632, 5, 0.0537, True),
+    ('detuned', 102.625, 5, 0.0282, True),
+    ('multiple', 199.272, 5, 0.0519, True),
+)
+ROWS += tuple(
+    AliasingRow(card="NVIDIA H100 80GB HBM3", driver="580.159.04", date="2026-11-27", mode=mode, period_ms=period,
+                counter_period_ms=100.001, windows=windows, window_s=4.0, spread=spread, bound=spread,
+                aliased=aliased, source=_H100_SELFTEST_MODES)
+    for mode, period, windows, spread, aliased in _H100_MODES
 )

@@ -189,3 +189,12 @@ def test_a_probe_of_the_h100s_counter_fits_its_period(fake_pynvml, h100_trace_di
     grid = fit_grid(times, 0.1)
     assert len(times) == 20 and grid is not None
     assert grid.period_s == pytest.approx(0.09999, abs=5e-4) and grid.scatter_s < 0.01
+
+
+def test_a_run_without_its_driver_counts_for_every_driver_and_the_larger_bound_wins():
+    """Two runs that may share a driver and disagree (H100, 2026-11-27: 20.2 % and 2.7 % at 100 ms): the larger."""
+    rows = [_row(driver=aliasing_table.UNRECORDED, spread=0.2, bound=0.2), _row(date="2026-11-27", spread=0.03,
+                                                                              bound=0.03)]
+    assert card_bound("Test GPU", "1.0", rows).fraction == 0.2
+    assert card_bound("Test GPU", "9.9", rows).fraction == 0.2  # the unrecorded run may have been this driver too
+    assert card_bound("Test GPU", "1.0", rows[1:]).fraction == 0.03

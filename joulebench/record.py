@@ -19,9 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from jpwr import ACCELERATORS, J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
-
 from joulebench.record_types import MeterBlock, Metrics, RequestsBlock
+from jpwr import ACCELERATORS, J_PER_WH, ExitCode, FormatError, Window, WindowEnergy, fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
 RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
@@ -239,7 +238,8 @@ class RunRecord:
             # the blocks as written: keys outside their TypedDicts (a newer writer's) are kept, not checked
             metrics=cast(Metrics, dict(data.get("metrics", {}))), meter=cast(MeterBlock, dict(data.get("meter", {}))),
             job=dict(data.get("job") or {}), attribution=data.get("attribution"),
-            warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"), disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
+            warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
+            disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle

@@ -504,7 +504,8 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
         charts = [("efficiency", efficiency_figure, "throughput and work per Wh per system and batch size"),
                   ("energy", energy_figure, "energy per unit vs utilisation and mean power")]
         if work_unit(group[0].record) == TOKEN_ENERGY_UNIT:
-            charts.append(("token_energy", token_energy_figure, "J per output token and per decode token vs batch size"))
+            charts.append(("token_energy", token_energy_figure,
+                           "J per output token and per decode token vs batch size"))
         for stem, build, alt in charts:
             images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
                            f"{benchmark}: {alt}"))

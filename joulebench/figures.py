@@ -16,6 +16,7 @@ from typing import Any
 
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
+from joulebench.record_types import Metrics
 from jpwr import Window
 from jpwr.energy import J_PER_WH
 
@@ -39,6 +40,14 @@ REJECTED = "rejected"  # what a table shows in place of a figure of a rejected r
 def work_unit(record: RunRecord) -> str:
     """What the record counts as work (tokens, images, output_tokens): the unit of every per-unit figure."""
     return str(record.metrics.get("work_unit") or ("images" if record.benchmark == "resnet50" else "tokens"))
+
+
+def unit_figure(record: RunRecord, name: str) -> float | None:
+    """The metrics figure `name` with `{unit}` read as the record's work unit (`{unit}_per_s`: tokens_per_s,
+    images_per_s ...; record_types.Metrics declares them per unit); None where it is missing or not a number
+    (record_problems rejects such a record)."""
+    value = record.metrics.get(name.format(unit=work_unit(record)))
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def is_number(value: Any) -> bool:
@@ -163,7 +172,7 @@ def _below_idle(record: RunRecord, window: Window) -> str | None:
     not a sign of an edit."""
     idle, energy = record.meter.get("idle_baseline") or {}, window.energy
     idle_w, idle_bound_w = idle.get("power_w"), idle.get("error_bound_w")
-    if (energy is None or energy.energy_j is None or number_problem("idle power_w", idle_w)
+    if (energy is None or energy.energy_j is None or idle_w is None or number_problem("idle power_w", idle_w)
             or idle.get("devices") != energy.devices):
         return None
     idle_bound_w = 0.0 if number_problem("idle error_bound_w", idle_bound_w, zero_allowed=True) else idle_bound_w or 0.0
@@ -180,7 +189,7 @@ SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a 
 SERVING_FRACTIONS = ("slo_attained_share",)
 
 
-def serving_problems(metrics: dict[str, Any], request_energy: dict[str, Any] | None = None) -> list[str]:
+def serving_problems(metrics: Metrics, request_energy: dict[str, Any] | None = None) -> list[str]:
     """The serving figures of a load record that cannot be true: its latency, goodput and SLO figures, and the
     per-request energy block's J/request and prefill/decode/idle shares. Empty when the serving section may use it."""
     problems = [p for key in SERVING_POSITIVE if (p := number_problem(key, metrics.get(key)))]

@@ -17,8 +17,9 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from joulebench.record_types import MeterBlock, Metrics, RequestsBlock
 from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
 from jpwr.output import fmt, utc_now, write_json_atomic
@@ -126,12 +127,13 @@ class SteadyMetrics:
             partial_work_per_wh=work / partial_wh if work is not None and partial_wh else None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Metrics:
         """The record's metrics keys, the work_* ones named after the work unit (tokens_per_s, ...)."""
         unit = self.work_unit
         named = {"work_per_s": f"{unit}_per_s", "work_per_s_per_device": f"{unit}_per_s_per_device",
                  "work_per_wh": f"{unit}_per_wh", "partial_work_per_wh": f"partial_{unit}_per_wh"}
-        return {named.get(key, key): value for key, value in dataclasses.asdict(self).items()}
+        # keys built from the unit: Metrics declares them for the drivers' units (record_types.WORK_UNITS)
+        return cast(Metrics, {named.get(key, key): value for key, value in dataclasses.asdict(self).items()})
 
 
 def steady_metrics(
@@ -140,7 +142,7 @@ def steady_metrics(
     devices: int,
     flops_per_unit: float | None = None,
     peak_flops_per_device: float | None = None,
-) -> dict[str, Any]:
+) -> Metrics:
     """The steady window's figures as the run record's metrics block: the dict each driver extends with its
     own keys before writing the record (SteadyMetrics.from_window for the typed figures)."""
     return SteadyMetrics.from_window(window, work_unit, devices, flops_per_unit, peak_flops_per_device).to_dict()
@@ -180,8 +182,8 @@ class RunRecord:
     hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
     software: dict[str, Any] = dataclasses.field(default_factory=dict)
     windows: list[Window] = dataclasses.field(default_factory=list)
-    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    meter: dict[str, Any] = dataclasses.field(default_factory=dict)  # jpwr summary path, methods, warnings
+    metrics: Metrics = dataclasses.field(default_factory=lambda: Metrics())
+    meter: MeterBlock = dataclasses.field(default_factory=lambda: MeterBlock())  # sampler, methods, idle baseline
     job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
     # Every warning of the run (driver, meter, record checks), in the order they arose; the JUBE table's Note reads it.
@@ -189,7 +191,7 @@ class RunRecord:
     # Schema 3's optional blocks, reserved here and filled by the drivers and analysis that produce them
     # (docs/run-record.md): the per-request table's reference, what disturbed the run, carbon and cost, and the
     # energy domain of the headline figures. Absent (None) until a producer writes them.
-    requests: dict[str, Any] | None = None
+    requests: RequestsBlock | None = None
     disturbed: dict[str, Any] | None = None
     footprint: dict[str, Any] | None = None
     energy_domain: str | None = None
@@ -235,9 +237,11 @@ class RunRecord:
             launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
-            metrics=dict(data.get("metrics", {})), meter=dict(data.get("meter", {})), job=dict(data.get("job") or {}),
-            attribution=data.get("attribution"), warnings=[str(w) for w in data.get("warnings") or []],
-            requests=data.get("requests"), disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
+            # the blocks as written: keys outside their TypedDicts (a newer writer's) are kept, not checked
+            metrics=cast(Metrics, dict(data.get("metrics", {}))), meter=cast(MeterBlock, dict(data.get("meter", {}))),
+            job=dict(data.get("job") or {}), attribution=data.get("attribution"),
+            warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
+            disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
 

@@ -488,7 +488,7 @@ def _shares(member: np.ndarray, step_total: np.ndarray, passes: np.ndarray, coun
 
 
 def _idle_shares(arrival_ns: np.ndarray, finish_ns: np.ndarray, t0_ns: float, t1_ns: float
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, float]:
     """Seconds of idle power each request carries (every instant shared equally by the requests in the system,
     arrived and not finished), and the seconds with none in the system, inside [t0, t1]."""
     a, f = np.clip(arrival_ns, t0_ns, t1_ns), np.clip(finish_ns, t0_ns, t1_ns)

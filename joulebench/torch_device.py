@@ -30,11 +30,11 @@ def resolve_device(requested: str) -> Any:
     return torch.device(requested)
 
 
-def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, object]:
+def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, Any]:
     """What the run ran on, as the framework reports it."""
     import torch
 
-    info: dict[str, object] = {
+    info: dict[str, Any] = {
         "device_type": device.type, "devices": launch.world_size, "nodes": launch.num_nodes,
         "devices_per_node": launch.local_world_size, "host_cpu": platform.processor() or platform.machine(),
     }

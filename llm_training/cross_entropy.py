@@ -39,7 +39,7 @@ def _logit_gradient(logits: Tensor, log_sum_exp: Tensor, target: Tensor, vocab_s
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
+    def forward(ctx, logits: Tensor, target: Tensor, group: dist.ProcessGroup) -> Tensor:
         vocab_start, _ = VocabUtility.vocab_range_from_per_partition_vocab_size(
             logits.size(-1), dist.get_rank(group), dist.get_world_size(group))
         log_sum_exp, target_logit = _local_statistics(logits, target, vocab_start)
@@ -55,7 +55,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return log_sum_exp - target_logit
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None]:
         logits, target, log_sum_exp = ctx.saved_tensors
         return _logit_gradient(logits, log_sum_exp, target, ctx.vocab_start, grad_loss.contiguous()), None, None
 

@@ -12,6 +12,8 @@ Differences from `get_gpt_layer_local_spec()` and why:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.models.gpt import GPTModel
@@ -43,7 +45,7 @@ class TaggedLayerNorm(torch.nn.LayerNorm):
 def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
     """megatron TransformerConfig for this run; fusions only on CUDA unless --bias-fusion says otherwise."""
     fusion = on_for_cuda(cfg.bias_fusion, device_type)
-    recompute = {"none": {}, "selective": {"recompute_granularity": "selective"},
+    recompute: dict[str, dict[str, Any]] = {"none": {}, "selective": {"recompute_granularity": "selective"},
                  "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
     return TransformerConfig(
         num_layers=cfg.num_layers,

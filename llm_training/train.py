@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, 
 from joulebench.peaks import peak_flops
 from joulebench.phases import OPTIMIZER, Replay, replay_phases
 from joulebench.record import RunRecord, steady_metrics
+from joulebench.record_types import Metrics
 from joulebench.torch_device import hardware_info
 from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from llm_training import cpu_compat, data, distributed, memory
@@ -34,6 +35,8 @@ from llm_training.config import TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
 from llm_training.phases import MegatronPhaseTimers
+
+T = TypeVar("T")  # a value every rank gathers
 
 DATASET_ITERATIONS = 1000  # dataset size (in global batches) of a run sized by time
 
@@ -248,18 +251,19 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     return loop
 
 
-def _all_gather(obj: object) -> list[object]:
-    gathered: list[object] = [None] * dist.get_world_size()
+def _all_gather(obj: T) -> list[T]:
+    """Every rank's `obj`, in rank order (each rank passes the same kind of value)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
 
 
-def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[str, Any]:
+def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> Metrics:
     steady = record.window("steady")
     params = parameter_count(cfg.shape, cfg.padded_vocab_size)
     flops = model_flops_per_token(params, cfg.num_layers, cfg.hidden_size, cfg.seq_length)
     peak = peak_flops(str(record.hardware.get("device_name", "")), cfg.precision)
-    metrics: dict[str, Any] = {"work_unit": "tokens"}
+    metrics: Metrics = {"work_unit": "tokens"}
     if steady is not None:
         metrics = steady_metrics(steady, work_unit="tokens", devices=cfg.world_size, flops_per_unit=flops,
                                  peak_flops_per_device=peak)
@@ -267,18 +271,18 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> dict[
                                                  cfg.padded_vocab_size)
     per_device = metrics.get("tokens_per_s_per_device")
     warmup = record.window("warmup")
-    metrics.update(
-        parameters=params,
-        flops_formula="6N + 12*L*h*s per token (model FLOPs, recompute not counted)",
-        caraml_x4_flops_per_token=caraml_flops,
-        caraml_x4_tflops_per_device=None if per_device is None else per_device * caraml_flops / 1e12,
-        caraml_x4_note="CARAML NVIDIA-patch count 96*L*h^2*(1+s/(6h)+V/(16*L*h)): comparison only, not MFU",
-        global_batch_size=cfg.global_batch_size, tokens_per_iteration=cfg.tokens_per_iteration,
-        warmup_iterations=warmup.steps if warmup else 0,
-        warmup_duration_s=warmup.duration_s if warmup else None,
-        memory_estimate_gib=memory.estimate_memory(cfg).total_gib,
-        peak_memory_allocated_gib=(torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
-    )
+    metrics.update({
+        "parameters": params,
+        "flops_formula": "6N + 12*L*h*s per token (model FLOPs, recompute not counted)",
+        "caraml_x4_flops_per_token": caraml_flops,
+        "caraml_x4_tflops_per_device": None if per_device is None else per_device * caraml_flops / 1e12,
+        "caraml_x4_note": "CARAML NVIDIA-patch count 96*L*h^2*(1+s/(6h)+V/(16*L*h)): comparison only, not MFU",
+        "global_batch_size": cfg.global_batch_size, "tokens_per_iteration": cfg.tokens_per_iteration,
+        "warmup_iterations": warmup.steps if warmup else 0,
+        "warmup_duration_s": warmup.duration_s if warmup else None,
+        "memory_estimate_gib": memory.estimate_memory(cfg).total_gib,
+        "peak_memory_allocated_gib": (torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
+    })
     return metrics
 
 

@@ -85,4 +85,4 @@ def load_backend(framework: str) -> BackendModule:
     if framework == "tensorflow":
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hides cuInit noise on CPU-only hosts
     name = {"pytorch": "resnet50.torch_backend", "tensorflow": "resnet50.tf_backend"}[framework]
-    return importlib.import_module(name)  # type: ignore[return-value]
+    return importlib.import_module(name)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from joulebench.record_types import ResNetFlopsFigures
+
 STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (width, blocks, stride of first block)
 EXPANSION = 4
 NUM_CLASSES = 1000
@@ -37,7 +39,7 @@ class FlopCount:
     forward: float  # FLOPs per image, forward pass
     training: float  # FLOPs per image, forward + backward
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> ResNetFlopsFigures:
         return {
             "architecture": ARCHITECTURES[self.variant], "variant": self.variant, "image_size": self.image_size,
             "flops_per_image_forward": self.forward, "flops_per_image_training": self.training,

@@ -128,8 +128,16 @@ class TorchBackend:
         if self.phases.current == BACKWARD:  # not in the replays, which run backward outside any phase
             self.phases.begin(GRAD_REDUCE)
 
+    def _next_batch(self) -> Batch:
+        """The fixed synthetic batch, else the next one read (the constructor sets one of the two)."""
+        if self.fixed is not None:
+            return self.fixed
+        if self.batches is None:
+            raise RuntimeError("the backend has neither a synthetic batch nor a reader")
+        return next(self.batches)
+
     def _forward(self) -> torch.Tensor:
-        images, labels = self.fixed if self.fixed is not None else next(self.batches)  # type: ignore[arg-type]
+        images, labels = self._next_batch()
         amp = self.amp_dtype is not None
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=amp):
             return F.cross_entropy(self.model(images), labels)

@@ -186,8 +186,9 @@ def combine(fits: Sequence[DeviceFit], energy: WindowEnergy | None, steps: int, 
         rows.append(row)
     fitted = sum(f.fit.power_w @ f.fit.window_seconds for f in fits)
     folds = [[f.folds[i] for f in fits if i < len(f.folds)] for i in range(max(len(f.folds) for f in fits))]
-    held_out = [{"measured_j": sum(x.measured_j for x in fold), "predicted_j": sum(x.predicted_j for x in fold),
-                 "bound_j": sum(x.bound_j for x in fold)} for fold in folds]
+    held_out: list[dict[str, Any]] = [
+        {"measured_j": sum(x.measured_j for x in fold), "predicted_j": sum(x.predicted_j for x in fold),
+         "bound_j": sum(x.bound_j for x in fold)} for fold in folds]
     for fold in held_out:
         fold["residual_j"] = fold["measured_j"] - fold["predicted_j"]
         fold["status"] = "closes" if abs(fold["residual_j"]) <= fold["bound_j"] else "misfit"
@@ -277,9 +278,9 @@ def kernel_fit(profile: Path, run_dir: Path, draws: int, rng: np.random.Generato
                               "pass the file benchmarks/kernel_profile.py --intervals-out wrote")
     window = str(data["window"])
     traces = []
-    for base in dict.fromkeys([profile.parent, run_dir]):
+    for folder in dict.fromkeys([profile.parent, run_dir]):
         try:
-            traces += [load_trace(s) for s in find_trace_sources(base)]
+            traces += [load_trace(s) for s in find_trace_sources(folder)]
         except ValidationError:
             continue
     trace = next((t for t in traces if window in spans_from_marks(t.marks)), None)

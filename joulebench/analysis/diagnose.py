@@ -14,6 +14,7 @@ then say in plain words what moved with it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,12 +102,13 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
     figure of the record cannot be true (joulebench.figures): such a run is never ranked or compared."""
     unit = work_unit(record)
     window = record.window(STEADY)
-    base = {"label": label, "work_unit": unit, "devices": device_count(record), "batch_size": batch_size(record)}
+    cost = functools.partial(UnitCost, label=label, work_unit=unit, devices=device_count(record),
+                             batch_size=batch_size(record))
     rejected = rejection(record)
     if rejected:
-        return UnitCost(time_per_unit_s=None, mean_power_w=None, reason=rejected, **base)
+        return cost(time_per_unit_s=None, mean_power_w=None, reason=rejected)
     if window is None or window.duration_s <= 0:
-        return UnitCost(time_per_unit_s=None, mean_power_w=None, reason=f"no {STEADY!r} window", **base)
+        return cost(time_per_unit_s=None, mean_power_w=None, reason=f"no {STEADY!r} window")
     work = window.work.get(unit)
     time_per_unit = window.duration_s / work if work else None
     energy = window.energy
@@ -118,7 +120,7 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
         reason = f"no {unit} counted in the {STEADY!r} window"
     elif power is None:
         reason = f"energy n/a: {energy.unavailable_reason if energy else 'not measured'}"
-    return UnitCost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason, **base)
+    return cost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason)
 
 
 # How each latent metric reads in a sentence: label, scale to display unit, unit text.

@@ -162,7 +162,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     for data in documents.values():
         run = str(data.get("run_id"))
         settings = recorded_settings(data.get("config", {}))
-        attribution = data.get("attribution")
+        attribution = data.get("attribution") or {}
         reason = (f"status {data.get('status')}" if data.get("status") == "FAILED" else
                   "no attribution block (run `joulebench attribute` on it)" if not attribution else
                   f"it sets power_limit={fmt(settings.requested.power_limit_w)} W; the plan varies clocks only"

@@ -301,8 +301,8 @@ def save_figure(fig: Figure, path: Path) -> Path:
     suptitle = fig.get_suptitle()  # also in the PNG's own Title, so the file says what it shows
     image = path.suffix.lstrip(".").lower()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=image, **({"metadata": {"Title": suptitle}} if suptitle and image == "png"
-                                                    else {}))
+        fig.savefig(tmp, dpi=110, format=image,
+                    metadata={"Title": suptitle} if suptitle and image == "png" else None)
     return path
 
 

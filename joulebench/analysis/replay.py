@@ -119,7 +119,7 @@ def inference_estimator(record: RunRecord, idle_power_w: float | None) -> dict[s
     steady, prefill = record.window("steady"), record.window("prefill")
     total, decode = m.get("energy_j"), m.get("decode_energy_j")
     prefill_j = m.get("prefill_energy_j")
-    if steady is None or prefill is None or None in (total, decode, prefill_j) or not prefill_j:
+    if steady is None or prefill is None or total is None or decode is None or not prefill_j:
         return {"method": INFERENCE_METHOD, "unavailable_reason": "the record lacks the prefill/steady windows or "
                 "their energies (llm_inference records carry them when metered)"}
     ratio = (total - decode) / prefill_j  # steady passes / prefill passes

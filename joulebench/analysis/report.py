@@ -39,7 +39,7 @@ from joulebench.analysis.diagnose import (
 from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.plot import find_trace_sources, save_figure
 from joulebench.disturbed import summary as disturbed_summary
-from joulebench.figures import REJECTED, fraction_problem, rejection
+from joulebench.figures import REJECTED, fraction_problem, rejection, unit_figure
 from joulebench.latents import steady_latents
 from joulebench.reasons import Footnotes
 from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord, headline_domain
@@ -211,9 +211,9 @@ def load_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 # ---- table -----------------------------------------------------------------------------------------------
-def _partial(m: dict[str, Any], key: str, allow_partial: bool) -> str:
+def _partial(record: RunRecord, name: str, allow_partial: bool) -> str:
     """A PARTIAL run's figure from its covered time: n/a unless asked for, and then labelled."""
-    value = m.get(f"partial_{key}") if allow_partial else None
+    value = unit_figure(record, f"partial_{name}") if allow_partial else None
     return "n/a" if value is None else f"{readable(value)} (partial)"
 
 
@@ -237,10 +237,12 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
             "benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,
             "status": run.record.status, "device": str(run.record.hardware.get("device_name") or "n/a"),
             "devices": fmt(cost.devices), "batch size": fmt(cost.batch_size), "unit": unit,
-            "per s": readable(m.get(f"{unit}_per_s")), "per s per device": readable(m.get(f"{unit}_per_s_per_device")),
-            "per Wh": _partial(m, f"{unit}_per_wh", allow_partial) if partial else readable(m.get(f"{unit}_per_wh")),
+            "per s": readable(unit_figure(run.record, "{unit}_per_s")),
+            "per s per device": readable(unit_figure(run.record, "{unit}_per_s_per_device")),
+            "per Wh": (_partial(run.record, "{unit}_per_wh", allow_partial) if partial
+                       else readable(unit_figure(run.record, "{unit}_per_wh"))),
             "J per unit": readable(energy_unit),
-            "mean W per device": (_partial(m, "mean_power_w_per_device", allow_partial) if partial
+            "mean W per device": (_partial(run.record, "mean_power_w_per_device", allow_partial) if partial
                                   else readable(m.get("mean_power_w_per_device"))),
             "GPU util %": fmt(None if util is None else 100 * util, 3),
             "SM MHz": fmt(None if sm is None else sm / 1e6, 4), "method": str(m.get("energy_method") or "n/a"),
@@ -502,10 +504,11 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
     diagnoses: list[tuple[str, Diagnosis]] = []
     for benchmark in sorted({r.record.benchmark for r in runs}):
         group = [r for r in runs if r.record.benchmark == benchmark]
-        charts = (("efficiency", efficiency_figure, "throughput and work per Wh per system and batch size"),
-                  ("energy", energy_figure, "energy per unit vs utilisation and mean power"))
+        charts = [("efficiency", efficiency_figure, "throughput and work per Wh per system and batch size"),
+                  ("energy", energy_figure, "energy per unit vs utilisation and mean power")]
         if work_unit(group[0].record) == TOKEN_ENERGY_UNIT:
-            charts += (("token_energy", token_energy_figure, "J per output token and per decode token vs batch size"),)
+            charts.append(("token_energy", token_energy_figure,
+                           "J per output token and per decode token vs batch size"))
         for stem, build, alt in charts:
             images.append((save_figure(build(group, benchmark), out_dir / f"{stem}_{benchmark}.png"),
                            f"{benchmark}: {alt}"))

@@ -93,10 +93,8 @@ def rate_row(run: Run) -> RateRow:
     """The serving figures of one load record: metrics first, the requests block's energy where metrics lack them."""
     record = run.record
     m = record.metrics
-    energy = record.requests.get("energy") if isinstance(record.requests, dict) else None
-    energy = energy if isinstance(energy, dict) else {}
-    per_request = energy.get("energy_per_request_j") if isinstance(energy.get("energy_per_request_j"), dict) else {}
-    shares = energy.get("shares") if isinstance(energy.get("shares"), dict) else {}
+    energy = _object(record.requests.get("energy") if isinstance(record.requests, dict) else None)
+    per_request, shares = _object(energy.get("energy_per_request_j")), _object(energy.get("shares"))
     rate = str(m.get("rate"))
     rejected = run.rejected or (f"figures rejected: {'; '.join(p)}" if (p := serving_problems(m, energy)) else None)
     measured = run.usable and not rejected
@@ -115,6 +113,11 @@ def rate_row(run: Run) -> RateRow:
         shares={k: get(shares.get(k)) for k in SHARES},
         checks_failed=str(energy["checks_failed"]) if isinstance(energy.get("checks_failed"), str) else None,
         rejected=rejected)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A block of the record where it is one (a JSON object); else empty, so that its figures read as n/a."""
+    return value if isinstance(value, dict) else {}
 
 
 def _first(value: Any, fallback: Any) -> Any:
@@ -210,7 +213,7 @@ def cheapest_sentence(rows: Sequence[RateRow]) -> tuple[str, RateRow | None]:
     rest = f" ({'; '.join(tail)})" if tail else ""
     if not priced:
         return f"No rate meets the SLO ({slo}){rest}.", None
-    best = min(priced, key=lambda r: r.j_request_p50)  # type: ignore[arg-type, return-value]
+    best = min(priced, key=lambda r: math.inf if r.j_request_p50 is None else r.j_request_p50)  # priced: none None
     unit = "" if best.rate == MAX_RATE else " requests/s"
     return (f"Cheapest rate that meets the SLO ({slo}): {best.rate}{unit} at {fmt(best.j_request_p50, 4)} J/request "
             f"(p50), p90 TTFT {_ms(best.ttft_p90_s)} ms, p90 TPOT {_ms(best.tpot_p90_s)} ms; "

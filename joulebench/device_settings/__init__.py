@@ -210,10 +210,12 @@ def setter_for(authorization: Authorization, devices: Devices) -> Setter:
     if authorization.route == "zeusd":
         assert authorization.zeusd_socket is not None
         return ZeusdSetter(authorization.zeusd_socket)
-    library = LIBRARIES[vendor_of_route(authorization.route)]
-    if not isinstance(devices, library.devices):
-        raise TypeError(f"route {authorization.route} does not match the devices opened ({type(devices).__name__})")
-    return library.setter(devices)
+    setter = LIBRARIES[vendor_of_route(authorization.route)].setter
+    if setter is NvmlSetter and isinstance(devices, NvmlDevices):
+        return NvmlSetter(devices)
+    if setter is AmdsmiSetter and isinstance(devices, AmdsmiDevices):
+        return AmdsmiSetter(devices)
+    raise TypeError(f"route {authorization.route} does not match the devices opened ({type(devices).__name__})")
 
 
 # ---- per device: the checks before any change ------------------------------------------------------------------

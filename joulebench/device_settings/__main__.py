@@ -239,7 +239,9 @@ def cmd_hold(args: argparse.Namespace) -> int:
         except SystemExit as exc:
             if path is None or not path.exists():
                 raise  # the signal came during apply, which rolled every device back
-            stopped_by = f"signal {int(exc.code) - 128} right after apply"
+            # _raise_on_signal's code is 128 + the signal; any other exit is named as it came
+            stopped_by = (f"signal {exc.code - 128} right after apply" if isinstance(exc.code, int)
+                          else f"exit {exc.code!r} right after apply")
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

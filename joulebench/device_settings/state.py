@@ -32,7 +32,7 @@ class DeviceState:
     index: int
     pci_bus_id: str
     name: str
-    prior_power_limit_mw: int
+    prior_power_limit_mw: int | None  # None: unreadable (then only the clocks may be changed)
     touched: list[str] = dataclasses.field(default_factory=list)
     prior_sm_clock_range_mhz: list[int] | None = None  # AMD: the clock range restore writes back (NVML resets)
 

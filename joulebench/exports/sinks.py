@@ -95,8 +95,9 @@ class WandbSink:
     def __init__(self, out_dir: Path, run_id: str, experiment: str) -> None:
         import wandb
 
-        self.run = wandb.init(mode=os.environ.get("WANDB_MODE", "offline"), dir=str(out_dir), project=experiment,
-                              name=run_id, reinit="create_new",
+        # offline unless WANDB_MODE is set: then wandb reads it itself (it knows its modes, some beyond its stubs')
+        self.run = wandb.init(mode=None if os.environ.get("WANDB_MODE") else "offline", dir=str(out_dir),
+                              project=experiment, name=run_id, reinit="create_new",
                               settings=wandb.Settings(console="off", x_disable_stats=True, x_disable_meta=True))
 
     def series(self, step: int, values: Mapping[str, float]) -> None:

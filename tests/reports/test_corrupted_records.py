@@ -348,6 +348,17 @@ def test_the_check_names_an_edited_figure_a_missing_window_and_a_power_below_idl
     assert f"steady power {1.0 / seconds:.4g} W below a tenth of the idle baseline {idle:.4g} W" in rejected(starve)
 
 
+def test_an_idle_baseline_without_power_is_no_baseline_to_check_against(groups) -> None:
+    """An idle baseline whose power is null (unread) on the window's devices raised a TypeError in the below-idle
+    check (found by mypy): it is no baseline, so the check has nothing to compare, and the record stays usable."""
+    data = json.loads(next(p for p in groups[1]["lifecycle"] if "llm_training" in p.parts).read_text())
+    steady = next(w for w in data["windows"] if w["name"] == "steady")
+    assert data["meter"]["idle_baseline"]["devices"] == steady["energy"]["devices"]  # the check compares them
+    assert rejection(RunRecord.from_dict(data)) is None
+    data["meter"]["idle_baseline"]["power_w"] = None
+    assert rejection(RunRecord.from_dict(data)) is None
+
+
 def test_the_check_names_disordered_edges_and_mixed_units(groups) -> None:
     data = json.loads(groups[1]["lifecycle"][0].read_text())
     steady = next(w for w in data["windows"] if w["name"] == "steady")

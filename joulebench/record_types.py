@@ -1,0 +1,254 @@
+"""The fixed keys of the run record's `metrics`, `meter` and `requests` blocks, as TypedDicts (docs/run-record.md).
+
+Types only: the blocks stay plain dicts in memory and in the JSON, so that a record reads and writes exactly as
+before; mypy checks every key a driver writes or a reader reads against the lists below. All are total=False: a
+record of an earlier schema, a run without a steady window (metrics is then `{"work_unit": ...}` and the driver's
+own keys) or a failed run lacks keys, and a reader asks with `.get`. tests/test_record_types.py checks that every
+key of every shipped record is declared here, so the lists cannot drift from what the drivers write.
+
+Blocks whose keys belong to another type stay `dict[str, Any]` here: `meter.idle_baseline` (jpwr.IdleBaseline),
+`meter.steady_plan` (joulebench.sizing.SteadyPlan), `meter.steady_seconds` (llm_inference's window rule) and
+`requests.energy` (the per-request fit, docs/attribution.md). Keys named after a work unit are declared for the
+units the drivers use (`WORK_UNITS`); `config`, `hardware`, `launch`, `software` and `job` stay open dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# The work units of the drivers' steady windows: SteadyMetrics names four figures after them (tokens_per_s, ...).
+WORK_UNITS = ("tokens", "images", "output_tokens")
+
+
+class SteadyFigures(TypedDict, total=False):
+    """joulebench.record.SteadyMetrics.to_dict: the shared headline figures of the steady window."""
+
+    window: str
+    work_unit: str
+    iterations: int
+    duration_s: float
+    time_per_iteration_s: float | None
+    model_flops_per_unit: float | None
+    model_tflops_per_device: float | None
+    peak_tflops_per_device: float | None
+    mfu: float | None
+    energy_wh: float | None
+    mean_power_w_per_device: float | None
+    energy_method: str | None
+    energy_coverage: float | None
+    energy_error_bound_j: float | None
+    energy_unavailable_reason: str | None
+    energy_devices: int | None
+    energy_warning: str | None
+    idle_power_w: float | None
+    dynamic_energy_wh: float | None
+    dynamic_energy_error_bound_j: float | None
+    energy_untrusted_reason: str | None
+    partial_mean_power_w_per_device: float | None
+    # SteadyMetrics' work_per_s, work_per_s_per_device, work_per_wh and partial_work_per_wh, one set per WORK_UNITS
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    tokens_per_wh: float | None
+    partial_tokens_per_wh: float | None
+    images_per_s: float | None
+    images_per_s_per_device: float | None
+    images_per_wh: float | None
+    partial_images_per_wh: float | None
+    output_tokens_per_s: float | None
+    output_tokens_per_s_per_device: float | None
+    output_tokens_per_wh: float | None
+    partial_output_tokens_per_wh: float | None
+
+
+class DriverFigures(TypedDict, total=False):
+    """Keys more than one driver adds, with one meaning."""
+
+    global_batch_size: int
+    devices: int
+    parameters: int
+    flops_formula: str
+    warmup_duration_s: float | None
+    memory_estimate_gib: float
+    peak_memory_allocated_gib: float | None
+
+
+class LossPoint(TypedDict):
+    iteration: int
+    loss: float
+
+
+class TrainingFigures(TypedDict, total=False):
+    """llm_training's keys (llm_training/train.py)."""
+
+    loss_curve: list[LossPoint]
+    skipped_updates: int
+    caraml_x4_flops_per_token: float
+    caraml_x4_tflops_per_device: float | None
+    caraml_x4_note: str
+    tokens_per_iteration: int
+    warmup_iterations: int
+
+
+class WarmupExcluded(TypedDict):
+    iterations: int
+    duration_s: float
+
+
+class ResNetFlopsFigures(TypedDict, total=False):
+    """resnet50.flops.FlopCount.to_dict: the model and the FLOP counts of one image."""
+
+    architecture: str
+    variant: str
+    image_size: int
+    flops_per_image_forward: float
+    flops_per_image_training: float
+    flops_convention: str
+
+
+class ResNetFigures(ResNetFlopsFigures, total=False):
+    """resnet50's keys (resnet50/driver.py)."""
+
+    per_device_batch_size: int
+    precision: str
+    framework: str
+    warmup_excluded: WarmupExcluded | None
+    compile_mode: str
+    warmup_s: float | None
+    first_step_s: float | None
+    losses: list[list[float]]  # [step, loss] pairs
+    loss_first: float | None
+    loss_last: float | None
+    iterations_completed: int
+
+
+class InferenceFigures(TypedDict, total=False):
+    """llm_inference run's keys (llm_inference/runner.py, llm_inference/metrics.py)."""
+
+    batch_size: int
+    requests_per_s: float | None
+    input_tokens_per_s: float | None
+    prefill_call_s: float | None
+    prefill_input_tokens_per_s: float | None
+    ttft_median_s: float | None
+    ttft_p90_s: float | None
+    per_token_latency_median_s: float | None
+    per_token_latency_p90_s: float | None
+    energy_j: float | None
+    energy_per_request_j: float | None
+    energy_per_output_token_j: float | None
+    energy_per_output_token_error_bound_j: float | None
+    mean_power_w: float | None
+    prefill_energy_j: float | None
+    prefill_energy_error_bound_j: float | None
+    prefill_energy_method: str | None
+    prefill_energy_per_call_j: float | None
+    prefill_energy_per_input_token_j: float | None
+    decode_energy_j: float | None
+    decode_energy_per_token_j: float | None
+    decode_energy_per_token_error_bound_j: float | None
+    decode_energy_note: str
+    steady_idle_energy_j: float | None
+    steady_dynamic_energy_j: float | None
+    steady_idle_share: float | None
+    prefill_dynamic_energy_j: float | None
+    decode_dynamic_energy_j: float | None
+    decode_dynamic_energy_per_token_j: float | None
+    decode_dynamic_energy_per_token_error_bound_j: float | None
+    idle_split_unavailable_reason: str | None
+    prefill_passes: int
+    steady_passes: int
+    engine_setup_s: float
+    warmup_note: str
+    latents: dict[str, dict[str, float]] | None  # per window: latent means (utilisation, clocks, memory ...)
+    latents_unavailable_reason: str | None
+    utilization_gpu: float | None
+    memory_used_gib: float | None
+    sm_clock_mhz: float | None
+
+
+class LoadFigures(TypedDict, total=False):
+    """llm_inference load's keys, engine and server alike (llm_inference/load.py, request_metrics.py)."""
+
+    rate: str
+    max_concurrency: int
+    task: str
+    engine: str
+    count: int
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    tpot_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p90_s: float | None
+    e2e_p99_s: float | None
+    queue_p50_s: float | None
+    queue_p90_s: float | None
+    queue_p99_s: float | None
+    slo_attained_share: float | None
+    goodput_requests_per_s: float | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    requests_counted: int
+    requests_finished: int
+    window_rule: str
+    mean_decode_rows: float | None
+    prefill_steps: int
+    decode_steps: int
+    energy_per_request_p50_j: float | None
+    energy_per_request_p90_j: float | None
+
+
+class Metrics(SteadyFigures, DriverFigures, TrainingFigures, ResNetFigures, InferenceFigures, LoadFigures,
+              total=False):
+    """The record's `metrics` block: the steady figures and every driver's own keys (one record holds those of
+    its driver). A driver that adds a key declares it in its section above."""
+
+
+class ClockAnchor(TypedDict):
+    """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
+
+    wall_ns: int
+    monotonic_ns: int
+
+
+class MeterBlock(TypedDict, total=False):
+    """The record's `meter` block: jpwr facts for this run (joulebench.lifecycle and the drivers)."""
+
+    sampler: bool
+    energy_methods: str | None
+    in_process_out_dir: str | None
+    clock: ClockAnchor
+    idle_baseline: dict[str, Any]  # jpwr.IdleBaseline.to_dict and `measured` (when it was taken)
+    steady_plan: dict[str, Any] | None  # joulebench.sizing.SteadyPlan.to_dict; the training drivers
+    steady_seconds: dict[str, Any]  # llm_inference: the seconds each window lasts at least, and the rule
+
+
+class RequestFailure(TypedDict):
+    id: int
+    status: str
+    reason: str | None
+
+
+class RequestFailures(TypedDict):
+    """A load sent to a server: its failed and timed-out requests."""
+
+    count: int
+    by_reason: dict[str, int]
+    first: list[RequestFailure]
+
+
+class RequestsBlock(TypedDict, total=False):
+    """The record's `requests` block: a serving run's per-request table beside it (requests.h5) and its summary."""
+
+    file: str | None
+    file_unavailable_reason: str
+    rows: int
+    counted: int
+    columns: list[str]
+    steps: int  # the engine's step log (in-process load)
+    chunks: int  # chunks read from the server's streams (a load sent to a server)
+    output_token_counts: dict[str, int]  # finished requests by where their count came from
+    failures: RequestFailures
+    energy: dict[str, Any]  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}

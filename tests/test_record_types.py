@@ -1,0 +1,105 @@
+"""The typed record blocks (joulebench.record_types) against every shipped run record: reading and writing a record
+keeps its JSON, and every key a shipped record's metrics, meter and requests block holds is declared in its TypedDict,
+so the types cannot drift from what the drivers write (issue 42)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joulebench import figures
+from joulebench.record import SCHEMA_VERSION, RunRecord, SteadyMetrics, read_run_record
+from joulebench.record_types import WORK_UNITS, MeterBlock, Metrics, RequestsBlock
+from jpwr import Window, write_json_atomic
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
+RECORD_KIND = "joulebench.run_record"
+BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock}
+# What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
+# blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
+UPGRADED = ("schema_version", "warnings", "job")
+
+
+def _shipped() -> list[Path]:
+    found = []
+    for root in SHIPPED_UNDER:
+        for path in sorted(root.rglob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(data, dict) and data.get("kind") == RECORD_KIND:
+                found.append(path)
+    return found
+
+
+SHIPPED = _shipped()
+
+
+def _declared(block: Any) -> frozenset[str]:
+    """A TypedDict's keys, its bases' included."""
+    return frozenset(block.__required_keys__ | block.__optional_keys__)
+
+
+def _only_added(shipped: Any, written: Any, where: str) -> list[str]:
+    """Where `written` differs from `shipped` other than by keys it adds: each such path, in words."""
+    if isinstance(shipped, dict) and isinstance(written, dict):
+        return [p for key, value in shipped.items()
+                for p in (_only_added(value, written[key], f"{where}.{key}") if key in written else [f"{where}.{key}"])]
+    if isinstance(shipped, list) and isinstance(written, list) and len(shipped) == len(written):
+        return [p for i, (a, b) in enumerate(zip(shipped, written, strict=True))
+                for p in _only_added(a, b, f"{where}[{i}]")]
+    return [] if shipped == written and type(shipped) is type(written) else [where]
+
+
+def test_the_shipped_records_are_found_in_each_place() -> None:
+    for root in SHIPPED_UNDER:
+        assert any(root in path.parents for path in SHIPPED), root
+    assert {json.loads(p.read_text())["schema_version"] for p in SHIPPED} >= {SCHEMA_VERSION}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_shipped_record_reads_and_writes_back_to_the_same_json(path: Path, tmp_path: Path) -> None:
+    shipped = json.loads(path.read_text())
+    written = RunRecord.from_dict(shipped).to_dict()
+    assert list(written) == [key for key in written if key in shipped or key in UPGRADED]  # nothing else added
+    for key, value in shipped.items():
+        if key not in (*UPGRADED, "windows"):
+            assert json.dumps(written[key]) == json.dumps(value), key  # the same values in the same order
+    assert written["schema_version"] == SCHEMA_VERSION
+    assert written["warnings"] == shipped.get("warnings", []) and written["job"] == (shipped.get("job") or {})
+    assert _only_added(shipped["windows"], written["windows"], "windows") == []
+    # a record written by this version is a fixed point: read from its file, it writes the same text
+    again = write_json_atomic(tmp_path / "run_record.json", written)
+    assert json.dumps(read_run_record(again).to_dict()) == json.dumps(written)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> None:
+    shipped = json.loads(path.read_text())
+    for name, block in BLOCKS.items():
+        undeclared = sorted(set(shipped.get(name) or {}) - _declared(block))
+        assert undeclared == [], f"{name} keys not declared in joulebench.record_types.{block.__name__}"
+    assert shipped["metrics"].get("work_unit", WORK_UNITS[0]) in WORK_UNITS
+
+
+@pytest.mark.parametrize("unit", WORK_UNITS)
+def test_the_steady_figures_of_every_work_unit_are_declared(unit: str) -> None:
+    window = Window(name="steady", first_step=0, last_step=2, t_start_ns=0, t_end_ns=2_000_000_000,
+                    work={unit: 10.0})
+    keys = set(SteadyMetrics.from_window(window, unit, devices=1).to_dict())
+    assert {f"{unit}_per_s", f"{unit}_per_wh"} <= keys
+    assert sorted(keys - _declared(Metrics)) == []
+
+
+def test_the_figures_analysis_reads_by_name_are_declared() -> None:
+    """Readers that take metrics keys from lists (the figure checks, the serving section) ask for declared keys."""
+    named = [*figures.POSITIVE_METRICS, *figures.BOUND_METRICS, *figures.WHOLE_METRICS, *figures.SERVING_POSITIVE,
+             *figures.SERVING_ZERO_ALLOWED, *figures.SERVING_FRACTIONS,
+             *(key for key, _ in figures.J_PER_UNIT_METRICS)]
+    read = {key.format(unit=unit) for key in named for unit in WORK_UNITS}
+    assert sorted(read - _declared(Metrics)) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, requires_jube
-from tests.jube.test_profile import jbprofile
+from tests.jube.test_profile import jbprofile, jbworkloads
 
 COMMON_XML = JUBE_DIR / "common.xml"
 INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
@@ -67,7 +67,7 @@ def test_every_sweep_parameter_has_a_column_in_the_csv_table_and_reaches_jbprofi
     assert proc.returncode == 0, proc.stderr
     (sweep,) = [s for s in _root(path).iter("parameterset") if s.get("name") == "sweep"]
     names = list(dict.fromkeys(p.get("name") for p in sweep.iter("parameter")))
-    assert tuple(names) == jbprofile.SWEEP_KEYS[BENCHMARK_OF[path]]
+    assert tuple(names) == jbworkloads.WORKLOADS[BENCHMARK_OF[path]].sweep_keys
     assert all(p.get("export") == "true" for p in sweep.iter("parameter"))
     (csv_table,) = [t for t in _root(path).iter("table") if t.get("style") == "csv"]
     assert [c.text for c in csv_table.iter("column") if (c.text or "").startswith("coord_")] == [
@@ -117,8 +117,8 @@ def _documented_tags(text: str) -> list[str]:
 
 
 def test_documented_tags_exist_in_the_workflows() -> None:
-    known = set(jbprofile.system_names({})) | set(jbprofile.MODEL_TAGS) | set(jbprofile.FRAMEWORK_TAGS)
-    known |= set(jbprofile.FLAG_TAGS) | set(jbprofile.INFERENCE_MODEL_TAGS)
+    known = set(jbprofile.system_names({})) | set(jbprofile.FLAG_TAGS)
+    known |= {tag for w in jbworkloads.WORKLOADS.values() for tag in (*w.model_tags, *w.framework_tags)}
     expressions = [e.get("tag") or "" for p in (*WORKFLOWS, COMMON_XML) for e in _root(p).iter()]
     xml_tags = {t for expression in expressions for t in re.split(r"[!+|^()]", expression) if t}
     assert xml_tags <= known  # every tag the XML reacts to is one jbprofile accepts

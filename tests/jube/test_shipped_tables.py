@@ -8,7 +8,7 @@ Two levels. Every shipped record (benchmarks/results/**/*run_record.json) throug
 writes them into result.txt. And real JUBE run directories: each workflow run for real on `local` with sweep
 points validate refuses at once (no driver starts), each point's result.txt then replaced by the fields of a
 shipped record under the point's own job.env, and `jube result -a` reading them with the workflow's real patterns
-and tables.
+and tables; JUBE's analysis (analyse.xml) holds each typed pattern as the number its printed twin shows.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ import pytest
 from joulebench.record import read_run_record
 from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, jube_run, requires_jube, submit_workdirs
 from tests.jube.test_record_fields import jbrecord, jbsettings
+from tests.jube.test_static import _is_number, _typed
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 WRITE = os.environ.get("JOULEBENCH_WRITE_GOLDEN") == "1"
@@ -103,3 +105,23 @@ def test_a_jube_run_directory_of_shipped_records_gives_the_tables_it_gave(workfl
     jube("result", str(out), "-a", env=env)
     for table in tables:
         check_golden(f"{workflow}/{table}.dat", (out / "000000" / "result" / f"{table}.dat").read_text())
+    assert_typed_values(out / "000000" / "analyse.xml", _typed(xml))
+
+
+def assert_typed_values(analyse_xml: Path, typed: dict[str, str]) -> None:
+    """What JUBE analysed: each typed pattern holds its printed twin's number, as int or float, with the statistics
+    JUBE reduces it to; where the row prints no number (n/a), the typed pattern has no value."""
+    checked = 0
+    for workpackage in ET.parse(analyse_xml).getroot().iter("workpackage"):
+        found = {p.get("name"): p for p in workpackage.iter("pattern")}
+        for name, printed in typed.items():
+            if printed not in found:
+                continue  # a pattern of the other step's file
+            if not _is_number(found[printed].text or ""):
+                assert name not in found, (name, found[printed].text)
+                continue
+            value, average = found[name], found[f"{name}_avg"]
+            assert value.get("type") in ("int", "float") and average.get("type") == "float", name
+            assert float(value.text) == float(average.text) == float(found[printed].text), name
+            checked += 1
+    assert checked > 0

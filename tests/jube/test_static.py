@@ -3,6 +3,7 @@ the end-to-end tests on real runs."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -219,3 +220,29 @@ def test_every_numeric_column_has_a_typed_twin_reading_the_same_line(path: Path)
         macro = "$jube_pat_int" if elements[name].get("type") == "int" else "$jube_pat_fp"
         assert elements[name].text == f"^JB {key_of[twin]}={macro}$", name
         assert name == twin + TYPED_SUFFIX and twin in printed and key_of[twin] not in textual, name
+
+
+def test_the_workflow_helpers_read_analysis_only_through_its_public_table_functions() -> None:
+    """jube/*.py may use joulebench.analysis.tables (public functions for the workflows' tables), never the report's
+    or the Pareto module's parts, so those can change inside (issue 42)."""
+    for path in sorted(JUBE_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("joulebench.analysis"):
+                assert node.module == "joulebench.analysis.tables", f"{path.name} imports {node.module}"
+                assert not any(alias.name.startswith("_") for alias in node.names), path.name
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("joulebench.analysis") for a in node.names), path.name
+
+
+def test_workflow_differences_live_in_the_workload_table() -> None:
+    """No helper branches on which workflow or driver it serves (jbworkloads.py holds the differences), and the
+    login node's command stays below 600 lines (issue 42)."""
+    names = {*jbworkloads.WORKLOADS, *jbworkloads.BY_DRIVER}
+    for path in sorted(JUBE_DIR.glob("*.py")):
+        if path.name == "jbworkloads.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                literals = {c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)}
+                assert not literals & names, f"{path.name}:{node.lineno} compares with {literals & names}"
+    assert len((JUBE_DIR / "jbprofile.py").read_text().splitlines()) < 600

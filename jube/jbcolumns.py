@@ -18,6 +18,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from jbchecks import NUMBERS  # same directory: which sweep parameters are numbers, and of which kind
+
 JUBE_DIR = Path(__file__).resolve().parent
 WORKFLOWS = sorted(JUBE_DIR.glob("*_benchmark.xml"))
 SWEEP_SET = "sweep"
@@ -36,6 +38,9 @@ RESULTS_OF = {
     "sm_clock": (("locked_sm_clock_mhz", "SM MHz locked"), ("sm_clock_mean_mhz", "SM MHz mean")),
 }
 COMPARED = (("slowdown", "Slowdown vs default"), ("energy_saving", "Energy saving vs default"))
+# Result columns that are numbers where not n/a: a typed NAME_value pattern beside the printed one (common.xml says
+# why two), for JUBE to sort and reduce
+NUMERIC_RESULTS = ("sm_clock_mean_mhz",)
 REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated (?P<what>patterns|columns) \(jube/jbcolumns\.py\) -->\n"
                     r".*?[ \t]*<!-- END generated (?P=what) -->\n", re.DOTALL)
 
@@ -60,8 +65,16 @@ def results(names: list[str]) -> list[tuple[str, str]]:
 
 def region(what: str, names: list[str], indent: str) -> str:
     if what == "patterns":
-        body = [f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>' for n in names]
-        body += [f'<pattern name="{p}" type="string">^JB {p}=(\\S+)</pattern>' for p, _ in results(names)]
+        body = []
+        for n in names:
+            body.append(f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>')
+            if n in NUMBERS:  # the printed coordinate may read `default` or `-`; the typed one is the number only
+                kind, macro = ("int", "$jube_pat_int") if NUMBERS[n][0] is int else ("float", "$jube_pat_fp")
+                body.append(f'<pattern name="coord_{n}_value" type="{kind}">^JB coord_{n}={macro}$</pattern>')
+        for p, _ in results(names):
+            body.append(f'<pattern name="{p}" type="string">^JB {p}=(\\S+)</pattern>')
+            if p in NUMERIC_RESULTS:
+                body.append(f'<pattern name="{p}_value" type="float">^JB {p}=$jube_pat_fp$</pattern>')
     else:
         body = [f'<column title="{title(n)}">coord_{n}</column>' for n in names]
         body += [f'<column title="{t}">{p}</column>' for p, t in results(names)]

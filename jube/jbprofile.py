@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import os
 import shlex
 import shutil
@@ -39,13 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import jbfootprint
 import jbslurm
 import jbsubmit
+from jbarguments import cli_args, serving_mode
+from jbchecks import (
+    NUMBERS,
+    check_local_layout,
+    check_site_names,
+    check_time_limit,
+    device_settings_policy,
+    local_node_devices,
+    number,
+    stop_margin_s,
+    yes_or_no,
+)
 from jbsettings import SETUP_FAILED, job_python, read_settings, write_settings
-from jbshell import SERVER_SETTINGS, check_command_values
+from jbshell import check_command_values
 from jbsystems import (
     FLAG_TAGS,
-    FRAMEWORK_TAGS,
-    INFERENCE_MODEL_TAGS,
-    MODEL_TAGS,
     REPO,
     ConfigError,
     PointRefused,
@@ -56,94 +64,19 @@ from jbsystems import (
     resolve_python,
     system_names,
 )
+from jbworkloads import WORKLOADS, Workload
 
 EX_USAGE = 64
 EX_CANTCREAT = 73  # the settings file (--out) cannot be written
 ARGPARSE_USAGE = 2  # argparse's exit code for an option the driver does not know or a value it cannot parse
 CANNOT_EXECUTE = (126, 127)  # a shell's exit code for a program that is not executable or not found
 
-BENCHMARKS = {"llm": "llm_training", "resnet50": "resnet50", "inference": "llm_inference"}
-MODEL_TAGS_OF = {"llm": MODEL_TAGS, "inference": INFERENCE_MODEL_TAGS}
 DEFAULT_SYSTEM = "local"
-# The workflow parameters (JUBE's `sweep` parameterset) each benchmark takes; a comma list is a sweep.
-# power_limit (W) and sm_clock (MHz) are device settings, not driver options: the job applies them (docs/sweeps.md).
-DEVICE_SETTING_KEYS = ("power_limit", "sm_clock")
-SWEEP_KEYS = {
-    "llm": ("nodes", "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel", "seq_length",
-            "precision", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
-    "resnet50": ("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
-                 "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
-    "inference": ("task", "batch_size", "engine", "rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms",
-                  "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
-}
-# The inference workflow's two modes: `rate` empty is a static-batch point (`llm_inference run`), a rate or `max` a
-# serving point (`llm_inference load`: open-loop arrivals, continuous batching). Each mode's own parameters; the
-# other mode's are not driver options there and read `-` in the table.
-STATIC_ONLY = ("batch_size",)
-STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
-SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
-DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
-# Valid numbers of the workflow parameters and profile keys the driver arguments come from:
-# (kind, minimum, whether the minimum itself is allowed).
-NUMBERS = {
-    "nodes": (int, 1, True), "devices_per_node": (int, 1, True), "cpu_threads_per_node": (int, 0, True),
-    "global_batch_size": (int, 1, True), "micro_batch_size": (int, 1, True), "tensor_parallel": (int, 1, True),
-    "pipeline_parallel": (int, 1, True), "seq_length": (int, 1, True), "iterations": (int, 1, True),
-    "warmup_iterations": (int, 0, True), "image_size": (int, 1, True), "batch_size": (int, 1, True),
-    "log_interval": (int, 1, True), "steady_seconds": (float, 0.0, False), "min_window_s": (float, 0.0, False),
-    "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True), "power_limit": (float, 0.0, False),
-    "sm_clock": (int, 1, True), "max_concurrency": (int, 1, True), "slo_ttft_ms": (float, 0.0, False),
-    "slo_tpot_ms": (float, 0.0, False),
-}
-STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
-TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning
 
 
 # ---------------------------------------------------------------------------------------------------
-# Names and numbers
-
-
-def number(value: str, what: str, key: str) -> int | float:
-    """`value` as the kind of number `key` takes, refusing NaN, infinity and values below its minimum."""
-    kind, minimum, inclusive = NUMBERS[key]
-    wanted = f"a {'whole ' if kind is int else 'finite '}number {'>=' if inclusive else '>'} {minimum}"
-    try:
-        parsed = kind(value)
-    except ValueError:
-        raise PointRefused(f"{what}={value!r} is not a number", f"set {what} to {wanted}") from None
-    if not math.isfinite(parsed) or parsed < minimum or (parsed == minimum and not inclusive):
-        raise PointRefused(f"{what}={value} is out of range", f"set {what} to {wanted}")
-    return parsed
-
-
-def check_local_layout(nodes: int, per_node: int, profile: dict[str, str]) -> None:
-    """`local` runs one rank per node identity on this host (several identities: issue 21), each on its own GPU."""
-    if per_node != 1:
-        raise PointRefused(f"the local system runs one rank per node identity, not {per_node} devices per node",
-                           "set devices_per_node = 1 for local, and nodes = N for N node identities on this host")
-    gpus = profile.get("local_gpus")
-    if profile["vendor"] != "cpu" and gpus is not None and nodes > int(gpus):
-        raise PointRefused(f"the local system has {gpus} GPU(s), the point asks for {nodes} node identities of one GPU"
-                           " each", f"use nodes <= {gpus} on this machine")
-
-
-def local_node_devices(profile: dict[str, str]) -> str:
-    value = profile["local_node_devices"].strip().lower()
-    if value not in ("own", "all"):
-        raise ConfigError(f"profile key local_node_devices = {value!r} is neither own nor all",
-                          "set local_node_devices = own (each node identity's sampler meters its GPU) or all")
-    return value
-
-
-def device_settings_policy(profile: dict[str, str]) -> str:
-    """The site's opt-in for power-limit and clock sweeps; a typo must not mean either."""
-    value = profile["device_settings"].strip().lower()
-    if value not in DEVICE_SETTINGS_POLICIES:
-        raise ConfigError(f"profile key device_settings = {value!r} is neither off nor allowed",
-                          "set device_settings = off (the default) or, where the admins allow sweeps, allowed "
-                          "(docs/sweeps.md)")
-    return value
+# Profile values
 
 
 def jpwr_methods(profile: dict[str, str]) -> str:
@@ -160,22 +93,6 @@ def jpwr_methods(profile: dict[str, str]) -> str:
     return value
 
 
-def check_site_names(profile: dict[str, str]) -> None:
-    """`partition` and `account` are one Slurm name each (sbatch --partition=NAME); whitespace is a typo."""
-    for key in ("partition", "account"):
-        if len(profile[key].split()) > 1:
-            raise ConfigError(f"profile key {key} = {profile[key]!r} is not one Slurm name",
-                              f"set {key} to one name, or a comma list without spaces for partitions "
-                              f"({override_variable(profile['system'], key)})")
-
-
-def yes_or_no(value: str, key: str) -> str:
-    """A profile switch: yes or no, nothing else (a typo must not silently mean either)."""
-    if value.strip().lower() not in ("yes", "no"):
-        raise ConfigError(f"profile key {key} = {value!r} is neither yes nor no", f"set {key} = yes or {key} = no")
-    return value.strip().lower()
-
-
 # ---------------------------------------------------------------------------------------------------
 # Tags
 
@@ -188,19 +105,20 @@ def recorded_tags(configuration_xml: Path) -> list[str]:
 
 def classify_tags(benchmark: str, tags: list[str], systems: list[str]) -> dict[str, list[str]]:
     """Split tags into system/model/framework/flag; unknown, duplicate or misplaced tags are errors."""
+    workload = WORKLOADS[benchmark]
     by_lower = {s.lower(): s for s in systems}
     kinds: dict[str, list[str]] = {"system": [], "model": [], "framework": [], "flag": []}
     for tag in tags:
         if tag.lower() in by_lower:
             kinds["system"].append(by_lower[tag.lower()])
-        elif tag in MODEL_TAGS_OF.get(benchmark, ()):
+        elif tag in workload.model_tags:
             kinds["model"].append(tag)
-        elif tag in FRAMEWORK_TAGS and benchmark == "resnet50":
+        elif tag in workload.framework_tags:
             kinds["framework"].append(tag)
         elif tag in FLAG_TAGS:
             kinds["flag"].append(tag)
         else:
-            known = [*systems, *MODEL_TAGS_OF.get(benchmark, FRAMEWORK_TAGS), *FLAG_TAGS]
+            known = [*systems, *workload.model_tags, *workload.framework_tags, *FLAG_TAGS]
             raise ConfigError(f"unknown tag '{tag}' for the {benchmark} workflow (JUBE accepts any tag silently)",
                               f"use only these tags: {' '.join(known)}")
     for kind in ("system", "model"):
@@ -211,57 +129,21 @@ def classify_tags(benchmark: str, tags: list[str], systems: list[str]) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------------------
-# Time limits
-
-
-def stop_margin_s(limit_s: int) -> int:
-    """How long before its time limit a job stops its run, leaving time for the samplers and the record."""
-    share, low, high = STOP_MARGIN
-    return int(min(high, max(low, share * limit_s)))
-
-
-def limit_for_budget(budget_s: float) -> int:
-    """The shortest time limit whose stop budget (limit minus margin) is at least `budget_s`, in whole minutes."""
-    share, low, high = STOP_MARGIN
-    limit = max(budget_s + low, min(budget_s / (1 - share), budget_s + high))
-    return int(math.ceil(limit / 60.0) * 60)
-
-
-def check_time_limit(limit_s: int, startup_s: float, steady_s: float, what: str, system: str) -> str:
-    """Refuse a limit that cannot hold start-up, warm-up and the minimum steady window; a warning when tight."""
-    margin = stop_margin_s(limit_s)
-    budget, needed = limit_s - margin, startup_s + steady_s
-    detail = (f"time limit {jbslurm.hms(limit_s)} leaves {budget} s before the job stops its run ({margin} s are "
-              f"kept for the record), for about {startup_s:g} s of start-up and warm-up of {what} and a {steady_s:g} s "
-              "minimum steady window")
-    if budget < needed:
-        raise PointRefused(detail, f"set time_limit to at least {jbslurm.hms(limit_for_budget(needed))} "
-                                   f"({override_variable(system, 'time_limit')}), or shorten the run (steady_seconds)")
-    if budget < TIGHT * needed:
-        return f"tight time limit: {detail}; it may stop before the steady window is long enough"
-    return ""
-
-
-# ---------------------------------------------------------------------------------------------------
 # Settings
 
 
-def base_settings(benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str], run_id: str,
+def base_settings(workload: Workload, kinds: dict[str, list[str]], profile: dict[str, str], run_id: str,
                   sweep: dict[str, str]) -> dict[str, str]:
     """What every row needs, also an INVALID one: who runs it, where, and the sweep point as given."""
-    system = profile["system"]
-    default_model = profile["inference_preset"] if benchmark == "inference" else profile["default_model"]
-    model = kinds["model"][0] if kinds["model"] else default_model
-    if benchmark == "resnet50":
-        model = f"resnet50-{sweep.get('framework') or 'pytorch'}"
     settings = {
-        "JB_STATUS": "OK", "JB_REASON": "", "JB_BENCHMARK": benchmark, "JB_DRIVER": BENCHMARKS[benchmark],
-        "JB_SYSTEM": system, "JB_MODEL": model, "JB_LAUNCHER": profile["launcher"], "JB_RUN_ID": run_id,
+        "JB_STATUS": "OK", "JB_REASON": "", "JB_BENCHMARK": workload.name, "JB_DRIVER": workload.driver,
+        "JB_SYSTEM": profile["system"], "JB_MODEL": workload.model_of(kinds["model"], profile, sweep),
+        "JB_LAUNCHER": profile["launcher"], "JB_RUN_ID": run_id,
         "JB_PYTHON": resolve_python(profile), "JB_SETUP": profile["setup"], "JB_CONTAINER": profile["container"],
-        "JB_REPO": str(REPO), "JB_NOTE": profile["selection"], "JB_SWEEP": ",".join(SWEEP_KEYS[benchmark]),
+        "JB_REPO": str(REPO), "JB_NOTE": profile["selection"], "JB_SWEEP": ",".join(workload.sweep_keys),
         "JB_PARTITION": profile["partition"], "JB_ACCOUNT": profile["account"],
     }
-    settings.update({f"JB_COORD_{key.upper()}": sweep.get(key, "") for key in SWEEP_KEYS[benchmark]})
+    settings.update({f"JB_COORD_{key.upper()}": sweep.get(key, "") for key in workload.sweep_keys})
     return settings
 
 
@@ -270,17 +152,18 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     """Everything the job needs, as JB_* variables. Raises ConfigError for a mistake of the whole workflow,
     PointRefused (with `.settings`, the row's coordinates) for a sweep point that cannot run."""
     env = dict(os.environ if environ is None else environ)
-    unknown = sorted(set(overrides) - set(SWEEP_KEYS[benchmark]))
+    workload = WORKLOADS[benchmark]
+    unknown = sorted(set(overrides) - set(workload.sweep_keys))
     if unknown:
         raise ConfigError(f"unknown workflow parameter '{unknown[0]}' for the {benchmark} workflow"
-                          f"{closest(unknown[0], set(SWEEP_KEYS[benchmark]))}",
-                          f"use one of {', '.join(SWEEP_KEYS[benchmark])}")
+                          f"{closest(unknown[0], set(workload.sweep_keys))}",
+                          f"use one of {', '.join(workload.sweep_keys)}")
     check_name(run_id, "run id")
     kinds = classify_tags(benchmark, tags, system_names(env))
     profile = load_profile(kinds["system"][0] if kinds["system"] else DEFAULT_SYSTEM, env)
     system = profile["system"]
     if profile["unsupported"]:
-        raise ConfigError(f"system {system} cannot run the {BENCHMARKS[benchmark]} driver: {profile['unsupported']}",
+        raise ConfigError(f"system {system} cannot run the {workload.driver} driver: {profile['unsupported']}",
                           "pick a GPU or CPU system tag")
     if profile["launcher"] not in ("slurm", "local"):
         raise ConfigError(f"launcher={profile['launcher']!r} for system {system}", "set launcher to slurm or local")
@@ -290,10 +173,10 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     profile.update(check_command_values(profile, env))  # before anything runs one of them (validate, submit, job)
     check_site_names(profile)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
-    settings = base_settings(benchmark, kinds, profile, run_id, value)
+    settings = base_settings(workload, kinds, profile, run_id, value)
     settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
     try:
-        point_settings(settings, benchmark, kinds, profile, value)
+        point_settings(settings, workload, kinds, profile, value)
     except PointRefused as exc:
         exc.settings = settings  # type: ignore[attr-defined]
         raise
@@ -302,18 +185,18 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     return settings
 
 
-def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str],
-                   value: dict[str, str]) -> None:
+def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str, list[str]],
+                   profile: dict[str, str], value: dict[str, str]) -> None:
     """The sweep point's own settings and driver arguments, into `settings`; PointRefused when it cannot run."""
     for key, text in value.items():
         if key in NUMBERS:
             number(text, key, key)
     model = settings["JB_MODEL"]
     per_node = int(number(profile["devices_per_node"], "devices_per_node", "devices_per_node"))
-    sized_like = model if benchmark == "llm" else profile["default_model"]  # ResNet-50: the default model's nodes
+    sized_like = model if workload.nodes_by_model else profile["default_model"]
     nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{sized_like.lower()}", "1")
     nodes = int(number(nodes_text, "nodes", "nodes"))
-    if benchmark == "inference":  # one process on one device per job; sweep points are separate jobs
+    if workload.one_device:
         nodes, per_node = 1, 1
     if profile["launcher"] == "local":
         check_local_layout(nodes, per_node, profile)
@@ -332,120 +215,28 @@ def point_settings(settings: dict[str, str], benchmark: str, kinds: dict[str, li
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],
         "JB_POWER_LIMIT": value.get("power_limit", ""), "JB_SM_CLOCK": value.get("sm_clock", ""),
-        "JB_DRIVER_COMMAND": inference_command(value) if benchmark == "inference" else "train",
-        "JB_SELF_STOP": "no" if benchmark == "inference" else "yes",  # --exit-duration-mins, set by job.sh
+        "JB_DRIVER_COMMAND": workload.command_of(value),
+        "JB_SELF_STOP": "yes" if workload.self_stop else "no",  # --exit-duration-mins, set by job.sh
     })
-    args = driver_arguments(benchmark, kinds, profile, value, model)
+    args = workload.arguments(profile, value, model, kinds["flag"], workload.profile_prefix)
     for key, text in args.items():
         if key in NUMBERS and text != "":
             number(text, key, key)
     settings.update({f"JB_COORD_{key.upper()}": str(nodes) if key == "nodes" else args.get(key, value.get(key, ""))
-                     for key in SWEEP_KEYS[benchmark]})
-    if benchmark == "inference":
-        settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], inference_mode(settings, value)) if n)
-    startup_key = {"llm": f"startup_s_{model.lower()}", "resnet50": "resnet_startup_s",
-                   "inference": "inference_startup_s"}[benchmark]
+                     for key in workload.sweep_keys})
+    if workload.serving_command:
+        serving = settings["JB_DRIVER_COMMAND"] == workload.serving_command
+        settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], serving_mode(settings, value, serving)) if n)
+    startup_key = workload.startup_key.format(model=model.lower())
     startup = number(profile[startup_key], startup_key, "startup_s")
     steady_key = next((key for key in ("steady_seconds", "min_window_s") if args.get(key)), "min_steady_s")
     steady = number(args.get(steady_key) or profile["min_steady_s"], steady_key, "min_steady_s")
     warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
-    shared = _cli_args(args)
-    settings["JB_VALIDATE_ARGS"] = shlex.join(shared if benchmark == "inference" else [
+    shared = cli_args(args)
+    settings["JB_VALIDATE_ARGS"] = shlex.join(shared if workload.one_device else [
         *shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
-
-
-def driver_arguments(benchmark: str, kinds: dict[str, list[str]], profile: dict[str, str], value: dict[str, str],
-                     model: str) -> dict[str, str]:
-    """The driver's options (name -> text, empty: the driver's default) from the point, the profile and the tags."""
-    synthetic = "synthetic" in kinds["flag"]
-    prefix = {"llm": "llm", "resnet50": "resnet", "inference": "inference"}[benchmark]
-    common = {
-        "precision": value.get("precision") or profile["precision"],
-        "steady_seconds": value.get("steady_seconds") or profile["steady_seconds"],
-        "device": profile["driver_device"],
-    }
-    if benchmark == "inference" and inference_command(value) == "load":
-        return {"preset": model, "task": value.get("task") or profile["inference_task"], "rate": value["rate"],
-                "max_concurrency": value.get("max_concurrency") or profile["inference_max_concurrency"],
-                "slo_ttft_ms": value.get("slo_ttft_ms") or profile["inference_slo_ttft_ms"],
-                "slo_tpot_ms": value.get("slo_tpot_ms") or profile["inference_slo_tpot_ms"],
-                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common,
-                **server_arguments(profile, value.get("engine", ""))}
-    if benchmark == "inference":
-        return {"preset": model, "task": value.get("task") or profile["inference_task"],
-                "batch_size": value.get("batch_size") or profile["inference_batch_size"],
-                "engine": value.get("engine", ""),
-                "min_window_s": value.get("min_window_s") or profile["inference_min_window_s"], **common}
-    common.update({
-        "iterations": value.get("iterations") or profile[f"{prefix}_iterations"],
-        "warmup_iterations": value.get("warmup_iterations") or profile[f"{prefix}_warmup_iterations"],
-        "log_interval": profile["log_interval"],
-    })
-    if benchmark == "llm":
-        key = model.lower()
-        return {
-            "model": model,
-            "tensor_parallel": value.get("tensor_parallel") or profile.get(f"tp_{key}", ""),
-            "pipeline_parallel": value.get("pipeline_parallel") or profile.get(f"pp_{key}", ""),
-            "micro_batch_size": value.get("micro_batch_size", ""),
-            "global_batch_size": value.get("global_batch_size") or profile.get(f"gbs_{key}", ""),
-            "seq_length": value.get("seq_length", ""),
-            "data_path": "" if synthetic else profile["llm_data_path"],
-            **common,
-        }
-    framework = value.get("framework", "pytorch")
-    if framework not in FRAMEWORK_TAGS:
-        raise PointRefused(f"framework={framework!r}", f"use one of {', '.join(FRAMEWORK_TAGS)}")
-    return {
-        "framework": framework, "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
-        "image_size": value.get("image_size") or profile["resnet_image_size"],
-        "data": "synthetic" if synthetic or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
-        **common,
-    }
-
-
-def server_arguments(profile: dict[str, str], engine: str) -> dict[str, str]:
-    """A serving point's server: engine empty or `continuous` is the in-process engine (no server); any other name
-    is the profile's `server_<engine>` template, started by the driver on the job's devices (docs/jube.md)."""
-    if engine in ("", "continuous"):
-        return {}
-    key = f"server_{engine.lower()}"
-    if engine in STATIC_ENGINES or not profile.get(key):
-        known = sorted(k.removeprefix("server_") for k, v in profile.items()
-                       if k.startswith("server_") and not k.startswith(SERVER_SETTINGS) and v)
-        raise PointRefused(f"engine={engine} with rate set: serving points run the in-process engine (continuous) "
-                           f"or a server named in the profile, and {profile['system']} has no {key}",
-                           f"use engine=continuous or one of {', '.join(known) or '(none)'}, or add {key} = <command "
-                           "template> to the profile (rate empty for a static-batch point)")
-    if not profile["inference_checkpoint"]:
-        raise PointRefused(f"engine={engine}: a server loads a checkpoint, and inference_checkpoint is empty",
-                           "save one with `python -m llm_inference save-checkpoint --preset MODEL --out DIR` and set "
-                           f"{override_variable(profile['system'], 'inference_checkpoint')}=DIR (or the profile key)")
-    return {"checkpoint": profile["inference_checkpoint"], "server_command": profile[key],
-            "server_version_command": profile.get(f"server_version_{engine.lower()}", ""), "engine_name": engine,
-            "request_extra": profile.get(f"server_extra_{engine.lower()}", ""), "api": profile["server_api"],
-            "server_ready_timeout": profile["server_ready_timeout_s"]}
-
-
-def inference_command(value: dict[str, str]) -> str:
-    """The inference point's driver command: `load` (serving) when it has a rate, else `run` (static batches)."""
-    return "load" if value.get("rate") else "run"
-
-
-def inference_mode(settings: dict[str, str], value: dict[str, str]) -> str:
-    """Mark the other mode's parameters `-` in the point's coordinates; refuse an engine a serving point cannot use,
-    and say which explicit values the point's mode ignores (the note)."""
-    serving = settings["JB_DRIVER_COMMAND"] == "load"
-    other = STATIC_ONLY if serving else SERVING_ONLY
-    settings.update({f"JB_COORD_{key.upper()}": "-" for key in other})
-    if serving:
-        settings["JB_COORD_ENGINE"] = value.get("engine") or "continuous"
-        settings["JB_SERVER"] = "" if settings["JB_COORD_ENGINE"] == "continuous" else "yes"
-    ignored = [f"{key}={value[key]}" for key in other if value.get(key) and key != "engine"]
-    mode = "a serving point (rate set)" if serving else "a static-batch point (rate empty)"
-    return f"{', '.join(ignored)} ignored: {mode}" if ignored else ""
 
 
 def _jbcontainer() -> ModuleType:
@@ -474,14 +265,6 @@ def ensure_container_image(settings: dict[str, str]) -> None:
     except jbcontainer.ValidationError as exc:
         raise ConfigError(exc.problem, exc.fix) from None
     print(f"JOULEBENCH_SETTING container={image}", flush=True)
-
-
-def _cli_args(values: dict[str, str]) -> list[str]:
-    args: list[str] = []
-    for key, val in values.items():
-        if val != "":
-            args += [f"--{key.replace('_', '-')}", str(val)]
-    return args
 
 
 def run_module(settings: dict[str, str], module: str, args: list[str], refused: tuple[int, ...]) -> None:
@@ -648,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jbprofile.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prepare = sub.add_parser("prepare", help="resolve tags + profile, check the point, write job.env")
-    prepare.add_argument("--benchmark", choices=sorted(BENCHMARKS), required=True)
+    prepare.add_argument("--benchmark", choices=sorted(WORKLOADS), required=True)
     prepare.add_argument("--config", help="the run's configuration.xml (JUBE records the tags there)")
     prepare.add_argument("--tag", action="append", default=[], help="tags, when not read from --config")
     prepare.add_argument("--run-id", required=True)

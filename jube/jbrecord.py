@@ -35,6 +35,7 @@ import jblog  # same directory: on sys.path when run as a script
 import jbslurm
 from jbsettings import JOB_ID_FILE, RESULT_FILE, SETTINGS_FILE, read_settings
 from jbsystems import ConfigError
+from jbworkloads import BY_DRIVER, WORKLOADS, Workload
 
 from joulebench.device_settings import Request
 from joulebench.device_settings.record import RECORD_KEY, recorded_settings
@@ -58,6 +59,7 @@ from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
 from jpwr.trace import load_trace
 
+EX_USAGE = 64  # `fields` of a record no workflow's driver wrote, without its job.env
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies
 # The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's
 # figures cannot be true (joulebench.figures).
@@ -73,11 +75,6 @@ POINT_NAMES = {  # short names in the Point column; the other coordinates go by 
     "power_limit": "pl", "sm_clock": "clock", "image_size": "px", "batch_size": "bs", "max_concurrency": "slots",
     "slo_ttft_ms": "ttft_slo", "slo_tpot_ms": "tpot_slo", "min_window_s": "window_s",
 }
-# llm_inference's own columns (docs/llm_inference.md), after the shared ones
-INFERENCE_KEYS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
-                  "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
-                  "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s",
-                  "goodput_requests_per_s", "energy_per_request_p50_j", "energy_per_request_p90_j")
 # A serving record (`llm_inference load`) names its latency medians p50, and its time per output token tpot; they fill
 # the same columns as a static record's
 SERVING_ALIASES = {"ttft_median_s": "ttft_p50_s", "per_token_latency_median_s": "tpot_p50_s",
@@ -322,8 +319,8 @@ def _headline(record: RunRecord, settings: dict[str, str], key: str) -> str:
 def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
     """One text value per result-table column; missing numbers are n/a, never 0."""
     m, c = record.metrics, record.config
-    default_unit = {"resnet50": "images"}.get(settings.get("JB_BENCHMARK", ""), "tokens")
-    unit = m.get("work_unit") or ("output_tokens" if record.benchmark == "llm_inference" else default_unit)
+    workload = workload_of(record, settings)
+    unit = m.get("work_unit") or workload.work_unit
     tp, pp, dp = c.get("tensor_parallel"), c.get("pipeline_parallel"), c.get("data_parallel")
     devices = _int_or_none(str(_first(m.get("devices"), c.get("devices"), c.get("world_size"),
                                       settings.get("JB_WORLD_SIZE"), "")))
@@ -353,14 +350,26 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "status": record.status,
     }
     fields["note"], fields["short_note"] = _note(record, settings)
-    if record.benchmark == "llm_inference":
-        fields.update({key: _num(_first(m.get(key), m.get(SERVING_ALIASES.get(key, key)))) for key in INFERENCE_KEYS})
+    own = (*workload.table_columns, *(SHARE_KEYS if workload.request_shares else ()))
+    fields.update({key: _num(_first(m.get(key), m.get(SERVING_ALIASES.get(key, key))))
+                   for key in workload.table_columns})
+    if workload.request_shares:
         fields.update(energy_shares(record))
     if rejection(record):  # figures that cannot be true are flagged, never shown as numbers; the note says why
-        inference = (*INFERENCE_KEYS, *SHARE_KEYS) if record.benchmark == "llm_inference" else ()
         fields.update(dict.fromkeys([*FIGURE_KEYS, *FOOTPRINT_KEYS, f"{unit}_per_s", f"{unit}_per_s_per_device",
-                                     f"{unit}_per_wh", *inference], REJECTED))
+                                     f"{unit}_per_wh", *own], REJECTED))
     return {key: (str(value) if value not in (None, "") else "n/a") for key, value in fields.items()}
+
+
+def workload_of(record: RunRecord, settings: dict[str, str]) -> Workload:
+    """The workflow a row belongs to: the job's (job.env), else the one whose driver wrote the record."""
+    name = settings.get("JB_BENCHMARK")
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if record.benchmark in BY_DRIVER:
+        return BY_DRIVER[record.benchmark]
+    raise ConfigError(f"the run record's benchmark {record.benchmark!r} is none of the workflows' drivers "
+                      f"({', '.join(BY_DRIVER)})", "pass the point's job.env with --settings")
 
 
 def energy_shares(record: RunRecord) -> dict[str, str]:
@@ -430,8 +439,7 @@ def _percent(value: float | None) -> str:
 def compare(rundir: Path) -> dict[str, dict[str, str]]:
     """Per run id: slowdown and energy saving against its group's default-setting rows (power_limit and sm_clock
     empty, energy trusted), computed as `joulebench report --pareto` does; `-` where the group sweeps no setting."""
-    from joulebench.analysis.pareto import baseline, saving, slowdown, sweep_points
-    from joulebench.analysis.report import load_runs
+    from joulebench.analysis.tables import compare_settings
 
     groups: dict[tuple[str, ...], list[tuple[str, Path]]] = {}
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
@@ -447,19 +455,15 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
             rows.update({run_id: {"slowdown": "-", "energy_saving": "-"} for run_id, _ in members})
             continue
         try:
-            runs = {run.record.run_id: run for run in load_runs([path for _, path in members])}
-            measured = [run for run in runs.values() if run.record.window("steady") is not None]  # not INVALID & co.
-            points = {p.name: p for p in sweep_points(measured)}
-            base = baseline(list(points.values()))
+            compared = compare_settings([path for _, path in members])
         except JpwrError as exc:
             rows.update({run_id: {"slowdown": "n/a", "energy_saving": "n/a", "compare_note": str(exc)}
                          for run_id, _ in members})
             continue
         for run_id, _ in members:
-            point = points.get(run_id)
-            trusted = point is not None and point.excluded is None
-            rows[run_id] = {"slowdown": _percent(slowdown(point, base)) if trusted else "n/a",
-                            "energy_saving": _percent(saving(point, base)) if trusted else "n/a"}
+            point = compared.get(run_id)  # None: never measured (INVALID & co.)
+            rows[run_id] = {"slowdown": _percent(point.slowdown if point else None),
+                            "energy_saving": _percent(point.energy_saving if point else None)}
     return rows
 
 
@@ -519,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "fields":
         settings = read_settings(args.settings) if args.settings else {}
-        sys.stdout.write(render(table_fields(read_run_record(args.record), settings)))
+        try:
+            sys.stdout.write(render(table_fields(read_run_record(args.record), settings)))
+        except ConfigError as exc:
+            print(f"jbrecord.py: error: {exc}", file=sys.stderr)
+            return EX_USAGE
         return 0
     settings = read_settings(args.settings)
     if args.command == "finalize":

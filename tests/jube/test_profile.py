@@ -18,6 +18,8 @@ jbprofile = importlib.util.module_from_spec(_spec)
 sys.modules["jbprofile"] = jbprofile
 _spec.loader.exec_module(jbprofile)
 jbslurm = sys.modules["jbslurm"]  # loaded by jbprofile from the same directory
+jbchecks = sys.modules["jbchecks"]
+jbworkloads = sys.modules["jbworkloads"]
 
 ISSUE_SYSTEMS = ("A100", "H100", "WAIH100", "GH200", "JEDI", "MI250", "GC200", "H200", "MI300X", "local", "CI")
 CLEAN_ENV = {"PATH": "/usr/bin:/bin"}  # no nvidia-smi or rocm-smi here: `local` resolves to its CPU settings
@@ -30,7 +32,7 @@ def test_every_system_of_the_issue_has_a_complete_profile() -> None:
         profile = jbprofile.load_profile(name, CLEAN_ENV)
         assert profile["vendor"] in ("nvidia", "amd", "graphcore", "cpu"), name
         assert int(profile["devices_per_node"]) >= 1, name
-        assert profile["default_model"] in jbprofile.MODEL_TAGS, name
+        assert profile["default_model"] in jbprofile.WORKLOADS["llm"].model_tags, name
         assert jbslurm.duration_s(profile["time_limit"]) > 0, name
 
 
@@ -230,7 +232,7 @@ def test_slurm_time_formats(text: str, seconds: int | None) -> None:
 
 @pytest.mark.parametrize(("limit_s", "margin_s"), [(60, 10), (120, 12), (1200, 120), (3600, 300), (86400, 300)])
 def test_the_stop_margin_follows_the_limit(limit_s: int, margin_s: int) -> None:
-    assert jbprofile.stop_margin_s(limit_s) == margin_s
+    assert jbchecks.stop_margin_s(limit_s) == margin_s
 
 
 def test_a_time_limit_too_short_for_the_preset_is_refused_and_a_tight_one_noted(tmp_path: Path) -> None:
@@ -287,7 +289,7 @@ def test_every_systems_defaults_pass_the_real_drivers_validate(tmp_path: Path, c
     for system in jbprofile.system_names(env):
         if jbprofile.load_profile(system, env)["unsupported"]:
             continue
-        models = [None] if system in ("local",) else [None, *jbprofile.MODEL_TAGS]
+        models = [None] if system in ("local",) else [None, *jbprofile.WORKLOADS["llm"].model_tags]
         for model in models:
             tags = [system] if model is None else [system, model]
             settings = jbprofile.build_settings("llm", tags, {}, "run", env)

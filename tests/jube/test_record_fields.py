@@ -344,3 +344,12 @@ def test_a_failed_rank_that_wrote_nothing_of_its_own_is_named(tmp_path):
     assert jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK", "--ranks-exit-code",
                           "139"]) == 1
     assert "rank 1 on n2 ended: Segmentation fault (nothing on its stderr)" in fields(work)["note"]
+
+
+def test_fields_of_a_record_no_workflow_wrote_name_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without job.env the row's workflow comes from the record's driver; an unknown one is refused, not guessed."""
+    path = tmp_path / "run_record.json"
+    write_run_record(path, RunRecord(benchmark="some_driver", run_id="r", status="OK"))
+    assert jbrecord.main(["fields", str(path)]) == 64
+    error = capsys.readouterr().err
+    assert "'some_driver' is none of the workflows' drivers" in error and "Fix: pass the point's job.env" in error

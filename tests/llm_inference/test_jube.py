@@ -41,7 +41,7 @@ def test_every_system_resolves_to_one_device_and_passes_the_drivers_validate(tmp
             with pytest.raises(jbprofile.ConfigError, match="cannot run the llm_inference driver"):
                 jbprofile.build_settings("inference", [system], {}, "run", env)
             continue
-        for model in (None, *jbprofile.INFERENCE_MODEL_TAGS):
+        for model in (None, *jbprofile.WORKLOADS["inference"].model_tags):
             tags = [system] if model is None else [system, model]
             settings = jbprofile.build_settings("inference", tags, {}, "run", env)
             assert (settings["JB_NODES"], settings["JB_WORLD_SIZE"], settings["JB_DRIVER_COMMAND"]) == ("1", "1", "run")

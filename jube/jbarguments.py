@@ -1,0 +1,125 @@
+"""The driver options of a sweep point, one builder per workflow (jbworkloads.py names which).
+
+Each builder maps the point's workflow parameters, the system profile and the tags to the driver's options
+(name -> text; empty: the driver's default). The inference workflow has two modes, chosen per point by `rate`:
+empty is a static-batch point (`llm_inference run`), a rate or `max` a serving point (`llm_inference load`: open-loop
+arrivals, continuous batching); each mode's own parameters are not driver options in the other and read `-` in the
+table. Standard library only (Python >= 3.8): the login node's validate step runs this.
+"""
+
+from __future__ import annotations
+
+from jbshell import SERVER_SETTINGS
+from jbsystems import FRAMEWORK_TAGS, PointRefused, override_variable
+
+STATIC_ONLY = ("batch_size",)
+STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
+SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
+
+
+def common_arguments(profile: dict[str, str], value: dict[str, str]) -> dict[str, str]:
+    """Options every driver takes."""
+    return {
+        "precision": value.get("precision") or profile["precision"],
+        "steady_seconds": value.get("steady_seconds") or profile["steady_seconds"],
+        "device": profile["driver_device"],
+    }
+
+
+def iteration_arguments(profile: dict[str, str], value: dict[str, str], prefix: str) -> dict[str, str]:
+    """The training drivers' iteration counts (profile keys <prefix>_iterations, <prefix>_warmup_iterations)."""
+    return {
+        "iterations": value.get("iterations") or profile[f"{prefix}_iterations"],
+        "warmup_iterations": value.get("warmup_iterations") or profile[f"{prefix}_warmup_iterations"],
+        "log_interval": profile["log_interval"],
+    }
+
+
+def llm_arguments(profile: dict[str, str], value: dict[str, str], model: str, flags: list[str],
+                  prefix: str) -> dict[str, str]:
+    """llm_training: the model preset, its layout and batch from the profile's per-model keys."""
+    key = model.lower()
+    return {
+        "model": model,
+        "tensor_parallel": value.get("tensor_parallel") or profile.get(f"tp_{key}", ""),
+        "pipeline_parallel": value.get("pipeline_parallel") or profile.get(f"pp_{key}", ""),
+        "micro_batch_size": value.get("micro_batch_size", ""),
+        "global_batch_size": value.get("global_batch_size") or profile.get(f"gbs_{key}", ""),
+        "seq_length": value.get("seq_length", ""),
+        "data_path": "" if "synthetic" in flags else profile["llm_data_path"],
+        **common_arguments(profile, value), **iteration_arguments(profile, value, prefix),
+    }
+
+
+def resnet_arguments(profile: dict[str, str], value: dict[str, str], model: str, flags: list[str],
+                     prefix: str) -> dict[str, str]:
+    """resnet50: the framework (a sweep dimension), batch, image size and data directory."""
+    framework = value.get("framework", "pytorch")
+    if framework not in FRAMEWORK_TAGS:
+        raise PointRefused(f"framework={framework!r}", f"use one of {', '.join(FRAMEWORK_TAGS)}")
+    return {
+        "framework": framework, "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
+        "image_size": value.get("image_size") or profile["resnet_image_size"],
+        "data": "synthetic" if "synthetic" in flags or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
+        **common_arguments(profile, value), **iteration_arguments(profile, value, prefix),
+    }
+
+
+def inference_arguments(profile: dict[str, str], value: dict[str, str], model: str, flags: list[str],
+                        prefix: str) -> dict[str, str]:
+    """llm_inference: a serving point (rate set) or a static-batch point."""
+    shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"]}
+    window = {"min_window_s": value.get("min_window_s") or profile[f"{prefix}_min_window_s"]}
+    if value.get("rate"):
+        return {**shared, "rate": value["rate"],
+                "max_concurrency": value.get("max_concurrency") or profile[f"{prefix}_max_concurrency"],
+                "slo_ttft_ms": value.get("slo_ttft_ms") or profile[f"{prefix}_slo_ttft_ms"],
+                "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
+                **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
+    return {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
+            "engine": value.get("engine", ""), **window, **common_arguments(profile, value)}
+
+
+def server_arguments(profile: dict[str, str], engine: str) -> dict[str, str]:
+    """A serving point's server: engine empty or `continuous` is the in-process engine (no server); any other name
+    is the profile's `server_<engine>` template, started by the driver on the job's devices (docs/jube.md)."""
+    if engine in ("", "continuous"):
+        return {}
+    key = f"server_{engine.lower()}"
+    if engine in STATIC_ENGINES or not profile.get(key):
+        known = sorted(k.removeprefix("server_") for k, v in profile.items()
+                       if k.startswith("server_") and not k.startswith(SERVER_SETTINGS) and v)
+        raise PointRefused(f"engine={engine} with rate set: serving points run the in-process engine (continuous) "
+                           f"or a server named in the profile, and {profile['system']} has no {key}",
+                           f"use engine=continuous or one of {', '.join(known) or '(none)'}, or add {key} = <command "
+                           "template> to the profile (rate empty for a static-batch point)")
+    if not profile["inference_checkpoint"]:
+        raise PointRefused(f"engine={engine}: a server loads a checkpoint, and inference_checkpoint is empty",
+                           "save one with `python -m llm_inference save-checkpoint --preset MODEL --out DIR` and set "
+                           f"{override_variable(profile['system'], 'inference_checkpoint')}=DIR (or the profile key)")
+    return {"checkpoint": profile["inference_checkpoint"], "server_command": profile[key],
+            "server_version_command": profile.get(f"server_version_{engine.lower()}", ""), "engine_name": engine,
+            "request_extra": profile.get(f"server_extra_{engine.lower()}", ""), "api": profile["server_api"],
+            "server_ready_timeout": profile["server_ready_timeout_s"]}
+
+
+def serving_mode(settings: dict[str, str], value: dict[str, str], serving: bool) -> str:
+    """Mark the other mode's parameters `-` in the point's coordinates; the engine of a serving point, and whether
+    it is a server; which explicit values the point's mode ignores (the note)."""
+    other = STATIC_ONLY if serving else SERVING_ONLY
+    settings.update({f"JB_COORD_{key.upper()}": "-" for key in other})
+    if serving:
+        settings["JB_COORD_ENGINE"] = value.get("engine") or "continuous"
+        settings["JB_SERVER"] = "" if settings["JB_COORD_ENGINE"] == "continuous" else "yes"
+    ignored = [f"{key}={value[key]}" for key in other if value.get(key) and key != "engine"]
+    mode = "a serving point (rate set)" if serving else "a static-batch point (rate empty)"
+    return f"{', '.join(ignored)} ignored: {mode}" if ignored else ""
+
+
+def cli_args(values: dict[str, str]) -> list[str]:
+    """Options as a command line; an empty value is left out (the driver's default)."""
+    args: list[str] = []
+    for key, val in values.items():
+        if val != "":
+            args += [f"--{key.replace('_', '-')}", str(val)]
+    return args

@@ -56,6 +56,7 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
+from joulebench.record_types import ClockAnchor, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
 from jpwr.output import json_text
@@ -105,7 +106,7 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
     return "stderr"
 
 
-def merged_metrics(computed: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+def merged_metrics(computed: Metrics, body: Metrics) -> Metrics:
     """The record's figures: the metrics callback's and those the run's body set on `record.metrics` (a loss
     curve). A key both set is a driver bug that once let the body's value win unseen: refused, naming the keys."""
     both = sorted(set(computed) & set(body))
@@ -203,7 +204,10 @@ class Run:
     def withhold_cpu_headline(self) -> None:
         """A GPU run whose meter read no accelerator (NVML failed) would get the CPU packages' energy (RAPL) as its
         headline: each such window's energy is withheld with why, and the RAPL figures stay beside it."""
-        for window in self.meter.windows if self.meter and self.accelerator else ():
+        meter = self.meter
+        if meter is None or not self.accelerator:
+            return
+        for window in meter.windows:
             energy = window.energy
             if energy is None or not energy.domain or energy.domain.startswith(ACCELERATORS):
                 continue
@@ -212,7 +216,7 @@ class Run:
                                                 f"CPU's energy ({energy.domain}) is not the run's: see other_domains")
             withheld.other_domains, withheld.nodes = [*energy.per_device, *energy.other_domains], energy.nodes
             window.energy = withheld
-            window.split = split_energy(withheld, window.duration_s, self.meter.idle)
+            window.split = split_energy(withheld, window.duration_s, meter.idle)
 
     def open_meter(self, sync: Callable[[], None] | None = None, methods: str | None = None,
                    phase_stamps: DeviceEventStamps | None = None, read_every_s: float | None = None) -> WindowMeter:
@@ -222,9 +226,9 @@ class Run:
         self.meter = WindowMeter.open(self.launch, sync=sync, methods=methods, out_dir=self.out_dir / "jpwr",
                                       phase_stamps=phase_stamps, **rates)
         # The clock anchor: UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)
-        anchor = {"wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns()}
-        self.record.meter.update(sampler=self.meter.has_sampler, energy_methods=methods, clock=anchor,
-                                 in_process_out_dir=str(self.out_dir / "jpwr") if methods else None)
+        anchor: ClockAnchor = {"wall_ns": time.time_ns(), "monotonic_ns": time.monotonic_ns()}
+        self.record.meter.update({"sampler": self.meter.has_sampler, "energy_methods": methods, "clock": anchor,
+                                  "in_process_out_dir": str(self.out_dir / "jpwr") if methods else None})
         return self.meter
 
     def intervals(self, work_unit: str, work_per_step: float, devices: int) -> IntervalLog | None:
@@ -309,7 +313,7 @@ class Lifecycle:
 
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
-            metrics: Callable[[RunRecord], dict[str, Any]], gather: Gather | None = None,
+            metrics: Callable[[RunRecord], Metrics], gather: Gather | None = None,
             hardware: Mapping[str, Any] | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
         """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
         `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
@@ -342,7 +346,7 @@ class Lifecycle:
         if run.exit_code == 0:
             run.exit_code = EXIT_CODES[record.status]
 
-    def _write(self, run: Run, metrics: Callable[[RunRecord], dict[str, Any]]) -> None:
+    def _write(self, run: Run, metrics: Callable[[RunRecord], Metrics]) -> None:
         record = run.record
         try:
             record.metrics = merged_metrics(metrics(record), record.metrics)

@@ -62,7 +62,7 @@ class InferenceConfig:
 
 def _int_list(text: str) -> tuple[int, ...]:
     """A sweep of batch sizes: each at least 1, none twice (a repeated point would overwrite its record)."""
-    values = tuple(SIZE(part) for part in comma_list(text, "batch size", "1,8,64"))
+    values = tuple(int(SIZE(part)) for part in comma_list(text, "batch size", "1,8,64"))
     repeated = sorted({v for v in values if values.count(v) > 1})
     if repeated:
         raise argparse.ArgumentTypeError(f"{text!r} lists {', '.join(map(str, repeated))} more than once")

@@ -26,6 +26,7 @@ The decode pieces are compiled per row count (`dynamic=False`; the recompile lim
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -134,7 +135,7 @@ class ContinuousEngine(CompactForward):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(buckets))
         lengths = range(memory.POSITION_BUCKET, state.cache_positions + 1, memory.POSITION_BUCKET)
         for count in buckets:
-            self.warm_up(lambda count=count: self._step(state, count, lengths[-1]))  # compiles for this row count
+            self.warm_up(functools.partial(self._step, state, count, lengths[-1]))  # compiles for this row count
             for length in lengths:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=state.pool):

@@ -33,6 +33,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
+from joulebench.record_types import RequestFailures, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import resolve_device
 from jpwr import WindowMeter
@@ -262,7 +263,7 @@ def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival
     return RequestsTable(columns, chunks, attrs)
 
 
-def _failures(results: dict[int, StreamResult]) -> dict[str, Any]:
+def _failures(results: dict[int, StreamResult]) -> RequestFailures:
     bad = [r for r in results.values() if r.outcome in ("failed", "timed_out")]
     kinds = Counter(r.kind or r.outcome for r in bad)
     return {"count": len(bad), "by_reason": dict(kinds.most_common()),
@@ -345,7 +346,7 @@ class ClientServed:
     lifetimes: np.ndarray  # (id, arrival ns, last chunk ns) per request that streamed
     done: set[int]
     results: int  # requests sent
-    failures: dict[str, Any]
+    failures: RequestFailures
 
 
 class HttpServerTarget:
@@ -391,7 +392,7 @@ class HttpServerTarget:
         return f"at most {self.cfg.max_concurrency} requests in flight to {url}"
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
-              outcome: RateOutcome[ClientServed], say: Callable[[str], None]) -> dict[str, Any]:
+              outcome: RateOutcome[ClientServed], say: Callable[[str], None]) -> RequestsBlock:
         assert self.client is not None and self.started is not None
         started, cfg = self.started, self.cfg
         load = HttpLoad(self.client, cfg.max_concurrency,
@@ -427,8 +428,8 @@ class HttpServerTarget:
             raise RuntimeError(f"{gone} (during rate {outcome.label}, {len(outcome.detail.done)} of "
                                f"{outcome.detail.results} requests done)")
         if outcome.counted and not outcome.counted & outcome.detail.done:
-            raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: "
-                               f"{(failures['first'] or [{}])[0].get('reason')})")
+            first = failures["first"][0]["reason"] if failures["first"] else None
+            raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: {first})")
 
     def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
         return {"engine": self.server.engine}

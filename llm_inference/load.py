@@ -24,6 +24,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
+from joulebench.record_types import RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import hardware_info
 from jpwr import WindowMeter
@@ -149,7 +150,7 @@ class EngineTarget:
         return f"{self.cfg.max_concurrency} slots"
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
-              outcome: RateOutcome[EngineServed], say: Callable[[str], None]) -> dict[str, Any]:
+              outcome: RateOutcome[EngineServed], say: Callable[[str], None]) -> RequestsBlock:
         cfg, engine = self.cfg, self.model.get()
         _, sequence = validation.load_lengths(cfg, self.trace)
         if engine.state is None or engine.state.rows != cfg.max_concurrency or engine.state.cache_positions < sequence:

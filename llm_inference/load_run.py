@@ -16,12 +16,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
+from joulebench.record_types import Metrics, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
@@ -94,7 +95,7 @@ class LoadTarget(Protocol[DetailT]):
         ...
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
-              outcome: RateOutcome[DetailT], say: Callable[[str], None]) -> dict[str, Any]:
+              outcome: RateOutcome[DetailT], say: Callable[[str], None]) -> RequestsBlock:
         """Serve the plan's requests (each goes into `served` as it is drawn) with the window `steady`; fill
         `outcome`; return the record's `requests` block."""
         ...
@@ -117,7 +118,7 @@ class LoadTarget(Protocol[DetailT]):
 
 
 def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[DetailT], outcome: RateOutcome[DetailT],
-                  record: RunRecord) -> dict[str, Any]:
+                  record: RunRecord) -> Metrics:
     """The record's figures of one rate (its metrics callback)."""
     target.describe(record.config)
     result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule)
@@ -127,7 +128,7 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
         record.requests = {**(record.requests or {}), "energy": energy}
         save_requests(outcome.out_dir, outcome.table, record)
         result.update(request_energy_figures(energy))
-    return result
+    return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
 
 
 def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate: float | None,

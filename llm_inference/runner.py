@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
@@ -26,6 +26,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
+from joulebench.record_types import Metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, WindowMeter
@@ -85,12 +86,13 @@ def _flops_per_output_token(shape: ModelPreset, point: PointWindows) -> float | 
 
 def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPreset, precision: str,
                    batch_size: int, device: torch.device, latents: dict[str, dict[str, float]],
-                   latents_reason: str | None, estimate_gib: float) -> dict[str, Any]:
+                   latents_reason: str | None, estimate_gib: float) -> Metrics:
+    # built from the helpers' dicts, checked as Metrics where it leaves (tests/test_record_types.py checks the keys)
     result: dict[str, Any] = {"work_unit": WORK_UNIT}
     if point is not None:
         peak = peak_flops(str(record.hardware.get("device_name", "")), precision)
-        result = steady_metrics(point.steady, work_unit=WORK_UNIT, devices=1,
-                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak)
+        result = dict(steady_metrics(point.steady, work_unit=WORK_UNIT, devices=1,
+                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak))
         result.update(metrics.rate_metrics(point))
         result.update(metrics.latency_metrics(point.timings))
         result.update(metrics.energy_metrics(point))
@@ -107,7 +109,7 @@ def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPr
         sm_clock_mhz=None if sm is None else sm / 1e6, memory_estimate_gib=estimate_gib,
         peak_memory_allocated_gib=torch.cuda.max_memory_allocated() / 1024**3 if device.type == "cuda" else None,
     )
-    return result
+    return cast(Metrics, result)
 
 
 def window_seconds(steady_seconds: float | None, meter: WindowMeter, device: torch.device) -> WindowLength:
@@ -162,7 +164,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
     estimate = validation.run_estimate(cfg, shape, precision, spec.batch_size).total_gib
     point: PointWindows | None = None
 
-    def point_metrics(record: RunRecord) -> dict[str, Any]:
+    def point_metrics(record: RunRecord) -> Metrics:
         latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
         if not cfg.energy_methods:
             reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
@@ -205,7 +207,7 @@ def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.d
     return engine
 
 
-def shown(metrics: dict[str, Any], key: str, scale: float = 1.0) -> str:
+def shown(metrics: Mapping[str, Any], key: str, scale: float = 1.0) -> str:
     """A figure for a progress line: four significant digits, n/a where it is missing."""
     value = metrics.get(key)
     return "n/a" if value is None else f"{value * scale:.4g}"

@@ -9,6 +9,7 @@
 #   inference, serving, reports, tensorboard, mlflow, wandb). No GPU is needed: vendor libraries are replaced by the fakes in tests/fakes.
 # - System packages are not installed here: the JUBE/Slurm workflow tests need JUBE, Slurm, munge and
 #   xmllint (`sh jube/ci-setup.sh` as root, what CI does) and are skipped with that reason without them.
+# - Then ruff, mypy (pyproject.toml [tool.mypy]: jpwr, joulebench, the three drivers) and pytest.
 # Idempotent: a second run reuses the venv and its packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,5 @@ for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || m
 [ -z "$missing" ] || echo "tests/run.sh: not installed:$missing; the JUBE/Slurm workflow tests will be skipped" \
     "(install them with: sudo sh jube/ci-setup.sh)" >&2
 .venv/bin/ruff check .
-.venv/bin/python -m mypy jpwr  # flags and third-party policy: pyproject.toml [tool.mypy]
+.venv/bin/python -m mypy  # the meter, the core and the drivers; files, flags and third-party policy: pyproject.toml
 .venv/bin/python -m pytest -q -ra "$@"

@@ -5,6 +5,10 @@ fakes in tests/fakes, which start out as "no such hardware" until a test configu
 the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
+
+Under pytest-xdist (tests/run.sh: `-n 3 --dist loadgroup`) each test file runs whole on one worker (its module-scoped
+fixtures run once), the files that use something machine-wide run one after another on one worker (MACHINE_WIDE),
+and the leftover check and the per-file durations run once, on the controller.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import fnmatch
 import os
 import sys
 import tempfile
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -108,6 +114,7 @@ HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "joulebench"  # slurm-local.sh's lines end in "# joulebench-slurm-local"
 TMP_DIRS = sorted({Path("/tmp"), Path(tempfile.gettempdir())})
 _BEFORE = pytest.StashKey[set[str]]()
+_STARTED = pytest.StashKey[float]()
 
 
 def _bound_sockets() -> set[str]:
@@ -127,12 +134,23 @@ def _ours_now() -> set[str]:
     return found
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    """A worker of pytest-xdist (the controller and a plain session are not): it sees only its share of the tests,
+    while the other workers' files are still live."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_BEFORE] = _ours_now()
+    session.config.stash[_STARTED] = time.monotonic()
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_BEFORE] = _ours_now()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session, naming each one, for entries the tests left behind (passed or failed)."""
+    """Fail the session, naming each one, for entries the tests left behind (passed or failed); once, after all
+    workers finished."""
+    if _is_xdist_worker(session.config):
+        return
     left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()) - _bound_sockets())
     if not left:
         return
@@ -140,6 +158,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lines = [f"the test session left {len(left)} thing(s) behind (tests and fixtures must remove what they create; "
              "jube/slurm-local.sh stop removes a local cluster's):", *(f"  {item}" for item in left)]
     if reporter is not None:
+        reporter.ensure_newline()
         reporter.write_sep("=", "left behind", red=True)
         for line in lines:
             reporter.write_line(line)
@@ -147,3 +166,64 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print("\n".join(lines), file=sys.stderr)
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# Tests that use or watch something machine-wide: the local Slurm clusters (daemons on fixed ports,
+# /tmp/joulebench-slurm-*, /etc/hosts lines; a worker stops at its end a cluster it started) and those marked
+# machine_wide (the leftover check's own test counts our entries in /tmp, which others create). Under xdist all files
+# holding such a test run on one worker, one after another.
+MACHINE_WIDE_FIXTURES = frozenset({"slurm_cluster", "slurm_cluster_4"})
+MACHINE_WIDE_GROUP = "machine-wide"
+DURATION_FILES_SHOWN = 25
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook turns the groups into node ids (name@group)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of a file with a machine-wide test for xdist's one worker; under xdist, the files with slow
+    tests and the machine-wide group first, so that no long file is left to run alone at the end."""
+    machine_wide = {_file_of(item.nodeid) for item in items
+                    if MACHINE_WIDE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("machine_wide")}
+    for item in items:
+        if _file_of(item.nodeid) in machine_wide:
+            item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE_GROUP))
+    if _is_xdist_worker(config):  # every worker sorts alike: xdist checks that they collected the same order
+        slow_files = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")} | machine_wide
+        items.sort(key=lambda item: _file_of(item.nodeid) not in slow_files)  # stable: file order kept otherwise
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it is installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """For `--dist loadgroup`: a test file is one unit of work (not each test), a group's files together."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid.rsplit("@", 1)[1] if "@" in nodeid else _file_of(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems), not by size
+    return FileOrGroupScheduling(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """Where the suite's time goes: each file's tests (setup, call and teardown summed), slowest first."""
+    if _is_xdist_worker(config):
+        return
+    per_file: dict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                per_file[_file_of(report.nodeid)] += report.duration
+    if not per_file:
+        return
+    wall = time.monotonic() - config.stash.get(_STARTED, time.monotonic())
+    terminalreporter.write_sep("=", f"slowest {min(DURATION_FILES_SHOWN, len(per_file))} of {len(per_file)} test files")
+    for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:DURATION_FILES_SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    terminalreporter.write_line(f"{sum(per_file.values()):8.1f} s  all {len(per_file)} files (test time, summed over "
+                                f"workers); {wall:.1f} s wall time")

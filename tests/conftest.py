@@ -6,22 +6,26 @@ the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
 
-Under pytest-xdist (tests/run.sh: `-n 3 --dist loadgroup`) each test file runs whole on one worker (its module-scoped
-fixtures run once), the files that use something machine-wide run one after another on one worker (MACHINE_WIDE),
-and the leftover check and the per-file durations run once, on the controller.
+Under pytest-xdist (tests/run.sh: `-n 3 --dist loadgroup`) a file whose tests share a module-scoped fixture runs whole
+on one worker (the fixture runs once), the files that use something machine-wide run one after another on one worker
+(MACHINE_WIDE_FIXTURES), other tests go to whichever worker is free, and the leftover check and the per-file durations
+run once, on the controller.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,6 +155,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     workers finished."""
     if _is_xdist_worker(session.config):
         return
+    if _SCOPES_DIR in session.config.stash:
+        shutil.rmtree(session.config.stash[_SCOPES_DIR], ignore_errors=True)
     left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()) - _bound_sockets())
     if not left:
         return
@@ -173,41 +179,79 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # machine_wide (the leftover check's own test counts our entries in /tmp, which others create). Under xdist all files
 # holding such a test run on one worker, one after another.
 MACHINE_WIDE_FIXTURES = frozenset({"slurm_cluster", "slurm_cluster_4"})
-MACHINE_WIDE_GROUP = "machine-wide"
+MACHINE_WIDE_SCOPE = "machine-wide"
 DURATION_FILES_SHOWN = 25
+# Where the workers tell the controller each test's unit of work. xdist's own `xdist_group` marks travel in the node
+# ids (name@group), which xdist 3.8 sets through an attribute pytest 9.2 no longer reads: groups never arrive.
+_SCOPES_DIR = pytest.StashKey[Path]()
+_SCOPES_KEY = "joulebench_scopes_file"
 
 
 def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook turns the groups into node ids (name@group)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test of a file with a machine-wide test for xdist's one worker; under xdist, the files with slow
-    tests and the machine-wide group first, so that no long file is left to run alone at the end."""
+def _shares_a_fixture_instance(item: pytest.Item) -> bool:
+    """The test uses a module- or class-scoped fixture: its file's tests share one instance (a driver run, a model)
+    (session-scoped ones are made once per worker)."""
+    defs = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]  # pytest keeps no public accessor
+    return any(fixturedefs[-1].scope in ("module", "class") for fixturedefs in defs.values())
+
+
+def _scopes(items: list[pytest.Item]) -> dict[str, str]:
+    """Each test's unit of work under xdist: the machine-wide files together, a file sharing a fixture instance
+    whole, any other test alone (to whichever worker is free)."""
     machine_wide = {_file_of(item.nodeid) for item in items
                     if MACHINE_WIDE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("machine_wide")}
+    shared = {_file_of(item.nodeid) for item in items if _shares_a_fixture_instance(item)}
+    scopes = {}
     for item in items:
-        if _file_of(item.nodeid) in machine_wide:
-            item.add_marker(pytest.mark.xdist_group(MACHINE_WIDE_GROUP))
-    if _is_xdist_worker(config):  # every worker sorts alike: xdist checks that they collected the same order
-        slow_files = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")} | machine_wide
-        items.sort(key=lambda item: _file_of(item.nodeid) not in slow_files)  # stable: file order kept otherwise
+        name = _file_of(item.nodeid)
+        scopes[item.nodeid] = MACHINE_WIDE_SCOPE if name in machine_wide else name if name in shared else item.nodeid
+    return scopes
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it is installed
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """For `--dist loadgroup`: a test file is one unit of work (not each test), a group's files together."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the files with slow tests first (so that no long test is left to run alone at the end),
+    then the units of work written for the controller's scheduler."""
+    if not _is_xdist_worker(config) or _SCOPES_KEY not in config.workerinput:  # type: ignore[attr-defined]
+        return
+    slow_files = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _file_of(item.nodeid) not in slow_files)  # stable; every worker sorts alike
+    target = Path(config.workerinput[_SCOPES_KEY])  # type: ignore[attr-defined]
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps(_scopes(items)))
+    partial.replace(target)
+
+
+@pytest.hookimpl(optionalhook=True)  # the hooks of pytest-xdist, when it is installed
+def pytest_configure_node(node: Any) -> None:
+    """Controller: where this worker writes the units of work (read by the scheduler once all have collected)."""
+    config = node.config
+    if _SCOPES_DIR not in config.stash:
+        config.stash[_SCOPES_DIR] = Path(tempfile.mkdtemp(prefix="pytest-xdist-scopes-"))
+    node.workerinput[_SCOPES_KEY] = str(config.stash[_SCOPES_DIR] / f"{node.gateway.id}.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """For `--dist loadgroup`: xdist's scheduling by units of work, the units as the workers wrote them
+    (_scopes); the larger units go out first."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class FileOrGroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return nodeid.rsplit("@", 1)[1] if "@" in nodeid else _file_of(nodeid)
+    class WrittenScopeScheduling(LoadScopeScheduling):
+        def schedule(self) -> None:  # called once all workers collected (and wrote)
+            if not hasattr(self, "scopes"):
+                written = sorted(config.stash[_SCOPES_DIR].glob("*.json"))
+                self.scopes: dict[str, str] = json.loads(written[0].read_text()) if written else {}
+            super().schedule()
 
-    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems), not by size
-    return FileOrGroupScheduling(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            return self.scopes.get(nodeid, nodeid)
+
+    return WrittenScopeScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
@@ -225,5 +269,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     terminalreporter.write_sep("=", f"slowest {min(DURATION_FILES_SHOWN, len(per_file))} of {len(per_file)} test files")
     for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:DURATION_FILES_SHOWN]:
         terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
-    terminalreporter.write_line(f"{sum(per_file.values()):8.1f} s  all {len(per_file)} files (test time, summed over "
-                                f"workers); {wall:.1f} s wall time")
+    total = sum(per_file.values())
+    terminalreporter.write_line(f"{total:8.1f} s  all {len(per_file)} files (their tests' time, all workers summed); "
+                                f"{wall:.1f} s wall time")

@@ -191,23 +191,32 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def _shares_a_fixture_instance(item: pytest.Item) -> bool:
-    """The test uses a module- or class-scoped fixture: its file's tests share one instance (a driver run, a model)
-    (session-scoped ones are made once per worker)."""
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The module- and class-scoped fixtures the test uses: one instance (a driver run, a model) for its file's
+    tests (session-scoped ones are made once per worker)."""
     defs = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]  # pytest keeps no public accessor
-    return any(fixturedefs[-1].scope in ("module", "class") for fixturedefs in defs.values())
+    return sorted(name for name, fixturedefs in defs.items() if fixturedefs[-1].scope in ("module", "class"))
 
 
 def _scopes(items: list[pytest.Item]) -> dict[str, str]:
-    """Each test's unit of work under xdist: the machine-wide files together, a file sharing a fixture instance
-    whole, any other test alone (to whichever worker is free)."""
+    """Each test's unit of work under xdist: the machine-wide files together; the tests of a file that share a
+    module-scoped fixture (directly or through another test) together; any other test alone."""
     machine_wide = {_file_of(item.nodeid) for item in items
                     if MACHINE_WIDE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("machine_wide")}
-    shared = {_file_of(item.nodeid) for item in items if _shares_a_fixture_instance(item)}
+    unit: dict[tuple[str, str], str] = {}  # (file, fixture) -> the unit of its tests
+    for item in items:
+        keys = [(_file_of(item.nodeid), name) for name in _shared_fixtures(item)]
+        joined = {unit[key] for key in keys if key in unit} | {f"{keys[0][0]}::{keys[0][1]}"} if keys else set()
+        merged = min(joined, default="")
+        for key, name in list(unit.items()):
+            if name in joined:
+                unit[key] = merged
+        unit.update(dict.fromkeys(keys, merged))
     scopes = {}
     for item in items:
-        name = _file_of(item.nodeid)
-        scopes[item.nodeid] = MACHINE_WIDE_SCOPE if name in machine_wide else name if name in shared else item.nodeid
+        name, shared = _file_of(item.nodeid), _shared_fixtures(item)
+        scopes[item.nodeid] = (MACHINE_WIDE_SCOPE if name in machine_wide
+                               else unit[(name, shared[0])] if shared else item.nodeid)
     return scopes
 
 

@@ -6,7 +6,7 @@ the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
 
-Under pytest-xdist (tests/run.sh: `-n 3 --dist loadgroup`) a file whose tests share a module-scoped fixture runs whole
+Under pytest-xdist (tests/run.sh: `-n 3`) a file whose tests share a module-scoped fixture runs whole
 on one worker (the fixture runs once), the files that use something machine-wide run one after another on one worker
 (MACHINE_WIDE_FIXTURES), other tests go to whichever worker is free, and the leftover check and the per-file durations
 run once, on the controller.
@@ -244,9 +244,9 @@ def pytest_configure_node(node: Any) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """For `--dist loadgroup`: xdist's scheduling by units of work, the units as the workers wrote them
-    (_scopes); the larger units go out first."""
-    if config.getvalue("dist") != "loadgroup":
+    """For `-n N` (`--dist load`, xdist's default) and `--dist loadgroup`: xdist's scheduling by units of work, the
+    units as the workers wrote them (_scopes); the larger units go out first."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 

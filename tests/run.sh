@@ -23,6 +23,7 @@ for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || m
 [ -z "$missing" ] || echo "tests/run.sh: not installed:$missing; the JUBE/Slurm workflow tests will be skipped" \
     "(install them with: sudo sh jube/ci-setup.sh)" >&2
 .venv/bin/ruff check .
-# Three workers on CI's 2 cores (pytest-xdist; many tests wait on subprocesses); tests/conftest.py keeps each test file
-# on one worker and the local Slurm clusters' tests on one, and prints each file's time at the end. `-n 0`: one process.
-.venv/bin/python -m pytest -q -ra -n 3 --dist loadgroup "$@"
+# Three workers on CI's 2 cores (pytest-xdist; many tests wait on subprocesses); tests/conftest.py keeps the tests that
+# share a module fixture, and those of the local Slurm clusters, on one worker and prints each file's time at the end.
+# `-n 0`: one process.
+.venv/bin/python -m pytest -q -ra -n 3 "$@"

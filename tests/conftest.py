@@ -37,6 +37,11 @@ H100_TRACE_DIR = TESTS_DIR / "data" / "h100_trace"
 # table's note; tests that plant load point JOULEBENCH_LOADAVG at their own file.
 os.environ.setdefault("JOULEBENCH_LOADAVG", str(TESTS_DIR / "data" / "loadavg_quiet"))
 
+# Under xdist the workers share the cores: one OpenMP thread per process (torch here and in the runs a test starts), not
+# a pool per process spinning on every core (3 workers on 2 cores: a torch subset ran 40% faster on a third less CPU).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # One pytest process imports TensorFlow (resnet50's TF backend) and torch._dynamo (torchvision, torch.compile).
 # Loading triton's libtriton after TensorFlow's bundled LLVM segfaults (TF 2.21, triton 3.x from torch 2.14);
 # loaded first, both work. Drivers never import both frameworks in one process.

@@ -210,13 +210,12 @@ def _scopes(items: list[pytest.Item]) -> dict[str, str]:
                     if MACHINE_WIDE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("machine_wide")}
     unit: dict[tuple[str, str], str] = {}  # (file, fixture) -> the unit of its tests
     for item in items:
-        keys = [(_file_of(item.nodeid), name) for name in _shared_fixtures(item)]
-        joined = {unit[key] for key in keys if key in unit} | {f"{keys[0][0]}::{keys[0][1]}"} if keys else set()
-        merged = min(joined, default="")
-        for key, name in list(unit.items()):
-            if name in joined:
-                unit[key] = merged
-        unit.update(dict.fromkeys(keys, merged))
+        file, names = _file_of(item.nodeid), _shared_fixtures(item)
+        joined = {unit.get((file, name), f"{file}::{name}") for name in names}  # this test links them: one unit
+        for key, value in unit.items():
+            if value in joined:
+                unit[key] = min(joined)
+        unit.update({(file, name): min(joined) for name in names})
     scopes = {}
     for item in items:
         name, shared = _file_of(item.nodeid), _shared_fixtures(item)

@@ -5,17 +5,27 @@ fakes in tests/fakes, which start out as "no such hardware" until a test configu
 the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
+
+Under pytest-xdist (tests/run.sh: `-n 3`) a file whose tests share a module-scoped fixture runs whole
+on one worker (the fixture runs once), the files that use something machine-wide run one after another on one worker
+(MACHINE_WIDE_FIXTURES), other tests go to whichever worker is free, and the leftover check and the per-file durations
+run once, on the controller.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import os
+import shutil
 import sys
 import tempfile
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +36,11 @@ H100_TRACE_DIR = TESTS_DIR / "data" / "h100_trace"
 # (drivers, JUBE jobs): this machine's own load (2 cores, the suite's subprocesses) must not change a record or a
 # table's note; tests that plant load point JOULEBENCH_LOADAVG at their own file.
 os.environ.setdefault("JOULEBENCH_LOADAVG", str(TESTS_DIR / "data" / "loadavg_quiet"))
+
+# Under xdist the workers share the cores: one OpenMP thread per process (torch here and in the runs a test starts), not
+# a pool per process spinning on every core (3 workers on 2 cores: a torch subset ran 40% faster on a third less CPU).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One pytest process imports TensorFlow (resnet50's TF backend) and torch._dynamo (torchvision, torch.compile).
 # Loading triton's libtriton after TensorFlow's bundled LLVM segfaults (TF 2.21, triton 3.x from torch 2.14);
@@ -108,6 +123,7 @@ HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "joulebench"  # slurm-local.sh's lines end in "# joulebench-slurm-local"
 TMP_DIRS = sorted({Path("/tmp"), Path(tempfile.gettempdir())})
 _BEFORE = pytest.StashKey[set[str]]()
+_STARTED = pytest.StashKey[float]()
 
 
 def _bound_sockets() -> set[str]:
@@ -127,12 +143,25 @@ def _ours_now() -> set[str]:
     return found
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    """A worker of pytest-xdist (the controller and a plain session are not): it sees only its share of the tests,
+    while the other workers' files are still live."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_BEFORE] = _ours_now()
+    session.config.stash[_STARTED] = time.monotonic()
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_BEFORE] = _ours_now()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session, naming each one, for entries the tests left behind (passed or failed)."""
+    """Fail the session, naming each one, for entries the tests left behind (passed or failed); once, after all
+    workers finished."""
+    if _is_xdist_worker(session.config):
+        return
+    if _SCOPES_DIR in session.config.stash:
+        shutil.rmtree(session.config.stash[_SCOPES_DIR], ignore_errors=True)
     left = sorted(_ours_now() - session.config.stash.get(_BEFORE, set()) - _bound_sockets())
     if not left:
         return
@@ -140,6 +169,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     lines = [f"the test session left {len(left)} thing(s) behind (tests and fixtures must remove what they create; "
              "jube/slurm-local.sh stop removes a local cluster's):", *(f"  {item}" for item in left)]
     if reporter is not None:
+        reporter.ensure_newline()
         reporter.write_sep("=", "left behind", red=True)
         for line in lines:
             reporter.write_line(line)
@@ -147,3 +177,111 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print("\n".join(lines), file=sys.stderr)
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# Tests that use or watch something machine-wide: the local Slurm clusters (daemons on fixed ports,
+# /tmp/joulebench-slurm-*, /etc/hosts lines; a worker stops at its end a cluster it started) and those marked
+# machine_wide (the leftover check's own test counts our entries in /tmp, which others create). Under xdist all files
+# holding such a test run on one worker, one after another.
+MACHINE_WIDE_FIXTURES = frozenset({"slurm_cluster", "slurm_cluster_4"})
+MACHINE_WIDE_SCOPE = "machine-wide"
+DURATION_FILES_SHOWN = 25
+# Where the workers tell the controller each test's unit of work. xdist's own `xdist_group` marks travel in the node
+# ids (name@group), which xdist 3.8 sets through an attribute pytest 9.2 no longer reads: groups never arrive.
+_SCOPES_DIR = pytest.StashKey[Path]()
+_SCOPES_KEY = "joulebench_scopes_file"
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The module- and class-scoped fixtures the test uses: one instance (a driver run, a model) for its file's
+    tests (session-scoped ones are made once per worker)."""
+    defs = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]  # pytest keeps no public accessor
+    return sorted(name for name, fixturedefs in defs.items() if fixturedefs[-1].scope in ("module", "class"))
+
+
+def _scopes(items: list[pytest.Item]) -> dict[str, str]:
+    """Each test's unit of work under xdist: the machine-wide files together; the tests of a file that share a
+    module-scoped fixture (directly or through another test) together; any other test alone."""
+    machine_wide = {_file_of(item.nodeid) for item in items
+                    if MACHINE_WIDE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("machine_wide")}
+    unit: dict[tuple[str, str], str] = {}  # (file, fixture) -> the unit of its tests
+    for item in items:
+        file, names = _file_of(item.nodeid), _shared_fixtures(item)
+        joined = {unit.get((file, name), f"{file}::{name}") for name in names}  # this test links them: one unit
+        for key, value in unit.items():
+            if value in joined:
+                unit[key] = min(joined)
+        unit.update({(file, name): min(joined) for name in names})
+    scopes = {}
+    for item in items:
+        name, shared = _file_of(item.nodeid), _shared_fixtures(item)
+        scopes[item.nodeid] = (MACHINE_WIDE_SCOPE if name in machine_wide
+                               else unit[(name, shared[0])] if shared else item.nodeid)
+    return scopes
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the files with slow tests first (so that no long test is left to run alone at the end),
+    then the units of work written for the controller's scheduler."""
+    if not _is_xdist_worker(config) or _SCOPES_KEY not in config.workerinput:  # type: ignore[attr-defined]
+        return
+    slow_files = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _file_of(item.nodeid) not in slow_files)  # stable; every worker sorts alike
+    target = Path(config.workerinput[_SCOPES_KEY])  # type: ignore[attr-defined]
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps(_scopes(items)))
+    partial.replace(target)
+
+
+@pytest.hookimpl(optionalhook=True)  # the hooks of pytest-xdist, when it is installed
+def pytest_configure_node(node: Any) -> None:
+    """Controller: where this worker writes the units of work (read by the scheduler once all have collected)."""
+    config = node.config
+    if _SCOPES_DIR not in config.stash:
+        config.stash[_SCOPES_DIR] = Path(tempfile.mkdtemp(prefix="pytest-xdist-scopes-"))
+    node.workerinput[_SCOPES_KEY] = str(config.stash[_SCOPES_DIR] / f"{node.gateway.id}.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """For `-n N` (`--dist load`, xdist's default) and `--dist loadgroup`: xdist's scheduling by units of work, the
+    units as the workers wrote them (_scopes); the larger units go out first."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WrittenScopeScheduling(LoadScopeScheduling):
+        def schedule(self) -> None:  # called once all workers collected (and wrote)
+            if not hasattr(self, "scopes"):
+                written = sorted(config.stash[_SCOPES_DIR].glob("*.json"))
+                self.scopes: dict[str, str] = json.loads(written[0].read_text()) if written else {}
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self.scopes.get(nodeid, nodeid)
+
+    return WrittenScopeScheduling(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """Where the suite's time goes: each file's tests (setup, call and teardown summed), slowest first."""
+    if _is_xdist_worker(config):
+        return
+    per_file: dict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                per_file[_file_of(report.nodeid)] += report.duration
+    if not per_file:
+        return
+    wall = time.monotonic() - config.stash.get(_STARTED, time.monotonic())
+    terminalreporter.write_sep("=", f"slowest {min(DURATION_FILES_SHOWN, len(per_file))} of {len(per_file)} test files")
+    for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:DURATION_FILES_SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+    total = sum(per_file.values())
+    terminalreporter.write_line(f"{total:8.1f} s  all {len(per_file)} files (their tests' time, all workers summed); "
+                                f"{wall:.1f} s wall time")

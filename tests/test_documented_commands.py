@@ -40,6 +40,16 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+_HELP: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
+
+
+def _help(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`argv` (ending in --help) run once per test process: many documented lines use the same verb."""
+    if tuple(argv) not in _HELP:
+        _HELP[tuple(argv)] = _run(argv, cwd)
+    return _HELP[tuple(argv)]
+
+
 def _options(words: list[str]) -> list[str]:
     return [w.split("=", 1)[0] for w in words if w.startswith("--") and w != "--"]
 
@@ -48,7 +58,7 @@ def _check_verb(prefix: list[str], words: list[str], cwd: Path) -> None:
     """The verb exists and accepts every option the command uses (its --help lists them)."""
     verb = words[0] if words and re.fullmatch(r"[a-z][a-z-]*", words[0]) else None
     argv = [*prefix, *([verb] if verb else []), "--help"]
-    result = _run(argv, cwd)
+    result = _help(argv, cwd)
     assert result.returncode == 0, f"{shlex.join(argv)} failed: {result.stderr}"
     for option in _options(words[1:] if verb else words):
         if option == "--help":

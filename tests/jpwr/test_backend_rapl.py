@@ -100,6 +100,7 @@ def _discover_as_nobody(root: Path) -> list:
     return json.loads(data)
 
 
+@pytest.mark.machine_wide  # a jpwr-rapl-* directory in /tmp
 def test_root_only_energy_uj_is_unavailable_permission() -> None:
     if os.geteuid() != 0:
         pytest.skip("covered by test_root_only_energy_uj_as_this_user")
@@ -125,6 +126,7 @@ def test_root_only_energy_uj_as_this_user(tmp_path) -> None:
     assert disc.sensors == [] and "permission" in disc.unavailable[0] and "CVE-2020-8694" in disc.unavailable[0]
 
 
+@pytest.mark.machine_wide  # a jpwr-rapl-* directory in /tmp
 def test_rapl_needing_root_is_one_short_reason_for_the_headline(tmp_path) -> None:
     """With no accelerator and RAPL root-only, the window's energy is n/a for one short reason that says so;
     the backend's long line (the fix in full) is for `jpwr info` and the sampler's start, not every record."""

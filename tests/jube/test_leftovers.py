@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.jube.conftest import REPO
+
+pytestmark = pytest.mark.machine_wide  # counts our entries in /tmp: none of another test may appear meanwhile
 
 
 def _session(tmp_path: Path, name: str, test: str) -> subprocess.CompletedProcess[str]:

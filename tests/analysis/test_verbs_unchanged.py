@@ -46,7 +46,7 @@ SUMMARY_OVER = 12  # arrays longer than this are compared by count, extremes, en
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One verb over shipped data: argv from (repo, scratch dir), after an optional preparation of the scratch."""
+    """One verb over shipped data: its argv, given a scratch directory, and what to lay out there first."""
 
     name: str
     argv: Callable[[Path], list[str]]
@@ -130,12 +130,12 @@ def _captured() -> Iterator[io.StringIO]:
 
 
 def _numbers(values: Any) -> str:
+    """Points as 6 significant digits (masked and infinite ones as NaN / null); a long array as a summary."""
     array = np.ma.filled(np.ma.masked_invalid(np.ma.asarray(values, dtype=float)), np.nan).reshape(len(values), -1)
     if len(array) <= SUMMARY_OVER:
         return json.dumps([[float(f"{x:.6g}") if np.isfinite(x) else None for x in row] for row in array])
-    finite = np.where(np.isfinite(array), array, np.nan)
-    parts = {"n": len(array), "nan": int(np.isnan(finite).sum()), "first": finite[0], "last": finite[-1],
-             "min": np.nanmin(finite, axis=0), "max": np.nanmax(finite, axis=0), "sum": np.nansum(finite, axis=0)}
+    parts = {"n": len(array), "nan": int(np.isnan(array).sum()), "first": array[0], "last": array[-1],
+             "min": np.nanmin(array, axis=0), "max": np.nanmax(array, axis=0), "sum": np.nansum(array, axis=0)}
     return ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {[f'{x:.6g}' for x in v]}" for k, v in parts.items())
 
 

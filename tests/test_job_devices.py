@@ -168,3 +168,12 @@ def test_jpwr_prints_the_whole_node_line_beside_the_job_s_window(fake_env, h100_
                   and " J (" in line)
     assert "on 2 device(s)" in window
     assert "jpwr: window command: not used by the job: 2 devices, " in proc.stderr
+
+
+def test_the_hardware_block_names_the_interconnect_of_a_gpu_run_only(fake_pynvml, h100_trace_dir):
+    from joulebench.node_facts import gpu_node_facts
+
+    fake_pynvml.configure(h100_trace_dir, devices=2, nvlink_links=18)
+    facts = gpu_node_facts("cuda")
+    assert facts["gpu_interconnect"] == "NVLink" and "2 of 2 GPU(s)" in facts["gpu_interconnect_detail"]
+    assert gpu_node_facts("cpu") == {}

@@ -341,7 +341,7 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             faults=[f for p in present for f in p.faults],
             coverage_threshold=max(thresholds) if thresholds else None,
             domain=domains[0] if domains else None,
-            outside_job=_outside_job(present),
+            outside_job=_outside_job([*present, *empty]),  # a node that metered nothing may still have the line
         )
         untrusted = [p for p in present if not p.trusted]
         if untrusted:

@@ -82,7 +82,7 @@ def open_backends(
 
 
 def _has_job_sensors(found: Discovery) -> bool:
-    """Whether a discovery meters any sensor of the job's own domains (whole-node ones included)."""
+    """Whether a discovery has a sensor on a device of the job's, not only on the node's other devices."""
     outside = set(found.outside_job)
     return any(s.domain_id not in outside for s in found.sensors)
 

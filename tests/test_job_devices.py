@@ -177,3 +177,18 @@ def test_the_hardware_block_names_the_interconnect_of_a_gpu_run_only(fake_pynvml
     facts = gpu_node_facts("cuda")
     assert facts["gpu_interconnect"] == "NVLink" and "2 of 2 GPU(s)" in facts["gpu_interconnect_detail"]
     assert gpu_node_facts("cpu") == {}
+
+
+def test_a_node_bound_to_no_gpu_meters_nothing_and_its_whole_node_line_survives_the_combination(
+        fake_pynvml, h100_trace_dir, tmp_path, monkeypatch):
+    clock = VirtualClock()
+    fake_pynvml.configure(h100_trace_dir, clock, devices=NODE_GPUS, origin_ns=0)
+    busy, _ = _sampler(fake_pynvml, h100_trace_dir, tmp_path, monkeypatch, "0", False, "n1", clock)
+    empty, _ = _sampler(fake_pynvml, h100_trace_dir, tmp_path, monkeypatch, "", True, "n2", clock)
+    per_node = _steady([busy, empty], clock)
+    assert per_node[1].metered_nothing and per_node[1].energy_j is None and len(per_node[1].outside_job) == NODE_GPUS
+    combined = combine_energies([{"steady": e} for e in per_node])["steady"]
+    assert combined.devices == 1 and combined.energy_j == pytest.approx(per_node[0].energy_j)
+    assert sorted(d.index for d in combined.outside_job) == [1, 2, 3]  # GPU 0 is n1's job's
+    for sampler in (busy, empty):
+        sampler.stop()

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from joulebench.record_types import MeterBlock, Metrics, RequestsBlock
+from joulebench.record_types import DeviceFigures, MeterBlock, Metrics, RequestsBlock
 from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
 from jpwr.output import fmt, utc_now, write_json_atomic
@@ -90,6 +90,9 @@ class SteadyMetrics:
     energy_untrusted_reason: str | None
     partial_mean_power_w_per_device: float | None
     partial_work_per_wh: float | None
+    per_device: list[DeviceFigures]
+    outside_job_devices: int | None
+    outside_job_energy_j: float | None
 
     @classmethod
     def from_window(cls, window: Window, work_unit: str, devices: int, flops_per_unit: float | None = None,
@@ -125,6 +128,9 @@ class SteadyMetrics:
             energy_untrusted_reason=untrusted,
             partial_mean_power_w_per_device=partial_w / devices if partial_w is not None and devices > 0 else None,
             partial_work_per_wh=work / partial_wh if work is not None and partial_wh else None,
+            per_device=per_device_figures(energy),
+            outside_job_devices=len(energy.outside_job) if energy and energy.outside_job else None,
+            outside_job_energy_j=energy.outside_job_energy_j if energy else None,
         )
 
     def to_dict(self) -> Metrics:
@@ -134,6 +140,14 @@ class SteadyMetrics:
                  "work_per_wh": f"{unit}_per_wh", "partial_work_per_wh": f"partial_{unit}_per_wh"}
         # keys built from the unit: Metrics declares them for the drivers' units (record_types.WORK_UNITS)
         return cast(Metrics, {named.get(key, key): value for key, value in dataclasses.asdict(self).items()})
+
+
+def per_device_figures(energy: WindowEnergy | None) -> list[DeviceFigures]:
+    """Each headline device's energy, mean power and utilisation over the window, in the meter's order (node, then
+    the vendor's index); none without a window energy. An untrusted device's figures are None, as in the meter."""
+    return [DeviceFigures(node=d.node, index=d.index, uuid=d.uuid, name=d.name, energy_j=d.energy_j,
+                          mean_power_w=d.mean_power_w, utilization_gpu=d.utilization_gpu)
+            for d in (energy.per_device if energy else ())]
 
 
 def steady_metrics(

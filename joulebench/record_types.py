@@ -20,6 +20,18 @@ from typing import Any, TypedDict
 WORK_UNITS = ("tokens", "images", "output_tokens")
 
 
+class DeviceFigures(TypedDict):
+    """One GPU's figures over the steady window (joulebench.record.per_device_figures): a straggling rank shows."""
+
+    node: str | None
+    index: int | None
+    uuid: str | None
+    name: str
+    energy_j: float | None
+    mean_power_w: float | None
+    utilization_gpu: float | None  # mean fraction of time a kernel ran, 0-1
+
+
 class SteadyFigures(TypedDict, total=False):
     """joulebench.record.SteadyMetrics.to_dict: the shared headline figures of the steady window."""
 
@@ -45,6 +57,9 @@ class SteadyFigures(TypedDict, total=False):
     dynamic_energy_error_bound_j: float | None
     energy_untrusted_reason: str | None
     partial_mean_power_w_per_device: float | None
+    per_device: list[DeviceFigures]  # each device of the headline
+    outside_job_devices: int | None  # a whole-node request: the node's devices the job was not bound to
+    outside_job_energy_j: float | None  # ... and their energy over the same window, never in the headline
     # SteadyMetrics' work_per_s, work_per_s_per_device, work_per_wh and partial_work_per_wh, one set per WORK_UNITS
     tokens_per_s: float | None
     tokens_per_s_per_device: float | None

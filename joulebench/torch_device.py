@@ -10,6 +10,7 @@ import platform
 from typing import Any
 
 from joulebench.launch import LaunchEnv
+from joulebench.node_facts import gpu_node_facts
 from jpwr import ValidationError
 
 
@@ -41,7 +42,7 @@ def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         info.update(device_name=props.name, device_memory_gib=props.total_memory / 1024**3,
-                    compute_capability=f"{props.major}.{props.minor}")
+                    compute_capability=f"{props.major}.{props.minor}", **gpu_node_facts(device.type))
     else:
         info.update(device_name=f"cpu ({info['host_cpu']})", device_memory_gib=None)
     return info

@@ -1,7 +1,7 @@
 """`jpwr`: wrap a command and meter it, or run the node sampler, combine nodes, inspect sensors.
 
-    jpwr [--methods auto|nvml,rapl,...] [--interval MS] [--out DIR] [--run-id ID] -- CMD ...
-    jpwr serve --out DIR [--run-id ID] [--addr PATH]     # one per node in a job script; stops on SIGTERM
+    jpwr [--methods auto|nvml,rapl,...] [--interval MS] [--out DIR] [--run-id ID] [--whole-node] -- CMD ...
+    jpwr serve --out DIR [--run-id ID] [--addr PATH] [--whole-node]  # one per node in a job script; stops on TERM
     jpwr combine DIR [--run-id ID]                        # merge node summaries of one run
     jpwr info                                             # sensors, signals, read cost, update period
     jpwr selftest                                         # periodic GPU load vs. the sensors (aliasing check)
@@ -68,6 +68,10 @@ def _add_meter_options(p: argparse.ArgumentParser) -> None:
                    help="fraction of a window each device's data must cover for its energy to be trusted "
                         f"(default {DEFAULT_MIN_COVERAGE:g}; 0 = trust any coverage); below it the energy is n/a and "
                         "the run PARTIAL")
+    p.add_argument("--whole-node", action="store_true",
+                   help="also meter the node's devices the job is not bound to (CUDA_VISIBLE_DEVICES, ROCR/HIP, "
+                        "Slurm's GPU binding), on their own line per window: 'not used by the job: N devices, X J'; "
+                        "never in the headline (default: the job's devices only)")
 
 
 def _methods(raw: Sequence[str]) -> list[str] | None:
@@ -98,7 +102,7 @@ def _start(args: argparse.Namespace):
     template = getattr(args, "addr", None) or default_socket_path(run_id)
     addr = resolve_addr(template)
     claim_socket(addr)  # before the sampler writes anything: a refused start leaves no trace behind
-    backends, discoveries = open_backends(methods, SYSTEM_CLOCK)
+    backends, discoveries = open_backends(methods, SYSTEM_CLOCK, whole_node=args.whole_node)
     sampler = Sampler(backends, discoveries, out, args.interval / 1000.0, args.counter_interval / 1000.0,
                       run_id=run_id, min_coverage=args.min_coverage).start()
     server = SocketServer(sampler, addr).start()
@@ -138,6 +142,8 @@ def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
               f"on {e.devices} device(s) ({e.domain or 'accelerators'}), mean {fmt(e.mean_power_w, 5)} W, "
               f"method {e.method}, "
               f"coverage {coverage}, bound ±{fmt(e.error_bound_j, 3)} J", file=stream)
+        if e.outside_job_line:
+            print(f"jpwr: window {name}: {e.outside_job_line} (not in the figures above)", file=stream)
         for warning in e.warnings:
             print(f"jpwr:   warning: {warning}", file=stream)
 
@@ -255,6 +261,8 @@ def cmd_combine(argv: Sequence[str]) -> int:
         print(f"{name}: nodes={len(result.nodes)} devices={e.devices} energy_J={fmt(e.energy_j, 6)} "
               f"energy_Wh={fmt(e.energy_wh, 5)} method={e.method or 'n/a'} "
               f"{'reason=' + e.unavailable_reason if e.unavailable_reason else ''}".rstrip())
+        if e.outside_job_line:
+            print(f"{name}:   {e.outside_job_line} (not in the figures above)")
         for warning in e.warnings:
             print(f"{name}:   warning: {warning}")
     return ExitCode.OK

@@ -63,6 +63,9 @@ class DeviceEnergy:
     partial_energy_j: float | None = None
     partial_error_bound_j: float | None = None
     partial_mean_power_w: float | None = None
+    # Mean of the device's utilisation samples (fraction of time a kernel ran, 0-1) over the window; None where the
+    # device reported none: with energy and mean power it shows a straggling rank
+    utilization_gpu: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceEnergy:

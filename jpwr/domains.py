@@ -131,6 +131,8 @@ class Discovery:
     sensors: list[Sensor] = dataclasses.field(default_factory=list)
     unavailable: list[str] = dataclasses.field(default_factory=list)  # "unavailable: <reason>" lines
     info: dict[str, str] = dataclasses.field(default_factory=dict)  # library/driver versions
+    # Domain ids metered on a whole-node request although the job is not bound to them: never in a headline
+    outside_job: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def available(self) -> bool:

@@ -62,6 +62,9 @@ class WindowEnergy:
     # What the headline covers: "accelerators", "cpu package + dram" (RAPL on a node without accelerator sensors),
     # "accelerators (replayed trace, not this machine)"; None where nothing was measured (jpwr.windows).
     domain: str | None = None
+    # A whole-node request (`jpwr --whole-node`): the node's devices the job is not bound to, over the same window.
+    # Their own line ("not used by the job: N devices, X J"), never a part of the figures above.
+    outside_job: list[DeviceEnergy] = dataclasses.field(default_factory=list)
 
     @property
     def energy_wh(self) -> float | None:
@@ -73,6 +76,23 @@ class WindowEnergy:
             return None
         return self.mean_power_w / self.devices
 
+    @property
+    def outside_job_energy_j(self) -> float | None:
+        """The energy of the devices outside the job; None where none was metered or one of them has none."""
+        energies = [d.energy_j for d in self.outside_job]
+        if not energies or any(e is None for e in energies):
+            return None
+        return sum(e for e in energies if e is not None)
+
+    @property
+    def outside_job_line(self) -> str | None:
+        """The whole-node line, or None where no device outside the job was metered."""
+        if not self.outside_job:
+            return None
+        energy = self.outside_job_energy_j
+        return (f"not used by the job: {len(self.outside_job)} devices, "
+                + ("n/a J (a device's energy is n/a)" if energy is None else f"{energy:.6g} J"))
+
     @classmethod
     def unavailable(cls, reason: str, devices: int = 0) -> WindowEnergy:
         return cls(energy_j=None, mean_power_w=None, devices=devices, method=None, coverage=None, error_bound_j=None,
@@ -82,6 +102,7 @@ class WindowEnergy:
         data = dataclasses.asdict(self)
         data["energy_wh"] = self.energy_wh
         data["mean_power_w_per_device"] = self.mean_power_w_per_device
+        data["outside_job_energy_j"] = self.outside_job_energy_j
         return data
 
     @classmethod
@@ -89,6 +110,7 @@ class WindowEnergy:
         fields = known_fields(cls, data)
         fields["per_device"] = [DeviceEnergy.from_dict(d) for d in data.get("per_device", ())]
         fields["other_domains"] = [DeviceEnergy.from_dict(d) for d in data.get("other_domains", ())]
+        fields["outside_job"] = [DeviceEnergy.from_dict(d) for d in data.get("outside_job", ())]
         fields["faults"] = [Fault.from_dict(f) for f in data.get("faults", ())]
         return cls(**fields)
 
@@ -319,12 +341,27 @@ def combine_energies(per_node: Sequence[Mapping[str, WindowEnergy]]) -> dict[str
             faults=[f for p in present for f in p.faults],
             coverage_threshold=max(thresholds) if thresholds else None,
             domain=domains[0] if domains else None,
+            outside_job=_outside_job([*present, *empty]),  # a node that metered nothing may still have the line
         )
         untrusted = [p for p in present if not p.trusted]
         if untrusted:
             reason = "; ".join(f"{','.join(p.nodes)}: {p.untrusted_reason}" for p in untrusted)
             _withhold(combined[name], present, reason)
     return combined
+
+
+def _outside_job(parts: Sequence[WindowEnergy]) -> list[DeviceEnergy]:
+    """The nodes' devices outside the job, each once (by UUID), leaving out any that another node's job used."""
+    used = {d.uuid for p in parts for d in p.per_device if d.uuid}
+    seen: set[str] = set()
+    outside = []
+    for device in (d for p in parts for d in p.outside_job):
+        if device.uuid in used or (device.uuid and device.uuid in seen):
+            continue
+        if device.uuid:
+            seen.add(device.uuid)
+        outside.append(device)
+    return outside
 
 
 def _withhold(total: WindowEnergy, parts: Sequence[WindowEnergy], reason: str) -> None:

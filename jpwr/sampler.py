@@ -23,7 +23,7 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.domains import Backend, Discovery, MetricReading, Reading, Sensor, Signal
+from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.live import NodeLive, node_live
@@ -33,7 +33,7 @@ from jpwr.phases import PhaseBatch, phase_summary
 from jpwr.selectors import empty_selection
 from jpwr.summary import SUMMARY_FILE, NodeSummary, NodeWindow
 from jpwr.trace_io import SEGMENT_DIR, TRACE_FILE, SegmentWriter, TraceData, write_hdf5
-from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, spans_from_marks, window_energy
+from jpwr.windows import DEFAULT_MIN_COVERAGE, accelerator_domains, job_domains, spans_from_marks, window_energy
 
 CHEAP_READ_S = 0.001
 CHASE_S = 0.01  # counter poll gap right after a mark  # counters cheaper than this are read every tick
@@ -41,11 +41,15 @@ COST_PROBE_READS = 5
 
 
 def open_backends(
-    methods: Sequence[str] | None, clock: Clock, strict: bool = True
+    methods: Sequence[str] | None, clock: Clock, strict: bool = True, whole_node: bool = False
 ) -> tuple[list[Backend], list[Discovery]]:
     """Create the requested backends (None = every known one, keeping those that find sensors).
 
-    With `strict`, an explicitly named method that finds nothing raises before any command starts;
+    A vendor backend meters the job's devices (jpwr.selectors.job_devices). With `whole_node` it meters every
+    device of the node and names those outside the job's binding in `Discovery.outside_job`: the node's other
+    devices get their own line over the same windows, never a place in the headline.
+
+    With `strict`, an explicitly named method that finds nothing of the job's raises before any command starts;
     `jpwr info` is not strict: it lists what is missing and why.
     """
     from jpwr.backends import BACKEND_NAMES, create_backend
@@ -61,17 +65,41 @@ def open_backends(
         nothing_selected = selectors == []  # the job owns no device of this vendor here: not a failure
         backend = create_backend(name, clock, selectors=selectors, gpu_domains=known)
         found = backend.discover()
+        if whole_node and selectors is not None and name in vendor_of:
+            backend, found = _whole_node(name, clock, known, backend, found)
+        if methods and strict and not nothing_selected and not _has_job_sensors(found):
+            backend.close()
+            reasons = "; ".join(found.unavailable) or "no sensors found"
+            raise MethodUnavailableError(
+                f"method {name!r} is not available on this machine ({reasons}). "
+                f"Fix: drop it from --methods, or use --methods auto to meter whatever exists")
         discoveries.append(found)
         if found.available:
             backends.append(backend)
         else:
             backend.close()
-            if methods and strict and not nothing_selected:
-                reasons = "; ".join(found.unavailable) or "no sensors found"
-                raise MethodUnavailableError(
-                    f"method {name!r} is not available on this machine ({reasons}). "
-                    f"Fix: drop it from --methods, or use --methods auto to meter whatever exists")
     return backends, discoveries
+
+
+def _has_job_sensors(found: Discovery) -> bool:
+    """Whether a discovery has a sensor on a device of the job's, not only on the node's other devices."""
+    outside = set(found.outside_job)
+    return any(s.domain_id not in outside for s in found.sensors)
+
+
+def _whole_node(name: str, clock: Clock, known: list[Domain], job_backend: Backend, job_found: Discovery
+                ) -> tuple[Backend, Discovery]:
+    """Every device of the node through one backend, the ones the job's discovery did not find named outside the
+    job. The job's own discovery resolved its selectors exactly as the meter does (UUID prefixes, MIG, PCI ids)."""
+    from jpwr.backends import create_backend
+
+    job_backend.close()
+    backend = create_backend(name, clock, selectors=None, gpu_domains=known)
+    found = backend.discover()
+    job_ids = {d.id for d in job_found.domains}
+    found.outside_job = [d.id for d in found.domains if d.id not in job_ids]
+    found.unavailable += [line for line in job_found.unavailable if line not in found.unavailable]
+    return backend, found
 
 
 class Sampler:
@@ -109,8 +137,10 @@ class Sampler:
             raise OutputDirError(f"cannot write to output directory {self.node_dir}: {exc}. "
                                  "Fix: choose a writable --out directory") from exc
         self.domains = [d for disc in self.discoveries for d in disc.domains]
-        # Only a node without accelerators can have metered nothing on purpose.
-        self.empty_selection = None if accelerator_domains(self.domains) else empty_selection()
+        # A whole-node request: the node's devices outside the job's binding, metered on their own line only.
+        self.outside_job = [i for disc in self.discoveries for i in disc.outside_job]
+        # Only a node without accelerators of the job's can have metered nothing on purpose.
+        self.empty_selection = None if accelerator_domains(self.job_domains) else empty_selection()
         self.sensors: list[Sensor] = []
         self._sensor_backend: dict[str, Backend] = {}
         for backend, disc in zip(self.backends, [d for d in self.discoveries if d.available], strict=True):
@@ -131,6 +161,11 @@ class Sampler:
         self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
         self._writer = SegmentWriter(self.node_dir)
         self._stopped = False
+
+    @property
+    def job_domains(self) -> list[Domain]:
+        """The domains of the job's devices: every domain but those a whole-node request added."""
+        return job_domains(self.domains, self.outside_job)
 
     # --- sensor I/O -------------------------------------------------------------------------
     def _read(self, sensors: Sequence[Sensor]) -> None:
@@ -275,7 +310,7 @@ class Sampler:
     def live(self, span_s: float) -> NodeLive:
         """Recent power, temperature and update period per accelerator, from readings already taken."""
         with self._data:
-            return node_live(self.node, accelerator_domains(self.domains), self.sensors, self.readings,
+            return node_live(self.node, accelerator_domains(self.job_domains), self.sensors, self.readings,
                              self.metrics, self.clock.monotonic_ns(), span_s)
 
     def trace(self) -> TraceData:
@@ -319,7 +354,7 @@ class Sampler:
             "pid": os.getpid(), "interval_s": self.interval_s, "counter_interval_s": self.counter_interval_s,
             "min_coverage": self.min_coverage,
             "backends": {d.backend: d.info for d in self.discoveries if d.available},
-            "unavailable": self.unavailable, "empty_selection": self.empty_selection,
+            "unavailable": self.unavailable, "empty_selection": self.empty_selection, "outside_job": self.outside_job,
             "clock_pairs_wall_mono_ns": self._clock_pairs,
             "started_at": self.started_at,
         }

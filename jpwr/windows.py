@@ -18,7 +18,7 @@ from jpwr.backends.replay import NAME as REPLAYED_BACKEND
 from jpwr.backends.replay import REPLAYED
 from jpwr.channel import Mark, is_interval_mark
 from jpwr.device_energy import DeviceEnergy
-from jpwr.domains import Domain, Kind, Signal
+from jpwr.domains import Domain, Kind, MetricReading, Signal
 from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
 from jpwr.trace_io import SensorSeries, TraceData
@@ -27,6 +27,7 @@ DEFAULT_P_MAX_W = 1000.0  # only when a device states no power limit and no samp
 # Below this share of a window with data on every device, the window's energy is withheld (docs/jpwr.md,
 # "Faults and what the meter does about them"); Sampler(min_coverage=...) and window_energy() take another.
 DEFAULT_MIN_COVERAGE = 0.99
+UTILIZATION = "utilization_gpu"  # the metric whose window mean each device's entry carries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,12 @@ def accelerator_domains(domains: Iterable[Domain]) -> list[Domain]:
     accel = [d for d in domains if d.kind.is_accelerator]
     inner = {c for d in accel for c in d.contains}
     return [d for d in accel if d.id not in inner]
+
+
+def job_domains(domains: Iterable[Domain], outside_job: Iterable[str]) -> list[Domain]:
+    """The domains of the job's devices: all but those a whole-node request metered beside the job's."""
+    outside = set(outside_job)
+    return [d for d in domains if d.id not in outside]
 
 
 def cpu_domains(domains: Iterable[Domain]) -> list[Domain]:
@@ -119,6 +126,15 @@ def _p_max(domain: Domain, power: SensorSeries | None) -> float:
     return DEFAULT_P_MAX_W
 
 
+def mean_utilization(metrics: Iterable[MetricReading], t0_ns: int, t1_ns: int) -> dict[str, float]:
+    """Domain id -> mean of its utilisation samples inside [t0, t1]; a domain without samples is absent."""
+    samples: dict[str, list[float]] = {}
+    for m in metrics:
+        if m.name == UTILIZATION and t0_ns <= m.t_ns <= t1_ns:
+            samples.setdefault(m.domain_id, []).append(m.value)
+    return {domain: sum(values) / len(values) for domain, values in samples.items()}
+
+
 def domain_entry(domain: Domain, result: DomainEnergy, duration_s: float, node: str,
                  min_coverage: float = DEFAULT_MIN_COVERAGE) -> DeviceEnergy:
     """One device's figures for a window, its faults named by device and node. Below `min_coverage` its energy
@@ -162,20 +178,35 @@ def window_energy(
     """
     duration_s = (span.t1_ns - span.t0_ns) / 1e9
     unavailable = list(unavailable)
-    accel, domain_name = headline_domains(trace.domains)
+    own = job_domains(trace.domains, trace.info.get("outside_job") or ())
+    accel, domain_name = headline_domains(own)
+    outside_accel = [d for d in accelerator_domains(trace.domains) if d not in own]
+    utilization = mean_utilization(trace.metrics, span.t0_ns, span.t1_ns)
     per_device: list[DeviceEnergy] = []
     others: list[DeviceEnergy] = []
+    outside_job: list[DeviceEnergy] = []
     for domain in trace.domains:
         counter, power = _pick(trace, domain)
         result = domain_window_energy(counter, power, span.t0_ns, span.t1_ns, interval_s,
                                       _p_max(domain, power), span.steps, domain.name)
-        entry = domain_entry(domain, result, duration_s, node, min_coverage)
-        (per_device if domain in accel else others).append(entry)
-    if empty_selection and not accelerator_domains(trace.domains):  # no CPU fallback inside a GPU job
+        entry = dataclasses.replace(domain_entry(domain, result, duration_s, node, min_coverage),
+                                    utilization_gpu=utilization.get(domain.id))
+        (per_device if domain in accel else outside_job if domain in outside_accel else others).append(entry)
+    energy = _job_energy(per_device, others, node, unavailable, empty_selection, min_coverage, domain_name,
+                         duration_s, bool(accelerator_domains(own)))
+    energy.outside_job = outside_job
+    return energy
+
+
+def _job_energy(per_device: list[DeviceEnergy], others: list[DeviceEnergy], node: str, unavailable: list[str],
+                empty_selection: str | None, min_coverage: float, domain_name: str | None, duration_s: float,
+                has_accelerators: bool) -> WindowEnergy:
+    """The headline of one window on one node from its job's device entries (window_energy's rules)."""
+    if empty_selection and not has_accelerators:  # no CPU fallback inside a GPU job
         energy = WindowEnergy.unavailable(f"node {node} metered no accelerators: {empty_selection}")
         energy.metered_nothing, energy.other_domains, energy.nodes = True, others, [node]
         return energy
-    if not accel:
+    if not per_device:
         return WindowEnergy.unavailable(nothing_readable(node, unavailable))
     faults = [f for d in per_device for f in d.faults]
     warnings = sorted({f"{d.domain}: {w}" for d in per_device for w in d.warnings})

@@ -212,6 +212,7 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
         "JB_SBATCH_ARGS": profile["sbatch_args"], "JB_FINALIZER_SBATCH_ARGS": profile["finalizer_sbatch_args"],
         "JB_SRUN_ARGS": profile["srun_args"], "JB_JPWR_METHODS": jpwr_methods(profile),
         "JB_VENDOR": profile["vendor"], "JB_LOCAL_NODE_DEVICES": local_node_devices(profile),
+        "JB_METER_WHOLE_NODE": yes_or_no(profile["meter_whole_node"], "meter_whole_node"),
         "JB_ALLOW_PARTIAL": yes_or_no(profile["allow_partial"], "allow_partial"),
         "JB_DEVICE_SETTINGS": device_settings_policy(profile), "JB_ZEUSD_SOCKET": profile["zeusd_socket"],
         "JB_POWER_LIMIT": value.get("power_limit", ""), "JB_SM_CLOCK": value.get("sm_clock", ""),

@@ -64,7 +64,7 @@ SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comp
 # The table's columns that show a measured figure (beside the work-unit ones): `rejected` when the record's
 # figures cannot be true (joulebench.figures).
 FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
-               "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j")
+               "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j", "per_gpu", "outside_job")
 # The footprint block's estimates in the CSV table (jbfootprint.py): rejected with the figures they derive from
 FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
 SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
@@ -345,6 +345,7 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "energy_method": m.get("energy_method") or "n/a",
         "energy_coverage": _num(100 * cover if is_number(cover := m.get("energy_coverage")) else cover, 4),
         "energy_error_bound_j": _num(m.get("energy_error_bound_j"), 3),
+        **device_fields(record),
         **settings_fields(record),
         **footprint_fields(record),
         "status": record.status,
@@ -380,6 +381,24 @@ def energy_shares(record: RunRecord) -> dict[str, str]:
     shares = (energy or {}).get("shares") if isinstance(energy, dict) else None
     shares = shares if isinstance(shares, dict) else {}
     return {f"{part}_share": _num(shares.get(part), 3) for part in SHARES}
+
+
+def device_fields(record: RunRecord) -> dict[str, str]:
+    """Each GPU's steady energy, mean power and utilisation ("0: 34512 J/690.2 W/98 %; 1: ..."; the node before the
+    index where the devices span nodes), so that a straggling rank shows; and the whole-node line of the devices the
+    job was not bound to ("2 devices 7600 J"). n/a where the record has none (no whole-node request, older records)."""
+    rows = record.metrics.get("per_device") or []
+    several_nodes = len({row.get("node") for row in rows}) > 1
+
+    def gpu(row: Any) -> str:
+        where = f"{row.get('node')} {fmt(row.get('index'))}" if several_nodes else fmt(row.get("index"))
+        util = row.get("utilization_gpu")
+        return (f"{where}: {_num(row.get('energy_j'))} J/{_num(row.get('mean_power_w'))} W/"
+                f"{_num(100 * util if is_number(util) else None, 3)} %")
+
+    count, outside_j = record.metrics.get("outside_job_devices"), record.metrics.get("outside_job_energy_j")
+    return {"per_gpu": "; ".join(gpu(row) for row in rows) or "n/a",
+            "outside_job": f"{count} devices {_num(outside_j)} J" if count else "n/a"}
 
 
 def footprint_fields(record: RunRecord) -> dict[str, str]:

@@ -105,6 +105,24 @@ local_devices() {  # the device list node $1 sees: its own first, then the other
     echo "$1$others"
 }
 
+# The local system with one node (issue 43): the job's devices are the first JB_TASKS_PER_NODE of those this script
+# may use (CUDA_VISIBLE_DEVICES, or HIP_VISIBLE_DEVICES on AMD, as set for it; else the host's devices from 0), in
+# PCI order. The rank and the sampler inherit the same binding, so the sampler meters exactly the GPUs the rank uses:
+# an idle GPU beside them stays out of the headline (`meter_whole_node = yes` puts it on its own line).
+bind_local_devices() {
+    local var=CUDA_VISIBLE_DEVICES
+    [ "$JB_VENDOR" = amd ] && var=HIP_VISIBLE_DEVICES
+    local visible
+    if [ -n "${!var+x}" ]; then visible=${!var}; else visible=$(seq -s, 0 $((JB_TASKS_PER_NODE - 1))); fi
+    export "$var=$(echo "$visible" | cut -d, -f1-"$JB_TASKS_PER_NODE")"
+    export CUDA_DEVICE_ORDER=PCI_BUS_ID  # device index i is NVML's index i, for the sampler and the rank
+    log "the job's devices: $var=${!var}"
+}
+
+# `jpwr serve` options every sampler of the job gets: the whole-node line where the profile asks for it.
+serve_args=(--methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID")
+[ "${JB_METER_WHOLE_NODE:-no}" = yes ] && serve_args+=(--whole-node)
+
 start_local_samplers() {
     export CUDA_DEVICE_ORDER=PCI_BUS_ID  # device index i is NVML's index i, for the samplers and the ranks
     (
@@ -113,7 +131,7 @@ start_local_samplers() {
             seen=$i
             [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${py[@]}" -m jpwr serve \
-                --methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID" &
+                "${serve_args[@]}" &
         done
         wait
     ) >> "$out/jpwr-serve.log" 2>&1 &
@@ -188,11 +206,9 @@ start_samplers() {
     elif [ "$JB_LAUNCHER" = slurm ]; then
         # One task per node; --overlap shares the allocation with the ranks' step.
         srun --overlap --job-name=jpwr-serve --nodes="$JB_NODES" --ntasks="$JB_NODES" --ntasks-per-node=1 \
-            "${py[@]}" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
-            --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
-    else
-        "${py[@]}" -m jpwr serve --methods "$JB_JPWR_METHODS" --out "$energy_dir" \
-            --run-id "$JB_RUN_ID" >> "$out/jpwr-serve.log" 2>&1 &
+            "${py[@]}" -m jpwr serve "${serve_args[@]}" >> "$out/jpwr-serve.log" 2>&1 &
+    else  # local, one node: the binding of bind_local_devices, inherited
+        "${py[@]}" -m jpwr serve "${serve_args[@]}" >> "$out/jpwr-serve.log" 2>&1 &
     fi
     sampler_pid=$!
     # Each sampler writes <energy_dir>/<node>/ready once its socket listens (the run directory is shared).
@@ -394,6 +410,7 @@ if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
     export "$JB_CONTAINER_BIND_VAR=${!JB_CONTAINER_BIND_VAR:+${!JB_CONTAINER_BIND_VAR},}$JB_WORKDIR,${TMPDIR:-/tmp}"
 fi
 
+[ "$status" = OK ] && [ "$JB_LAUNCHER" = local ] && [ "$JB_NODES" -eq 1 ] && bind_local_devices
 [ "$status" = OK ] && start_settings_guard
 if [ "$status" = OK ]; then
     start_samplers

@@ -13,6 +13,7 @@ from pathlib import Path
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
+from joulebench.node_facts import gpu_node_facts
 from joulebench.out_dir import check_out_dir
 from joulebench.peaks import peak_flops
 from joulebench.phases import check_replay_seconds, replay_phases
@@ -46,7 +47,7 @@ def train(config: TrainConfig) -> int:
                       gather=lambda obj: backend.gather(obj) if backend else [obj], log_to=config.log_to) as run:
             meter = run.open_meter(methods=config.energy_methods)
             backend = module.create(config, launch)
-            run.record.hardware = backend.hardware()
+            run.record.hardware = {**backend.hardware(), **gpu_node_facts(backend.device_kind)}
             meter.sync = backend.sync
             run.idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
             backend.mark_phases(meter.phases)

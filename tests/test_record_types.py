@@ -13,7 +13,8 @@ import pytest
 from joulebench import figures
 from joulebench.record import SCHEMA_VERSION, RunRecord, SteadyMetrics, read_run_record
 from joulebench.record_types import WORK_UNITS, MeterBlock, Metrics, RequestsBlock
-from jpwr import Window, write_json_atomic
+from jpwr import Window
+from jpwr.output import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")

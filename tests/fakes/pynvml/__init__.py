@@ -26,7 +26,8 @@ time.monotonic_ns() (origin JPWR_FAKE_NVML_ORIGIN_NS, default: import time), JPW
 JPWR_FAKE_NVML_FAULTS=<json of Faults fields, or {"per_device": {index: Faults fields}}>,
 JPWR_FAKE_NVML_INIT_ERROR=<NVML error code>, JPWR_FAKE_NVML_CALL_COSTS=1 (calls take as long as on the H100),
 JPWR_FAKE_NVML_STATE=<file> (device settings shared between processes), JPWR_FAKE_NVML_PRIVILEGED=1 (set/reset calls
-are permitted), JPWR_FAKE_NVML_CLOCK_RESPONSE=<json of ClockResponse fields>.
+are permitted), JPWR_FAKE_NVML_CLOCK_RESPONSE=<json of ClockResponse fields>, JPWR_FAKE_NVML_NVLINK=N (active NVLink
+links per GPU; 0, the default: a PCIe GPU).
 Unconfigured, it behaves like a machine without the NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound.
 """
 
@@ -309,6 +310,7 @@ class Replay:
         self.call_cost_ms = {function: measured[key] * 1000 for key, function in _COST_KEYS.items() if key in measured}
         self.initialized = 0
         self.lock = threading.Lock()
+        self.nvlink_links = 0  # active NVLink links per GPU (configure's nvlink_links)
 
     def rel_ns(self) -> int:
         return self.clock.monotonic_ns() - self.origin_ns
@@ -380,6 +382,7 @@ def configure(
     state_file: str | Path | None = None,
     privileged: bool = False,
     clock_response: ClockResponse | None = None,
+    nvlink_links: int = 0,
 ) -> Replay:
     """Replay `trace_dir` as `devices` GPUs on `clock` (a jpwr VirtualClock; None = real monotonic time).
 
@@ -389,7 +392,8 @@ def configure(
     call_costs: each call takes as long as it did on the H100 (meta call_cost_s; the counter ~3.6 ms), on
     top of any Faults.slow_ms. state_file: device settings shared with other processes ("{node}" = node name);
     None keeps them in memory. privileged: set/reset calls are permitted. clock_response: how power, clock and
-    phase times follow the settings (device_state.py).
+    phase times follow the settings (device_state.py). nvlink_links: active NVLink links per GPU (0: a PCIe GPU,
+    whose nvmlDeviceGetNvLinkState raises NOT_SUPPORTED, as NVML does on cards without NVLink).
     """
     global _replay
     trace = Trace(trace_dir)
@@ -407,6 +411,7 @@ def configure(
     limits = {dev.uuid: int(meta["power_limit_mW"]) for dev in devs}
     store = StateStore(None if state_file is None else state_path_from(str(state_file)), limits)
     _replay = Replay(trace, clock, origin, devs, init_error, call_costs, store, privileged, clock_response)
+    _replay.nvlink_links = nvlink_links
     return _replay
 
 
@@ -672,6 +677,17 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
 nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
 
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    """NVML_FEATURE_ENABLED for the first `nvlink_links` links; INVALID_ARGUMENT past them, NOT_SUPPORTED on a GPU
+    without NVLink (as NVML answers on a PCIe card)."""
+    replay, _, _ = _device(handle, "nvmlDeviceGetNvLinkState")
+    if not replay.nvlink_links:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if link >= replay.nvlink_links:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return NVML_FEATURE_ENABLED
+
+
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
     """The processes planted on the device (configure's overrides: `processes`); none by default."""
     _, dev, _ = _device(handle, "nvmlDeviceGetComputeRunningProcesses")
@@ -739,6 +755,7 @@ def _configure_from_env() -> None:
         state_file=os.environ.get("JPWR_FAKE_NVML_STATE") or None,
         privileged=os.environ.get("JPWR_FAKE_NVML_PRIVILEGED", "") == "1",
         clock_response=ClockResponse.from_json(response) if response else None,
+        nvlink_links=int(os.environ.get("JPWR_FAKE_NVML_NVLINK", "0")),
     )
 
 

@@ -195,7 +195,7 @@ class LoadFigures(TypedDict, total=False):
     offered_requests_per_s: float | None  # counted arrivals over the arrivals' window (None at `max`)
     requests_served_in_window: int | None  # requests that finished inside the window (the served rate's count)
     served_window_s: float | None  # the counted requests over the served rate: goodput's denominator
-    queue_drained: bool | None  # the client's or engine's queue emptied at least once inside the window
+    queue_drained: bool | None  # the client's or engine's queue emptied at least once in the window's second half
     window_counter_periods: float | None  # the window's length in the energy counter's update periods
     overload: str | None  # queue_never_drained, short_window (comma-joined) or none; None: not judged
     overload_note: str | None  # the queue never drained or the window is short, in words (None: nothing to say)

@@ -16,8 +16,9 @@ served window is the time the counted requests take at the served rate (counted 
 counted requests meeting every SLO over it, which is the served rate times the SLO share, and equals the old
 "meeting the SLO per second of the window" where every arrival was served. The SLO share is over every counted
 request (an unfinished one meets none). The overload note says when the queue (requests arrived but not yet
-admitted to a slot) never emptied inside a finite rate's window, and when the window is shorter than
-MIN_COUNTER_PERIODS of the energy counter's updates.
+admitted to a slot) never emptied in the second half of a finite rate's window (an overload builds its queue up
+from the start; a queue that was empty for an instant at the first counted arrival still never drained), and when
+the window is shorter than MIN_COUNTER_PERIODS of the energy counter's updates.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served |
     t1 = t0 + steady.duration_s
     inside = int(np.count_nonzero((served.finish_s >= t0) & (served.finish_s < t1)))  # NaN: unfinished, never in
     rate = inside / steady.duration_s if inside and steady.duration_s > 0 else None
-    drained = queue_drained(served.arrival_s, served.admitted_s, t0, t1) if arrivals_window else None
+    drained = queue_drained(served.arrival_s, served.admitted_s, (t0 + t1) / 2, t1) if arrivals_window else None
     return {"offered_requests_per_s": offered, "requests_per_s": rate, "requests_served_in_window": inside,
             "served_window_s": len(counted) / rate if rate and counted else None, "queue_drained": drained}
 
@@ -196,9 +197,11 @@ def overload_note(figures: Mapping[str, Any], window_s: float, update_period_s: 
     notes = []
     if figures.get("queue_drained") is False:
         offered, served = figures.get("offered_requests_per_s"), figures.get("requests_per_s")
-        notes.append(f"overload: the queue never drained inside the window; served {_g(served)} of {_g(offered)} "
-                     f"offered requests/s (the counted requests take {_g(figures.get('served_window_s'))} s at the "
-                     f"served rate, against a {_g(window_s)} s arrivals' window)")
+        served_text = (f"served {_g(served)} of {_g(offered)} offered requests/s (the counted requests take "
+                       f"{_g(figures.get('served_window_s'))} s at the served rate, against a {_g(window_s)} s "
+                       "arrivals' window)") if served else \
+            f"no request finished inside the window, {_g(offered)} requests/s offered"
+        notes.append(f"overload: the queue never drained in the window's second half; {served_text}")
     periods = figures.get("window_counter_periods")
     if periods is not None and periods < MIN_COUNTER_PERIODS and update_period_s:
         notes.append(f"the window ({_g(window_s)} s) is shorter than {MIN_COUNTER_PERIODS} energy counter periods "

@@ -192,7 +192,7 @@ class LoadFigures(TypedDict, total=False):
     slo_tpot_ms: float | None
     requests_counted: int
     requests_finished: int
-    offered_requests_per_s: float | None  # counted arrivals over the arrivals' window (None at `max`)
+    offered_requests_per_s: float | None  # the counted arrivals' rate over their span (None at `max`)
     requests_served_in_window: int | None  # requests that finished inside the window (the served rate's count)
     served_window_s: float | None  # the counted requests over the served rate: goodput's denominator
     queue_drained: bool | None  # the client's or engine's queue emptied at least once in the window's second half

@@ -9,7 +9,9 @@ it counts, where its record goes and its figures.
   Counted for latencies: the requests admitted inside it.
 J/output token = the window's energy / the output tokens produced inside it; SLO goodput from request_metrics.
 
-Rates: offered = the counted arrivals over the arrivals' window (at `max` none: every request is offered at once);
+Rates: offered = the counted arrivals' rate over their own span, first to last arrival (the intervals between them:
+count - 1; at `max` none, every request is offered at once; the window's measured edges come from the loop, which
+an overloaded engine visits late);
 served (`requests_per_s`) = the requests that finished inside the measured window over its length, the same window
 as the energy and the tokens/s (a steady state serves what arrives; an overloaded one only its capacity). The
 served window is the time the counted requests take at the served rate (counted / served rate): goodput = the
@@ -165,7 +167,8 @@ def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1
 def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> dict[str, Any]:
     """Offered and served request rates, the served window and the queue's state (module docstring)."""
     arrivals_window = isinstance(rule, ArrivalWindow) and steady.duration_s > 0
-    offered = len(counted) / steady.duration_s if arrivals_window else None
+    span = rule.last_s - rule.first_s if isinstance(rule, ArrivalWindow) else 0.0  # the arrivals' own, not the loop's
+    offered = (len(counted) - 1) / span if arrivals_window and span > 0 and len(counted) > 1 else None
     if served is None:
         return {"offered_requests_per_s": offered, "requests_per_s": None, "requests_served_in_window": None,
                 "served_window_s": None, "queue_drained": None}

@@ -452,10 +452,12 @@ class HttpServerTarget:
     def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
         return {"engine": self.server.engine}
 
-    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+    def energy_unavailable(self) -> str | None:
         if not self.meter_devices:
-            return {"unavailable_reason": "an external server (--url) without --server-devices: which devices "
-                                          "serve it is not known here"}
+            return "an external server (--url) without --server-devices: which devices serve it is not known here"
+        return None
+
+    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
         assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None
         return client_energy(outcome.label, outcome.detail.streams, outcome.detail.lifetimes, outcome.steady,
                              outcome.finished, outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table,

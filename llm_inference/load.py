@@ -196,6 +196,9 @@ class EngineTarget:
                               outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table, self.sweep,
                               outcome.detail.controlled)
 
+    def energy_unavailable(self) -> str | None:
+        return None  # the engine runs on the metered device
+
     def ends_sweep(self, record: RunRecord) -> bool:
         return self.model.engine is None  # the model could not be built: no further rate can finish
 

@@ -114,6 +114,10 @@ class LoadTarget(Protocol[DetailT]):
         """The record's per-request `energy` block (fills the table's energy columns)."""
         ...
 
+    def energy_unavailable(self) -> str | None:
+        """Why the target has no per-request energy whatever the window measured (None: it may have)."""
+        ...
+
     def ends_sweep(self, record: RunRecord) -> bool:
         """No further rate can finish after this one (the model could not be built, the server is gone)."""
         ...
@@ -135,6 +139,9 @@ def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], 
     carries a per-request split of energy its headline calls unmeasured (a run that failed before its energy
     was attached)."""
     assert outcome.steady is not None
+    reason = target.energy_unavailable()
+    if reason:
+        return {"unavailable_reason": reason}
     if outcome.steady.energy is None or outcome.steady.energy.energy_j is None:
         why = outcome.steady.energy.unavailable_reason if outcome.steady.energy else None
         return {"unavailable_reason": f"the window's energy is n/a ({why or f'run {record.status}'}): no "

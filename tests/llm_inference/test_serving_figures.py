@@ -120,6 +120,9 @@ def test_a_failed_record_gets_no_per_request_split_of_energy_it_did_not_measure(
     class Target:
         called = False
 
+        def energy_unavailable(self):
+            return None
+
         def energy(self, outcome):
             Target.called = True
             return {"energy_per_request_j": {"p50": 5.69}}

@@ -140,7 +140,7 @@ class InferenceFigures(TypedDict, total=False):
     """llm_inference run's keys (llm_inference/runner.py, llm_inference/metrics.py)."""
 
     batch_size: int
-    requests_per_s: float | None
+    requests_per_s: float | None  # a load record with offered_requests_per_s: the served rate
     input_tokens_per_s: float | None
     prefill_call_s: float | None
     prefill_input_tokens_per_s: float | None
@@ -207,6 +207,13 @@ class LoadFigures(TypedDict, total=False):
     slo_tpot_ms: float | None
     requests_counted: int
     requests_finished: int
+    offered_requests_per_s: float | None  # the counted arrivals' rate over their span (None at `max`)
+    requests_served_in_window: int | None  # requests that finished inside the window (the served rate's count)
+    served_window_s: float | None  # the counted requests over the served rate: goodput's denominator
+    queue_drained: bool | None  # the client's or engine's queue emptied at least once in the window's second half
+    window_counter_periods: float | None  # the window's length in the energy counter's update periods
+    overload: str | None  # queue_never_drained, short_window (comma-joined) or none; None: not judged
+    overload_note: str | None  # the queue never drained or the window is short, in words (None: nothing to say)
     window_rule: str
     mean_decode_rows: float | None
     prefill_steps: int
@@ -254,6 +261,19 @@ class RequestFailures(TypedDict):
     first: list[RequestFailure]
 
 
+class RejectedUsage(TypedDict):
+    id: int
+    reported: Any  # `usage.completion_tokens` as the server sent it
+    reason: str
+
+
+# A load sent to a server: finished requests by where their output count came from, and the server's counts that
+# were not plausible (llm_inference/http_client.py: implausible_count). Keys with spaces: the functional form.
+OutputTokenCounts = TypedDict("OutputTokenCounts", {
+    "from usage": int, "counted from the stream": int, "usage rejected": int,
+    "rejected by reason": dict[str, int], "rejected first": list[RejectedUsage]}, total=False)
+
+
 class RequestsBlock(TypedDict, total=False):
     """The record's `requests` block: a serving run's per-request table beside it (requests.h5) and its summary."""
 
@@ -264,6 +284,6 @@ class RequestsBlock(TypedDict, total=False):
     columns: list[str]
     steps: int  # the engine's step log (in-process load)
     chunks: int  # chunks read from the server's streams (a load sent to a server)
-    output_token_counts: dict[str, int]  # finished requests by where their count came from
+    output_token_counts: OutputTokenCounts
     failures: RequestFailures
     energy: dict[str, Any]  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}

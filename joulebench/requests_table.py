@@ -6,6 +6,8 @@ refers to the file through its `requests` block (docs/run-record.md). Two groups
 
 * `requests`: one row per request (columns in REQUEST_COLUMNS; times in seconds from the load's start, energies
   in J with their 95 % interval, NaN where a value does not exist: never 0);
+  Where the energy columns are NaN for every row, the attribute `energy_unavailable_reason` says why (no measured
+  window, no trace, a fit refused); where only prefill_j and decode_j are, `energy_split_unavailable_reason`;
 * `steps` (optional): the engine's step log (start/end on the node's monotonic clock in ns, kind, work and the
   members of each step as CSR), what the per-request energy fit reads again (`joulebench.request_energy`).
 
@@ -35,12 +37,19 @@ REQUEST_COLUMNS = {
     "finish_s": "last output token ready (NaN: unfinished)",
     "input_tokens": "prompt tokens",
     "output_tokens": "output tokens produced",
+    "tokens_from_usage": "a server's request: 1 when output_tokens is the server's `usage` count, 0 when counted from "
+                         "the stream (none reported, or rejected as implausible: the record's "
+                         "requests.output_token_counts says why); NaN: unfinished, or the in-process engine",
     "warmup": "1: a warm-up request (excluded from every figure)",
     "counted": "1: counted in the window's latency figures (MLPerf's rule)",
     "status": f"index into {list(STATUSES)}",
     "prefill_j": "fitted prefill energy", "prefill_j_low": "95 % interval", "prefill_j_high": "95 % interval",
     "decode_j": "fitted decode energy", "decode_j_low": "95 % interval", "decode_j_high": "95 % interval",
     "idle_j": "share of idle power over its lifetime", "idle_j_low": "95 % interval", "idle_j_high": "95 % interval",
+    "work_j": "fitted energy of its work (prefill + decode; there also where the two cannot be split)",
+    "work_j_low": "95 % interval", "work_j_high": "95 % interval",
+    "energy_j": "its whole energy, work_j + idle_j (the record's J/request quantiles: this column's counted rows "
+                "that are done)",
 }
 
 

@@ -3,8 +3,10 @@
 `POST /v1/completions` (a prompt) or `/v1/chat/completions` (one user message), `"stream": true` with
 `"stream_options": {"include_usage": true}`: the server answers with server-sent events, one `data: {json}` line
 per chunk, and ends with `data: [DONE]` (OpenAI, vLLM) or by closing the stream after a chunk with a
-`finish_reason` (transformers serve 5.24). Output tokens come from the final `usage` where the server reports it,
-else one per chunk with text (the result says which). Standard library only (http.client), one thread per request
+`finish_reason` (transformers serve 5.24). Output tokens come from the final `usage` where the server reports it and
+the count is plausible (a positive whole number, within the request's `max_tokens`, not below the chunks that carried
+text: a server's number is not taken on faith), else one per chunk with text (the result says which, and why a
+reported count was rejected). Standard library only (http.client), one thread per request
 in flight: the load generator bounds them by `--max-concurrency`.
 
 Faults end the request with a status and a named reason, never silently: `failed` (connection refused after the
@@ -79,29 +81,60 @@ class StreamResult:
     error: str | None = None  # the fault in full
     http_status: int | None = None
     attempts: int = 0
+    max_tokens: int | None = None  # the request's limit (`max_tokens` sent)
 
     @property
     def chunks(self) -> int:
         return len(self.chunk_ns)
 
     @property
+    def reported_tokens(self) -> Any:
+        """`usage.completion_tokens` as the server sent it (any JSON value), None where it sent none."""
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def usage_rejected(self) -> str | None:
+        """Why a finished request's reported output count is not used (None: used, or nothing reported)."""
+        if self.outcome != "done" or self.reported_tokens is None:
+            return None
+        return implausible_count(self.reported_tokens, self.max_tokens, self.chunks)
+
+    @property
     def _reported_tokens(self) -> int | None:
-        """`usage.completion_tokens` of a finished request, where the server reported it."""
-        reported = (self.usage or {}).get("completion_tokens")
-        return reported if isinstance(reported, int) and self.outcome == "done" else None
+        """`usage.completion_tokens` of a finished request, where the server reported a plausible one."""
+        if self.outcome != "done" or self.reported_tokens is None or self.usage_rejected:
+            return None
+        return int(self.reported_tokens)
 
     @property
     def output_tokens(self) -> int:
-        """From `usage` where reported, else one per chunk with text."""
+        """From `usage` where reported and plausible, else one per chunk with text."""
         reported = self._reported_tokens
         return self.chunks if reported is None else reported
 
     @property
     def token_source(self) -> str:
-        return "stream" if self._reported_tokens is None else "usage"
+        """"usage" (the server's count), "stream" (none reported) or "stream, usage rejected"."""
+        if self._reported_tokens is not None:
+            return "usage"
+        return "stream, usage rejected" if self.usage_rejected else "stream"
 
     def end(self, outcome: str, kind: str, error: str) -> None:
         self.outcome, self.kind, self.error = outcome, kind, error
+
+
+def implausible_count(reported: Any, max_tokens: int | None, text_chunks: int) -> str | None:
+    """Why a server's output token count cannot be true (None: plausible): not a whole number, not positive, above
+    the request's limit, or below the chunks that carried text (each carried at least one token)."""
+    if isinstance(reported, bool) or not isinstance(reported, int):
+        return "not a whole number"
+    if reported <= 0:
+        return "not positive"
+    if max_tokens is not None and reported > max_tokens:
+        return "above the request's max_tokens"
+    if reported < text_chunks:
+        return "below the chunks that carried text"
+    return None
 
 
 class StreamError(Exception):
@@ -120,7 +153,7 @@ def stream(target: Target, result: StreamResult, prompt: str, max_tokens: int, s
     """Send one request and read its stream to the end, filling `result` as chunks arrive (a load reads the
     chunks of requests in flight at its window's edges); `register` is told the connection's socket (and None
     when done) so that a stopping load can shut it down. Whatever ends it, the result says how."""
-    result.sent_ns = time.monotonic_ns()
+    result.sent_ns, result.max_tokens = time.monotonic_ns(), max_tokens
     deadline = time.monotonic() + target.timeout_s
     try:
         response, connection = _open(target, prompt, max_tokens, result, deadline, stop, register)

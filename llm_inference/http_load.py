@@ -33,7 +33,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.record_types import RequestFailures, RequestsBlock
+from joulebench.record_types import OutputTokenCounts, RequestFailures, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import resolve_device
 from jpwr import WindowMeter
@@ -211,8 +211,22 @@ def _times(results: dict[int, StreamResult], served: dict[int, Request], arrival
 
 
 def _input_tokens(result: StreamResult, request: Request) -> int:
+    """The server's `usage.prompt_tokens` where it is a positive whole number, else the prompt's own length."""
     reported = (result.usage or {}).get("prompt_tokens")
-    return reported if isinstance(reported, int) else request.input_tokens
+    return reported if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0 \
+        else request.input_tokens
+
+
+def token_counts(results: dict[int, StreamResult], done: set[int]) -> OutputTokenCounts:
+    """The record's `output_token_counts`: finished requests by where their output count came from, and the
+    server's counts rejected as implausible (by reason, the first ones with the value sent)."""
+    finished = [results[i] for i in sorted(done)]
+    rejected = [r for r in finished if r.usage_rejected]
+    used = sum(1 for r in finished if r.token_source == "usage")
+    return {"from usage": used, "counted from the stream": len(finished) - used, "usage rejected": len(rejected),
+            "rejected by reason": dict(Counter(str(r.usage_rejected) for r in rejected).most_common()),
+            "rejected first": [{"id": r.id, "reported": r.reported_tokens, "reason": str(r.usage_rejected)}
+                               for r in rejected[:FAILURES_LISTED]]}
 
 
 def window_tokens(results: list[StreamResult], window: tuple[int, int]) -> float:
@@ -250,6 +264,8 @@ def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival
         "input_tokens": np.array([_input_tokens(r, served[i]) if r else served[i].input_tokens
                                   for i, r in zip(ids, got, strict=True)], dtype=np.int64),
         "output_tokens": np.array([r.output_tokens if r else 0 for r in got], dtype=np.int64),
+        "tokens_from_usage": np.array([nan if r is None or r.outcome != "done" else float(r.token_source == "usage")
+                                       for r in got]),
         "warmup": np.array([served[i].warmup for i in ids], dtype=np.int8),
         "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
     for name in REQUEST_COLUMNS:
@@ -405,11 +421,13 @@ class HttpServerTarget:
                          lambda: run.stop.local_reason() or started.gone(), plan.expected)
         _settle(load, plan, served, ended, outcome)
         assert outcome.detail is not None and outcome.table is not None
-        sources = Counter(r.token_source for i, r in load.results.items() if i in outcome.detail.done)
+        counts = token_counts(load.results, outcome.detail.done)
+        if counts["usage rejected"]:
+            run.record.warn(f"{counts['usage rejected']} request(s) reported an implausible usage.completion_tokens "
+                            "(counted from the stream instead): "
+                            + "; ".join(f"{n} x {k}" for k, n in counts["rejected by reason"].items()))
         return {"file": FILE_NAME, "rows": len(outcome.table), "counted": len(outcome.counted),
-                "columns": list(REQUEST_COLUMNS), "chunks": load.chunks_read(),
-                "output_token_counts": {"from usage": sources.get("usage", 0),
-                                        "counted from the stream": sources.get("stream", 0)},
+                "columns": list(REQUEST_COLUMNS), "chunks": load.chunks_read(), "output_token_counts": counts,
                 "failures": outcome.detail.failures}
 
     def check(self, run: Run, outcome: RateOutcome[ClientServed]) -> None:
@@ -434,10 +452,12 @@ class HttpServerTarget:
     def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
         return {"engine": self.server.engine}
 
-    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+    def energy_unavailable(self) -> str | None:
         if not self.meter_devices:
-            return {"unavailable_reason": "an external server (--url) without --server-devices: which devices "
-                                          "serve it is not known here"}
+            return "an external server (--url) without --server-devices: which devices serve it is not known here"
+        return None
+
+    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
         assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None
         return client_energy(outcome.label, outcome.detail.streams, outcome.detail.lifetimes, outcome.steady,
                              outcome.finished, outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table,

@@ -161,11 +161,17 @@ class EngineTarget:
         loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, self.shape.vocab_size, cfg.seed),
                          log=say)
 
-        def on_end(tokens: int) -> None:
-            outcome.steady = meter.end("steady", len(loop.steps), {WORK_UNIT: tokens, "steps": len(loop.steps)})
+        begun: list[int] = []  # the steps run before the window opened: its step count is the steps inside it
 
-        log = loop.run(drawn(plan, served), plan.rule, lambda: meter.begin("steady", 0), on_end, run.stop.local_reason,
-                       plan.expected)
+        def on_begin() -> None:
+            begun.append(len(loop.steps))
+            meter.begin("steady", len(loop.steps))
+
+        def on_end(tokens: int) -> None:
+            outcome.steady = meter.end("steady", len(loop.steps), {WORK_UNIT: tokens,
+                                                                   "steps": len(loop.steps) - begun[0]})
+
+        log = loop.run(drawn(plan, served), plan.rule, on_begin, on_end, run.stop.local_reason, plan.expected)
         run.step_times(None, "a load's engine steps differ by design (prefill or decode, changing batches)")
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
         counted = counted_ids(log.admitted_ns, log.window, served, plan.rule)
@@ -189,6 +195,9 @@ class EngineTarget:
         return serving_energy(outcome.label, outcome.detail.log, outcome.steady, outcome.finished,
                               outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table, self.sweep,
                               outcome.detail.controlled)
+
+    def energy_unavailable(self) -> str | None:
+        return None  # the engine runs on the metered device
 
     def ends_sweep(self, record: RunRecord) -> bool:
         return self.model.engine is None  # the model could not be built: no further rate can finish

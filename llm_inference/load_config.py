@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number
@@ -151,7 +152,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_load(args: argparse.Namespace) -> LoadConfig:
     """--rates wins over --rate; a trace has no rate (its arrivals are its own)."""
     rates = args.rates or ((args.rate,) if args.rate is not None else ())
-    run_id = args.run_id or new_run_id("load", args.preset)
+    run_id = args.run_id or new_run_id("load", Path(args.checkpoint).name if args.checkpoint else args.preset)
     return LoadConfig(
         preset=args.preset, checkpoint=args.checkpoint, precision=args.precision, task=args.task, rates=tuple(rates),
         arrivals=args.arrivals, trace=args.trace, max_concurrency=args.max_concurrency, requests=args.requests,

@@ -8,6 +8,19 @@ it counts, where its record goes and its figures.
   the window length; admission stops at its end (the queue "empties") and the running requests drain.
   Counted for latencies: the requests admitted inside it.
 J/output token = the window's energy / the output tokens produced inside it; SLO goodput from request_metrics.
+
+Rates: offered = the counted arrivals' rate over their own span, first to last arrival (the intervals between them:
+count - 1; at `max` none, every request is offered at once; the window's measured edges come from the loop, which
+an overloaded engine visits late);
+served (`requests_per_s`) = the requests that finished inside the measured window over its length, the same window
+as the energy and the tokens/s (a steady state serves what arrives; an overloaded one only its capacity). The
+served window is the time the counted requests take at the served rate (counted / served rate): goodput = the
+counted requests meeting every SLO over it, which is the served rate times the SLO share, and equals the old
+"meeting the SLO per second of the window" where every arrival was served. The SLO share is over every counted
+request (an unfinished one meets none). The overload note says when the queue (requests arrived but not yet
+admitted to a slot) never emptied in the second half of a finite rate's window (an overload builds its queue up
+from the start; a queue that was empty for an instant at the first counted arrival still never drained), and when
+the window is shorter than MIN_COUNTER_PERIODS of the energy counter's updates.
 """
 
 from __future__ import annotations
@@ -32,17 +45,17 @@ from llm_inference.serve_loop import ArrivalWindow, SaturatedWindow, WindowRule
 from llm_inference.tasks import TASKS
 
 WORK_UNIT = "output_tokens"
-SUMMARY_EXTRA = ("rate", "max_concurrency", "requests_per_s", "energy_per_output_token_j", "ttft_p90_s",
-                 "tpot_p90_s", "goodput_requests_per_s")
+SUMMARY_EXTRA = ("rate", "max_concurrency", "offered_requests_per_s", "requests_per_s", "energy_per_output_token_j",
+                 "ttft_p90_s", "tpot_p90_s", "goodput_requests_per_s", "overload")
 CPU_WARMUP_ARRIVAL_S = 1.0
 # The per-request fit's segments are bounded by the energy counter's updates (H100: ~20-100 ms): an in-process
 # sampler reads it at least twice per update (an NVML counter read costs ~4 ms of the sampler's own thread).
 COUNTER_READ_S = 0.05
 COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
+MIN_COUNTER_PERIODS = 10  # a window's energy bound is about two counter periods' energy: below 10, over ~20 %
 NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
              "no counted arrival): raise --requests or lower --max-concurrency")
-
 
 
 @dataclasses.dataclass
@@ -125,11 +138,90 @@ def request_energy_figures(energy: dict[str, Any]) -> dict[str, float | None]:
     return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
 
 
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What the rate's figures read beyond the window: the load's time zero (ns, the requests' clock), every
+    request's arrival, admission and finish (seconds from it; NaN: never admitted, unfinished) and the counter's
+    update period."""
+
+    start_ns: int
+    arrival_s: np.ndarray
+    admitted_s: np.ndarray
+    finish_s: np.ndarray
+    update_period_s: float | None
+
+
+def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1_s: float) -> bool:
+    """Whether the queue (requests arrived, not yet admitted) was empty at some moment of [t0, t1]: the waits
+    [arrival, admission) do not cover the whole window. A request never admitted waits to the end."""
+    waits = sorted((float(a), math.inf if math.isnan(b) else float(b)) for a, b in zip(arrival_s, admitted_s,
+                                                                                        strict=True) if not b <= a)
+    covered = t0_s
+    for begin, end in waits:
+        if begin > covered:
+            break
+        covered = max(covered, end)
+    return covered < t1_s
+
+
+def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> dict[str, Any]:
+    """Offered and served request rates, the served window and the queue's state (module docstring)."""
+    arrivals_window = isinstance(rule, ArrivalWindow) and steady.duration_s > 0
+    span = rule.last_s - rule.first_s if isinstance(rule, ArrivalWindow) else 0.0  # the arrivals' own, not the loop's
+    offered = (len(counted) - 1) / span if arrivals_window and span > 0 and len(counted) > 1 else None
+    if served is None:
+        return {"offered_requests_per_s": offered, "requests_per_s": None, "requests_served_in_window": None,
+                "served_window_s": None, "queue_drained": None}
+    t0 = (steady.t_start_ns - served.start_ns) / 1e9
+    t1 = t0 + steady.duration_s
+    inside = int(np.count_nonzero((served.finish_s >= t0) & (served.finish_s < t1)))  # NaN: unfinished, never in
+    rate = inside / steady.duration_s if inside and steady.duration_s > 0 else None
+    drained = queue_drained(served.arrival_s, served.admitted_s, (t0 + t1) / 2, t1) if arrivals_window else None
+    return {"offered_requests_per_s": offered, "requests_per_s": rate, "requests_served_in_window": inside,
+            "served_window_s": len(counted) / rate if rate and counted else None, "queue_drained": drained}
+
+
+QUEUE_NEVER_DRAINED, SHORT_WINDOW = "queue_never_drained", "short_window"
+
+
+def overload_flags(figures: Mapping[str, Any]) -> str | None:
+    """The overload in one token for the result line: `queue_never_drained`, `short_window`, both joined by a
+    comma, `none`; None (n/a) where neither could be judged."""
+    periods, drained = figures.get("window_counter_periods"), figures.get("queue_drained")
+    if periods is None and drained is None:
+        return None
+    flags = [QUEUE_NEVER_DRAINED] * (drained is False) + [SHORT_WINDOW] * (periods is not None
+                                                                          and periods < MIN_COUNTER_PERIODS)
+    return ",".join(flags) or "none"
+
+
+def overload_note(figures: Mapping[str, Any], window_s: float, update_period_s: float | None) -> str | None:
+    """The rate's overload in words (None: nothing to say): a queue that never drained, a short window."""
+    notes = []
+    if figures.get("queue_drained") is False:
+        offered, served = figures.get("offered_requests_per_s"), figures.get("requests_per_s")
+        served_text = (f"served {_g(served)} of {_g(offered)} offered requests/s (the counted requests take "
+                       f"{_g(figures.get('served_window_s'))} s at the served rate, against a {_g(window_s)} s "
+                       "arrivals' window)") if served else \
+            f"no request finished inside the window, {_g(offered)} requests/s offered"
+        notes.append(f"overload: the queue never drained in the window's second half; {served_text}")
+    periods = figures.get("window_counter_periods")
+    if periods is not None and periods < MIN_COUNTER_PERIODS and update_period_s:
+        notes.append(f"the window ({_g(window_s)} s) is shorter than {MIN_COUNTER_PERIODS} energy counter periods "
+                     f"({_g(update_period_s * 1e3)} ms each): its energy bound is wide")
+    return "; ".join(notes) or None
+
+
+def _g(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
-                 times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None
-                 ) -> dict[str, Any]:
+                 times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None,
+                 served: Served | None = None) -> dict[str, Any]:
     """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
-    finished (of `counted`, the window's counted requests)."""
+    finished (of `counted`, the window's counted requests); `served`: what the served rate and the overload note
+    read (None: those figures are n/a)."""
     result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                               "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or rule is None:
@@ -137,14 +229,19 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
     result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=1))
     slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
     slo_tpot = None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3
-    summary = request_metrics.latency_summary(times, slo_ttft, slo_tpot, steady.duration_s)
+    rates = _rates(steady, counted, rule, served)
+    summary = request_metrics.latency_summary(times, slo_ttft, slo_tpot, rates["served_window_s"], len(counted))
     energy = steady.energy
     joules = energy.energy_j if energy else None
     tokens = steady.work.get(WORK_UNIT)
+    period = served.update_period_s if served else None
     result.update(summary)
+    result.update(rates)
+    result["window_counter_periods"] = steady.duration_s / period if period else None
+    result["overload"] = overload_flags(result)
+    result["overload_note"] = overload_note(result, steady.duration_s, period)
     result.update(
         requests_counted=len(counted), requests_finished=len(times),
-        requests_per_s=len(counted) / steady.duration_s if steady.duration_s > 0 else None,
         energy_per_output_token_j=joules / tokens if joules is not None and tokens else None,
         energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
                                                if energy and energy.error_bound_j is not None and tokens else None),
@@ -159,4 +256,6 @@ def progress_line(record: RunRecord) -> str:
     return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
             f"{shown(m, 'requests_per_s')} req/s, {shown(m, 'energy_per_output_token_j')} J/token, p90 TTFT "
             f"{shown(m, 'ttft_p90_s', 1e3)} ms, p90 TPOT {shown(m, 'tpot_p90_s', 1e3)} ms, goodput "
-            f"{shown(m, 'goodput_requests_per_s')} req/s")
+            f"{shown(m, 'goodput_requests_per_s')} req/s"
+            + (f" (offered {shown(m, 'offered_requests_per_s')} req/s)" if m.get("offered_requests_per_s") else "")
+            + (f"; NOTE {m['overload_note']}" if m.get("overload_note") else ""))

@@ -31,6 +31,7 @@ from llm_inference.load_plan import (
     NO_WINDOW,
     SUMMARY_EXTRA,
     Plan,
+    Served,
     load_metrics,
     plan_rate,
     plan_trace,
@@ -58,6 +59,7 @@ class RateOutcome(Generic[DetailT]):
     times: list[RequestTimes] = dataclasses.field(default_factory=list)  # the counted requests that finished
     table: RequestsTable | None = None
     idle_power_w: float | None = None
+    update_period_s: float | None = None  # the energy counter's, as the window's length was sized with
     window_ns: tuple[int, int] | None = None  # the window's edges, where it opened and closed
     stop_reason: str | None = None  # a stop request ended the load
     in_flight_at_end: int = 0
@@ -112,22 +114,56 @@ class LoadTarget(Protocol[DetailT]):
         """The record's per-request `energy` block (fills the table's energy columns)."""
         ...
 
+    def energy_unavailable(self) -> str | None:
+        """Why the target has no per-request energy whatever the window measured (None: it may have)."""
+        ...
+
     def ends_sweep(self, record: RunRecord) -> bool:
         """No further rate can finish after this one (the model could not be built, the server is gone)."""
         ...
+
+
+def _served(outcome: RateOutcome[DetailT]) -> Served | None:
+    """The table's arrivals, admissions and finishes for the served rate and the overload note (None without a
+    table)."""
+    table = outcome.table
+    if table is None:
+        return None
+    return Served(int(table.attrs["start_ns"]), table.requests["arrival_s"], table.requests["admitted_s"],
+                  table.requests["finish_s"], outcome.update_period_s)
+
+
+def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], record: RunRecord
+                    ) -> dict[str, Any]:
+    """The per-request energy block, fitted only where the window's own energy was measured: a record never
+    carries a per-request split of energy its headline calls unmeasured (a run that failed before its energy
+    was attached)."""
+    assert outcome.steady is not None
+    reason = target.energy_unavailable()
+    if reason:
+        return {"unavailable_reason": reason}
+    if outcome.steady.energy is None or outcome.steady.energy.energy_j is None:
+        why = outcome.steady.energy.unavailable_reason if outcome.steady.energy else None
+        return {"unavailable_reason": f"the window's energy is n/a ({why or f'run {record.status}'}): no "
+                                      "per-request split of it"}
+    return target.energy(outcome)
 
 
 def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[DetailT], outcome: RateOutcome[DetailT],
                   record: RunRecord) -> Metrics:
     """The record's figures of one rate (its metrics callback)."""
     target.describe(record.config)
-    result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule)
+    result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome))
     result.update(target.figures(outcome))
-    if outcome.steady is not None and outcome.table is not None:
-        energy = target.energy(outcome)
-        record.requests = {**(record.requests or {}), "energy": energy}
+    if outcome.table is not None:
+        energy = _request_energy(target, outcome, record) if outcome.steady is not None else \
+            {"unavailable_reason": "no measured window"}
+        if outcome.steady is not None:
+            record.requests = {**(record.requests or {}), "energy": energy}
+            result.update(request_energy_figures(energy))
+        if energy.get("unavailable_reason"):
+            outcome.table.attrs["energy_unavailable_reason"] = energy["unavailable_reason"]
         save_requests(outcome.out_dir, outcome.table, record)
-        result.update(request_energy_figures(energy))
     return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
 
 
@@ -148,6 +184,7 @@ def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate
         outcome.idle_power_w = idle.power_w
         window = window_seconds(cfg.steady_seconds, meter, target.device)
         run.record.meter["steady_seconds"] = window.to_dict()
+        outcome.update_period_s = window.update_period_s
         plan = plan_trace(trace, cfg.warmup_requests or 0) if trace is not None else \
             plan_rate(cfg, rate or math.inf, window.seconds, target.device)
         say(f"rate {label}: {plan.note}; {target.limit_note()}")

@@ -8,8 +8,10 @@ Definitions (all from one clock, the load's start = 0):
 - end-to-end = finish - arrival.
 Percentiles are numpy's 'linear' method (the default: interpolation between the closest ranks).
 A request meets an SLO when its value is at most the limit; a request without a TPOT (1 output token) meets
-the TPOT SLO trivially (it has no decode phase to be slow in). Goodput = requests meeting every given SLO per
-second of the window (DistServe's definition, as `--slo-ttft-ms` / `--slo-tpot-ms` ask).
+the TPOT SLO trivially (it has no decode phase to be slow in); a counted request that never finished (failed, timed
+out, cut by a stop) meets none. The SLO share is over every counted request, finished or not. Goodput = requests
+meeting every given SLO per second of the window given (DistServe's definition, as `--slo-ttft-ms` /
+`--slo-tpot-ms` ask; a load passes its served window, llm_inference/load_plan.py, not the arrivals').
 """
 
 from __future__ import annotations
@@ -61,10 +63,14 @@ def _meets(t: RequestTimes, slo_ttft_s: float | None, slo_tpot_s: float | None) 
 
 
 def latency_summary(times: list[RequestTimes], slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
-                    window_s: float | None = None) -> dict[str, float | int | None]:
-    """p50/p90/p99 of each latency over `times` (pass the counted requests: see `counted`), and with SLOs the
-    share of requests meeting all of them and goodput (requests/s over `window_s`). None where a value has no
-    sample or no SLO/window was given: a missing figure must not read as a perfect 0."""
+                    window_s: float | None = None, counted_total: int | None = None) -> dict[str, float | int | None]:
+    """p50/p90/p99 of each latency over `times` (pass the counted requests that finished: see `counted`), and with
+    SLOs the share of requests meeting all of them (over `counted_total`, every counted request: the unfinished
+    ones meet none; default len(times)) and goodput (requests/s over `window_s`). None where a value has no sample
+    or no SLO/window was given: a missing figure must not read as a perfect 0."""
+    total = len(times) if counted_total is None else counted_total
+    if total < len(times):
+        raise ValueError(f"counted_total {total} is below the {len(times)} finished requests given")
     summary: dict[str, float | int | None] = {"count": len(times)}
     for metric, values in _values(times).items():
         for q in PERCENTILES:
@@ -72,8 +78,8 @@ def latency_summary(times: list[RequestTimes], slo_ttft_s: float | None = None, 
     summary["slo_attained_share"] = summary["goodput_requests_per_s"] = None
     if slo_ttft_s is not None or slo_tpot_s is not None:
         met = sum(_meets(t, slo_ttft_s, slo_tpot_s) for t in times)
-        if times:
-            summary["slo_attained_share"] = met / len(times)
+        if total:
+            summary["slo_attained_share"] = met / total
         if window_s is not None:
             if not window_s > 0:
                 raise ValueError(f"window_s is {window_s}; goodput needs a window longer than 0 s")

@@ -112,16 +112,22 @@ def _quantiles(values: np.ndarray | None) -> dict[str, float | None]:
 
 
 def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
+    """Each request's parts into its row: work (prefill + decode) and idle always, prefill and decode where the fit
+    splits them (else the table's attributes say why), and the whole (the record's J/request is over it)."""
     index = {int(i): k for k, i in enumerate(table.requests["id"])}
     rows = np.array([index[int(i)] for i in parts.ids], dtype=np.int64)
     for name, values, interval in (("prefill_j", parts.prefill_j, parts.prefill_interval),
                                    ("decode_j", parts.decode_j, parts.decode_interval),
-                                   ("idle_j", parts.idle_j, parts.idle_interval)):
+                                   ("idle_j", parts.idle_j, parts.idle_interval),
+                                   ("work_j", parts.work_j, parts.work_interval)):
         if values is None or interval is None:
             continue
         table.requests[name][rows] = values
         table.requests[f"{name}_low"][rows] = interval[:, 0]
         table.requests[f"{name}_high"][rows] = interval[:, 1]
+    table.requests["energy_j"][rows] = parts.total_j
+    if parts.split_reason:
+        table.attrs["energy_split_unavailable_reason"] = parts.split_reason
 
 
 def _fit_summary(fit: RequestEnergyFit, method: str) -> dict[str, Any]:

@@ -231,7 +231,7 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
         partial = run.record.status == "PARTIAL"
         util = run.latents.get("utilization_gpu")
         sm = run.latents.get("sm_clock_hz")
-        note = run.record.status_reason if run.record.status != "OK" else (cost.reason or "")
+        note = serving.short_reason(run.record.status_reason) if run.record.status != "OK" else (cost.reason or "")
         note = "; ".join(part for part in (disturbed_summary(run.record.disturbed), note) if part)
         rows.append({
             "benchmark": run.record.benchmark, "system": run.system, "run_id": run.record.run_id,

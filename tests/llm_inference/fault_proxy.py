@@ -2,7 +2,8 @@
 
 The server behind it is real (`transformers serve`); the proxy passes each request on and, by the request's
 ordinal (the n-th POST takes FAULTS[n % len]), answers 503 itself, cuts the event stream with a malformed line or
-a TCP reset after two chunks, or strips `usage` from it. What a flaky network or an overloaded gateway does.
+a TCP reset after two chunks, strips `usage` from it or replaces its output count by one that cannot be true
+(USAGE_FAULTS). What a flaky network or an overloaded gateway does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULTS = ("pass", "http_503", "malformed", "reset", "no_usage")
+# A server's `usage.completion_tokens` replaced by one that cannot be true (the answers carry 12 chunks of text)
+USAGE_FAULTS = {"usage_negative": -5, "usage_zero": 0, "usage_huge": 4_000_000_000_000, "usage_below_chunks": 1,
+                "usage_text": "12"}
 
 
 class FaultProxy(ThreadingHTTPServer):
@@ -90,9 +94,12 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.connection.close()
                     return
-                if fault == "no_usage":
+                if fault == "no_usage" or fault in USAGE_FAULTS:
                     event = json.loads(line[6:])
-                    event.pop("usage", None)
+                    if fault == "no_usage":
+                        event.pop("usage", None)
+                    elif isinstance(event.get("usage"), dict):
+                        event["usage"]["completion_tokens"] = USAGE_FAULTS[fault]
                     line = b"data: " + json.dumps(event).encode() + b"\n"
             self.wfile.write(line)
             self.wfile.flush()

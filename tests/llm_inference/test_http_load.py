@@ -26,7 +26,7 @@ from llm_inference import server
 from llm_inference.cli import main
 from llm_inference.http_load import EXTERNAL_SERVER
 from tests.llm_inference.conftest import INFER, run_cmd
-from tests.llm_inference.fault_proxy import FaultProxy
+from tests.llm_inference.fault_proxy import USAGE_FAULTS, FaultProxy
 
 TRANSFORMERS = Path(sys.executable).parent / "transformers"
 # The KV cache bounded: unbounded, transformers' continuous batching sizes it from free memory (14 GB on CI).
@@ -74,7 +74,9 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
         # at max the requests sent inside the window count (the engine's rule): not those sent before it opened
         assert (metrics["requests_counted"] == 24) if label == "6" else (0 < metrics["requests_counted"] < 24)
         assert metrics["ttft_p90_s"] >= metrics["ttft_p50_s"] > 0
-        assert record["requests"]["output_token_counts"] == {"from usage": 26, "counted from the stream": 0}
+        assert record["requests"]["output_token_counts"] == {"from usage": 26, "counted from the stream": 0,
+                                                             "usage rejected": 0, "rejected by reason": {},
+                                                             "rejected first": []}
         assert record["requests"]["failures"]["count"] == 0
         table = read_requests(out / f"rate_{label}" / FILE_NAME)
         assert np.all(table.requests["status"] == STATUSES.index("done"))
@@ -124,6 +126,38 @@ def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_tra
     # an external server is no child of the run: its processes on the GPUs are not judged, said why
     assert record["disturbed"]["checks"]["other_processes"] == {"disturbed": None,
                                                                 "unavailable_reason": EXTERNAL_SERVER}
+
+
+@pytest.mark.slow
+def test_implausible_usage_counts_are_replaced_by_the_stream_s_count(checkpoint, fake_env, h100_trace_dir, tmp_path):
+    """The proxy replaces `usage.completion_tokens` by counts that cannot be true (negative, zero, 4e12, below the
+    12 chunks of text, a string): each such request is counted from its stream, and the record says which and why
+    (issue 47: an OK record with negative tokens/s or 4e12 tokens/s)."""
+    port = server.free_port("127.0.0.1")
+    argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
+                                 "concurrency": "8", "devices": ""})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with server.started(argv, env, tmp_path / "server.log", "127.0.0.1", port, 120), \
+            FaultProxy(port, ("pass", *USAGE_FAULTS)) as proxy:
+        out = tmp_path / "load"
+        result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
+                          "12", "--url", proxy.url, "--api", "completions", "--out-dir", str(out)],
+                         _env(fake_env, h100_trace_dir), tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = _record(out)
+    counts = record["requests"]["output_token_counts"]
+    assert counts["from usage"] + counts["counted from the stream"] == 14  # 2 warm-up and 12 counted, all done
+    assert counts["usage rejected"] == counts["counted from the stream"] >= len(USAGE_FAULTS)
+    assert set(counts["rejected by reason"]) == {"not positive", "above the request's max_tokens",
+                                                 "below the chunks that carried text", "not a whole number"}
+    assert {r["reported"] for r in counts["rejected first"]} == set(USAGE_FAULTS.values())
+    assert any("implausible usage.completion_tokens" in w for w in record["warnings"])
+    table = read_requests(out / FILE_NAME)
+    rejected = np.isin(table.requests["id"], [r["id"] for r in counts["rejected first"]])
+    assert np.all(table.requests["tokens_from_usage"][rejected] == 0)
+    assert np.all(table.requests["tokens_from_usage"][~rejected] == 1)
+    assert np.all(table.requests["output_tokens"] == 12)  # the stream's count where the server's was rejected
+    assert 0 < record["metrics"]["output_tokens_per_s"] < 1e4
 
 
 def _run_failed(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> dict:

@@ -19,6 +19,8 @@ import pytest
 from joulebench.analysis import serving
 from joulebench.analysis.cli import main as joulebench_main
 from joulebench.analysis.report import load_runs, write_report
+from joulebench.requests_table import read_requests
+from jpwr.output import fmt
 
 pytest.importorskip("matplotlib")
 
@@ -29,6 +31,7 @@ STATIC = REPO / "benchmarks" / "results" / "2026-11-23-session3" / "inference-en
 
 pytestmark = pytest.mark.skipif(not (SWEEP / "rate_4" / "run_record.json").is_file(),
                                 reason="the H100 serving sweep records are not committed")
+SWEEP_ID = "load-llama-8b-20261125T153322Z-8b4b66"  # the sweep's run id (its records' config.run_id)
 
 
 @pytest.fixture
@@ -76,11 +79,29 @@ def test_real_sweep_names_32_per_s_as_the_cheapest_rate_meeting_the_recorded_slo
     assert "meeting it: 4, 8, 16, 24, 32" in sentence and "missing it: max (p90 TTFT" in sentence
 
 
+def _served_in_window(rate: str) -> float:
+    """What the requests table of a shipped record says was served: requests finished inside the steady window over
+    its length (read here from the file, independently of the report)."""
+    record = json.loads((SWEEP / f"rate_{rate}" / "run_record.json").read_text())
+    table = read_requests(SWEEP / f"rate_{rate}" / "requests.h5")
+    steady = next(w for w in record["windows"] if w["name"] == "steady")
+    t0 = (steady["t_start_ns"] - table.attrs["start_ns"]) / 1e9
+    finish = table.requests["finish_s"]
+    return int(((finish >= t0) & (finish < t0 + steady["duration_s"])).sum()) / steady["duration_s"]
+
+
 def test_table_by_rate_reads_the_records(sweep):
     _, rows, _ = _section(sweep)
     table = {r["offered rate"]: r for r in serving.table(rows)}
     m = json.loads((SWEEP / "rate_max" / "run_record.json").read_text())
-    assert table["max"]["achieved req/s"] == "34.18" and table["max"]["goodput req/s"] == "0"  # a measured 0
+    # These records predate the served rate: their req/s was over the arrivals' window (the offered rate at a finite
+    # rate); the served rate comes from their request tables, goodput = served rate x SLO share.
+    assert table["max"]["served req/s"] == fmt(_served_in_window("max"), 4) and table["max"]["offered req/s"] == "n/a"
+    assert table["max"]["goodput req/s"] == "0"  # a measured 0
+    four = json.loads((SWEEP / "rate_4" / "run_record.json").read_text())["metrics"]
+    assert table["4"]["offered req/s"] == fmt(four["requests_per_s"], 4)
+    assert table["4"]["goodput req/s"] == table["4"]["served req/s"] == fmt(_served_in_window("4"), 4)
+    assert "older record" in table["4"]["overload"]
     assert table["max"]["p90 TTFT ms"] == "2.983e+04" and table["32"]["J/request p50"] == "21.87"
     shares = m["requests"]["energy"]["shares"]
     assert table["max"]["prefill %"] == f"{100 * shares['prefill']:.3g}"
@@ -152,22 +173,21 @@ def test_report_page_chart_and_cli_sentence(sweep, tmp_path, capsys):
     out = tmp_path / "report"
     assert joulebench_main(["report", str(sweep), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert ("serving, continuous: llama-8b, chat, max concurrency 256, accelerators: Cheapest rate that meets the "
-            "SLO") in printed
-    chart = out / "serving_continuous_llama-8b_chat_256_accelerators.png"
+    assert (f"serving, continuous: llama-8b, chat, max concurrency 256, accelerators (sweep {SWEEP_ID}): Cheapest "
+            "rate that meets the SLO") in printed
+    chart = out / f"serving_continuous_llama-8b_chat_256_accelerators_{SWEEP_ID}.png"
     assert chart.stat().st_size > 10_000
     page = (out / "index.html").read_text()
     assert "Serving (llm_inference load records)" in page and "32 requests/s at 21.87 J/request" in page
     assert page.count('src="data:image/png;base64,') == 4  # efficiency, energy, token energy, serving
 
 
-def test_chart_draws_max_at_its_achieved_rate_with_the_slo_lines(sweep):
+def test_chart_draws_max_at_its_served_rate_with_the_slo_lines(sweep):
     _, rows, best = _section(sweep)
     fig = serving.serving_figure(rows, "t", best)
     ax_j, ax_ttft, ax_tpot = fig.axes
-    achieved_max = json.loads((SWEEP / "rate_max" / "run_record.json").read_text())["metrics"]["requests_per_s"]
     p50 = next(line for line in ax_j.lines if line.get_label() == "J/request p50")
-    assert list(p50.get_xdata()) == pytest.approx([4, 8, 16, 24, 32, achieved_max])
+    assert list(p50.get_xdata()) == pytest.approx([4, 8, 16, 24, 32, _served_in_window("max")])
     assert [t.get_text() for t in ax_j.get_xticklabels()] == list(RATES)
     slo = next(line for line in ax_ttft.lines if line.get_label() == "SLO 1000 ms")
     assert list(slo.get_ydata()) == [1.0, 1.0]
@@ -215,7 +235,66 @@ def test_a_sweep_metered_on_the_cpu_is_a_group_of_its_own(sweep, tmp_path):
     assert alone[0][4] == "accelerators" and len(alone[1]) == 6
     groups = serving.serving_groups(load_runs([sweep, cpu]))  # two domains: the rate without energy stands apart
     assert [serving.group_title(k) for k in groups] == [
-        "continuous: llama-8b, chat, max concurrency 256, accelerators",
-        "continuous: llama-8b, chat, max concurrency 256, cpu package + dram",
-        "continuous: llama-8b, chat, max concurrency 256, energy n/a"]
+        f"continuous: llama-8b, chat, max concurrency 256, accelerators (sweep {SWEEP_ID})",
+        f"continuous: llama-8b, chat, max concurrency 256, cpu package + dram (sweep {SWEEP_ID})",
+        f"continuous: llama-8b, chat, max concurrency 256, energy n/a (sweep {SWEEP_ID})"]
     assert [len(rows) for rows in groups.values()] == [5, 6, 1]
+
+
+def _set(sweep: Path, rate: str, **fields) -> None:
+    """Top-level fields of a copied record (status, status_reason, config ...)."""
+    path = sweep / f"rate_{rate}" / "run_record.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_a_run_that_did_not_end_ok_is_never_ranked_nor_joined_by_a_line(sweep):
+    """A TIMEOUT rate keeps its measured figures in the table but is never the cheapest rate (issue 47): 32/s,
+    the cheapest that meets the SLO, stopped by a time limit here."""
+    _set(sweep, "32", status="TIMEOUT", status_reason="SIGTERM received: the load stopped with 3 requests in flight")
+    sentence, rows, best = _section(sweep)
+    assert best is not None and best.rate == "24" and "left out (not OK or rejected): 32 (TIMEOUT)" in sentence
+    assert next(r for r in serving.table(rows) if r["offered rate"] == "32")["J/request p50"] == "21.87"
+    ax_j = serving.serving_figure(rows, "t", best).axes[0]
+    joined = next(line for line in ax_j.lines if line.get_label() == "J/request p50")
+    assert 32 not in list(joined.get_xdata())
+    lone = next(line for line in ax_j.lines if line.get_label() == "J/request p50, not OK (not joined)")
+    assert list(lone.get_xdata()) == [32] and lone.get_linestyle() == "None"
+
+
+def test_two_sweeps_of_one_setup_are_two_groups_never_joined(sweep, tmp_path):
+    again = tmp_path / "again"
+    shutil.copytree(sweep, again)
+    for rate in RATES:
+        path = again / f"rate_{rate}" / "run_record.json"
+        data = json.loads(path.read_text())
+        _set(again, rate, run_id=f"other-rate{rate}", config={**data["config"], "run_id": "other"})
+    groups = serving.serving_groups(load_runs([sweep, again]))
+    assert sorted(k[5] for k in groups) == sorted(["other", SWEEP_ID])
+    assert all([r.rate for r in rows] == list(RATES) for rows in groups.values())
+
+
+def test_a_long_server_log_stays_out_of_the_table_cell(sweep):
+    log = "\n".join(f"server log line {k}" for k in range(15))
+    reason = f"the server exited with code 1; the last lines of /runs/x/server.log:\n{log}"
+    _set(sweep, "8", status="FAILED", status_reason=reason)
+    _, rows, _ = _section(sweep)
+    note = next(r for r in serving.table(rows) if r["offered rate"] == "8")["note"]
+    assert note == ("the server exited with code 1; the last lines of /runs/x/server.log: (+15 line(s): see the "
+                    "record's status_reason)")
+    assert "server log line" not in note
+
+
+def test_a_record_with_the_served_rate_is_read_as_recorded(sweep):
+    """A record of this version carries offered and served rate and its overload note: the table shows them as
+    they are; a goodput above the served rate cannot be true and is rejected."""
+    _edit(sweep, "32", offered_requests_per_s=40.0, requests_per_s=15.0, goodput_requests_per_s=2.0,
+          slo_attained_share=0.1, overload_note="overload: the queue never drained inside the window")
+    _, rows, best = _section(sweep)
+    row = next(r for r in serving.table(rows) if r["offered rate"] == "32")
+    assert (row["offered req/s"], row["served req/s"], row["goodput req/s"]) == ("40", "15", "2")
+    assert row["overload"].startswith("overload: the queue never drained")
+    _edit(sweep, "32", goodput_requests_per_s=54.5)  # the old arithmetic: above what was served
+    _, rows, best = _section(sweep)
+    rejected = next(r for r in rows if r.rate == "32").rejected
+    assert rejected is not None and "goodput 54.5 requests/s above the served rate 15" in rejected
+    assert best is not None and best.rate == "24"

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number, SameMeaning
 from joulebench.lifecycle import default_out_dir, new_run_id
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
@@ -109,8 +109,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, engines=False)
     w = parser.add_argument_group("load")
     w.add_argument("--task", default="chat", choices=list(TASKS), help="input and output length distributions")
-    w.add_argument("--rate", type=parse_rate, help="requests/s, or max: every request queued at the start")
-    w.add_argument("--rates", type=parse_rates, help="sweep, e.g. 1,2,4,8,max (one run record per rate)")
+    keep = "one: --rates for a sweep (e.g. 1,2,max), or --rate for one rate"
+    w.add_argument("--rate", type=parse_rate, action=SameMeaning, same_as=("--rates",), keep=keep,
+                   help="requests/s, or max: every request queued at the start")
+    w.add_argument("--rates", type=parse_rates, action=SameMeaning, same_as=("--rate",), keep=keep,
+                   help="sweep, e.g. 1,2,4,8,max (one run record per rate)")
     w.add_argument("--arrivals", choices=PROCESSES, default="poisson", help="arrival process of finite rates")
     w.add_argument("--trace", help="replay this JSONL trace (arrival_s, input_tokens | prompt_ids | prompt, "
                                    "output_tokens per line) instead of --rate")
@@ -149,7 +152,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_load(args: argparse.Namespace) -> LoadConfig:
-    """--rates wins over --rate; a trace has no rate (its arrivals are its own)."""
+    """--rates or --rate (never both: SameMeaning); a trace has no rate (its arrivals are its own)."""
     rates = args.rates or ((args.rate,) if args.rate is not None else ())
     run_id = args.run_id or new_run_id("load", args.preset)
     return LoadConfig(

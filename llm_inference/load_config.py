@@ -22,6 +22,11 @@ DEFAULT_CONCURRENCY = 64
 WARMUP_ARRIVAL_S = 10.0  # finite rates: warm-up requests arrive for this long (GPU) before the counted ones
 
 
+def counted_requests(requests: int | None, rate: float, window_s: float) -> int:
+    """A finite rate's counted requests: --requests, else enough arrivals to span the window."""
+    return requests or math.ceil(rate * window_s) + 1
+
+
 def rate_label(rate: float) -> str:
     """How a rate names its record: `max`, or the number as given (`0.5`, `4`)."""
     return "max" if math.isinf(rate) else f"{rate:g}"

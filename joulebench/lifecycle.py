@@ -268,7 +268,7 @@ class Run:
             self.record.meter["idle_baseline"] = {**reuse.to_dict(),
                                                   "measured": "before the first point of this invocation"}
             return reuse
-        idle = meter.take_idle_baseline(enabled, accelerator, gather)
+        idle = meter.take_idle_baseline(enabled, accelerator, gather, self.stop.local_reason)
         self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
         return idle
 

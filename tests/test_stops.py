@@ -248,3 +248,18 @@ def test_a_failure_on_several_nodes_says_why_its_windows_have_no_energy(tmp_path
     record = read_record(tmp_path)
     assert record["status"] == "FAILED"
     assert any("other nodes' energy cannot be gathered after a failure" in w for w in record["warnings"])
+
+
+def test_a_stop_ends_the_cool_down_before_the_idle_baseline_at_its_next_poll(fake_pynvml, h100_trace_dir, tmp_path):
+    from jpwr.idle import SettleRule, wait_until_settled
+    from tests.jpwr.test_idle import DrivenClock
+    from tests.jpwr.test_sampler_replay import _drive, _replay_sampler
+
+    sampler, clock = _replay_sampler(fake_pynvml, h100_trace_dir, tmp_path)
+    _drive(sampler, clock, 5.0)  # inside the recorded matmul: the devices would not settle for 6 s
+    asked = []
+    result = wait_until_settled(sampler.live, SettleRule(max_wait_s=60.0, hold_s=2.0), DrivenClock(sampler, clock),
+                                lambda: "SIGTERM received" if asked.append(1) or len(asked) > 1 else None)
+    assert not result.settled and result.note.startswith("not waited for further (SIGTERM received): nvml:")
+    assert "power moved" in result.note
+    assert result.waited_s <= 1.0 + 1e-9  # one poll (poll_s 1 s) after the first look, not the 60 s bound

@@ -129,6 +129,7 @@ class StopRequest:
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline  # a time.monotonic() value, or None
         self.signal_name: str | None = None
+        self.writing = False  # a record is being written: a second Ctrl-C must not cost it
 
     @classmethod
     def after(cls, exit_duration_mins: float | None, started: float) -> StopRequest:
@@ -140,7 +141,7 @@ class StopRequest:
         stops at once."""
         name = signal.Signals(signum).name
         if name == "SIGINT":
-            if self.signal_name == "SIGINT":
+            if self.signal_name == "SIGINT" and not self.writing:
                 raise KeyboardInterrupt
             os.write(2, b"Ctrl-C: stopping at the next step boundary with the run record (Ctrl-C again: at once)\n")
         if self.signal_name != "SIGINT":  # Ctrl-C decides the status over a signal before it
@@ -393,11 +394,15 @@ class Lifecycle:
             run.failed(exc)
             run.energy_after_failure()
         finally:
-            run.watch.stop()
-            if run.meter is not None:
-                record.windows = run.meter.windows
-                _close_meter(run.meter, record)
-            self._write(run, metrics)
+            self.stop.writing = True
+            try:
+                run.watch.stop()
+                if run.meter is not None:
+                    record.windows = run.meter.windows
+                    _close_meter(run.meter, record)
+                self._write(run, metrics)
+            finally:
+                self.stop.writing = False
         if run.exit_code == 0:
             run.exit_code = self.stop.exit_code(record.status)
 

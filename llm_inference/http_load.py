@@ -56,7 +56,6 @@ WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request 
 PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
 PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
-READY_POLL_S = 0.5
 EXTERNAL_SERVER = "an external server's processes cannot be told from another job's (--url)"
 
 

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from joulebench.arguments import SameMeaning
 from jpwr import NodeLive, ValidationError
 from jpwr.arguments import SECONDS
 from jpwr.estimator import aliasing_warning, planned_bound_j
@@ -271,7 +270,6 @@ def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, al
     """--steady-seconds and (idle=True) --idle-baseline/--no-idle-baseline, worded the same in every driver."""
     group.add_argument(
         "--steady-seconds", *aliases, dest="steady_seconds", type=steady_seconds_arg, default=None, metavar="S|auto",
-        action=SameMeaning, keep="--steady-seconds alone (the other names are its aliases)",
         help=f"length of the steady window in seconds, grown to whole iterations and decided before it opens from "
              f"the warm-up's step time (default auto: on accelerators long enough that the planned energy bound is "
              f"<= {TARGET_BOUND_FRACTION * 100:.1f}%% and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "

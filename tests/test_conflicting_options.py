@@ -18,9 +18,6 @@ CONFLICTS = [
     (["run", *TINY, "--batch-sizes", "1,8", "--batch-size", "2"], "--batch-sizes", "--batch-size"),
     (["validate-load", *TINY, "--rate", "2", "--rates", "1,4"], "--rate", "--rates"),
     (["load", *TINY, "--rates", "1,4", "--rate", "max"], "--rates", "--rate"),
-    (["validate", *TINY, "--steady-seconds", "5", "--min-window-s", "3"], "--steady-seconds", "--min-window-s"),
-    (["load", *TINY, "--rate", "1", "--min-window-s", "auto", "--steady-seconds", "auto"], "--min-window-s",
-     "--steady-seconds"),
 ]
 
 
@@ -37,7 +34,6 @@ def test_two_options_that_mean_the_same_are_refused_naming_both(argv, first, sec
 
 @pytest.mark.parametrize("argv", [
     ["validate", *TINY, "--batch-size", "2"], ["validate", *TINY, "--batch-sizes", "1,2"],
-    ["validate", *TINY, "--min-window-s", "3"], ["validate", *TINY, "--steady-seconds", "3"],
     ["validate-load", *TINY, "--rate", "2"], ["validate-load", *TINY, "--rates", "1,2"],
 ])
 def test_each_option_alone_is_taken(argv, capsys):

@@ -8,6 +8,8 @@ drivers need are declared here. See jpwr/arguments.py for why every numeric opti
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 from jpwr.arguments import (
     COUNT,
@@ -24,7 +26,8 @@ from jpwr.arguments import (
 
 __all__ = ["COUNT", "COUNT_OR_ZERO", "FACTOR", "FRACTION", "GIB", "LEARNING_RATE", "LOG_INTERVAL", "LOSS_SCALE",
            "MILLISECONDS", "MINUTES", "NODES", "PORT", "POSITIVE_FACTOR", "PROBABILITY", "SECONDS",
-           "SECONDS_OR_ZERO", "SEED", "SIZE", "WATTS", "Number", "comma_list", "method_names", "state_ranges"]
+           "SECONDS_OR_ZERO", "SEED", "SIZE", "WATTS", "Number", "SameMeaning", "comma_list", "method_names",
+           "state_ranges"]
 
 SEED = Number(int, 0, 2**32 - 1)  # the range numpy and torch seeds accept (0 is a seed like any other)
 PROBABILITY = Number(float, 0.0, 1.0, high_open=True)  # dropout, Adam's betas: 1 would drop (or keep) everything
@@ -49,3 +52,34 @@ def comma_list(text: str, what: str, example: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"{text!r} has an empty {what} (expected {what}s separated by single "
                                          f"commas, e.g. {example})")
     return items
+
+
+class SameMeaning(argparse.Action):
+    """A stored option that means the same as others (a sweep and its one point, `--rates` beside `--rate`; a name
+    and its alias): argparse would keep one of them silently, so a command line giving more than one is refused
+    (exit 2) naming both and which to keep. The one rule for every driver:
+
+        w.add_argument("--rate", action=SameMeaning, same_as=("--rates",), keep="...", type=parse_rate)
+
+    `same_as`: the options it is refused beside (each lists the others; an action's own aliases are included
+    without being named); `keep`: which to keep, in words. The options seen are noted in the namespace, so the
+    check holds in either order and whatever the values (also one equal to the default)."""
+
+    SEEN = "_same_meaning_seen"  # the namespace attribute holding the options given so far
+
+    def __init__(self, option_strings: Sequence[str], dest: str, same_as: Sequence[str] = (), keep: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.same_as = (*same_as, *option_strings)
+        self.keep = keep
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        seen: list[str] = namespace.__dict__.setdefault(self.SEEN, [])
+        given = option_string or self.dest
+        earlier = next((option for option in seen if option != given and option in self.same_as), None)
+        if earlier is not None:
+            parser.error(f"{earlier} and {given} both given: they set the same thing, and only one would count; "
+                         f"keep {self.keep}")
+        seen.append(given)
+        setattr(namespace, self.dest, values)

@@ -9,15 +9,20 @@ energy on the windows, the run record, the exit code and the summary line.
             run.stopped_early(completed, planned)    # when the loop ended at a stop request
     return life.exit_code()
 
-Stops: SIGTERM (Slurm's time limit, scancel) and SIGUSR1 (Slurm's `--signal=USR1@T` warning) only set a flag;
-the loop checks it at a step boundary and the ranks agree there, so no handler raises inside a CUDA call and the
-steady window covers whole steps. `--exit-duration-mins` is the same request from the run's own clock, counted
+Stops: SIGTERM (Slurm's time limit, scancel), SIGUSR1 (Slurm's `--signal=USR1@T` warning) and SIGINT (Ctrl-C)
+only set a flag; the loop checks it at a step boundary and the ranks agree there, so no handler raises inside a CUDA
+call and the steady window covers whole steps; every wait of a run asks it too (joulebench.waits). A second Ctrl-C
+stops at once (KeyboardInterrupt). `--exit-duration-mins` is the same request from the run's own clock, counted
 from the driver's start like Megatron-LM.
 
 Statuses and exit codes (joulebench.record.EXIT_CODES, the one table): OK/PARTIAL 0; TIMEOUT 124 (a clean stop
-at a request: the record is complete and its steady window a valid measurement of the steps done); FAILED 1, or
+at a request: the record is complete and its steady window a valid measurement of the steps done); CANCELLED at
+Ctrl-C, exit 130 as a shell reports it (128 + SIGINT; the steps done are kept as at TIMEOUT); FAILED 1, or
 the joulebench error's own code (64 for a configuration refused on the device, 73 for an output directory that
 cannot be written at the start). An exception is FAILED even while a stop was pending: a clean stop never raises.
+What a stopped or failed run keeps: every window it closed, with its energy (a failure after the steady window,
+in a phase replay, keeps the window's figures; the status stays FAILED with its reason). Only a failed run on
+several nodes loses the energy: the other nodes' cannot be gathered once a rank has failed (a warning says so).
 Global rank 0 writes the record on every outcome; the summary line `JOULEBENCH_RESULT ...` is the last thing it
 prints. A record its output directory cannot take (a full or read-only disk) goes to $TMPDIR, else /dev/shm, else
 to stderr only, the driver says which, and the process exits 74 (joulebench.record.RECORD_NOT_WRITTEN): the
@@ -62,8 +67,10 @@ from jpwr.energy import ACCELERATORS, split_energy
 from jpwr.output import json_text
 from jpwr.phases import DeviceEventStamps
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning"}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+SIGNAL_MEANING = {"SIGTERM": "Slurm time limit or job cancelled", "SIGUSR1": "Slurm's time-limit warning",
+                  "SIGINT": "Ctrl-C"}
+INTERRUPTED_EXIT = 128 + int(signal.SIGINT)  # 130: a CANCELLED run ended by Ctrl-C, as a shell reports the signal
 Gather = Callable[[object], Sequence[object]]
 
 
@@ -122,6 +129,7 @@ class StopRequest:
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline  # a time.monotonic() value, or None
         self.signal_name: str | None = None
+        self.writing = False  # a record is being written: a second Ctrl-C must not cost it
 
     @classmethod
     def after(cls, exit_duration_mins: float | None, started: float) -> StopRequest:
@@ -129,8 +137,23 @@ class StopRequest:
         return cls(None if exit_duration_mins is None else started + 60.0 * exit_duration_mins)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        """The handler: it only records the signal (the loop acts on it at its next step boundary)."""
-        self.signal_name = signal.Signals(signum).name
+        """The handler: it only records the signal (the loop acts on it at its next step boundary); a second Ctrl-C
+        stops at once."""
+        name = signal.Signals(signum).name
+        if name == "SIGINT":
+            if self.signal_name == "SIGINT" and not self.writing:
+                raise KeyboardInterrupt
+            os.write(2, b"Ctrl-C: stopping at the next step boundary with the run record (Ctrl-C again: at once)\n")
+        if self.signal_name != "SIGINT":  # Ctrl-C decides the status over a signal before it
+            self.signal_name = name
+
+    def stopped_status(self) -> str:
+        """The status of a run that ended at this request: CANCELLED at Ctrl-C, else TIMEOUT."""
+        return "CANCELLED" if self.signal_name == "SIGINT" else "TIMEOUT"
+
+    def exit_code(self, status: str) -> int:
+        """A status's exit code: EXIT_CODES', but 130 for a run cancelled by Ctrl-C."""
+        return INTERRUPTED_EXIT if status == "CANCELLED" and self.signal_name == "SIGINT" else EXIT_CODES[status]
 
     def local_reason(self) -> str | None:
         if self.signal_name:
@@ -149,7 +172,7 @@ class RunFailed(JpwrError):
 
 class StopRequested(Exception):
     """Raised by a driver's loop at a step boundary (never by a signal handler) after it closed its open window:
-    the run ends there as TIMEOUT, with the energy of the windows it completed."""
+    the run ends there as TIMEOUT (CANCELLED at Ctrl-C), with the energy of the windows it completed."""
 
 
 class Run:
@@ -246,14 +269,14 @@ class Run:
             self.record.meter["idle_baseline"] = {**reuse.to_dict(),
                                                   "measured": "before the first point of this invocation"}
             return reuse
-        idle = meter.take_idle_baseline(enabled, accelerator, gather)
+        idle = meter.take_idle_baseline(enabled, accelerator, gather, self.stop.local_reason)
         self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
         return idle
 
     def stopped_early(self, completed: int, planned: int | None, unit: str = "iterations") -> None:
-        """The loop ended at a stop request: TIMEOUT, with the request and how far the run got."""
+        """The loop ended at a stop request: TIMEOUT (CANCELLED at Ctrl-C), with the request and how far it got."""
         reason = self.stop.local_reason() or "another rank requested the stop"
-        self.record.status = "TIMEOUT"
+        self.record.status = self.stop.stopped_status()
         self.record.status_reason = (f"{reason}: stopped cleanly after {completed} of "
                                      f"{planned if planned else 'the not yet planned'} {unit}; "
                                      "the steady window covers the steps completed")
@@ -272,6 +295,35 @@ class Run:
         if pending:
             self.record.status_reason += f" (while stopping: {pending})"
         self.exit_code = int(getattr(exc, "exit_code", EXIT_CODES["FAILED"]))
+
+    def interrupted(self) -> None:
+        """A second Ctrl-C stopped the run at once (KeyboardInterrupt): CANCELLED, exit 130, the windows it closed
+        kept; the window it was in is left out (its last step may not have finished)."""
+        print(f"{self.record.benchmark}: stopped at once by a second Ctrl-C", file=sys.stderr)
+        self.record.status = "CANCELLED"
+        self.record.status_reason = ("SIGINT received twice (Ctrl-C): stopped at once; the windows closed before it "
+                                     "are kept, the one it was in is not")
+        self.exit_code = INTERRUPTED_EXIT
+
+    def energy_after_failure(self) -> None:
+        """The energy of the windows closed before a failure or an interrupt, so that a steady window measured
+        before a later part failed keeps its figures. Not collective (a failed rank's peers may never join one):
+        on one node the node leader's sampler covers every device of the run; on several, the other nodes' energy
+        cannot be gathered and the windows stay without energy, with a warning saying why."""
+        meter = self.meter
+        if meter is None or not meter.windows:
+            return
+        if self.launch.num_nodes > 1:
+            self.record.warn(f"the windows' energy is n/a: the run {self.record.status} on {self.launch.num_nodes} "
+                             "nodes, and the other nodes' energy cannot be gathered after a failure")
+            return
+        try:
+            meter.attach_energy(None)
+            self.withhold_cpu_headline()
+        except Exception as exc:  # a sampler that cannot answer now must not cost the record
+            traceback.print_exc()
+            self.record.warn(f"the energy of the windows closed before the run ended could not be read: "
+                             f"{type(exc).__name__}: {exc}")
 
     def _meter(self) -> WindowMeter:
         if self.meter is None:
@@ -327,24 +379,32 @@ class Lifecycle:
         try:
             try:
                 if log_to and self.launch.is_global_zero:
-                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark)
+                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark, self.stop.local_reason)
                 yield run
             except StopRequested as stopped:
-                record.status, record.status_reason = "TIMEOUT", str(stopped)
+                record.status, record.status_reason = self.stop.stopped_status(), str(stopped)
             if run.meter is not None:
                 run.meter.attach_energy(gather)
                 run.withhold_cpu_headline()
                 run.judge_disturbance(gather)
+        except KeyboardInterrupt:  # a second Ctrl-C
+            run.interrupted()
+            run.energy_after_failure()
         except BaseException as exc:  # the record is written on any failure; the exit code says what happened
             run.failed(exc)
+            run.energy_after_failure()
         finally:
-            run.watch.stop()
-            if run.meter is not None:
-                record.windows = run.meter.windows
-                _close_meter(run.meter, record)
-            self._write(run, metrics)
+            self.stop.writing = True
+            try:
+                run.watch.stop()
+                if run.meter is not None:
+                    record.windows = run.meter.windows
+                    _close_meter(run.meter, record)
+                self._write(run, metrics)
+            finally:
+                self.stop.writing = False
         if run.exit_code == 0:
-            run.exit_code = EXIT_CODES[record.status]
+            run.exit_code = self.stop.exit_code(record.status)
 
     def _write(self, run: Run, metrics: Callable[[RunRecord], Metrics]) -> None:
         record = run.record
@@ -388,15 +448,15 @@ def sweep(life: Lifecycle, points: Sequence[PointT], name: Callable[[PointT], st
           ends_sweep: Callable[[RunRecord], bool] | None = None) -> int:
     """Every point of a driver's sweep, one record each, the same loop for every sweep: a heartbeat line while a
     point runs, the idle baseline measured by the first point and handed to the next (`run_point(point, idle, say)`
-    returns its record and the baseline), a progress line per point; a TIMEOUT ends the sweep (the job is being
-    stopped), as does a point for which `ends_sweep(record)` is true (no further point can finish). Returns the
-    process's exit code (Lifecycle.exit_code)."""
+    returns its record and the baseline), a progress line per point; a TIMEOUT or CANCELLED point ends the sweep
+    (the job is being stopped), as does a point for which `ends_sweep(record)` is true (no further point can
+    finish). Returns the process's exit code (Lifecycle.exit_code)."""
     with Heartbeat(log) as beat:
         idle: IdleBaseline | None = None
         for n, point in enumerate(points, start=1):
             beat.begin(f"{name(point)} (point {n} of {len(points)})")
             record, idle = run_point(point, idle, beat.say)
             beat.say(progress(record))
-            if record.status == "TIMEOUT" or (ends_sweep is not None and ends_sweep(record)):
+            if record.status in ("TIMEOUT", "CANCELLED") or (ends_sweep is not None and ends_sweep(record)):
                 break
         return life.exit_code(summary_keys)

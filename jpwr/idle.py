@@ -65,9 +65,11 @@ def unsettled(live: NodeLive, rule: SettleRule) -> str | None:
 
 
 def wait_until_settled(
-    live: Callable[[float], NodeLive], rule: SettleRule, clock: Clock = SYSTEM_CLOCK
+    live: Callable[[float], NodeLive], rule: SettleRule, clock: Clock = SYSTEM_CLOCK,
+    stop: Callable[[], str | None] = lambda: None,
 ) -> SettleResult:
-    """Poll the sampler's live readings until settled or `max_wait_s` has passed (at least one look)."""
+    """Poll the sampler's live readings until settled or `max_wait_s` has passed (at least one look); `stop`: the
+    run's stop request, which ends the wait at the next poll (a stopping run does not cool down for a minute)."""
     start = clock.monotonic_ns()
     while True:
         snapshot = live(rule.hold_s)
@@ -80,4 +82,7 @@ def wait_until_settled(
             return SettleResult(True, waited, f"settled after {waited:.1f} s: {powers}{temp_text}")
         if waited >= rule.max_wait_s:
             return SettleResult(False, waited, f"not settled within {rule.max_wait_s:g} s: {why}")
+        stopping = stop()
+        if stopping:
+            return SettleResult(False, waited, f"not waited for further ({stopping}): {why}")
         clock.sleep_until_ns(clock.monotonic_ns() + int(rule.poll_s * 1e9))

@@ -173,20 +173,23 @@ class WindowMeter:
         return list(gather(obj)) if gather is not None and self.launch.world_size > 1 else [obj]
 
     def take_idle_baseline(self, enabled: bool, accelerator: bool,
-                           gather: Callable[[object], Sequence[object]] | None = None) -> IdleBaseline:
+                           gather: Callable[[object], Sequence[object]] | None = None,
+                           stop: Callable[[], str | None] = lambda: None) -> IdleBaseline:
         """What a driver calls before its first window: measure_idle with the accelerator or CPU plan, or
         record that the baseline was skipped (--no-idle-baseline). Collective when enabled."""
         if not enabled:
             self.idle = IdleBaseline.unavailable("skipped (--no-idle-baseline)")
             return self.idle
-        return self.measure_idle(ACCELERATOR_IDLE if accelerator else CPU_IDLE, gather)
+        return self.measure_idle(ACCELERATOR_IDLE if accelerator else CPU_IDLE, gather, stop)
 
-    def measure_idle(self, plan: IdlePlan, gather: Callable[[object], Sequence[object]] | None = None) -> IdleBaseline:
+    def measure_idle(self, plan: IdlePlan, gather: Callable[[object], Sequence[object]] | None = None,
+                     stop: Callable[[], str | None] = lambda: None) -> IdleBaseline:
         """Cool down, then meter an `idle` window: the baseline every window's energy is split by.
 
         Node leaders wait until their node's devices have settled (bounded by the plan); all ranks then
         meet (collective) and mark the idle window together, so no rank computes inside it. Call on
-        every rank before the first measured window, with no work queued on the device.
+        every rank before the first measured window, with no work queued on the device. `stop`: the run's stop
+        request, which ends the cool-down early (the idle window is still metered).
         """
         if self.channel is None:
             self.idle = IdleBaseline.unavailable(NO_SAMPLER_REASON)
@@ -194,7 +197,7 @@ class WindowMeter:
         settle = None
         if self.launch.is_node_leader:
             result = wait_until_settled(lambda span: self.live(span) or NodeLive("", span, ()), plan.settle,
-                                        self.clock)
+                                        self.clock, stop)
             settle = dataclasses.asdict(dataclasses.replace(result, note=f"{node_name()}: {result.note}"))
         # Gathered as dicts: a gather may travel as JSON (TensorFlow's does).
         settles = [SettleResult(**s) for s in self._everyone(settle, gather) if isinstance(s, dict)]

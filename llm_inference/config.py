@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, comma_list, method_names
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, SameMeaning, comma_list, method_names
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
@@ -116,8 +116,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--task", type=_name_list, default=("chat",),
                    help=f"task or comma-separated tasks: {', '.join(TASKS)}")
-    w.add_argument("--batch-size", type=SIZE, help="one batch size (requests per generate call)")
-    w.add_argument("--batch-sizes", type=_int_list, help="sweep, e.g. 1,2,4,8 (one run record per point)")
+    keep = "one: --batch-sizes for a sweep (e.g. 1,8), or --batch-size for one point"
+    w.add_argument("--batch-size", type=SIZE, action=SameMeaning, same_as=("--batch-sizes",), keep=keep,
+                   help="one batch size (requests per generate call)")
+    w.add_argument("--batch-sizes", type=_int_list, action=SameMeaning, same_as=("--batch-size",), keep=keep,
+                   help="sweep, e.g. 1,2,4,8 (one run record per point)")
     w.add_argument("--num-batches", type=COUNT, default=2, help="distinct batches drawn per point")
     w.add_argument("--output-length", type=SIZE, help="force this many new tokens instead of the task's draw")
     w.add_argument("--seed", type=SEED, default=1234, help="seed of the batches drawn")
@@ -128,7 +131,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(args: argparse.Namespace) -> InferenceConfig:
-    """Combine options; --batch-sizes wins over --batch-size, and 1 is the default."""
+    """Combine options (--batch-sizes or --batch-size, never both: SameMeaning), and 1 is the default."""
     sizes = args.batch_sizes or ((args.batch_size,) if args.batch_size is not None else (1,))
     run_id = args.run_id or new_run_id("inf", args.preset)
     return InferenceConfig(

@@ -36,6 +36,7 @@ from joulebench.record import RunRecord
 from joulebench.record_types import OutputTokenCounts, RequestFailures, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import resolve_device
+from joulebench.waits import wait_until
 from jpwr import WindowMeter
 from llm_inference import request_metrics, server
 from llm_inference.arrivals import Request
@@ -55,7 +56,6 @@ WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request 
 PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
 PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
-READY_POLL_S = 0.5
 EXTERNAL_SERVER = "an external server's processes cannot be told from another job's (--url)"
 
 
@@ -324,16 +324,19 @@ def _prime(client: Target, stop: Callable[[], str | None]) -> float:
     """One short request before the first rate: a server may set up its engine at its first request (transformers
     serve's continuous batching: ~30 s on a CPU), which no rate's window should hold. Refused when it fails; a stop
     request ends the wait (StopRequested)."""
-    result, stopping = StreamResult(-1), threading.Event()
-    worker = threading.Thread(target=stream, args=(client, result, PRIMING_PROMPT, PRIMING_TOKENS, stopping),
-                              daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(READY_POLL_S)
-        reason = stop()
-        if reason:
-            stopping.set()
-            raise StopRequested(f"{reason}: while waiting for the server's first answer")
+    result, stopping, answered = StreamResult(-1), threading.Event(), threading.Event()
+
+    def prime() -> None:
+        try:
+            stream(client, result, PRIMING_PROMPT, PRIMING_TOKENS, stopping)
+        finally:
+            answered.set()
+
+    threading.Thread(target=prime, daemon=True).start()
+    reason = wait_until(None, stop, answered)
+    if reason:
+        stopping.set()
+        raise StopRequested(f"{reason}: while waiting for the server's first answer")
     if result.outcome != "done":
         raise RunFailed(f"the server did not answer a first request: {result.outcome}: {result.error}")
     seconds = (time.monotonic_ns() - result.sent_ns) / 1e9

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number
+from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number, SameMeaning
 from joulebench.lifecycle import default_out_dir, new_run_id
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
@@ -21,6 +21,11 @@ from llm_inference.tasks import TASKS
 
 DEFAULT_CONCURRENCY = 64
 WARMUP_ARRIVAL_S = 10.0  # finite rates: warm-up requests arrive for this long (GPU) before the counted ones
+
+
+def counted_requests(requests: int | None, rate: float, window_s: float) -> int:
+    """A finite rate's counted requests: --requests, else enough arrivals to span the window."""
+    return requests or math.ceil(rate * window_s) + 1
 
 
 def rate_label(rate: float) -> str:
@@ -110,8 +115,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, engines=False)
     w = parser.add_argument_group("load")
     w.add_argument("--task", default="chat", choices=list(TASKS), help="input and output length distributions")
-    w.add_argument("--rate", type=parse_rate, help="requests/s, or max: every request queued at the start")
-    w.add_argument("--rates", type=parse_rates, help="sweep, e.g. 1,2,4,8,max (one run record per rate)")
+    keep = "one: --rates for a sweep (e.g. 1,2,max), or --rate for one rate"
+    w.add_argument("--rate", type=parse_rate, action=SameMeaning, same_as=("--rates",), keep=keep,
+                   help="requests/s, or max: every request queued at the start")
+    w.add_argument("--rates", type=parse_rates, action=SameMeaning, same_as=("--rate",), keep=keep,
+                   help="sweep, e.g. 1,2,4,8,max (one run record per rate)")
     w.add_argument("--arrivals", choices=PROCESSES, default="poisson", help="arrival process of finite rates")
     w.add_argument("--trace", help="replay this JSONL trace (arrival_s, input_tokens | prompt_ids | prompt, "
                                    "output_tokens per line) instead of --rate")
@@ -150,7 +158,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_load(args: argparse.Namespace) -> LoadConfig:
-    """--rates wins over --rate; a trace has no rate (its arrivals are its own)."""
+    """--rates or --rate (never both: SameMeaning); a trace has no rate (its arrivals are its own)."""
     rates = args.rates or ((args.rate,) if args.rate is not None else ())
     run_id = args.run_id or new_run_id("load", Path(args.checkpoint).name if args.checkpoint else args.preset)
     return LoadConfig(

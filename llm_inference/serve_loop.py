@@ -7,7 +7,8 @@ compaction), each plan carried out on the engine here:
    prefill); the requests that finished leave their rows and the highest running ones move down;
 2. the measured window opens or closes (`WindowRecorder`, at a synced device edge);
 3. one decode step over every occupied row, then again the finished requests leave;
-4. with nothing to run, the host sleeps until the next arrival (the device idles).
+4. with nothing to run, the host waits for the next arrival (the device idles), asking the stop request at least
+   every joulebench.waits.SLICE_S: a very low rate's gaps are long.
 The host admits before every decode step. It stays at most LOOKAHEAD steps ahead of the device (it waits for
 the end of the step that many steps back), so admission decisions are at most that many steps late.
 
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from joulebench.waits import StopCheck, wait_until
 from jpwr.phases import DeviceEventStamps, HostStamps
 from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import ContinuousEngine
@@ -303,7 +305,7 @@ class ServeLoop:
             stop_reason = stop()
             if stop_reason or (scheduler.idle and feed.exhausted):
                 break
-            self._iteration(now_s, rule, window, feed, on_begin, on_end)
+            self._iteration(now_s, rule, window, feed, on_begin, on_end, stop)
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
                 self.log(self._progress(now_s, expected, feed.arrival_ns))
@@ -313,8 +315,9 @@ class ServeLoop:
         return self._serve_log(start_ns, feed.arrival_ns, window, stop_reason)
 
     def _iteration(self, now_s: float, rule: WindowRule, window: WindowRecorder, feed: ArrivalFeed,
-                   on_begin: Callable[[], None], on_end: Callable[[int], None]) -> None:
-        """Admit, mark a window edge where the rule says, decode; sleep until the next arrival when nothing ran."""
+                   on_begin: Callable[[], None], on_end: Callable[[int], None], stop: StopCheck) -> None:
+        """Admit, mark a window edge where the rule says, decode; wait for the next arrival (or a stop request) when
+        nothing ran."""
         before = len(self.steps)
         prefill = self.scheduler.admit(now_s)
         if prefill is not None:
@@ -330,10 +333,10 @@ class ServeLoop:
         if decode is not None:
             self._decode(decode)
         window.count(self.steps[before:])
-        if len(self.steps) == before:  # nothing to run: sleep until the next arrival
+        if len(self.steps) == before:  # nothing to run: wait for the next arrival
             self.clock.synced_edge()
             if feed.upcoming is not None:
-                time.sleep(max(0.0, feed.upcoming.arrival_s - (time.monotonic_ns() - feed.start_ns) / 1e9))
+                wait_until(feed.start_ns / 1e9 + feed.upcoming.arrival_s, stop)
 
     def _progress(self, now_s: float, expected: int | None, arrival_ns: dict[int, int]) -> str:
         scheduler = self.scheduler

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from joulebench.lifecycle import RunFailed, StopRequested
+from joulebench.waits import wait_until
 from jpwr import ValidationError
 
 PLACEHOLDERS = ("model", "host", "port", "concurrency", "devices", "python")  # python: this interpreter
@@ -139,7 +140,7 @@ class Server:
                 raise RunFailed(f"the server was not ready within {timeout_s:g} s (no 200 from "
                                    f"{' or '.join(READY_PATHS)} on {host}:{port}); raise --server-ready-timeout if "
                                    f"it loads slowly. The last lines of {self.log_path}:\n{log_tail(self.log_path)}")
-            time.sleep(READY_POLL_S)
+            wait_until(time.monotonic() + READY_POLL_S, stop)
 
     def stop(self) -> str:
         """SIGTERM to the group, STOP_GRACE_S, then SIGKILL to the group (also where the server itself had exited:

@@ -11,11 +11,12 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from joulebench.sizing import MIN_SECONDS
 from jpwr import ValidationError
 from llm_inference import memory
 from llm_inference.arrivals import Request, check_context, load_trace
-from llm_inference.config import InferenceConfig
-from llm_inference.load_config import LoadConfig
+from llm_inference.config import CPU_WINDOW_S, InferenceConfig
+from llm_inference.load_config import LoadConfig, counted_requests, rate_label
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint
 from llm_inference.tasks import TASKS, Task, batches_extent, draw_batches, longest_sequence
 
@@ -153,12 +154,38 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
     if cfg.max_concurrency < 1:
         raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
     check_server(cfg)
-    if cfg.trace is None:
+    trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg))
+    if trace is None:
         check_task_context(cfg.task, cfg.output_length, shape)
-        return shape, None
-    trace = load_trace(cfg.trace, tokenizer(cfg))
-    check_context(trace, shape.max_positions, shape.name)
+    else:
+        check_context(trace, shape.max_positions, shape.name)
+    check_duration(cfg, trace)
     return shape, trace
+
+
+def check_duration(cfg: LoadConfig, trace: list[Request] | None) -> None:
+    """Refuse a load whose arrivals alone outlast --exit-duration-mins: the run would stop before its window closed
+    (a very low rate waits minutes between arrivals). The least duration counted is the span of the counted
+    requests' arrivals at the shortest window the run may choose, so nothing that could finish is refused."""
+    if cfg.exit_duration_mins is None:
+        return
+    limit_s = 60.0 * cfg.exit_duration_mins
+    limit = f"--exit-duration-mins {cfg.exit_duration_mins:g} stops the run after {limit_s:g} s"
+    if trace is not None:
+        if trace[-1].arrival_s > limit_s:
+            raise ValidationError(f"--trace {cfg.trace}'s last request arrives at {trace[-1].arrival_s:g} s, but "
+                                  f"{limit}", "raise --exit-duration-mins above the trace's span, or shorten the trace")
+        return
+    window_s = cfg.steady_seconds or (MIN_SECONDS if cfg.device == "cuda" else CPU_WINDOW_S)
+    for rate in (r for r in cfg.rates if math.isfinite(r)):
+        counted = counted_requests(cfg.requests, rate, window_s)
+        least_s = (counted - 1 + (cfg.warmup_requests or 0)) / rate
+        if least_s > limit_s:
+            raise ValidationError(
+                f"rate {rate_label(rate)}/s needs at least {least_s:g} s (the arrivals of its {counted} counted "
+                f"requests alone), but {limit}",
+                f"raise the rate or lower --requests, or raise --exit-duration-mins to at least "
+                f"{math.ceil(least_s / 60) + 1}")
 
 
 def check_server(cfg: LoadConfig) -> None:

@@ -3,47 +3,62 @@
 The figures are the record's own (`metrics`, the headline window's), never recomputed: every number the record has
 is logged under `window/`, and its method, window, coverage and unavailable reasons as facts beside it, so no figure
 reaches a tool without the method and bound it was measured with.
+
+Every call into a tool is bounded (joulebench.waits.call_within, TOOL_TIMEOUT_S): a tracking server out of reach
+makes MLflow's and W&B's clients retry for minutes, which would hold the run past its SIGTERM and its record; such
+a tool is left out with a warning instead. Its opening is also given up at once when the run is asked to stop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from joulebench.exports.sinks import SINKS, Sink
+from joulebench.waits import StopCheck, Stopped, call_within, never_stop
 
 FIGURES = "window/"
+TOOL_TIMEOUT_S = 30.0  # a tool's opening or one of its calls: longer, and it is left out
 
 
 class Exports:
     """The writers of one run record, in the order asked for. A writer that cannot open, or fails later, is
     dropped and named in `problems` (the lifecycle puts them into the record's warnings): a tool must not cost the
-    run, so nothing here raises an Exception."""
+    run, so nothing here raises an Exception. `stop`: the run's stop request, which gives up an opening."""
 
-    def __init__(self, targets: Sequence[str], out_dir: Path, run_id: str, benchmark: str) -> None:
+    def __init__(self, targets: Sequence[str], out_dir: Path, run_id: str, benchmark: str,
+                 stop: StopCheck = never_stop, timeout_s: float = TOOL_TIMEOUT_S) -> None:
         self.sinks: list[Sink] = []
         self.problems: list[str] = []
         self.last_step = 0
+        self.timeout_s = timeout_s
         for name in targets:
             try:
                 out_dir.mkdir(parents=True, exist_ok=True)
-                self.sinks.append(SINKS[name](out_dir, run_id, f"joulebench-{benchmark}"))
+                opening: Callable[[], Sink] = partial(SINKS[name], out_dir, run_id, f"joulebench-{benchmark}")
+                self.sinks.append(call_within(opening, timeout_s, f"opening {name}", stop))
+            except Stopped as exc:
+                self.problems.append(f"{name} was left out: {exc}")
             except Exception as exc:  # an unreachable server, a missing key, an unwritable directory
                 self.problems.append(f"{name} could not be opened and was left out: {type(exc).__name__}: {exc}")
             except BaseException:
-                self.close()  # an interrupt stops the opening: the writers already open are closed
+                self.close()  # an interrupt (a second Ctrl-C) stops the opening: the writers already open are closed
                 raise
 
     def _each(self, what: str, call: Callable[[Sink], None]) -> None:
         for sink in list(self.sinks):
             try:
-                call(sink)
+                call_within(partial(call, sink), self.timeout_s, f"{type(sink).__name__} logging {what}")
+            except TimeoutError as exc:  # a tool that hangs once is not asked again, not even to close
+                self.sinks.remove(sink)
+                self.problems.append(f"{type(sink).__name__} was dropped: {exc}")
             except Exception as exc:
                 self.sinks.remove(sink)
                 self.problems.append(f"{type(sink).__name__} failed logging {what} and was dropped: "
                                      f"{type(exc).__name__}: {exc}")
-                self.problems += self._close([sink])
+                self.problems += self._close([sink], self.timeout_s)
 
     def series(self, step: int, values: Mapping[str, float]) -> None:
         self.last_step = max(self.last_step, step)
@@ -62,16 +77,18 @@ class Exports:
 
     def close(self) -> list[str]:
         """Close every writer; everything that failed, in words."""
-        problems, self.sinks = [*self.problems, *self._close(self.sinks)], []
+        problems, self.sinks = [*self.problems, *self._close(self.sinks, self.timeout_s)], []
         return problems
 
     @staticmethod
-    def _close(sinks: Sequence[Sink]) -> list[str]:
+    def _close(sinks: Sequence[Sink], timeout_s: float) -> list[str]:
         """Close each writer, also after one failed (it must not keep the others open)."""
         problems = []
         for sink in sinks:
             try:
-                sink.close()
+                call_within(sink.close, timeout_s, f"closing {type(sink).__name__}")
+            except TimeoutError as exc:
+                problems.append(str(exc))
             except Exception as exc:
                 problems.append(f"{type(sink).__name__} did not close: {type(exc).__name__}: {exc}")
         return problems

@@ -1,0 +1,265 @@
+"""Every wait bounded and interruptible, and what a stopped or failed run keeps (joulebench.waits,
+joulebench.lifecycle; issue 47 item 2).
+
+A signal in the middle of a long wait ends the run within 10 s with its record: the wait for the next arrival of a
+very low rate, and a tracking client's set-up against a server that takes the connection and never answers (on
+127.0.0.1, a socket of this test). Ctrl-C is CANCELLED with exit 130 and keeps the steady steps done; a failure
+after the steady window keeps the window's figures. Real drivers as subprocesses on the CPU; fake NVML only at the
+hardware boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import INTERRUPTED_EXIT, Lifecycle, StopRequest
+from joulebench.record import EXIT_CODES, steady_metrics
+from joulebench.waits import SLICE_S, Stopped, call_within, wait_until
+from tests.driver_helpers import read_record, summaries
+
+SIGNAL_TO_END_S = 10.0  # a signalled run must have ended, its record written, this soon
+# (signal, status, exit code, words of the reason)
+STOPS = [(signal.SIGTERM, "TIMEOUT", EXIT_CODES["TIMEOUT"], "SIGTERM received"),
+         (signal.SIGINT, "CANCELLED", INTERRUPTED_EXIT, "SIGINT received (Ctrl-C)")]
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP address on 127.0.0.1 that takes every connection and never answers (a tracking server out of reach
+    as a client sees it: no refusal, no reply); the event is set once a client connected."""
+    connected = threading.Event()
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.2)
+
+        def accept() -> None:
+            while listener.fileno() >= 0:
+                try:
+                    held.append(listener.accept()[0])
+                    connected.set()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}", connected
+        finally:
+            for connection in held:
+                connection.close()
+
+
+def _signal_after(proc: subprocess.Popen[str], marker: str, signum: int, settle_s: float) -> tuple[str, float]:
+    """Read the run's stdout up to the line starting with `marker`, wait `settle_s`, send `signum`; returns what
+    was printed before it and the time the signal went."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(marker):
+            break
+    else:
+        raise AssertionError(f"the run ended before printing {marker!r}: {''.join(seen)[-2000:]}")
+    time.sleep(settle_s)
+    proc.send_signal(signum)
+    return "".join(seen), time.monotonic()
+
+
+def test_a_wait_ends_at_its_deadline_its_event_or_within_a_slice_of_a_stop():
+    start = time.monotonic()
+    assert wait_until(start + 0.2, lambda: None) is None and 0.2 <= time.monotonic() - start < 0.2 + SLICE_S
+    done = threading.Event()
+    threading.Timer(0.1, done.set).start()
+    start = time.monotonic()
+    assert wait_until(None, lambda: None, done) is None and time.monotonic() - start < 0.1 + SLICE_S
+    asked = threading.Event()
+    threading.Timer(0.3, asked.set).start()
+    start = time.monotonic()
+    assert wait_until(start + 600, lambda: "SIGTERM received" if asked.is_set() else None) == "SIGTERM received"
+    assert time.monotonic() - start < 0.3 + SLICE_S + 0.2
+
+
+def test_a_bounded_call_returns_raises_times_out_or_is_given_up_at_a_stop():
+    assert call_within(lambda: 42, 5.0, "answering") == 42
+    with pytest.raises(ValueError, match="bad input"):
+        call_within(lambda: int("bad input"), 5.0, "parsing")
+    hang = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"opening the tool did not return within 0\.3 s"):
+        call_within(hang.wait, 0.3, "opening the tool")
+    with pytest.raises(Stopped, match="opening the tool was given up: SIGTERM received"):
+        call_within(hang.wait, 600.0, "opening the tool", lambda: "SIGTERM received")
+    assert time.monotonic() - start < 2.0
+    hang.set()
+
+
+def test_a_tool_whose_server_never_answers_is_left_out_with_a_warning(tmp_path, monkeypatch):
+    import mlflow.tracking  # noqa: F401  (imported before the clock starts: the import is not the wait)
+
+    from joulebench.exports.run import Exports
+
+    with silent_server() as (url, connected):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        start = time.monotonic()
+        exports = Exports(["mlflow"], tmp_path, "r", "resnet50", timeout_s=2.0)
+        assert time.monotonic() - start < SIGNAL_TO_END_S
+        assert connected.is_set()  # the client did reach the address: it waited for an answer that never came
+    assert exports.sinks == []
+    assert exports.close() == ["mlflow could not be opened and was left out: TimeoutError: opening mlflow did not "
+                               "return within 2 s"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_tool_opens_ends_the_run_within_seconds_with_its_record(fake_env, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu", "--log-interval", "1",
+           "--no-idle-baseline", "--iterations", "100000", "--warmup-iterations", "1", "--log-to", "mlflow",
+           "--out-dir", str(out)]
+    with silent_server() as (url, connected):
+        proc = subprocess.Popen(cmd, env=fake_env(MLFLOW_TRACKING_URI=url), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert connected.wait(120), "the run never reached the tracking server"
+            time.sleep(1.0)  # the client now waits for its answer (it retries for minutes on its own)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    assert "--log-to: mlflow was left out: opening mlflow was given up: SIGTERM received" in " ".join(
+        record["warnings"]), record["warnings"]
+    assert summaries(stdout)[-1]["status"] == "TIMEOUT"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "status", "code", "words"), STOPS, ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_a_load_waits_for_its_next_arrival_ends_it_within_seconds(fake_env, tmp_path, signum, status,
+                                                                                 code, words):
+    out = tmp_path / "load"
+    # constant arrivals at 0.002/s: the warm-up request at 0 s, the counted ones at 500 s and 1000 s
+    cmd = [sys.executable, "-m", "llm_inference", "load", "--preset", "tiny", "--task", "tiny", "--device", "cpu",
+           "--max-concurrency", "2", "--rate", "0.002", "--arrivals", "constant", "--no-idle-baseline",
+           "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        before, sent = _signal_after(proc, "[llm_inference] rate 0.002: 1 warm-up and 2 counted", signum, 3.0)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == code, stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == status and words in record["status_reason"], record["status_reason"]
+    assert summaries(before + stdout)[-1]["status"] == status
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_a_training_run_and_keeps_its_finished_steady_steps(fake_env, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu", "--log-interval", "1",
+           "--no-idle-baseline", "--iterations", "100000", "--warmup-iterations", "1", "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        before, sent = _signal_after(proc, "[llm_training] step 5/", signal.SIGINT, 0.0)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == INTERRUPTED_EXIT == 130, stderr[-3000:]
+    assert "KeyboardInterrupt" not in stderr
+    record = read_record(out)
+    assert record["status"] == "CANCELLED", record["status_reason"]
+    assert "SIGINT received (Ctrl-C)" in record["status_reason"] and "stopped cleanly" in record["status_reason"]
+    steady = next(window for window in record["windows"] if window["name"] == "steady")
+    done = steady["steps"]
+    assert done >= 4  # steps 2..5 had finished when the signal came: every one is kept
+    assert record["metrics"]["iterations"] == done
+    assert summaries(before + stdout)[-1]["status"] == "CANCELLED"
+
+
+def test_a_second_ctrl_c_stops_at_once_as_cancelled_with_exit_130(tmp_path):
+    stop = StopRequest(None)
+    stop.on_signal(signal.SIGINT, None)
+    assert stop.local_reason() == "SIGINT received (Ctrl-C)" and stop.stopped_status() == "CANCELLED"
+    with pytest.raises(KeyboardInterrupt):
+        stop.on_signal(signal.SIGINT, None)
+    life = Lifecycle("llm_inference", LaunchEnv.from_env({}))
+    with life.run("r", tmp_path, {}, metrics=lambda record: {}):
+        raise KeyboardInterrupt
+    record = read_record(tmp_path)
+    assert record["status"] == "CANCELLED" and "stopped at once" in record["status_reason"]
+    assert life.exit_code() == INTERRUPTED_EXIT
+
+
+def test_a_failure_after_the_steady_window_keeps_its_figures(fake_pynvml, h100_trace_dir, tmp_path):
+    fake_pynvml.configure(h100_trace_dir)
+    life = Lifecycle("resnet50", LaunchEnv.from_env({}))
+
+    def figures(record):
+        return steady_metrics(next(w for w in record.windows if w.name == "steady"), "images", 1)
+
+    with life.run("r", tmp_path, {}, metrics=figures) as run:
+        meter = run.open_meter(methods="nvml", read_every_s=0.05)
+        run.idle_baseline(False, accelerator=True)
+        meter.begin("steady", 0)
+        time.sleep(2.0)
+        meter.end("steady", 10, work={"images": 80.0})
+        meter.begin("replay/step", 10)
+        raise RuntimeError("the phase replay failed")
+    record = read_record(tmp_path)
+    assert record["status"] == "FAILED" and record["status_reason"] == "RuntimeError: the phase replay failed"
+    assert [window["name"] for window in record["windows"]] == ["steady"]  # the window it failed in is not kept
+    metrics = record["metrics"]
+    assert metrics["energy_unavailable_reason"] is None, metrics["energy_unavailable_reason"]
+    assert metrics["energy_wh"] > 0 and metrics["images_per_wh"] == pytest.approx(80.0 / metrics["energy_wh"])
+    assert life.exit_code() == EXIT_CODES["FAILED"]
+
+
+def test_a_failure_on_several_nodes_says_why_its_windows_have_no_energy(tmp_path, monkeypatch):
+    monkeypatch.delenv("JPWR_ADDR", raising=False)
+    launch = LaunchEnv.from_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                                 "GROUP_RANK": "0", "NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    assert launch.num_nodes == 2
+    life = Lifecycle("llm_training", launch)
+    with life.run("r", tmp_path, {}, metrics=lambda record: {}) as run:
+        meter = run.open_meter()
+        meter.begin("steady", 0)
+        meter.end("steady", 1)
+        raise RuntimeError("a peer died")
+    record = read_record(tmp_path)
+    assert record["status"] == "FAILED"
+    assert any("other nodes' energy cannot be gathered after a failure" in w for w in record["warnings"])
+
+
+def test_a_stop_ends_the_cool_down_before_the_idle_baseline_at_its_next_poll(fake_pynvml, h100_trace_dir, tmp_path):
+    from jpwr.idle import SettleRule, wait_until_settled
+    from tests.jpwr.test_idle import DrivenClock
+    from tests.jpwr.test_sampler_replay import _drive, _replay_sampler
+
+    sampler, clock = _replay_sampler(fake_pynvml, h100_trace_dir, tmp_path)
+    _drive(sampler, clock, 5.0)  # inside the recorded matmul: the devices would not settle for 6 s
+    asked = []
+    result = wait_until_settled(sampler.live, SettleRule(max_wait_s=60.0, hold_s=2.0), DrivenClock(sampler, clock),
+                                lambda: "SIGTERM received" if asked.append(1) or len(asked) > 1 else None)
+    assert not result.settled and result.note.startswith("not waited for further (SIGTERM received): nvml:")
+    assert "power moved" in result.note
+    assert result.waited_s <= 1.0 + 1e-9  # one poll (poll_s 1 s) after the first look, not the 60 s bound

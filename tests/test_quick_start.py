@@ -15,8 +15,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from benchmarks.doc_lines import code_lines
 from tests.driver_helpers import read_record, run_cmd
-from tests.test_documented_commands import REPO, _code_lines, as_run
+from tests.test_documented_commands import REPO, as_run
 
 SECTION = "## Quick start"
 
@@ -27,7 +28,7 @@ def quick_start_lines() -> list[tuple[str, str]]:
     section = text[text.index(SECTION) + len(SECTION):]
     section = section[:section.index("\n## ")]
     lines = []
-    for _, line in _code_lines(section):
+    for _, line in code_lines(section):
         command, _, comment = line.partition(" # ")
         lines.append((command.strip(), comment.strip()))
     return lines

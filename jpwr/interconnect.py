@@ -1,4 +1,5 @@
-"""How the node's GPUs talk to each other, as NVML reports it: NVLink where any GPU has an active link, else PCIe.
+"""How the node's GPUs talk to each other, as NVML reports it: NVLink where any GPU has an active link, else PCIe
+("none" on a node of one GPU: seen on a one-GPU H200 VM, whose SXM card reports no active link).
 
 The run record's hardware block names it because data-parallel and tensor-parallel throughput (and with it the
 energy per token) depend on it. Read-only, from the same library the meter reads; where NVML cannot answer (no
@@ -16,7 +17,7 @@ FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 
 @dataclasses.dataclass(frozen=True)
 class Interconnect:
-    """The node's GPU interconnect: "NVLink", "PCIe" or "unknown", and what it was read from."""
+    """The node's GPU interconnect: "NVLink", "PCIe", "none" (one GPU) or "unknown", and what it was read from."""
 
     name: str
     detail: str
@@ -59,4 +60,6 @@ def gpu_interconnect() -> Interconnect:
     if linked:
         return Interconnect("NVLink", f"NVML: {len(linked)} of {count} GPU(s) with active NVLink links "
                                       f"({min(linked)}-{max(linked)} each)")
+    if count == 1:  # an SXM card alone in a VM shows no active link either: nothing links it to a second GPU
+        return Interconnect("none", "NVML: one GPU on this node, no active NVLink link (nothing to link to)")
     return Interconnect("PCIe", f"NVML: no active NVLink link on any of {count} GPU(s)")

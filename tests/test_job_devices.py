@@ -152,6 +152,11 @@ def test_the_interconnect_is_read_from_nvml(fake_pynvml, h100_trace_dir, links, 
     assert found.name == expected and f"{NODE_GPUS} GPU" in found.detail
 
 
+def test_one_gpu_has_no_interconnect_to_name(fake_pynvml, h100_trace_dir):
+    fake_pynvml.configure(h100_trace_dir, devices=1, nvlink_links=0)  # an SXM card alone in a VM: no active link
+    assert gpu_interconnect().name == "none"
+
+
 def test_the_interconnect_is_unknown_without_nvml(fake_pynvml):
     found = gpu_interconnect()  # unconfigured fake: no NVIDIA driver
     assert found.name == "unknown" and "NVML" in found.detail

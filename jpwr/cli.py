@@ -116,7 +116,7 @@ def _start(args: argparse.Namespace):
             server.stop()
             sampler.stop()
             raise ValidationError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: "
-                                  f"{os_error_message(exc)}", "pick a free port") from None
+                                  f"{exc.strerror or exc}", "pick a free port") from None
         print(f"jpwr: Prometheus metrics at {metrics.address}", file=sys.stderr, flush=True)
     return sampler, server, template, metrics
 

@@ -32,6 +32,11 @@ import pytest
 
 from tests.test_numeric_options import _numeric
 
+# The ports at the ends of --metrics-port's range (1, 65535) are the same for every run of every process: under
+# xdist two of this file's runs on two workers collided on one ("Address already in use"), so the file runs on the
+# one worker of machine-wide tests.
+pytestmark = pytest.mark.machine_wide
+
 REPO = Path(__file__).resolve().parents[1]
 H100_TRACE = REPO / "tests" / "data" / "h100_trace"
 REPORT_RECORD = REPO / "tests" / "reports" / "data" / "resnet50_cpu_replay" / "b2" / "run_record.json"

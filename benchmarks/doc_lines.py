@@ -5,6 +5,8 @@ CPU test that runs them (tests/test_documented_commands.py) and the GPU script t
 from __future__ import annotations
 
 import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +34,24 @@ def code_lines(text: str) -> list[tuple[int, str]]:
         if pending is None:
             found.append((start, content))
     return found
+
+
+def with_this_python(words: list[str], fill: Callable[[str], str] = str) -> list[str]:
+    """The command with this interpreter for python, jpwr, joulebench and torchrun, also after jpwr's `--`; every
+    other word through `fill` (a doc's placeholder or path made this machine's)."""
+    argv: list[str] = []
+    for i, word in enumerate(words):
+        word = word.removeprefix(".venv/bin/")
+        at_start = i == 0 or words[i - 1] == "--"
+        if at_start and word in ("jpwr", "joulebench"):
+            argv += [sys.executable, "-m", word]
+        elif at_start and word == "torchrun":
+            argv += [sys.executable, "-m", "torch.distributed.run"]
+        elif at_start and word in ("python", "python3"):
+            argv.append(sys.executable)
+        else:
+            argv.append(fill(word))
+    return argv
 
 
 def strip_comment(command: str) -> str:

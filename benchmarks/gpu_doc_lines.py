@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import CounterPoller, markdown_table  # noqa: E402
-from benchmarks.doc_lines import GPU_ONLY, documented_commands  # noqa: E402
+from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python  # noqa: E402
 
 # Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
 EXCLUDED: tuple[tuple[str, str], ...] = (
@@ -64,23 +64,13 @@ class DocLine:
 
     def argv(self, out: Path) -> list[str]:
         """The command as this machine runs it: placeholders filled, this interpreter for Python programs."""
-        argv: list[str] = []
-        for i, word in enumerate(shlex.split(self.command)):
+        def fill(word: str) -> str:
             for placeholder, value in PLACEHOLDERS.items():
                 if word.startswith(placeholder) or word == placeholder.rstrip("/"):
-                    word = value.format(out=out) + word[len(placeholder):]
-                    break
-            word = word.removeprefix(".venv/bin/")
-            at_start = i == 0 or argv[-1:] == ["--"]
-            if at_start and word in ("jpwr", "joulebench"):
-                argv += [sys.executable, "-m", word]
-            elif at_start and word == "torchrun":
-                argv += [sys.executable, "-m", "torch.distributed.run"]
-            elif at_start and word in ("python", "python3"):
-                argv.append(sys.executable)
-            else:
-                argv.append(word)
-        return argv
+                    return value.format(out=out) + word[len(placeholder):]
+            return word
+
+        return with_this_python(shlex.split(self.command), fill)
 
 
 def gpu_lines() -> list[DocLine]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.doc_lines import GPU_ONLY, documented_commands
+from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVERS = ("llm_training", "resnet50", "llm_inference")
@@ -185,20 +185,8 @@ def not_run_reason(where: str, command: str, comment: str) -> str | None:
 
 
 def as_run(words: list[str], sandbox: Path) -> list[str]:
-    """The command with this interpreter for python, jpwr, joulebench and torchrun, also after jpwr's `--`."""
-    argv: list[str] = []
-    for i, word in enumerate(words):
-        word = word.removeprefix(".venv/bin/")
-        at_start = i == 0 or words[i - 1] == "--"
-        if at_start and word in ("jpwr", "joulebench"):
-            argv += [sys.executable, "-m", word]
-        elif at_start and word == "torchrun":
-            argv += [sys.executable, "-m", "torch.distributed.run"]
-        elif at_start and word in ("python", "python3"):
-            argv.append(sys.executable)
-        else:
-            argv.append(word.replace("/tmp/", f"{sandbox}/"))
-    return argv
+    """The command with this interpreter for Python programs, /tmp/ in the sandbox."""
+    return with_this_python(words, lambda word: word.replace("/tmp/", f"{sandbox}/"))
 
 
 COMMANDS = documented_commands()

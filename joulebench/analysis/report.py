@@ -65,6 +65,7 @@ class Run:
     record: RunRecord
     system: str
     latents: dict[str, float]
+    unreadable: str | None = None  # why the record could not be read (unreadable_run): then a rejected row only
 
     @property
     def label(self) -> str:
@@ -101,7 +102,7 @@ class Run:
     def rejected(self) -> str | None:
         """Why this record's figures cannot be used (joulebench.figures), or None: a rejected run is shown
         flagged, and kept out of every chart, ranking, diagnosis and front."""
-        return rejection(self.record)
+        return self.unreadable or rejection(self.record)
 
     def metric(self, key: str) -> float | None:
         """A metrics figure of a usable, not rejected run; None (n/a) otherwise."""
@@ -196,18 +197,46 @@ def record_latents(record_path: Path, record: RunRecord) -> dict[str, float]:
     return {}
 
 
+def _sort_key(run: Run) -> tuple[str, str, float, str]:
+    return run.record.benchmark, run.series, run.cost.batch_size or 0.0, run.record.run_id
+
+
+def read_run(path: Path, data: dict[str, Any]) -> Run:
+    """The one reading of a run record for analysis, with its system and latents; a record whose structure is in
+    the wrong shape (an object where a list belongs, a null id, a text where a number belongs) or whose files beside
+    it cannot be read becomes an unreadable run (a rejected row naming why), so that one bad record never stops a
+    report over many."""
+    try:
+        record = RunRecord.from_dict(data)
+        for key in ("benchmark", "run_id", "status"):
+            if not isinstance(getattr(record, key), str):
+                raise TypeError(f"{key} is {getattr(record, key)!r}, not a text")
+        run = Run(path, record, system_of(record, path), record_latents(path, record))
+        _sort_key(run)  # series and cost (with the figures' checks): read first by every verb, so failing here
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, ValidationError) as exc:
+        problem = exc.problem if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
+        return unreadable_run(path, data, problem)
+    return run
+
+
+def unreadable_run(path: Path, data: dict[str, Any], problem: str) -> Run:
+    """A rejected run standing for a record that cannot be read: identified by whatever of benchmark, run id and
+    status is text, else by its directory; no figures, no system, no latents."""
+    def text(key: str, missing: str) -> str:
+        value = data.get(key)
+        return value if isinstance(value, str) and value else missing
+
+    record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name),
+                       status=text("status", "n/a"))
+    reason = f"record unreadable: {problem}. Fix: regenerate {path} with the driver, or leave it out"
+    return Run(path, record, "n/a", {}, unreadable=reason)
+
+
 def load_runs(paths: Sequence[Path]) -> list[Run]:
+    """Every run record under the paths, read once; an unreadable one is a rejected run (read_run)."""
     documents = {p: read_record_json(p) for p in record_paths(paths)}
     check_versions(documents)
-    runs = []
-    for path, data in documents.items():
-        try:
-            record = RunRecord.from_dict(data)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValidationError(f"{path} is not a valid run record ({type(exc).__name__}: {exc})",
-                                  "regenerate it with the driver, or leave it out") from exc
-        runs.append(Run(path, record, system_of(record, path), record_latents(path, record)))
-    return sorted(runs, key=lambda r: (r.record.benchmark, r.series, r.cost.batch_size or 0.0, r.record.run_id))
+    return sorted((read_run(path, data) for path, data in documents.items()), key=_sort_key)
 
 
 # ---- table -----------------------------------------------------------------------------------------------
@@ -547,6 +576,9 @@ def _single(path: Path) -> Run:
     if len(runs) != 1:
         raise ValidationError(f"{path} holds {len(runs)} run records, --compare needs exactly one per side",
                               f"pass the {RECORD_FILE} file itself")
+    if runs[0].unreadable:  # the one record named: refused, as a whole report over it would show nothing else
+        raise ValidationError(f"{path} is not a valid run record ({runs[0].unreadable})",
+                              "regenerate it with the driver, or compare another run")
     return runs[0]
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from joulebench.figures import number_problem, rejection, work_unit
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
+from joulebench.savings import relative_bound, saving
 from jpwr.output import fmt
 
 # A latent metric "moved" when it changed by more than this fraction (utilisation: points, see _moved).
@@ -73,6 +74,7 @@ class UnitCost:
     devices: int | None
     batch_size: float | None
     reason: str | None = None  # why the figures above are missing
+    energy_bound: float | None = None  # the window energy's bound as a fraction of it (so also of energy per unit)
 
     @property
     def figures(self) -> tuple[float, float] | None:
@@ -120,7 +122,8 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
         reason = f"no {unit} counted in the {STEADY!r} window"
     elif power is None:
         reason = f"energy n/a: {energy.unavailable_reason if energy else 'not measured'}"
-    return cost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason)
+    return cost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason,
+                energy_bound=relative_bound(energy.energy_j, energy.error_bound_j) if energy is not None else None)
 
 
 # How each latent metric reads in a sentence: label, scale to display unit, unit text.
@@ -230,11 +233,17 @@ def diagnose(a: UnitCost, b: UnitCost, latents_a: Mapping[str, float] | None = N
     d = decompose(*figures_a, *figures_b)
     unit = a.work_unit[:-1]  # "token", "image"
     scale, unit_e = _energy_scale(max(abs(d.e1), abs(d.e2)))
-    relation = "more" if d.delta_e > 0 else "less"
+    figures = f"{readable(d.e1 * scale)} → {readable(d.e2 * scale)} {unit_e} per {unit}, {_signed_pct(d.e2, d.e1)}"
+    difference = saving(d.e1, a.energy_bound, d.e2, b.energy_bound) if d.e1 > 0 else None
+    bound = "bound n/a" if difference is None or difference.bound is None else f"bound ±{100 * difference.bound:.2f}%"
+    if difference is not None and difference.beyond_bounds:
+        relation = "more" if d.delta_e > 0 else "less"
+        head = (f"{b.label} uses {readable(abs(d.delta_e) * scale)} {unit_e} {relation} per {unit} than {a.label} "
+                f"({figures}; beyond the runs' combined {bound}).")
+    else:  # a difference the meter cannot stand behind is named neither a saving nor a cost
+        head = f"{b.label} and {a.label} use the same energy per {unit} within bounds ({figures}; {bound})."
     sentences = [
-        f"{b.label} uses {readable(abs(d.delta_e) * scale)} {unit_e} {relation} per {unit} than {a.label} "
-        f"({readable(d.e1 * scale)} → {readable(d.e2 * scale)} {unit_e} per {unit}, "
-        f"{_signed_pct(d.e2, d.e1)}).",
+        head,
         f"Time per {unit} {_words_change(d.t1, d.t2)} ({_seconds(d.t1)} → {_seconds(d.t2)}): "
         f"{_signed(d.time_term * scale)} {unit_e} of the difference.",
         f"Mean accelerator power {_words_change(d.p1, d.p2)} ({fmt(d.p1, 4)} → {fmt(d.p2, 4)} W, all devices): "

@@ -3,8 +3,10 @@
 Every figure here is measured (each run's steady window); nothing is predicted. Per run: the requested setting, what
 the devices read back, the observed mean SM clock (from the run's trace, where kept), mean power, time per step and
 energy per unit, and the slowdown and saving against the sweep's default-setting row (the mean of its default runs).
+A saving is named only beyond the two sides' combined bounds (joulebench.savings), else it reads "within bounds".
 The Pareto front is the set of runs no other run beats in both time and energy; the waste-free point is the run with
-the least energy per unit whose slowdown stays within --max-slowdown (default 1 %). Runs whose energy cannot be
+the least energy per unit whose slowdown stays within --max-slowdown (default 1 %) and whose saving is beyond the
+bounds (else a default run). Runs whose energy cannot be
 trusted (FAILED, energy n/a, coverage below --min-coverage, energy covering other devices than the run's) are left
 out of the front and named with the reason.
 
@@ -25,6 +27,8 @@ from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.arguments import FRACTION, state_ranges
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
+from joulebench.savings import Saving
+from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
 from jpwr.output import fmt
 
@@ -59,6 +63,7 @@ class Baseline:
     time_per_unit_s: float
     energy_per_unit_j: float
     runs: tuple[str, ...]
+    energy_bound: float | None = None  # relative; a mean's bound is at most its runs' largest (None: one is n/a)
 
 
 def parse_fraction(text: str) -> float:
@@ -125,8 +130,10 @@ def baseline(points: Sequence[SweepPoint]) -> Baseline:
         raise ValidationError("the sweep has no default-setting run with trustworthy energy (power_limit and "
                               "sm_clock empty)", "include a run at the device's own settings (the sweep's empty "
                                                  "value) whose energy was measured")
+    bounds = [p.run.cost.energy_bound for p in defaults]
+    bound = None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
     return Baseline(sum(p.cost[0] for p in defaults) / len(defaults), sum(p.cost[1] for p in defaults) / len(defaults),
-                    tuple(p.name for p in defaults))
+                    tuple(p.name for p in defaults), bound)
 
 
 def pareto_front(points: Sequence[SweepPoint]) -> list[SweepPoint]:
@@ -147,9 +154,30 @@ def saving(point: SweepPoint, base: Baseline) -> float | None:
     return None if point.energy_per_unit_j is None else 1 - point.energy_per_unit_j / base.energy_per_unit_j
 
 
+def bounded(point: SweepPoint, base: Baseline) -> Saving | None:
+    """The point's saving against the default with the combined bound; None where its energy is n/a."""
+    if point.energy_per_unit_j is None:
+        return None
+    return bounded_saving(base.energy_per_unit_j, base.energy_bound, point.energy_per_unit_j,
+                          point.run.cost.energy_bound)
+
+
+def saving_words(point: SweepPoint, base: Baseline) -> str:
+    """The saving as the table and summary print it: a figure beyond the bounds, else 'within bounds (...)'."""
+    found = bounded(point, base)
+    return "n/a" if found is None else found.words()
+
+
+def _saves(point: SweepPoint, base: Baseline) -> bool:
+    found = bounded(point, base)
+    return found is not None and found.fraction > 0 and bool(found.beyond_bounds)
+
+
 def waste_free(points: Sequence[SweepPoint], base: Baseline, max_slowdown: float) -> SweepPoint | None:
-    """The trusted run with the least energy per unit whose slowdown is within max_slowdown (ties: the faster)."""
-    within = [p for p in points if p.excluded is None and p.cost[0] <= base.time_per_unit_s * (1 + max_slowdown)]
+    """The trusted run with the least energy per unit whose slowdown is within max_slowdown (ties: the faster), among
+    the default runs and the runs whose saving is beyond the bounds: a saving inside them is never recommended."""
+    within = [p for p in points if p.excluded is None and p.cost[0] <= base.time_per_unit_s * (1 + max_slowdown)
+              and (p.settings.is_default or _saves(p, base))]
     return min(within, key=lambda p: (p.cost[1], p.cost[0]), default=None)
 
 
@@ -171,7 +199,7 @@ def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoi
             "s per step": fmt(p.time_per_step_s, 4), f"J per {unit[:-1]}": fmt(p.energy_per_unit_j, 4),
             "method": str(p.run.record.metrics.get("energy_method") or "n/a"),
             "coverage %": percent(p.run.metric("energy_coverage")),
-            "slowdown": _pct(slowdown(p, base)), "saving": _pct(saving(p, base)),
+            "slowdown": _pct(slowdown(p, base)), "saving": saving_words(p, base),
             "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
             "note": f"excluded: {p.excluded}" if p.excluded else "",
         })
@@ -192,11 +220,12 @@ def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | Non
              f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
              f"(mean of {', '.join(base.runs)})"]
     if best is None or best.settings.is_default:
-        lines.append(f"waste-free point: the default; no setting saves energy within {_pct(max_slowdown)} slowdown")
+        lines.append(f"waste-free point: the default; no setting saves energy beyond the runs' combined bounds "
+                     f"within {_pct(max_slowdown)} slowdown")
     else:
         lines.append(f"waste-free point (least energy within {_pct(max_slowdown)} slowdown, measured): "
                      f"{best.settings.label} (run {best.name}): {_pct(best.cost[1] / base.energy_per_unit_j - 1)} "
-                     f"energy per {unit}, {_pct(slowdown(best, base))} time")
+                     f"energy per {unit} (saving {saving_words(best, base)}), {_pct(slowdown(best, base))} time")
     lines += [f"excluded (energy not trustworthy): run {p.name} ({p.settings.label}): {p.excluded}"
               for p in points if p.excluded]
     return lines

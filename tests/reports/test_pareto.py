@@ -37,10 +37,10 @@ def model(clock: float, share: float, static_w: float = 100, dynamic_w: float = 
 
 
 def write_run(root: Path, run_id: str, request: Request, time_per_step: float, power_w: float, coverage: float = 1.0,
-              status: str = "OK", measured: bool = True, model_name: str = "tiny") -> None:
+              status: str = "OK", measured: bool = True, model_name: str = "tiny", bound_j: float = 0.5) -> None:
     duration_ns = round(time_per_step * STEPS * 1e9)
     energy = (WindowEnergy(energy_j=power_w * duration_ns / 1e9, mean_power_w=power_w, devices=1, method="counter",
-                           coverage=coverage, error_bound_j=0.5) if measured
+                           coverage=coverage, error_bound_j=bound_j) if measured
               else WindowEnergy.unavailable("no power sensor", devices=1))
     window = Window("steady", 5, 5 + STEPS, 10**9, 10**9 + duration_ns, {"tokens": STEPS * TOKENS_PER_STEP}, energy)
     devices = [] if request.is_empty else [{"power_limit_w": request.power_limit_w or 700.0,

@@ -65,7 +65,7 @@ class Run:
     record: RunRecord
     system: str
     latents: dict[str, float]
-    unreadable: str | None = None  # why the record could not be read (unreadable_run): then a rejected row only
+    unreadable: str | None = None  # what failed reading the record (read_run): then a rejected row only
 
     @property
     def label(self) -> str:
@@ -102,7 +102,9 @@ class Run:
     def rejected(self) -> str | None:
         """Why this record's figures cannot be used (joulebench.figures), or None: a rejected run is shown
         flagged, and kept out of every chart, ranking, diagnosis and front."""
-        return self.unreadable or rejection(self.record)
+        if self.unreadable:
+            return f"record unreadable: {self.unreadable}. Fix: regenerate {self.path} with the driver, or leave it out"
+        return rejection(self.record)
 
     def metric(self, key: str) -> float | None:
         """A metrics figure of a usable, not rejected run; None (n/a) otherwise."""
@@ -228,15 +230,19 @@ def unreadable_run(path: Path, data: dict[str, Any], problem: str) -> Run:
 
     record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name),
                        status=text("status", "n/a"))
-    reason = f"record unreadable: {problem}. Fix: regenerate {path} with the driver, or leave it out"
-    return Run(path, record, "n/a", {}, unreadable=reason)
+    return Run(path, record, "n/a", {}, unreadable=problem)
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:
-    """Every run record under the paths, read once; an unreadable one is a rejected run (read_run)."""
+    """Every run record under the paths, read once; an unreadable one is a rejected run (read_run), unless none can be
+    read: then there is nothing to report, and the first is refused."""
     documents = {p: read_record_json(p) for p in record_paths(paths)}
     check_versions(documents)
-    return sorted((read_run(path, data) for path, data in documents.items()), key=_sort_key)
+    runs = [read_run(path, data) for path, data in documents.items()]
+    if all(run.unreadable for run in runs):
+        raise ValidationError(f"{runs[0].path} is not a valid run record ({runs[0].unreadable})",
+                              "regenerate it with the driver, or leave it out")
+    return sorted(runs, key=_sort_key)
 
 
 # ---- table -----------------------------------------------------------------------------------------------
@@ -576,9 +582,6 @@ def _single(path: Path) -> Run:
     if len(runs) != 1:
         raise ValidationError(f"{path} holds {len(runs)} run records, --compare needs exactly one per side",
                               f"pass the {RECORD_FILE} file itself")
-    if runs[0].unreadable:  # the one record named: refused, as a whole report over it would show nothing else
-        raise ValidationError(f"{path} is not a valid run record ({runs[0].unreadable})",
-                              "regenerate it with the driver, or compare another run")
     return runs[0]
 
 

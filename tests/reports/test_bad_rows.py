@@ -90,6 +90,13 @@ def test_compare_refuses_the_unreadable_record_it_names(tmp_path: Path) -> None:
         main(["--compare", str(runs / GOOD / "run_record.json"), str(runs / BAD / "run_record.json")])
 
 
+def test_a_report_of_unreadable_records_only_is_refused(tmp_path: Path) -> None:
+    runs = _sweep(tmp_path, SHAPES["null id"][0])
+    shutil.rmtree(runs / GOOD)
+    with pytest.raises(ValidationError, match=r"is not a valid run record.*run_id is None"):
+        main([str(runs), "-o", str(tmp_path / "out")])
+
+
 def test_pareto_names_the_unreadable_record_as_excluded(tmp_path: Path) -> None:
     from joulebench.analysis.pareto import sweep_points
     from joulebench.analysis.report import load_runs

@@ -393,8 +393,8 @@ def device_fields(record: RunRecord) -> dict[str, str]:
     def gpu(row: Any) -> str:
         where = f"{row.get('node')} {fmt(row.get('index'))}" if several_nodes else fmt(row.get("index"))
         util = row.get("utilization_gpu")
-        return (f"{where}: {_num(row.get('energy_j'))} J/{_num(row.get('mean_power_w'))} W/"
-                f"{_num(100 * util if is_number(util) else None, 3)} %")
+        shown = f"{_num(100 * util, 3)} %" if is_number(util) else "n/a"  # no sample in the window: n/a, not "n/a %"
+        return f"{where}: {_num(row.get('energy_j'))} J/{_num(row.get('mean_power_w'))} W/{shown}"
 
     count, outside_j = record.metrics.get("outside_job_devices"), record.metrics.get("outside_job_energy_j")
     return {"per_gpu": "; ".join(gpu(row) for row in rows) or "n/a",

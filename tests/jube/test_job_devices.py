@@ -39,7 +39,9 @@ def test_local_meters_the_job_s_gpu_and_puts_the_node_s_others_on_the_whole_node
     assert (metrics["energy_devices"], metrics["outside_job_devices"]) == (1, 3) and metrics["energy_warning"] is None
     assert metrics["outside_job_energy_j"] == sum(d["energy_j"] for d in steady["outside_job"])
     assert row["Per GPU (J/W/util)"].startswith("2: ") and row["Per GPU (J/W/util)"].count(" J/") == 1
-    assert gpu["utilization_gpu"] is not None and row["Per GPU (J/W/util)"].endswith(" %")
+    # the tiny CPU run's steady window can be shorter than the replayed trace's utilisation samples: then n/a, never 0
+    # (the mean over samples is tested in tests/test_job_devices.py); the table says what the record says
+    assert row["Per GPU (J/W/util)"].endswith(" %" if gpu["utilization_gpu"] is not None else "n/a"), row
     assert row["Not in job"].startswith("3 devices ") and row["Not in job"].endswith(" J")
     serve_log = (workdir / "run" / "jpwr-serve.log").read_text()
     assert "not used by the job: 3 devices, " in serve_log

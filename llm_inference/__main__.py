@@ -1,7 +1,6 @@
 """Entry point: `python -m llm_inference {run,validate} ...`."""
 
-import sys
-
+from joulebench.process_exit import exit_after_run
 from llm_inference.cli import main
 
-sys.exit(main())
+exit_after_run(main())

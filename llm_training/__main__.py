@@ -1,7 +1,6 @@
 """Entry point: `python -m llm_training {train,validate,preprocess} ...` (also under torchrun and srun)."""
 
-import sys
-
+from joulebench.process_exit import exit_after_run
 from llm_training.cli import main
 
-sys.exit(main())
+exit_after_run(main())

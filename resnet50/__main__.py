@@ -1,7 +1,6 @@
 """Entry point of `python -m resnet50`."""
 
-import sys
-
+from joulebench.process_exit import exit_after_run
 from resnet50.cli import main
 
-sys.exit(main())
+exit_after_run(main())

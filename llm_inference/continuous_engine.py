@@ -95,6 +95,7 @@ class ContinuousEngine(CompactForward):
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
+                **self.rank_detail(),
                 "slot_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
                 "request_slots": None if state is None else state.rows,  # record keys kept as they were

@@ -275,11 +275,12 @@ def run(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: tor
     precision = validation.resolve_precision(cfg.precision, device.type)
     tp, device = join(cfg.tensor_parallel, launch, device)
     if tp is not None:  # each process drew its own run id (and default directory): rank 0's name the run
-        cfg = dataclasses.replace(cfg, **tp.from_rank_zero({"run_id": cfg.run_id, "out_dir": cfg.out_dir}))
+        run_id, out_dir = tp.from_rank_zero((cfg.run_id, cfg.out_dir))
+        cfg = dataclasses.replace(cfg, run_id=run_id, out_dir=out_dir)
     try:
         return _sweep(cfg, shape, launch, device, precision, tp)
     finally:
-        tensor_parallel.finish()
+        tensor_parallel.finish(tp)
 
 
 def _sweep(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: torch.device, precision: str,

@@ -10,8 +10,9 @@ rank waits for another's decision (no broadcast, no host synchronisation inside 
 
 The collectives are torch's functional ones (a new tensor out, no in-place update): inductor compiles them inside
 the decode pieces, and a CUDA graph captures them with NCCL; on CPUs they run over gloo (the tests).
-Host-side decisions that must be the same on every rank (whether a window goes on, a stop, the decode variant)
-are taken by rank 0 and broadcast, once per pass, outside every step.
+Host-side decisions that must be the same on every rank (whether a window goes on, a stop, the decode variant, a
+`load`'s step plans) are taken by rank 0 and broadcast over a gloo group of their own (`control`): host objects
+over the host, so that sending one never waits for the GPU's queued work.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class TensorParallel:
     rank: int
     size: int
     group: Any
+    control: Any = None  # the gloo group of the host objects (None: `group`, which is gloo already on CPUs)
+    owned: bool = False  # this process group was started here (not by the caller), so `finish` ends it
+
+    @property
+    def _objects(self) -> Any:
+        return self.group if self.control is None else self.control
 
     def span(self, total: int) -> tuple[int, int]:
         """This rank's [start, stop) of `total` units split evenly (callers check that `size` divides `total`)."""
@@ -64,19 +71,19 @@ class TensorParallel:
     def from_rank_zero(self, value: T) -> T:
         """Rank 0's `value` on every rank (a host-side decision every rank must share)."""
         box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.group)
+        dist.broadcast_object_list(box, src=0, group=self._objects)
         return box[0]
 
     def gather_objects(self, obj: object) -> list[object]:
         """Every rank's `obj` in rank order (the run lifecycle's gather: energy, idle baseline, disturbance)."""
         gathered: list[object] = [None] * self.size
-        dist.all_gather_object(gathered, obj, group=self.group)
+        dist.all_gather_object(gathered, obj, group=self._objects)
         return gathered
 
     def any_reason(self, reason: str | None) -> str | None:
         """The first rank's stop reason, when any rank has one: every rank stops at the same call boundary."""
         reasons: list[str | None] = [None] * self.size
-        dist.all_gather_object(reasons, reason, group=self.group)
+        dist.all_gather_object(reasons, reason, group=self._objects)
         return next((r for r in reasons if r), None)
 
 
@@ -84,14 +91,16 @@ def start(launch: LaunchEnv, device: torch.device) -> TensorParallel:
     """Join the job's process group (torchrun's env:// rendezvous; NCCL on GPUs, gloo on CPUs): every rank of the
     job is one tensor-parallel rank (validation.check_launch made sure the sizes agree)."""
     launch.export_torch_env()
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=launch.rank, world_size=launch.world_size,
                                 device_id=device if device.type == "cuda" else None)
-    return TensorParallel(launch.rank, launch.world_size, dist.group.WORLD)
+    control = dist.new_group(backend="gloo") if device.type == "cuda" else None
+    return TensorParallel(launch.rank, launch.world_size, dist.group.WORLD, control, owned)
 
 
-def finish() -> None:
-    """Leave the process group (after the last record): NCCL warns at exit otherwise."""
-    if dist.is_initialized():
+def finish(tp: TensorParallel | None) -> None:
+    """Leave the process group that `start` began (after the last record): NCCL warns at exit otherwise."""
+    if tp is not None and tp.owned and dist.is_initialized():
         dist.destroy_process_group()

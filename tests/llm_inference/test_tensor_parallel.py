@@ -3,8 +3,9 @@
 One torchrun job of two ranks (under jpwr with the fake H100 NVML trace, as users meter a multi-process run) does
 all the two-rank work once for the module (tests/llm_inference/tp_worker.py): greedy tokens of the static and the
 continuous engine for the tiny preset (random weights drawn per shard), a tiny Llama checkpoint and a GPT-2-shaped
-checkpoint whose vocabulary does not split evenly, then a `run --tensor-parallel 2` with its record. The one-device
-references come from the established path: transformers' model taken into compact code.
+checkpoint whose vocabulary does not split evenly, then a `run --tensor-parallel 2` with its record and a
+`load --tensor-parallel 2` (rank 0's scheduler, the other rank following). The one-device references come from the
+established path: transformers' model taken into compact code.
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ def test_the_two_rank_record_states_the_split_and_the_job_s_devices(two_ranks):
     devices = [(d["node"], d["uuid"] or d["index"]) for d in steady["energy"]["per_device"]]
     assert devices and len(devices) == len(set(devices))  # each metered GPU once, not once per rank
     assert record["metrics"]["energy_per_output_token_j"] > 0
+
+
+def test_a_two_rank_load_is_served_by_rank_zero_s_scheduler(two_ranks):
+    out, _ = two_ranks
+    record = read_record(out / "load")
+    assert record["status"] == "OK" and record["run_id"] == "load-tp2" and record["config"]["tensor_parallel"] == 2
+    detail = record["config"]["engine_detail"]
+    assert detail["engine"] == "continuous" and detail["tensor_parallel"] == 2 and detail["request_slots"] == 4
+    steady = next(w for w in record["windows"] if w["name"] == "steady")
+    assert steady["work"]["output_tokens"] > 0 and steady["energy"]["energy_j"] > 0
+    assert record["metrics"]["requests_counted"] > 0 and record["hardware"]["devices"] == 2
 
 
 def test_a_rank_holds_the_parameters_its_estimate_counts():

@@ -1,7 +1,8 @@
 """One tensor-parallel rank of tests/llm_inference/test_tensor_parallel.py, started by torchrun (gloo, CPU).
 
 Each rank generates with its part of every model the test names (tokens and first-step logits; rank 0 saves them),
-then the job runs `python -m llm_inference run --tensor-parallel 2` as a user would, in the same processes.
+then the job runs `python -m llm_inference run` and `load` with --tensor-parallel 2 as a user would, in the same
+processes (they join the group started here).
 Usage: torchrun --nproc-per-node 2 -m tests.llm_inference.tp_worker OUT CHECKPOINT...
 """
 
@@ -19,6 +20,7 @@ from llm_inference.presets import PRESETS
 from llm_inference.shards import rank_model
 from llm_inference.static_engine import StaticEngine
 from llm_inference.tasks import Batch
+from llm_inference.tensor_parallel import TensorParallel
 
 CPU = torch.device("cpu")
 SEED = 7
@@ -46,20 +48,24 @@ def generate(model: CompactModel) -> dict[str, torch.Tensor]:
 
 
 def main(out: Path, checkpoints: list[str]) -> int:
-    from joulebench.launch import LaunchEnv
-    from llm_inference import tensor_parallel
+    import torch.distributed as dist
+
     from llm_inference.cli import main as cli_main
 
-    launch = LaunchEnv.from_env()
-    tp = tensor_parallel.start(launch, CPU)
+    dist.init_process_group("gloo")  # torchrun's env://; the commands below join this group
+    tp = TensorParallel(dist.get_rank(), dist.get_world_size(), dist.group.WORLD)
     results = {"tiny": generate(rank_model(PRESETS["tiny"], None, torch.float32, CPU, SEED, tp))}
     for directory in checkpoints:
         results[Path(directory).name] = generate(rank_model(PRESETS["tiny"], directory, torch.float32, CPU, SEED, tp))
     if tp.rank == 0:
         torch.save(results, out / "tokens.pt")
-    return cli_main(["run", "--preset", "tiny", "--task", "tiny", "--device", "cpu", "--min-window-s", "0.3",
-                     "--num-batches", "2", "--batch-size", "3", "--output-length", "4", "--tensor-parallel", "2",
-                     "--out-dir", str(out / "run"), "--run-id", "inf-tp2", "--no-idle-baseline"])
+    common = ["--preset", "tiny", "--device", "cpu", "--min-window-s", "0.3", "--output-length", "4",
+              "--tensor-parallel", "2", "--no-idle-baseline"]
+    ran = cli_main(["run", *common, "--task", "tiny", "--num-batches", "2", "--batch-size", "3",
+                    "--out-dir", str(out / "run"), "--run-id", "inf-tp2"])
+    loaded = cli_main(["load", *common, "--task", "tiny", "--rate", "max", "--max-concurrency", "4",
+                       "--requests", "12", "--out-dir", str(out / "load"), "--run-id", "load-tp2"])
+    return ran or loaded
 
 
 if __name__ == "__main__":

@@ -134,7 +134,8 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
                 f"{estimate.weights_gib:.1f}, KV cache {estimate.kv_cache_gib:.1f}, activations "
                 f"{estimate.activations_gib:.1f}, CUDA graphs {estimate.graphs_gib:.1f}) but {holder} has "
                 f"{memory_gib:.1f} GiB",
-                f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
+                f"use batch sizes up to {fits}" if fits else
+                "use a smaller model or lower precision, or split the model over GPUs with --tensor-parallel N")
 
 
 DRAWN_EXTENT_LIMIT = 1 << 20  # prompts drawn for a run's estimate; more: the task's longest prompt and output

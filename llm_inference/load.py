@@ -217,7 +217,7 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     try:
         if tp is not None:  # each process drew its own run id (and default directory): rank 0's name the run
             run_id, out_dir = tp.from_rank_zero((cfg.run_id, cfg.out_dir))
-        cfg = dataclasses.replace(cfg, run_id=run_id, out_dir=out_dir)
+            cfg = dataclasses.replace(cfg, run_id=run_id, out_dir=out_dir)
         hardware = hardware_info(device, launch)
         validation.check_load_memory(cfg, shape, precision, hardware.get("device_memory_gib"), trace,
                                      "the device" if tp is None else "each rank's device")

@@ -67,8 +67,9 @@ def resnet_arguments(profile: dict[str, str], value: dict[str, str], model: str,
 
 def inference_arguments(profile: dict[str, str], value: dict[str, str], model: str, flags: list[str],
                         prefix: str) -> dict[str, str]:
-    """llm_inference: a serving point (rate set) or a static-batch point."""
-    shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"]}
+    """llm_inference: a serving point (rate set) or a static-batch point, on tensor_parallel GPUs of one node."""
+    shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"],
+              "tensor_parallel": inference_ranks(profile, value)}
     window = {"min_window_s": value.get("min_window_s") or profile[f"{prefix}_min_window_s"]}
     if value.get("rate"):
         return {**shared, "rate": value["rate"],
@@ -78,6 +79,18 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
                 **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
     return {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
             "engine": value.get("engine", ""), **window, **common_arguments(profile, value)}
+
+
+def inference_ranks(profile: dict[str, str], value: dict[str, str]) -> str:
+    """A point's tensor_parallel ("" = 1): refused where it does not divide the node's devices (the ranks fill the
+    node's GPUs in equal groups; the local launcher's one rank per node is jbchecks.check_local_layout's refusal, the
+    heads' divisibility the driver's validate step's)."""
+    text = value.get("tensor_parallel", "")
+    ranks, per_node = int(text or "1"), int(profile["devices_per_node"])
+    if per_node % ranks:
+        raise PointRefused(f"tensor_parallel={ranks} does not divide the {per_node} devices of a {profile['system']} "
+                           "node", "use a tensor_parallel that divides devices_per_node")
+    return text
 
 
 def server_arguments(profile: dict[str, str], engine: str) -> dict[str, str]:

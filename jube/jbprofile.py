@@ -196,8 +196,8 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     sized_like = model if workload.nodes_by_model else profile["default_model"]
     nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{sized_like.lower()}", "1")
     nodes = int(number(nodes_text, "nodes", "nodes"))
-    if workload.one_device:
-        nodes, per_node = 1, 1
+    if workload.one_device:  # one node; one process per tensor-parallel rank
+        nodes, per_node = 1, int(value.get("tensor_parallel") or "1")  # a number: checked above (NUMBERS)
     if profile["launcher"] == "local":
         check_local_layout(nodes, per_node, profile)
     limit_s = jbslurm.duration_s(profile["time_limit"])

@@ -41,7 +41,7 @@ class Workload:
     model_tags: tuple[str, ...] = ()
     framework_tags: tuple[str, ...] = ()  # the model is <driver>-<framework>, the framework a sweep dimension
     nodes_by_model: bool = False  # nodes_<MODEL> of the point's model, else of the profile's default model
-    one_device: bool = False  # one process on one device per job: sweep points are separate jobs
+    one_device: bool = False  # one node per job, one process per device of its tensor_parallel (default 1)
     self_stop: bool = True  # the driver stops itself at --exit-duration-mins (job.sh sets it)
     table_columns: tuple[str, ...] = ()  # its own metrics columns, after the shared ones
     request_shares: bool = False  # a serving record's prefill/decode/idle shares of its requests' energy
@@ -70,8 +70,8 @@ WORKLOADS = {w.name: w for w in (
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
              default_model_key="default_model", work_unit="images", framework_tags=FRAMEWORK_TAGS),
     Workload(name="inference", driver="llm_inference", command="run", serving_command="load",
-             sweep_keys=("task", "batch_size", "engine", "rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms",
-                         "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
+             sweep_keys=("task", "batch_size", "engine", "tensor_parallel", "rate", "max_concurrency", "slo_ttft_ms",
+                         "slo_tpot_ms", "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.inference_arguments, profile_prefix="inference",
              startup_key="inference_startup_s", default_model_key="inference_preset", work_unit="output_tokens",
              model_tags=INFERENCE_MODEL_TAGS, one_device=True, self_stop=False, table_columns=INFERENCE_COLUMNS,

@@ -77,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg, shape = _checked(args)
     launch = LaunchEnv.from_env()
-    validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")))
+    validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")), cfg.tensor_parallel,
+                            launch.num_nodes)
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
     from joulebench.torch_device import resolve_device
     from llm_inference import runner
@@ -110,7 +111,8 @@ def _load(args: argparse.Namespace) -> int:
     shape, trace = validation.check_load_config(cfg)
     launch = LaunchEnv.from_env()
     points = len(cfg.rates) or 1
-    validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")))
+    validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")), cfg.tensor_parallel,
+                            launch.num_nodes)
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
     from joulebench.torch_device import resolve_device
     from llm_inference import load

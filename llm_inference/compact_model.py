@@ -9,15 +9,20 @@ projections (Llama), RoPE applied to Q and K in one pass. tests/llm_inference ch
 against transformers' (fp32, CPU); benchmarks/inference_engine_h100.py checks them in bf16 on a GPU.
 
 Attention itself (and the cache) lives in llm_inference/static_engine.py: this module turns hidden
-states into per-head Q/K/V and back.
+states into per-head Q/K/V and back. Under tensor parallelism (`tp`, llm_inference/tensor_parallel.py) a model holds
+one rank's heads and MLP columns: `heads` and `kv_heads` are the rank's, the output projections' partial sums are
+all-reduced and the logits gathered over the vocabulary (llm_inference/shards.py builds such a model).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from llm_inference.tensor_parallel import TensorParallel
 
 # Rotary-embedding types whose frequencies do not change with the sequence (dynamic and longrope do).
 STATIC_ROPE_TYPES = ("default", "llama3", "linear")
@@ -63,6 +68,24 @@ def _norm(module: torch.nn.Module) -> Affine:
     return Affine(module.weight.detach(), None if bias is None else bias.detach())
 
 
+def llama_rope(config: Any, rotary: Any) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies in fp32, attention scaling) of a transformers Llama config and its rotary embedding,
+    refusing what the compact code does not cover (frequencies that change with the sequence, an activation other
+    than silu)."""
+    if rotary.rope_type not in STATIC_ROPE_TYPES or config.hidden_act != "silu":
+        raise ValueError(f"rope type {rotary.rope_type!r} / activation {config.hidden_act!r} is not covered by "
+                         f"the static engine (rope {', '.join(STATIC_ROPE_TYPES)}; silu)")
+    return rotary.inv_freq.detach().float(), float(rotary.attention_scaling)
+
+
+def check_gpt2(config: Any) -> None:
+    """Refuse a GPT-2 variant whose attention or activation the compact code does not compute."""
+    if (config.activation_function not in GPT2_ACTIVATIONS or config.scale_attn_by_inverse_layer_idx
+            or config.reorder_and_upcast_attn or not config.scale_attn_weights):
+        raise ValueError("this GPT-2 variant (activation, attention scaling or upcast options) is not covered "
+                         "by the static engine")
+
+
 @dataclasses.dataclass(frozen=True)
 class CompactModel:
     """A decoder's weights and shape; the methods are the forward pass outside attention."""
@@ -79,6 +102,7 @@ class CompactModel:
     lm_head: torch.Tensor
     inv_freq: torch.Tensor | None  # Llama's RoPE frequencies (fp32), as transformers computed them
     rope_scale: float
+    tp: TensorParallel | None = None  # this rank's place when the model is split over ranks (None: one device)
 
     @classmethod
     def from_transformers(cls, model: torch.nn.Module) -> CompactModel:
@@ -88,10 +112,7 @@ class CompactModel:
             return cls._from_gpt2(model)
         if config.model_type != "llama":
             raise ValueError(f"the static engine has code for llama and gpt2 models, not {config.model_type!r}")
-        rotary = model.model.rotary_emb
-        if rotary.rope_type not in STATIC_ROPE_TYPES or config.hidden_act != "silu":
-            raise ValueError(f"rope type {rotary.rope_type!r} / activation {config.hidden_act!r} is not covered by "
-                             f"the static engine (rope {', '.join(STATIC_ROPE_TYPES)}; silu)")
+        inv_freq, rope_scale = llama_rope(config, model.model.rotary_emb)
         layers = tuple(Layer(
             norm1=_norm(block.input_layernorm),
             qkv=_cat([_linear(getattr(block.self_attn, f"{name}_proj")) for name in "qkv"]),
@@ -103,15 +124,12 @@ class CompactModel:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls("llama", config.num_attention_heads, config.num_key_value_heads, head_dim, config.rms_norm_eps,
                    model.model.embed_tokens.weight.detach(), None, layers, _norm(model.model.norm),
-                   model.lm_head.weight.detach(), rotary.inv_freq.detach().float(), float(rotary.attention_scaling))
+                   model.lm_head.weight.detach(), inv_freq, rope_scale)
 
     @classmethod
     def _from_gpt2(cls, model: torch.nn.Module) -> CompactModel:
         config = model.config
-        if (config.activation_function not in GPT2_ACTIVATIONS or config.scale_attn_by_inverse_layer_idx
-                or config.reorder_and_upcast_attn or not config.scale_attn_weights):
-            raise ValueError("this GPT-2 variant (activation, attention scaling or upcast options) is not covered "
-                             "by the static engine")
+        check_gpt2(config)
         body = model.transformer
         layers = tuple(Layer(
             norm1=_norm(block.ln_1), qkv=_conv1d(block.attn.c_attn), out=_conv1d(block.attn.c_proj),
@@ -120,6 +138,11 @@ class CompactModel:
         heads = config.n_head
         return cls("gpt2", heads, heads, config.n_embd // heads, config.layer_norm_epsilon, body.wte.weight.detach(),
                    body.wpe.weight.detach(), layers, _norm(body.ln_f), model.lm_head.weight.detach(), None, 1.0)
+
+    @property
+    def vocab_size(self) -> int:
+        """The whole vocabulary (the embedding is never split; a rank's LM head may hold a part of it)."""
+        return self.embed.shape[0]
 
     @property
     def groups(self) -> int:
@@ -169,15 +192,22 @@ class CompactModel:
         return qk[:, :, :self.heads], kv
 
     def attention_output_and_mlp(self, layer: Layer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """The rest of one layer: output projection, residual, norm, MLP, residual; attention (b, s, heads·d)."""
-        x = x + F.linear(attention, layer.out.weight, layer.out.bias)
+        """The rest of one layer: output projection, residual, norm, MLP, residual; attention (b, s, heads·d). Split
+        over ranks, each projection's partial sum is all-reduced (one collective after attention, one after the MLP)."""
+        x = x + self.summed(F.linear(attention, layer.out.weight, layer.out.bias))
         hidden = F.linear(self.norm(x, layer.norm2), layer.up.weight, layer.up.bias)
         if self.family == "gpt2":
             hidden = F.gelu(hidden, approximate="tanh")
         else:
             gate, up = hidden.chunk(2, dim=-1)
             hidden = F.silu(gate) * up
-        return x + F.linear(hidden, layer.down.weight, layer.down.bias)
+        return x + self.summed(F.linear(hidden, layer.down.weight, layer.down.bias))
+
+    def summed(self, partial: torch.Tensor) -> torch.Tensor:
+        """An output projection's result: as it is on one device, summed over the ranks when split."""
+        return partial if self.tp is None else self.tp.reduce(partial)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x, self.final_norm), self.lm_head)
+        """(rows, vocabulary) logits of (rows, hidden) states: the ranks' vocabulary parts gathered when split."""
+        local = F.linear(self.norm(x, self.final_norm), self.lm_head)
+        return local if self.tp is None else self.tp.gather_columns(local, self.vocab_size)

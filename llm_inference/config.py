@@ -47,6 +47,7 @@ class InferenceConfig:
     run_id: str
     energy_methods: str | None
     log_to: tuple[str, ...] = ()  # --log-to: tools each record's window figures go to (joulebench.exports)
+    tensor_parallel: int = 1  # ranks (GPUs) the model's heads and MLP columns are split over (torchrun processes)
 
     @property
     def points(self) -> list[tuple[str, int]]:
@@ -88,6 +89,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
                    help="compiled variant of the decode step (GPU): auto = the faster replayed step per batch shape "
                         "(static engine; the continuous engine runs default), default, or coordinate-descent "
                         "(inductor's per-kernel tuning: faster llama batch-1 steps on an H100, at more power)")
+    m.add_argument("--tensor-parallel", type=COUNT, default=1, metavar="N",
+                   help="split the model's heads and MLP columns over N GPUs of one node (static and continuous "
+                        "engines): start N processes, e.g. torchrun --nproc-per-node N -m llm_inference ...")
     if engines:
         m.add_argument("--engine", choices=ENGINES, default="static",
                        help="static: own model code, static KV cache, decode steps replayed as CUDA graphs "
@@ -142,5 +146,5 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
         engine=args.engine, attention=args.attention, decode_tuning=args.decode_tuning,
         device=args.device, seed=args.seed, out_dir=args.out_dir or default_out_dir("llm_inference", run_id),
         run_id=run_id,
-        energy_methods=args.energy_methods, log_to=args.log_to,
+        energy_methods=args.energy_methods, log_to=args.log_to, tensor_parallel=args.tensor_parallel,
     )

@@ -20,6 +20,10 @@ finishes: its output length is known), so the device is never read inside the lo
 * `release(rows)`: those rows stop advancing.
 
 Row index and length updates are small host-to-device copies from pinned memory (no synchronisation).
+
+Under tensor parallelism the host's decisions are rank 0's alone: its engine announces each call that changes the
+rows (`announce`, a broadcast of the call and its arguments) before running it, and every other rank's engine runs
+the calls it is told (`follow`), so one scheduler drives every rank's part of the model.
 The decode pieces are compiled per row count (`dynamic=False`; the recompile limit is raised to cover them).
 """
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -90,11 +94,25 @@ class ContinuousEngine(CompactForward):
         # "auto" runs the first variant (default): choosing per row bucket would compile every bucket twice
         super().__init__(model, device, compile_decode, dynamic=False, tuning=tuning)
         self.state: RowState | None = None
+        self.announce: Callable[[tuple[str, tuple[Any, ...]] | None], object] | None = None  # rank 0 of a split model
+
+    def _tell_others(self, name: str, *args: Any) -> None:
+        """Rank 0 of a split model: the other ranks run this call too (they wait in `follow`)."""
+        if self.announce is not None:
+            self.announce((name, args))
+
+    def follow(self, told: Callable[[], tuple[str, tuple[Any, ...]] | None]) -> None:
+        """A rank other than 0: run rank 0's calls as `told` delivers them, until it says the load is over (None)."""
+        calls: dict[str, Callable[..., Any]] = {"prepare": self.prepare, "admit": self.admit, "move": self.move,
+                                                "release": self.release, "step": self.step}
+        while (call := told()) is not None:
+            calls[call[0]](*call[1])
 
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
+                **self.rank_detail(),
                 "slot_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
                 "request_slots": None if state is None else state.rows,  # record keys kept as they were
@@ -107,6 +125,7 @@ class ContinuousEngine(CompactForward):
     def prepare(self, rows: int, sequence: int) -> float:
         """Cache for `rows` requests of up to `sequence` positions; on CUDA every decode step captured.
         Returns the seconds spent."""
+        self._tell_others("prepare", rows, sequence)
         started = time.monotonic()
         self.state = None
         if self.capture:
@@ -153,6 +172,7 @@ class ContinuousEngine(CompactForward):
     def admit(self, rows: Sequence[int], prompts: Sequence[torch.Tensor]) -> None:
         """Prefill each prompt (1-D token ids on the host) into its row; its first token is picked and the row
         becomes active. Groups of similar length share a forward pass (memory.prefill_groups)."""
+        self._tell_others("admit", rows, prompts)
         state = self._state()
         lengths = [len(p) for p in prompts]
         for members, width in memory.prefill_groups(lengths):
@@ -174,6 +194,7 @@ class ContinuousEngine(CompactForward):
     def move(self, moves: Sequence[tuple[int, int, int]]) -> None:
         """(from row, to row, filled length) per request: its cache row's filled part, token, length and activity
         move; the old rows stop advancing. Sources are read before any destination is written."""
+        self._tell_others("move", moves)
         state = self._state()
         source = self._to_device([m[0] for m in moves])
         target = self._to_device([m[1] for m in moves])
@@ -186,11 +207,13 @@ class ContinuousEngine(CompactForward):
     @torch.inference_mode()
     def release(self, rows: Sequence[int]) -> None:
         """These rows' requests are done: the rows stop advancing until admitted again."""
+        self._tell_others("release", rows)
         self._state().active.index_fill_(0, self._to_device(rows), 0)
 
     @torch.inference_mode()
     def step(self, row_count: int, attended: int) -> None:
         """One decode step over rows [0, row_count), attending to the first `attended` cache positions."""
+        self._tell_others("step", row_count, attended)
         state = self._state()
         if self.capture:
             state.graphs[row_count, attended].replay()

@@ -33,6 +33,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PAD_TOKEN = 0
 
 
+def hf_config(shape: ModelPreset) -> Any:
+    """The transformers config of a preset's shape."""
+    config_class = GPT2Config if shape.family == "gpt2" else LlamaConfig
+    return config_class(**shape.hf_config_kwargs())
+
+
 def build_model(shape: ModelPreset, checkpoint: str | None, precision: str, attention: str,
                 device: torch.device, seed: int) -> torch.nn.Module:
     """Random weights from the preset's config (seeded), or the checkpoint's weights; eval mode on `device`."""
@@ -40,8 +46,7 @@ def build_model(shape: ModelPreset, checkpoint: str | None, precision: str, atte
     if checkpoint is not None:
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, attn_implementation=attention)
         return model.to(device).eval()
-    config_class = GPT2Config if shape.family == "gpt2" else LlamaConfig
-    config = config_class(**shape.hf_config_kwargs())
+    config = hf_config(shape)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)

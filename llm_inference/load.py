@@ -8,6 +8,10 @@ Latencies come from the steps' device stamps (serve_loop); the per-request energ
 
 The model is built once; the rows' cache and captured steps are set up once (`prepare`, outside every window)
 and reused by every rate. Layout: one rate writes <out-dir>/run_record.json; a sweep <out-dir>/rate_<r>/.
+
+Tensor parallelism (`--tensor-parallel N`, N torchrun processes): rank 0 is the load (arrivals, scheduler, windows,
+meter, record) and its engine announces every call that changes the rows; the other ranks build their part of the
+model and run those calls (ContinuousEngine.follow), nothing else. The node's sampler meters every GPU of the job.
 """
 
 from __future__ import annotations
@@ -28,18 +32,19 @@ from joulebench.record_types import RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
 from joulebench.torch_device import hardware_info
 from jpwr import WindowMeter
-from llm_inference import request_metrics, validation
+from llm_inference import request_metrics, shards, tensor_parallel, validation
 from llm_inference.arrivals import Request, draw_requests
 from llm_inference.continuous_engine import ContinuousEngine
-from llm_inference.engine import build_model, request_prompt
+from llm_inference.engine import DTYPES, build_model, request_prompt
 from llm_inference.load_config import LoadConfig
 from llm_inference.load_plan import COUNTER_READ_S, COUNTER_SETTLE_S, WORK_UNIT, Plan, counted_ids
 from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
-from llm_inference.runner import BuiltModel, compact_engine
+from llm_inference.runner import BuiltModel, compact_engine, join
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLog, ServeLoop
 from llm_inference.serving_energy import Sweep, serving_energy
 from llm_inference.tasks import TASKS
+from llm_inference.tensor_parallel import TensorParallel
 
 
 def _log(text: str) -> None:
@@ -208,16 +213,39 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     """Every rate (or the trace's requests); returns the exit code. Config, trace and launch are already
     validated."""
     precision = validation.resolve_precision(cfg.precision, device.type)
-    hardware = hardware_info(device, launch)
-    validation.check_load_memory(cfg, shape, precision, hardware.get("device_memory_gib"), trace)
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
+    tp, device = join(cfg.tensor_parallel, launch, device)
+    try:
+        if tp is not None:  # each process drew its own run id (and default directory): rank 0's name the run
+            run_id, out_dir = tp.from_rank_zero((cfg.run_id, cfg.out_dir))
+            cfg = dataclasses.replace(cfg, run_id=run_id, out_dir=out_dir)
+        hardware = hardware_info(device, launch)
+        validation.check_load_memory(cfg, shape, precision, hardware.get("device_memory_gib"), trace,
+                                     "the device" if tp is None else "each rank's device")
+        if tp is not None and tp.rank != 0:
+            _engine(cfg, shape, precision, device, tp).follow(lambda: tp.from_rank_zero(None))
+            return 0
+        with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
+            model = BuiltModel(lambda: _engine(cfg, shape, precision, device, tp), shape, precision, device,
+                               cfg.checkpoint)
+            target = EngineTarget(cfg, model, shape, precision, hardware, trace)
+            try:
+                return run_rates(life, cfg, target, trace, shape, _log)
+            finally:
+                if tp is not None:
+                    tp.from_rank_zero(None)  # the other ranks' engines stop following
+    finally:
+        tensor_parallel.finish(tp)
 
-    def make() -> ContinuousEngine:
+
+def _engine(cfg: LoadConfig, shape: ModelPreset, precision: str, device: torch.device, tp: TensorParallel | None
+            ) -> ContinuousEngine:
+    """The continuous engine on transformers' weights, or on this rank's part of the model; rank 0 of a split model
+    announces its calls to the other ranks."""
+    if tp is None:
         model = build_model(shape, cfg.checkpoint, precision, "sdpa", device, cfg.seed)
         return compact_engine(ContinuousEngine, model, device, cfg.decode_tuning)
-
-    with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
-        target = EngineTarget(cfg, BuiltModel(make, shape, precision, device, cfg.checkpoint), shape, precision,
-                              hardware, trace)
-        return run_rates(life, cfg, target, trace, shape, _log)
+    engine = ContinuousEngine(shards.rank_model(shape, cfg.checkpoint, DTYPES[precision], device, cfg.seed, tp),
+                              device, tuning=cfg.decode_tuning)
+    if tp.rank == 0:
+        engine.announce = tp.from_rank_zero
+    return engine

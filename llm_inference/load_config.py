@@ -103,6 +103,7 @@ class LoadConfig:
     decode_tuning: str = "auto"  # the engine's compiled decode variant (llm_inference.config.DECODE_TUNING_CHOICES)
     server: ServerTarget | None = None  # an OpenAI-compatible server instead of the in-process engine
     log_to: tuple[str, ...] = ()  # --log-to: tools the record's window figures go to (joulebench.exports)
+    tensor_parallel: int = 1  # ranks the in-process engine is split over (llm_inference.config --tensor-parallel)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -169,7 +170,7 @@ def resolve_load(args: argparse.Namespace) -> LoadConfig:
         exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
         out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
         energy_methods=args.energy_methods, decode_tuning=args.decode_tuning, server=_server(args),
-        log_to=args.log_to)
+        log_to=args.log_to, tensor_parallel=args.tensor_parallel)
 
 
 def _server(args: argparse.Namespace) -> ServerTarget | None:

@@ -79,10 +79,18 @@ def _stop_here(meter: WindowMeter, stop: Callable[[], str | None], name: str, st
         raise StopRequested(f"{reason}: stopped cleanly in the {name} window after {step} calls")
 
 
+def own_decision(go_on: bool) -> bool:
+    """One process decides for itself whether a window goes on."""
+    return go_on
+
+
 def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: list[dict[str, torch.Tensor]],
-              warmup_batches: int, min_window_s: float, stop: Callable[[], str | None]) -> PointWindows:
+              warmup_batches: int, min_window_s: float, stop: Callable[[], str | None],
+              agree: Callable[[bool], bool] = own_decision) -> PointWindows:
     """Set-up, warm-up, then the prefill window, then the steady (generate) window; each window whole passes.
-    `stop` is asked after every pass (and warm-up call): a requested stop ends the point there (StopRequested)."""
+    `stop` is asked after every pass (and warm-up call): a requested stop ends the point there (StopRequested).
+    `agree` turns this process's "the window goes on" into the one every rank acts on (tensor parallelism: rank
+    0's, so that every rank runs the same calls; `stop` is then the ranks' common answer too)."""
     setup_s = engine.prepare(batches)
     meter.begin("warmup", 0)
     for item in inputs:
@@ -95,7 +103,7 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: 
 
     meter.begin("prefill", 0)
     started, passes = time.monotonic(), 0
-    while passes == 0 or time.monotonic() - started < min_window_s:
+    while passes == 0 or agree(time.monotonic() - started < min_window_s):
         for item in inputs:
             engine.prefill(item)
         engine.sync()
@@ -106,7 +114,7 @@ def run_point(engine: Engine, meter: WindowMeter, batches: list[Batch], inputs: 
 
     meter.begin("steady", 0)
     started, steady_passes, timings = time.monotonic(), 0, []
-    while steady_passes == 0 or time.monotonic() - started < min_window_s:
+    while steady_passes == 0 or agree(time.monotonic() - started < min_window_s):
         for batch, item in zip(batches, inputs, strict=True):
             new_tokens = engine.generate(item, batch.output_length)
             engine.sync()  # the step clock's events must be complete before they are read

@@ -14,6 +14,11 @@ First order, meant to catch batch sizes off by large factors before any device w
 * static only, the CUDA graphs' pool: one decode step's temporaries, twice over (Q/K/V, the MLP's
   gate and up, the logits in the model's dtype);
 * +10 % and 1 GiB for the CUDA context, workspaces and fragmentation.
+
+Under tensor parallelism (`tensor_parallel` ranks) the estimate is one rank's: its part of the weights
+(ModelPreset.rank_parameter_count), of the KV cache (its KV heads) and of the MLP's and Q/K/V activations; the
+hidden states and the gathered logits are whole on every rank. Every rank holds every row, so the batch a rank
+admits is the job's.
 """
 
 from __future__ import annotations
@@ -107,18 +112,20 @@ class MemoryEstimate:
 
 
 def estimate_memory(preset: ModelPreset, precision: str, batch_size: int, prompt_tokens: int,
-                    sequence_tokens: int, engine: str) -> MemoryEstimate:
-    """`prompt_tokens`: longest (padded) prompt; `sequence_tokens`: longest prompt + output."""
+                    sequence_tokens: int, engine: str, tensor_parallel: int = 1) -> MemoryEstimate:
+    """`prompt_tokens`: longest (padded) prompt; `sequence_tokens`: longest prompt + output; `tensor_parallel`:
+    ranks the model is split over (the estimate is one rank's)."""
     width = BYTES[precision]
     static = engine == "static"
     positions = cache_positions(sequence_tokens) if static else sequence_tokens
     prefill_rows = min(batch_size, prefill_rows_per_chunk(prompt_tokens)) if static else batch_size
-    per_token = (4 * preset.hidden_size + 3 * preset.intermediate_size) * width
-    qkv = (preset.num_attention_heads + 2 * preset.num_key_value_heads) * preset.head_dim
-    step = batch_size * (qkv + 2 * preset.intermediate_size + preset.vocab_size) * width
+    ffn = preset.intermediate_size // tensor_parallel
+    per_token = (4 * preset.hidden_size + 3 * ffn) * width
+    qkv = (preset.num_attention_heads + 2 * preset.num_key_value_heads) * preset.head_dim // tensor_parallel
+    step = batch_size * (qkv + 2 * ffn + preset.vocab_size) * width
     return MemoryEstimate(
-        weights_gib=preset.parameter_count() * width / GIB,
-        kv_cache_gib=batch_size * positions * preset.kv_bytes_per_token(width) / GIB,
+        weights_gib=preset.rank_parameter_count(tensor_parallel) * width / GIB,
+        kv_cache_gib=batch_size * positions * preset.kv_bytes_per_token(width) / tensor_parallel / GIB,
         activations_gib=prefill_rows * prompt_tokens * per_token / GIB,
         logits_gib=2 * batch_size * preset.vocab_size * 4 / GIB,
         graphs_gib=2 * step / GIB if static else 0.0,

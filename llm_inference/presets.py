@@ -1,7 +1,7 @@
 """Model presets: architecture configs of real models, built with random weights.
 
 No model hub is reachable from the benchmark machines, so presets are architecture configs
-(shapes as published for Llama-3.2-1B, Llama-3.1-8B and GPT-2 small) instantiated with random
+(shapes as published for Llama-3.2-1B, Llama-3.1-8B, Llama-3.1-70B and GPT-2 small) instantiated with random
 weights. With the output length forced (no early end-of-sequence), the kernels run, and hence time
 and energy, do not depend on the weight values. A local checkpoint directory (`--checkpoint`)
 replaces the preset's config and weights when the user has one.
@@ -10,6 +10,7 @@ replaces the preset's config and weights when the user has one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 
@@ -44,6 +45,22 @@ class ModelPreset:
         per_layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size + 2 * h
         return layers * per_layer + vocab * h + h + (0 if self.tie_word_embeddings else vocab * h)
 
+    def rank_parameter_count(self, tensor_parallel: int) -> int:
+        """Weights one of `tensor_parallel` ranks holds (llm_inference/tensor_parallel.py): the layers' matrices and
+        their biases split, norms and embeddings replicated, the LM head split by vocabulary rows (a padded copy of
+        the embedding's rows when tied)."""
+        if tensor_parallel == 1:
+            return self.parameter_count()
+        h, ffn, vocab = self.hidden_size, self.intermediate_size, self.vocab_size
+        if self.family == "gpt2":
+            split, replicated = 4 * h * h + 3 * h + 2 * h * ffn + ffn, 6 * h
+            embeddings, final = vocab * h + self.max_positions * h, 2 * h
+        else:
+            split, replicated = 2 * h * h + 2 * h * self.num_key_value_heads * self.head_dim + 3 * h * ffn, 2 * h
+            embeddings, final = vocab * h, h
+        return (self.num_layers * (split // tensor_parallel + replicated) + embeddings + final
+                + math.ceil(vocab / tensor_parallel) * h)
+
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
         """KV-cache bytes one token occupies (keys and values of every layer)."""
         return 2 * self.num_layers * self.num_key_value_heads * self.head_dim * bytes_per_element
@@ -71,6 +88,8 @@ PRESETS: dict[str, ModelPreset] = {
                             "Llama-3.2-1B config (1.24B parameters)"),
     "llama-8b": ModelPreset("llama-8b", "llama", 32, 4096, 32, 8, 14336, LLAMA3_VOCAB, 131072, False,
                             "Llama-3.1-8B config (8.03B parameters)"),
+    "llama-70b": ModelPreset("llama-70b", "llama", 80, 8192, 64, 8, 28672, LLAMA3_VOCAB, 131072, False,
+                             "Llama-3.1-70B config (70.6B parameters; tensor parallel over 4 or more GPUs)"),
 }
 
 

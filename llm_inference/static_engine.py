@@ -128,6 +128,12 @@ class CompactForward:
     def decode_attention_kind(self) -> str:
         return "sdpa (masked)" if self.split_sms is None else "triton split"
 
+    def rank_detail(self) -> dict[str, object]:
+        """What this rank computes: the tensor-parallel size and the heads it holds (the record's engine detail)."""
+        model = self.model
+        return {"tensor_parallel": 1 if model.tp is None else model.tp.size, "rank_heads": model.heads,
+                "rank_kv_heads": model.kv_heads}
+
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device, tuning: str = "auto") -> Self:
         """The engine on a transformers model's weights (fused copies where the compact code fuses them); tuning:
@@ -226,7 +232,9 @@ class CompactForward:
             end.synchronize()
             timings[name] = begin.elapsed_time(end) / replays
             reset()
-        self.decode_tuning = min(timings, key=timings.__getitem__)
+        fastest = min(timings, key=timings.__getitem__)
+        # split over ranks: rank 0's choice everywhere (each rank's timing is its own, the graphs must match)
+        self.decode_tuning = fastest if self.model.tp is None else self.model.tp.from_rank_zero(fastest)
         return self.decode_tuning, timings
 
 
@@ -243,7 +251,7 @@ class StaticEngine(CompactForward):
     def describe(self) -> dict[str, object]:
         state = self.state
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
-                "decode_attention": self.decode_attention_kind,
+                "decode_attention": self.decode_attention_kind, **self.rank_detail(),
                 "decode_tuning": state.tuning if state is not None and state.tuning else (
                     self.decode_tuning if len(self.decode_variants) == 1 else None),  # None: not chosen yet
                 "decode_tuning_ms": None if state is None else state.tuning_ms,
@@ -340,7 +348,7 @@ class StaticEngine(CompactForward):
         batch, width = ids.shape
         state = self._ensure(batch, width + 1, 1, set())
         start = (real == 0).sum(dim=-1)
-        logits = torch.empty((batch, self.model.lm_head.shape[0]), dtype=self.model.embed.dtype, device=ids.device)
+        logits = torch.empty((batch, self.model.vocab_size), dtype=self.model.embed.dtype, device=ids.device)
         for rows, group_width in memory.prefill_groups(real.sum(dim=-1).tolist()):  # the host sync
             offset = width - group_width
             index = torch.tensor(rows, device=ids.device)

@@ -72,7 +72,39 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
         raise ValidationError(f"--output-length is {cfg.output_length}", "force at least one new token")
     for task in cfg.tasks:
         check_task_context(task, cfg.output_length, shape)
+    if cfg.tensor_parallel > 1 and cfg.engine == "hf":
+        raise ValidationError(f"--tensor-parallel {cfg.tensor_parallel} with --engine hf (transformers' generate runs "
+                              "on one device)", "use --engine static (the default) for tensor parallelism")
+    check_tensor_parallel(cfg.tensor_parallel, shape, cfg.energy_methods)
     return shape
+
+
+def check_tensor_parallel(ranks: int, shape: ModelPreset, energy_methods: str | None) -> None:
+    """The model's heads, KV heads and MLP columns split evenly over `ranks` (each rank holds whole KV heads with
+    their query heads); several ranks are metered by the node's sampler, not in-process."""
+    if ranks == 1:
+        return
+    for what, count in (("attention heads", shape.num_attention_heads), ("KV heads", shape.num_key_value_heads),
+                        ("MLP columns", shape.intermediate_size)):
+        if count % ranks:
+            fits = [n for n in range(1, shape.num_key_value_heads + 1)
+                    if not (shape.num_key_value_heads % n or shape.num_attention_heads % n
+                            or shape.intermediate_size % n)]
+            raise ValidationError(f"--tensor-parallel {ranks} does not divide the {count} {what} of {shape.name}",
+                                  f"use --tensor-parallel {' or '.join(map(str, fits))}")
+    if energy_methods:
+        raise ValidationError(f"--energy-methods {energy_methods} with --tensor-parallel {ranks} (an in-process "
+                              "sampler per rank would meter the node's GPUs once per rank)",
+                              "meter the node once: `jpwr -- torchrun ...` or `jpwr serve` in the job script")
+
+
+def check_node_devices(ranks: int, visible: int) -> None:
+    """Tensor-parallel ranks fill the node's GPUs in equal groups (a job on part of a node gets its GPUs through
+    CUDA_VISIBLE_DEVICES): N must divide the GPUs the node shows this job."""
+    if visible % ranks or visible < ranks:
+        raise ValidationError(f"--tensor-parallel {ranks} does not divide the {visible} GPU(s) this node shows",
+                              f"use a --tensor-parallel that divides {visible}, or set CUDA_VISIBLE_DEVICES to "
+                              f"{ranks} GPUs")
 
 
 def check_task_context(task: str, output_length: int | None, shape: ModelPreset) -> None:
@@ -102,7 +134,8 @@ def check_memory(cfg: InferenceConfig, shape: ModelPreset, precision: str, memor
                 f"{estimate.weights_gib:.1f}, KV cache {estimate.kv_cache_gib:.1f}, activations "
                 f"{estimate.activations_gib:.1f}, CUDA graphs {estimate.graphs_gib:.1f}) but {holder} has "
                 f"{memory_gib:.1f} GiB",
-                f"use batch sizes up to {fits}" if fits else "use a smaller model or lower precision")
+                f"use batch sizes up to {fits}" if fits else
+                "use a smaller model or lower precision, or split the model over GPUs with --tensor-parallel N")
 
 
 DRAWN_EXTENT_LIMIT = 1 << 20  # prompts drawn for a run's estimate; more: the task's longest prompt and output
@@ -117,16 +150,26 @@ def run_estimate(cfg: InferenceConfig, shape: ModelPreset, precision: str, size:
             return task.input_length.high, longest_sequence(task, cfg.output_length)
         return batches_extent(draw_batches(task, size, cfg.num_batches, cfg.seed, cfg.output_length))
 
-    estimates = [memory.estimate_memory(shape, precision, size, *extent(TASKS[task]), cfg.engine) for task in cfg.tasks]
+    estimates = [memory.estimate_memory(shape, precision, size, *extent(TASKS[task]), cfg.engine, cfg.tensor_parallel)
+                 for task in cfg.tasks]
     return memory.MemoryEstimate(**{field.name: max(getattr(e, field.name) for e in estimates)
                                     for field in dataclasses.fields(memory.MemoryEstimate)})
 
 
-def check_launch(world_size: int, points: int, external_sampler: bool) -> None:
-    """One process on one device; a sweep needs window names of its own, so not under one shared sampler."""
-    if world_size != 1:
-        raise ValidationError(f"llm_inference started as {world_size} processes",
-                              "run one process per device (no torchrun/srun -n>1); sweep configurations as jobs")
+def check_launch(world_size: int, points: int, external_sampler: bool, tensor_parallel: int = 1,
+                 nodes: int = 1) -> None:
+    """One process per device: one, or one per tensor-parallel rank on one node; a sweep needs window names of its
+    own, so not under one shared sampler."""
+    if world_size != tensor_parallel:
+        fix = (f"start {tensor_parallel} processes for --tensor-parallel {tensor_parallel}: torchrun "
+               f"--nproc-per-node {tensor_parallel} -m llm_inference ..." if tensor_parallel > 1 else
+               "run one process per device (no torchrun/srun -n>1), or pass --tensor-parallel N with N processes; "
+               "sweep configurations as jobs")
+        raise ValidationError(f"llm_inference started as {world_size} processes with --tensor-parallel "
+                              f"{tensor_parallel}", fix)
+    if nodes > 1:
+        raise ValidationError(f"--tensor-parallel {tensor_parallel} over {nodes} nodes (every layer all-reduces "
+                              "twice per token: the ranks must share a node)", "run the ranks on one node")
     if external_sampler and points > 1:
         raise ValidationError(
             f"{points} points (task and batch size, or rate) under one external jpwr sampler would merge their "
@@ -153,6 +196,11 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
             raise ValidationError(f"{name} is {value}", f"give {name} as a positive number of milliseconds")
     if cfg.max_concurrency < 1:
         raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
+    if cfg.server is not None and cfg.tensor_parallel > 1:
+        raise ValidationError(f"--tensor-parallel {cfg.tensor_parallel} with a server target (it splits the "
+                              "in-process engine)", "give the server its own tensor-parallel option in "
+                                                    "--server-command, and leave --tensor-parallel out")
+    check_tensor_parallel(cfg.tensor_parallel, shape, cfg.energy_methods)
     check_server(cfg)
     trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg))
     if trace is None:
@@ -242,16 +290,19 @@ def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memor
         return
     prompt, sequence = load_lengths(cfg, trace)
 
+    def estimate(slots: int) -> memory.MemoryEstimate:
+        return memory.estimate_memory(shape, precision, slots, prompt, sequence, "static", cfg.tensor_parallel)
+
     def fits(slots: int) -> bool:
-        return memory.estimate_memory(shape, precision, slots, prompt, sequence, "static").total_gib <= memory_gib
+        return estimate(slots).total_gib <= memory_gib
 
     if fits(cfg.max_concurrency):
         return
-    estimate = memory.estimate_memory(shape, precision, cfg.max_concurrency, prompt, sequence, "static")
+    needed = estimate(cfg.max_concurrency)
     admitted = _largest(fits, cfg.max_concurrency)
     raise ValidationError(
         f"--max-concurrency {cfg.max_concurrency} on {shape.name} ({precision}) needs an estimated "
-        f"{estimate.total_gib:.1f} GiB (KV cache {estimate.kv_cache_gib:.1f} GiB for {sequence} positions a slot) but "
+        f"{needed.total_gib:.1f} GiB (KV cache {needed.kv_cache_gib:.1f} GiB for {sequence} positions a slot) but "
         f"{holder} has {memory_gib:.1f} GiB",
         f"use --max-concurrency {admitted} or fewer (the most the estimate admits)" if admitted else
         "use a smaller model or lower precision")

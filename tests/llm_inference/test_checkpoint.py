@@ -104,6 +104,6 @@ def test_a_swap_that_fails_keeps_the_old_checkpoint(tmp_path):
 
 
 def test_unknown_preset_is_refused(tmp_path, capsys):
-    assert main(["save-checkpoint", "--preset", "llama-70b", "--out", str(tmp_path / "x")]) == ExitCode.USAGE
-    assert "unknown preset --preset 'llama-70b'" in capsys.readouterr().err
+    assert main(["save-checkpoint", "--preset", "llama-405b", "--out", str(tmp_path / "x")]) == ExitCode.USAGE
+    assert "unknown preset --preset 'llama-405b'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -161,3 +161,24 @@ def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_
     # (p90s, goodput, J per request, shares) are the CSV table's, checked above.
     assert all(title in pretty for title in ("Point", "TTFT(s)", "s/token", "J/token", "Cov %", "Reason")), pretty
     assert "rate=40" in pretty and "rate=max" in pretty and max(map(len, pretty.splitlines())) <= 160, pretty
+
+
+def test_tensor_parallel_points_get_one_node_of_that_many_ranks_or_an_invalid_row(tmp_path, capsys):
+    env = _fake_sbatch_env(tmp_path)
+    settings = jbprofile.build_settings("inference", ["H100", "llama-8b"], {"tensor_parallel": "4"}, "run", env)
+    assert (settings["JB_NODES"], settings["JB_TASKS_PER_NODE"], settings["JB_WORLD_SIZE"]) == ("1", "4", "4")
+    assert settings["JB_COORD_TENSOR_PARALLEL"] == "4"
+    args = shlex.split(settings["JB_VALIDATE_ARGS"])
+    assert args[args.index("--tensor-parallel") + 1] == "4" and main(["validate", *args]) == 0
+    serving = jbprofile.build_settings("inference", ["H100"], {"tensor_parallel": "2", "rate": "max"}, "run", env)
+    assert "--tensor-parallel 2" in serving["JB_TRAIN_ARGS"] and serving["JB_DRIVER_COMMAND"] == "load"
+    with pytest.raises(jbprofile.PointRefused, match="tensor_parallel=3 does not divide the 4 devices"):
+        jbprofile.build_settings("inference", ["H100"], {"tensor_parallel": "3"}, "run", env)
+    with pytest.raises(jbprofile.PointRefused, match="tensor_parallel=2 does not divide the 1 devices of a CI node"):
+        jbprofile.build_settings("inference", ["CI"], {"tensor_parallel": "2"}, "run", env)
+    with pytest.raises(jbprofile.PointRefused, match="one rank per node identity"):  # the local launcher
+        jbprofile.build_settings("inference", ["local"], {"tensor_parallel": "2"}, "run", env)
+    # the heads' divisibility is the driver's: validate refuses what the preset cannot split
+    tiny = jbprofile.build_settings("inference", ["H100", "tiny"], {"tensor_parallel": "4"}, "run", env)
+    assert main(["validate", *shlex.split(tiny["JB_VALIDATE_ARGS"])]) == 64
+    assert "does not divide the 2 KV heads of tiny" in capsys.readouterr().err

@@ -83,7 +83,9 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
-                                 "decode_attention": "sdpa (masked)", "decode_tuning": "eager", "decode_tuning_ms": {},
+                                 "decode_attention": "sdpa (masked)", "tensor_parallel": 1,
+                                 "rank_heads": shape.num_attention_heads, "rank_kv_heads": shape.num_key_value_heads,
+                                 "decode_tuning": "eager", "decode_tuning_ms": {},
                                  "slot_bucket": memory.POSITION_BUCKET,
                                  "cache_slots": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}

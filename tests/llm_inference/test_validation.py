@@ -19,7 +19,8 @@ def call(capsys, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--preset", "llama-70b"], ["unknown preset --preset 'llama-70b'", "tiny, gpt2, llama-1b, llama-8b"]),
+        (["--preset", "llama-405b"], ["unknown preset --preset 'llama-405b'",
+                                      "tiny, gpt2, llama-1b, llama-8b, llama-70b"]),
         (["--preset", "tiny", "--task", "chat,poetry"], ["unknown task --task 'poetry'", "summarization"]),
         (["--preset", "llama-8b", "--task", "summarization", "--batch-sizes", "1,8,512", "--device-memory-gib", "80"],
          ["batch size 512 of task 'summarization' on llama-8b (bf16, engine static) needs an estimated", "80.0 GiB",

@@ -84,6 +84,8 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
                                  "decode_attention": "sdpa (masked)", "decode_tuning": "eager", "decode_tuning_ms": {},
+                                 "decode_tuning_power_w": {}, "decode_objective": "speed",
+                                 "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a
                                  "slot_bucket": memory.POSITION_BUCKET,
                                  "cache_slots": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}

@@ -78,7 +78,7 @@ def parse_fraction(text: str) -> float:
     return value
 
 
-def _exclusion(run: Run, min_coverage: float) -> str | None:
+def exclusion(run: Run, min_coverage: float) -> str | None:
     record, metrics = run.record, run.record.metrics
     if not run.usable:
         return f"status {record.status}: {record.status_reason or 'no reason recorded'}"
@@ -120,7 +120,7 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
         points.append(SweepPoint(
             run, recorded_settings(run.record.config),
             window.duration_s / steps if window and steps and not run.rejected else None, run.cost.time_per_unit_s,
-            run.cost.energy_per_unit_j, _exclusion(run, min_coverage)))
+            run.cost.energy_per_unit_j, exclusion(run, min_coverage)))
     return points
 
 

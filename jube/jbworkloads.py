@@ -70,7 +70,7 @@ WORKLOADS = {w.name: w for w in (
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
              default_model_key="default_model", work_unit="images", framework_tags=FRAMEWORK_TAGS),
     Workload(name="inference", driver="llm_inference", command="run", serving_command="load",
-             sweep_keys=("task", "batch_size", "engine", "rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms",
+             sweep_keys=("task", "batch_size", "engine", "decode_tuning", "objective", "rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms",
                          "min_window_s", "precision", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.inference_arguments, profile_prefix="inference",
              startup_key="inference_startup_s", default_model_key="inference_preset", work_unit="output_tokens",

@@ -50,13 +50,12 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
         Knob("batch_size", "--batch-size", sweep="batch_size"),
         Knob("max_concurrency", "--max-concurrency", sweep="max_concurrency"),
         Knob("engine", "--engine", "static", sweep="engine"),
-        Knob("tensor_parallel", "--tensor-parallel", "1", sweep="tensor_parallel"),
         Knob("precision", "--precision", semantic=True, sweep="precision"),
         Knob("model", "--preset", semantic=True),
     ),
     "llm_training": (
         Knob("micro_batch_size", "--micro-batch-size", sweep="micro_batch_size"),
-        Knob("recompute", "--recompute", sweep="recompute"),
+        Knob("recompute", "--recompute"),
         Knob("tensor_parallel", "--tensor-parallel", "1", sweep="tensor_parallel"),
         Knob("pipeline_parallel", "--pipeline-parallel", "1", sweep="pipeline_parallel"),
         Knob("global_batch_size", "--global-batch-size", semantic=True, sweep="global_batch_size"),
@@ -65,7 +64,7 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
     ),
     "resnet50": (
         Knob("compile", "--compile", flag=True),
-        Knob("compile_mode", "--compile-mode", sweep="compile_mode"),
+        Knob("compile_mode", "--compile-mode"),
         Knob("channels_last", "--channels-last", "true", flag=True),
         Knob("global_batch_size", "--global-batch-size", semantic=True, sweep="global_batch_size"),
         Knob("precision", "--precision", semantic=True, sweep="precision"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ INFERENCE_RUN_OPTIONS = (
     ("preset", "--preset"), ("checkpoint", "--checkpoint"), ("task", "--task"), ("batch_size", "--batch-size"),
     ("num_batches", "--num-batches"), ("output_length", "--output-length"), ("precision", "--precision"),
     ("engine", "--engine"), ("attention", "--attention"), ("decode_tuning", "--decode-tuning"),
-    ("objective", "--objective"), ("tensor_parallel", "--tensor-parallel"), ("seed", "--seed"),
+    ("objective", "--objective"), ("seed", "--seed"),
     ("warmup_batches", "--warmup-batches"), ("steady_seconds", "--steady-seconds"), ("device", "--device"),
     ("idle_baseline", "--idle-baseline"),
 )
@@ -121,7 +121,7 @@ class Remeasured:
                 "recommended_runs": [r.record.run_id for r in self.recommended.runs]}
 
 
-def _run(command: list[str], out_dir: Path) -> Run | str:
+def run_driver(command: list[str], out_dir: Path) -> Run | str:
     """One re-run: its record, or why there is none."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
@@ -134,7 +134,7 @@ def _run(command: list[str], out_dir: Path) -> Run | str:
 
 
 def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str | None,
-              min_coverage: float) -> Remeasured:
+              min_coverage: float, run: Callable[[list[str], Path], Run | str] = run_driver) -> Remeasured:
     """Run default and recommended `repeats` times each, alternating, and compare the savings (a re-run is left out
     by the sweep's own rule)."""
     assert rec.chosen is not None
@@ -145,7 +145,7 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
     for repeat in range(1, repeats + 1):
         for name, command in commands.items():
             out_dir = root / f"{name}-{repeat}"
-            found = _run([*command, "--out-dir", str(out_dir), "--run-id", f"{name}-{repeat}"], out_dir)
+            found = run([*command, "--out-dir", str(out_dir), "--run-id", f"{name}-{repeat}"], out_dir)
             reason = found if isinstance(found, str) else untrusted(found, min_coverage)
             if reason:
                 problems.append(reason if isinstance(found, str) else f"{found.record.run_id}: {reason}")

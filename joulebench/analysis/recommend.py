@@ -42,7 +42,7 @@ from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
 from jpwr.output import fmt, write_json_atomic
 
-PREDICTED = "PREDICTED (from the sweep; not re-measured)"
+PREDICTED = "PREDICTED from the sweep, not re-measured"
 TPOT_KEYS = ("tpot_p90_s", "per_token_latency_p90_s")  # serving records, then static-batch records
 TTFT_KEYS = ("ttft_p90_s",)
 THROUGHPUT = Number(float, 0.0, 1e15, low_open=True)  # units of work per second
@@ -225,22 +225,24 @@ def _ms(value: float | None) -> str:
 
 
 def table(rec: Recommendation) -> list[str]:
-    head = ["setting", "runs", f"J/{rec.unit}", "bound", f"s/{rec.unit}", "slowdown", "saving vs default",
-            "p90 TPOT ms", "p90 TTFT ms", "target", ""]
-    body = []
+    """One row per setting, cheapest first (at most 160 columns for a few varied knobs); what each setting misses of
+    the target follows the table."""
+    head = ["", "setting", f"J/{rec.unit} (bound)", "slowdown", "saving vs default", "p90 TPOT/TTFT ms", "runs",
+            "target"]
+    body, missed = [], []
     for row in rec.rows:
         g = row.group
-        mark = "default" if row is rec.default else ""
-        if row is rec.chosen and not rec.is_default:
-            mark = "<-- recommended"
         name = knobs.label(rec.benchmark, g.setting, rec.varied)
-        body.append([name + (" [CHANGES WHAT IS COMPUTED]" if row.semantic else ""), str(len(g.runs)),
-                     fmt(g.energy_per_unit_j, 4), "n/a" if g.energy_bound is None else f"±{100 * g.energy_bound:.2f} %",
-                     fmt(g.time_per_unit_s, 4), f"{100 * row.slowdown:+.2f} %",
-                     "-" if row is rec.default else row.saving.words(), _ms(g.worst(TPOT_KEYS)),
-                     _ms(g.worst(TTFT_KEYS)), "meets" if not row.misses else "misses: " + "; ".join(row.misses), mark])
+        mark = "default" if row is rec.default else "RECOMMENDED" if row is rec.chosen else ""
+        bound = "n/a" if g.energy_bound is None else f"±{100 * g.energy_bound:.2f} %"
+        body.append([mark, name + (" [CHANGES WHAT IS COMPUTED]" if row.semantic else ""),
+                     f"{fmt(g.energy_per_unit_j, 4)} ({bound})", f"{100 * row.slowdown:+.2f} %",
+                     "-" if row is rec.default else row.saving.words(),
+                     f"{_ms(g.worst(TPOT_KEYS))}/{_ms(g.worst(TTFT_KEYS))}", str(len(g.runs)),
+                     "misses" if row.misses else "meets"])
+        missed += [f"{name} misses the target: {'; '.join(row.misses)}"] if row.misses else []
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *body]]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *body]] + missed
 
 
 def summary(rec: Recommendation, label: str = PREDICTED) -> list[str]:
@@ -257,9 +259,9 @@ def summary(rec: Recommendation, label: str = PREDICTED) -> list[str]:
                      "combined bounds")
     else:
         g = rec.chosen.group
-        lines.append(f"recommended ({label}): {knobs.label(rec.benchmark, g.setting, rec.varied)}: "
-                     f"{fmt(g.energy_per_unit_j, 4)} J per {rec.unit}, saving {rec.chosen.saving.words()}, "
-                     f"{100 * rec.chosen.slowdown:+.2f} % time")
+        lines += [f"recommended ({label}): {knobs.label(rec.benchmark, g.setting, rec.varied)}",
+                  f"  {fmt(g.energy_per_unit_j, 4)} J per {rec.unit}, saving {rec.chosen.saving.words()}, time "
+                  f"{100 * rec.chosen.slowdown:+.2f} % against the default"]
         if rec.chosen.semantic:
             lines.append(f"NOTE: it changes what is computed ({', '.join(rec.chosen.semantic)}): allowed by "
                          "--allow-semantic-changes")

@@ -26,11 +26,11 @@ from jpwr.errors import take_debug_flag
 # verb -> (module with main(argv), one-line summary)
 VERBS = {
     "report": ("joulebench.analysis.report", "charts, a table and an HTML page over run records; --compare A B"),
-    "recommend": ("joulebench.analysis.recommend", "the cheapest software setting of a sweep that meets a target, "
-                                                   "its saving against the default; --remeasure confirms it"),
     "plot": ("joulebench.analysis.plot", "a trace's power, clocks and utilisation with its windows shaded"),
     "plan": ("joulebench.analysis.plan", "one SM clock per phase under a slowdown limit, beside the best single "
                                          "clock (a prediction)"),
+    "recommend": ("joulebench.analysis.recommend", "the cheapest software setting of a sweep that meets a target, "
+                                                   "its saving against the default; --remeasure confirms it"),
     "attribute": ("joulebench.analysis.attribute", "where a window's joules go: per phase (fit, replay), kernel "
                                                    "classes; writes the record's attribution block"),
     "demo": ("joulebench.analysis.demo", "a tiny CPU run metered by a replayed H100 trace, then plot, report and "

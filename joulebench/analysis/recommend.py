@@ -219,6 +219,35 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
                           meeting[0] if meeting else None, left_out, model)
 
 
+@dataclasses.dataclass(frozen=True)
+class FrontMarks:
+    """What `report --pareto` marks on a software-knob sweep's front: the default setting's and the recommended
+    setting's runs, and each run's setting in words."""
+
+    default_runs: frozenset[str]
+    recommended_runs: frozenset[str]
+    labels: dict[str, str]
+    words: str
+
+
+def front_marks(runs: Sequence[Run], max_slowdown: float, defaults: Sequence[str], min_coverage: float
+                ) -> FrontMarks | None:
+    """The marks where the runs vary a software knob (None where they vary none: a device-settings sweep); refused
+    (ValidationError) where no recommendation can be made."""
+    readable = [r for r in runs if not r.rejected]
+    benchmark = readable[0].record.benchmark if readable else None
+    if benchmark not in knobs.KNOBS or len({knobs.setting_of(benchmark, r.record.config) for r in readable}) < 2:
+        return None
+    rec = recommend(runs, Target(max_slowdown=max_slowdown), defaults, min_coverage=min_coverage)
+    labels = {r.record.run_id: knobs.label(benchmark, knobs.setting_of(benchmark, r.record.config), rec.varied)
+              for r in readable}
+    chosen = rec.chosen.group if rec.chosen is not None else None
+    words = (f"software settings: default {knobs.label(benchmark, rec.default.group.setting, rec.varied)}; "
+             + ("no setting meets the slowdown limit" if chosen is None else "recommended: the default" if
+                rec.is_default else f"recommended ({PREDICTED}): {labels[chosen.names[0]]}"))
+    return FrontMarks(frozenset(rec.default.group.names), frozenset(chosen.names if chosen else ()), labels, words)
+
+
 # ---- output ------------------------------------------------------------------------------------------------------
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else fmt(value * 1e3, 4)

@@ -235,3 +235,57 @@ def test_remeasure_refuses_records_it_cannot_rerun(front, tmp_path) -> None:
         remeasure.rerun_command({"preset": "tiny", "batch_size": 1}, None)
     with pytest.raises(ValidationError, match="static-batch `llm_inference run` points only"):
         remeasure.rerun_command({"preset": "tiny", "rate": "2", "max_concurrency": 4}, "nvml")
+
+
+TINY_CPU = {"preset": "tiny", "model": "tiny", "task": "tiny", "num_batches": 2, "output_length": 3,
+            "precision": "fp32", "attention": "sdpa", "seed": 1234, "warmup_batches": 1, "steady_seconds": 0.3,
+            "device": "cpu", "idle_baseline": False, "energy_methods": "nvml", **DEFAULT}
+
+
+@pytest.mark.slow
+def test_remeasure_reruns_both_settings_through_the_driver(fake_env, h100_trace_dir, tmp_path, capsys,
+                                                           monkeypatch) -> None:
+    """End to end on the CPU: the tiny preset's batch-size sweep (recorded), re-run by `llm_inference run` under the
+    fake NVML (a replayed H100 trace), twice per setting."""
+    sweep = tmp_path / "sweep"
+    write_point(sweep, "bs1", {}, FASTER, **{**TINY_CPU, "batch_size": 1})
+    write_point(sweep, "bs2", {}, (FASTER[0] / 2, FASTER[1] / 2), **{**TINY_CPU, "batch_size": 2})
+    for key, value in fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir)).items():
+        monkeypatch.setenv(key, value)
+    again = tmp_path / "again"
+    out = run_recommend(capsys, str(sweep), "--default", "batch_size=1", "--remeasure", "--repeats", "2",
+                        "--remeasure-dir", str(again), "--json", str(tmp_path / "rec.json"))
+    assert "recommended (re-measured below): batch_size=2" in out
+    reruns = {path.parent.name: path for path in again.rglob("run_record.json")}
+    assert sorted(reruns) == ["default-1", "default-2", "recommended-1", "recommended-2"]
+    runs = {name: load_runs([path])[0] for name, path in reruns.items()}
+    for name, run in runs.items():  # each re-run is its setting's point, metered in-process
+        assert run.record.config["batch_size"] == (1 if name.startswith("default") else 2)
+        assert (run.record.config["preset"], run.record.config["energy_methods"]) == ("tiny", "nvml")
+    left_out = {name: reason for name, run in runs.items() if (reason := recommend.untrusted(run, 0.99))}
+    remeasured = json.loads((tmp_path / "rec.json").read_text())["remeasured"]
+    if left_out:  # this machine's load may disturb a run: then nothing is called measured, and each is named
+        assert remeasured["measured"] is None and "the recommendation stays PREDICTED" in out
+        assert all(f"{name}: {reason}" in out for name, reason in left_out.items())
+    else:
+        energy = {n: r.cost.energy_per_unit_j for n, r in runs.items()}
+        expected = 1 - (energy["recommended-1"] + energy["recommended-2"]) / (energy["default-1"] + energy["default-2"])
+        assert remeasured["measured"]["fraction"] == pytest.approx(expected)
+        assert "measured saving" in out and "(bound: meter + repeats' spread)" in out
+
+
+def test_report_pareto_marks_the_default_and_the_recommended_setting(front, tmp_path, capsys) -> None:
+    assert joulebench_main(["report", "--pareto", str(front), "--max-slowdown", "15%", "-o", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in (
+        "default-1", "default-2", "energy", "pinned")}
+    assert all(rows[name].rstrip().endswith("default") for name in ("default-1", "default-2"))
+    assert rows["energy"].rstrip().endswith("recommended") and "objective=energy" in rows["energy"]
+    assert not rows["pinned"].rstrip().endswith(("default", "recommended"))
+    assert ("software settings: default decode_tuning=auto objective=speed; recommended (PREDICTED from the sweep, not "
+            "re-measured): decode_tuning=auto objective=energy") in out
+    # the saving column is against the default setting's runs, not the mean of every run at default device settings
+    assert f"default setting: {FASTER[0]:.4g} s" in out
+    data = json.loads((tmp_path / "p" / "pareto.json").read_text())
+    assert data["software"] == {"default": ["default-1", "default-2"], "recommended": ["energy"]}
+    assert data["baseline"]["runs"] == ["default-1", "default-2"]

@@ -17,7 +17,8 @@ Target (each optional; a setting missing a figure a target needs cannot meet it)
 The recommendation is the setting with the least energy per unit among those meeting the target whose saving
 against the default is beyond the combined bounds (joulebench.savings), else the default. It is PREDICTED from the
 sweep until re-measured: --remeasure runs it and the default again (--repeats N each, alternating) through the
-driver's command line and reports the measured saving beside the predicted one (joulebench.analysis.remeasure).
+driver's command line and reports the measured saving beside the predicted one (joulebench.analysis.remeasure);
+--remeasured RUNS... reads re-runs made elsewhere instead (any driver: e.g. a second JUBE sweep, run twice).
 
     joulebench recommend jube/runs/inference/000004 --max-p90-tpot-ms 50 --max-slowdown 5% [--remeasure]
 """
@@ -334,6 +335,8 @@ def main(argv: Sequence[str]) -> int:
                         help="in-process metering of the re-runs (default: the records' own; e.g. nvml)")
     parser.add_argument("--remeasure-dir", type=Path, default=Path("recommend-remeasure"),
                         help="where the re-runs write their records")
+    parser.add_argument("--remeasured", nargs="+", type=Path, default=None, metavar="RUNS",
+                        help="re-runs made elsewhere (e.g. JUBE, twice) of the default and the recommended setting")
     parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     args = state_ranges(parser).parse_args(argv)
     target = Target(None if args.max_p90_tpot_ms is None else args.max_p90_tpot_ms / 1e3,
@@ -341,15 +344,20 @@ def main(argv: Sequence[str]) -> int:
                     None if args.max_slowdown is None else parse_fraction(args.max_slowdown), args.min_throughput)
     rec = recommend(load_runs(args.paths), target, args.default, args.allow_semantic_changes, args.min_coverage)
     data = as_json(rec)
+    if args.remeasure and args.remeasured:
+        raise ValidationError("--remeasure and --remeasured both given", "keep one: re-run here, or read re-runs")
+    wanted = args.remeasure or args.remeasured is not None
     measured = None
-    if args.remeasure and rec.chosen is not None and not rec.is_default:
+    if wanted and rec.chosen is not None and not rec.is_default:
         from joulebench.analysis import remeasure
 
-        measured = remeasure.remeasure(rec, args.repeats, args.remeasure_dir, args.energy_methods, args.min_coverage)
+        measured = (remeasure.from_records(rec, load_runs(args.remeasured), args.min_coverage) if args.remeasured
+                    else remeasure.remeasure(rec, args.repeats, args.remeasure_dir, args.energy_methods,
+                                             args.min_coverage))
         data["remeasured"] = measured.as_json()
     print("\n".join(table(rec)))
     print("\n".join(summary(rec, PREDICTED if measured is None else "re-measured below")))
-    if args.remeasure and measured is None:
+    if wanted and measured is None:
         print("re-measure: nothing to re-measure (the recommendation is the default, or none meets the target)")
     if measured is not None:
         print("\n".join(measured.lines()))

@@ -4,8 +4,8 @@ given, and set the measured saving beside the predicted one.
 Each setting runs --repeats times, alternating default and recommended (a drift of the machine then touches both),
 through the driver's own command line in a subprocess, rebuilt from a run record's config (the records hold their
 configuration, not their command line; analysis imports no driver). Supported: static-batch `llm_inference run`
-records; other records are refused naming the fix (re-run them with the printed options, e.g. through JUBE, and
-pass both sweeps to `recommend`).
+records. Any driver's re-runs made elsewhere (a second JUBE sweep of the two settings, run twice) are read with
+`--remeasured RUNS...` (from_records) and compared the same way.
 
 Bound of a measured side (relative): the meter's largest bound over its repeats plus the repeats' half range over
 their mean, the two worst cases added as joulebench.savings adds them; the measured saving's bound is the sum of
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from joulebench.analysis import knobs
 from joulebench.analysis.recommend import Recommendation, untrusted
 from joulebench.analysis.report import Run, load_runs
 from joulebench.savings import Saving
@@ -44,8 +45,8 @@ def rerun_command(config: Mapping[str, Any], energy_methods: str | None) -> list
     directory and run id."""
     if config.get("rate") is not None or "batch_size" not in config or "preset" not in config:
         raise ValidationError("--remeasure re-runs static-batch `llm_inference run` points only",
-                              "re-run the printed settings yourself (e.g. JUBE with the sweep values shown, "
-                              "--repeats times each) and pass those records to `joulebench recommend`")
+                              "re-run the default and the printed setting yourself (e.g. JUBE with the sweep values "
+                              "shown, twice or more) and pass those records with --remeasured")
     methods = energy_methods or config.get("energy_methods")
     if not methods:
         raise ValidationError("the re-runs need a meter: the records name no in-process energy methods (their "
@@ -156,4 +157,26 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
     measured = None
     if default.energies and recommended.energies and not problems:
         measured = bounded_saving(default.mean_j, default.bound, recommended.mean_j, recommended.bound)
+    return Remeasured(rec.chosen.saving, default, recommended, measured, problems)
+
+
+def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> Remeasured:
+    """Re-runs made elsewhere: the runs of the default and the recommended setting among `runs` (others ignored), each
+    side needing two trustworthy runs at least (a spread needs two)."""
+    assert rec.chosen is not None
+    sides: dict[str, list[Run]] = {"default": [], "recommended": []}
+    problems: list[str] = []
+    wanted = {rec.default.group.setting: "default", rec.chosen.group.setting: "recommended"}
+    for run in runs:
+        side = None if run.rejected else wanted.get(knobs.setting_of(rec.benchmark, run.record.config))
+        reason = run.rejected or untrusted(run, min_coverage)
+        if reason and (side or run.rejected):
+            problems.append(f"{run.record.run_id}: {reason}")
+        elif side:
+            sides[side].append(run)
+    problems += [f"{len(found)} trustworthy re-run(s) of the {side} setting; at least 2 are needed"
+                 for side, found in sides.items() if len(found) < 2]
+    default, recommended = Side("default", sides["default"]), Side("recommended", sides["recommended"])
+    measured = None if problems else bounded_saving(default.mean_j, default.bound, recommended.mean_j,
+                                                    recommended.bound)
     return Remeasured(rec.chosen.saving, default, recommended, measured, problems)

@@ -289,3 +289,22 @@ def test_report_pareto_marks_the_default_and_the_recommended_setting(front, tmp_
     data = json.loads((tmp_path / "p" / "pareto.json").read_text())
     assert data["software"] == {"default": ["default-1", "default-2"], "recommended": ["energy"]}
     assert data["baseline"]["runs"] == ["default-1", "default-2"]
+
+
+def test_remeasured_reads_reruns_made_elsewhere(front, tmp_path_factory, capsys) -> None:
+    """Any driver's re-runs (e.g. a second JUBE sweep, twice): the two settings' runs compared, other runs ignored."""
+    again = tmp_path_factory.mktemp("again")  # beside the sweep, not inside it
+    for run_id, knob_values, joules in (("d1", DEFAULT, 0.661), ("d2", DEFAULT, 0.665), ("e1", ENERGY, 0.523),
+                                        ("e2", ENERGY, 0.529), ("other", PINNED, 0.4)):
+        write_point(again, run_id, knob_values, (FASTER[0], joules))
+    out = run_recommend(capsys, str(front), "--max-slowdown", "15%", "--remeasured", str(again))
+    expected = 1 - (0.523 + 0.529) / (0.661 + 0.665)
+    bound = 2 * BOUND + (0.665 - 0.661) / 2 / 0.663 + (0.529 - 0.523) / 2 / 0.526
+    assert f"measured saving {100 * expected:+.2f} % (bound ±{100 * bound:.2f} %)" in out
+    assert "agrees with the prediction" in out and "default runs: d1, d2; recommended runs: e1, e2" in out
+    write_point(again, "e2", ENERGY, (FASTER[0], 0.529), disturbed=True)
+    out = run_recommend(capsys, str(front), "--max-slowdown", "15%", "--remeasured", str(again))
+    assert "measured saving n/a: e2: disturbed: host load: planted; 1 trustworthy re-run(s) of the recommended " \
+           "setting; at least 2 are needed" in out
+    assert joulebench_main(["recommend", str(front), "--remeasure", "--remeasured", str(again)]) == 64
+    assert "--remeasure and --remeasured both given" in capsys.readouterr().err

@@ -296,12 +296,15 @@ def main(argv: Sequence[str]) -> int:
     from joulebench.analysis.recommend import front_marks  # recommend imports this module
 
     # a software-knob sweep's default and recommended settings (the slowdown limit as the target); None otherwise
-    marks = front_marks(runs, max_slowdown, args.default, args.min_coverage)
+    try:
+        marks, unmarked = front_marks(runs, max_slowdown, args.default, args.min_coverage), None
+    except ValidationError as exc:  # the front stands without the marks
+        marks, unmarked = None, f"software settings not marked: {exc}"
     base = baseline(points, None if marks is None else marks.default_runs)
     front = pareto_front(points)
     best = waste_free(points, base, max_slowdown)
     rows = table(points, base, front, best, marks)
-    lines = summary(points, base, best, max_slowdown, marks)
+    lines = summary(points, base, best, max_slowdown, marks) + ([unmarked] if unmarked else [])
     print(render(rows))
     print("\n".join(lines))
     if args.out is not None:

@@ -308,3 +308,15 @@ def test_remeasured_reads_reruns_made_elsewhere(front, tmp_path_factory, capsys)
            "setting; at least 2 are needed" in out
     assert joulebench_main(["recommend", str(front), "--remeasure", "--remeasured", str(again)]) == 64
     assert "--remeasure and --remeasured both given" in capsys.readouterr().err
+
+
+def test_report_pareto_without_a_default_for_a_swept_knob_draws_the_front_unmarked(tmp_path, capsys) -> None:
+    for run_id, mbs, joules in (("mbs4", 4, 0.010), ("mbs8", 8, 0.009)):
+        write_point(tmp_path, run_id, {}, (1e-3, joules), micro_batch_size=mbs)
+        record = json.loads((tmp_path / run_id / "run_record.json").read_text())
+        record["benchmark"] = "llm_training"
+        (tmp_path / run_id / "run_record.json").write_text(json.dumps(record))
+    assert joulebench_main(["report", "--pareto", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "software settings not marked: the sweep varies micro_batch_size (4, 8), which has no driver default" in out
+    assert "marked" not in out.splitlines()[0]

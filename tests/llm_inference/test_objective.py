@@ -85,3 +85,22 @@ def test_objective_with_auto_tuning_is_taken_and_load_refuses_it(capsys):
     assert main(["validate-load", "--preset", "tiny", "--device", "cpu", "--rate", "2", "--objective", "energy"]
                 ) == ExitCode.USAGE
     assert "`load` runs the continuous engine's default variant or a server target" in capsys.readouterr().err
+
+
+def test_the_run_s_objective_reaches_the_engine_and_its_record_detail():
+    import torch
+
+    from llm_inference.cli import build_parser
+    from llm_inference.config import resolve
+    from llm_inference.presets import PRESETS
+    from llm_inference.runner import _make_engine
+
+    def engine_for(*extra: str):
+        cfg = resolve(build_parser().parse_args(["run", "--preset", "tiny", "--device", "cpu", *extra]))
+        return cfg, _make_engine(cfg, PRESETS["tiny"], "fp32", torch.device("cpu"))
+
+    cfg, engine = engine_for("--objective", "edp")
+    assert cfg.to_dict()["objective"] == "edp" and engine.describe()["decode_objective"] == "edp"
+    cfg, engine = engine_for()
+    assert cfg.to_dict()["objective"] is None  # not given: the record says so; the engine runs the default
+    assert engine.describe()["decode_objective"] == DEFAULT_OBJECTIVE and engine.power_probe is None

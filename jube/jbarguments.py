@@ -12,7 +12,7 @@ from __future__ import annotations
 from jbshell import SERVER_SETTINGS
 from jbsystems import FRAMEWORK_TAGS, PointRefused, override_variable
 
-STATIC_ONLY = ("batch_size",)
+STATIC_ONLY = ("batch_size", "objective")  # objective: how the static engine chooses its decode variant
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
 SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
 
@@ -69,7 +69,7 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
                         prefix: str) -> dict[str, str]:
     """llm_inference: a serving point (rate set) or a static-batch point, on tensor_parallel GPUs of one node."""
     shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"],
-              "tensor_parallel": inference_ranks(profile, value)}
+              "tensor_parallel": inference_ranks(profile, value), "decode_tuning": value.get("decode_tuning", "")}
     window = {"min_window_s": value.get("min_window_s") or profile[f"{prefix}_min_window_s"]}
     if value.get("rate"):
         return {**shared, "rate": value["rate"],
@@ -78,7 +78,8 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
                 "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
                 **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
     return {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
-            "engine": value.get("engine", ""), **window, **common_arguments(profile, value)}
+            "engine": value.get("engine", ""), "objective": value.get("objective", ""), **window,
+            **common_arguments(profile, value)}
 
 
 def inference_ranks(profile: dict[str, str], value: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, Same
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
+from llm_inference.decode_choice import DEFAULT_OBJECTIVE, OBJECTIVES
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS
@@ -42,12 +43,13 @@ class InferenceConfig:
     attention: str
     device: str
     seed: int
-    decode_tuning: str  # "auto" (fastest per batch shape, chosen at set-up) or a DECODE_TUNING_CHOICES variant
+    decode_tuning: str  # "auto" (chosen per batch shape at set-up, by the objective) or a DECODE_TUNING_CHOICES variant
     out_dir: str
     run_id: str
     energy_methods: str | None
     log_to: tuple[str, ...] = ()  # --log-to: tools each record's window figures go to (joulebench.exports)
     tensor_parallel: int = 1  # ranks (GPUs) the model's heads and MLP columns are split over (torchrun processes)
+    objective: str | None = None  # --objective: how --decode-tuning auto chooses; None = not given (speed)
 
     @property
     def points(self) -> list[tuple[str, int]]:
@@ -92,6 +94,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
     m.add_argument("--tensor-parallel", type=COUNT, default=1, metavar="N",
                    help="split the model's heads and MLP columns over N GPUs of one node (static and continuous "
                         "engines): start N processes, e.g. torchrun --nproc-per-node N -m llm_inference ...")
+    m.add_argument("--objective", choices=OBJECTIVES, default=None,
+                   help="how --decode-tuning auto chooses the variant per batch shape (static engine): speed = the "
+                        f"faster replayed step (default: {DEFAULT_OBJECTIVE}), energy = the least energy per step "
+                        "(replayed time × metered power), edp = energy × time; without a sensor: by speed")
     if engines:
         m.add_argument("--engine", choices=ENGINES, default="static",
                        help="static: own model code, static KV cache, decode steps replayed as CUDA graphs "
@@ -147,4 +153,5 @@ def resolve(args: argparse.Namespace) -> InferenceConfig:
         device=args.device, seed=args.seed, out_dir=args.out_dir or default_out_dir("llm_inference", run_id),
         run_id=run_id,
         energy_methods=args.energy_methods, log_to=args.log_to, tensor_parallel=args.tensor_parallel,
+        objective=args.objective,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, MILLISECONDS, PORT, SECONDS, SEED, SIZE, Number, SameMeaning
 from joulebench.lifecycle import default_out_dir, new_run_id
+from jpwr import ValidationError
 from llm_inference.arrivals import PROCESSES, parse_rate, parse_rates
 from llm_inference.config import add_control_arguments, add_model_arguments
 from llm_inference.http_client import APIS, parse_url
@@ -160,6 +161,10 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_load(args: argparse.Namespace) -> LoadConfig:
     """--rates or --rate (never both: SameMeaning); a trace has no rate (its arrivals are its own)."""
+    if args.objective is not None:
+        raise ValidationError(f"--objective {args.objective} ranks the static engine's decode variants per batch shape "
+                              "(`run`); `load` runs the continuous engine's default variant or a server target, which "
+                              "choose nothing", "leave --objective out; pin a variant with --decode-tuning")
     rates = args.rates or ((args.rate,) if args.rate is not None else ())
     run_id = args.run_id or new_run_id("load", Path(args.checkpoint).name if args.checkpoint else args.preset)
     return LoadConfig(

@@ -39,6 +39,7 @@ from jpwr.trace import TraceData, load_trace
 from llm_inference import memory, metrics, shards, tensor_parallel, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
 from llm_inference.continuous_engine import ContinuousEngine
+from llm_inference.decode_choice import DEFAULT_OBJECTIVE, meter_probe
 from llm_inference.engine import DTYPES, Engine, build_model, make_inputs
 from llm_inference.hf_engine import HFEngine
 from llm_inference.measure import PointWindows, own_decision, run_point
@@ -201,6 +202,8 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
                   log_to=cfg.log_to) as run:
         engine = model.get()
         meter = run.open_meter(sync=engine.sync, methods=cfg.energy_methods)
+        if isinstance(engine, StaticEngine):  # this run's sampler meters each decode variant's replays
+            engine.power_probe = meter_probe(meter)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         inputs = [make_inputs(b, shape.vocab_size, cfg.seed + i, device) for i, b in enumerate(batches)]
@@ -218,12 +221,15 @@ def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, devic
     """The transformers model, used by `hf` as it is and by `static` as the source of its weights; split over
     ranks, the static engine on this rank's part, built directly on its GPU."""
     if tp is not None:
-        return StaticEngine(shards.rank_model(shape, cfg.checkpoint, DTYPES[precision], device, cfg.seed, tp),
-                            device, tuning=cfg.decode_tuning)
-    model = build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
-    if cfg.engine == "hf":
-        return HFEngine(model, device)
-    return compact_engine(StaticEngine, model, device, cfg.decode_tuning)
+        engine = StaticEngine(shards.rank_model(shape, cfg.checkpoint, DTYPES[precision], device, cfg.seed, tp),
+                              device, tuning=cfg.decode_tuning)
+    else:
+        model = build_model(shape, cfg.checkpoint, precision, cfg.attention, device, cfg.seed)
+        if cfg.engine == "hf":
+            return HFEngine(model, device)
+        engine = compact_engine(StaticEngine, model, device, cfg.decode_tuning)
+    engine.objective = cfg.objective or DEFAULT_OBJECTIVE
+    return engine
 
 
 CompactT = TypeVar("CompactT", StaticEngine, ContinuousEngine)

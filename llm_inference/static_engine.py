@@ -46,6 +46,7 @@ from llm_inference.decode_attention import (
     split_decode_attention,
     triton_supported,
 )
+from llm_inference.decode_choice import DEFAULT_OBJECTIVE, POWER_REPLAY_S, POWER_SPAN_S, Choice, PowerProbe, choose
 from llm_inference.engine import StepClock, Timing
 from llm_inference.tasks import Batch
 
@@ -81,6 +82,8 @@ class DecodeState:
     graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
     tuning: str | None = None  # the compiled variant this shape's graphs run (None: not chosen yet)
     tuning_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # each variant's replayed step
+    tuning_power_w: dict[str, float | None] = dataclasses.field(default_factory=dict)  # each one's power (None: n/a)
+    tuning_basis: str | None = None  # what decided the variant (llm_inference.decode_choice)
     tuning_graphs: list[torch.cuda.CUDAGraph] = dataclasses.field(default_factory=list)  # kept: they hold the pool
 
     @property
@@ -120,6 +123,8 @@ class CompactForward:
                                  for name, options in tunings.items()} if self.compile_decode
                                 else {"eager": pieces})
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
+        self.objective = DEFAULT_OBJECTIVE  # how choose_tuning ranks the variants (--objective)
+        self.power_probe: PowerProbe | None = None  # the run's meter, set per run; None: every power n/a
         self.clock = StepClock(device)
         # the split Triton kernels' SM count where they run (the cache has unit stride along the head dim), else None
         self.split_sms = sm_count(device) if triton_supported(device, model.head_dim, model.embed.dtype) else None
@@ -206,15 +211,16 @@ class CompactForward:
         torch.cuda.current_stream().wait_stream(side)
 
     def choose_tuning(self, step: Callable[[], None], reset: Callable[[], None], replays: int, pool: Any,
-                      keep: list[torch.cuda.CUDAGraph]) -> tuple[str, dict[str, float]]:
-        """Per batch shape, the compiled variant (DECODE_TUNINGS) whose captured step replays fastest: inductor's
-        coordinate-descent tuning made llama-1b's batch-1 step 9 % faster and llama-8b's 11 % slower, so neither
-        is right for every shape. Set-up time, outside every window; `reset` undoes the replays' counter moves.
-        The timed graphs go to `keep`: a memory pool dies with its last graph, and the shape's real graphs are
-        captured into the same pool afterwards."""
+                      keep: list[torch.cuda.CUDAGraph]) -> Choice:
+        """Per batch shape, the compiled variant (DECODE_TUNINGS) that the objective prefers (decode_choice): by its
+        replayed step time, and by its mean power where a meter is given: inductor's coordinate-descent tuning
+        made llama-1b's batch-1 step 9 % faster and llama-8b's 11 % slower, so neither is right for every shape.
+        Set-up time, outside every window; `reset` undoes the replays' counter moves. The timed graphs go to
+        `keep`: a memory pool dies with its last graph, and the shape's real graphs are captured into the same
+        pool afterwards."""
         if len(self.decode_variants) == 1 or replays < MIN_TUNING_REPLAYS:  # too few to time: the first variant
-            return self.decode_tuning, {}
-        timings = {}
+            return Choice(self.decode_tuning, {}, {}, "one variant (pinned, eager or too few replays to time)")
+        timings, powers = {}, {}
         for name in self.decode_variants:
             self.decode_tuning = name
             self.warm_up(step)
@@ -232,10 +238,25 @@ class CompactForward:
             end.synchronize()
             timings[name] = begin.elapsed_time(end) / replays
             reset()
-        fastest = min(timings, key=timings.__getitem__)
-        # split over ranks: rank 0's choice everywhere (each rank's timing is its own, the graphs must match)
-        self.decode_tuning = fastest if self.model.tp is None else self.model.tp.from_rank_zero(fastest)
-        return self.decode_tuning, timings
+            powers[name] = self._replay_power(graph, reset, replays)
+        choice = choose(timings, powers, self.objective)
+        if self.model.tp is not None:  # split over ranks: rank 0's choice everywhere (the graphs must match)
+            choice = self.model.tp.from_rank_zero(choice)
+        self.decode_tuning = choice.variant
+        return choice
+
+    def _replay_power(self, graph: torch.cuda.CUDAGraph, reset: Callable[[], None], replays: int) -> float | None:
+        """Mean power over the last POWER_SPAN_S of POWER_REPLAY_S seconds of this graph's replays (in rounds of
+        `replays`, reset between: the counters stay inside the buffers); None without a meter."""
+        if self.power_probe is None:
+            return None
+        started = time.monotonic()
+        while time.monotonic() - started < POWER_REPLAY_S:
+            for _ in range(replays):
+                graph.replay()
+            reset()
+            self.sync()
+        return self.power_probe(POWER_SPAN_S)
 
 
 class StaticEngine(CompactForward):
@@ -255,6 +276,9 @@ class StaticEngine(CompactForward):
                 "decode_tuning": state.tuning if state is not None and state.tuning else (
                     self.decode_tuning if len(self.decode_variants) == 1 else None),  # None: not chosen yet
                 "decode_tuning_ms": None if state is None else state.tuning_ms,
+                "decode_tuning_power_w": None if state is None else state.tuning_power_w,
+                "decode_objective": self.objective,
+                "decode_tuning_basis": None if state is None else state.tuning_basis,
                 "slot_bucket": memory.POSITION_BUCKET,  # record keys kept as they were
                 "cache_slots": None if state is None else state.positions,
                 "captured_graphs": None if state is None else len(state.graphs),
@@ -309,8 +333,10 @@ class StaticEngine(CompactForward):
 
         reset()
         if state.tuning is None:  # replays advance the counters: at most outputs - 2 of them stay in the buffers
-            state.tuning, state.tuning_ms = self.choose_tuning(step, reset, min(TUNING_REPLAYS, state.outputs - 2),
-                                                               state.pool, state.tuning_graphs)
+            choice = self.choose_tuning(step, reset, min(TUNING_REPLAYS, state.outputs - 2), state.pool,
+                                        state.tuning_graphs)
+            state.tuning, state.tuning_ms = choice.variant, choice.step_ms
+            state.tuning_power_w, state.tuning_basis = choice.power_w, choice.basis
         self.decode_tuning = state.tuning
         self.warm_up(step)
         reset()

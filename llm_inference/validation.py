@@ -68,6 +68,7 @@ def check_config(cfg: InferenceConfig) -> ModelPreset:
         raise ValidationError(f"--decode-tuning {cfg.decode_tuning} chooses a compiled variant of the static "
                               "engine's decode step; --engine hf runs transformers' generate",
                               "leave --decode-tuning out, or use --engine static")
+    _check_objective(cfg)
     if cfg.output_length is not None and cfg.output_length < 1:
         raise ValidationError(f"--output-length is {cfg.output_length}", "force at least one new token")
     for task in cfg.tasks:
@@ -105,6 +106,21 @@ def check_node_devices(ranks: int, visible: int) -> None:
         raise ValidationError(f"--tensor-parallel {ranks} does not divide the {visible} GPU(s) this node shows",
                               f"use a --tensor-parallel that divides {visible}, or set CUDA_VISIBLE_DEVICES to "
                               f"{ranks} GPUs")
+
+
+def _check_objective(cfg: InferenceConfig) -> None:
+    """--objective ranks the static engine's variants under --decode-tuning auto: nothing to rank otherwise."""
+    if cfg.objective is None:
+        return
+    if cfg.engine == "hf":
+        raise ValidationError(f"--objective {cfg.objective} ranks the static engine's compiled decode variants; "
+                              "--engine hf runs transformers' generate",
+                              "leave --objective out, or use --engine static")
+    if cfg.decode_tuning != "auto":
+        raise ValidationError(f"--objective {cfg.objective} and --decode-tuning {cfg.decode_tuning} conflict: the "
+                              "objective chooses the variant, the pinned tuning overrides that choice",
+                              f"keep one: --decode-tuning {cfg.decode_tuning} alone, or --objective {cfg.objective} "
+                              "(with --decode-tuning auto)")
 
 
 def check_task_context(task: str, output_length: int | None, shape: ModelPreset) -> None:

@@ -3,6 +3,7 @@
     joulebench report PATH... -o OUTDIR | --compare A B   # efficiency charts, HTML report, energy diagnosis
     joulebench report --pareto RUNS... [--max-slowdown 1%] # a sweep's Pareto front and waste-free point
     joulebench plan RUNS... | --profile FILE              # one clock per phase under a slowdown limit (predicted)
+    joulebench recommend RUNS... [--max-p90-tpot-ms MS] [--max-slowdown 5%] [--remeasure]  # cheapest setting
     joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
     joulebench attribute RUN_DIR [--profile KERNELS.json] # a window's energy per phase: fit and replay estimators
     joulebench demo [--out DIR]                           # all of it on a laptop, from a recorded H100 trace
@@ -28,6 +29,8 @@ VERBS = {
     "plot": ("joulebench.analysis.plot", "a trace's power, clocks and utilisation with its windows shaded"),
     "plan": ("joulebench.analysis.plan", "one SM clock per phase under a slowdown limit, beside the best single "
                                          "clock (a prediction)"),
+    "recommend": ("joulebench.analysis.recommend", "the cheapest software setting of a sweep that meets a target, "
+                                                   "its saving against the default; --remeasure confirms it"),
     "attribute": ("joulebench.analysis.attribute", "where a window's joules go: per phase (fit, replay), kernel "
                                                    "classes; writes the record's attribution block"),
     "demo": ("joulebench.analysis.demo", "a tiny CPU run metered by a replayed H100 trace, then plot, report and "

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import percent, readable, work_unit
 from joulebench.analysis.energy_domain import require_one_domain
@@ -31,6 +31,9 @@ from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
 from jpwr.output import fmt
+
+if TYPE_CHECKING:  # recommend imports this module: its marks are computed in main, imported there
+    from joulebench.analysis.recommend import FrontMarks
 
 DEFAULT_MAX_SLOWDOWN = 0.01
 DEFAULT_MIN_COVERAGE = 0.99
@@ -78,7 +81,7 @@ def parse_fraction(text: str) -> float:
     return value
 
 
-def _exclusion(run: Run, min_coverage: float) -> str | None:
+def exclusion(run: Run, min_coverage: float) -> str | None:
     record, metrics = run.record, run.record.metrics
     if not run.usable:
         return f"status {record.status}: {record.status_reason or 'no reason recorded'}"
@@ -120,12 +123,15 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
         points.append(SweepPoint(
             run, recorded_settings(run.record.config),
             window.duration_s / steps if window and steps and not run.rejected else None, run.cost.time_per_unit_s,
-            run.cost.energy_per_unit_j, _exclusion(run, min_coverage)))
+            run.cost.energy_per_unit_j, exclusion(run, min_coverage)))
     return points
 
 
-def baseline(points: Sequence[SweepPoint]) -> Baseline:
-    defaults = [p for p in points if p.settings.is_default and p.excluded is None]
+def baseline(points: Sequence[SweepPoint], among: Collection[str] | None = None) -> Baseline:
+    """The default-setting row: the mean of the trusted runs at the device's own settings (of a software-knob sweep:
+    only `among`, the default setting's runs)."""
+    defaults = [p for p in points if p.settings.is_default and p.excluded is None
+                and (among is None or p.name in among)]
     if not defaults:
         raise ValidationError("the sweep has no default-setting run with trustworthy energy (power_limit and "
                               "sm_clock empty)", "include a run at the device's own settings (the sweep's empty "
@@ -187,7 +193,7 @@ def _pct(value: float | None) -> str:
 
 
 def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoint],
-          best: SweepPoint | None) -> list[dict[str, str]]:
+          best: SweepPoint | None, marks: FrontMarks | None = None) -> list[dict[str, str]]:
     rows = []
     for p in sorted(points, key=lambda p: (p.excluded is not None, p.time_per_unit_s or math.inf)):
         sm = p.run.latents.get("sm_clock_hz")
@@ -201,9 +207,15 @@ def table(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoi
             "coverage %": percent(p.run.metric("energy_coverage")),
             "slowdown": _pct(slowdown(p, base)), "saving": saving_words(p, base),
             "front": "*" if any(p is q for q in front) else "", "waste-free": "<--" if p is best else "",
+            **({} if marks is None else {"setting": marks.labels.get(p.name, "n/a"), "marked": _mark(p, marks)}),
             "note": f"excluded: {p.excluded}" if p.excluded else "",
         })
     return rows
+
+
+def _mark(point: SweepPoint, marks: FrontMarks) -> str:
+    return ("default" if point.name in marks.default_runs else
+            "recommended" if point.name in marks.recommended_runs else "")
 
 
 def render(rows: Sequence[dict[str, str]]) -> str:
@@ -214,7 +226,8 @@ def render(rows: Sequence[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | None, max_slowdown: float) -> list[str]:
+def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | None, max_slowdown: float,
+            marks: FrontMarks | None = None) -> list[str]:
     unit = work_unit(points[0].run.record)[:-1]
     lines = ["all figures: each run's steady window, measured; energy with the method and coverage shown",
              f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
@@ -226,13 +239,14 @@ def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | Non
         lines.append(f"waste-free point (least energy within {_pct(max_slowdown)} slowdown, measured): "
                      f"{best.settings.label} (run {best.name}): {_pct(best.cost[1] / base.energy_per_unit_j - 1)} "
                      f"energy per {unit} (saving {saving_words(best, base)}), {_pct(slowdown(best, base))} time")
+    lines += [] if marks is None else [marks.words]
     lines += [f"excluded (energy not trustworthy): run {p.name} ({p.settings.label}): {p.excluded}"
               for p in points if p.excluded]
     return lines
 
 
 def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoint], best: SweepPoint | None,
-           max_slowdown: float) -> Any:
+           max_slowdown: float, marks: FrontMarks | None = None) -> Any:
     from matplotlib.figure import Figure
 
     unit = work_unit(points[0].run.record)[:-1]
@@ -249,6 +263,11 @@ def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPo
     if best is not None:
         ax.scatter([best.cost[0]], [best.cost[1]], s=160, facecolors="none", edgecolors="C3",
                    label="waste-free point")
+    for name, marker, colour in (("default", "s", "k"), ("recommended", "*", "C2")):
+        marked = [p for p in trusted if marks is not None and _mark(p, marks) == name]
+        if marked:
+            ax.scatter([p.cost[0] for p in marked], [p.cost[1] for p in marked], s=220, marker=marker,
+                       facecolors="none", edgecolors=colour, label=f"{name} setting (software knobs)")
     ax.set_xlabel(f"time per {unit} (s), steady window")
     ax.set_ylabel(f"energy per {unit} (J), accelerators")
     ax.grid(alpha=0.3)
@@ -267,15 +286,25 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-slowdown", default="1%", help="slowdown allowed for the waste-free point (1%% or 0.01)")
     parser.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
                         help="energy coverage below this fraction excludes a run (default 0.99; 0 = none excluded)")
+    parser.add_argument("--default", action="append", default=[], metavar="KNOB=VALUE",
+                        help="a software-knob sweep's default where the driver has none (joulebench recommend)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="also write pareto.json and pareto.png here")
     args = state_ranges(parser).parse_args(argv)
     max_slowdown = parse_fraction(args.max_slowdown)
-    points = sweep_points(load_runs(args.paths), args.min_coverage)
-    base = baseline(points)
+    runs = load_runs(args.paths)
+    points = sweep_points(runs, args.min_coverage)
+    from joulebench.analysis.recommend import front_marks  # recommend imports this module
+
+    # a software-knob sweep's default and recommended settings (the slowdown limit as the target); None otherwise
+    try:
+        marks, unmarked = front_marks(runs, max_slowdown, args.default, args.min_coverage), None
+    except ValidationError as exc:  # the front stands without the marks
+        marks, unmarked = None, f"software settings not marked: {exc}"
+    base = baseline(points, None if marks is None else marks.default_runs)
     front = pareto_front(points)
     best = waste_free(points, base, max_slowdown)
-    rows = table(points, base, front, best)
-    lines = summary(points, base, best, max_slowdown)
+    rows = table(points, base, front, best, marks)
+    lines = summary(points, base, best, max_slowdown, marks) + ([unmarked] if unmarked else [])
     print(render(rows))
     print("\n".join(lines))
     if args.out is not None:
@@ -288,7 +317,9 @@ def main(argv: Sequence[str]) -> int:
             "baseline": dataclasses.asdict(base), "rows": rows, "summary": lines,
             "front": [p.name for p in front], "waste_free": None if best is None else best.name,
             "excluded": {p.name: p.excluded for p in points if p.excluded},
+            **({} if marks is None else {"software": {"default": sorted(marks.default_runs),
+                                                      "recommended": sorted(marks.recommended_runs)}}),
         })
-        save_figure(figure(points, base, front, best, max_slowdown), args.out / "pareto.png")
+        save_figure(figure(points, base, front, best, max_slowdown, marks), args.out / "pareto.png")
         print(f"joulebench report --pareto: wrote {args.out / 'pareto.json'} and {args.out / 'pareto.png'}")
     return ExitCode.OK

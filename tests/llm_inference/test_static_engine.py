@@ -86,6 +86,8 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
                                  "decode_attention": "sdpa (masked)", "tensor_parallel": 1,
                                  "rank_heads": shape.num_attention_heads, "rank_kv_heads": shape.num_key_value_heads,
                                  "decode_tuning": "eager", "decode_tuning_ms": {},
+                                 "decode_tuning_power_w": {}, "decode_objective": "speed",
+                                 "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a
                                  "slot_bucket": memory.POSITION_BUCKET,
                                  "cache_slots": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}

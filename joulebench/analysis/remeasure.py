@@ -1,0 +1,182 @@
+"""`joulebench recommend --remeasure`: run the recommended setting and the default again before the recommendation is
+given, and set the measured saving beside the predicted one.
+
+Each setting runs --repeats times, alternating default and recommended (a drift of the machine then touches both),
+through the driver's own command line in a subprocess, rebuilt from a run record's config (the records hold their
+configuration, not their command line; analysis imports no driver). Supported: static-batch `llm_inference run`
+records. Any driver's re-runs made elsewhere (a second JUBE sweep of the two settings, run twice) are read with
+`--remeasured RUNS...` (from_records) and compared the same way.
+
+Bound of a measured side (relative): the meter's largest bound over its repeats plus the repeats' half range over
+their mean, the two worst cases added as joulebench.savings adds them; the measured saving's bound is the sum of
+the two sides'. The predicted and the measured saving agree where they differ by no more than their two bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from joulebench.analysis import knobs
+from joulebench.analysis.recommend import Recommendation, untrusted
+from joulebench.analysis.report import Run, load_runs
+from joulebench.savings import Saving
+from joulebench.savings import saving as bounded_saving
+from jpwr import ValidationError
+
+# llm_inference run: the config keys that make a point, and the option of each (bool: --X / --no-X)
+INFERENCE_RUN_OPTIONS = (
+    ("preset", "--preset"), ("checkpoint", "--checkpoint"), ("task", "--task"), ("batch_size", "--batch-size"),
+    ("num_batches", "--num-batches"), ("output_length", "--output-length"), ("precision", "--precision"),
+    ("engine", "--engine"), ("attention", "--attention"), ("decode_tuning", "--decode-tuning"),
+    ("objective", "--objective"), ("seed", "--seed"),
+    ("warmup_batches", "--warmup-batches"), ("steady_seconds", "--steady-seconds"), ("device", "--device"),
+    ("idle_baseline", "--idle-baseline"),
+)
+RUN_TIMEOUT_S = 3600  # one re-run; a point of the sweep took minutes at most
+
+
+def rerun_command(config: Mapping[str, Any], energy_methods: str | None) -> list[str]:
+    """The driver command that repeats a record's point (a static-batch llm_inference point), less its output
+    directory and run id."""
+    if config.get("rate") is not None or "batch_size" not in config or "preset" not in config:
+        raise ValidationError("--remeasure re-runs static-batch `llm_inference run` points only",
+                              "re-run the default and the printed setting yourself (e.g. JUBE with the sweep values "
+                              "shown, twice or more) and pass those records with --remeasured")
+    methods = energy_methods or config.get("energy_methods")
+    if not methods:
+        raise ValidationError("the re-runs need a meter: the records name no in-process energy methods (their "
+                              "sampler was the job's)", "pass --energy-methods, e.g. nvml")
+    words = [sys.executable, "-m", "llm_inference", "run"]
+    for key, option in INFERENCE_RUN_OPTIONS:
+        value = config.get(key)
+        if isinstance(value, bool):
+            words.append(option if value else option.replace("--", "--no-", 1))
+        elif value is not None:
+            words += [option, str(value)]
+    return [*words, "--energy-methods", str(methods)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One setting's re-runs."""
+
+    name: str
+    runs: list[Run]
+
+    @property
+    def energies(self) -> list[float]:
+        return [e for r in self.runs if (e := r.cost.energy_per_unit_j) is not None]
+
+    @property
+    def mean_j(self) -> float:
+        return sum(self.energies) / len(self.energies)
+
+    @property
+    def bound(self) -> float | None:
+        """The meter's largest relative bound plus the repeats' half range over their mean."""
+        meter = [r.cost.energy_bound for r in self.runs]
+        if any(b is None for b in meter):
+            return None
+        spread = (max(self.energies) - min(self.energies)) / 2 / self.mean_j
+        return max(b for b in meter if b is not None) + spread
+
+
+@dataclasses.dataclass(frozen=True)
+class Remeasured:
+    predicted: Saving
+    default: Side
+    recommended: Side
+    measured: Saving | None  # None: a re-run failed or left no trustworthy energy
+    problems: list[str]
+
+    @property
+    def agrees(self) -> bool | None:
+        if self.measured is None or self.predicted.bound is None or self.measured.bound is None:
+            return None
+        return abs(self.measured.fraction - self.predicted.fraction) <= self.predicted.bound + self.measured.bound
+
+    def lines(self) -> list[str]:
+        head = (f"re-measured ({len(self.default.runs)} + {len(self.recommended.runs)} runs, alternating): predicted "
+                f"saving {self.predicted.words()}")
+        if self.measured is None:
+            return [f"{head}; measured saving n/a: {'; '.join(self.problems)}",
+                    "the recommendation stays PREDICTED (not confirmed by re-measuring)"]
+        verdict = {True: "agrees with the prediction (within the combined bounds)",
+                   False: "DISAGREES with the prediction (beyond the combined bounds): the sweep's figure did not hold",
+                   None: "agreement n/a (a bound is n/a)"}[self.agrees]
+        return [f"{head}; measured saving {self.measured.words()} (bound: meter + repeats' spread): {verdict}",
+                f"default runs: {', '.join(r.record.run_id for r in self.default.runs)}; recommended runs: "
+                f"{', '.join(r.record.run_id for r in self.recommended.runs)}",
+                *[f"problem: {p}" for p in self.problems]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"predicted": dataclasses.asdict(self.predicted),
+                "measured": None if self.measured is None else dataclasses.asdict(self.measured),
+                "agrees": self.agrees, "problems": self.problems,
+                "default_runs": [r.record.run_id for r in self.default.runs],
+                "recommended_runs": [r.record.run_id for r in self.recommended.runs]}
+
+
+def run_driver(command: list[str], out_dir: Path) -> Run | str:
+    """One re-run: its record, or why there is none."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"{out_dir.name}: no record within {RUN_TIMEOUT_S} s"
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"{out_dir.name}: exit {done.returncode}: {tail[0]}"
+    return load_runs([out_dir])[0]
+
+
+def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str | None,
+              min_coverage: float, run: Callable[[list[str], Path], Run | str] = run_driver) -> Remeasured:
+    """Run default and recommended `repeats` times each, alternating, and compare the savings (a re-run is left out
+    by the sweep's own rule)."""
+    assert rec.chosen is not None
+    commands = {name: rerun_command(row.group.runs[0].record.config, energy_methods)
+                for name, row in (("default", rec.default), ("recommended", rec.chosen))}
+    runs: dict[str, list[Run]] = {"default": [], "recommended": []}
+    problems: list[str] = []
+    for repeat in range(1, repeats + 1):
+        for name, command in commands.items():
+            out_dir = root / f"{name}-{repeat}"
+            found = run([*command, "--out-dir", str(out_dir), "--run-id", f"{name}-{repeat}"], out_dir)
+            reason = found if isinstance(found, str) else untrusted(found, min_coverage)
+            if reason:
+                problems.append(reason if isinstance(found, str) else f"{found.record.run_id}: {reason}")
+            else:
+                assert not isinstance(found, str)
+                runs[name].append(found)
+    default, recommended = Side("default", runs["default"]), Side("recommended", runs["recommended"])
+    measured = None
+    if default.energies and recommended.energies and not problems:
+        measured = bounded_saving(default.mean_j, default.bound, recommended.mean_j, recommended.bound)
+    return Remeasured(rec.chosen.saving, default, recommended, measured, problems)
+
+
+def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> Remeasured:
+    """Re-runs made elsewhere: the runs of the default and the recommended setting among `runs` (others ignored), each
+    side needing two trustworthy runs at least (a spread needs two)."""
+    assert rec.chosen is not None
+    sides: dict[str, list[Run]] = {"default": [], "recommended": []}
+    problems: list[str] = []
+    wanted = {rec.default.group.setting: "default", rec.chosen.group.setting: "recommended"}
+    for run in runs:
+        side = None if run.rejected else wanted.get(knobs.setting_of(rec.benchmark, run.record.config))
+        reason = run.rejected or untrusted(run, min_coverage)
+        if reason and (side or run.rejected):
+            problems.append(f"{run.record.run_id}: {reason}")
+        elif side:
+            sides[side].append(run)
+    problems += [f"{len(found)} trustworthy re-run(s) of the {side} setting; at least 2 are needed"
+                 for side, found in sides.items() if len(found) < 2]
+    default, recommended = Side("default", sides["default"]), Side("recommended", sides["recommended"])
+    measured = None if problems else bounded_saving(default.mean_j, default.bound, recommended.mean_j,
+                                                    recommended.bound)
+    return Remeasured(rec.chosen.saving, default, recommended, measured, problems)

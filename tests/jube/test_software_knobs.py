@@ -1,0 +1,31 @@
+"""The inference workflow's software energy knobs (issue 46): the decode variant and the objective are sweep
+dimensions that reach the driver as its options, each with its own column."""
+
+from __future__ import annotations
+
+import shlex
+
+from tests.jube.test_profile import CLEAN_ENV, jbprofile
+
+
+def _args(settings: dict[str, str]) -> list[str]:
+    return shlex.split(settings["JB_TRAIN_ARGS"])
+
+
+def test_decode_tuning_and_objective_reach_a_static_point() -> None:
+    settings = jbprofile.build_settings("inference", [], {"decode_tuning": "auto", "objective": "energy"}, "r",
+                                        CLEAN_ENV)
+    args = _args(settings)
+    assert args[args.index("--decode-tuning") + 1] == "auto" and args[args.index("--objective") + 1] == "energy"
+    assert (settings["JB_COORD_DECODE_TUNING"], settings["JB_COORD_OBJECTIVE"]) == ("auto", "energy")
+    default = _args(jbprofile.build_settings("inference", [], {"decode_tuning": "", "objective": ""}, "r", CLEAN_ENV))
+    assert "--decode-tuning" not in default and "--objective" not in default  # empty: the driver's default
+
+
+def test_a_serving_point_takes_the_decode_variant_and_ignores_the_objective() -> None:
+    settings = jbprofile.build_settings("inference", [], {"rate": "2", "decode_tuning": "default",
+                                                          "objective": "energy"}, "r", CLEAN_ENV)
+    args = _args(settings)
+    assert args[args.index("--decode-tuning") + 1] == "default" and "--objective" not in args
+    assert settings["JB_COORD_OBJECTIVE"] == "-"  # the other mode's parameter
+    assert "objective=energy ignored: a serving point (rate set)" in settings["JB_NOTE"]

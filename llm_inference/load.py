@@ -38,7 +38,7 @@ from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import BuiltModel, compact_engine
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLog, ServeLoop
-from llm_inference.serving_energy import Sweep, serving_energy
+from llm_inference.serving_energy import Sweep, serving_energy, write_joint
 from llm_inference.tasks import TASKS
 
 
@@ -220,4 +220,6 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
         target = EngineTarget(cfg, BuiltModel(make, shape, precision, device, cfg.checkpoint), shape, precision,
                               hardware, trace)
-        return run_rates(life, cfg, target, trace, shape, _log)
+        code = run_rates(life, cfg, target, trace, shape, _log)
+        write_joint(target.sweep, _log)  # a sweep's rates fitted together (a single rate has no joint block)
+        return code

@@ -78,9 +78,9 @@ def controlled_amounts(records: list[dict[str, Any]]) -> dict[str, tuple[np.ndar
 
 
 def split_checks(fit: RequestEnergyFit, controlled: dict[str, tuple[np.ndarray, float, float]]) -> list[PartCheck]:
-    return [PartCheck(part, energy_j, bound_j, None if fit.reason else float(amounts @ fit.coefficients[columns]),
-                      fit.reason) for (part, (amounts, energy_j, bound_j)), columns
-            in zip(controlled.items(), PARTS.values(), strict=True)]
+    return [PartCheck(part, energy_j, bound_j,
+                      None if fit.reason else float(amounts @ fit.coefficients[PARTS[part]]), fit.reason)
+            for part, (amounts, energy_j, bound_j) in controlled.items()]
 
 
 def per_rate_rows(runs: list[RateWindow], controlled: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -118,7 +118,7 @@ def joint_rows(joint: JointFit, runs: list[RateWindow], controlled: dict[str, An
 def _halves_and_split(fit: RequestEnergyFit, controlled: dict[str, Any]) -> dict[str, str]:
     out = {}
     for n, fold in enumerate(fit.folds, start=1):
-        out[f"b half {n}"] = (f"{'pass' if fold.closes else 'FAIL'} ({fold.residual_j / fold.measured_j:+.1%}, "
+        out[f"b half {n}"] = (f"{'pass' if fold.closes else 'FAIL'} ({-fold.residual_j / fold.measured_j:+.1%}, "
                               f"bound {fold.bound_j / fold.measured_j:.1%})")
     for check in split_checks(fit, controlled):
         error = check.relative_error
@@ -130,25 +130,32 @@ def _coefficients(values: np.ndarray) -> str:
     return " ".join(f"{v:.3g}" for v in values[:len(COLUMNS)])
 
 
-def work_mix(run: RateWindow) -> str:
-    """What the rate's steps were: prefill tokens per prefill step, rows per decode step."""
+def work_mix(run: RateWindow, buckets: list[int]) -> str:
+    """What the rate's steps were: prefill tokens per prefill step, rows per decode step, and the median decode step
+    time by the engine's captured row bucket (a step runs padded to the smallest bucket that holds its rows)."""
     log = run.log
     prefill, decode = log.prefill_steps > 0, log.decode_steps > 0
     tokens, rows = log.prefill_tokens[prefill], log.row_steps[decode]
+    bucket = np.asarray(buckets)[np.searchsorted(buckets, rows)]
+    times = ", ".join(f"{b}: {np.median(log.seconds[decode][bucket == b]) * 1e3:.1f}" for b in buckets
+                      if np.count_nonzero(bucket == b) >= 50)
     return (f"{int(prefill.sum())} prefill steps of {np.median(tokens):.0f} tokens (median; max {tokens.max():.0f}), "
-            f"{int(decode.sum())} decode steps of {rows.mean():.1f} rows (mean; {rows.min():.0f}–{rows.max():.0f})")
+            f"{int(decode.sum())} decode steps of {rows.mean():.1f} rows (mean; {rows.min():.0f}–{rows.max():.0f}); "
+            f"decode step ms by row bucket {times}")
 
 
-def device_state(rate_dir: Path) -> str:
-    """The card's own report over the rate's trace: SM clock, power-cap throttling (NVML reason bit 0x4,
+def device_state(rate_dir: Path, span: tuple[float, float]) -> str:
+    """The card's own report over the rate's fitted span: SM clock, power-cap throttling (NVML reason bit 0x4,
     SW power cap), temperature."""
     with h5py.File(next((rate_dir / "jpwr").glob("*/trace.h5")), "r") as h5:
         names = np.array([n.decode() if isinstance(n, bytes) else str(n) for n in h5["metrics/name"][()]])
-        values = h5["metrics/value"][()]
-    clock, reasons, temperature = (values[names == n] for n in ("sm_clock_hz", "throttle_reasons", "temperature_c"))
+        values, t_ns = h5["metrics/value"][()], h5["metrics/t_ns"][()]
+    inside = (t_ns >= span[0]) & (t_ns <= span[1])
+    clock, reasons, temperature = (values[inside & (names == n)]
+                                   for n in ("sm_clock_hz", "throttle_reasons", "temperature_c"))
     capped = np.mean((reasons.astype(np.int64) & POWER_CAP) > 0)
     return (f"SM clock {np.median(clock) / 1e6:.0f} MHz (median; p10 {np.percentile(clock, 10) / 1e6:.0f}), "
-            f"power-capped in {capped:.0%} of samples, {np.median(temperature):.0f} °C")
+            f"power-capped in {capped:.0%} of samples, {temperature.min():.0f}–{temperature.max():.0f} °C")
 
 
 def table(title: str, rows: dict[str, dict[str, str]]) -> str:
@@ -156,7 +163,9 @@ def table(title: str, rows: dict[str, dict[str, str]]) -> str:
     lines = [f"### {title}", "", "| rate | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     lines += [f"| {label} | " + " | ".join(row.get(k, "—") for k in keys) + " |" for label, row in rows.items()]
     lines += ["", f"coefficients ({', '.join(COLUMNS)}):"]
-    lines += [f"- {label}: {row['coefficients']}" for label, row in rows.items()]
+    shared = {row["coefficients"] for row in rows.values()}
+    lines += [f"- every rate: {shared.pop()}"] if len(shared) == 1 else \
+        [f"- {label}: {row['coefficients']}" for label, row in rows.items()]
     return "\n".join(lines)
 
 
@@ -172,8 +181,9 @@ def main() -> None:
         print(f"controlled split, {part}: amounts {amounts.tolist()} of {COLUMNS[PARTS[part]]}, measured "
               f"{energy_j:.1f} J ± {bound_j:.1f} J ({bound_j / energy_j:.1%})")
     directories = sorted(args.sweep.glob("rate_*"), key=lambda p: _order(p.name[5:]))
-    for run, directory in zip(runs, directories, strict=True):
-        print(f"rate {run.label}: {work_mix(run)}; {device_state(directory)}")
+    for run, record, directory in zip(runs, records, directories, strict=True):
+        buckets = record["config"]["engine_detail"]["row_buckets"]
+        print(f"rate {run.label}: {work_mix(run, buckets)}; {device_state(directory, run.span)}")
     print()
     print(table("Per-rate fit (the driver's today)", per_rate_rows(runs, controlled)))
     print()
@@ -182,6 +192,26 @@ def main() -> None:
                 joint_rows(joint, runs, controlled)))
     print(f"\njoint split: {joint.reason or 'separable'}; VIF " +
           ", ".join(f"{c} {v:.3g}" for c, v in zip(joint.columns, joint.vif, strict=True)))
+    print()
+    print(per_rate_power(runs, args.draws))
+
+
+def per_rate_power(runs: list[RateWindow], draws: int) -> str:
+    """Diagnostic: the joint fit with each rate's idle power fitted (a per-second column of its own) instead of the
+    cold baseline. Where the held-out halves close with it and the fitted "idle" powers climb with the rate, each
+    rate's energy carries a power level of its own that the work columns do not."""
+    free = [RateWindow(r.label, r.log, r.knots, None, r.span, r.window) for r in runs]
+    joint = fit_joint(free, draws=draws)
+    lines = ["### Diagnostic: joint fit, each rate's idle power fitted", "",
+             "| rate | fitted power per second (W) | b half 1 | b half 2 |", "|---|---|---|---|"]
+    for run in free:
+        fit = joint.per_rate[run.label]
+        low, high = np.percentile(fit.idle_draws_w, (2.5, 97.5))
+        halves = _halves_and_split(fit, {})
+        lines.append(f"| {run.label} | {fit.idle_w:.0f} [{low:.0f}, {high:.0f}] | {halves.get('b half 1', '—')} | "
+                     f"{halves.get('b half 2', '—')} |")
+    lines += ["", f"shared coefficients ({', '.join(COLUMNS)}): {_coefficients(joint.coefficients)}"]
+    return "\n".join(lines)
 
 
 def _order(label: str) -> float:

@@ -24,6 +24,8 @@ import numpy as np
 
 from joulebench.request_energy import (
     COLUMNS,
+    IDLE_COLUMN,
+    PERCENTILES,
     PREFILL,
     RequestEnergyFit,
     WorkLog,
@@ -98,7 +100,7 @@ class JointFit:
 
     @property
     def intervals(self) -> np.ndarray:
-        return np.percentile(self.draws, (2.5, 97.5), axis=0).T
+        return np.percentile(self.draws, PERCENTILES, axis=0).T
 
 
 def fit_joint(runs: Sequence[RateWindow], draws: int = 200, seed: int = 0) -> JointFit:
@@ -128,6 +130,7 @@ def fit_joint(runs: Sequence[RateWindow], draws: int = 200, seed: int = 0) -> Jo
 
 
 def _design(runs: Sequence[RateWindow]) -> _Design:
+    """Each run's segments inside its span, its amounts and knot rates, stacked in run order."""
     fitted_idle = [k for k, r in enumerate(runs) if r.idle_w is None]
     idle_column = {k: len(COLUMNS) + n for n, k in enumerate(fitted_idle)}
     columns = (*COLUMNS, *(f"idle_w[{runs[k].label}]" for k in fitted_idle))
@@ -189,7 +192,7 @@ def _view(design: _Design, k: int, run: RateWindow, coef: np.ndarray, draws_c: n
           reason: str | None, prefill_vif: float, folds: list[Fold], block_var: float) -> RequestEnergyFit:
     """Run k's model as a RequestEnergyFit (its idle column named as request_energy names it)."""
     cols = _run_columns(design, k)
-    names = (*COLUMNS, *(["idle_w"] if k in design.idle_column else []))
+    names = (*COLUMNS, *([IDLE_COLUMN] if k in design.idle_column else []))
     own = design.run == k
     segments = design.segments.take(np.flatnonzero(own))
     counter = window_segments(run.knots, -np.inf, np.inf)

@@ -46,6 +46,11 @@ class Segments:
         return Segments(self.t0_ns[rows], self.t1_ns[rows], self.energy_j[rows], self.half0_ns[rows],
                         self.half1_ns[rows])
 
+    @classmethod
+    def joined(cls, parts: Sequence[Segments]) -> Segments:
+        """The segments of several windows (of one counter clock) in one, in the order given."""
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)))
+
 
 def counter_knots(trace: TraceData, domain: Domain) -> list[Knots]:
     """The knots of a domain's energy counter in a node's trace (none when it has no counter)."""
@@ -152,11 +157,12 @@ def corrected_nnls(x: np.ndarray, energy: np.ndarray, noise: np.ndarray) -> np.n
 
 
 def calibrated_fit(x: np.ndarray, energy: np.ndarray, segments: Segments, rate0: np.ndarray, rate1: np.ndarray,
-                   base_w: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                   base_w: float | np.ndarray = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """The knot-timing noise scaled to what the residuals show, and the fit corrected with it (two rounds).
 
     `energy` is what the columns explain (the segment energy less any known offset); `base_w` the power of
-    that offset at the knots (a known idle power), which knot timing moves like the rest.
+    that offset at the knots (a known idle power; per segment where the segments come from several runs), which
+    knot timing moves like the rest.
     """
     nominal = knot_noise(rate0, rate1, segments)
     coef = nnls(x, energy)
@@ -175,13 +181,20 @@ def blocks_of(segments: Segments, block_s: float) -> np.ndarray:
 
 
 def bootstrap_powers(x: np.ndarray, energy: np.ndarray, noise: np.ndarray, blocks: np.ndarray, draws: int,
-                     rng: np.random.Generator) -> np.ndarray:
-    """[draws, columns]: the fit repeated on blocks drawn with replacement."""
+                     rng: np.random.Generator, strata: np.ndarray | None = None) -> np.ndarray:
+    """[draws, columns]: the fit repeated on blocks drawn with replacement.
+
+    `strata` (per row, optional): blocks are drawn within each stratum, as many as it has, so that every draw
+    keeps each stratum's share of the data (segments of several runs fitted together: each run's own blocks).
+    """
     ids = np.unique(blocks)
     members = [np.flatnonzero(blocks == b) for b in ids]
+    block_stratum = np.zeros(len(ids)) if strata is None else np.array([strata[m[0]] for m in members])
+    groups = [np.flatnonzero(block_stratum == s) for s in np.unique(block_stratum)]
     out = np.empty((draws, x.shape[1]))
     for d in range(draws):
-        rows = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
+        chosen = np.concatenate([group[rng.integers(0, len(group), len(group))] for group in groups])
+        rows = np.concatenate([members[i] for i in chosen])
         out[d] = corrected_nnls(x[rows], energy[rows], noise[rows])
     return out
 
@@ -214,26 +227,40 @@ def held_out_halves(x: np.ndarray, noise: np.ndarray, segments: Segments, draws:
     bound. `offset_j`: known energy per segment outside the columns (a given idle power's share).
     """
     offset = np.zeros(len(segments)) if offset_j is None else offset_j
-    energy = segments.energy_j - offset
     middle = np.median(segments.t0_ns)
     folds = []
     for test in (segments.t0_ns < middle, segments.t0_ns >= middle):
         train = ~test
         if test.sum() < 2 or train.sum() < x.shape[1]:
             continue
-        blocks = blocks_of(segments.take(train), BLOCK_S)
-        power = corrected_nnls(x[train], energy[train], noise[train])
-        draws_w = bootstrap_powers(x[train], energy[train], noise[train], blocks, draws, rng)
-        # The prediction's own spread, plus the held-out half's noise (what the model cannot know: power varying
-        # from one occurrence to the next), taken from the training half's 1 s block residuals.
-        residual = energy[train] - x[train] @ power
-        block_sums = np.bincount(blocks - blocks.min(), weights=residual)
-        test_blocks = len(np.unique(blocks_of(segments.take(test), BLOCK_S)))
-        sigma = np.sqrt(np.var(draws_w @ x[test].sum(axis=0)) + test_blocks * np.var(block_sums))
-        folds.append(Fold(float(segments.energy_j[test].sum()), float((x[test] @ power + offset[test]).sum()),
-                          float(CLOSURE_Z * sigma + _edge_timing(segments, test)),
-                          float(segments.t0_ns[test].min()), float(segments.t1_ns[test].max())))
+        blocks = np.zeros(len(segments), dtype=int)
+        blocks[train] = blocks_of(segments.take(train), BLOCK_S)
+        folds.append(held_out_fold(x, noise, segments, offset, train, test, blocks, draws, rng))
     return folds
+
+
+def held_out_fold(x: np.ndarray, noise: np.ndarray, segments: Segments, offset_j: np.ndarray, train: np.ndarray,
+                  test: np.ndarray, blocks: np.ndarray, draws: int, rng: np.random.Generator,
+                  strata: np.ndarray | None = None, spread: np.ndarray | None = None) -> Fold:
+    """The `test` rows' counter energy predicted by a fit on the `train` rows (masks); `blocks` (per row) the
+    bootstrap's blocks of the training rows, `strata` theirs (bootstrap_powers).
+
+    The bound is the prediction's own spread plus the held-out rows' noise (what the model cannot know: power
+    varying from one occurrence to the next), taken from the 1 s block residuals of the `spread` rows (default:
+    the training rows; where the training rows mix several runs, the held-out run's own training rows).
+    """
+    energy = segments.energy_j - offset_j
+    power = corrected_nnls(x[train], energy[train], noise[train])
+    draws_w = bootstrap_powers(x[train], energy[train], noise[train], blocks[train], draws, rng,
+                               None if strata is None else strata[train])
+    rows = train if spread is None else spread
+    noise_blocks = blocks[rows]
+    block_sums = np.bincount(noise_blocks - noise_blocks.min(), weights=energy[rows] - x[rows] @ power)
+    test_blocks = len(np.unique(blocks_of(segments.take(test), BLOCK_S)))
+    sigma = np.sqrt(np.var(draws_w @ x[test].sum(axis=0)) + test_blocks * np.var(block_sums))
+    return Fold(float(segments.energy_j[test].sum()), float((x[test] @ power + offset_j[test]).sum()),
+                float(CLOSURE_Z * sigma + _edge_timing(segments, test)),
+                float(segments.t0_ns[test].min()), float(segments.t1_ns[test].max()))
 
 
 def _edge_timing(segments: Segments, test: np.ndarray) -> float:

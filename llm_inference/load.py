@@ -42,7 +42,7 @@ from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import BuiltModel, compact_engine, join
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLog, ServeLoop
-from llm_inference.serving_energy import Sweep, serving_energy
+from llm_inference.serving_energy import Sweep, serving_energy, write_joint
 from llm_inference.tasks import TASKS
 from llm_inference.tensor_parallel import TensorParallel
 
@@ -229,7 +229,9 @@ def run(cfg: LoadConfig, shape: ModelPreset, trace: list[Request] | None, launch
                                cfg.checkpoint)
             target = EngineTarget(cfg, model, shape, precision, hardware, trace)
             try:
-                return run_rates(life, cfg, target, trace, shape, _log)
+                code = run_rates(life, cfg, target, trace, shape, _log)
+                write_joint(target.sweep, _log)  # a sweep's rates fitted together (a single rate has no joint block)
+                return code
             finally:
                 if tp is not None:
                     tp.from_rank_zero(None)  # the other ranks' engines stop following

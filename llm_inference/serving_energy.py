@@ -18,11 +18,14 @@ then n/a with that reason.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint
+from joulebench.record import RECORD_FILE, read_run_record, write_run_record
 from joulebench.request_energy import (
     RequestEnergyFit,
     RequestParts,
@@ -41,20 +44,30 @@ from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
 
 METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + e x prefill steps + b x decode steps + "
           "c x row-steps + d x attended KV tokens, NNLS, block bootstrap (joulebench.request_energy)")
+JOINT_METHOD = ("the same model fitted over every rate of the sweep at once, a..e shared, idle power per rate, blocks "
+                "drawn per rate (joulebench.joint_energy)")
 
 
 def work_log(log: ServeLog) -> WorkLog:
     """The loop's steps as the fit's work log (members' amounts: prompt tokens in prefills, KV tokens in decodes)."""
-    offsets, members, amounts = log.members()
+    return steps_work_log({"kind": log.step_kind, "t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns,
+                           **dict(zip(("member_offsets", "member_request", "member_amount"), log.members(),
+                                      strict=True))})
+
+
+def steps_work_log(steps: Mapping[str, np.ndarray]) -> WorkLog:
+    """A step log in the request table's form (`RequestsTable.steps`: kind, t0_ns, t1_ns and the members as CSR)
+    as the fit's work log: what a recorded run's fit is rebuilt from."""
+    offsets, amounts, step_kind = steps["member_offsets"], steps["member_amount"], np.asarray(steps["kind"])
     counts = np.diff(offsets)
-    kind = np.repeat(log.step_kind, counts)
+    kind = np.repeat(step_kind, counts)
     per_step = np.add.reduceat(amounts, offsets[:-1]) if len(amounts) else np.zeros(0, np.int64)
     per_step = np.where(counts > 0, per_step, 0)
-    prefill = log.step_kind == PREFILL
+    prefill = step_kind == PREFILL
     return WorkLog.of_steps(
-        t0_ns=log.step_t0_ns, t1_ns=log.step_t1_ns, prefill_tokens=np.where(prefill, per_step, 0),
-        decode_rows=np.where(log.step_kind == DECODE, counts, 0), kv_tokens=np.where(prefill, 0, per_step),
-        member_offsets=offsets, member_request=members,
+        t0_ns=np.asarray(steps["t0_ns"]), t1_ns=np.asarray(steps["t1_ns"]),
+        prefill_tokens=np.where(prefill, per_step, 0), decode_rows=np.where(step_kind == DECODE, counts, 0),
+        kv_tokens=np.where(prefill, 0, per_step), member_offsets=offsets, member_request=steps["member_request"],
         member_prefill_tokens=np.where(kind == PREFILL, amounts, 0),
         member_kv_tokens=np.where(kind == DECODE, amounts, 0))
 
@@ -69,6 +82,18 @@ class Measured:
     t0_ns: float
     t1_ns: float
     fit: RequestEnergyFit | None
+    joint: JointMaterial | None = None  # what the sweep's joint fit needs of it (an engine's fitted rate)
+
+
+@dataclasses.dataclass
+class JointMaterial:
+    """A fitted rate's part in the sweep's joint fit: its span and idle power, its record and its requests."""
+
+    span: tuple[float, float]
+    idle_w: float | None
+    record_dir: Path
+    lifetimes: np.ndarray
+    finished: set[int]
 
 
 @dataclasses.dataclass
@@ -167,6 +192,7 @@ def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int]
     lifetimes = _lifetimes(log.arrival_ns, log.finish_ns, sorted(log.admitted_ns))
     result, split = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep, METHOD)
     if split is not None:
+        sweep.earlier[-1].joint = JointMaterial(split[1], idle_w, jpwr_dir.parent, lifetimes, finished)
         inputs = {int(i): int(t) for i, t in zip(table.requests["id"], table.requests["input_tokens"], strict=True)}
         try:
             result["client_side_estimate_error"] = client_estimate.estimate_error(
@@ -213,18 +239,11 @@ def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Windo
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
         return {**_fit_summary(fit, method), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
-    done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
-    total = whole.total_j[done]
-    parts = {name: None if values is None else float(values[done].sum())
-             for name, values in (("prefill", whole.prefill_j), ("decode", whole.decode_j), ("idle", whole.idle_j))}
-    share_total = float(total.sum()) if len(done) else None
     result: dict[str, Any] = {
         **_fit_summary(fit, method), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
                       "finished); time with none is unattributed idle",
-        "requests": len(done), "energy_per_request_j": _quantiles(total),
-        "shares": {name: (None if value is None or not share_total else value / share_total)
-                   for name, value in parts.items()},
+        **_per_request(whole, finished),
         "window_remainder_j": window.remainder_j, "window_remainder_bound_j": window.remainder_bound_j,
         "window_unattributed_idle_j": window.unattributed_idle_j,
         "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
@@ -232,6 +251,78 @@ def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Windo
     result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
     return result, (whole, span)
+
+
+def _per_request(whole: RequestParts, finished: set[int]) -> dict[str, Any]:
+    """The finished requests' count, J/request quantiles and the parts' shares of their energy."""
+    done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
+    total = whole.total_j[done]
+    parts = {name: None if values is None else float(values[done].sum())
+             for name, values in (("prefill", whole.prefill_j), ("decode", whole.decode_j), ("idle", whole.idle_j))}
+    share_total = float(total.sum()) if len(done) else None
+    return {"requests": len(done), "energy_per_request_j": _quantiles(total),
+            "shares": {name: (None if value is None or not share_total else value / share_total)
+                       for name, value in parts.items()}}
+
+
+def joint_blocks(sweep: Sweep) -> dict[str, dict[str, Any]]:
+    """Each fitted rate's `joint` block: the sweep's rates fitted together (joulebench.joint_energy) and this rate's
+    checks on that fit, (a) leave-one-rate-out, (b) held-out halves, (c) the controlled split; {} with fewer than
+    two fitted rates (a single rate keeps its own fit only)."""
+    rates = [m for m in sweep.earlier if m.fit is not None and m.joint is not None]
+    if len(rates) < MIN_RATES:
+        return {}
+    windows = [RateWindow(m.label, m.log, m.knots, m.joint.idle_w, m.joint.span, (m.t0_ns, m.t1_ns))
+               for m in rates if m.joint is not None]
+    try:
+        joint = fit_joint(windows)
+    except JpwrError as exc:
+        return {m.label: {"unavailable_reason": f"joint fit refused: {exc}"} for m in rates}
+    blocks = {}
+    for m, window in zip(rates, windows, strict=True):
+        assert m.joint is not None
+        fit = joint.per_rate[m.label]
+        block: dict[str, Any] = {**_fit_summary(fit, JOINT_METHOD), "rates": list(joint.labels),
+                                 "joint_segments": joint.segment_count}
+        try:
+            block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))
+        except JpwrError as exc:
+            block["unavailable_reason"] = f"request parts refused: {exc}"
+        block["cross_rate"] = [_left_out_check(joint.left_out[m.label], window)]
+        block["controlled_split"] = _controlled(fit, sweep.controlled)
+        block["checks_failed"] = failed_checks(block)
+        blocks[m.label] = block
+    return blocks
+
+
+def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> dict[str, Any]:
+    row: dict[str, Any] = {"fitted_at": f"all but {window.label}", "predicted": window.label}
+    if isinstance(model, str):
+        return {**row, "passes": False, "reason": model}
+    try:
+        check = cross_check(model, window.log, window.knots, *window.window)
+    except JpwrError as exc:
+        return {**row, "passes": False, "reason": str(exc)}
+    return {**row, "measured_j": check.measured_j, "predicted_j": check.predicted_j, "bound_j": check.bound_j,
+            "passes": check.passes}
+
+
+def write_joint(sweep: Sweep, say: Callable[[str], None]) -> None:
+    """After a sweep's last rate: each fitted rate's record gains `requests.energy.joint` (joint_blocks), and a line
+    per rate says which of its checks failed on the joint fit."""
+    blocks = joint_blocks(sweep)
+    for m in sweep.earlier:
+        block = blocks.get(m.label)
+        if block is None or m.joint is None:
+            continue
+        path = m.joint.record_dir / RECORD_FILE
+        record = read_run_record(path)
+        if record.requests is None or not isinstance(record.requests.get("energy"), dict):
+            continue
+        record.requests["energy"]["joint"] = block
+        write_run_record(path, record)
+        say(f"rate {m.label}: joint per-request fit over rates {', '.join(block.get('rates', []))}: checks failed "
+            f"{block.get('checks_failed', block.get('unavailable_reason'))}")
 
 
 def failed_checks(block: dict[str, Any]) -> str:

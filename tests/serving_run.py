@@ -139,3 +139,21 @@ def meter(schedule: Schedule, directory: Path, pynvml: Any, seed: int) -> list[K
     trace = load_trace(directory / "jpwr" / "n1")
     return counter_knots(trace, accelerator_domains(trace.domains)[0])
 
+
+
+def fixed_batches(seed: int, rows: int, prompt: int, decodes: int, seconds: float) -> tuple[WorkLog, Schedule]:
+    """Batches of `rows` requests of `prompt` tokens back to back for about `seconds`: each batch prefilled in one
+    step, then decoded for `decodes` steps. Every step of a kind has the same size, so each of the run's columns is
+    a fixed multiple of its step count (the attended KV tokens nearly): one such run cannot tell any of its costs
+    apart, two of different sizes can."""
+    engine = _Engine(COSTS, np.random.default_rng(seed))
+    engine.idle_until(1.5)
+    batch = 0
+    while engine.schedule.t < 1.5 + seconds:
+        ids = range(batch * rows, (batch + 1) * rows)
+        engine.step(rows * prompt, 0, 0, [(i, prompt, 0) for i in ids])
+        for j in range(decodes):
+            engine.step(0, rows, rows * (prompt + j), [(i, 0, prompt + j) for i in ids])
+        batch += 1
+    engine.idle_until(engine.schedule.t + 2.0)
+    return engine.log(), engine.schedule

@@ -53,6 +53,12 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     # the client-side estimate's error, measured on the engine's own requests (llm_inference/client_estimate.py)
     error = later["client_side_estimate_error"]
     assert error["requests"] > 0 and 0 <= error["relative_error_p50"] <= error["relative_error_p90"], error
+    # After the last rate both are fitted together, each record gaining the joint block (its own checks on it).
+    for label in ("40", "max"):
+        joint = json.loads((out / f"rate_{label}" / "run_record.json").read_text())["requests"]["energy"]["joint"]
+        assert joint["rates"] == ["40", "max"] and [c["predicted"] for c in joint["cross_rate"]] == [label]
+        assert isinstance(joint["controlled_split"], list) and len(joint["held_out_halves"]) == 2
+        assert f"rate {label}: joint per-request fit over rates 40, max: checks failed" in result.stdout
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 

@@ -1,0 +1,184 @@
+"""The joint per-request fit over a sweep's rates (joulebench/joint_energy.py), on planted costs and on the
+recorded 2026-11-25 H100 sweep (benchmarks/results/.../serving-final/sweep, rates 4 and 8: the smallest files).
+
+Planted: three runs of fixed batches, each with every step of a kind the same size (a decode step's rows a fixed
+multiple of its count, a prefill step's tokens too), so no run alone can tell a step's fixed cost from its cost per
+row or token; the runs' sizes differ, and together the planted costs come back.
+Recorded: the replay rebuilds the driver's per-rate fit exactly, and a sweep's records gain the joint block.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.joint_fit_replay import load_rate
+from joulebench.joint_energy import JointFit, RateWindow, fit_joint
+from joulebench.record import read_run_record, write_run_record
+from joulebench.request_energy import COLUMNS, DECODE, MAX_PREFILL_VIF, PREFILL, cross_check, fit_request_energy
+from joulebench.requests_table import FILE_NAME, read_requests
+from jpwr import ValidationError
+from llm_inference.serving_energy import JointMaterial, Measured, Sweep, joint_blocks, write_joint
+from tests import serving_run
+from tests.serving_run import COSTS, IDLE_W
+
+SWEEP = Path(__file__).parent.parent / "benchmarks/results/2026-11-25-session10/serving-final/sweep"
+DRAWS = 40
+
+
+# ---- planted costs: collinear per rate, separable together -------------------------------------------------
+@pytest.fixture(scope="module")
+def constant_runs(tmp_path_factory: pytest.TempPathFactory) -> list[RateWindow]:
+    """Three runs of fixed batches (tests/serving_run.fixed_batches), 12 s each: 8 rows of 64-token prompts, 32 rows
+    of 256-token prompts (each decoded for 60 steps), 64 rows of 16-token prompts (30 steps)."""
+    import pynvml  # the fake (tests/conftest.py puts tests/fakes first)
+
+    root = tmp_path_factory.mktemp("joint")
+    runs = []
+    for seed, rows, prompt, decodes in ((3, 8, 64, 60), (5, 32, 256, 60), (7, 64, 16, 30)):
+        log, schedule = serving_run.fixed_batches(seed, rows, prompt, decodes, 12.0)
+        knots = serving_run.meter(schedule, root / str(rows), pynvml, seed + 10)
+        span = (float(log.t0_ns[0]), float(log.t1_ns[-1]))
+        runs.append(RateWindow(f"{rows}-rows", log, knots, IDLE_W, span, span))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def planted_joint(constant_runs: list[RateWindow]) -> JointFit:
+    return fit_joint(constant_runs, draws=DRAWS)
+
+
+def test_no_rate_alone_tells_a_steps_fixed_cost_from_its_cost_per_row(constant_runs: list[RateWindow]) -> None:
+    for run in constant_runs:
+        fit = fit_request_energy(run.log, run.knots, run.idle_w, *run.span, draws=DRAWS)
+        for column in ("prefill_tokens", "prefill_steps", "decode_steps", "row_steps"):
+            assert fit.vif[COLUMNS.index(column)] == np.inf, column
+
+
+def test_the_joint_fit_recovers_the_planted_costs(planted_joint: JointFit, constant_runs: list[RateWindow]) -> None:
+    joint = planted_joint
+    assert joint.reason is None and joint.columns == COLUMNS  # idle given for every run: no idle columns
+    assert np.all(joint.vif < MAX_PREFILL_VIF)  # every column determined together
+    for column in ("prefill_tokens", "decode_steps", "row_steps"):  # the large parts of the energy
+        assert joint.coefficients[COLUMNS.index(column)] == pytest.approx(COSTS[column], rel=0.05), column
+    # The prefill and decode parts of each run's work: the planted energy inside the joint fit's 95 % interval.
+    planted = np.array([COSTS[c] for c in COLUMNS])
+    for run in constant_runs:
+        amounts = run.log.amounts(np.array([run.span[0]]), np.array([run.span[1]]))[0]
+        for part in (PREFILL, DECODE):
+            low, high = np.percentile(joint.draws[:, part] @ amounts[part], (2.5, 97.5))
+            assert low <= amounts[part] @ planted[part] <= high, (run.label, part)
+    # Every rate's view carries the shared costs and its own held-out halves, which close.
+    for run in constant_runs:
+        view = joint.per_rate[run.label]
+        np.testing.assert_array_equal(view.coefficients, joint.coefficients)
+        assert view.separable and len(view.folds) == 2 and all(f.closes for f in view.folds)
+
+
+def test_a_rate_left_out_is_predicted_by_the_other(planted_joint: JointFit, constant_runs: list[RateWindow]) -> None:
+    for run in constant_runs:
+        model = planted_joint.left_out[run.label]
+        assert not isinstance(model, str)
+        check = cross_check(model, run.log, run.knots, *run.window)
+        assert check.passes, check
+
+
+def test_a_joint_fit_needs_two_distinct_rates(constant_runs: list[RateWindow]) -> None:
+    with pytest.raises(ValidationError, match="at least 2 rates"):
+        fit_joint(constant_runs[:1])
+    with pytest.raises(ValidationError, match="distinct labels"):
+        fit_joint([constant_runs[0], constant_runs[0]])
+
+
+def test_a_rate_without_idle_baseline_gets_its_own_idle_column(constant_runs: list[RateWindow]) -> None:
+    first, *others = constant_runs
+    no_idle = RateWindow(first.label, first.log, first.knots, None, first.span, first.window)
+    joint = fit_joint([no_idle, *others], draws=DRAWS)
+    assert joint.columns == (*COLUMNS, f"idle_w[{first.label}]")
+    assert joint.per_rate[first.label].given_idle_w is None
+    view = joint.per_rate[first.label]
+    low, high = np.percentile(view.idle_draws_w, (2.5, 97.5))
+    assert low <= IDLE_W <= high  # a run busy all the time barely tells idle power from step costs: wide
+    assert cross_check(view, first.log, first.knots, *first.span).passes  # their sum it does
+    assert isinstance(joint.left_out[first.label], str)  # its idle power is unknown to the other rates
+
+
+# ---- the recorded H100 sweep -------------------------------------------------------------------------------
+RATES = ("4", "8")
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, tuple[RateWindow, dict]]:
+    return {label: load_rate(SWEEP / f"rate_{label}") for label in RATES}
+
+
+def test_the_replay_rebuilds_the_drivers_per_rate_fit(recorded: dict[str, tuple[RateWindow, dict]]) -> None:
+    for run, record in recorded.values():
+        energy = record["requests"]["energy"]
+        fit = fit_request_energy(run.log, run.knots, run.idle_w, *run.span, draws=DRAWS)
+        assert fit.segment_count == energy["segments"]
+        expected = [energy["coefficients"][c] for c in COLUMNS]
+        np.testing.assert_allclose(fit.coefficients, expected, rtol=1e-9, atol=1e-12)
+
+
+def _sweep(recorded: dict[str, tuple[RateWindow, dict]], tmp_path: Path) -> Sweep:
+    """The sweep as the driver holds it after its rates, with each rate's record copied under tmp_path."""
+    sweep = Sweep()
+    for label, (run, _) in recorded.items():
+        directory = tmp_path / f"rate_{label}"
+        directory.mkdir()
+        shutil.copy(SWEEP / f"rate_{label}" / "run_record.json", directory)
+        path = directory / "run_record.json"
+        write_run_record(path, read_run_record(path))  # as this tree's driver writes it (the files predate fields)
+        table = read_requests(SWEEP / f"rate_{label}" / FILE_NAME)
+        rows = table.requests
+        start = float(table.attrs["start_ns"])
+        admitted = np.isfinite(rows["admitted_s"]) & np.isfinite(rows["finish_s"])
+        lifetimes = np.column_stack([rows["id"][admitted], start + rows["arrival_s"][admitted] * 1e9,
+                                     start + rows["finish_s"][admitted] * 1e9]).astype(np.int64)
+        finished = {int(i) for i in rows["id"][admitted & (rows["counted"] == 1)]}
+        fit = fit_request_energy(run.log, run.knots, run.idle_w, *run.span, draws=DRAWS)
+        sweep.earlier.append(Measured(label, run.log, list(run.knots), *run.window, fit,
+                                      JointMaterial(run.span, run.idle_w, directory, lifetimes, finished)))
+    return sweep
+
+
+def test_a_sweep_writes_the_joint_block_into_each_rates_record(recorded: dict[str, tuple[RateWindow, dict]],
+                                                               tmp_path: Path) -> None:
+    sweep = _sweep(recorded, tmp_path)
+    before = {label: json.loads((tmp_path / f"rate_{label}" / "run_record.json").read_text()) for label in RATES}
+    lines: list[str] = []
+    write_joint(sweep, lines.append)
+    assert len(lines) == len(RATES)
+    coefficients = []
+    for label, (_, original) in recorded.items():
+        path = tmp_path / f"rate_{label}" / "run_record.json"
+        written = json.loads(path.read_text())
+        energy = written["requests"]["energy"]
+        joint = energy.pop("joint")
+        assert written == before[label]  # the record is as it was but for the joint block
+        assert joint["rates"] == list(RATES) and joint["idle_given"] is True
+        assert joint["joint_segments"] > joint["segments"] == original["requests"]["energy"]["segments"]
+        (cross,) = joint["cross_rate"]
+        assert cross["fitted_at"] == f"all but {label}" and cross["predicted"] == label
+        assert len(joint["held_out_halves"]) == 2
+        assert joint["controlled_split"] == "no controlled-split window in this invocation"
+        failed = [f"held-out half {k + 1}" for k, f in enumerate(joint["held_out_halves"]) if not f["closes"]]
+        assert (joint["checks_failed"] == "none") == (not failed and cross["passes"])
+        assert joint["requests"] == original["requests"]["energy"]["requests"]
+        assert joint["energy_per_request_j"]["p50"] > 0
+        coefficients.append(joint["coefficients"])
+        assert any(label in line and "joint per-request fit" in line for line in lines)
+    assert coefficients[0] == coefficients[1]  # shared
+
+
+def test_a_single_rate_keeps_todays_block(recorded: dict[str, tuple[RateWindow, dict]], tmp_path: Path) -> None:
+    sweep = _sweep({"8": recorded["8"]}, tmp_path)
+    assert joint_blocks(sweep) == {}
+    before = (tmp_path / "rate_8" / "run_record.json").read_text()
+    write_joint(sweep, lambda line: pytest.fail(line))
+    assert (tmp_path / "rate_8" / "run_record.json").read_text() == before

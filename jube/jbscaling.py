@@ -27,7 +27,7 @@ class ScalingPoint:
 
     run_id: str
     group: str
-    rule: str  # weak | strong; empty: a workflow without a devices dimension (inference)
+    rule: str  # weak | strong | n/a (refused before it was known); empty: a workflow without one (inference)
     devices: int  # nodes x devices per node: the world size
     throughput: float | None  # work units per second, only of a run measured OK with figures that can be true
 
@@ -35,9 +35,10 @@ class ScalingPoint:
 def read_point(env_path: Path) -> ScalingPoint:
     """The point of one submit work directory (its job.env, and the run record where the job wrote one)."""
     settings = read_settings(env_path)
+    scaled = bool(WORKLOADS[settings["JB_BENCHMARK"]].batch_key)  # a point refused before its rule was known: n/a
     return ScalingPoint(run_id=settings["JB_RUN_ID"], group=settings.get("JB_SCALING_GROUP", ""),
-                        rule=settings.get("JB_SCALING", ""), devices=int(settings.get("JB_WORLD_SIZE") or 1),
-                        throughput=measured_throughput(settings))
+                        rule=settings.get("JB_SCALING") or ("n/a" if scaled else ""),
+                        devices=int(settings.get("JB_WORLD_SIZE") or 1), throughput=measured_throughput(settings))
 
 
 def measured_throughput(settings: dict[str, str]) -> float | None:

@@ -175,7 +175,7 @@ def visible_count(found: int, environ: dict[str, str], visibility: Sequence[str]
     for var in visibility:
         if environ.get(var, "").strip():
             usable = min(found, len([e for e in environ[var].split(",") if e.strip()]))
-            return usable, f", {usable} of them usable ({var}={environ[var]})"
+            return usable, f", {usable} usable by this job ({var})"
     return found, ""
 
 

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.jube.conftest import (
     LLM_XML,
+    REPO,
     default_table,
     jube,
-    jube_run,
     read_table,
     requires_jube,
     submit_workdirs,
@@ -30,6 +32,7 @@ from tests.jube.test_record_fields import jbrecord, jbsettings  # noqa: F401  (j
 jbscaling = sys.modules["jbscaling"]  # loaded by jbrecord from the same directory
 
 GPUS = 4
+WHOLE_NODE_SCRIPT = REPO / "benchmarks" / "whole_node_jube.py"
 NVIDIA_SMI = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})" for i in range(GPUS))
 
 
@@ -130,16 +133,20 @@ def test_efficiency_is_per_device_throughput_against_the_group_s_one_device_poin
 def test_a_devices_sweep_on_a_job_bound_to_two_of_four_gpus(jube_env: dict[str, str], tmp_path: Path) -> None:
     """One JUBE run, devices_per_node = 1,2,4 on a host of 4 GPUs whose caller binds GPUs 1 and 2: 1 and 2 ranks run
     (the bound GPUs alone in the headline, the idle two on the whole-node line), 4 is INVALID before any job; the
-    scaling table gives each row's efficiency against the 1-device row."""
+    scaling table gives each row's efficiency against the 1-device row. Run by benchmarks/whole_node_jube.py, as on
+    the GPU host: every headline agrees with an independent read of the job's GPUs (the fake NVML on one timeline)."""
     env, called = _no_slurm(with_fake_nvml(jube_env), tmp_path)
-    env.update({"PATH": f"{tmp_path / 'bin'}:{env['PATH']}", "JPWR_FAKE_NVML_DEVICES": str(GPUS),
+    env.update({"JPWR_FAKE_NVML_DEVICES": str(GPUS),
+                "JPWR_FAKE_NVML_ORIGIN_NS": str(time.monotonic_ns()),
                 "CUDA_VISIBLE_DEVICES": "1,2", "JOULEBENCH_METER_WHOLE_NODE": "yes",
                 "JOULEBENCH_LOCAL_DRIVER_DEVICE": "cpu", "JOULEBENCH_LOCAL_GBS_TINY": "4",
                 "JOULEBENCH_LLM_WARMUP_ITERATIONS": "1", "JOULEBENCH_SWEEP_DEVICES_PER_NODE": "1,2,4"})
     _gpu_host(tmp_path)  # the stand-in nvidia-smi, in the bin directory of _no_slurm
-    out = tmp_path / "llm"
-    jube_run(LLM_XML, ["local", "tiny"], out, env)
-    shown = jube("result", "-a", str(out), env=env).stdout
+    script = subprocess.run([sys.executable, str(WHOLE_NODE_SCRIPT), "--out", str(tmp_path / "wn"), "--",
+                             str(LLM_XML), "--tag", "local", "tiny"], env=env, capture_output=True, text=True,
+                            timeout=900)
+    out = tmp_path / "wn" / "jube"
+    shown = jube("result", str(out), env=env).stdout
     rows = read_table(out, "llm_csv")
     assert [(r["Devices/node"], r["Status"]) for r in rows] == [("1", "OK"), ("2", "OK"), ("4", "INVALID")], rows
     assert "Fix: use devices_per_node <= 2 on this machine" in rows[2]["Note"]
@@ -152,7 +159,7 @@ def test_a_devices_sweep_on_a_job_bound_to_two_of_four_gpus(jube_env: dict[str, 
         record = records[devices]
         steady = next(w for w in record["windows"] if w["name"] == "steady")["energy"]
         assert [d["index"] for d in steady["per_device"]] == bound
-        assert sorted(d["index"] for d in steady["outside_job"]) == sorted({0, 1, 2, 3} - set(bound))
+        assert sorted(d["index"] for d in steady["outside_job"]) == sorted(set(range(GPUS)) - set(bound))
         assert (record["config"]["scaling"], record["config"]["devices"]) == ("weak", int(devices))
         assert record["config"]["global_batch_size"] == 4 * int(devices)  # the per-device batch stays
         assert record["launch"]["world_size"] == int(devices)
@@ -161,4 +168,8 @@ def test_a_devices_sweep_on_a_job_bound_to_two_of_four_gpus(jube_env: dict[str, 
     one, two = (records[d]["metrics"]["tokens_per_s"] for d in ("1", "2"))
     assert [r["Efficiency"] for r in scaling] == ["100.0%", f"{100 * two / 2 / one:.1f}%", "n/a"]
     assert [r["Efficiency vs 1 device"] for r in rows] == [r["Efficiency"] for r in scaling]
+    checked = json.loads((tmp_path / "wn" / "whole_node.json").read_text())
+    assert [(r["devices"], r["within"]) for r in checked] == [(1, "yes"), (2, "yes")], script.stdout + script.stderr
+    assert all(r["outside_j"] > 0 and r["independent_others_j"] > 0 for r in checked)
+    assert script.returncode == 0 and (tmp_path / "wn" / "whole_node.md").read_text().count("\n| ") == 3
     assert not called.exists()

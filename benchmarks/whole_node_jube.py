@@ -31,16 +31,13 @@ HEADER = ("point", "status", "devices", "steady_s", "job_j", "independent_j", "b
           "independent_others_j", "units_per_s", "units_per_wh")
 
 
-def steady_energy(record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    window = next(w for w in record["windows"] if w["name"] == "steady")
-    return window, window["energy"]
-
-
 def point_row(poller: CounterPoller, workdir: Path) -> dict[str, Any]:
     """One point: the record's steady energy of the job's GPUs and of the others, and the independent reads."""
     record = json.loads((workdir / "run" / "run_record.json").read_text())
-    window, energy = steady_energy(record)
-    metrics = record["metrics"]
+    window = next((w for w in record.get("windows") or [] if w["name"] == "steady"), None)
+    if window is None or not window.get("energy"):  # a point refused or failed before its steady window
+        return {"point": record["run_id"], "status": record["status"], "within": "n/a: no steady window"}
+    energy, metrics = window["energy"], record["metrics"]
     unit = metrics.get("work_unit", "tokens")
     ours = [d["uuid"] for d in energy["per_device"]]
     others = [u for u in poller.handles if u not in ours]

@@ -44,16 +44,12 @@ def number(value: str, what: str, key: str) -> int | float:
 
 
 def check_local_layout(nodes: int, per_node: int, profile: dict[str, str]) -> None:
-    """`local` runs its ranks on this host: one node identity with every device (data parallel, issue 43), or one
-    rank per node identity (several identities: issue 21), each on its own GPU."""
-    if nodes > 1 and per_node != 1:
-        raise PointRefused(f"the local system runs one rank per node identity, not {per_node} devices on each of "
-                           f"{nodes} node identities", "set devices_per_node = 1 with nodes > 1, or nodes = 1 for "
-                           "several devices on this host")
+    """`local` runs its ranks on this host: one node identity with the job's devices (data parallel, issue 43), or
+    several identities (issue 21) of per_node GPUs each, as a cluster's nodes: no more GPUs than the host has."""
     gpus = profile.get("local_gpus")
     if profile["vendor"] != "cpu" and gpus is not None and nodes * per_node > int(gpus):
-        asked = f"{nodes} node identities of one GPU each" if nodes > 1 else f"devices_per_node={per_node}"
-        fix = f"use nodes <= {gpus}" if nodes > 1 else f"use devices_per_node <= {gpus}"
+        asked = f"nodes={nodes} x devices_per_node={per_node}" if nodes > 1 else f"devices_per_node={per_node}"
+        fix = f"use nodes x devices_per_node <= {gpus}" if nodes > 1 else f"use devices_per_node <= {gpus}"
         raise PointRefused(f"the local system has {gpus} GPU(s) this job may use, the point asks for {asked}",
                            f"{fix} on this machine (or free more GPUs: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
 

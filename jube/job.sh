@@ -96,13 +96,15 @@ slurm_seconds_left() {
 stop_wait_s=60
 
 # The local system with several node identities on this host (JB_NODES > 1; issue 21): node i is named
-# <host>-n<i> (JPWR_NODE_NAME) and owns device i (one rank per node identity). Its sampler meters that device
-# (JB_LOCAL_NODE_DEVICES=own) or every device (=all: each is then counted once, on one node, with a warning).
+# <host>-n<i> (JPWR_NODE_NAME) and owns JB_TASKS_PER_NODE = d devices, i*d ... i*d+d-1 (one rank per device). Its
+# sampler meters those (JB_LOCAL_NODE_DEVICES=own) or every device (=all: each is then counted once, on one node, with
+# a warning).
 local_node_name() { echo "$(hostname -s)-n$1"; }
-local_devices() {  # the device list node $1 sees: its own first, then the others (a rank's cuda:0 is its own)
+local_own_devices() { seq -s, $(($1 * JB_TASKS_PER_NODE)) $((($1 + 1) * JB_TASKS_PER_NODE - 1)); }
+local_devices() {  # the device list node $1 sees: its own first, then the others (a rank's cuda:LOCAL_RANK is its own)
     local i others=""
-    for ((i = 0; i < JB_NODES; i++)); do [ "$i" -ne "$1" ] && others="$others,$i"; done
-    echo "$1$others"
+    for ((i = 0; i < JB_NODES; i++)); do [ "$i" -ne "$1" ] && others="$others,$(local_own_devices "$i")"; done
+    echo "$(local_own_devices "$1")$others"
 }
 
 # The local system with one node (issue 43): the job's devices are the first JB_TASKS_PER_NODE of those this script
@@ -128,7 +130,7 @@ start_local_samplers() {
     (
         trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
         for ((i = 0; i < JB_NODES; i++)); do
-            seen=$i
+            seen=$(local_own_devices "$i")
             [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${py[@]}" -m jpwr serve \
                 "${serve_args[@]}" &

@@ -7,10 +7,11 @@
 
 Runs `jube run XML -o OUT/jube -e -a -r --hide-animation [the rest after --]` while a thread of this process reads
 every GPU's energy counter on its own (benchmarks.common.CounterPoller: NVML, no jpwr code). For each point with a
-run record: the headline steady energy against the independent read of the job's GPUs (the record's per_device),
-and the whole-node line (outside_job, where meter_whole_node = yes) against the read of the host's other GPUs, each
-within the record's error bound plus the read's own uncertainty. Writes whole_node.md (one table) and
-whole_node.json beside JUBE's run directory; exit 1 when a measured point's headline is outside its bound.
+run record: the headline steady energy against the independent read of the job's GPUs (the record's per_device;
+diff_pct in % of the read; within: inside the record's error bound plus the read's own uncertainty), and the
+whole-node line (outside_job, where meter_whole_node = yes) beside the read of the host's other GPUs. Writes
+whole_node.md (one table) and whole_node.json beside JUBE's run directory; exit 1 when a measured point's headline
+is outside its bound.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from benchmarks.common import CounterPoller, markdown_table, split_at_double_dash  # noqa: E402 (REPO on sys.path)
 
-HEADER = ("point", "status", "devices", "steady_s", "job_j", "independent_j", "bound_j", "within", "outside_j",
-          "independent_others_j", "units_per_s", "units_per_wh")
+HEADER = ("point", "status", "devices", "steady_s", "job_j", "independent_j", "diff_pct", "bound_j", "within",
+          "outside_j", "independent_others_j", "units_per_s", "units_per_wh")
 
 
 def point_row(poller: CounterPoller, workdir: Path) -> dict[str, Any]:
@@ -52,7 +53,8 @@ def point_row(poller: CounterPoller, workdir: Path) -> dict[str, Any]:
     except ValueError as exc:  # the reads do not span the window (a point that failed early)
         row.update(independent_j=None, bound_j=None, within=f"n/a: {exc}")
         return row
-    row.update(independent_j=independent, bound_j=(energy["error_bound_j"] or 0.0) + uncertainty)
+    row.update(independent_j=independent, bound_j=(energy["error_bound_j"] or 0.0) + uncertainty,
+               diff_pct=None if energy["energy_j"] is None else 100 * (energy["energy_j"] - independent) / independent)
     measured = energy["energy_j"] is not None and abs(energy["energy_j"] - independent) <= row["bound_j"]
     row["within"] = "yes" if measured else "no"
     return row

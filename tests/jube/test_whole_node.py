@@ -173,5 +173,7 @@ def test_a_devices_sweep_on_a_job_bound_to_two_of_four_gpus(jube_env: dict[str, 
     assert [(r["status"], r.get("devices"), r["within"]) for r in checked] == [
         ("OK", 1, "yes"), ("OK", 2, "yes"), ("INVALID", None, "n/a: no steady window")], script.stdout[-3000:]
     assert all(r["outside_j"] > 0 and r["independent_others_j"] > 0 for r in checked[:2])
+    assert all(r["diff_pct"] == pytest.approx(100 * (r["job_j"] - r["independent_j"]) / r["independent_j"])
+               for r in checked[:2])
     assert script.returncode == 0 and (tmp_path / "wn" / "whole_node.md").read_text().count("\n| ") == 4
     assert not called.exists()

@@ -9,6 +9,7 @@ table. Standard library only (Python >= 3.8): the login node's validate step run
 
 from __future__ import annotations
 
+from jbchecks import devices_per_node
 from jbshell import SERVER_SETTINGS
 from jbsystems import FRAMEWORK_TAGS, PointRefused, override_variable
 
@@ -87,7 +88,7 @@ def inference_ranks(profile: dict[str, str], value: dict[str, str]) -> str:
     node's GPUs in equal groups; the local launcher's one rank per node is jbchecks.check_local_layout's refusal, the
     heads' divisibility the driver's validate step's)."""
     text = value.get("tensor_parallel", "")
-    ranks, per_node = int(text or "1"), int(profile["devices_per_node"])
+    ranks, per_node = int(text or "1"), devices_per_node(profile, {}, 1)  # the node's GPUs ("all" counted)
     if per_node % ranks:
         raise PointRefused(f"tensor_parallel={ranks} does not divide the {per_node} devices of a {profile['system']} "
                            "node", "use a tensor_parallel that divides devices_per_node")

@@ -16,7 +16,8 @@ DEVICE_SETTINGS_POLICIES = ("off", "allowed")
 # Valid numbers of the workflow parameters and profile keys the driver arguments come from:
 # (kind, minimum, whether the minimum itself is allowed).
 NUMBERS = {
-    "nodes": (int, 1, True), "devices_per_node": (int, 1, True), "cpu_threads_per_node": (int, 0, True),
+    "nodes": (int, 1, True), "devices_per_node": (int, 1, True),
+    "batch_devices": (int, 1, True), "cpu_threads_per_node": (int, 0, True),
     "global_batch_size": (int, 1, True), "micro_batch_size": (int, 1, True), "tensor_parallel": (int, 1, True),
     "pipeline_parallel": (int, 1, True), "seq_length": (int, 1, True), "iterations": (int, 1, True),
     "warmup_iterations": (int, 0, True), "image_size": (int, 1, True), "batch_size": (int, 1, True),
@@ -43,14 +44,61 @@ def number(value: str, what: str, key: str) -> int | float:
 
 
 def check_local_layout(nodes: int, per_node: int, profile: dict[str, str]) -> None:
-    """`local` runs one rank per node identity on this host (several identities: issue 21), each on its own GPU."""
-    if per_node != 1:
-        raise PointRefused(f"the local system runs one rank per node identity, not {per_node} devices per node",
-                           "set devices_per_node = 1 for local, and nodes = N for N node identities on this host")
+    """`local` runs its ranks on this host: one node identity with the job's devices (data parallel, issue 43), or
+    several identities (issue 21) of per_node GPUs each, as a cluster's nodes: no more GPUs than the host has."""
     gpus = profile.get("local_gpus")
-    if profile["vendor"] != "cpu" and gpus is not None and nodes > int(gpus):
-        raise PointRefused(f"the local system has {gpus} GPU(s), the point asks for {nodes} node identities of one GPU"
-                           " each", f"use nodes <= {gpus} on this machine")
+    if profile["vendor"] != "cpu" and gpus is not None and nodes * per_node > int(gpus):
+        asked = f"nodes={nodes} x devices_per_node={per_node}" if nodes > 1 else f"devices_per_node={per_node}"
+        fix = f"use nodes x devices_per_node <= {gpus}" if nodes > 1 else f"use devices_per_node <= {gpus}"
+        raise PointRefused(f"the local system has {gpus} GPU(s) this job may use, the point asks for {asked}",
+                           f"{fix} on this machine (or free more GPUs: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES)")
+
+
+def devices_per_node(profile: dict[str, str], value: dict[str, str], nodes: int) -> int:
+    """The point's devices (ranks) per node: the point's own devices_per_node, else the profile's, where `all` (local
+    only) is every GPU the job may use here, one process on a host without one. More than a node has is refused."""
+    written = profile["devices_per_node"].strip().lower()
+    local = profile["launcher"] == "local"
+    if written == "all" and not local:
+        raise ConfigError(f"profile key devices_per_node = all on {profile['system']}, which is not a local system",
+                          "set devices_per_node to the number of accelerators of a node")
+    gpus = int(profile.get("local_gpus") or 0) if local and profile["vendor"] != "cpu" else None
+    if written == "all":
+        node_has = gpus if gpus is not None else 1
+    else:
+        node_has = int(number(written, "devices_per_node", "devices_per_node"))
+    if not value.get("devices_per_node"):
+        return 1 if local and nodes > 1 and written == "all" else node_has  # node identities: one GPU each
+    asked = int(number(value["devices_per_node"], "devices_per_node", "devices_per_node"))
+    if not local and asked > node_has:
+        raise PointRefused(f"devices_per_node={asked} is more than a node of {profile['system']} has "
+                           f"(devices_per_node = {node_has})", f"use devices_per_node <= {node_has}")
+    return asked
+
+
+def batch_scaling(profile: dict[str, str], value: dict[str, str], devices: int, reference_nodes: int,
+                  key: str) -> tuple[str, str]:
+    """(the rule, the profile batch for a point of `devices` devices in all): weak keeps the per-device batch of the
+    profile's `key`, written for `reference_nodes` nodes of batch_devices each; strong keeps the batch; a point's own
+    global_batch_size is used as given."""
+    rule = profile["scaling"].strip().lower()
+    if rule not in ("weak", "strong"):
+        raise ConfigError(f"profile key scaling = {rule!r} is neither weak nor strong",
+                          "set scaling = weak (the per-device batch stays, docs/jube.md) or strong (the batch stays)")
+    written = profile.get(key, "")
+    if value.get("global_batch_size"):
+        return "strong", written
+    if not written:  # the driver's preset: micro-batches per replica, so the per-device batch stays
+        return "weak", written
+    if rule == "strong":
+        return rule, written
+    per_node = int(number(profile["batch_devices"] or profile["devices_per_node"], "batch_devices", "batch_devices"))
+    reference = reference_nodes * per_node
+    gbs = int(number(written, key, "global_batch_size"))
+    if gbs * devices % reference:
+        raise PointRefused(f"weak scaling: {key} = {gbs} for {reference} device(s) has no whole per-device batch on "
+                           f"{devices}", "set global_batch_size for this point, or scaling = strong")
+    return rule, str(gbs * devices // reference)
 
 
 def local_node_devices(profile: dict[str, str]) -> str:

@@ -41,10 +41,12 @@ import jbsubmit
 from jbarguments import cli_args, serving_mode
 from jbchecks import (
     NUMBERS,
+    batch_scaling,
     check_local_layout,
     check_site_names,
     check_time_limit,
     device_settings_policy,
+    devices_per_node,
     local_node_devices,
     number,
     stop_margin_s,
@@ -73,6 +75,7 @@ CANNOT_EXECUTE = (126, 127)  # a shell's exit code for a program that is not exe
 
 DEFAULT_SYSTEM = "local"
 EX_REFUSED = 77  # python -m joulebench.device_settings: the site or this process may not change the setting
+SCALED_KEYS = ("nodes", "devices_per_node")  # the sweep dimensions a scaling table compares
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -192,12 +195,13 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
         if key in NUMBERS:
             number(text, key, key)
     model = settings["JB_MODEL"]
-    per_node = int(number(profile["devices_per_node"], "devices_per_node", "devices_per_node"))
     sized_like = model if workload.nodes_by_model else profile["default_model"]
     nodes_text = value.get("nodes") or profile["nodes"] or profile.get(f"nodes_{sized_like.lower()}", "1")
     nodes = int(number(nodes_text, "nodes", "nodes"))
     if workload.one_device:  # one node; one process per tensor-parallel rank
         nodes, per_node = 1, int(value.get("tensor_parallel") or "1")  # a number: checked above (NUMBERS)
+    else:
+        per_node = devices_per_node(profile, value, nodes)
     if profile["launcher"] == "local":
         check_local_layout(nodes, per_node, profile)
     limit_s = jbslurm.duration_s(profile["time_limit"])
@@ -219,11 +223,18 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
         "JB_DRIVER_COMMAND": workload.command_of(value),
         "JB_SELF_STOP": "yes" if workload.self_stop else "no",  # --exit-duration-mins, set by job.sh
     })
-    args = workload.arguments(profile, value, model, kinds["flag"], workload.profile_prefix)
+    batch_key = workload.batch_key.format(model=model.lower())
+    reference_nodes = int(number(profile["nodes"] or profile.get(f"nodes_{sized_like.lower()}", "1"), "nodes", "nodes"))
+    scaling, batch = batch_scaling(profile, value, nodes * per_node, reference_nodes, batch_key) if batch_key else (
+        "", "")
+    settings.update(scaling_settings(settings, scaling, value))
+    point_profile = {**profile, batch_key: batch} if batch_key else profile
+    args = workload.arguments(point_profile, value, model, kinds["flag"], workload.profile_prefix)
     for key, text in args.items():
         if key in NUMBERS and text != "":
             number(text, key, key)
-    settings.update({f"JB_COORD_{key.upper()}": str(nodes) if key == "nodes" else args.get(key, value.get(key, ""))
+    resolved = {"nodes": str(nodes), "devices_per_node": str(per_node)}
+    settings.update({f"JB_COORD_{key.upper()}": resolved.get(key) or args.get(key, value.get(key, ""))
                      for key in workload.sweep_keys})
     if workload.serving_command:
         serving = settings["JB_DRIVER_COMMAND"] == workload.serving_command
@@ -238,6 +249,14 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     settings["JB_VALIDATE_ARGS"] = shlex.join(shared if workload.one_device else [
         *shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
+
+
+def scaling_settings(settings: dict[str, str], scaling: str, value: dict[str, str]) -> dict[str, str]:
+    """The point's scaling rule, and its scaling group: the points of a run that differ only in their nodes and
+    devices as asked (the compare step's efficiency is against the group's one-device point)."""
+    asked = [f"{key}={text}" for key, text in sorted(value.items()) if key not in SCALED_KEYS]
+    return {"JB_SCALING": scaling,
+            "JB_SCALING_GROUP": ";".join([settings["JB_SYSTEM"], settings["JB_MODEL"], scaling, *asked])}
 
 
 def _jbcontainer() -> ModuleType:

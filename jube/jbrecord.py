@@ -32,6 +32,7 @@ from typing import Any
 
 import jbfootprint
 import jblog  # same directory: on sys.path when run as a script
+import jbscaling
 import jbslurm
 from jbsettings import JOB_ID_FILE, RESULT_FILE, SETTINGS_FILE, read_settings
 from jbsystems import ConfigError
@@ -73,7 +74,7 @@ POINT_NAMES = {  # short names in the Point column; the other coordinates go by 
     "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
     "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
     "power_limit": "pl", "sm_clock": "clock", "image_size": "px", "batch_size": "bs", "max_concurrency": "slots",
-    "slo_ttft_ms": "ttft_slo", "slo_tpot_ms": "tpot_slo", "min_window_s": "window_s",
+    "slo_ttft_ms": "ttft_slo", "slo_tpot_ms": "tpot_slo", "min_window_s": "window_s", "devices_per_node": "dev",
 }
 # A serving record (`llm_inference load`) names its latency medians p50, and its time per output token tpot; they fill
 # the same columns as a static record's
@@ -155,6 +156,8 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
                     "train_args": settings.get("JB_TRAIN_ARGS")},
         )
     record.job = job_facts(settings, record.status, elapsed_s)
+    if settings.get("JB_SCALING"):  # the rule of the point's batch over its devices (docs/jube.md, "Scaling")
+        record.config.update(scaling=settings["JB_SCALING"], devices=_int_or_none(settings.get("JB_WORLD_SIZE")))
     record.config[RECORD_KEY] = settings_block(settings, record)
     record.footprint = footprint(settings, record)
     try:
@@ -506,12 +509,14 @@ def point_labels(rundir: Path) -> dict[str, str]:
 
 def write_comparison(rundir: Path) -> Path:
     """<rundir>/compare/<run id>.txt, one `JB key=value` file per point (the compare step copies its own): the
-    comparison and the point's label."""
+    comparison, the point's label and its scaling efficiency (jbscaling.py)."""
     target = rundir / "compare"
     target.mkdir(exist_ok=True)
     rows = compare(rundir)
     for run_id, label in point_labels(rundir).items():
         rows.setdefault(run_id, {"slowdown": "n/a", "energy_saving": "n/a"})["point"] = label
+    for run_id, scaling in jbscaling.scaling_rows(rundir).items():
+        rows.setdefault(run_id, {"slowdown": "n/a", "energy_saving": "n/a", "point": "n/a"}).update(scaling)
     for run_id, fields in rows.items():
         write_atomic(target / f"{run_id}.txt", render(fields))
     return target

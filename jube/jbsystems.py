@@ -162,10 +162,21 @@ def detect_accelerator(environ: dict[str, str]) -> tuple[str, str, int]:
         hidden = [v for v in visibility if v in environ and environ[v].strip() in ("", "-1", "none", "NoDevFiles")]
         if found and not hidden:
             names = sorted(set(found.values()))
-            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)})", len(found)
+            usable, bound = visible_count(len(found), environ, visibility)
+            return vendor, f"{len(found)} {vendor.upper()} GPU(s) found by {tool} ({', '.join(names)}){bound}", usable
         if found:
             return "cpu", f"{tool} lists GPUs, but {hidden[0]}={environ[hidden[0]]!r} hides them", 0
     return "cpu", "no GPU found (neither nvidia-smi -L nor rocm-smi lists one)", 0
+
+
+def visible_count(found: int, environ: dict[str, str], visibility: Sequence[str]) -> tuple[int, str]:
+    """How many of the `found` GPUs this job may use: a visibility variable's entries (CUDA_VISIBLE_DEVICES=1,2: 2)
+    limit them, as the job binds its devices from it (jube/job.sh); and the words saying so."""
+    for var in visibility:
+        if environ.get(var, "").strip():
+            usable = min(found, len([e for e in environ[var].split(",") if e.strip()]))
+            return usable, f", {usable} usable by this job ({var})"
+    return found, ""
 
 
 def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -191,7 +202,7 @@ def load_profile(system: str, environ: dict[str, str] | None = None) -> dict[str
             profile.update({key: value.strip() for key, value in own[overlay].items()})
             profile["selection"] = f"{section}: {found}: CPU-sized settings of [{overlay}]"
         else:
-            profile["selection"] = f"{section}: {found}: the settings of a one-device node"
+            profile["selection"] = f"{section}: {found}: the settings of a GPU node"
         profile["vendor"] = vendor
     _anchor_paths(profile, sections, env)
     profile.update(overrides)  # a path from the environment: relative to the working directory

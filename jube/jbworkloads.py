@@ -38,6 +38,7 @@ class Workload:
     startup_key: str  # profile key of its start-up time; {model}: the model preset, lower case
     default_model_key: str  # profile key naming the model without a model tag
     work_unit: str  # the unit of the throughput and energy columns where the record names none
+    batch_key: str = ""  # profile key of its global batch, scaled with the devices per node (jbchecks.batch_scaling)
     model_tags: tuple[str, ...] = ()
     framework_tags: tuple[str, ...] = ()  # the model is <driver>-<framework>, the framework a sweep dimension
     nodes_by_model: bool = False  # nodes_<MODEL> of the point's model, else of the profile's default model
@@ -59,16 +60,18 @@ class Workload:
 
 WORKLOADS = {w.name: w for w in (
     Workload(name="llm", driver="llm_training", command="train", serving_command="",
-             sweep_keys=("nodes", "global_batch_size", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
-                         "seq_length", "precision", "iterations", "warmup_iterations", "steady_seconds",
-                         *DEVICE_SETTING_KEYS),
+             sweep_keys=("nodes", "devices_per_node", "global_batch_size", "micro_batch_size", "tensor_parallel",
+                         "pipeline_parallel", "seq_length", "precision", "iterations", "warmup_iterations",
+                         "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.llm_arguments, profile_prefix="llm", startup_key="startup_s_{model}",
-             default_model_key="default_model", work_unit="tokens", model_tags=MODEL_TAGS, nodes_by_model=True),
+             default_model_key="default_model", work_unit="tokens", batch_key="gbs_{model}", model_tags=MODEL_TAGS,
+             nodes_by_model=True),
     Workload(name="resnet50", driver="resnet50", command="train", serving_command="",
-             sweep_keys=("framework", "nodes", "global_batch_size", "image_size", "precision", "iterations",
-                         "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
+             sweep_keys=("framework", "nodes", "devices_per_node", "global_batch_size", "image_size", "precision",
+                         "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
-             default_model_key="default_model", work_unit="images", framework_tags=FRAMEWORK_TAGS),
+             default_model_key="default_model", work_unit="images", batch_key="resnet_gbs",
+             framework_tags=FRAMEWORK_TAGS),
     Workload(name="inference", driver="llm_inference", command="run", serving_command="load",
              sweep_keys=("task", "batch_size", "engine", "tensor_parallel", "decode_tuning", "objective", "rate",
                          "max_concurrency", "slo_ttft_ms", "slo_tpot_ms", "min_window_s", "precision", "steady_seconds",

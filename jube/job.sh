@@ -96,13 +96,15 @@ slurm_seconds_left() {
 stop_wait_s=60
 
 # The local system with several node identities on this host (JB_NODES > 1; issue 21): node i is named
-# <host>-n<i> (JPWR_NODE_NAME) and owns device i (one rank per node identity). Its sampler meters that device
-# (JB_LOCAL_NODE_DEVICES=own) or every device (=all: each is then counted once, on one node, with a warning).
+# <host>-n<i> (JPWR_NODE_NAME) and owns JB_TASKS_PER_NODE = d devices, i*d ... i*d+d-1 (one rank per device). Its
+# sampler meters those (JB_LOCAL_NODE_DEVICES=own) or every device (=all: each is then counted once, on one node, with
+# a warning).
 local_node_name() { echo "$(hostname -s)-n$1"; }
-local_devices() {  # the device list node $1 sees: its own first, then the others (a rank's cuda:0 is its own)
+local_own_devices() { seq -s, $(($1 * JB_TASKS_PER_NODE)) $((($1 + 1) * JB_TASKS_PER_NODE - 1)); }
+local_devices() {  # the device list node $1 sees: its own first, then the others (a rank's cuda:LOCAL_RANK is its own)
     local i others=""
-    for ((i = 0; i < JB_NODES; i++)); do [ "$i" -ne "$1" ] && others="$others,$i"; done
-    echo "$1$others"
+    for ((i = 0; i < JB_NODES; i++)); do [ "$i" -ne "$1" ] && others="$others,$(local_own_devices "$i")"; done
+    echo "$(local_own_devices "$1")$others"
 }
 
 # The local system with one node (issue 43): the job's devices are the first JB_TASKS_PER_NODE of those this script
@@ -128,7 +130,7 @@ start_local_samplers() {
     (
         trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
         for ((i = 0; i < JB_NODES; i++)); do
-            seen=$i
+            seen=$(local_own_devices "$i")
             [ "$JB_LOCAL_NODE_DEVICES" = all ] && seen=$(local_devices "$i")
             JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$seen "${py[@]}" -m jpwr serve \
                 "${serve_args[@]}" &
@@ -144,26 +146,36 @@ log_rank_end() {
     log "$2: task $1: $what"
 }
 
-# Rank 0 on this host (nodes = 1): stderr to its own file, the node's own devices and name.
+# The one rank on this host (nodes = 1, one device, or a host without a GPU): stderr to its own file, the node's own
+# devices and name.
 launch_local_rank() {
     "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" \
         2>> "$rank_logs/0.err" &
 }
 
-launch_local_ranks() {  # one rank per node identity, as torchrun would set them up on that many nodes
+# Several local ranks (issue 43: nodes = 1, devices d > 1: data parallel over the job's d GPUs; issue 21: nodes = N
+# node identities, one rank each): as `torchrun --nproc-per-node d` sets them up (RANK, LOCAL_RANK, WORLD_SIZE, ...),
+# started here so that each rank's stderr has its own file and the first rank to fail ends the others.
+rank_node() { echo $(($1 / JB_TASKS_PER_NODE)); }
+rank_node_name() { if [ "$JB_NODES" -gt 1 ]; then local_node_name "$(rank_node "$1")"; else hostname -s; fi; }
+launch_local_ranks() {
     (
         trap 'kill -TERM $(jobs -p) 2>/dev/null; wait' TERM
         pids=()
-        for ((i = 0; i < JB_NODES; i++)); do
-            JPWR_NODE_NAME=$(local_node_name "$i") CUDA_VISIBLE_DEVICES=$(local_devices "$i") RANK=$i GROUP_RANK=$i \
-                LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 WORLD_SIZE=$JB_NODES MASTER_ADDR=127.0.0.1 \
+        for ((i = 0; i < JB_WORLD_SIZE; i++)); do
+            node=$(rank_node "$i")
+            identity=()  # one node: the binding of bind_local_devices and the host's name, inherited
+            [ "$JB_NODES" -gt 1 ] && identity=(JPWR_NODE_NAME="$(local_node_name "$node")"
+                CUDA_VISIBLE_DEVICES="$(local_devices "$node")")
+            env ${identity[@]+"${identity[@]}"} RANK=$i GROUP_RANK=$node LOCAL_RANK=$((i % JB_TASKS_PER_NODE)) \
+                LOCAL_WORLD_SIZE=$JB_TASKS_PER_NODE WORLD_SIZE=$JB_WORLD_SIZE MASTER_ADDR=127.0.0.1 \
                 "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" \
                 --out-dir "$out" 2>> "$rank_logs/$i.err" &
             pids+=($!)
         done
         # As srun --kill-on-bad-exit: each rank that ends badly is logged in the order they end, and the first ends
         # the others: TERM, then KILL after Slurm's default KillWait (a rank waiting for a dead peer ignores TERM).
-        code=0 left=$JB_NODES killer=""
+        code=0 left=$JB_WORLD_SIZE killer=""
         while [ $left -gt 0 ]; do
             wait -n 2>/dev/null  # (bash's own "Killed" notice: log_rank_end says it)
             for i in "${!pids[@]}"; do
@@ -175,7 +187,7 @@ launch_local_ranks() {  # one rank per node identity, as torchrun would set them
                 pids[i]=""
                 left=$((left - 1))
                 [ $rc -eq 0 ] && continue
-                log_rank_end "$i" "$(local_node_name "$i")" $rc
+                log_rank_end "$i" "$(rank_node_name "$i")" $rc
                 [ $code -eq 0 ] || continue
                 code=$rc
                 # shellcheck disable=SC2086
@@ -429,7 +441,7 @@ if [ "$status" = OK ]; then
             "${py[@]}" -m "$JB_DRIVER" "${JB_DRIVER_COMMAND:-train}" "${train_args[@]}" --out-dir "$out" &
     else
         mkdir -p "$rank_logs"
-        if [ "$JB_NODES" -gt 1 ]; then launch_local_ranks; else launch_local_rank; fi
+        if [ "$JB_WORLD_SIZE" -gt 1 ]; then launch_local_ranks; else launch_local_rank; fi
     fi
     ranks_pid=$!
     wait "$ranks_pid"
@@ -439,7 +451,7 @@ if [ "$status" = OK ]; then
         rc=$?
     done
     ranks_pid=""
-    [ $rc -ne 0 ] && [ "$JB_LAUNCHER" = local ] && [ "$JB_NODES" -eq 1 ] && log_rank_end 0 "$(hostname -s)" $rc
+    [ $rc -ne 0 ] && [ "$JB_LAUNCHER" = local ] && [ "$JB_WORLD_SIZE" -eq 1 ] && log_rank_end 0 "$(hostname -s)" $rc
     copy_rank_logs
     ranks_rc=$rc
 fi

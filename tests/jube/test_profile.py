@@ -213,11 +213,17 @@ def test_cluster_defaults_and_parameters_reach_the_driver_arguments(tmp_path: Pa
     assert default["JB_MODEL"] == "800M" and "--steady-seconds" not in default["JB_TRAIN_ARGS"]
 
 
-def test_local_runs_one_rank_per_node_identity() -> None:
+def test_local_runs_one_rank_per_node_identity_unless_asked_for_more(tmp_path: Path) -> None:
+    """nodes = 2 on local: one rank per node identity by default; devices_per_node = 2 makes each identity a node of
+    two devices (nodes x devices, issue 43), refused where the host has fewer GPUs than that."""
     settings = jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", CLEAN_ENV)
     assert (settings["JB_NODES"], settings["JB_WORLD_SIZE"], settings["JB_LOCAL_NODE_DEVICES"]) == ("2", "2", "own")
-    env = {**CLEAN_ENV, "JOULEBENCH_LOCAL_DEVICES_PER_NODE": "2"}
-    with pytest.raises(jbprofile.PointRefused, match="one rank per node identity, not 2 devices") as err:
+    two = jbprofile.build_settings("llm", ["local"], {"nodes": "2", "devices_per_node": "2"}, "run", CLEAN_ENV)
+    assert (two["JB_NODES"], two["JB_TASKS_PER_NODE"], two["JB_WORLD_SIZE"]) == ("2", "2", "4")
+    env = {**_fake_tool(tmp_path, "nvidia-smi", "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0b6c)"),
+           "JOULEBENCH_LOCAL_DEVICES_PER_NODE": "2"}
+    with pytest.raises(jbprofile.PointRefused, match=r"has 1 GPU\(s\) this job may use, the point asks for nodes=2 x "
+                       r"devices_per_node=2\. Fix: use nodes x devices_per_node <= 1") as err:
         jbprofile.build_settings("llm", ["local"], {"nodes": "2"}, "run", env)
     assert err.value.settings["JB_COORD_NODES"] == "2"  # the INVALID row keeps the point's coordinates
     with pytest.raises(jbprofile.ConfigError, match="local_node_devices = 'both' is neither own nor all"):

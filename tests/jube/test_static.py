@@ -117,7 +117,10 @@ def test_the_csv_table_has_every_figure_and_the_default_table_only_columns_of_it
     """Narrowing the default table (at most 160 characters, tests/jube/test_local.py) loses nothing: the CSV table has
     a column for every pattern the analyser reads except the note's short form, which only the default table shows
     (with the row's Point, which the CSV has too), and shared patterns another benchmark's columns give."""
-    tables = {t.get("style"): [c.text for c in t.iter("column")] for t in _root(path).iter("table")}
+    by_name = {t.get("name"): [c.text for c in t.iter("column")] for t in _root(path).iter("table")}
+    benchmark = _root(path).find("benchmark").get("name")  # the default table is named after it, beside the CSV one
+    tables = {"csv": by_name[f"{benchmark}_csv"], "pretty": by_name[benchmark]}
+    assert all(set(columns) - {"short_note"} <= set(tables["csv"]) for columns in by_name.values())
     used = {name for s in _root(path).iter("analyser") for use in s.iter("use")
             for name in (use.text or "").split(",")}
     sets = [*_root(path).iter("patternset"), *_root(COMMON_XML).iter("patternset")]
@@ -167,7 +170,8 @@ def test_documented_tags_exist_in_the_workflows() -> None:
     assert not unknown, f"documented tags unknown to the workflows: {unknown}"
 
 
-COMPARED = ("slowdown", "energy_saving", "compare_note", "point")  # the compare step's compare.txt, not result.txt
+COMPARED = ("slowdown", "energy_saving", "compare_note", "point", "scaling",  # the compare step's compare.txt,
+            "scaling_efficiency")  # not result.txt
 
 
 def assert_patterns_match(path: Path, fields: str, compared: str | None = None) -> None:

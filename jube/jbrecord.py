@@ -495,11 +495,10 @@ def point_labels(rundir: Path) -> dict[str, str]:
     table has those)."""
     coords: dict[str, dict[str, str]] = {}
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
-        result = env_path.parent / RESULT_FILE
-        if result.is_file():
-            lines = (line.removeprefix("JB ").split("=", 1) for line in result.read_text().splitlines())
-            coords[read_settings(env_path)["JB_RUN_ID"]] = {k.removeprefix("coord_"): v for k, v in lines
-                                                            if k.startswith("coord_")}
+        if (env_path.parent / RESULT_FILE).is_file():  # by the values asked: a point refused before it ran cannot
+            settings = read_settings(env_path)  # say which default its driver would have used
+            names = [n for n in settings.get("JB_SWEEP", "").split(",") if n]
+            coords[settings["JB_RUN_ID"]] = {n: settings.get(f"JB_COORD_{n.upper()}") or "default" for n in names}
     names = list(dict.fromkeys(name for point in coords.values() for name in point))
     varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
     labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name, 'n/a')}" for name in varying) or "-"

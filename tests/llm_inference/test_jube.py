@@ -176,7 +176,8 @@ def test_tensor_parallel_points_get_one_node_of_that_many_ranks_or_an_invalid_ro
         jbprofile.build_settings("inference", ["H100"], {"tensor_parallel": "3"}, "run", env)
     with pytest.raises(jbprofile.PointRefused, match="tensor_parallel=2 does not divide the 1 devices of a CI node"):
         jbprofile.build_settings("inference", ["CI"], {"tensor_parallel": "2"}, "run", env)
-    with pytest.raises(jbprofile.PointRefused, match="one rank per node identity"):  # the local launcher
+    # local counts the GPUs of this host: on a CPU host one "device", which 2 ranks cannot divide
+    with pytest.raises(jbprofile.PointRefused, match="tensor_parallel=2 does not divide the 1 devices of a local node"):
         jbprofile.build_settings("inference", ["local"], {"tensor_parallel": "2"}, "run", env)
     # the heads' divisibility is the driver's: validate refuses what the preset cannot split
     tiny = jbprofile.build_settings("inference", ["H100", "tiny"], {"tensor_parallel": "4"}, "run", env)

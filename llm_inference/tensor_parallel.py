@@ -65,7 +65,7 @@ class TensorParallel:
     def gather_columns(self, local: torch.Tensor, columns: int) -> torch.Tensor:
         """(rows, part) on each rank → (rows, columns): the ranks' parts side by side, padding dropped."""
         rows = local.shape[0]
-        gathered = funcol.all_gather_single(local.contiguous(), 0, self.group)
+        gathered = funcol.all_gather_tensor(local.contiguous(), 0, self.group)  # also in torch 2.11 (the GPU hosts)
         return gathered.view(self.size, rows, -1).permute(1, 0, 2).reshape(rows, -1)[:, :columns]
 
     def from_rank_zero(self, value: T) -> T:

@@ -158,11 +158,11 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     planned: list[RunRecord] = []  # the records whose phases the plan uses: one energy domain only
     documents = {path: read_record_document(path) for path in record_paths(paths)}
     check_versions(documents)
-    for data in documents.values():
+    for path, data in documents.items():
         try:
             record = parse_record(data)
         except RecordShapeError as exc:
-            excluded.append(f"run {data.get('run_id')!s}: not a valid run record ({exc})")
+            excluded.append(f"{path}: not a valid run record ({exc})")
             continue
         run = record.run_id
         clocks = clock_check(record)

@@ -52,7 +52,7 @@ from joulebench.record import (
     parse_record,
     read_record_document,
 )
-from jpwr import ExitCode, ValidationError
+from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
@@ -221,18 +221,29 @@ def unreadable_run(path: Path, data: dict[str, Any], problem: str) -> Run:
         value = data.get(key)
         return value if isinstance(value, str) and value else missing
 
-    record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name),
-                       status=text("status", "n/a"))
+    record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name), status="INVALID")
+    record.status = text("status", "n/a")  # shown as the file says, or n/a; never a status of a run that was read
     return Run(path, record, "n/a", {}, unreadable=problem)
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:
-    """Every run record under the paths, read once; an unreadable one is a rejected run (read_run), unless none can be
-    read: then there is nothing to report, and the first is refused."""
-    documents = {p: read_record_document(p) for p in record_paths(paths)}
+    """Every run record under the paths, read once; an unreadable one (not JSON, truncated, no run record, the wrong
+    shape) is a rejected run (read_run), unless none can be read: then there is nothing to report, and the first is
+    refused."""
+    documents: dict[Path, dict[str, Any]] = {}
+    failed: dict[Path, FormatError] = {}
+    found = record_paths(paths)
+    for path in found:
+        try:
+            documents[path] = read_record_document(path)
+        except FormatError as exc:
+            failed[path] = exc
     check_versions(documents)
-    runs = [read_run(path, data) for path, data in documents.items()]
+    runs = [read_run(path, documents[path]) if path in documents else unreadable_run(path, {}, failed[path].problem)
+            for path in found]
     if all(run.unreadable for run in runs):
+        if runs[0].path in failed:
+            raise failed[runs[0].path]
         raise ValidationError(f"{runs[0].path} is not a valid run record ({runs[0].unreadable})",
                               "regenerate it with the driver, or leave it out")
     return sorted(runs, key=_sort_key)

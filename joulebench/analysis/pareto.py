@@ -132,6 +132,10 @@ def baseline(points: Sequence[SweepPoint]) -> Baseline:
                               "sm_clock empty)" + (f"; left out: {'; '.join(left_out)}" if left_out else ""),
                               "include a run at the device's own settings (the sweep's empty value) whose energy "
                               "was measured")
+    bounds = [p.run.cost.energy_bound for p in defaults]
+    bound = None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
+    return Baseline(sum(p.cost[0] for p in defaults) / len(defaults), sum(p.cost[1] for p in defaults) / len(defaults),
+                    tuple(p.name for p in defaults), bound)
 
 
 def pareto_front(points: Sequence[SweepPoint]) -> list[SweepPoint]:

@@ -52,7 +52,7 @@ def _whole_clock_problem(name: str, value: Any) -> str | None:
     low, high = CLOCK_RANGE_MHZ
     problem = number_problem(name, value, whole=True)
     if problem is None and value is not None and not low <= value <= high:
-        problem = f"{name} {value:g} MHz is outside {low} to {high} MHz"
+        problem = f"{name} {int(value)} MHz is outside {low} to {high} MHz"
     return problem
 
 

@@ -8,7 +8,8 @@ each is an error naming the file and the fix (exit 65; in `train`, a FAILED reco
 
 Index layout (megatron.core.datasets.indexed_dataset): b"MMIDIDX\\x00\\x00", version <Q (1), dtype code <B,
 sequence count <Q, document boundary count <Q (documents + 1), then int32 sequence lengths, int64 sequence
-pointers, int64 document boundaries (and, for multimodal data, int8 modes). The .bin holds the tokens, each of the dtype's size.
+pointers, int64 document boundaries (and, for multimodal data, int8 modes). The .bin holds the tokens, each of the
+dtype's size.
 """
 
 from __future__ import annotations

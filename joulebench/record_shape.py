@@ -3,10 +3,10 @@ where it has a list, a text where it has a text (joulebench.record_types.RecordD
 
 Why: a record edited by hand, truncated by a full disk or written by a foreign tool reaches every analysis verb;
 an object where a list belongs must be refused naming the field, not end in an AttributeError deep inside a chart.
-Numbers are not judged here: a figure that is missing, not a number or impossible is a value, and
-joulebench.figures (the one check of the figures) rejects the record's figures naming it, so that the rest of the
-record (what identifies it) still shows as a rejected row. Keys the types do not declare (a newer writer's, the
-open `config`/`hardware` blocks) are kept and not checked.
+Numbers are not judged here beyond null where the schema has no null (a window's edges): a figure that is not a
+number or impossible is a value, and joulebench.figures (the one check of the figures) rejects the record's
+figures naming it, so that the rest of the record (what identifies it) still shows as a rejected row. Keys the types
+do not declare (a newer writer's, the open `config`/`hardware` blocks) are kept and not checked.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def _expected(annotation: Any) -> str:
 
 def problems(value: Any, annotation: Any, field: str) -> list[str]:
     """Where `value` does not have the shape `annotation` declares: '<field> is <value>, not <kind>' per place."""
-    if annotation is Any or annotation in NUMBERS:
+    if annotation in NUMBERS:  # a number's value is a figure; only null where no null belongs is a shape
+        return [f"{field} is None, not a number"] if value is None else []
+    if annotation is Any:
         return []
     if get_origin(annotation) in (Union, types.UnionType):
         options = [a for a in get_args(annotation) if a is not type(None)]

@@ -302,6 +302,7 @@ class WindowEnergyDocument(TypedDict, total=False):
     """A window's `energy` (jpwr.WindowEnergy.to_dict): its texts and lists; its numbers are figures
     (joulebench.figures judges them)."""
 
+    devices: int
     method: str | None
     unavailable_reason: str | None
     untrusted_reason: str | None

@@ -1,5 +1,6 @@
 """Issue 47 item 3: real run records with their SHAPE changed (an object where a list belongs, a list where an object
-belongs, null where a text belongs, a text where a number belongs, a key removed, the JSON truncated), fixed seeds,
+belongs, null where a text or a number belongs, a text where a number belongs, a key removed, the JSON truncated),
+fixed seeds,
 through every analysis verb: never an internal error (exit 70) or a traceback; either a refusal naming the file (exit
 64/65) or a rejected row / a left-out run saying why.
 
@@ -42,7 +43,7 @@ CASES = 40  # mutations through the in-process verbs (about 0.5 s each on one co
 REFUSED = (64, 65)  # ValidationError, FormatError
 REJECTED_NOTES = ("record unreadable: ", "figures rejected: ")
 MUTATIONS = ("object where a list belongs", "list where an object belongs", "null where a text belongs",
-             "text where a number belongs", "missing key", "truncated JSON")
+             "text where a number belongs", "null where a number belongs", "missing key", "truncated JSON")
 
 
 # ---- the mutations --------------------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ def _applies(kind: str, node: Any, path: tuple[Any, ...]) -> bool:
             "list where an object belongs": isinstance(node, dict) and bool(path),
             "null where a text belongs": isinstance(node, str),
             "text where a number belongs": isinstance(node, int | float) and not isinstance(node, bool),
+            "null where a number belongs": isinstance(node, int | float) and not isinstance(node, bool),
             "missing key": bool(path) and isinstance(path[-1], str)}[kind]
 
 
@@ -91,6 +93,7 @@ def mutate(text: str, rng: random.Random) -> tuple[str, str]:
     replaced = {"object where a list belongs": lambda: {str(i): v for i, v in enumerate(node)},
                 "list where an object belongs": lambda: list(node.values()),
                 "null where a text belongs": lambda: None,
+                "null where a number belongs": lambda: None,
                 "text where a number belongs": lambda: f"{node} J"}
     if kind == "missing key":
         del parent[path[-1]]
@@ -211,3 +214,25 @@ def test_the_command_line_plan_leaves_out_a_run_whose_attribution_is_in_another_
     result = _subprocess(["plan", str(sweep)])
     assert result.returncode == 0, result.stderr
     assert "left out: run sm-1110: attribution.estimators.fit.rows is not a list of objects" in result.stdout
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    (("windows", 0, "t_start_ns"), None, "windows[0].t_start_ns is None, not a number"),
+    (("windows", 1, "energy", "devices"), None, "windows[1].energy.devices is None, not a number"),
+    (("metrics", "decode_energy_j"), "19692 J", "decode_energy_j '19692 J' is not a number"),
+    (("metrics", "prefill_energy_error_bound_j"), [], "prefill_energy_error_bound_j [] is not a number"),
+])
+def test_attribute_refuses_what_its_split_would_compute_with_naming_the_field(groups, tmp_path, field, value,
+                                                                              named) -> None:
+    """Found by probing every number of the shipped inference record: these ended in exit 70 inside attribute."""
+    (source,) = [p for p in groups["drivers"] if p.parent.parent.name == "llm_inference"]
+    run_dir = tmp_path / "run"
+    shutil.copytree(source.parent, run_dir)
+    data = json.loads(source.read_text())
+    parent = data
+    for key in field[:-1]:
+        parent = parent[key]
+    parent[field[-1]] = value
+    (run_dir / "run_record.json").write_text(json.dumps(data))
+    code, text = run(["attribute", str(run_dir), "--no-write"])
+    assert code == 65 and named in text and str(run_dir) in text and "internal error" not in text, text

@@ -29,10 +29,11 @@ POSITIVE_METRICS = (
     "mean_power_w_per_device", "partial_mean_power_w_per_device", "partial_{unit}_per_wh", "model_tflops_per_device",
     "mfu", "decode_energy_per_token_j", "energy_per_output_token_j", "energy_per_request_j", "requests_per_s",
     "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s",
+    "energy_j", "prefill_energy_j", "decode_energy_j",  # llm_inference: what attribute's prefill/decode split reads
 )
 # metrics keys that are zero or positive where present: error bounds.
 BOUND_METRICS = ("energy_error_bound_j", "dynamic_energy_error_bound_j", "energy_per_output_token_error_bound_j",
-                 "decode_energy_per_token_error_bound_j")
+                 "decode_energy_per_token_error_bound_j", "prefill_energy_error_bound_j")
 WHOLE_METRICS = ("iterations", "devices", "per_device_batch_size")  # positive whole numbers where present
 REJECTED = "rejected"  # what a table shows in place of a figure of a rejected record; the note says why
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from joulebench.record_shape import record_shape_problems
 from joulebench.record_types import DeviceFigures, MeterBlock, Metrics, RequestsBlock
 from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
@@ -26,6 +27,7 @@ from jpwr.output import fmt, utc_now, write_json_atomic
 
 SCHEMA_VERSION = 3
 RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
+RECORD_KIND = "joulebench.run_record"  # the file's `kind`: what tells a run record from other JSON
 # Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 # OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).
@@ -219,7 +221,7 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema_version": SCHEMA_VERSION, "kind": "joulebench.run_record",
+            "schema_version": SCHEMA_VERSION, "kind": RECORD_KIND,
             "benchmark": self.benchmark, "run_id": self.run_id, "status": self.status,
             "status_reason": self.status_reason, "started_at": self.started_at,
             "finished_at": self.finished_at, "config": self.config, "launch": self.launch,
@@ -346,19 +348,55 @@ def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
     return write_json_atomic(path, record.to_dict())
 
 
-def read_run_record(path: str | os.PathLike[str]) -> RunRecord:
-    """Load a run record; a file that is not one (truncated, foreign, a field of the wrong type) is a
-    FormatError naming the file and what is wrong with it, not a traceback."""
+RECORD_FIX = "point at a run_record.json written by a joulebench driver (regenerate it), or leave the damaged one out"
+
+
+class RecordShapeError(ValueError):
+    """A run record document in the wrong shape: the text names the field(s) and what each should be."""
+
+
+def read_record_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run record file as its JSON document (every key, also those RunRecord does not model); a file that cannot
+    be read, is not JSON or is no run record is a FormatError naming the file and the fix."""
     try:
         data = json.loads(Path(path).read_text())
-        if not isinstance(data, dict):
-            raise TypeError(f"the top level is a {type(data).__name__}, not an object")
+    except OSError as exc:
+        raise FormatError(f"{path} cannot be read ({exc.strerror or exc})", RECORD_FIX) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path} is not readable JSON ({exc})", RECORD_FIX) from None
+    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
+        kind = data.get("kind") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise FormatError(f"{path} is not a run record (kind {kind!r}, expected {RECORD_KIND!r})",
+                          f"{RECORD_FIX}; for a jpwr trace use `joulebench plot`")
+    return data
+
+
+def parse_record(data: Mapping[str, Any]) -> RunRecord:
+    """The one typed reading of a run record document: its shape checked (joulebench.record_shape), then the
+    record; a RecordShapeError naming every field in the wrong shape otherwise. Its figures are judged apart
+    (joulebench.figures), so that a record with impossible figures still reads as what it is."""
+    found = record_shape_problems(data)
+    if found:
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise RecordShapeError(f"{'; '.join(found[:3])}{more}")
+    try:
         return RunRecord.from_dict(data)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise FormatError(f"{path} is not a readable joulebench run record ({what})",
-                          "point at a run_record.json written by a joulebench driver, or remove the damaged one"
-                          ) from None
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a value the types do not rule out (status)
+        raise RecordShapeError(f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)) from None
+
+
+def record_from_document(path: str | os.PathLike[str], data: Mapping[str, Any]) -> RunRecord:
+    """parse_record, its problem a FormatError naming the file."""
+    try:
+        return parse_record(data)
+    except RecordShapeError as exc:
+        raise FormatError(f"{path} is not a valid run record ({exc})", RECORD_FIX) from None
+
+
+def read_run_record(path: str | os.PathLike[str]) -> RunRecord:
+    """Load a run record (read_record_document, then parse_record): a file that is not one (unreadable, truncated,
+    foreign, a field in the wrong shape) is a FormatError naming the file and what is wrong, never a traceback."""
+    return record_from_document(path, read_record_document(path))
 
 
 def summary_line(record: RunRecord, extra_keys: Sequence[str] = ()) -> str:

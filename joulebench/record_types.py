@@ -14,7 +14,7 @@ units the drivers use (`WORK_UNITS`); `config`, `hardware`, `launch`, `software`
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Required, TypedDict
 
 # The work units of the drivers' steady windows: SteadyMetrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
@@ -287,3 +287,69 @@ class RequestsBlock(TypedDict, total=False):
     output_token_counts: OutputTokenCounts
     failures: RequestFailures
     energy: dict[str, Any]  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}
+
+
+# ---- the record as a document: the shape joulebench.record_shape checks at load ------------------------------------
+class DeviceEnergyDocument(TypedDict, total=False):
+    """One device of a window's energy (jpwr.DeviceEnergy.to_dict): the texts and lists a reader relies on."""
+
+    node: str | None
+    uuid: str | None
+    name: str | None
+
+
+class WindowEnergyDocument(TypedDict, total=False):
+    """A window's `energy` (jpwr.WindowEnergy.to_dict): its texts and lists; its numbers are figures
+    (joulebench.figures judges them)."""
+
+    devices: int
+    method: str | None
+    unavailable_reason: str | None
+    untrusted_reason: str | None
+    domain: str | None
+    warnings: list[str]
+    per_device: list[DeviceEnergyDocument]
+    other_domains: list[DeviceEnergyDocument]
+    outside_job: list[DeviceEnergyDocument]
+    faults: list[dict[str, Any]]
+
+
+class WindowDocument(TypedDict, total=False):
+    """One entry of the record's `windows` (jpwr.Window.to_dict)."""
+
+    name: Required[str]
+    first_step: Required[int]
+    last_step: Required[int]
+    t_start_ns: Required[int]
+    t_end_ns: Required[int]
+    work: dict[str, float]
+    energy: WindowEnergyDocument | None
+    energy_split: dict[str, Any] | None
+    end_reason: str | None
+
+
+class RecordDocument(TypedDict, total=False):
+    """A run_record.json as written (joulebench.record.RunRecord.to_dict); docs/run-record.md."""
+
+    schema_version: Required[int]
+    kind: Required[str]
+    benchmark: Required[str]
+    run_id: Required[str]
+    status: Required[str]
+    started_at: Required[str]
+    status_reason: str | None
+    finished_at: str | None
+    config: dict[str, Any]
+    launch: dict[str, Any]
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    windows: list[WindowDocument]
+    metrics: Metrics
+    meter: MeterBlock
+    job: dict[str, Any] | None
+    warnings: list[str] | None
+    attribution: dict[str, Any] | None
+    requests: RequestsBlock | None
+    disturbed: dict[str, Any] | None
+    footprint: dict[str, Any] | None
+    energy_domain: str | None

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from joulebench.arguments import SameMeaning
 from jpwr import NodeLive, ValidationError
 from jpwr.arguments import SECONDS
 from jpwr.estimator import aliasing_warning, planned_bound_j
@@ -268,8 +269,10 @@ def steady_seconds_arg(text: str) -> float | None:
 def add_window_arguments(group: argparse._ActionsContainer, cpu_default: str, aliases: tuple[str, ...] = (),
                          idle: bool = True) -> None:
     """--steady-seconds and (idle=True) --idle-baseline/--no-idle-baseline, worded the same in every driver."""
+    # SameMeaning: an alias given beside --steady-seconds (llm_inference's --min-window-s) is refused, not dropped
     group.add_argument(
         "--steady-seconds", *aliases, dest="steady_seconds", type=steady_seconds_arg, default=None, metavar="S|auto",
+        action=SameMeaning, keep="--steady-seconds alone",
         help=f"length of the steady window in seconds, grown to whole iterations and decided before it opens from "
              f"the warm-up's step time (default auto: on accelerators long enough that the planned energy bound is "
              f"<= {TARGET_BOUND_FRACTION * 100:.1f}%% and >= {MIN_UPDATE_PERIODS} sensor updates, {MIN_SECONDS:g} s to "

@@ -197,6 +197,25 @@ def _sensor_from_dict(d: dict[str, Any]) -> Sensor:
     return Sensor(**data)
 
 
+def _integer(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{field} is {value!r}, not an integer")
+    return value
+
+
+def _number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{field} is {value!r}, not a number")
+    return float(value)
+
+
+def _segment_reading(rec: dict[str, Any]) -> Reading:
+    """One reading line ("k": "r"), its stamps integers and its value a number or null."""
+    value = rec["v"]
+    return Reading(rec["s"], _integer(rec["a"], "a"), _integer(rec["b"], "b"),
+                   None if value is None else _number(value, "v"), Status(rec["st"]), rec.get("hw"), rec.get("e"))
+
+
 def read_segments(directory: Path) -> TraceData:
     """Load a node directory's segments, skipping a torn last line left by a hard kill."""
     domains: dict[str, Domain] = {}
@@ -207,25 +226,30 @@ def read_segments(directory: Path) -> TraceData:
     marks: list[Mark] = []
     phases: list[PhaseBatch] = []
     for path in sorted((directory / SEGMENT_DIR).glob("seg-*.jsonl")):
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            kind = rec.get("k")
-            if kind == "r":
-                readings.setdefault(rec["s"], []).append(Reading(
-                    rec["s"], rec["a"], rec["b"], rec["v"], Status(rec["st"]), rec.get("hw"), rec.get("e")))
-            elif kind == "m":
-                metrics.append(MetricReading(rec["d"], rec["n"], rec["t"], rec["v"]))
-            elif kind == "mark":
-                marks.append(Mark.from_dict(rec))
-            elif kind == "phases":
-                phases.append(PhaseBatch.from_dict(rec))
-            elif kind == "header":
-                domains.update({d["id"]: _domain_from_dict(d) for d in rec["domains"]})
-                sensors.update({s["id"]: _sensor_from_dict(s) for s in rec["sensors"]})
-                info.update(rec["info"])
+            try:
+                kind = rec.get("k")
+                if kind == "r":
+                    readings.setdefault(rec["s"], []).append(_segment_reading(rec))
+                elif kind == "m":
+                    metrics.append(MetricReading(rec["d"], rec["n"], _integer(rec["t"], "t"), _number(rec["v"], "v")))
+                elif kind == "mark":
+                    marks.append(Mark.from_dict(rec))
+                elif kind == "phases":
+                    phases.append(PhaseBatch.from_dict(rec))
+                elif kind == "header":
+                    domains.update({d["id"]: _domain_from_dict(d) for d in rec["domains"]})
+                    sensors.update({s["id"]: _sensor_from_dict(s) for s in rec["sensors"]})
+                    info.update(rec["info"])
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                what = f"missing field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+                raise FormatError(f"{path} line {number} is not a jpwr segment record ({what})",
+                                  "use the segments a sampler wrote (remove or repair the edited line), or the node's "
+                                  "trace.h5") from None
     return TraceData(list(domains.values()), list(sensors.values()), info, readings, metrics, marks, phases)
 
 
@@ -277,7 +301,7 @@ def read_hdf5(path: Path) -> TraceData:
         raise FileNotFoundError(errno.ENOENT, "no such trace file", str(path))
     try:
         return _read_hdf5(path)
-    except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
+    except (OSError, KeyError, ValueError, IndexError, TypeError, AttributeError) as exc:
         raise FormatError(f"{path} is not a readable jpwr trace ({type(exc).__name__}: {exc})",
                           "use the trace.h5 a sampler wrote; a node directory's segments/ can be read instead "
                           "(pass the node directory)") from None
@@ -291,6 +315,8 @@ def _read_hdf5(path: Path) -> TraceData:
         domains = [_domain_from_dict(d) for d in json.loads(h5.attrs["domains"])]
         sensors = [_sensor_from_dict(s) for s in json.loads(h5.attrs["sensors"])]
         info = json.loads(h5.attrs["info"])
+        if not isinstance(info, dict):
+            raise TypeError(f"its info is a {type(info).__name__}, not an object")
         g = h5["readings"]
         errors: dict[int, str] = {}  # traces written before error names were kept have none
         if "error_row" in g:

@@ -71,16 +71,18 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
     """llm_inference: a serving point (rate set) or a static-batch point, on tensor_parallel GPUs of one node."""
     shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"],
               "tensor_parallel": inference_ranks(profile, value), "decode_tuning": value.get("decode_tuning", "")}
-    window = {"min_window_s": value.get("min_window_s") or profile[f"{prefix}_min_window_s"]}
+    window = window_argument(profile, value, prefix)
     if value.get("rate"):
-        return {**shared, "rate": value["rate"],
-                "max_concurrency": value.get("max_concurrency") or profile[f"{prefix}_max_concurrency"],
-                "slo_ttft_ms": value.get("slo_ttft_ms") or profile[f"{prefix}_slo_ttft_ms"],
-                "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
-                **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
-    return {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
-            "engine": value.get("engine", ""), "objective": value.get("objective", ""), **window,
-            **common_arguments(profile, value)}
+        arguments = {**shared, "rate": value["rate"],
+                     "max_concurrency": value.get("max_concurrency") or profile[f"{prefix}_max_concurrency"],
+                     "slo_ttft_ms": value.get("slo_ttft_ms") or profile[f"{prefix}_slo_ttft_ms"],
+                     "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
+                     **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
+    else:
+        arguments = {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
+                     "engine": value.get("engine", ""), "objective": value.get("objective", ""), **window,
+                     **common_arguments(profile, value)}
+    return {**arguments, **window}  # the window's steady_seconds over common_arguments', in the same place
 
 
 def inference_ranks(profile: dict[str, str], value: dict[str, str]) -> str:
@@ -93,6 +95,21 @@ def inference_ranks(profile: dict[str, str], value: dict[str, str]) -> str:
         raise PointRefused(f"tensor_parallel={ranks} does not divide the {per_node} devices of a {profile['system']} "
                            "node", "use a tensor_parallel that divides devices_per_node")
     return text
+
+
+def window_argument(profile: dict[str, str], value: dict[str, str], prefix: str) -> dict[str, str]:
+    """llm_inference's --min-window-s is another name of --steady-seconds (the driver refuses both together): one
+    of them is sent. A point's own value wins over the profile's; a point giving both is refused. From the profile,
+    <prefix>_min_window_s (the inference workflow's own key) wins over steady_seconds (every driver's)."""
+    given = [key for key in ("steady_seconds", "min_window_s") if value.get(key)]
+    if len(given) == 2:
+        raise PointRefused(f"steady_seconds={value['steady_seconds']} and min_window_s={value['min_window_s']}: both "
+                           "set the length of the measured windows", "set one of them (min_window_s or "
+                                                                     "steady_seconds) for the point, not both")
+    if given:
+        return {"steady_seconds": "", "min_window_s": "", given[0]: value[given[0]]}
+    own = profile[f"{prefix}_min_window_s"]
+    return {"steady_seconds": "" if own else profile["steady_seconds"], "min_window_s": own}
 
 
 def server_arguments(profile: dict[str, str], engine: str) -> dict[str, str]:

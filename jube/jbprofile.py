@@ -101,8 +101,19 @@ def jpwr_methods(profile: dict[str, str]) -> str:
 
 
 def recorded_tags(configuration_xml: Path) -> list[str]:
-    """Tags JUBE recorded for this run (<selection><tag>); JUBE itself never rejects a tag."""
-    root = ET.parse(configuration_xml).getroot()
+    """Tags JUBE recorded for this run (<selection><tag>); JUBE itself never rejects a tag. A file that is missing or
+    not XML (truncated) is a ConfigError naming it and the line."""
+    try:
+        root = ET.parse(configuration_xml).getroot()
+    except OSError as exc:
+        raise ConfigError(f"the run's configuration {configuration_xml} cannot be read ({exc.strerror or exc})",
+                          "run the step inside the JUBE run directory it belongs to (--config RUNDIR/configuration.xml "
+                          "as the workflow passes it), or rerun `jube run`") from None
+    except ET.ParseError as exc:
+        line, column = exc.position
+        raise ConfigError(f"the run's configuration {configuration_xml} is not well-formed XML at line {line}, column "
+                          f"{column} (truncated or edited)", "rerun `jube run` for a fresh run directory (JUBE writes "
+                                                             "the file; it is not edited by hand)") from None
     return sorted({(t.text or "").strip() for sel in root.findall("selection") for t in sel.findall("tag")})
 
 

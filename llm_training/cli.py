@@ -54,12 +54,15 @@ def resolve_checked(args: argparse.Namespace, world_size: int) -> TrainConfig:
 
 def _validate(args: argparse.Namespace) -> int:
     from llm_training import memory, validation
+    from llm_training.corpus import check_corpus
 
     world = args.world_size
     if world is None:
         world = (args.nodes or 1) * (args.devices_per_node or 1)
     validation.check_layout(world, args.nodes, args.devices_per_node)
     cfg = resolve_checked(args, world)
+    if cfg.data_path:  # the login node's check (JUBE validate); train reads it again where it builds the dataset
+        check_corpus(cfg.data_path, cfg.seq_length)
     cfg = memory.choose_micro_batch(cfg, None if args.device == "cpu" else args.device_memory_gib)
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)

@@ -16,6 +16,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
 from llm_training.config import TrainConfig
+from llm_training.corpus import check_corpus
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
@@ -34,7 +35,10 @@ class TokenInfo:
 
 
 def build_train_dataset(cfg: TrainConfig, num_samples: int) -> GPTDataset:
-    """Build on every rank (rank 0 first, megatron's builder synchronises); index caches go to out_dir."""
+    """Build on every rank (rank 0 first, megatron's builder synchronises); index caches go to out_dir. A corpus
+    megatron could not read is a FormatError naming the file (llm_training.corpus), the run FAILED with its record."""
+    if cfg.data_path:
+        check_corpus(cfg.data_path, cfg.seq_length)
     blend = ([cfg.data_path], None) if cfg.data_path else None
     ds_config = GPTDatasetConfig(
         random_seed=cfg.seed,

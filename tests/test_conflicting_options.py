@@ -18,6 +18,8 @@ CONFLICTS = [
     (["run", *TINY, "--batch-sizes", "1,8", "--batch-size", "2"], "--batch-sizes", "--batch-size"),
     (["validate-load", *TINY, "--rate", "2", "--rates", "1,4"], "--rate", "--rates"),
     (["load", *TINY, "--rates", "1,4", "--rate", "max"], "--rates", "--rate"),
+    (["run", *TINY, "--steady-seconds", "3", "--min-window-s", "2"], "--steady-seconds", "--min-window-s"),
+    (["load", *TINY, "--min-window-s", "2", "--steady-seconds", "2"], "--min-window-s", "--steady-seconds"),
 ]
 
 
@@ -35,6 +37,7 @@ def test_two_options_that_mean_the_same_are_refused_naming_both(argv, first, sec
 @pytest.mark.parametrize("argv", [
     ["validate", *TINY, "--batch-size", "2"], ["validate", *TINY, "--batch-sizes", "1,2"],
     ["validate-load", *TINY, "--rate", "2"], ["validate-load", *TINY, "--rates", "1,2"],
+    ["validate", *TINY, "--steady-seconds", "2"], ["validate", *TINY, "--min-window-s", "2"],
 ])
 def test_each_option_alone_is_taken(argv, capsys):
     assert inference(argv) == 0, capsys.readouterr().err

@@ -25,6 +25,7 @@ import numpy as np
 from joulebench.analysis.attribution_text import render
 from joulebench.analysis.kernel_classes import CATEGORY_NAMES, category
 from joulebench.analysis.phase_fit import LabelFit, Timeline, exclusive_timeline, fit_labels, held_out_folds
+from joulebench.analysis.plausible import idle_power_w as recorded_idle_w
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
 from joulebench.arguments import SEED, WATTS, Number, comma_list, state_ranges
@@ -32,7 +33,7 @@ from joulebench.figures import rejection
 from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RECORD_FILE, RunRecord, headline_domain, read_run_record, write_run_record
 from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
-from jpwr import ExitCode, FormatError, IdleBaseline, ValidationError, WindowEnergy
+from jpwr import ExitCode, FormatError, ValidationError, WindowEnergy
 from jpwr.output import utc_now
 from jpwr.trace import PhaseBatch, Signal, TraceData, accelerator_domains, load_trace, spans_from_marks, window_energy
 
@@ -324,17 +325,6 @@ def counter_period_s(traces: Sequence[TraceData]) -> float | None:
     return max(periods) if periods else None
 
 
-def recorded_idle_w(record: RunRecord) -> tuple[float | None, str]:
-    """Idle power per device from the record's idle baseline (meter.idle_baseline), and where it came from."""
-    baseline = IdleBaseline.from_dict(record.meter.get("idle_baseline") or {"power_w": None, "error_bound_w": None,
-                                                                             "devices": 0})
-    if baseline.power_w is None or not baseline.devices:
-        return None, f"no idle baseline in the record ({baseline.unavailable_reason or 'not measured'})"
-    settled = {True: "settled", False: "not settled", None: "settling not checked"}[baseline.settled]
-    return baseline.power_w / baseline.devices, (f"the record's idle baseline: {baseline.power_w:.1f} W over "
-                                                 f"{baseline.devices} device(s), {baseline.method}, {settled}")
-
-
 def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | None = None,
               profile: Path | None = None, draws: int = DEFAULT_DRAWS, seed: int = 0,
               idle_power_w: float | None = None) -> tuple[Path, RunRecord, dict[str, Any]]:
@@ -342,7 +332,7 @@ def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | N
     path, record = load_record(run_dir)
     idle_source = "--idle-power-w"
     if idle_power_w is None:
-        idle_power_w, idle_source = recorded_idle_w(record)
+        idle_power_w, idle_source = recorded_idle_w(record, record.window(window))
     block: dict[str, Any] = {"window": window, "computed_at": utc_now(), "tool": "joulebench attribute",
                              "energy_domain": headline_domain(record), "idle_power_w_per_device": idle_power_w,
                              "idle_source": idle_source, "estimators": {}}

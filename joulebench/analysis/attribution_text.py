@@ -116,6 +116,8 @@ def render(record: RunRecord, block: dict[str, Any]) -> str:
     if block.get("idle_power_w_per_device") is not None:
         head += (f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device from {block.get('idle_source')} "
                  "(dynamic = energy − idle × time)")
+    elif str(block.get("idle_source") or "").startswith("no dynamic energy"):  # joulebench.analysis.plausible
+        head += f"; dynamic J n/a: {block['idle_source'].removeprefix('no dynamic energy: ')}"
     lines = [head, "estimators are reported side by side and never mixed"]
     renderers = {"fit": lambda b: _fit_lines("fit (phases)", b), "fit_kernel_classes":
                  lambda b: _fit_lines("fit (kernel classes)", b), "replay": _replay_lines, "windows": _window_lines}

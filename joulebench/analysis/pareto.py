@@ -133,9 +133,11 @@ def baseline(points: Sequence[SweepPoint], among: Collection[str] | None = None)
     defaults = [p for p in points if p.settings.is_default and p.excluded is None
                 and (among is None or p.name in among)]
     if not defaults:
+        left_out = [f"run {p.name}: {p.excluded}" for p in points if p.excluded][:3]  # an unreadable default, too
         raise ValidationError("the sweep has no default-setting run with trustworthy energy (power_limit and "
-                              "sm_clock empty)", "include a run at the device's own settings (the sweep's empty "
-                                                 "value) whose energy was measured")
+                              "sm_clock empty)" + (f"; left out: {'; '.join(left_out)}" if left_out else ""),
+                              "include a run at the device's own settings (the sweep's empty value) whose energy "
+                              "was measured")
     bounds = [p.run.cost.energy_bound for p in defaults]
     bound = None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
     return Baseline(sum(p.cost[0] for p in defaults) / len(defaults), sum(p.cost[1] for p in defaults) / len(defaults),

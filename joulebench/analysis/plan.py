@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis.energy_domain import require_one_domain
+from joulebench.analysis.plausible import CLOCK_RANGE_MHZ, clock_check
 from joulebench.analysis.replay import NOT_REPLAYED
-from joulebench.analysis.report import check_versions, read_record_json, record_paths
+from joulebench.analysis.report import check_versions, record_paths
 from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
-from joulebench.device_settings.record import recorded_settings
 from joulebench.figures import number_problem, rejection
-from joulebench.record import RunRecord
+from joulebench.record import RecordShapeError, RunRecord, parse_record, read_record_document
 from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.output import fmt, write_json_atomic
 
@@ -82,6 +82,7 @@ class Profile:
     options: dict[str, dict[Clock, Option]]  # phase -> clock -> option
     origin: str  # where the figures come from (estimator and window, or the profile file)
     excluded: list[str] = dataclasses.field(default_factory=list)  # inputs left out, with the reason
+    unchecked: list[str] = dataclasses.field(default_factory=list)  # inputs used whose clock could not be checked
 
     @property
     def clocks(self) -> list[Clock]:
@@ -123,9 +124,6 @@ def _average(samples: Mapping[tuple[str, Clock], list[tuple[float, float, str]]]
     return options
 
 
-CLOCK_RANGE_MHZ = (1, 100_000)  # a clock outside it is no clock of a device (H100 SM clocks: 210-1980 MHz)
-
-
 def _parse_clock(value: Any, where: str) -> Clock:
     if value is None or str(value).strip().lower() in ("", "default"):
         return DEFAULT
@@ -155,36 +153,42 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     samples: dict[tuple[str, Clock], list[tuple[float, float, str]]] = {}
     phases: list[str] = []
     excluded: list[str] = []
+    unchecked: list[str] = []
     windows: set[str] = set()
     planned: list[RunRecord] = []  # the records whose phases the plan uses: one energy domain only
-    documents = {path: read_record_json(path) for path in record_paths(paths)}
+    documents = {path: read_record_document(path) for path in record_paths(paths)}
     check_versions(documents)
-    for data in documents.values():
-        run = str(data.get("run_id"))
-        settings = recorded_settings(data.get("config", {}))
-        attribution = data.get("attribution") or {}
-        reason = (f"status {data.get('status')}" if data.get("status") == "FAILED" else
+    for path, data in documents.items():
+        try:
+            record = parse_record(data)
+        except RecordShapeError as exc:
+            excluded.append(f"{path}: not a valid run record ({exc})")
+            continue
+        run = record.run_id
+        clocks = clock_check(record)
+        attribution = record.attribution or {}
+        reason = (f"status {record.status}" if record.status == "FAILED" else
                   "no attribution block (run `joulebench attribute` on it)" if not attribution else
-                  f"it sets power_limit={fmt(settings.requested.power_limit_w)} W; the plan varies clocks only"
-                  if settings.requested.power_limit_w is not None else _rejected(data))
-        if reason:
+                  clocks.problem if clocks.settings is None else
+                  f"it sets power_limit={fmt(clocks.settings.requested.power_limit_w)} W; the plan varies clocks only"
+                  if clocks.settings.requested.power_limit_w is not None else rejection(record))
+        if reason or clocks.settings is None:
             excluded.append(f"run {run}: {reason}")
             continue
         window_name = attribution.get("window", "steady")
-        windows.add(window_name)
-        rows = [r for r in ((attribution.get("estimators") or {}).get(method) or {}).get("rows") or []
-                if r.get("status") != NOT_REPLAYED]
-        problem = (f"no window {window_name!r}, which its attribution covers" if not any(
-                       w.get("name") == window_name for w in data.get("windows", [])) else
-                   f"no phases by method {method!r}" if not rows else
-                   _phase_list_problem([r.get("phase") for r in rows]))
+        rows, problem = attribution_rows(attribution, method)
+        problem = problem or (f"no window {window_name!r}, which its attribution covers" if record.window(
+            str(window_name)) is None else f"no phases by method {method!r}" if not rows else
+            _phase_list_problem([r.get("phase") for r in rows]))
         wrong = [f"phase {r.get('phase')}: {p}" for r in rows
                  for key in ("energy_per_step_j", "seconds_per_step", "mean_power_w")
                  if (p := number_problem(key, r.get(key)))]
         if problem or wrong:
             excluded.append(f"run {run}: {problem or 'figures rejected: ' + '; '.join(wrong)}")
             continue
-        planned.append(RunRecord.from_dict(data))  # _rejected read it already
+        windows.add(str(window_name))
+        unchecked += [f"run {run}: {clocks.unchecked}"] if clocks.unchecked else []
+        planned.append(record)
         for row in rows:
             name = str(row["phase"])
             if name not in phases:
@@ -193,18 +197,24 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
             if energy is None or seconds is None:
                 excluded.append(f"run {run}: phase {name} has no energy or duration ({row.get('status')})")
                 continue
-            samples.setdefault((name, settings.requested.sm_clock_mhz), []).append((seconds, energy, f"run {run}"))
+            samples.setdefault((name, clocks.settings.requested.sm_clock_mhz), []).append((seconds, energy,
+                                                                                            f"run {run}"))
     require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
-    return Profile(phases, _average(samples), origin, excluded)
+    return Profile(phases, _average(samples), origin, excluded, unchecked)
 
 
-def _rejected(data: Mapping[str, Any]) -> str | None:
-    """Why a record's figures cannot be planned on (joulebench.figures), or None."""
-    try:
-        return rejection(RunRecord.from_dict(data))
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        return f"not a valid run record ({type(exc).__name__}: {exc})"
+def attribution_rows(attribution: dict[str, Any], method: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The phase rows of one estimator of an attribution block (docs/attribution.md), or why the block's shape
+    cannot hold them; a replay row "not replayed" is no phase of its own."""
+    estimators = attribution.get("estimators") or {}
+    estimator = (estimators.get(method) if isinstance(estimators, dict) else None) or {}
+    rows = (estimator.get("rows") if isinstance(estimator, dict) else None) or []
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not isinstance(estimator, dict):
+        return [], f"attribution.estimators.{method}.rows is not a list of objects (re-run `joulebench attribute`)"
+    if not isinstance(attribution.get("window", "steady"), str):
+        return [], "attribution.window is not a text (re-run `joulebench attribute`)"
+    return [r for r in rows if r.get("status") != NOT_REPLAYED], None
 
 
 def read_profile(path: Path) -> Profile:
@@ -361,11 +371,13 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
         lines.append(f"the per-phase plan saves a further {100 * gain / default.energy_j:.2f} % of the default's "
                      "energy (predicted)")
     lines += [f"left out: {reason}" for reason in profile.excluded]
+    lines += [f"flagged: {reason}" for reason in profile.unchecked]
     data = {
         "origin": profile.origin, "max_slowdown": max_slowdown, "switch_latency_s": latency_s,
         "phases": profile.phases,
         "default": {"measured": True, **_as_dict(default)}, "best_single_clock": {"measured": True, **_as_dict(single)},
         "plan": {"predicted": True, **_as_dict(plan)}, "excluded": profile.excluded,
+        "clock_unchecked": profile.unchecked,
     }
     return lines, data
 

@@ -42,8 +42,17 @@ from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection, unit_figure
 from joulebench.latents import steady_latents
 from joulebench.reasons import Footnotes
-from joulebench.record import MEASURED_STATUSES, READABLE_SCHEMA_VERSIONS, RECORD_FILE, RunRecord, headline_domain
-from jpwr import ExitCode, ValidationError
+from joulebench.record import (
+    MEASURED_STATUSES,
+    READABLE_SCHEMA_VERSIONS,
+    RECORD_FILE,
+    RecordShapeError,
+    RunRecord,
+    headline_domain,
+    parse_record,
+    read_record_document,
+)
+from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
@@ -51,7 +60,6 @@ from jpwr.trace import TraceData, load_trace
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
     from matplotlib.figure import Figure
 
-RECORD_KIND = "joulebench.run_record"
 JUBE_SETTINGS = "job.env"
 SERIES_CONFIG_KEYS = ("model", "framework", "precision", "task")
 TOKEN_ENERGY_UNIT = "output_tokens"  # inference records: J per token against batch size gets its own chart
@@ -130,20 +138,6 @@ def record_paths(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def read_record_json(path: Path) -> dict[str, Any]:
-    """A run record as its JSON document (every key, also those RunRecord does not model, e.g. `attribution`)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValidationError(f"{path} is not readable JSON ({exc})", "pass run_record.json files written by a "
-                                                                       "joulebench driver") from exc
-    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
-        kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise ValidationError(f"{path} is not a run record (kind {kind!r}, expected {RECORD_KIND!r})",
-                              "pass run_record.json files; for a jpwr trace use `joulebench plot`")
-    return data
-
-
 def check_versions(documents: dict[Path, dict[str, Any]]) -> None:
     """Every input of a schema version this reader understands (version 1 records load as they are)."""
     unreadable = {p: d.get("schema_version") for p, d in documents.items()
@@ -209,12 +203,11 @@ def read_run(path: Path, data: dict[str, Any]) -> Run:
     it cannot be read becomes an unreadable run (a rejected row naming why), so that one bad record never stops a
     report over many."""
     try:
-        record = RunRecord.from_dict(data)
-        for key in ("benchmark", "run_id", "status"):
-            if not isinstance(getattr(record, key), str):
-                raise TypeError(f"{key} is {getattr(record, key)!r}, not a text")
+        record = parse_record(data)
         run = Run(path, record, system_of(record, path), record_latents(path, record))
         _sort_key(run)  # series and cost (with the figures' checks): read first by every verb, so failing here
+    except RecordShapeError as exc:
+        return unreadable_run(path, data, str(exc))
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, ValidationError) as exc:
         problem = exc.problem if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
         return unreadable_run(path, data, problem)
@@ -228,18 +221,29 @@ def unreadable_run(path: Path, data: dict[str, Any], problem: str) -> Run:
         value = data.get(key)
         return value if isinstance(value, str) and value else missing
 
-    record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name),
-                       status=text("status", "n/a"))
+    record = RunRecord(benchmark=text("benchmark", "n/a"), run_id=text("run_id", path.parent.name), status="INVALID")
+    record.status = text("status", "n/a")  # shown as the file says, or n/a; never a status of a run that was read
     return Run(path, record, "n/a", {}, unreadable=problem)
 
 
 def load_runs(paths: Sequence[Path]) -> list[Run]:
-    """Every run record under the paths, read once; an unreadable one is a rejected run (read_run), unless none can be
-    read: then there is nothing to report, and the first is refused."""
-    documents = {p: read_record_json(p) for p in record_paths(paths)}
+    """Every run record under the paths, read once; an unreadable one (not JSON, truncated, no run record, the wrong
+    shape) is a rejected run (read_run), unless none can be read: then there is nothing to report, and the first is
+    refused."""
+    documents: dict[Path, dict[str, Any]] = {}
+    failed: dict[Path, FormatError] = {}
+    found = record_paths(paths)
+    for path in found:
+        try:
+            documents[path] = read_record_document(path)
+        except FormatError as exc:
+            failed[path] = exc
     check_versions(documents)
-    runs = [read_run(path, data) for path, data in documents.items()]
+    runs = [read_run(path, documents[path]) if path in documents else unreadable_run(path, {}, failed[path].problem)
+            for path in found]
     if all(run.unreadable for run in runs):
+        if runs[0].path in failed:
+            raise failed[runs[0].path]
         raise ValidationError(f"{runs[0].path} is not a valid run record ({runs[0].unreadable})",
                               "regenerate it with the driver, or leave it out")
     return sorted(runs, key=_sort_key)

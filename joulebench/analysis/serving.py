@@ -113,7 +113,7 @@ def rate_row(run: Run) -> RateRow:
     energy = _object(record.requests.get("energy") if isinstance(record.requests, dict) else None)
     per_request, shares = _object(energy.get("energy_per_request_j")), _object(energy.get("shares"))
     rate = str(m.get("rate"))
-    rates = served_figures(run)
+    rates = {} if run.rejected else served_figures(run)  # a rejected record's window is not computed with
     problems = serving_problems(m, energy)
     served, goodput = _number(rates.get("served")), _number(rates.get("goodput"))
     if served is not None and goodput is not None and goodput > served * (1 + 1e-9):

@@ -368,6 +368,9 @@ def _applied(plan: DevicePlan, after: Reading) -> dict[str, Any]:
         "power_limit_w": _w(after.power_limit_mw), "enforced_power_limit_w": _w(after.enforced_power_limit_mw),
         "locked_sm_clock_mhz": plan.lock_mhz, "sm_clock_mhz_after_apply": after.sm_clock_mhz,
         "clock_held_by_setting": after.clock_held_by_setting, "notes": notes,
+        # what analysis checks a recorded clock against (joulebench.analysis.plausible)
+        "supported_sm_clock_range_mhz": [min(clocks), max(clocks)] if (clocks := plan.reading.supported_sm_clocks_mhz)
+        else None,
     }
 
 

@@ -76,6 +76,7 @@ def test_apply_then_restore_in_separate_processes_puts_back_cap_range_and_level(
     for device in applied["devices"]:
         assert device["prior_power_limit_w"] == 500 and device["power_limit_w"] == 300
         assert device["locked_sm_clock_mhz"] == 1234  # any MHz of the range, not the nearest DPM level
+        assert device["supported_sm_clock_range_mhz"] == [500, 1700]  # the range the probe reads (above)
         assert device["clock_held_by_setting"] is True
     assert all(d == {"power_cap_uw": 300_000_000, "gfx_range_mhz": [1234, 1234],
                      "perf_level": "AMDSMI_DEV_PERF_LEVEL_MANUAL"} for d in node.devices().values())

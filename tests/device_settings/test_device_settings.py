@@ -24,6 +24,7 @@ from joulebench.device_settings import (
     setter_for,
 )
 from jpwr.errors import ExitCode
+from tests.fakes import pynvml as fake_nvml
 
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 DEVICE_SETTINGS = [sys.executable, "-m", "joulebench.device_settings"]
@@ -196,6 +197,8 @@ def test_apply_then_restore_in_separate_processes(gpus, tmp_path) -> None:
         assert device["prior_power_limit_w"] == _default(gpus) / 1000
         assert device["power_limit_w"] == device["enforced_power_limit_w"] == 300
         assert device["locked_sm_clock_mhz"] == 1410 and device["clock_held_by_setting"] is True
+        clocks = fake_nvml.SYNTHETIC["sm_clocks_MHz"]  # what analysis checks a recorded clock against
+        assert device["supported_sm_clock_range_mhz"] == [min(clocks), max(clocks)]
         assert gpus.devices()[device["uuid"]] == {"power_limit_mW": 300_000, "locked_clocks_MHz": [1410, 1410]}
     assert len(gpus.devices()) == 2  # device 1 untouched
     saved = json.loads(gpus.state.read_text())

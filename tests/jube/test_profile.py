@@ -330,3 +330,21 @@ def test_prepare_names_an_unwritable_out_and_a_bad_min_steady_s(tmp_path: Path) 
         assert "Traceback" not in proc.stderr
     assert f"jbprofile: error: cannot write --out {blocker / 'job.env'} (" in proc.stderr
     assert "Fix: pass a writable path" in proc.stderr
+
+
+@pytest.mark.parametrize(("point", "env", "sent"), [
+    ({"steady_seconds": "40"}, {}, ("--steady-seconds", "40")),  # the point's value, whichever of its two names
+    ({"min_window_s": "2"}, {"JOULEBENCH_STEADY_SECONDS": "60"}, ("--min-window-s", "2")),
+    ({}, {"JOULEBENCH_STEADY_SECONDS": "60", "JOULEBENCH_INFERENCE_MIN_WINDOW_S": "3"}, ("--min-window-s", "3")),
+    ({}, {"JOULEBENCH_STEADY_SECONDS": "60", "JOULEBENCH_INFERENCE_MIN_WINDOW_S": ""}, ("--steady-seconds", "60")),
+])
+def test_an_inference_point_sends_one_window_option_never_both(point, env, sent) -> None:
+    """--min-window-s is llm_inference's other name of --steady-seconds (the driver refuses both together)."""
+    args = shlex.split(jbprofile.build_settings("inference", [], point, "r", {**CLEAN_ENV, **env})["JB_TRAIN_ARGS"])
+    given = [a for a in args if a in ("--steady-seconds", "--min-window-s")]
+    assert given == [sent[0]] and args[args.index(sent[0]) + 1] == sent[1]
+
+
+def test_an_inference_point_giving_both_window_options_is_refused() -> None:
+    with pytest.raises(jbprofile.PointRefused, match="steady_seconds=40 and min_window_s=2: both set the length"):
+        jbprofile.build_settings("inference", [], {"steady_seconds": "40", "min_window_s": "2"}, "r", CLEAN_ENV)

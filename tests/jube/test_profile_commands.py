@@ -218,3 +218,20 @@ def test_a_refused_finalizer_cancels_the_held_job_and_leaves_a_failed_row(
     assert row["Status"] == "FAILED" and "sbatch refused its finalizer job" in row["Note"], row
     assert "Invalid feature specification" in row["Note"] and "cancelled before it started" in row["Note"], row
     assert not (workdir / "job.out").exists()  # the benchmark job never ran
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "cannot be read (No such file or directory)"),
+    ('<jube><selection><tag>A100</tag></selec', "is not well-formed XML at line 1, column"),
+    ("", "is not well-formed XML at line 1"),
+])
+def test_prepare_refuses_a_missing_or_truncated_run_configuration_naming_it(tmp_path: Path, capsys, content,
+                                                                            said) -> None:
+    config = tmp_path / "configuration.xml"
+    if content is not None:
+        config.write_text(content)
+    code = jbprofile.main(["prepare", "--benchmark", "llm", "--config", str(config), "--run-id", "r",
+                           "--out", str(tmp_path / "job.env")])
+    err = capsys.readouterr().err
+    assert code == jbprofile.EX_USAGE and f"the run's configuration {config} {said}" in err and "Fix: " in err, err
+    assert not (tmp_path / "job.env").exists()

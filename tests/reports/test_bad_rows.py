@@ -36,7 +36,7 @@ def _edit(key_path: tuple[str, ...], value: Any) -> Callable[[Path], None]:
 
 SHAPES = {  # breakage -> what the row's note names
     "request table reference wrong": (_edit(("requests", "file"), "elsewhere.h5"), "requests.h5"),
-    "object where a list belongs": (_edit(("windows",), {"steady": {}}), "AttributeError"),
+    "object where a list belongs": (_edit(("windows",), {"steady": {}}), "windows is {'steady': {}}, not a list"),
     "null id": (_edit(("run_id",), None), "run_id is None"),
     "text where a number belongs": (_edit(("metrics", "mean_power_w_per_device"), "abc"), "'abc' is not a number"),
 }

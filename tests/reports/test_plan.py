@@ -98,13 +98,17 @@ def test_the_search_matches_enumeration(profile, slowdown, latency) -> None:
 
 
 # ---- inputs -----------------------------------------------------------------------------------------------------
+H100_SM_CLOCKS_MHZ = (210, 1980)  # the supported SM clocks an H100 reports (device_settings apply records them)
+
+
 def write_attributed_run(root, run_id, clock, phases, steps=20, method="fit", power_limit=None, status="OK"):
     """A run record with the attribution block `joulebench attribute` writes (figures per step; a phase with no
     energy is below resolution)."""
     window = Window("steady", 5, 5 + steps, 10**9, 10**9 + 10**9, {"tokens": 1000.0 * steps})
     request = Request(power_limit_w=power_limit, sm_clock_mhz=clock)
+    device = {"index": 0, "locked_sm_clock_mhz": clock, "supported_sm_clock_range_mhz": list(H100_SM_CLOCKS_MHZ)}
     record = RunRecord("llm_training", run_id, status=status, status_reason="x" if status != "OK" else None,
-                       config={"device_settings": node_block(request, "nvml", "n1", None, [])}, windows=[window])
+                       config={"device_settings": node_block(request, "nvml", "n1", None, [device])}, windows=[window])
     path = write_run_record(root / run_id / "run_record.json", record)
     data = json.loads(path.read_text())
     rows = [{"phase": name, "status": "below resolution", "seconds_per_step": t} if e is None else

@@ -14,7 +14,8 @@ Run from the repository root on a GPU machine (torch, transformers, nvidia-ml-py
    tokens of both engines for the same left-padded prompts.
 2. Per preset and engine one `python -m llm_inference run --engine E` process over the batch sizes
    (`max`: the largest power of two that both engines' memory estimates allow on this GPU), task chat,
-   in-process NVML metering (`--energy-methods`; on `--device cpu` `auto`). Every point writes <out-dir>/<preset>/<engine>/chat_bs<N>/run_record.json.
+   in-process NVML metering (`--energy-methods`; on `--device cpu` `auto`). Every point writes
+   <out-dir>/<preset>/<engine>/chat_bs<N>/run_record.json.
 
 J/output token is ML.ENERGY's definition (the steady window's energy over its output tokens, prefill
 included); decode J/token is the project's (steady minus prefill energy over decode tokens). Random
@@ -151,7 +152,8 @@ def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namesp
     run_dir = Path(args.out_dir) / preset / engine
     cmd = [sys.executable, "-m", "llm_inference", "run", "--preset", preset, "--engine", engine, "--task", TASK,
            "--batch-sizes", ",".join(map(str, sizes)), "--num-batches", "1",
-           "--steady-seconds", str(args.steady_seconds), "--energy-methods", args.energy_methods, "--device", args.device,
+           "--steady-seconds", str(args.steady_seconds), "--energy-methods", args.energy_methods,
+           "--device", args.device,
            "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}-{engine}"]
     print(f"=== {preset} {engine}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()

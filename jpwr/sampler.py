@@ -23,7 +23,7 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal
+from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal, WindowFollower
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.live import NodeLive, node_live
@@ -266,6 +266,10 @@ class Sampler:
         with self._data:
             self.marks.append(mark)
             self._writer.mark(mark)
+        with self._io:
+            for backend in self.backends:
+                if isinstance(backend, WindowFollower):
+                    backend.follow_window(mark.name, mark.edge)
         if self.background:
             threading.Thread(target=self._chase_counters, name="jpwr-chase", daemon=True).start()
         else:

@@ -1,6 +1,10 @@
 """Entry point: `python -m llm_inference {run,validate} ...`."""
 
 from joulebench.process_exit import exit_after_run
-from llm_inference.cli import main
+from joulebench.tensorflow_kept_out import keep_tensorflow_out
+
+keep_tensorflow_out()  # before the framework imports: no TensorFlow log lines in a run that never uses it
+
+from llm_inference.cli import main  # noqa: E402
 
 exit_after_run(main())

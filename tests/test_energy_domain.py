@@ -225,3 +225,13 @@ def test_the_demo_is_coherent(demo_run: tuple[Path, str]) -> None:
                          "backward": seconds["forward+backward"] - seconds["forward"]}
         for phase, share in shares.items():
             assert share == pytest.approx(share_of_time[phase] / seconds["step"], rel=0.15, abs=0.02), phase
+
+
+def test_pareto_calls_a_replayed_energy_replayed_never_measured(demo_run: tuple[Path, str], tmp_path: Path,
+                                                               capsys) -> None:
+    record = demo_run[0] / "run" / "run_record.json"
+    assert pareto.main(["--pareto", str(record), "-o", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "measured" not in printed and f"each run's steady window, {REPLAYED};" in printed
+    written = json.loads((tmp_path / "pareto.json").read_text())
+    assert written["measured"] is False and written["energy"] == REPLAYED

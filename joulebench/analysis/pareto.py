@@ -288,7 +288,8 @@ def main(argv: Sequence[str]) -> int:
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out / "pareto.json", {
-            "measured": how == "measured", "energy": how, "max_slowdown": max_slowdown,
+            "measured": how == "measured", **({} if how == "measured" else {"energy": how}),
+            "max_slowdown": max_slowdown,
             "min_coverage": args.min_coverage,
             "baseline": dataclasses.asdict(base), "rows": rows, "summary": lines,
             "front": [p.name for p in front], "waste_free": None if best is None else best.name,

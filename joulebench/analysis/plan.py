@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from joulebench.analysis.energy_domain import require_one_domain
+from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.replay import NOT_REPLAYED
 from joulebench.analysis.report import check_versions, read_record_json, record_paths
 from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
@@ -82,6 +82,7 @@ class Profile:
     options: dict[str, dict[Clock, Option]]  # phase -> clock -> option
     origin: str  # where the figures come from (estimator and window, or the profile file)
     excluded: list[str] = dataclasses.field(default_factory=list)  # inputs left out, with the reason
+    energy: str = "measured"  # the figures' provenance: a replayed trace's label where its records replayed one
 
     @property
     def clocks(self) -> list[Clock]:
@@ -196,7 +197,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
             samples.setdefault((name, settings.requested.sm_clock_mhz), []).append((seconds, energy, f"run {run}"))
     require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
-    return Profile(phases, _average(samples), origin, excluded)
+    return Profile(phases, _average(samples), origin, excluded, provenance(planned))
 
 
 def _rejected(data: Mapping[str, Any]) -> str | None:
@@ -349,8 +350,9 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
         return (f"{title}: {fmt(p.time_s, 5)} s ({_pct(p.time_s, default.time_s)}), {fmt(p.energy_j, 5)} J "
                 f"({_pct(p.energy_j, default.energy_j)}) per step")
 
-    lines += [row("default clocks (measured: one run's phases)", default),
-              row(f"best single clock within {100 * max_slowdown:.2f} % (measured at {clock_name(single.clocks[0])})",
+    how = profile.energy
+    lines += [row(f"default clocks ({how}: one run's phases)", default),
+              row(f"best single clock within {100 * max_slowdown:.2f} % ({how} at {clock_name(single.clocks[0])})",
                   single),
               row(f"per-phase plan (PREDICTED: phases of different runs, {plan.switches} clock switch(es) per step at "
                   f"{fmt(latency_s * 1e3, 3)} ms)", plan)]
@@ -364,7 +366,9 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
     data = {
         "origin": profile.origin, "max_slowdown": max_slowdown, "switch_latency_s": latency_s,
         "phases": profile.phases,
-        "default": {"measured": True, **_as_dict(default)}, "best_single_clock": {"measured": True, **_as_dict(single)},
+        "default": {"measured": how == "measured", **_as_dict(default)},
+        "best_single_clock": {"measured": how == "measured", **_as_dict(single)},
+        **({} if how == "measured" else {"energy": how}),
         "plan": {"predicted": True, **_as_dict(plan)}, "excluded": profile.excluded,
     }
     return lines, data

@@ -110,16 +110,17 @@ def _window_lines(block: dict[str, Any]) -> list[str]:
 
 
 def render(record: RunRecord, block: dict[str, Any]) -> str:
-    head = f"joulebench attribute: {record.benchmark} run {record.run_id}, window {block['window']}"
-    if block.get("window_energy_j") is not None:
-        head += (f" ({fmt(block['window_duration_s'], 4)} s, {block['steps']} steps, "
-                 f"{fmt(block['window_energy_j'], 6)} J ± {fmt(block['window_error_bound_j'], 3)} J)")
-    if block.get("energy_domain"):
+    head = f"joulebench attribute: {record.benchmark} run {record.run_id}"
+    if block.get("energy_domain"):  # on the first line: a replayed trace's label must not be wrapped away
         head += f"; energy of {block['energy_domain']}"
+    window = f"  window {block['window']}"
+    if block.get("window_energy_j") is not None:
+        window += (f" ({fmt(block['window_duration_s'], 4)} s, {block['steps']} steps, "
+                   f"{fmt(block['window_energy_j'], 6)} J ± {fmt(block['window_error_bound_j'], 3)} J)")
     if block.get("idle_power_w_per_device") is not None:
-        head += (f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device from {block.get('idle_source')} "
-                 "(dynamic = energy − idle × time)")
-    lines = [head, "estimators are reported side by side and never mixed"]
+        window += (f"; idle {fmt(block['idle_power_w_per_device'], 4)} W per device from {block.get('idle_source')} "
+                   "(dynamic = energy − idle × time)")
+    lines = [head, window, "estimators are reported side by side and never mixed"]
     renderers = {"fit": lambda b: _fit_lines("fit (phases)", b), "fit_kernel_classes":
                  lambda b: _fit_lines("fit (kernel classes)", b), "replay": _replay_lines, "windows": _window_lines}
     for name, estimator in block["estimators"].items():

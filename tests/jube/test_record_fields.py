@@ -299,6 +299,24 @@ def test_the_point_names_the_coordinates_in_which_the_rows_differ(tmp_path: Path
     assert "JB point=gbs=16\n" in (rundir / "compare" / "b.txt").read_text()
 
 
+def test_points_that_differ_late_in_their_label_still_read_apart(tmp_path: Path) -> None:
+    """Issue 48: cut at 24 characters, rows of a rate sweep differing only in their rate read `bs=...` alike; the
+    Point is then cut at POINT_MAX_CHARS only."""
+    grid = [(bs, slots, ttft, rate) for bs, slots, ttft in (("1", "256", "1000"), ("2", "512", "2000"))
+            for rate in ("4", "max")]
+    rundir = tmp_path / "rundir"
+    for n, (bs, slots, ttft, rate) in enumerate(grid):
+        work = job_dir(rundir / f"00000{n}_submit", "OK", JB_RUN_ID=f"r{n}", JB_DRIVER="llm_inference",
+                       JB_SWEEP="batch_size,max_concurrency,slo_ttft_ms,rate", JB_COORD_BATCH_SIZE=bs,
+                       JB_COORD_MAX_CONCURRENCY=slots, JB_COORD_SLO_TTFT_MS=ttft, JB_COORD_RATE=rate)
+        jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
+    labels = jbrecord.point_labels(rundir)
+    full = {f"r{n}": f"bs={bs} slots={slots} ttft_slo={ttft} rate={rate}"
+            for n, (bs, slots, ttft, rate) in enumerate(grid)}
+    assert all(len(label) > jbrecord.POINT_CHARS for label in full.values())  # cut at 24 they would read alike
+    assert labels == full
+
+
 @pytest.mark.parametrize("stale", ["another output directory", "an earlier run of this one"])
 def test_finalize_never_takes_a_copy_another_run_left_elsewhere(tmp_path, monkeypatch, stale):
     """Run ids repeat across JUBE outpaths and reruns: a copy in $TMPDIR of a run with the same id is this run's only

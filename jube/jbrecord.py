@@ -253,11 +253,14 @@ def finalize_job(settings: dict[str, str], slurm_job: str) -> RunRecord | None:
 
 
 def _num(value: Any, digits: int = 4) -> str:
-    """fmt(), but large values as whole numbers (33650, not 3.365e+04): the tables are read by people."""
+    """fmt(), but without scientific notation: large values as whole numbers (33650, not 3.365e+04), small ones as
+    decimals (a carbon figure per token 0.00001234, not 1.234e-05): the tables are read by people."""
     if not is_number(value):  # None, or a value that is no number: the record's check names it in the note
         return fmt(None)
     if abs(value) >= 10**digits and math.isfinite(value):
         return f"{value:.0f}"
+    if 0 < abs(value) < 1e-4:  # where %g turns to an exponent: as many decimals as `digits` significant digits need
+        return f"{value:.{digits - 1 - math.floor(math.log10(abs(value)))}f}".rstrip("0")
     return fmt(value, digits)
 
 

@@ -371,3 +371,11 @@ def test_fields_of_a_record_no_workflow_wrote_name_the_fix(tmp_path: Path, capsy
     assert jbrecord.main(["fields", str(path)]) == 64
     error = capsys.readouterr().err
     assert "'some_driver' is none of the workflows' drivers" in error and "Fix: pass the point's job.env" in error
+
+
+@pytest.mark.parametrize(("value", "digits", "shown"), [
+    (33650.4, 4, "33650"), (0.28, 4, "0.28"), (4.33e-05, 3, "0.0000433"), (1.2344e-07, 4, "0.0000001234"),
+    (-2.5e-06, 4, "-0.0000025"), (0.0, 4, "0"), (None, 4, "n/a")])
+def test_numbers_are_written_for_people_never_in_scientific_notation(value, digits, shown) -> None:
+    """Issue 48: carbon and cost per unit read 1.234e-05 in the tables; a person reads decimals."""
+    assert jbrecord._num(value, digits) == shown

@@ -10,8 +10,10 @@ import pytest
 from joulebench.analysis.text_width import WIDTH, fitted, table, wrapped
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-WIDTH_CHECKED = ("attribute_",)  # the verbs whose default output keeps to WIDTH (the golden cases' name prefixes)
-CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and p.name.startswith(WIDTH_CHECKED))
+# Golden cases (name prefixes) still wider than WIDTH, each with why: every other case must keep to it.
+NOT_YET = {"pareto_": "--pareto's default table has too many columns (issue 48 item 6, open)",
+           "plan_fit": "a one-line error message (the error boundary does not wrap yet; issue 48 item 6, open)"}
+CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and not p.name.startswith(tuple(NOT_YET)))
 
 
 def test_a_long_line_wraps_at_spaces_under_its_own_indent() -> None:
@@ -44,5 +46,6 @@ def test_the_verbs_default_output_is_at_most_160_columns(case: str) -> None:
     assert not wide, "\n".join(wide)
 
 
-def test_some_verbs_outputs_are_checked() -> None:
-    assert len(CASES) >= 6  # attribute's cases exist (a renamed folder would check nothing)
+def test_the_verbs_outputs_are_checked() -> None:
+    verbs = {case.split("_")[0] for case in CASES}
+    assert {"attribute", "report", "compare", "plan", "plot", "usage"} <= verbs  # a renamed folder would check nothing

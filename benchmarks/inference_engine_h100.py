@@ -6,14 +6,16 @@ Run from the repository root on a GPU machine (torch, transformers, nvidia-ml-py
     python benchmarks/inference_engine_h100.py --out-dir $OUT/engine
     python benchmarks/inference_engine_h100.py --presets llama-1b --batch-sizes 1,8 --out-dir /tmp/e   # quick check
     python benchmarks/inference_engine_h100.py --presets tiny --batch-sizes 1,2 --device cpu --out-dir /tmp/e
-        # smoke test of the script itself (fp32; NVML from tests/fakes with JPWR_FAKE_NVML_TRACE)
+        # smoke test of the script itself (fp32; metered by whatever sensor jpwr finds: energy n/a, with the
+        # reason, where there is none)
 
 1. Logits check, per preset (a child process): the static engine's bf16 logits against the transformers
    model it took its weights from (the prompt's last position, and one decode step), and the greedy
    tokens of both engines for the same left-padded prompts.
 2. Per preset and engine one `python -m llm_inference run --engine E` process over the batch sizes
    (`max`: the largest power of two that both engines' memory estimates allow on this GPU), task chat,
-   in-process NVML metering. Every point writes <out-dir>/<preset>/<engine>/chat_bs<N>/run_record.json.
+   in-process NVML metering (`--energy-methods`; on `--device cpu` `auto`). Every point writes
+   <out-dir>/<preset>/<engine>/chat_bs<N>/run_record.json.
 
 J/output token is ML.ENERGY's definition (the steady window's energy over its output tokens, prefill
 included); decode J/token is the project's (steady minus prefill energy over decode tokens). Random
@@ -39,7 +41,7 @@ from benchmarks.common import first_gpus_env, markdown_table  # noqa: E402 (afte
 
 TASK = "chat"
 COLUMNS = [
-    ("preset", None), ("batch", None), ("engine", None), ("status", None),
+    ("preset", None), ("batch", None), ("engine", None), ("status", None), ("energy", None),
     ("ms/token", "per_token_latency_median_s"), ("TTFT ms", "ttft_median_s"), ("tokens/s", "output_tokens_per_s"),
     ("J/output token", "energy_per_output_token_j"), ("±", "energy_per_output_token_error_bound_j"),
     ("decode J/token", "decode_energy_per_token_j"), ("±decode", "decode_energy_per_token_error_bound_j"),
@@ -47,7 +49,7 @@ COLUMNS = [
     ("SM MHz", "sm_clock_mhz"), ("setup s", "engine_setup_s"), ("peak GiB", "peak_memory_allocated_gib"),
     ("estimate GiB", "memory_estimate_gib"),
 ]
-SHORT = ["preset", "batch", "engine", "status", "ms/token", "J/output token", "decode J/token", "GPU util %"]
+SHORT = ["preset", "batch", "engine", "status", "energy", "ms/token", "J/output token", "decode J/token", "GPU util %"]
 MILLISECONDS = {"per_token_latency_median_s", "ttft_median_s"}
 CHECK_COLUMNS = ["preset", "status", "where", "max |Δ|", "max |logit|", "max |Δ| / max |logit|", "cosine",
                  "argmax agree", "tokens equal", "first divergence"]
@@ -150,7 +152,8 @@ def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namesp
     run_dir = Path(args.out_dir) / preset / engine
     cmd = [sys.executable, "-m", "llm_inference", "run", "--preset", preset, "--engine", engine, "--task", TASK,
            "--batch-sizes", ",".join(map(str, sizes)), "--num-batches", "1",
-           "--steady-seconds", str(args.steady_seconds), "--energy-methods", "nvml", "--device", args.device,
+           "--steady-seconds", str(args.steady_seconds), "--energy-methods", args.energy_methods,
+           "--device", args.device,
            "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}-{engine}"]
     print(f"=== {preset} {engine}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
@@ -181,10 +184,26 @@ def point_row(preset: str, engine: str, size: int, exit_code: int | str, run_dir
             row[label] = value * 1e3 if key in MILLISECONDS and value is not None else value
     if row.get("GPU util %") is not None:
         row["GPU util %"] = 100 * row["GPU util %"]
+    row["energy"] = metrics.get("energy_method") or "n/a"
+    row["energy_unavailable_reason"] = steady_energy_reason(record)
     row["device"] = record.get("hardware", {}).get("device_name")
     row["precision"] = record.get("config", {}).get("precision")
     row["engine_detail"] = record.get("config", {}).get("engine_detail")
     return row
+
+
+def steady_energy_reason(record: dict[str, Any]) -> str | None:
+    """Why the steady window has no energy (no sensor on a CPU machine), or None where it has one."""
+    for window in record.get("windows", []):
+        if window.get("name") == "steady" and (window.get("energy") or {}).get("energy_j") is None:
+            return (window.get("energy") or {}).get("unavailable_reason") or "not metered"
+    return None
+
+
+def energy_notes(rows: list[dict[str, Any]]) -> str:
+    """One line per distinct reason a point's energy is n/a (a row OK without a sensor says why here)."""
+    reasons = sorted({str(r["energy_unavailable_reason"]) for r in rows if r.get("energy_unavailable_reason")})
+    return "".join(f"\nEnergy n/a: {reason}\n" for reason in reasons)
 
 
 def main() -> int:
@@ -199,10 +218,13 @@ def main() -> int:
     parser.add_argument("--check-timeout-s", type=float, default=120)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script (preset tiny)")
+    parser.add_argument("--energy-methods", help="the points' in-process meter (default: nvml; auto on --device cpu, "
+                        "where a machine without a sensor gives energy n/a with the reason)")
     parser.add_argument("--out-dir", default="inference_engine_out")
     parser.add_argument("--tag", default=time.strftime("eng%Y%m%dT%H%M%S"))
     parser.add_argument("--check-logits", metavar="PRESET", help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args()
+    args.energy_methods = args.energy_methods or ("auto" if args.device == "cpu" else "nvml")
     out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     args.out_dir = str(out_dir)
@@ -242,12 +264,12 @@ def main() -> int:
                f"{', '.join(precisions) or 'n/a'}, random weights, static batches; J/output token = steady-window "
                "energy / output tokens (ML.ENERGY's definition, prefill included); decode J/token = (steady − "
                "prefill energy) / decode tokens")
-    text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n\n"
+    text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n{energy_notes(rows)}\n"
             "Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
             f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")
     (out_dir / "results.md").write_text(text)
     (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
-    print(f"\n{text}\n{heading}\n{markdown_table(rows, SHORT, digits=4)}")
+    print(f"\n{text}\n{heading}\n{markdown_table(rows, SHORT, digits=4)}{energy_notes(rows)}")
     return 0 if rows and all(r["status"] == "OK" for r in rows) else 1
 
 

@@ -415,7 +415,7 @@ class Lifecycle:
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")
         settle_record(record)  # the tools get the status and warnings the record is written with
         if run.exports is not None:  # a tool that fails costs neither the run nor the record: the warnings say so
-            run.exports.finish(record.status, record.metrics)
+            run.exports.finish(record.status, record.metrics, record.energy_domain)
             for problem in run.exports.close():
                 record.warn(f"--log-to: {problem}")
         if self.launch.is_global_zero:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Kind(enum.StrEnum):
@@ -151,3 +151,11 @@ class Backend(Protocol):
     def read_metrics(self) -> list[MetricReading]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WindowFollower(Protocol):
+    """A backend whose readings depend on the run's windows (a replayed trace plays the segment that matches the
+    window the run is in): the sampler tells it every window edge as it records it."""
+
+    def follow_window(self, name: str, edge: str) -> None: ...

@@ -23,7 +23,7 @@ from jpwr import __version__
 from jpwr.channel import MAX_DATAGRAM, Mark
 from jpwr.claims import claim_node_dir, claim_socket
 from jpwr.clock import SYSTEM_CLOCK, Clock
-from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal
+from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal, WindowFollower
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.live import NodeLive, node_live
@@ -41,7 +41,8 @@ COST_PROBE_READS = 5
 
 
 def open_backends(
-    methods: Sequence[str] | None, clock: Clock, strict: bool = True, whole_node: bool = False
+    methods: Sequence[str] | None, clock: Clock, strict: bool = True, whole_node: bool = False,
+    option: str = "--methods",
 ) -> tuple[list[Backend], list[Discovery]]:
     """Create the requested backends (None = every known one, keeping those that find sensors).
 
@@ -50,7 +51,8 @@ def open_backends(
     devices get their own line over the same windows, never a place in the headline.
 
     With `strict`, an explicitly named method that finds nothing of the job's raises before any command starts;
-    `jpwr info` is not strict: it lists what is missing and why.
+    `jpwr info` is not strict: it lists what is missing and why. `option`: the caller's name for the methods
+    option, which the error's fix names (a driver's in-process meter takes `--energy-methods`).
     """
     from jpwr.backends import BACKEND_NAMES, create_backend
     from jpwr.selectors import job_devices
@@ -72,7 +74,7 @@ def open_backends(
             reasons = "; ".join(found.unavailable) or "no sensors found"
             raise MethodUnavailableError(
                 f"method {name!r} is not available on this machine ({reasons}). "
-                f"Fix: drop it from --methods, or use --methods auto to meter whatever exists")
+                f"Fix: drop it from {option}, or use {option} auto to meter whatever exists")
         discoveries.append(found)
         if found.available:
             backends.append(backend)
@@ -264,6 +266,10 @@ class Sampler:
         with self._data:
             self.marks.append(mark)
             self._writer.mark(mark)
+        with self._io:
+            for backend in self.backends:
+                if isinstance(backend, WindowFollower):
+                    backend.follow_window(mark.name, mark.edge)
         if self.background:
             threading.Thread(target=self._chase_counters, name="jpwr-chase", daemon=True).start()
         else:
@@ -511,7 +517,7 @@ def start_local_sampler(methods: str, out_dir: Path, interval_s: float, counter_
                         ) -> tuple[Sampler, LocalChannel]:
     from jpwr.backends import parse_methods
 
-    backends, discoveries = open_backends(parse_methods(methods), SYSTEM_CLOCK)
+    backends, discoveries = open_backends(parse_methods(methods), SYSTEM_CLOCK, option="--energy-methods")
     sampler = Sampler(backends, discoveries, out_dir, interval_s, counter_interval_s).start()
     return sampler, LocalChannel(sampler)
 

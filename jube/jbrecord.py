@@ -69,7 +69,8 @@ FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", 
 # The footprint block's estimates in the CSV table (jbfootprint.py): rejected with the figures they derive from
 FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
 SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
-POINT_CHARS = 24  # the default table's Point; the CSV table has a column per coordinate
+POINT_CHARS = 24  # the default table's Point, unless cutting there would make two rows read the same
+POINT_MAX_CHARS = 48  # the most it grows to keep rows apart; the CSV table has a column per coordinate
 POINT_NAMES = {  # short names in the Point column; the other coordinates go by their own name
     "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
     "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
@@ -255,11 +256,14 @@ def finalize_job(settings: dict[str, str], slurm_job: str) -> RunRecord | None:
 
 
 def _num(value: Any, digits: int = 4) -> str:
-    """fmt(), but large values as whole numbers (33650, not 3.365e+04): the tables are read by people."""
+    """fmt(), but without scientific notation: large values as whole numbers (33650, not 3.365e+04), small ones as
+    decimals (a carbon figure per token 0.00001234, not 1.234e-05): the tables are read by people."""
     if not is_number(value):  # None, or a value that is no number: the record's check names it in the note
         return fmt(None)
     if abs(value) >= 10**digits and math.isfinite(value):
         return f"{value:.0f}"
+    if 0 < abs(value) < 1e-4:  # where %g turns to an exponent: as many decimals as `digits` significant digits need
+        return f"{value:.{digits - 1 - math.floor(math.log10(abs(value)))}f}".rstrip("0")
     return fmt(value, digits)
 
 
@@ -490,9 +494,9 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
 
 
 def point_labels(rundir: Path) -> dict[str, str]:
-    """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`, at most POINT_CHARS), `-`
-    where they all agree: the default table's Point names each row without a column per sweep dimension (the CSV
-    table has those)."""
+    """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`), `-` where they all agree: the
+    default table's Point names each row without a column per sweep dimension (the CSV table has those). Cut at
+    POINT_CHARS, or at POINT_MAX_CHARS where cutting at POINT_CHARS would make rows of different points read alike."""
     coords: dict[str, dict[str, str]] = {}
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
         if (env_path.parent / RESULT_FILE).is_file():  # by the values asked: a point refused before it ran cannot
@@ -503,7 +507,8 @@ def point_labels(rundir: Path) -> dict[str, str]:
     varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
     labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name, 'n/a')}" for name in varying) or "-"
               for run_id, point in coords.items()}
-    return {run_id: clip(label, POINT_CHARS) for run_id, label in labels.items()}
+    apart = len({clip(label, POINT_CHARS) for label in labels.values()}) == len(set(labels.values()))
+    return {run_id: clip(label, POINT_CHARS if apart else POINT_MAX_CHARS) for run_id, label in labels.items()}
 
 
 def write_comparison(rundir: Path) -> Path:

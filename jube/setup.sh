@@ -8,9 +8,10 @@
 #
 #     sh jube/setup.sh [--dry-run]     # --dry-run: say which index torch would come from, and why; change nothing
 #
-# torch: without a GPU (no nvidia-smi, no rocm-smi) from PyTorch's CPU wheel index (a venv of about 1.5 GB instead
-# of 5.6 GB with the CUDA build), unless that index cannot be reached: then from pip's default index, saying so. A
-# site's PIP_INDEX_URL always wins; a torch that imports in the venv already stays.
+# torch: without a GPU (no nvidia-smi, no rocm-smi) from PyTorch's CPU wheel index (a venv of about 1.1 GB instead
+# of 5.6 GB with the CUDA build; README's Install says what was measured), unless that index cannot be reached:
+# then from pip's default index, saying so. A site's PIP_INDEX_URL always wins; a torch that imports in the venv
+# already stays.
 # Environment: JOULEBENCH_EXTRAS (default llm,resnet-pytorch, plus nvidia where nvidia-smi exists;
 #              add resnet-tensorflow for TF),
 #              JOULEBENCH_VENV (default <repo>/.venv),

@@ -191,3 +191,47 @@ def test_the_summary_line_and_the_jube_note_name_a_domain_other_than_the_acceler
     record = read_run_record(rapl_run / "run_record.json")
     assert summary_line(record).endswith(" energy_domain=cpu_package_+_dram")
     assert "energy domain: cpu package + dram" in jbrecord.table_fields(record, {})["note"]
+
+
+def test_the_demo_is_coherent(demo_run: tuple[Path, str]) -> None:
+    """The replayed trace follows the run's windows (jpwr.backends.replay): the idle baseline draws the recording's
+    idle power, the steady window and every phase replay its loaded power; so the phase replay closes with the whole
+    step, and the report's attribution chart shows every phase."""
+    out, _ = demo_run
+    path = out / "run" / "run_record.json"
+    data = read_record(out / "run")
+    windows = {w["name"]: w for w in data["windows"]}
+    idle_w, steady_w = data["meter"]["idle_baseline"]["power_w"], windows["steady"]["energy"]["mean_power_w"]
+    assert idle_w < steady_w / 3, (idle_w, steady_w)
+    replay = data["attribution"]["estimators"]["replay"]
+    for name, part in replay["windows"].items():  # each phase alone: the loaded GPU's power, as the steady window
+        assert part["energy_j"] / part["seconds"] == pytest.approx(steady_w, rel=0.1), name
+    check, parts = replay["sum_vs_step"], replay["windows"]
+    shares = {row["phase"]: row.get("share_of_step") for row in replay["rows"]}
+    assert set(shares) == {"forward", "backward", "optimizer"}
+    # At one replayed power the check compares the phases' CPU times: on a busy 2-core machine the load can stretch
+    # one phase's window; then each figure is that phase's time at the replayed power, and nothing else.
+    seconds = {name: part["seconds"] for name, part in parts.items()}
+    seconds_residual = seconds["forward+backward"] + seconds["optimizer"] - seconds["step"]
+    if abs(seconds_residual) * steady_w <= 0.5 * check["bound_j"] and seconds["forward"] < seconds["forward+backward"]:
+        assert check["status"] == "closes", check
+        assert all(0 < share < 1 for share in shares.values()), shares
+        run = report.read_run(path, json.loads(path.read_text()))
+        assert (f"{run.label}\nreplay", [(phase, shares[phase]) for phase in ("forward", "backward", "optimizer")],
+                "rest of the step (unmarked work, misfit)") in report._attribution_bars(run)
+    else:
+        assert check["residual_j"] == pytest.approx(seconds_residual * steady_w, rel=0.15, abs=check["bound_j"])
+        share_of_time = {"forward": seconds["forward"], "optimizer": seconds["optimizer"],
+                         "backward": seconds["forward+backward"] - seconds["forward"]}
+        for phase, share in shares.items():
+            assert share == pytest.approx(share_of_time[phase] / seconds["step"], rel=0.15, abs=0.02), phase
+
+
+def test_pareto_calls_a_replayed_energy_replayed_never_measured(demo_run: tuple[Path, str], tmp_path: Path,
+                                                               capsys) -> None:
+    record = demo_run[0] / "run" / "run_record.json"
+    assert pareto.main(["--pareto", str(record), "-o", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "measured" not in printed and f"each run's steady window, {REPLAYED};" in printed
+    written = json.loads((tmp_path / "pareto.json").read_text())
+    assert written["measured"] is False and written["energy"] == REPLAYED

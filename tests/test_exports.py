@@ -225,3 +225,21 @@ def test_a_last_interval_too_short_joins_the_one_before_else_it_is_n_a(tmp_path:
         work * 3600 / (joules - bound) - work * 3600 / joules, rel=1e-5)
     assert facts["interval/unavailable"] == ("steps 10-11: shorter than 2 sensor update periods, its bound as large "
                                              "as its energy: not logged")
+
+
+@pytest.mark.parametrize(("domain", "energy_tag"), [("accelerators (replayed trace, not this machine)",
+                                                      "replayed/window/energy_wh"),
+                                                     ("accelerators", "window/energy_wh")])
+def test_a_replayed_energy_keeps_its_label_in_the_tools(tmp_path: Path, domain: str, energy_tag: str) -> None:
+    """A chart shows a figure's name, not the facts beside it: a replayed trace's energy figures are named so."""
+    from joulebench.exports.run import Exports
+
+    exports = Exports(("tensorboard", "mlflow"), tmp_path, "r", "resnet50")
+    exports.finish("OK", {"energy_wh": 1.5, "images_per_wh": 20.0, "mean_power_w_per_device": 300.0,
+                          "images_per_s": 30.0, "energy_method": "counter+power"}, domain)
+    assert exports.close() == []
+    for scalars, facts in (_tensorboard(tmp_path), _mlflow(tmp_path)):
+        prefix = energy_tag.removesuffix("window/energy_wh")
+        assert {f"{prefix}window/energy_wh", f"{prefix}window/images_per_wh",
+                f"{prefix}window/mean_power_w_per_device", "window/images_per_s"} == set(scalars)
+        assert facts["energy_domain"] == domain and facts["window/energy_method"] == "counter+power"

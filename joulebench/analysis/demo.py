@@ -1,8 +1,10 @@
 """`joulebench demo [--out DIR]`: the whole pipeline on a laptop, with energy from a trace recorded on an H100.
 
 A tiny GPT trains on the CPU under the meter, whose only sensor plays back tests/data/h100_trace
-(`jpwr --methods replay:TRACE_DIR`, jpwr.backends.replay); then the trace is plotted, the run reported and
-its steady window's energy split per phase. Each command is printed before it runs, as it could be typed.
+(`jpwr --methods replay:TRACE_DIR`, jpwr.backends.replay: the recording's idle segment in the idle baseline, its
+loaded segment in the work windows, so idle draws less than steady and the phase replay adds up); then the trace
+is plotted, the run reported and its steady window's energy split per phase. Each command is printed before it
+runs, as it could be typed.
 The energy is the recording's, not this machine's: the record's energy domain, the plot's title, the report's
 table and series and the attribution all say "replayed trace, not this machine", and nothing ranks the run
 beside measured ones (joulebench.analysis.energy_domain).

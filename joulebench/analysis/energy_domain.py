@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from joulebench.record import RunRecord, headline_domain
 from jpwr import ValidationError
+from jpwr.trace import REPLAYED
 
 
 def require_one_domain(records: Iterable[RunRecord], verb: str) -> str | None:
@@ -32,3 +33,10 @@ def require_one_domain(records: Iterable[RunRecord], verb: str) -> str | None:
                               "pass runs of one domain: energy of accelerators, of CPU packages and DRAM, and of a "
                               "replayed trace count different things")
     return next(iter(by_domain), None)
+
+
+def provenance(records: Iterable[RunRecord]) -> str:
+    """How the runs' energy was obtained, in the words a ranking's output uses: "measured", or the replayed trace's
+    label where the energy is a recording played back (never to be called measured)."""
+    domains = {headline_domain(record) or "" for record in records}
+    return REPLAYED if any(REPLAYED in domain for domain in domains) else "measured"

@@ -1,6 +1,7 @@
 """`joulebench report --pareto RUNS...`: a power-limit / clock sweep as time per step against energy per unit of work.
 
-Every figure here is measured (each run's steady window); nothing is predicted. Per run: the requested setting, what
+Every figure here is measured (each run's steady window; a replayed trace's energy is called so, never
+measured); nothing is predicted. Per run: the requested setting, what
 the devices read back, the observed mean SM clock (from the run's trace, where kept), mean power, time per step and
 energy per unit, and the slowdown and saving against the sweep's default-setting row (the mean of its default runs).
 A saving is named only beyond the two sides' combined bounds (joulebench.savings), else it reads "within bounds".
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from joulebench.analysis.diagnose import percent, readable, work_unit
-from joulebench.analysis.energy_domain import require_one_domain
+from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.arguments import FRACTION, state_ranges
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
@@ -229,16 +230,17 @@ def render(rows: Sequence[dict[str, str]]) -> str:
 
 
 def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | None, max_slowdown: float,
-            marks: FrontMarks | None = None) -> list[str]:
+            marks: FrontMarks | None = None, how: str = "measured") -> list[str]:
+    """The lines under the table; `how`: the energy's provenance (energy_domain.provenance)."""
     unit = work_unit(points[0].run.record)[:-1]
-    lines = ["all figures: each run's steady window, measured; energy with the method and coverage shown",
+    lines = [f"all figures: each run's steady window, {how}; energy with the method and coverage shown",
              f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
              f"(mean of {', '.join(base.runs)})"]
     if best is None or best.settings.is_default:
         lines.append(f"waste-free point: the default; no setting saves energy beyond the runs' combined bounds "
                      f"within {_pct(max_slowdown)} slowdown")
     else:
-        lines.append(f"waste-free point (least energy within {_pct(max_slowdown)} slowdown, measured): "
+        lines.append(f"waste-free point (least energy within {_pct(max_slowdown)} slowdown, {how}): "
                      f"{best.settings.label} (run {best.name}): {_pct(best.cost[1] / base.energy_per_unit_j - 1)} "
                      f"energy per {unit} (saving {saving_words(best, base)}), {_pct(slowdown(best, base))} time")
     lines += [] if marks is None else [marks.words]
@@ -248,14 +250,14 @@ def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | Non
 
 
 def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPoint], best: SweepPoint | None,
-           max_slowdown: float, marks: FrontMarks | None = None) -> Any:
+           max_slowdown: float, marks: FrontMarks | None = None, how: str = "measured") -> Any:
     from matplotlib.figure import Figure
 
     unit = work_unit(points[0].run.record)[:-1]
     fig = Figure(figsize=(7.5, 5.5), layout="constrained")
     ax = fig.subplots()
     trusted = [p for p in points if p.excluded is None]
-    ax.scatter([p.cost[0] for p in trusted], [p.cost[1] for p in trusted], color="C0", label="run (measured)")
+    ax.scatter([p.cost[0] for p in trusted], [p.cost[1] for p in trusted], color="C0", label=f"run ({how})")
     for p in trusted:
         ax.annotate(p.settings.label, p.cost, xytext=(4, 4), textcoords="offset points", fontsize=7)
     ax.plot([p.cost[0] for p in front], [p.cost[1] for p in front], color="C1", label="Pareto front")
@@ -306,7 +308,8 @@ def main(argv: Sequence[str]) -> int:
     front = pareto_front(points)
     best = waste_free(points, base, max_slowdown)
     rows = table(points, base, front, best, marks)
-    lines = summary(points, base, best, max_slowdown, marks) + ([unmarked] if unmarked else [])
+    how = provenance(p.run.record for p in points)
+    lines = summary(points, base, best, max_slowdown, marks, how) + ([unmarked] if unmarked else [])
     print(render(rows))
     print("\n".join(lines))
     if args.out is not None:
@@ -315,13 +318,15 @@ def main(argv: Sequence[str]) -> int:
 
         args.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out / "pareto.json", {
-            "measured": True, "max_slowdown": max_slowdown, "min_coverage": args.min_coverage,
+            "measured": how == "measured", **({} if how == "measured" else {"energy": how}),
+            "max_slowdown": max_slowdown,
+            "min_coverage": args.min_coverage,
             "baseline": dataclasses.asdict(base), "rows": rows, "summary": lines,
             "front": [p.name for p in front], "waste_free": None if best is None else best.name,
             "excluded": {p.name: p.excluded for p in points if p.excluded},
             **({} if marks is None else {"software": {"default": sorted(marks.default_runs),
                                                       "recommended": sorted(marks.recommended_runs)}}),
         })
-        save_figure(figure(points, base, front, best, max_slowdown, marks), args.out / "pareto.png")
+        save_figure(figure(points, base, front, best, max_slowdown, marks, how), args.out / "pareto.png")
         print(f"joulebench report --pareto: wrote {args.out / 'pareto.json'} and {args.out / 'pareto.png'}")
     return ExitCode.OK

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from joulebench.analysis.energy_domain import require_one_domain
+from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.plausible import CLOCK_RANGE_MHZ, clock_check
 from joulebench.analysis.replay import NOT_REPLAYED
 from joulebench.analysis.report import check_versions, record_paths
@@ -83,6 +83,7 @@ class Profile:
     origin: str  # where the figures come from (estimator and window, or the profile file)
     excluded: list[str] = dataclasses.field(default_factory=list)  # inputs left out, with the reason
     unchecked: list[str] = dataclasses.field(default_factory=list)  # inputs used whose clock could not be checked
+    energy: str = "measured"  # the figures' provenance: a replayed trace's label where its records replayed one
 
     @property
     def clocks(self) -> list[Clock]:
@@ -201,7 +202,7 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
                                                                                             f"run {run}"))
     require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
-    return Profile(phases, _average(samples), origin, excluded, unchecked)
+    return Profile(phases, _average(samples), origin, excluded, unchecked, provenance(planned))
 
 
 def attribution_rows(attribution: dict[str, Any], method: str) -> tuple[list[dict[str, Any]], str | None]:
@@ -359,8 +360,9 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
         return (f"{title}: {fmt(p.time_s, 5)} s ({_pct(p.time_s, default.time_s)}), {fmt(p.energy_j, 5)} J "
                 f"({_pct(p.energy_j, default.energy_j)}) per step")
 
-    lines += [row("default clocks (measured: one run's phases)", default),
-              row(f"best single clock within {100 * max_slowdown:.2f} % (measured at {clock_name(single.clocks[0])})",
+    how = profile.energy
+    lines += [row(f"default clocks ({how}: one run's phases)", default),
+              row(f"best single clock within {100 * max_slowdown:.2f} % ({how} at {clock_name(single.clocks[0])})",
                   single),
               row(f"per-phase plan (PREDICTED: phases of different runs, {plan.switches} clock switch(es) per step at "
                   f"{fmt(latency_s * 1e3, 3)} ms)", plan)]
@@ -375,7 +377,9 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
     data = {
         "origin": profile.origin, "max_slowdown": max_slowdown, "switch_latency_s": latency_s,
         "phases": profile.phases,
-        "default": {"measured": True, **_as_dict(default)}, "best_single_clock": {"measured": True, **_as_dict(single)},
+        "default": {"measured": how == "measured", **_as_dict(default)},
+        "best_single_clock": {"measured": how == "measured", **_as_dict(single)},
+        **({} if how == "measured" else {"energy": how}),
         "plan": {"predicted": True, **_as_dict(plan)}, "excluded": profile.excluded,
         "clock_unchecked": profile.unchecked,
     }

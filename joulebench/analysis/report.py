@@ -38,6 +38,7 @@ from joulebench.analysis.diagnose import (
 )
 from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.plot import find_trace_sources, save_figure
+from joulebench.analysis.text_width import fitted
 from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection, unit_figure
 from joulebench.latents import steady_latents
@@ -611,15 +612,15 @@ def main(argv: Sequence[str]) -> int:
         partial = [run for run in (a, b) if run.record.status == "PARTIAL"]
         if partial:
             for run in partial:
-                print(f"joulebench report: {run.label} is PARTIAL ({run.record.status_reason}): "
-                      "left out of the diagnosis")
+                print(fitted([f"joulebench report: {run.label} is PARTIAL ({run.record.status_reason}): "
+                              "left out of the diagnosis"]))
             return ExitCode.OK
-        print(compare_runs(a, b).text())
+        print(fitted(compare_runs(a, b).text().splitlines()))
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
     index = write_report(args.paths, args.out, args.allow_partial)
     for section in json.loads((args.out / "runs.json").read_text()).get("serving", []):
-        print(f"joulebench report: serving, {section['group']}: {section['sentence']}")
+        print(fitted([f"joulebench report: serving, {section['group']}: {section['sentence']}"]))
     print(f"joulebench report: wrote {index}")
     return ExitCode.OK

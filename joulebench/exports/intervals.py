@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from joulebench.exports.run import Exports
+from joulebench.exports.run import Exports, labelled
 from jpwr import WindowEnergy, WindowMeter
 from jpwr.energy import J_PER_WH
 
@@ -47,6 +47,7 @@ class IntervalLog:
         self.open: tuple[int, int] | None = None  # (first step, begin ns)
         self.closed: list[Interval] = []
         self.methods: tuple[str, ...] = ()  # of the intervals logged so far
+        self.domain: str | None = None  # the energy domain last logged as a fact
         self.asked_ns = 0  # when the sampler was last asked
         self.reason = "no jpwr sampler: energy per interval n/a" if live is None else (
             None if period else f"the sampler knows no sensor update period: {live.reason or 'no devices'}")
@@ -100,8 +101,11 @@ class IntervalLog:
             energy = energies.get(interval.name)
             values = self.figures(interval, energy) if energy is not None else {}
             if values:
-                self.exports.series(interval.last_step, values)
+                self.exports.series(interval.last_step, labelled(values, energy.domain))
                 methods.add(str(energy.method))
+                if energy.domain and energy.domain != self.domain:  # a fact changes rarely: logged when it does
+                    self.domain = energy.domain
+                    self.exports.facts({"interval/energy_domain": energy.domain})
             elif energy is not None and energy.unavailable_reason:
                 self.exports.facts({"interval/unavailable": f"steps {interval.first_step}-{interval.last_step}: "
                                                             f"{energy.unavailable_reason}"})

@@ -2,7 +2,9 @@
 
 The figures are the record's own (`metrics`, the headline window's), never recomputed: every number the record has
 is logged under `window/`, and its method, window, coverage and unavailable reasons as facts beside it, so no figure
-reaches a tool without the method and bound it was measured with.
+reaches a tool without the method and bound it was measured with. An energy that was not measured on this machine (a
+replayed trace) keeps its label in the tools: its figures are logged under `replayed/` (a chart shows the name, not
+the facts beside it) and the energy domain is a fact.
 
 Every call into a tool is bounded (joulebench.waits.call_within, TOOL_TIMEOUT_S): a tracking server out of reach
 makes MLflow's and W&B's clients retry for minutes, which would hold the run past its SIGTERM and its record; such
@@ -18,9 +20,22 @@ from typing import Any
 
 from joulebench.exports.sinks import SINKS, Sink
 from joulebench.waits import StopCheck, Stopped, call_within, never_stop
+from jpwr.trace import REPLAYED
 
 FIGURES = "window/"
 TOOL_TIMEOUT_S = 30.0  # a tool's opening or one of its calls: longer, and it is left out
+ENERGY_PARTS = ("energy", "_wh", "power", "j_per_", "_j")  # a figure's name with one of these is an energy figure
+
+
+def energy_label(domain: str | None) -> str | None:
+    """The prefix an energy domain's figures carry in the tools: `replayed/` for a replayed trace's, else none."""
+    return "replayed/" if domain and REPLAYED in domain else None
+
+
+def labelled(values: Mapping[str, float], domain: str | None) -> dict[str, float]:
+    """`values` with each energy figure's name under the domain's label (figures of work and time keep theirs)."""
+    label = energy_label(domain)
+    return {f"{label}{k}" if label and any(part in k for part in ENERGY_PARTS) else k: v for k, v in values.items()}
 
 
 class Exports:
@@ -67,13 +82,14 @@ class Exports:
     def facts(self, values: Mapping[str, str]) -> None:
         self._each("facts", lambda sink: sink.facts(values))
 
-    def finish(self, status: str, metrics: Mapping[str, Any]) -> None:
-        """The record's window figures (numbers) and their facts (text: method, window, reasons) with its status."""
-        numbers = {f"{FIGURES}{k}": float(v) for k, v in metrics.items()
-                   if isinstance(v, int | float) and not isinstance(v, bool)}
+    def finish(self, status: str, metrics: Mapping[str, Any], energy_domain: str | None = None) -> None:
+        """The record's window figures (numbers) and their facts (text: method, window, reasons, energy domain) with
+        its status; a replayed energy's figures under their label (`labelled`)."""
+        numbers = labelled({f"{FIGURES}{k}": float(v) for k, v in metrics.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)}, energy_domain)
         texts = {f"{FIGURES}{k}": str(v) for k, v in metrics.items() if isinstance(v, str)}
         self._each("the window figures", lambda sink: sink.figures(self.last_step, numbers))
-        self.facts({**texts, "status": status})
+        self.facts({**texts, **({"energy_domain": energy_domain} if energy_domain else {}), "status": status})
 
     def close(self) -> list[str]:
         """Close every writer; everything that failed, in words."""

@@ -299,6 +299,24 @@ def test_the_point_names_the_coordinates_in_which_the_rows_differ(tmp_path: Path
     assert "JB point=gbs=16\n" in (rundir / "compare" / "b.txt").read_text()
 
 
+def test_points_that_differ_late_in_their_label_still_read_apart(tmp_path: Path) -> None:
+    """Issue 48: cut at 24 characters, rows of a rate sweep differing only in their rate read `bs=...` alike; the
+    Point is then cut at POINT_MAX_CHARS only."""
+    grid = [(bs, slots, ttft, rate) for bs, slots, ttft in (("1", "256", "1000"), ("2", "512", "2000"))
+            for rate in ("4", "max")]
+    rundir = tmp_path / "rundir"
+    for n, (bs, slots, ttft, rate) in enumerate(grid):
+        work = job_dir(rundir / f"00000{n}_submit", "OK", JB_RUN_ID=f"r{n}", JB_DRIVER="llm_inference",
+                       JB_SWEEP="batch_size,max_concurrency,slo_ttft_ms,rate", JB_COORD_BATCH_SIZE=bs,
+                       JB_COORD_MAX_CONCURRENCY=slots, JB_COORD_SLO_TTFT_MS=ttft, JB_COORD_RATE=rate)
+        jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
+    labels = jbrecord.point_labels(rundir)
+    full = {f"r{n}": f"bs={bs} slots={slots} ttft_slo={ttft} rate={rate}"
+            for n, (bs, slots, ttft, rate) in enumerate(grid)}
+    assert all(len(label) > jbrecord.POINT_CHARS for label in full.values())  # cut at 24 they would read alike
+    assert labels == full
+
+
 @pytest.mark.parametrize("stale", ["another output directory", "an earlier run of this one"])
 def test_finalize_never_takes_a_copy_another_run_left_elsewhere(tmp_path, monkeypatch, stale):
     """Run ids repeat across JUBE outpaths and reruns: a copy in $TMPDIR of a run with the same id is this run's only
@@ -353,3 +371,11 @@ def test_fields_of_a_record_no_workflow_wrote_name_the_fix(tmp_path: Path, capsy
     assert jbrecord.main(["fields", str(path)]) == 64
     error = capsys.readouterr().err
     assert "'some_driver' is none of the workflows' drivers" in error and "Fix: pass the point's job.env" in error
+
+
+@pytest.mark.parametrize(("value", "digits", "shown"), [
+    (33650.4, 4, "33650"), (0.28, 4, "0.28"), (4.33e-05, 3, "0.0000433"), (1.2344e-07, 4, "0.0000001234"),
+    (-2.5e-06, 4, "-0.0000025"), (0.0, 4, "0"), (None, 4, "n/a")])
+def test_numbers_are_written_for_people_never_in_scientific_notation(value, digits, shown) -> None:
+    """Issue 48: carbon and cost per unit read 1.234e-05 in the tables; a person reads decimals."""
+    assert jbrecord._num(value, digits) == shown

@@ -36,6 +36,17 @@ def iteration_arguments(profile: dict[str, str], value: dict[str, str], prefix: 
     }
 
 
+def one_node_layout(profile: dict[str, str], model: str, nodes: int) -> dict[str, str]:
+    """A point on one node takes the model's one-node layout (tp_/pp_<MODEL>_one_node) over its cluster layout:
+    13B's TP 2 x PP 2 is written for 44 nodes, where data parallelism shards the optimizer; on one node there is none
+    (docs/jube.md, "GPT-13B on one node")."""
+    if nodes != 1:
+        return {}
+    key = model.lower()
+    return {f"{kind}_{key}": profile[f"{kind}_{key}_one_node"] for kind in ("tp", "pp")
+            if profile.get(f"{kind}_{key}_one_node")}
+
+
 def llm_arguments(profile: dict[str, str], value: dict[str, str], model: str, flags: list[str],
                   prefix: str) -> dict[str, str]:
     """llm_training: the model preset, its layout and batch from the profile's per-model keys."""

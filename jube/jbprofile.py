@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import jbfootprint
 import jbslurm
 import jbsubmit
-from jbarguments import cli_args, serving_mode
+from jbarguments import cli_args, one_node_layout, serving_mode
 from jbchecks import (
     NUMBERS,
     batch_scaling,
@@ -239,7 +239,7 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     scaling, batch = batch_scaling(profile, value, nodes * per_node, reference_nodes, batch_key) if batch_key else (
         "", "")
     settings.update(scaling_settings(settings, scaling, value))
-    point_profile = {**profile, batch_key: batch} if batch_key else profile
+    point_profile = {**profile, **one_node_layout(profile, model, nodes), **({batch_key: batch} if batch_key else {})}
     args = workload.arguments(point_profile, value, model, kinds["flag"], workload.profile_prefix)
     for key, text in args.items():
         if key in NUMBERS and text != "":

@@ -69,13 +69,16 @@ def _validate(args: argparse.Namespace) -> int:
         validation.check_attention_backend(cfg.attention_backend, args.device)
     if args.device == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
         memory.check_host(cfg, -(-world // (args.nodes or 1)), available_gib())
+    memory.check_fit(cfg, args.device_memory_gib)
     estimate = memory.estimate_memory(cfg)
+    capacity = f" of {args.device_memory_gib:.1f} GiB" if args.device_memory_gib is not None else ""
     print(
         f"OK {cfg.model} ({cfg.profile}): world {cfg.world_size} = TP {cfg.tensor_parallel} × PP "
         f"{cfg.pipeline_parallel} × DP {cfg.data_parallel}; {cfg.precision}, MBS {cfg.micro_batch_size} "
         f"({cfg.micro_batch_size_from}), "
         f"GBS {cfg.global_batch_size} ({cfg.num_microbatches} micro-batches per replica), recompute "
-        f"{cfg.recompute}, sequence parallel {cfg.sequence_parallel}; estimated {estimate.total_gib:.1f} GiB/device"
+        f"{cfg.recompute}, sequence parallel {cfg.sequence_parallel}; estimated {estimate.total_gib:.1f} "
+        f"GiB/device{capacity}"
     )
     warning = memory.fit_warning(cfg, args.device_memory_gib)
     if warning:

@@ -78,13 +78,49 @@ def test_default_800m_is_the_fastest_measured_setting(capsys):
             "recompute none") in out
 
 
-def test_memory_estimate_warns_but_does_not_fail(capsys):
+def test_memory_estimate_refuses_with_estimate_capacity_and_a_fix_that_fits(capsys):
     code, _, err = validate(capsys, "--model", "175B", "--world-size", "64", "--tensor-parallel", "8",
                             "--pipeline-parallel", "8", "--micro-batch-size", "64", "--device-memory-gib", "80")
-    assert code == ExitCode.OK
-    assert "WARNING" in err and "GiB per device" in err and "lower --micro-batch-size" in err
+    assert code == ExitCode.USAGE
+    assert "refused by the memory estimate" in err and "but the device has 80.0 GiB" in err
+    assert "Fix: use --micro-batch-size 1" in err  # the first lever whose estimate fits
     code, _, err = validate(capsys, "--model", "800M", "--device-memory-gib", "80")
     assert code == ExitCode.OK and err == ""
+    # Over the device by the estimate but within its measured overshoot (800M MBS 8 runs on 40 GB cards): a warning.
+    code, _, err = validate(capsys, "--model", "800M", "--micro-batch-size", "8", "--device-memory-gib", "40")
+    assert code == ExitCode.OK and "WARNING" in err and "but the device has 40.0 GiB" in err
+
+
+H100_SXM_GIB = "79.6"  # what torch reports for an 80 GB H100 SXM (docs/llm_training.md)
+GPT13B_ONE_NODE = ("--model", "13B", "--nodes", "1", "--devices-per-node", "4", "--device-memory-gib", H100_SXM_GIB)
+
+
+def _estimate_gib(*args: str) -> float:
+    from llm_training.cli import build_parser
+    from llm_training.config import resolve
+    from llm_training.memory import estimate_memory
+
+    return estimate_memory(resolve(build_parser().parse_args(["train", "--model", "13B", *args]), 4)).total_gib
+
+
+@pytest.mark.parametrize(("tp", "pp"), [("2", "2"), ("4", "1")])
+def test_gpt13b_model_parallel_layouts_fit_a_4_gpu_80gb_node(capsys, tp, pp):
+    code, out, err = validate(capsys, *GPT13B_ONE_NODE, "--tensor-parallel", tp, "--pipeline-parallel", pp)
+    estimate = _estimate_gib("--tensor-parallel", tp, "--pipeline-parallel", pp)
+    assert code == ExitCode.OK and err == ""
+    assert f"world 4 = TP {tp} × PP {pp} × DP 1" in out and "GBS 128 (64 micro-batches per replica)" in out
+    assert f"estimated {estimate:.1f} GiB/device of {H100_SXM_GIB} GiB" in out
+
+
+def test_gpt13b_data_parallel_layout_is_refused_naming_estimate_capacity_and_the_layouts_that_fit(capsys):
+    code, out, err = validate(capsys, *GPT13B_ONE_NODE, "--tensor-parallel", "2", "--pipeline-parallel", "1")
+    estimate = _estimate_gib("--tensor-parallel", "2", "--pipeline-parallel", "1")
+    assert code == ExitCode.USAGE and out == "" and estimate > float(H100_SXM_GIB)
+    assert f"TP=2 PP=1 DP=2 MBS=2 bf16 recompute=selective needs about {estimate:.1f} GiB per device" in err
+    assert f"but the device has {H100_SXM_GIB} GiB" in err
+    fits = [f"--tensor-parallel {tp} --pipeline-parallel {pp} ({_estimate_gib('--tensor-parallel', tp, '--pipeline-parallel', pp):.1f} GiB)"
+            for tp, pp in (("2", "2"), ("4", "1"))]
+    assert "Fix: no MBS or recompute change fits" in err and all(fit in err for fit in fits)
 
 
 def test_bf16_refused_on_pre_ampere_gpu_but_not_on_rocm_or_cpu():

@@ -348,3 +348,47 @@ def test_an_inference_point_sends_one_window_option_never_both(point, env, sent)
 def test_an_inference_point_giving_both_window_options_is_refused() -> None:
     with pytest.raises(jbprofile.PointRefused, match="steady_seconds=40 and min_window_s=2: both set the length"):
         jbprofile.build_settings("inference", [], {"steady_seconds": "40", "min_window_s": "2"}, "r", CLEAN_ENV)
+
+
+def _option(args: str, option: str) -> str:
+    words = shlex.split(args)
+    return words[words.index(option) + 1]
+
+
+def test_gpt13b_on_one_node_takes_the_one_node_layout_and_one_nodes_share_of_the_batch(tmp_path: Path) -> None:
+    env = _fake_tool(tmp_path, "sbatch", "")
+    cluster = jbprofile.build_settings("llm", ["H100", "13B"], {}, "run", env)
+    assert (_option(cluster["JB_TRAIN_ARGS"], "--tensor-parallel"),
+            _option(cluster["JB_TRAIN_ARGS"], "--pipeline-parallel")) == ("2", "2")  # 44 nodes: the cluster layout
+    node = jbprofile.build_settings("llm", ["H100", "13B"], {"nodes": "1"}, "run", env)
+    assert (node["JB_WORLD_SIZE"], node["JB_COORD_TENSOR_PARALLEL"], node["JB_COORD_PIPELINE_PARALLEL"]) == (
+        "4", "4", "1")
+    assert _option(node["JB_TRAIN_ARGS"], "--global-batch-size") == "128"  # weak scaling: 5632 x 4 / 176
+    asked = jbprofile.build_settings("llm", ["H100", "13B"], {"nodes": "1", "tensor_parallel": "2",
+                                                              "pipeline_parallel": "2"}, "run", env)
+    assert _option(asked["JB_TRAIN_ARGS"], "--pipeline-parallel") == "2"  # a point's own layout wins
+    gpus = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})" for i in range(4))
+    local = jbprofile.build_settings("llm", ["13B"], {}, "run", _fake_tool(tmp_path, "nvidia-smi", gpus))
+    assert (local["JB_NODES"], local["JB_WORLD_SIZE"], _option(local["JB_TRAIN_ARGS"], "--tensor-parallel"),
+            _option(local["JB_TRAIN_ARGS"], "--global-batch-size")) == ("1", "4", "4", "128")
+
+
+@pytest.mark.parametrize(("system", "tag", "nodes", "memory_gib", "passes"), [
+    ("H100", "13B", "1", "79.6", True),  # the 4-GPU node default, on 80 GB cards
+    ("H100", "175B", "", "79.6", True),  # the CARAML cluster shape: 16 nodes x 4, TP 8 x PP 8
+    ("A100", "175B", "", "39.4", False),  # the same shape on 40 GB cards
+])
+def test_profile_layouts_pass_the_drivers_validate_or_are_refused_with_estimate_and_capacity(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], system: str, tag: str, nodes: str, memory_gib: str,
+        passes: bool) -> None:
+    from llm_training.cli import main
+
+    point = {"nodes": nodes} if nodes else {}
+    settings = jbprofile.build_settings("llm", [system, tag], point, "run", _fake_tool(tmp_path, "sbatch", ""))
+    code = main(["validate", *shlex.split(settings["JB_VALIDATE_ARGS"]), "--device-memory-gib", memory_gib])
+    out, err = capsys.readouterr()
+    if passes:
+        assert code == 0 and f"GiB/device of {memory_gib} GiB" in out, err
+    else:
+        assert code == 64 and "refused by the memory estimate" in err and f"the device has {memory_gib} GiB" in err
+        assert re.search(r"needs about \d+\.\d GiB per device", err) and "Fix: " in err

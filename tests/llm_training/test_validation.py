@@ -118,7 +118,8 @@ def test_gpt13b_data_parallel_layout_is_refused_naming_estimate_capacity_and_the
     assert code == ExitCode.USAGE and out == "" and estimate > float(H100_SXM_GIB)
     assert f"TP=2 PP=1 DP=2 MBS=2 bf16 recompute=selective needs about {estimate:.1f} GiB per device" in err
     assert f"but the device has {H100_SXM_GIB} GiB" in err
-    fits = [f"--tensor-parallel {tp} --pipeline-parallel {pp} ({_estimate_gib('--tensor-parallel', tp, '--pipeline-parallel', pp):.1f} GiB)"
+    fits = [f"--tensor-parallel {tp} --pipeline-parallel {pp} "
+            f"({_estimate_gib('--tensor-parallel', tp, '--pipeline-parallel', pp):.1f} GiB)"
             for tp, pp in (("2", "2"), ("4", "1"))]
     assert "Fix: no MBS or recompute change fits" in err and all(fit in err for fit in fits)
 

@@ -125,13 +125,18 @@ def _fits(cfg: TrainConfig, device_memory_gib: float) -> bool:
     return estimate_memory(cfg).total_gib <= device_memory_gib
 
 
+LAYOUTS_NAMED = 3  # a refusal names at most this many layouts that fit, those that keep the most data parallelism
+
+
 def _layouts_that_fit(cfg: TrainConfig, device_memory_gib: float) -> list[str]:
-    """Other TP × PP splits of the same devices (heads, FFN and layers divide evenly) that fit by the estimate."""
-    fitting = []
-    for tp in range(1, cfg.world_size + 1):
-        for pp in range(1, cfg.world_size // tp + 1):
-            dp = cfg.world_size // (tp * pp)
-            if (cfg.world_size % (tp * pp) or cfg.num_attention_heads % tp or cfg.ffn_hidden_size % tp
+    """Other TP × PP splits of the same devices (heads, FFN and layers divide evenly) that fit by the estimate, the
+    smallest model-parallel size (the most data parallelism) first, at most LAYOUTS_NAMED."""
+    fitting: list[tuple[int, int, str]] = []
+    world = cfg.world_size
+    for tp in (n for n in range(1, world + 1) if world % n == 0):
+        for pp in (n for n in range(1, world // tp + 1) if world // tp % n == 0):
+            dp = world // (tp * pp)
+            if (cfg.num_attention_heads % tp or cfg.ffn_hidden_size % tp
                     or cfg.num_layers % pp or cfg.global_batch_size % (cfg.micro_batch_size * dp)
                     or (tp, pp) == (cfg.tensor_parallel, cfg.pipeline_parallel)):
                 continue
@@ -139,9 +144,9 @@ def _layouts_that_fit(cfg: TrainConfig, device_memory_gib: float) -> list[str]:
                                         padded_vocab_size=padded_vocab_size(cfg.vocab_size, tp),
                                         sequence_parallel=cfg.sequence_parallel and tp > 1)
             if _fits(other, device_memory_gib):
-                fitting.append(f"--tensor-parallel {tp} --pipeline-parallel {pp} "
-                               f"({estimate_memory(other).total_gib:.1f} GiB)")
-    return fitting
+                fitting.append((tp * pp, pp, f"--tensor-parallel {tp} --pipeline-parallel {pp} "
+                                f"({estimate_memory(other).total_gib:.1f} GiB)"))
+    return [text for _, _, text in sorted(fitting)[:LAYOUTS_NAMED]]
 
 
 def fit_fix(cfg: TrainConfig, device_memory_gib: float) -> str:

@@ -14,7 +14,7 @@ import textwrap
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["exit_code_of", "take_debug_flag"]
+__all__ = ["WIDTH", "exit_code_of", "take_debug_flag"]
 
 DEBUG_FLAG = "--debug"
 WIDTH = 160  # columns of a line a person reads (a terminal beside an editor): errors and every verb's default output

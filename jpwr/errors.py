@@ -123,7 +123,7 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
 
     A JpwrError (bad input, raised before any device work), an OSError (a full disk, a missing
     file) and a text file that is not UTF-8 (65) become one line "<prog>: error: ..." on stderr with their
-    sysexits code; a missing optional
+    sysexits code (a JpwrError's details, e.g. every run it left out, one a line above it); a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
     else is an internal error (70). `--debug` adds the traceback.

@@ -10,12 +10,14 @@ import enum
 import errno
 import signal
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["exit_code_of", "take_debug_flag"]
+__all__ = ["WIDTH", "exit_code_of", "take_debug_flag"]
 
 DEBUG_FLAG = "--debug"
+WIDTH = 160  # columns of a line a person reads (a terminal beside an editor): errors and every verb's default output
 
 
 class ExitCode(enum.IntEnum):
@@ -41,6 +43,7 @@ class JpwrError(Exception):
     """Base class of errors raised deliberately by joulebench code."""
 
     exit_code: ExitCode = ExitCode.SOFTWARE
+    details: tuple[str, ...] = ()  # lines printed before the one-line error: what would make that line too long
 
 
 class ValidationError(JpwrError):
@@ -52,9 +55,10 @@ class ValidationError(JpwrError):
 
     exit_code = ExitCode.USAGE
 
-    def __init__(self, problem: str, fix: str) -> None:
+    def __init__(self, problem: str, fix: str, details: Sequence[str] = ()) -> None:
         self.problem = problem.rstrip(".")
         self.fix = fix
+        self.details = tuple(details)  # e.g. every run left out, one a line; the message names how many
         super().__init__(f"{self.problem}. Fix: {fix}")
 
 
@@ -119,7 +123,7 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
 
     A JpwrError (bad input, raised before any device work), an OSError (a full disk, a missing
     file) and a text file that is not UTF-8 (65) become one line "<prog>: error: ..." on stderr with their
-    sysexits code; a missing optional
+    sysexits code (a JpwrError's details, e.g. every run it left out, one a line above it); a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
     else is an internal error (70). `--debug` adds the traceback.
@@ -134,7 +138,7 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
             return _report(prog, str(error), int(error.exit_code), debug)
         return _internal(prog, exc, debug)
     except JpwrError as exc:
-        return _report(prog, str(exc), int(exc.exit_code), debug)
+        return _report(prog, str(exc), int(exc.exit_code), debug, exc.details)
     except OSError as exc:
         return _report(prog, os_error_message(exc), int(ExitCode.IO), debug)
     except UnicodeDecodeError as exc:  # a text input (profile, schedule, CSV, corpus) that is not text
@@ -150,8 +154,12 @@ def _internal(prog: str, exc: Exception, debug: bool) -> int:
                          "traceback, and please report it)", int(ExitCode.SOFTWARE), debug)
 
 
-def _report(prog: str, message: str, code: int, debug: bool) -> int:
+def _report(prog: str, message: str, code: int, debug: bool, details: Sequence[str] = ()) -> int:
+    """The one-line error on stderr, after its details (each "<prog>: ..." wrapped to WIDTH under a deeper indent)."""
     if debug:
         traceback.print_exc()
+    for detail in details:
+        print("\n".join(textwrap.wrap(f"{prog}: {detail}", WIDTH, subsequent_indent="    ", break_long_words=False,
+                                       break_on_hyphens=False)), file=sys.stderr)
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code

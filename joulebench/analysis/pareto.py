@@ -11,7 +11,7 @@ bounds (else a default run). Runs whose energy cannot be
 trusted (FAILED, energy n/a, coverage below --min-coverage, energy covering other devices than the run's) are left
 out of the front and named with the reason.
 
-    joulebench report --pareto jube/runs/llm/000012 [--max-slowdown 1%] [-o OUTDIR]
+    joulebench report --pareto jube/runs/llm/000012 [--max-slowdown 1%] [-o OUTDIR] [--wide]
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from joulebench.analysis.diagnose import percent, readable, work_unit
 from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
+from joulebench.analysis.text_width import fitted
+from joulebench.analysis.text_width import table as text_table
 from joulebench.arguments import FRACTION, state_ranges
 from joulebench.device_settings.record import RecordedSettings, recorded_settings
 from joulebench.savings import Saving
@@ -112,11 +114,11 @@ def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE
             continue
         kinds.setdefault(workload(run), []).append(run.record.run_id)
     require_one_domain((run.record for run in runs if not run.rejected), "joulebench report --pareto")
-    if len(kinds) > 1:
-        listing = "; ".join(f"{k[0]} {k[1]} ×{k[2]} devices, batch {fmt(k[3])}, {[v for v in k[4:] if v]}: "
-                            f"{', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for k, ids in kinds.items())
-        raise ValidationError(f"the runs form {len(kinds)} different workloads ({listing})",
-                              "pass the runs of one sweep (one workload, only power_limit / sm_clock varied)")
+    if len(kinds) > 1:  # each workload on its own line above the error (one line was thousands of columns)
+        listing = [f"workload {number}: {k[0]} {k[1]} ×{k[2]} devices, batch {fmt(k[3])}, {[v for v in k[4:] if v]}: "
+                   f"{', '.join(ids)}" for number, (k, ids) in enumerate(kinds.items(), 1)]
+        raise ValidationError(f"the runs form {len(kinds)} different workloads (listed above)",
+                              "pass one sweep's runs (one workload, only power_limit / sm_clock varied)", listing)
     points = []
     for run in runs:
         steps = run.record.metrics.get("iterations")
@@ -133,12 +135,11 @@ def baseline(points: Sequence[SweepPoint], among: Collection[str] | None = None)
     only `among`, the default setting's runs)."""
     defaults = [p for p in points if p.settings.is_default and p.excluded is None
                 and (among is None or p.name in among)]
-    if not defaults:
-        left_out = [f"run {p.name}: {p.excluded}" for p in points if p.excluded][:3]  # an unreadable default, too
-        raise ValidationError("the sweep has no default-setting run with trustworthy energy (power_limit and "
-                              "sm_clock empty)" + (f"; left out: {'; '.join(left_out)}" if left_out else ""),
-                              "include a run at the device's own settings (the sweep's empty value) whose energy "
-                              "was measured")
+    if not defaults:  # every run left out is named (an unreadable default, too), one a line above the error
+        left_out = [f"left out: run {p.name}: {p.excluded}" for p in points if p.excluded]
+        raise ValidationError("no default-setting run (power_limit and sm_clock empty) has trustworthy energy"
+                              + (f" ({len(left_out)} left out, above)" if left_out else ""),
+                              "add a measured run at the device's own settings", left_out)
     bounds = [p.run.cost.energy_bound for p in defaults]
     bound = None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
     return Baseline(sum(p.cost[0] for p in defaults) / len(defaults), sum(p.cost[1] for p in defaults) / len(defaults),
@@ -221,7 +222,29 @@ def _mark(point: SweepPoint, marks: FrontMarks) -> str:
             "recommended" if point.name in marks.recommended_runs else "")
 
 
+def narrow(rows: Sequence[dict[str, str]]) -> str:
+    """The default table, within text_width.WIDTH: the setting read back only where it is not the one requested,
+    the front and the waste-free point in one column; the energy's method and coverage in --wide and pareto.json."""
+    def setting(row: dict[str, str]) -> str:
+        requested, read = row["requested"], row["read back"]
+        applied = read == requested or set(requested.split(", ")) <= set(read.split(", "))  # + settings not asked
+        return requested if applied else f"{requested} (read {read})"
+
+    def marked(row: dict[str, str]) -> str:
+        return " ".join(mark for mark in ("*" if row["front"] else "", "waste-free" if row["waste-free"] else "")
+                        if mark)
+
+    energy = next(key for key in rows[0] if key.startswith("J per "))
+    marks = [key for key in ("setting", "marked") if key in rows[0]]
+    header = ["run", "requested", "SM MHz", "W/device", "s/step", f"J/{energy[len('J per '):]}", "slowdown", "saving",
+              "front", *marks, "note"]
+    cells = [[r["run"], setting(r), r["SM MHz (mean)"], r["W per device"], r["s per step"], r[energy], r["slowdown"],
+              r["saving"], marked(r), *(r[key] for key in marks), r["note"]] for r in rows]
+    return "\n".join(text_table(header, cells, separator="  "))
+
+
 def render(rows: Sequence[dict[str, str]]) -> str:
+    """The --wide table: every column of pareto.json's rows."""
     head = list(rows[0])
     widths = {h: max(len(h), *(len(r[h]) for r in rows)) for h in head}
     lines = ["  ".join(h.ljust(widths[h]) for h in head)]
@@ -233,7 +256,7 @@ def summary(points: Sequence[SweepPoint], base: Baseline, best: SweepPoint | Non
             marks: FrontMarks | None = None, how: str = "measured") -> list[str]:
     """The lines under the table; `how`: the energy's provenance (energy_domain.provenance)."""
     unit = work_unit(points[0].run.record)[:-1]
-    lines = [f"all figures: each run's steady window, {how}; energy with the method and coverage shown",
+    lines = [f"all figures: each run's steady window, {how}; each energy's method and coverage: --wide, pareto.json",
              f"default setting: {fmt(base.time_per_unit_s, 4)} s and {fmt(base.energy_per_unit_j, 4)} J per {unit} "
              f"(mean of {', '.join(base.runs)})"]
     if best is None or best.settings.is_default:
@@ -293,6 +316,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--default", action="append", default=[], metavar="KNOB=VALUE",
                         help="a software-knob sweep's default where the driver has none (joulebench recommend)")
     parser.add_argument("-o", "--out", type=Path, default=None, help="also write pareto.json and pareto.png here")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every column (read back, method, coverage): wider than 160 columns")
     args = state_ranges(parser).parse_args(argv)
     max_slowdown = parse_fraction(args.max_slowdown)
     runs = load_runs(args.paths)
@@ -310,8 +335,8 @@ def main(argv: Sequence[str]) -> int:
     rows = table(points, base, front, best, marks)
     how = provenance(p.run.record for p in points)
     lines = summary(points, base, best, max_slowdown, marks, how) + ([unmarked] if unmarked else [])
-    print(render(rows))
-    print("\n".join(lines))
+    print(render(rows) if args.wide else narrow(rows))
+    print(fitted(lines))
     if args.out is not None:
         from joulebench.analysis.plot import save_figure
         from jpwr.output import write_json_atomic

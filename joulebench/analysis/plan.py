@@ -94,10 +94,11 @@ class Profile:
             raise ValidationError("no phases to plan (no input had per-phase figures)",
                                   "attribute the sweep's runs first (`joulebench attribute`), or pass --profile")
         missing = [p for p in self.phases if DEFAULT not in self.options.get(p, {})]
-        if missing:
-            left_out = f" (left out: {'; '.join(self.excluded)})" if self.excluded else ""
-            raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting{left_out}",
-                                  "include the sweep's default-setting run (sm_clock empty), every phase attributed")
+        if missing:  # the inputs left out, one a line above the error (they made it thousands of columns)
+            left_out = [f"left out ({len(self.excluded)}; the default setting is sm_clock empty):",
+                        *(f"  {reason}" for reason in self.excluded)] if self.excluded else []
+            raise ValidationError(f"phases {', '.join(missing)} have no figures at the default setting",
+                                  "attribute every phase of a default run", left_out)
         bad = [f"{p} at {clock_name(c)}: {problem}" for p, by in self.options.items() for c, o in by.items()
                for problem in _point_problems(o.time_s, o.energy_j)]
         if bad:

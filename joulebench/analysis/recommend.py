@@ -151,7 +151,8 @@ def untrusted(run: Run, min_coverage: float) -> str | None:
 
 
 def _one_workload(runs: Sequence[Run]) -> str:
-    """The benchmark of runs that are settings of one workload; refused (naming the first two) otherwise."""
+    """The benchmark of runs that are settings of one workload; refused otherwise, each workload with its runs on a
+    line above the error."""
     kinds: dict[tuple[Any, ...], list[str]] = {}
     for run in runs:
         config = run.record.config
@@ -162,9 +163,11 @@ def _one_workload(runs: Sequence[Run]) -> str:
             pairs = [f"{n}={v}" for n, v in zip(knobs.WORKLOAD_KEYS, kind[2:], strict=True) if v != "None"]
             return f"{kind[0]} per {kind[1]} {' '.join(pairs)}".rstrip()
 
-        listing = "; ".join(f"{described(k)}: {', '.join(ids[:2])}" for k, ids in list(kinds.items())[:2])
-        raise ValidationError(f"the runs form {len(kinds)} different workloads ({listing})",
-                              "pass the runs of one sweep (one task and work unit; only the software settings varied)")
+        listing = [f"workload {number}: {described(k)}: {', '.join(ids)}"
+                   for number, (k, ids) in enumerate(kinds.items(), 1)]
+        raise ValidationError(f"the runs form {len(kinds)} different workloads (listed above)",
+                              "pass the runs of one sweep (one task and work unit; only the software settings varied)",
+                              listing)
     return next(iter(kinds))[0]
 
 
@@ -187,16 +190,17 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
         else:
             groups.setdefault(setting, Group(setting, [])).runs.append(run)
     varied = [key for index, (key, _) in enumerate(base_setting) if len({s[index][1] for s in all_settings}) > 1]
-    named = f"; left out: {'; '.join(left_out)}" if left_out else ""
+    named = f" ({len(left_out)} left out, above)" if left_out else ""  # each on a line above the error
+    listed = [f"left out: {reason}" for reason in left_out]
     if base_setting not in groups:
         shown = knobs.label(benchmark, base_setting, varied or [key for key, _ in base_setting])
         raise ValidationError(f"no trustworthy run of the default setting ({shown}){named}",
                               "include a measured run of the site's current setting, or name it with --default "
-                              "KNOB=VALUE")
+                              "KNOB=VALUE", listed)
     if len(groups) < 2:
         raise ValidationError(f"too few settings to choose from: {len(groups)} with trustworthy runs{named}",
                               "sweep at least one software knob, e.g. JOULEBENCH_SWEEP_DECODE_TUNING=auto,"
-                              "coordinate-descent or --objective speed and energy")
+                              "coordinate-descent or --objective speed and energy", listed)
     base = groups[base_setting]
     unit = work_unit(base.runs[0].record)
     rows = []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-WIDTH = 160
+from jpwr.errors import WIDTH  # the error boundary's, too: one width for everything a person reads
+
 CONTINUATION = "    "  # a wrapped line's continuation: indented further than the line it continues
 
 
@@ -25,17 +26,18 @@ def fitted(lines: Sequence[str], width: int = WIDTH) -> str:
     return "\n".join(part for line in lines for part in wrapped(line, width))
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int = WIDTH, indent: str = "") -> list[str]:
-    """Columns padded to their widest cell, ` | ` between them, the last one unpadded; a last cell that would pass
-    `width` goes on under its own column (its words on as many lines as it needs)."""
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int = WIDTH, indent: str = "",
+          separator: str = " | ") -> list[str]:
+    """Columns padded to their widest cell, `separator` between them, the last one unpadded; a last cell that would
+    pass `width` goes on under its own column (its words on as many lines as it needs)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
 
     def row(cells: Sequence[str]) -> list[str]:
-        start = indent + " | ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
-        start += " | " if len(cells) > 1 else ""
+        start = indent + separator.join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
+        start += separator if len(cells) > 1 else ""
         room = max(width - len(start), 20)
         parts = textwrap.wrap(cells[-1], room, break_long_words=False, break_on_hyphens=False) or [""]
         return [(start + parts[0]).rstrip(), *((" " * len(start) + part).rstrip() for part in parts[1:])]
 
-    full = len(indent) + sum(widths) + 3 * (len(widths) - 1)
+    full = len(indent) + sum(widths) + len(separator) * (len(widths) - 1)
     return [*row(header), indent + "-" * (min(full, width) - len(indent)), *(x for r in rows for x in row(r))]

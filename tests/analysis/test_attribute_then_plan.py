@@ -56,6 +56,8 @@ def test_plan_names_the_fit_phase_below_resolution(steady_run: MeteredRun, tmp_p
     capsys.readouterr()
     assert cli.main(["plan", "--method", "fit", *map(str, paths)]) == ExitCode.USAGE
     err = capsys.readouterr().err
-    assert "phases optimizer, unmarked have no figures at the default setting (left out: " in err
-    assert "run default: phase optimizer has no energy or duration (below resolution)" in err
+    *details, error = err.splitlines()  # what was left out, one a line, above the one-line error
+    assert error.startswith("joulebench plan: error: phases optimizer, unmarked have no figures at the default setting")
+    assert "joulebench plan:   run default: phase optimizer has no energy or duration (below resolution)" in details
+    assert details[0].startswith(f"joulebench plan: left out ({len(details) - 1}; ")
     assert "attribute the sweep's runs first" not in err

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from joulebench.analysis.text_width import WIDTH, fitted, table, wrapped
+from jpwr.errors import ValidationError, exit_code_of
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-# Golden cases (name prefixes) still wider than WIDTH, each with why: every other case must keep to it.
-NOT_YET = {"pareto_": "--pareto's default table has too many columns (issue 48 item 6, open)",
-           "plan_fit": "a one-line error message (the error boundary does not wrap yet; issue 48 item 6, open)"}
-CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and not p.name.startswith(tuple(NOT_YET)))
+CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())  # every case, its errors (stderr) included
 
 
 def test_a_long_line_wraps_at_spaces_under_its_own_indent() -> None:
@@ -39,6 +37,24 @@ def test_a_tables_long_last_cell_goes_on_under_its_column() -> None:
     assert lines[1].strip("-") == "  "
 
 
+def test_an_errors_details_go_above_it_one_a_line_each_within_the_width(capsys) -> None:
+    """A refusal that names many inputs (every run left out, every workload) keeps its error line short: the list is
+    printed above it, one item a line, a long item wrapped under a deeper indent, no word lost."""
+    items = [f"run r{i}: " + " ".join(["phase forward has no energy or duration (below resolution)"] * (i + 1))
+             for i in range(3)]
+
+    def refuse() -> int:
+        raise ValidationError("3 runs left out (above)", "attribute them", items)
+
+    assert exit_code_of("joulebench plan", refuse) == 64
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == "joulebench plan: error: 3 runs left out (above). Fix: attribute them"
+    assert all(len(line) <= WIDTH for line in lines) and len(lines) > len(items) + 1  # the third item wraps
+    items_printed = " ".join(line.strip() for line in lines[:-1])
+    assert items_printed == " ".join(f"joulebench plan: {item}" for item in items)
+    assert all(line.startswith(("joulebench plan: run r", "    ")) for line in lines[:-1])
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_verbs_default_output_is_at_most_160_columns(case: str) -> None:
     printed = (GOLDEN / case / "stdout.txt").read_text().splitlines()
@@ -48,4 +64,5 @@ def test_the_verbs_default_output_is_at_most_160_columns(case: str) -> None:
 
 def test_the_verbs_outputs_are_checked() -> None:
     verbs = {case.split("_")[0] for case in CASES}
-    assert {"attribute", "report", "compare", "plan", "plot", "usage"} <= verbs  # a renamed folder would check nothing
+    # a renamed folder would check nothing
+    assert {"attribute", "report", "compare", "pareto", "plan", "plot", "usage"} <= verbs

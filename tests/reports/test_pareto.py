@@ -138,6 +138,35 @@ def test_runs_of_different_workloads_or_without_a_default_are_refused(clock_swee
         pareto.baseline(pareto.sweep_points(load_runs([lone])))
 
 
+def test_the_default_table_fits_160_columns_and_wide_prints_every_column(clock_sweep, capsys) -> None:
+    root, _ = clock_sweep
+    assert joulebench_main(["report", "--pareto", str(root)]) == 0
+    narrow = capsys.readouterr().out.splitlines()
+    assert joulebench_main(["report", "--pareto", str(root), "--wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 160 for line in narrow)
+    assert narrow[0].split() == ["run", "requested", "SM", "MHz", "W/device", "s/step", "J/token", "slowdown",
+                                 "saving", "front", "note"]
+    assert {"read", "back", "method", "coverage"} <= set(wide[0].split())  # the columns only --wide prints
+    runs = [line.split()[0] for line in wide[1:] if line.split() and line.split()[0] in {"default", "gappy"}]
+    for name in runs:  # each run's figures read the same in both
+        short = next(line for line in narrow if line.startswith(name + " "))
+        long = next(line for line in wide if line.startswith(name + " "))
+        assert set(short.split()) - {"waste-free"} <= set(long.split()) | {"<--"}, (short, long)
+
+
+def test_a_refusal_lists_the_workloads_above_its_one_line_error(clock_sweep, capsys) -> None:
+    root, workload = clock_sweep
+    write_run(root, "other-model", Request(sm_clock_mhz=CLOCKS[0]), *model(CLOCKS[0], *workload), model_name="117M")
+    assert joulebench_main(["report", "--pareto", str(root)]) == 64
+    *listed, error = capsys.readouterr().err.splitlines()
+    assert error.startswith("joulebench report: error: the runs form 2 different workloads (listed above). Fix: ")
+    assert all(len(line) <= 160 for line in [*listed, error])
+    workloads = " ".join(listed).split("joulebench report: workload ")[1:]  # a long one goes on, indented
+    assert [w.split(":")[0] for w in workloads] == ["1", "2"]
+    assert {"other-model", "default", "gappy", "crashed"} <= set(" ".join(workloads).replace(",", " ").split())
+
+
 @pytest.mark.parametrize(("text", "value"), [("1%", 0.01), ("0.01", 0.01), ("2.5 %", 0.025)])
 def test_slowdown_limit_accepts_percent_or_fraction(text, value) -> None:
     assert pareto.parse_fraction(text) == pytest.approx(value)

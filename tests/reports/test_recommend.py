@@ -124,12 +124,15 @@ def test_a_setting_that_changes_what_is_computed_is_offered_only_when_allowed(tm
 
 @pytest.mark.parametrize(("points", "args", "message"), [
     ([("default", DEFAULT, {}), ("energy", ENERGY, {"status": "FAILED"})], [],
-     "too few settings to choose from: 1 with trustworthy runs; left out: run energy: status FAILED"),
+     ("too few settings to choose from: 1 with trustworthy runs (1 left out, above)",
+      "joulebench recommend: left out: run energy: status FAILED")),
     ([("energy", ENERGY, {}), ("pinned", PINNED, {})], [],
      "no trustworthy run of the default setting (decode_tuning=auto objective=speed)"),
     ([("default", DEFAULT, {"disturbed": True}), ("energy", ENERGY, {})], [],
-     "left out: run default: disturbed: host load: planted"),
-    ([("default", DEFAULT, {}), ("other-task", ENERGY, {"task": "code"})], [], "the runs form 2 different workloads"),
+     ("no trustworthy run of the default setting (objective=speed) (1 left out, above)",
+      "joulebench recommend: left out: run default: disturbed: host load: planted\n")),
+    ([("default", DEFAULT, {}), ("other-task", ENERGY, {"task": "code"})], [],
+     ("the runs form 2 different workloads (listed above)", ": other-task\n", "workload 1: ", ": default\n")),
     ([("bs1", DEFAULT, {}), ("bs8", DEFAULT, {"batch_size": 8})], [],
      "the sweep varies batch_size (1, 8), which has no driver default. Fix: name the site's current value: "
      "--default batch_size=1"),
@@ -141,7 +144,9 @@ def test_sweeps_it_cannot_recommend_from_are_refused_naming_why(points, args, me
         write_point(tmp_path, run_id, knob_values, FASTER, **extra)
     assert joulebench_main(["recommend", str(tmp_path), *args]) == 64
     err = capsys.readouterr().err
-    assert message in err and "Fix:" in err
+    messages = (message,) if isinstance(message, str) else message  # the error and the lines it puts above it
+    assert all(text in err for text in messages) and "Fix:" in err, err
+    assert all(len(line) <= 160 for line in err.splitlines()[:-1]), err  # the lines above the error
 
 
 def test_a_batch_sweep_names_its_default_and_writes_json(tmp_path, capsys) -> None:

@@ -43,7 +43,7 @@ def _capture(build: Callable[[], object], monkeypatch: pytest.MonkeyPatch) -> ar
 
 
 def _commands() -> dict[str, Callable[[], object]]:
-    from joulebench.analysis import attribute, demo, pareto, plan, plot
+    from joulebench.analysis import attribute, demo, pareto, plan, plot, recommend
     from jpwr import cli, qualify, selftest
     from llm_inference.cli import build_parser as inference_parser
     from llm_training.cli import build_parser as training_parser
@@ -57,6 +57,7 @@ def _commands() -> dict[str, Callable[[], object]]:
         "python -m llm_inference": inference_parser, "joulebench attribute": attribute.build_parser,
         "joulebench report --pareto": lambda: pareto.main(["--pareto"]), "joulebench plan": lambda: plan.main([]),
         "joulebench plot": lambda: plot.main([]), "joulebench demo": lambda: demo.main([]),
+        "joulebench recommend": lambda: recommend.main([]),
     }
 
 

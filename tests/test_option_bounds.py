@@ -62,7 +62,7 @@ def _in_process(command: str) -> Callable[[list[str]], int]:
 
     verbs = {"jpwr combine": ["combine"], "jpwr info": ["info"], "jpwr selftest": ["selftest"],
              "joulebench attribute": ["attribute"], "joulebench report --pareto": ["report", "--pareto"],
-             "joulebench plan": ["plan"]}
+             "joulebench plan": ["plan"], "joulebench recommend": ["recommend"]}
     if command in verbs:
         main = jpwr if command.startswith("jpwr") else joulebench
         return lambda argv: main([*verbs[command], *argv])
@@ -96,6 +96,8 @@ TINY_INF = ("--preset", "tiny", "--task", "tiny", "--device", "cpu", "--no-idle-
 RESNET = ("--framework", "pytorch", "--device", "cpu", "--precision", "fp32", "--no-idle-baseline")
 JPWR_FAST = ("--methods", "nvml", "--out", "{tmp}/o")
 METERING = ("--interval", "--counter-interval", "--min-coverage", "--metrics-port")
+# one record is too few settings to recommend from: a clean refusal (64) after every bound is parsed
+RECOMMEND_BOUNDS = ("--max-p90-tpot-ms", "--max-p90-ttft-ms", "--min-throughput", "--min-coverage", "--repeats")
 SHORTEST_WINDOW = ("--steady-seconds", repr(math.nextafter(0.0, 1.0)))  # not a Number ('auto' too): its lowest by hand
 RUNS = (
     # ---- drivers, lower bounds: runs that do their work, and options whose lower bound stops or is refused
@@ -121,13 +123,14 @@ RUNS = (
     Run("make-data-smallest", "python -m resnet50", ("make-data", "{tmp}/data", "--format", "jpeg"),
         ("--images", "--classes", "--shards", "--image-size", "--seed"), codes=(0,)),
     Run("inference-smallest", "python -m llm_inference", ("run", *TINY_INF, *SHORTEST_WINDOW, "--out-dir", "{tmp}/run"),
-        ("--batch-size", "--num-batches", "--output-length", "--seed", "--warmup-batches"), codes=(0,)),
+        ("--batch-size", "--num-batches", "--output-length", "--seed", "--warmup-batches", "--tensor-parallel"),
+        codes=(0,)),
     Run("inference-stops-at-once", "python -m llm_inference", ("run", *TINY_INF, "--out-dir", "{tmp}/run"),
         ("--exit-duration-mins",), codes=(124,)),
     Run("load-smallest", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", *SHORTEST_WINDOW, "--out-dir",
                                                      "{tmp}/run"),
         ("--max-concurrency", "--requests", "--warmup-requests", "--output-length", "--slo-ttft-ms", "--slo-tpot-ms",
-         "--seed"), codes=(0, 1)),  # 1: FAILED naming the fix where one request cannot open the load's window
+         "--seed", "--tensor-parallel"), codes=(0, 1)),  # 1: FAILED naming the fix where one request cannot open the load's window
     Run("load-stops-at-once", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--out-dir",
         "{tmp}/run"), ("--exit-duration-mins",), codes=(124,)),
     Run("load-unreachable-server", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--requests", "1",
@@ -180,6 +183,8 @@ RUNS = (
     Run("pareto-low", "joulebench report --pareto", (str(REPORT_RECORD),), ("--min-coverage",), codes=(0,)),
     Run("pareto-high", "joulebench report --pareto", (str(REPORT_RECORD),), ("--min-coverage",), end="high",
         codes=(0,)),
+    Run("recommend-low", "joulebench recommend", (str(REPORT_RECORD),), RECOMMEND_BOUNDS, codes=(0, 64)),
+    Run("recommend-high", "joulebench recommend", (str(REPORT_RECORD),), RECOMMEND_BOUNDS, end="high", codes=(0, 64)),
     Run("plan-low", "joulebench plan", ("--profile", "{tmp}/profile.csv"), ("--switch-latency",), codes=(0,)),
     Run("plan-high", "joulebench plan", ("--profile", "{tmp}/profile.csv"), ("--switch-latency",), end="high",
         codes=(0,)),

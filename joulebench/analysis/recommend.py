@@ -331,7 +331,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--allow-semantic-changes", action="store_true",
                         help="also offer settings that change what is computed (precision, global batch, model)")
     parser.add_argument("--min-coverage", type=FRACTION, default=DEFAULT_MIN_COVERAGE,
-                        help="energy coverage below this fraction leaves a run out (default 0.99)")
+                        help="energy coverage below this fraction leaves a run out (default 0.99; 0 = none left out)")
     parser.add_argument("--remeasure", action="store_true",
                         help="run the recommendation and the default again (--repeats each) and report both savings")
     parser.add_argument("--repeats", type=REPEATS, default=2, help="runs per setting when re-measuring")

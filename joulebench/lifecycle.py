@@ -56,6 +56,7 @@ from joulebench.record import (
     RECORD_FILE,
     RECORD_NOT_WRITTEN,
     RunRecord,
+    read_run_record,
     settle_record,
     software_versions,
     summary_line,
@@ -437,6 +438,18 @@ class Lifecycle:
         sys.stdout.flush()
         codes = [run.exit_code for run in self.runs]
         return RECORD_NOT_WRITTEN if RECORD_NOT_WRITTEN in codes else next((code for code in codes if code), 0)
+
+
+def amend_written_record(record_dir: str | os.PathLike[str], amend: Callable[[RunRecord], bool]) -> bool:
+    """A finished run's record gains what only later runs can tell (a sweep's joint per-request fit): read, changed
+    by `amend` (False: nothing to add, nothing written), written back atomically. Besides a run's own end, the one
+    place a record is written."""
+    path = Path(record_dir) / RECORD_FILE
+    record = read_run_record(path)
+    if not amend(record):
+        return False
+    write_run_record(path, record)
+    return True
 
 
 PointT = TypeVar("PointT")

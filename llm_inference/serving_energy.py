@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint
-from joulebench.record import RECORD_FILE, read_run_record, write_run_record
+from joulebench.lifecycle import amend_written_record
+from joulebench.record import RunRecord
 from joulebench.request_energy import (
     RequestEnergyFit,
     RequestParts,
@@ -315,14 +317,18 @@ def write_joint(sweep: Sweep, say: Callable[[str], None]) -> None:
         block = blocks.get(m.label)
         if block is None or m.joint is None:
             continue
-        path = m.joint.record_dir / RECORD_FILE
-        record = read_run_record(path)
-        if record.requests is None or not isinstance(record.requests.get("energy"), dict):
+        if not amend_written_record(m.joint.record_dir, partial(_add_joint, block)):
             continue
-        record.requests["energy"]["joint"] = block
-        write_run_record(path, record)
         say(f"rate {m.label}: joint per-request fit over rates {', '.join(block.get('rates', []))}: checks failed "
             f"{block.get('checks_failed', block.get('unavailable_reason'))}")
+
+
+def _add_joint(block: dict[str, Any], record: RunRecord) -> bool:
+    """The joint block beside the rate's own per-request fit; False where the record has none."""
+    if record.requests is None or not isinstance(record.requests.get("energy"), dict):
+        return False
+    record.requests["energy"]["joint"] = block
+    return True
 
 
 def failed_checks(block: dict[str, Any]) -> str:

@@ -107,8 +107,9 @@ def test_a_run_beside_another_job_is_disturbed_says_by_whom_and_keeps_its_status
                                                                              "reasons": []}}))
     capsys.readouterr()
     assert report_main(["--compare", str(quiet), str(path)]) == 0
-    named = [line for line in capsys.readouterr().out.splitlines() if "was disturbed" in line]
-    assert len(named) == 1 and f"pid {stranger} (sleep, 3.0 GiB)" in named[0]
+    out = capsys.readouterr().out.replace("\n" + " " * 4, " ")  # the 160-column wrapping undone (continuations)
+    named = [line for line in out.splitlines() if "was disturbed" in line]
+    assert len(named) == 1 and f"pid {stranger} (sleep, 3.0 GiB)" in " ".join(named[0].split())
 
 
 def test_a_quiet_run_is_not_disturbed_and_every_check_has_its_value(fake_pynvml, h100_trace_dir: Path,

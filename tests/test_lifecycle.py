@@ -39,11 +39,12 @@ STARTED = {"llm_training": "[llm_training] model built", "resnet50": "[resnet50]
 
 
 def _llm_broken_data(tmp: Path) -> list[str]:
-    """A real Megatron dataset whose token file is cut short: the first batch read fails inside a step."""
+    """A real Megatron dataset whose tokens lie outside the model's vocabulary (the file's shape intact, so the
+    corpus reader admits it): the first step's embedding lookup fails inside the run."""
     from tests.llm_training.test_preprocess import preprocessed_dataset
 
     prefix = preprocessed_dataset(tmp)
-    Path(f"{prefix}.bin").write_bytes(Path(f"{prefix}.bin").read_bytes()[:16])
+    Path(f"{prefix}.bin").write_bytes(b"\xff" * len(Path(f"{prefix}.bin").read_bytes()))
     return ["--vocab-size", "400", "--data-path", str(prefix), "--iterations", "3", "--warmup-iterations", "1"]
 
 

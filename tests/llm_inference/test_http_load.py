@@ -26,7 +26,7 @@ from llm_inference import server
 from llm_inference.cli import main
 from llm_inference.http_load import EXTERNAL_SERVER
 from tests.llm_inference.conftest import INFER, run_cmd
-from tests.llm_inference.fault_proxy import USAGE_FAULTS, FaultProxy
+from tests.llm_inference.fault_proxy import FAULTS, USAGE_FAULTS, FaultProxy
 
 TRANSFORMERS = Path(sys.executable).parent / "transformers"
 # The KV cache bounded: unbounded, transformers' continuous batching sizes it from free memory (14 GB on CI).
@@ -97,20 +97,28 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
     assert "Ignoring unsupported fields" in log or "Request received" in log
 
 
+def _load_through_proxy(checkpoint: Path, env: dict[str, str], tmp_path: Path, faults: tuple[str, ...],
+                        requests: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """A `transformers serve` of the checkpoint behind a FaultProxy with `faults`, loaded at 20 req/s through
+    /v1/completions; the load's result and its out-dir."""
+    port = server.free_port("127.0.0.1")
+    argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
+                                 "concurrency": "8", "devices": ""})
+    with server.started(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, tmp_path / "server.log", "127.0.0.1", port,
+                        120), FaultProxy(port, faults) as proxy:
+        out = tmp_path / "load"
+        result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
+                          str(requests), "--url", proxy.url, "--api", "completions", "--out-dir", str(out)], env,
+                         tmp_path)
+    return result, out
+
+
 @pytest.mark.slow
 def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_trace_dir, tmp_path):
     """/v1/completions through the proxy: 503 answers, a malformed event-stream line, a reset mid-stream: failed
     requests, each named; a stream without `usage`: its tokens counted from the stream. The run itself stays OK
     (most requests succeed)."""
-    port = server.free_port("127.0.0.1")
-    argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
-                                 "concurrency": "8", "devices": ""})
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with server.started(argv, env, tmp_path / "server.log", "127.0.0.1", port, 120), FaultProxy(port) as proxy:
-        out = tmp_path / "load"
-        result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
-                          "20", "--url", proxy.url, "--api", "completions", "--out-dir", str(out)],
-                         _env(fake_env, h100_trace_dir), tmp_path)
+    result, out = _load_through_proxy(checkpoint, _env(fake_env, h100_trace_dir), tmp_path, FAULTS, 20)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = _record(out)
     failures = record["requests"]["failures"]
@@ -133,16 +141,8 @@ def test_implausible_usage_counts_are_replaced_by_the_stream_s_count(checkpoint,
     """The proxy replaces `usage.completion_tokens` by counts that cannot be true (negative, zero, 4e12, below the
     12 chunks of text, a string): each such request is counted from its stream, and the record says which and why
     (issue 47: an OK record with negative tokens/s or 4e12 tokens/s)."""
-    port = server.free_port("127.0.0.1")
-    argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
-                                 "concurrency": "8", "devices": ""})
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with server.started(argv, env, tmp_path / "server.log", "127.0.0.1", port, 120), \
-            FaultProxy(port, ("pass", *USAGE_FAULTS)) as proxy:
-        out = tmp_path / "load"
-        result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
-                          "12", "--url", proxy.url, "--api", "completions", "--out-dir", str(out)],
-                         _env(fake_env, h100_trace_dir), tmp_path)
+    result, out = _load_through_proxy(checkpoint, _env(fake_env, h100_trace_dir), tmp_path, ("pass", *USAGE_FAULTS),
+                                      12)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = _record(out)
     counts = record["requests"]["output_token_counts"]

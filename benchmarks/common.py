@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Mapping, Sequence
+from typing import Self
 
 from jpwr.output import fmt
 
@@ -48,7 +50,35 @@ def split_at_double_dash(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv[:split], argv[split + 1:]
 
 
-class CounterPoller:
+class Poller:
+    """A daemon thread of this process calling `read_once()` every `gap_s` seconds while the context is open: the
+    scripts' own reads of NVML beside a run, no jpwr code involved."""
+
+    def __init__(self, name: str, gap_s: float) -> None:
+        import threading
+
+        self.gap_s = gap_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def read_once(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.read_once()
+            self._stop.wait(self.gap_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class CounterPoller(Poller):
     """An independent reference: NVML's energy counter read by a thread of this process, no jpwr code involved.
 
     Reads every device's `nvmlDeviceGetTotalEnergyConsumption` back to back (a read costs ~4 ms on the
@@ -60,10 +90,9 @@ class CounterPoller:
     """
 
     def __init__(self, uuids: Sequence[str] | None = None, gap_s: float = 0.002) -> None:
-        import threading
-
         import pynvml
 
+        super().__init__("independent-counter", gap_s)
         self._nv = pynvml
         pynvml.nvmlInit()
         if uuids is None:
@@ -71,27 +100,12 @@ class CounterPoller:
             uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         self.handles = {uuid: pynvml.nvmlDeviceGetHandleByUUID(uuid) for uuid in uuids}
         self.reads: dict[str, list[tuple[int, int, int]]] = {uuid: [] for uuid in self.handles}  # t0, t1, mJ
-        self.gap_s = gap_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="independent-counter", daemon=True)
 
-    def _loop(self) -> None:
-        import time
-
-        while not self._stop.is_set():
-            for uuid, handle in self.handles.items():
-                t0 = time.monotonic_ns()
-                value = self._nv.nvmlDeviceGetTotalEnergyConsumption(handle)
-                self.reads[uuid].append((t0, time.monotonic_ns(), int(value)))
-            self._stop.wait(self.gap_s)
-
-    def __enter__(self) -> CounterPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def read_once(self) -> None:
+        for uuid, handle in self.handles.items():
+            t0 = time.monotonic_ns()
+            value = self._nv.nvmlDeviceGetTotalEnergyConsumption(handle)
+            self.reads[uuid].append((t0, time.monotonic_ns(), int(value)))
 
     def energy_j(self, t0_ns: int, t1_ns: int, uuids: Sequence[str] | None = None) -> tuple[float, float]:
         """(energy over [t0, t1] summed over the devices, its uncertainty), both in J."""

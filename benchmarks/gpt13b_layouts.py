@@ -20,7 +20,6 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
+from benchmarks.common import CounterPoller, Poller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
 
 MODEL = "13B"
 ARGPARSE_USAGE = 2  # validate could not parse the options: no estimate either
@@ -68,35 +67,24 @@ def train_command(tp: int, pp: int, args: argparse.Namespace, run_dir: Path) -> 
             "-m", "llm_training", "train", *layout_options(tp, pp, args), "--out-dir", str(run_dir / "run")]
 
 
-class MemoryPoller:
+class MemoryPoller(Poller):
     """NVML's used memory of each GPU (context, allocator cache and all), its peak kept per GPU: every rank's peak,
     where the record has only rank 0's allocated peak. A thread of its own, apart from the energy reads."""
 
     def __init__(self, handles: dict[str, Any], gap_s: float = 0.5) -> None:
         import pynvml
 
-        self._nv, self._handles, self.gap_s = pynvml, handles, gap_s
+        super().__init__("memory-used", gap_s)
+        self._nv, self._handles = pynvml, handles
         self.peak_gib: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="memory-used", daemon=True)
 
     def reset(self) -> None:
         self.peak_gib = {}
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            for uuid, handle in self._handles.items():
-                used = self._nv.nvmlDeviceGetMemoryInfo(handle).used / 1024**3
-                self.peak_gib[uuid] = max(used, self.peak_gib.get(uuid, 0.0))
-            self._stop.wait(self.gap_s)
-
-    def __enter__(self) -> MemoryPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def read_once(self) -> None:
+        for uuid, handle in self._handles.items():
+            used = self._nv.nvmlDeviceGetMemoryInfo(handle).used / 1024**3
+            self.peak_gib[uuid] = max(used, self.peak_gib.get(uuid, 0.0))
 
 
 def _estimate_gib(tp: int, pp: int, args: argparse.Namespace) -> float:

@@ -26,12 +26,23 @@ def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dic
 
 
 def first_gpu_uuid() -> str:
-    """NVML's first GPU's UUID: the one device a single-GPU script runs on and reads the counter of."""
+    """The UUID of the one device a single-GPU script runs on and reads the counter of: the first entry of
+    CUDA_VISIBLE_DEVICES (a UUID or its unique prefix, or an NVML index: PCI bus order), else NVML's first GPU.
+    A script given its own GPU of a multi-GPU host (benchmarks/gpu_doc_lines.py --gpus) reads that GPU's counter."""
     import pynvml
 
     pynvml.nvmlInit()
-    raw = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-    return raw.decode() if isinstance(raw, bytes) else raw
+    uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+             for i in range(pynvml.nvmlDeviceGetCount())]
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if not first:
+        return uuids[0]
+    if first.isdigit():
+        return uuids[int(first)]
+    matches = [u for u in uuids if u.startswith(first)]
+    if len(matches) != 1:
+        raise SystemExit(f"CUDA_VISIBLE_DEVICES={first!r} names {len(matches)} of this machine's GPUs {uuids}")
+    return matches[0]
 
 
 def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], digits: int = 6) -> str:

@@ -3,7 +3,7 @@
 
     python3 benchmarks/gpu_doc_lines.py --list                          # which lines run, which not and why
     python3 benchmarks/gpu_doc_lines.py --out $OUT/lines                # all that run here, in the docs' order
-    python3 benchmarks/gpu_doc_lines.py --out $OUT/lines --only README.md:45,README.md:100
+    python3 benchmarks/gpu_doc_lines.py --out $OUT/lines --only README.md:58,README.md:114
 
 Each line runs as the doc shows it, from the repository root, with this interpreter for `python`, `jpwr`,
 `joulebench` and `torchrun`; placeholders the doc asks the reader to fill in get this script's directories (RUN,
@@ -11,6 +11,8 @@ PROF, $OUT) or the carried megatron-core wheel (PATH). A line passes when it exi
 says OK with energy (a line that writes no record, such as `joulebench report`, passes on its exit code). A thread
 reads every GPU's NVML energy counter throughout (benchmarks.common.CounterPoller, no jpwr code): each record's
 steady window is compared with that read. Lines that depend on an earlier one (a report of a sweep) run after it.
+Results are written after every line (results.json, results.md), so a run stopped midway keeps what it measured;
+benchmarks/gpu_pool.py runs several of these on a multi-GPU host, a GPU and a copy of the clone each.
 The CPU suite checks the selection and the exclusions (tests/benchmarks/test_gpu_doc_lines.py).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -42,6 +45,8 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
     ("--nproc 2", "several GPUs: run in the whole-node issue's calls on a multi-GPU host"),
     ("jube run", "submits to a cluster system's Slurm partition (--tag H100); the local system's JUBE line runs in "
                  "tests/jube and the whole-node calls"),
+    ("the full table", "a benchmark script's full table (8-30 min): its quick check beside it runs here; the full "
+                       "run is the one docs/BENCHMARKS.md records"),
     ("--url http://", "needs the OpenAI-compatible server the doc starts first; benchmarks/endpoint_h100.py measures "
                       "that pair"),
 )
@@ -87,7 +92,8 @@ def _records_since(started: float, roots: list[Path]) -> list[Path]:
 
 
 def record_row(path: Path, poller: CounterPoller | None) -> dict[str, Any]:
-    """A record's status, headline energy and steady window beside the independent counter read."""
+    """A record's status, headline energy and steady window beside the independent counter read of the devices the
+    window metered (all of the poller's where the record names none)."""
     record = json.loads(path.read_text())
     metrics = record.get("metrics") or {}
     steady = next((w for w in record.get("windows") or [] if w.get("name") == "steady"), None)
@@ -97,7 +103,8 @@ def record_row(path: Path, poller: CounterPoller | None) -> dict[str, Any]:
     measured = energy.get("energy_j")
     if poller is not None and steady and measured:
         try:
-            independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"])
+            uuids = [d["uuid"] for d in energy.get("per_device") or () if d.get("uuid") in poller.reads]
+            independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], uuids or None)
         except ValueError as exc:
             row["deviation %"] = f"not compared: {exc}"
         else:
@@ -121,17 +128,34 @@ def run_line(line: DocLine, out: Path, timeout_s: float, poller: CounterPoller |
     wall = time.time() - started
     records = [record_row(p, poller) for p in _records_since(started, [REPO, out])]
     ok = code == 0 and all(r["ok"] for r in records)
-    row = {"line": line.where, "exit": code, "wall s": wall, "records": len(records),
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    row = {"line": line.where, "exit": code, "wall s": wall, "records": len(records), "gpu": gpu,
            "result": "pass" if ok else "FAIL", "detail": records}
     print(f"=== {line.where}: exit {code} after {wall:.0f} s, {len(records)} record(s): {row['result']}", flush=True)
     print("GPULINE " + json.dumps(row, default=str), flush=True)
     return row
 
 
+def write_results(rows: list[dict[str, Any]], out: Path) -> str:
+    """results.json and results.md (one row per record), written whole each time: a stopped run keeps its lines."""
+    flat = [{"line": r["line"], "gpu": r["gpu"][:12], "result": r["result"], "exit": str(r["exit"]),
+             "wall s": r["wall s"], **{k: d.get(k) for k in ("status", "energy_wh", "steady s", "bound %",
+                                                               "deviation %")}}
+            for r in rows for d in (r["detail"] or [{}])]
+    table = markdown_table(flat, ["line", "gpu", "result", "exit", "wall s", "status", "energy_wh", "steady s",
+                                  "bound %", "deviation %"], digits=4)
+    table += f"\n\nlines: {len(rows)}, passed: {sum(r['result'] == 'pass' for r in rows)}; wall s summed (one GPU " \
+             f"running them in turn): {sum(r['wall s'] for r in rows):.0f}\n"
+    for name, text in (("results.json", json.dumps(rows, indent=1, default=str)), ("results.md", table)):
+        (out / f".{name}.tmp").write_text(text)
+        os.replace(out / f".{name}.tmp", out / name)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_lines_out"))
-    parser.add_argument("--only", default="", help="comma list of file:line (as --list prints) to run")
+    parser.add_argument("--only", default="", help="comma list of file:line (as --list prints) to run, in this order")
     parser.add_argument("--list", action="store_true", help="print each GPU line and whether it runs, then exit")
     parser.add_argument("--timeout-s", type=float, default=540.0, help="per line")
     args = parser.parse_args(argv)
@@ -140,22 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print(f"{line.where}: {'not run: ' + line.excluded if line.excluded else 'runs'}\n    {line.command}")
         return 0
-    wanted = {w for w in args.only.split(",") if w}
-    unknown = wanted - {line.where for line in lines}
+    wanted = [w for w in args.only.split(",") if w]
+    unknown = set(wanted) - {line.where for line in lines}
     if unknown:
         parser.error(f"--only names no GPU line: {', '.join(sorted(unknown))} (see --list)")
-    chosen = [line for line in lines if not line.excluded and (not wanted or line.where in wanted)]
-    args.out.mkdir(parents=True, exist_ok=True)
+    runnable = {line.where: line for line in lines if not line.excluded}
+    chosen = [runnable[w] for w in wanted if w in runnable] if wanted else list(runnable.values())
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
     with CounterPoller() as poller:
-        rows = [run_line(line, args.out.resolve(), args.timeout_s, poller) for line in chosen]
-    flat = [{"line": r["line"], "result": r["result"], "exit": str(r["exit"]), "wall s": r["wall s"],
-             **{k: d.get(k) for k in ("status", "energy_wh", "steady s", "bound %", "deviation %")}}
-            for r in rows for d in (r["detail"] or [{}])]
-    table = markdown_table(flat, ["line", "result", "exit", "wall s", "status", "energy_wh", "steady s", "bound %",
-                                  "deviation %"], digits=4)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-    (args.out / "results.md").write_text(table + "\n")
-    print(table)
+        for line in chosen:
+            rows.append(run_line(line, out, args.timeout_s, poller))
+            write_results(rows, out)
+    print(write_results(rows, out))
     return 0 if all(r["result"] == "pass" for r in rows) else 1
 
 

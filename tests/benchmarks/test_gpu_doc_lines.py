@@ -46,3 +46,4 @@ def test_a_record_passes_only_when_ok_with_energy(tmp_path: Path):
     unmeasured.write_text(json.dumps(data))
     row = script.record_row(unmeasured, None)
     assert (row["status"], row["energy_wh"], row["ok"]) == ("OK", None, False)
+

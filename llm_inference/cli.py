@@ -79,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     launch = LaunchEnv.from_env()
     validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")), cfg.tensor_parallel,
                             launch.num_nodes)
+    validation.check_objective_sensor(cfg, bool(os.environ.get("JPWR_ADDR")))
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
     from joulebench.torch_device import resolve_device
     from llm_inference import runner

@@ -123,6 +123,15 @@ def _check_objective(cfg: InferenceConfig) -> None:
                               "(with --decode-tuning auto)")
 
 
+def check_objective_sensor(cfg: InferenceConfig, external_sampler: bool) -> None:
+    """At the run's start (a JUBE validate step runs before the job's sampler exists): `--objective energy|edp`
+    ranks the variants by the power a sampler measures; without one it would silently choose by speed."""
+    if cfg.objective not in (None, "speed") and not (cfg.energy_methods or external_sampler):
+        raise ValidationError(f"--objective {cfg.objective} ranks the decode variants by their measured power, and "
+                              "this run has no jpwr sampler (it would choose by speed)",
+                              "pass --energy-methods (e.g. nvml), or run under `jpwr -- ...`")
+
+
 def check_task_context(task: str, output_length: int | None, shape: ModelPreset) -> None:
     """The task's longest request (prompt + output) within the model's positions (`run` and `load`)."""
     needed = longest_sequence(TASKS[task], output_length)

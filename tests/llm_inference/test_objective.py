@@ -104,3 +104,13 @@ def test_the_run_s_objective_reaches_the_engine_and_its_record_detail():
     cfg, engine = engine_for()
     assert cfg.to_dict()["objective"] is None  # not given: the record says so; the engine runs the default
     assert engine.describe()["decode_objective"] == DEFAULT_OBJECTIVE and engine.power_probe is None
+
+
+def test_an_energy_objective_without_a_sampler_is_refused_at_the_run_s_start(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("JPWR_ADDR", raising=False)
+    for objective in ("energy", "edp"):
+        assert main(["run", "--preset", "tiny", "--device", "cpu", "--objective", objective, "--out-dir",
+                     str(tmp_path / objective)]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert f"--objective {objective} ranks the decode variants by their measured power" in err
+        assert "Fix: pass --energy-methods" in err and not (tmp_path / objective).exists()  # refused before any work

@@ -128,7 +128,8 @@ class Recommendation:
         return self.chosen is self.default
 
 
-def _misses(group: Group, base: Group, target: Target, unit: str) -> list[str]:
+def target_misses(group: Group, base: Group, target: Target, unit: str) -> list[str]:
+    """The target's limits `group` misses against the default's runs `base` (empty: it meets the target)."""
     found: list[str] = []
     for limit, keys, name in ((target.max_tpot_s, TPOT_KEYS, "p90 TPOT"), (target.max_ttft_s, TTFT_KEYS, "p90 TTFT")):
         if limit is not None:
@@ -213,7 +214,8 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
             continue
         rows.append(Row(group, bounded_saving(base.energy_per_unit_j, base.energy_bound, group.energy_per_unit_j,
                                               group.energy_bound),
-                        group.time_per_unit_s / base.time_per_unit_s - 1, _misses(group, base, target, unit), semantic))
+                        group.time_per_unit_s / base.time_per_unit_s - 1, target_misses(group, base, target, unit),
+                        semantic))
     rows.sort(key=lambda r: (r.group.energy_per_unit_j, r.group.time_per_unit_s))
     default = next(r for r in rows if r.group is base)
     meeting = [r for r in rows if not r.misses]

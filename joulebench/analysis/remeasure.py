@@ -10,6 +10,9 @@ records. Any driver's re-runs made elsewhere (a second JUBE sweep of the two set
 Bound of a measured side (relative): the meter's largest bound over its repeats plus the repeats' half range over
 their mean, the two worst cases added as joulebench.savings adds them; the measured saving's bound is the sum of
 the two sides'. The predicted and the measured saving agree where they differ by no more than their two bounds.
+The re-runs are held to the target too (slowdown against the re-run default, latency limits, throughput): on one
+H100 a batch-1 recommendation predicted at +4.3 % time re-measured at +11 % (docs/BENCHMARKS.md, wave 4 session 3),
+so a saving alone does not confirm a recommendation.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis import knobs
-from joulebench.analysis.recommend import Recommendation, untrusted
+from joulebench.analysis.recommend import Group, Recommendation, target_misses, untrusted
 from joulebench.analysis.report import Run, load_runs
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
@@ -93,6 +96,13 @@ class Remeasured:
     recommended: Side
     measured: Saving | None  # None: a re-run failed or left no trustworthy energy
     problems: list[str]
+    slowdown: float | None  # the re-runs' time per unit against the re-run default's (None with `measured`)
+    misses: list[str]  # the target's limits the re-runs of the recommendation miss
+
+    @property
+    def confirmed(self) -> bool:
+        """Measured, agreeing with the prediction, and still meeting the target."""
+        return bool(self.agrees) and not self.misses
 
     @property
     def agrees(self) -> bool | None:
@@ -109,7 +119,10 @@ class Remeasured:
         verdict = {True: "agrees with the prediction (within the combined bounds)",
                    False: "DISAGREES with the prediction (beyond the combined bounds): the sweep's figure did not hold",
                    None: "agreement n/a (a bound is n/a)"}[self.agrees]
+        held = ("meets the target" if not self.misses else
+                f"MISSES the target ({'; '.join(self.misses)}): the recommendation is not confirmed")
         return [f"{head}; measured saving {self.measured.words()} (bound: meter + repeats' spread): {verdict}",
+                f"re-measured time per unit {100 * (self.slowdown or 0.0):+.2f} % against the default: {held}",
                 f"default runs: {', '.join(r.record.run_id for r in self.default.runs)}; recommended runs: "
                 f"{', '.join(r.record.run_id for r in self.recommended.runs)}",
                 *[f"problem: {p}" for p in self.problems]]
@@ -117,7 +130,8 @@ class Remeasured:
     def as_json(self) -> dict[str, Any]:
         return {"predicted": dataclasses.asdict(self.predicted),
                 "measured": None if self.measured is None else dataclasses.asdict(self.measured),
-                "agrees": self.agrees, "problems": self.problems,
+                "agrees": self.agrees, "problems": self.problems, "slowdown": self.slowdown,
+                "misses": self.misses, "confirmed": self.confirmed,
                 "default_runs": [r.record.run_id for r in self.default.runs],
                 "recommended_runs": [r.record.run_id for r in self.recommended.runs]}
 
@@ -153,11 +167,7 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
             else:
                 assert not isinstance(found, str)
                 runs[name].append(found)
-    default, recommended = Side("default", runs["default"]), Side("recommended", runs["recommended"])
-    measured = None
-    if default.energies and recommended.energies and not problems:
-        measured = bounded_saving(default.mean_j, default.bound, recommended.mean_j, recommended.bound)
-    return Remeasured(rec.chosen.saving, default, recommended, measured, problems)
+    return compared(rec, runs["default"], runs["recommended"], problems)
 
 
 def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> Remeasured:
@@ -176,7 +186,19 @@ def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> R
             sides[side].append(run)
     problems += [f"{len(found)} trustworthy re-run(s) of the {side} setting; at least 2 are needed"
                  for side, found in sides.items() if len(found) < 2]
-    default, recommended = Side("default", sides["default"]), Side("recommended", sides["recommended"])
-    measured = None if problems else bounded_saving(default.mean_j, default.bound, recommended.mean_j,
-                                                    recommended.bound)
-    return Remeasured(rec.chosen.saving, default, recommended, measured, problems)
+    return compared(rec, sides["default"], sides["recommended"], problems)
+
+
+def compared(rec: Recommendation, default_runs: list[Run], recommended_runs: list[Run],
+             problems: list[str]) -> Remeasured:
+    """The re-runs' saving beside the predicted one, and the target checked on the re-runs (the recommendation's
+    against the default's), unless a problem leaves them incomplete."""
+    assert rec.chosen is not None
+    default, recommended = Side("default", default_runs), Side("recommended", recommended_runs)
+    if problems or not (default.energies and recommended.energies):
+        return Remeasured(rec.chosen.saving, default, recommended, None, problems, None, [])
+    base, again = Group(rec.default.group.setting, default_runs), Group(rec.chosen.group.setting, recommended_runs)
+    return Remeasured(rec.chosen.saving, default, recommended,
+                      bounded_saving(default.mean_j, default.bound, recommended.mean_j, recommended.bound), problems,
+                      again.time_per_unit_s / base.time_per_unit_s - 1,
+                      target_misses(again, base, rec.target, rec.unit))

@@ -211,6 +211,27 @@ def test_remeasured_saving_combines_the_meter_s_bound_and_the_repeats_spread(fro
     text = "\n".join(result.lines())
     assert f"measured saving {result.measured.words()} (bound: meter + repeats' spread): agrees with the prediction" \
         in text
+    assert result.slowdown == pytest.approx(CHEAPER[0] / FASTER[0] - 1) and result.confirmed
+    assert f"re-measured time per unit {100 * result.slowdown:+.2f} % against the default: meets the target" in text
+
+
+def test_a_remeasure_whose_recommendation_misses_the_target_is_not_confirmed(front, tmp_path) -> None:
+    """The saving holds but the re-runs are slower than the sweep said (seen on an H100 at batch 1: +4.3 % predicted,
+    +11 % re-measured): the target is checked on the re-runs, not only the saving."""
+    rec = recommend.recommend(load_runs([front]), recommend.Target(max_slowdown=0.15))
+    slower = (FASTER[0] * 1.20, CHEAPER[1])
+
+    def driver(command: list[str], out_dir: Path) -> Run:
+        figures = FASTER if out_dir.name.startswith("default") else slower
+        write_point(out_dir.parent, out_dir.name, DEFAULT if out_dir.name.startswith("default") else ENERGY, figures)
+        return load_runs([out_dir])[0]
+
+    result = remeasure.remeasure(rec, 2, tmp_path / "again", "nvml", 0.99, driver)
+    assert result.agrees is True and result.slowdown == pytest.approx(0.20)
+    assert result.misses == ["slowdown +20.00 % > 15.00 %"] and not result.confirmed
+    assert ("re-measured time per unit +20.00 % against the default: MISSES the target (slowdown +20.00 % > "
+            "15.00 %): the recommendation is not confirmed") in "\n".join(result.lines())
+    assert result.as_json()["confirmed"] is False
 
 
 def test_a_remeasure_that_disagrees_or_fails_says_so(front, tmp_path) -> None:

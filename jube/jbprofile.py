@@ -36,6 +36,7 @@ from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by file path (tests, jbrecord.py)
 import jbfootprint
+import jbrecommend
 import jbslurm
 import jbsubmit
 from jbarguments import cli_args, one_node_layout, serving_mode
@@ -479,11 +480,17 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("--rundir", required=True)
     compare = sub.add_parser("compare", help="slowdown and saving of every point against its default-setting row")
     compare.add_argument("--rundir", required=True)
+    recommend = sub.add_parser("recommend", help="the cheapest setting meeting a target, re-measured on one node")
+    recommend.add_argument("--rundir", required=True)
+    recommend.add_argument("--target", default="", help="joulebench recommend's target options (empty: skip)")
+    recommend.add_argument("--repeats", type=int, choices=range(2, 101), default=2, metavar="N",
+                           help="re-runs of the default and the recommended setting each (2-100)")
     show = sub.add_parser("show", help="print a system's resolved profile")
     show.add_argument("system")
     args = parser.parse_args(argv)
     handler = {"prepare": cmd_prepare, "submit": jbsubmit.cmd_submit, "verdict": jbsubmit.cmd_verdict,
-               "summary": jbsubmit.cmd_summary, "compare": cmd_compare, "show": cmd_show}[args.command]
+               "summary": jbsubmit.cmd_summary, "compare": cmd_compare, "recommend": jbrecommend.cmd_recommend,
+               "show": cmd_show}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:

@@ -1,0 +1,123 @@
+"""The workflows' `recommend` step (issue 46): over a finished sweep, the cheapest setting that meets a target, and that
+setting and the default re-measured as jobs of the same workflow on the node where the sweep's default point ran.
+
+Called through jbprofile.py (`recommend`) once every point has its row. JOULEBENCH_RECOMMEND holds `joulebench
+recommend`'s target options (e.g. `--max-p90-tpot-ms 50`, `--max-slowdown 5% --default batch_size=1`); empty: the
+step says so and does nothing. Then:
+  1. `joulebench recommend` over the points' run records (the job's Python): PREDICTED, into recommend/predicted.json;
+  2. where it recommends another setting than the default, the default point and the recommended point run again,
+     alternating (default, recommended, default, ...; JOULEBENCH_RECOMMEND_REPEATS each, default 2), each a copy of
+     that point's job.env submitted as the point was (`jbprofile submit --wait`: locally, or sbatch with
+     `--nodelist=` the node the default point's record names, so both settings are re-measured on one node);
+  3. `joulebench recommend --remeasured` over the re-runs: predicted against measured saving, and the target held by
+     the re-runs; recommend/recommend.txt keeps all of it, and the step prints it.
+Never fails the workflow: a refusal (too few trustworthy runs, no default) is printed with its reason.
+Standard library only, as jbsubmit.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from jbsettings import SETTINGS_FILE, job_python, read_settings, write_settings
+
+JUBE_DIR = Path(__file__).resolve().parent
+REPO = JUBE_DIR.parent
+OUTPUT_DIR = "recommend"  # in the JUBE run directory
+
+
+def finished_points(rundir: Path) -> list[tuple[dict[str, str], Path]]:
+    """(settings, run record) of every point that ran and left a record."""
+    found = []
+    for env_path in sorted(rundir.glob("*_submit/work/job.env")):
+        settings = read_settings(env_path)
+        record = Path(settings.get("JB_OUT_DIR", "")) / "run_record.json"
+        if settings.get("JB_STATUS") != "INVALID" and record.is_file():
+            found.append((settings, record))
+    return found
+
+
+def run_joulebench(settings: dict[str, str], args: list[str], rundir: Path, transcript: Path) -> int:
+    """`joulebench recommend ...` with the job's Python (as the compare step runs jbrecord.py); its output printed
+    and appended to the transcript."""
+    env = dict(os.environ)
+    if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the records and writes recommend/
+        env[bind_var] = ",".join(filter(None, [env.get(bind_var), str(rundir), str(REPO)]))
+    done = subprocess.run(job_python(settings, ["-m", "joulebench", "recommend", *args]), cwd=REPO, env=env,
+                          capture_output=True, text=True, check=False)
+    text = done.stdout + done.stderr
+    print(text, end="", flush=True)
+    with open(transcript, "a") as sink:
+        sink.write(f"$ joulebench recommend {shlex.join(args)}\n{text}\n")
+    return done.returncode
+
+
+def point_of(run_ids: list[str], points: list[tuple[dict[str, str], Path]]) -> tuple[dict[str, str], Path]:
+    """The point whose record is the first of `run_ids` (a setting's runs as recommend names them)."""
+    by_id = {json.loads(record.read_text()).get("run_id"): (settings, record) for settings, record in points}
+    return by_id[run_ids[0]]
+
+
+def rerun_settings(settings: dict[str, str], run_id: str, node: str | None) -> dict[str, str]:
+    """A copy of a point's job settings for a re-run: its own run id (the job's and the driver's); on Slurm pinned to
+    `node`."""
+    words = shlex.split(settings.get("JB_TRAIN_ARGS", ""))
+    if "--run-id" in words:
+        words[words.index("--run-id") + 1] = run_id
+    again = {**settings, "JB_RUN_ID": run_id, "JB_TRAIN_ARGS": shlex.join(words)}
+    if settings.get("JB_LAUNCHER") == "slurm" and node:
+        again["JB_SBATCH_ARGS"] = f"{settings.get('JB_SBATCH_ARGS', '')} --nodelist={node}".strip()
+    return again
+
+
+def rerun(settings: dict[str, str], workdir: Path) -> Path:
+    """Submit one re-run as the sweep's points are submitted (jbprofile submit --wait); its run record's path."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_settings(workdir / SETTINGS_FILE, settings)
+    subprocess.call([sys.executable, str(JUBE_DIR / "jbprofile.py"), "submit", "--settings", SETTINGS_FILE, "--wait"],
+                    cwd=workdir)
+    return workdir / "run" / "run_record.json"
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    target = shlex.split(args.target)
+    if not target:
+        print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND is empty): nothing to recommend")
+        return 0
+    rundir = Path(args.rundir).resolve()
+    points = finished_points(rundir)
+    if not points:
+        print("jbprofile: recommend: no point left a run record")
+        return 0
+    out = rundir / OUTPUT_DIR
+    out.mkdir(exist_ok=True)
+    transcript = out / "recommend.txt"
+    transcript.write_text("")
+    settings = points[0][0]
+    records = [str(record) for _, record in points]
+    predicted_json = out / "predicted.json"
+    run_joulebench(settings, [*records, *target, "--json", str(predicted_json)], rundir, transcript)
+    if not predicted_json.is_file():
+        return 0  # refused: its reason is printed above
+    predicted = json.loads(predicted_json.read_text())
+    if predicted.get("recommended") is None or predicted.get("is_default"):
+        return 0  # the default, or nothing meets the target: nothing to re-measure
+    default, chosen = (point_of(predicted[side]["runs"], points) for side in ("default", "recommended"))
+    node = json.loads(default[1].read_text()).get("launch", {}).get("node_name")
+    reruns = []
+    for repeat in range(1, args.repeats + 1):
+        for side, (point_settings, _) in (("default", default), ("recommended", chosen)):
+            run_id = f"{point_settings['JB_RUN_ID']}-{side}-{repeat}"
+            print(f"jbprofile: recommend: re-run {repeat} of the {side} setting ({run_id}"
+                  f"{', node ' + node if node else ''})", flush=True)
+            reruns.append(rerun(rerun_settings(point_settings, run_id, node), out / f"{side}-{repeat}"))
+    left = [str(r) for r in reruns if r.is_file()]  # a re-run without a record: recommend counts it missing
+    run_joulebench(settings, [*records, *target, "--remeasured", *left, "--json", str(out / "remeasured.json")],
+                   rundir, transcript)
+    return 0

@@ -1,0 +1,84 @@
+"""The workflows' recommend step (issue 46 item 4): over a finished sweep, the cheapest setting that meets a target,
+then that setting and the default re-run as jobs of the same workflow on the default point's node, and the predicted
+saving set against the measured one. Real JUBE 2.5.1, the local launcher, the tiny model on the CPU, fake GPUs at
+pynvml replaying the H100 trace."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.jube.conftest import JUBE_DIR, jube_run, requires_jube, with_fake_nvml
+
+sys.path.insert(0, str(JUBE_DIR))
+import jbrecommend
+import jbsubmit
+from jbsettings import read_settings
+
+INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
+TARGET = "--default batch_size=1 --min-coverage 0"
+
+
+def _records(rundir: Path) -> dict[str, dict]:
+    return {p.parts[-4]: json.loads(p.read_text()) for p in sorted(rundir.glob("*_submit/work/run/run_record.json"))}
+
+
+@requires_jube
+def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the_default_s_node(
+        jube_env: dict[str, str], tmp_path: Path) -> None:
+    env = with_fake_nvml(jube_env)
+    env.update(JOULEBENCH_SWEEP_BATCH_SIZE="1,4", JOULEBENCH_SWEEP_STEADY_SECONDS="3")
+    env.pop("JOULEBENCH_RECOMMEND", None)
+    jube_run(INFERENCE_XML, ["tiny"], tmp_path / "runs", env)
+    (rundir,) = (tmp_path / "runs").glob("000000")
+    said = (rundir / "recommend_all_points" / "stdout").read_text()  # the shared do's output
+    assert "no target (JOULEBENCH_RECOMMEND is empty): nothing to recommend" in said
+    assert not (rundir / "recommend").exists()
+
+    # A 2-core machine running the test suite disturbs every run (host load), and recommend leaves disturbed runs
+    # out; the points' records are made those of an undisturbed machine, so that the step has a recommendation.
+    points = _records(rundir)
+    for name, record in points.items():
+        record["disturbed"] = {**record.get("disturbed", {}), "disturbed": False, "reasons": []}
+        (rundir / name / "work" / "run" / "run_record.json").write_text(json.dumps(record))
+    step = subprocess.run([sys.executable, str(JUBE_DIR / "jbprofile.py"), "recommend", "--rundir", str(rundir),
+                           "--target", TARGET], env=env, capture_output=True, text=True, timeout=600, check=True)
+    out = rundir / "recommend"
+    predicted = json.loads((out / "predicted.json").read_text())
+    assert predicted["default"]["setting"]["batch_size"] == "1" and not predicted["is_default"]
+    chosen = predicted["recommended"]["setting"]["batch_size"]
+    assert chosen == "4"  # the only other setting; four sequences a step cost the tiny model less per token
+
+    reruns = ["default-1", "recommended-1", "default-2", "recommended-2"]
+    assert step.stdout.index("re-run 1 of the default") < step.stdout.index("re-run 1 of the recommended") \
+        < step.stdout.index("re-run 2 of the default") < step.stdout.index("re-run 2 of the recommended")
+    by_batch = {r["config"]["batch_size"]: r for r in points.values()}
+    for name in reruns:
+        settings = read_settings(out / name / "job.env")
+        record = json.loads((out / name / "run" / "run_record.json").read_text())
+        point = by_batch[1 if name.startswith("default") else 4]
+        assert record["config"]["batch_size"] == point["config"]["batch_size"]
+        assert record["run_id"] == settings["JB_RUN_ID"] == f"{point['run_id']}-{name}"  # its own, not the point's
+        assert record["launch"]["node_name"] == by_batch[1]["launch"]["node_name"]
+    text = (out / "recommend.txt").read_text()
+    assert text.count("$ joulebench recommend") == 2 and "--remeasured" in text
+    assert "re-measured (" in text and ("agrees" in text or "DISAGREES" in text or "stays PREDICTED" in text)
+    remeasured = json.loads((out / "remeasured.json").read_text())["remeasured"]
+    assert remeasured["measured"] is not None or remeasured["problems"]  # measured, or why not (e.g. disturbed)
+
+
+def test_a_slurm_rerun_is_pinned_to_the_default_point_s_node_with_its_own_run_id() -> None:
+    point = {"JB_LAUNCHER": "slurm", "JB_RUN_ID": "inference-000001-000002", "JB_SBATCH_ARGS": "--qos=normal",
+             "JB_TRAIN_ARGS": "--preset tiny --batch-size 4 --run-id inference-000001-000002"}
+    again = jbrecommend.rerun_settings(point, "inference-000001-000002-recommended-1", "n2")
+    assert again["JB_SBATCH_ARGS"] == "--qos=normal --nodelist=n2"
+    assert shlex.split(again["JB_TRAIN_ARGS"])[-1] == again["JB_RUN_ID"] == "inference-000001-000002-recommended-1"
+    settings = {**again, "JB_WORKDIR": "/w", "JB_MODEL": "tiny", "JB_NODES": "1", "JB_TASKS_PER_NODE": "1",
+                "JB_TIME_LIMIT": "0:10:00", "JB_STOP_MARGIN_S": "60", "JB_GRES": "yes", "JB_CPUS_PER_TASK": "",
+                "JB_PARTITION": "", "JB_ACCOUNT": ""}
+    assert "--nodelist=n2" in jbsubmit.sbatch_command(settings, Path("/w/job.env"))
+    local = jbrecommend.rerun_settings({**point, "JB_LAUNCHER": "local"}, "r-default-1", "vm")
+    assert local["JB_SBATCH_ARGS"] == "--qos=normal"  # the local launcher runs on this machine anyway

@@ -69,8 +69,12 @@ def resnet_arguments(profile: dict[str, str], value: dict[str, str], model: str,
     framework = value.get("framework", "pytorch")
     if framework not in FRAMEWORK_TAGS:
         raise PointRefused(f"framework={framework!r}", f"use one of {', '.join(FRAMEWORK_TAGS)}")
+    if value.get("compile_mode") and framework != "pytorch":
+        raise PointRefused(f"compile_mode={value['compile_mode']} with framework={framework}: the compile mode is "
+                           "torch.compile's (TensorFlow compiles with XLA)", "sweep compile_mode with --tag pytorch")
     return {
-        "framework": framework, "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
+        "framework": framework, "compile_mode": value.get("compile_mode", ""),
+        "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
         "image_size": value.get("image_size") or profile["resnet_image_size"],
         "data": "synthetic" if "synthetic" in flags or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
         **common_arguments(profile, value), **iteration_arguments(profile, value, prefix),

@@ -68,7 +68,7 @@ WORKLOADS = {w.name: w for w in (
              nodes_by_model=True),
     Workload(name="resnet50", driver="resnet50", command="train", serving_command="",
              sweep_keys=("framework", "nodes", "devices_per_node", "global_batch_size", "image_size", "precision",
-                         "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
+                         "compile_mode", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
              default_model_key="default_model", work_unit="images", batch_key="resnet_gbs",
              framework_tags=FRAMEWORK_TAGS),

@@ -64,7 +64,7 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
     ),
     "resnet50": (
         Knob("compile", "--compile", flag=True),
-        Knob("compile_mode", "--compile-mode"),
+        Knob("compile_mode", "--compile-mode", sweep="compile_mode"),
         Knob("channels_last", "--channels-last", "true", flag=True),
         Knob("global_batch_size", "--global-batch-size", semantic=True, sweep="global_batch_size"),
         Knob("precision", "--precision", semantic=True, sweep="precision"),

@@ -36,6 +36,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RESULTS = REPO / "benchmarks" / "results"
+BASELINE_DAY_AFTER = "2026-11-27"  # results folders are named by day; 26b2573 shipped those before this one
 CPU_REPLAY = REPO / "tests" / "reports" / "data" / "resnet50_cpu_replay"
 SERVING_SWEEP = RESULTS / "2026-11-25-session10" / "serving-final" / "sweep"
 SESSION9 = RESULTS / "2026-11-25-session9" / "lifecycle"
@@ -80,9 +81,11 @@ def _records(*folders: str) -> list[str]:
 
 
 def _all_records() -> list[str]:
-    """Every shipped run record: the results folders, the session-5 record kept under its own name, the CPU replay."""
-    return [str(RESULTS), str(RESULTS / "2026-11-24-session5" / "inference-compiled-decode" /
-                              "llama8b_bs448_run_record.json"), str(CPU_REPLAY)]
+    """Every run record shipped at 26b2573: its results folders (later sessions' are not in the baselines), the
+    session-5 record kept under its own name, the CPU replay."""
+    folders = [str(p) for p in sorted(RESULTS.iterdir()) if p.is_dir() and p.name < BASELINE_DAY_AFTER]
+    return [*folders, str(RESULTS / "2026-11-24-session5" / "inference-compiled-decode" /
+                          "llama8b_bs448_run_record.json"), str(CPU_REPLAY)]
 
 
 CASES = [

@@ -3,7 +3,10 @@ dimensions that reach the driver as its options, each with its own column."""
 
 from __future__ import annotations
 
+import re
 import shlex
+
+import pytest
 
 from tests.jube.test_profile import CLEAN_ENV, jbprofile
 
@@ -29,3 +32,17 @@ def test_a_serving_point_takes_the_decode_variant_and_ignores_the_objective() ->
     assert args[args.index("--decode-tuning") + 1] == "default" and "--objective" not in args
     assert settings["JB_COORD_OBJECTIVE"] == "-"  # the other mode's parameter
     assert "objective=energy ignored: a serving point (rate set)" in settings["JB_NOTE"]
+
+
+def test_the_compile_mode_reaches_a_pytorch_point_and_a_tensorflow_point_is_refused() -> None:
+    settings = jbprofile.build_settings("resnet50", [], {"framework": "pytorch", "compile_mode": "max-autotune"}, "r",
+                                        CLEAN_ENV)
+    args = _args(settings)
+    assert args[args.index("--compile-mode") + 1] == "max-autotune"
+    assert settings["JB_COORD_COMPILE_MODE"] == "max-autotune"
+    assert "--compile-mode" not in _args(jbprofile.build_settings("resnet50", [], {"framework": "pytorch",
+                                                                                 "compile_mode": ""}, "r", CLEAN_ENV))
+    why = "compile_mode=default with framework=tensorflow: the compile mode is torch.compile's"
+    with pytest.raises(jbprofile.PointRefused, match=re.escape(why)):
+        jbprofile.build_settings("resnet50", [], {"framework": "tensorflow", "compile_mode": "default"}, "r",
+                                 CLEAN_ENV)

@@ -51,6 +51,12 @@ def job_python(settings: dict[str, str], args: list[str]) -> list[str]:
     return in_profile_shell(settings["JB_SETUP"], [*container, settings["JB_PYTHON"], *args])
 
 
+def provisional_result(status: str, note: str, job_id: str) -> str:
+    """result.txt for a point whose job is queued (PENDING, jbsubmit.py) or running (RUNNING, job.sh), so that
+    `jube result -a` on a half-finished run names the points still to come; the job's recorder replaces it."""
+    return f"JB status={status}\nJB job_id={job_id}\nJB note={note}\nJB short_note={note}\n"
+
+
 def failed_result(reason: str) -> str:
     """result.txt's lines for a job whose recorder could not run (jbrecord.render's form: one line each, no commas)."""
     reason = " ".join(reason.split()).replace(",", ";")

@@ -64,6 +64,10 @@ settings_dir=$out/device_settings  # one <node>.json per node: requested, read b
 rank_logs=$out/ranks
 rank_logs_copied=""
 mkdir -p "$energy_dir"
+# A provisional row while the job runs (`jube result -a` on a half-finished run); the recorder replaces it at the end.
+printf 'JB status=RUNNING\nJB job_id=%s\nJB note=running since %s\nJB short_note=running\n' \
+    "${SLURM_JOB_ID:-n/a}" "$(date -u +%H:%M:%SZ)" > "$JB_WORKDIR/result.txt.running" &&
+    mv -f "$JB_WORKDIR/result.txt.running" "$JB_WORKDIR/result.txt"
 
 elapsed() { echo $(($(date +%s) - started_s)); }
 log() { echo "joulebench-job: [$(elapsed) s] $*" >&2; }
@@ -335,6 +339,7 @@ finish() {
     code=$?
     touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
+    case $final in PENDING | RUNNING) final="" ;; esac  # still the provisional row: the recorder wrote none
     if [ -z "$final" ]; then  # the recorder did not run (a broken interpreter or container prefix): the row says so
         final=FAILED; code=1
         why="the job script could not finalise the run record: see $out/finalize.log"

@@ -145,8 +145,16 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
         jube_run(LLM_XML, ["CI", "tiny"], outs[name], {**env, **extra})
     work = {name: submit_workdirs(out)[0] for name, out in outs.items()}
     job_ids = {name: (w / "job.id").read_text().strip() for name, w in work.items()}
+    # A half-finished run's table names the points still to come: queued (PENDING) and running (RUNNING) rows.
+    jube("result", "-a", str(outs["CANCELLED_PENDING"]), env=env)
+    (queued,) = read_table(outs["CANCELLED_PENDING"], "llm_csv")
+    assert (queued["Status"], queued["JobID"]) == ("PENDING", job_ids["CANCELLED_PENDING"]), queued
+    assert "jube continue once it ended" in queued["Note"]
     subprocess.run(["scancel", job_ids["CANCELLED_PENDING"]], env=env, check=True)
     _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] step ")  # cancel it while it trains
+    jube("result", "-a", str(outs["CANCELLED"]), env=env)
+    (running,) = read_table(outs["CANCELLED"], "llm_csv")
+    assert (running["Status"], running["JobID"]) == ("RUNNING", job_ids["CANCELLED"]), running
     subprocess.run(["scancel", job_ids["CANCELLED"]], env=env, check=True)
     for out in outs.values():
         wait_for_jobs(out, timeout_s=200)

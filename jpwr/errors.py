@@ -155,11 +155,16 @@ def _internal(prog: str, exc: Exception, debug: bool) -> int:
 
 
 def _report(prog: str, message: str, code: int, debug: bool, details: Sequence[str] = ()) -> int:
-    """The one-line error on stderr, after its details (each "<prog>: ..." wrapped to WIDTH under a deeper indent)."""
+    """The error on stderr, after its details; each wrapped to WIDTH columns, its further lines indented."""
     if debug:
         traceback.print_exc()
-    for detail in details:
-        print("\n".join(textwrap.wrap(f"{prog}: {detail}", WIDTH, subsequent_indent="    ", break_long_words=False,
-                                       break_on_hyphens=False)), file=sys.stderr)
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    for line in [*(f"{prog}: {detail}" for detail in details), f"{prog}: error: {message}"]:
+        print(_wrapped(line), file=sys.stderr)
     return code
+
+
+def _wrapped(text: str) -> str:
+    """Each line of `text` in lines of at most WIDTH columns, the further ones indented; words are never split (a
+    path or an option stays whole, even where it alone is longer)."""
+    return "\n".join("\n".join(textwrap.wrap(line, WIDTH, subsequent_indent="    ", break_long_words=False,
+                                             break_on_hyphens=False) or [line]) for line in text.split("\n"))

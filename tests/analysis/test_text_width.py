@@ -55,6 +55,23 @@ def test_an_errors_details_go_above_it_one_a_line_each_within_the_width(capsys) 
     assert all(line.startswith(("joulebench plan: run r", "    ")) for line in lines[:-1])
 
 
+def test_a_long_error_wraps_within_the_width_and_keeps_every_word(capsys) -> None:
+    """An error without a list can still be long (a fix naming several options): it wraps at spaces, its further
+    lines indented; joined again it is the message, word for word."""
+    problem = "--energy-methods nvml,rapl,amdsmi asks for sensors this machine lacks: " + ", ".join(
+        f"/sys/class/powercap/intel-rapl:{i}/energy_uj is not readable" for i in range(4))
+    fix = "run as a user who may read the counters (sudo chmod o+r ...), or leave those methods out of --energy-methods"
+
+    def refuse() -> int:
+        raise ValidationError(problem, fix)
+
+    assert exit_code_of("jpwr", refuse) == 64
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
+    assert all(line.startswith("    ") and not line.startswith("     ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == f"jpwr: error: {problem}. Fix: {fix}"
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_verbs_default_output_is_at_most_160_columns(case: str) -> None:
     printed = (GOLDEN / case / "stdout.txt").read_text().splitlines()

@@ -1,4 +1,5 @@
-"""Pieces the GPU benchmark scripts share: which GPUs a run may use, the printed table, argv splitting."""
+"""Pieces the GPU benchmark scripts share: which GPUs a run may use, the printed table, argv splitting, the
+independent read of the energy counter and a record's steady window beside it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Self
+from typing import Any, Self
 
 from jpwr.output import fmt
 
@@ -25,24 +26,55 @@ def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dic
     return env
 
 
-def first_gpu_uuid() -> str:
-    """The UUID of the one device a single-GPU script runs on and reads the counter of: the first entry of
-    CUDA_VISIBLE_DEVICES (a UUID or its unique prefix, or an NVML index: PCI bus order), else NVML's first GPU.
-    A script given its own GPU of a multi-GPU host (benchmarks/gpu_doc_lines.py --gpus) reads that GPU's counter."""
+def gpu_uuids() -> list[str]:
+    """Every GPU of this machine by NVML's index (PCI bus order)."""
     import pynvml
 
     pynvml.nvmlInit()
-    uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-             for i in range(pynvml.nvmlDeviceGetCount())]
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if not first:
+    return [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())]
+
+
+def first_gpu_uuid(env: Mapping[str, str] | None = None) -> str:
+    """The UUID of the one device a single-GPU script runs on and reads the counter of: the first entry of
+    CUDA_VISIBLE_DEVICES in `env` (default os.environ; a UUID or its unique prefix, or an NVML index: PCI bus
+    order), else NVML's first GPU. A script given its own GPU of a multi-GPU host (benchmarks/gpu_pool.py) reads
+    that GPU's counter."""
+    uuids = gpu_uuids()
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
         return uuids[0]
-    if first.isdigit():
+    first = visible.split(",")[0].strip()
+    if first.isdigit() and int(first) < len(uuids):
         return uuids[int(first)]
-    matches = [u for u in uuids if u.startswith(first)]
+    matches = [u for u in uuids if first and u.startswith(first)]
     if len(matches) != 1:
-        raise SystemExit(f"CUDA_VISIBLE_DEVICES={first!r} names {len(matches)} of this machine's GPUs {uuids}")
+        raise SystemExit(f"CUDA_VISIBLE_DEVICES={visible!r}: its first entry names {len(matches)} of this machine's "
+                         f"{len(uuids)} GPU(s) (indices 0-{len(uuids) - 1}, or {', '.join(uuids)})")
     return matches[0]
+
+
+def steady_against_counter(record: Mapping[str, Any], poller: CounterPoller | None) -> dict[str, Any]:
+    """A record's steady window (length, energy, relative bound) beside the independent counter read of the devices
+    that window metered (n/a without a poller, or where the poller did not read those devices)."""
+    steady = next((w for w in record.get("windows") or [] if w.get("name") == "steady"), None) or {}
+    energy = steady.get("energy") or {}
+    measured, bound = energy.get("energy_j"), energy.get("error_bound_j")
+    row: dict[str, Any] = {"steady s": steady.get("duration_s"), "energy J": measured,
+                           "bound %": None if not measured or bound is None else 100 * bound / measured}
+    uuids = [d.get("uuid") for d in energy.get("per_device") or ()]
+    if poller is None or not measured:
+        return row
+    if not uuids or not all(u in poller.reads for u in uuids):
+        row["deviation %"] = "not compared: the record's devices were not read"
+        return row
+    try:
+        independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], uuids)
+    except ValueError as exc:
+        row["deviation %"] = f"not compared: {exc}"
+    else:
+        row["deviation %"] = 100 * (measured / independent - 1.0)
+    return row
 
 
 def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], digits: int = 6) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import CounterPoller, markdown_table  # noqa: E402
+from benchmarks.common import CounterPoller, markdown_table, steady_against_counter  # noqa: E402
 from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python  # noqa: E402
 
 # Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
@@ -92,24 +92,11 @@ def _records_since(started: float, roots: list[Path]) -> list[Path]:
 
 
 def record_row(path: Path, poller: CounterPoller | None) -> dict[str, Any]:
-    """A record's status, headline energy and steady window beside the independent counter read of the devices the
-    window metered (all of the poller's where the record names none)."""
+    """A record's status and headline energy, its steady window beside the independent counter read."""
     record = json.loads(path.read_text())
     metrics = record.get("metrics") or {}
-    steady = next((w for w in record.get("windows") or [] if w.get("name") == "steady"), None)
     row: dict[str, Any] = {"record": str(path), "status": record.get("status"), "energy_wh": metrics.get("energy_wh"),
-                           "method": metrics.get("energy_method"), "steady s": steady and steady.get("duration_s")}
-    energy = (steady or {}).get("energy") or {}
-    measured = energy.get("energy_j")
-    if poller is not None and steady and measured:
-        try:
-            uuids = [d["uuid"] for d in energy.get("per_device") or () if d.get("uuid") in poller.reads]
-            independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], uuids or None)
-        except ValueError as exc:
-            row["deviation %"] = f"not compared: {exc}"
-        else:
-            row["deviation %"] = 100 * (measured / independent - 1.0)
-            row["bound %"] = 100 * (energy.get("error_bound_j") or 0.0) / measured
+                           "method": metrics.get("energy_method"), **steady_against_counter(record, poller)}
     row["ok"] = row["status"] == "OK" and row["energy_wh"] is not None
     return row
 

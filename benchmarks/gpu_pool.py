@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script from a checkout
+
+from benchmarks import common  # noqa: E402
+
 COPY_LEAVES_OUT = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache",
                                          ".ruff_cache", ".hypothesis")
 
@@ -61,19 +65,15 @@ def read_tasks(path: Path) -> list[Task]:
     return tasks
 
 
-def gpu_uuids() -> list[str]:
-    import pynvml
-
-    pynvml.nvmlInit()
-    raw = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-    return [u.decode() if isinstance(u, bytes) else u for u in raw]
-
-
 def make_workers(uuids: list[str], out: Path) -> list[Worker]:
+    """One worker a GPU, each with a copy of the clone (the pool's own output left out, where it lies inside)."""
+    def leave_out(folder: str, names: list[str]) -> set[str]:
+        return COPY_LEAVES_OUT(folder, names) | ({out.name} if Path(folder).resolve() == out.parent else set())
+
     made = []
     for i, uuid in enumerate(uuids):
         root = out / f"clone-gpu{i}"
-        shutil.copytree(REPO, root, ignore=COPY_LEAVES_OUT, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(REPO, root, ignore=leave_out, symlinks=True, dirs_exist_ok=True)
         made.append(Worker(root, uuid))
     return made
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=None, help="use the first N GPUs (default: all)")
     args = parser.parse_args(argv)
     tasks = read_tasks(args.tasks)
-    uuids = gpu_uuids()
+    uuids = common.gpu_uuids()
     if args.gpus is not None and not 1 <= args.gpus <= len(uuids):
         parser.error(f"--gpus {args.gpus}: this host has {len(uuids)} GPU(s)")
     out = args.out.resolve()

@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpu_uuid, markdown_table  # noqa: E402
+from benchmarks.common import CounterPoller, first_gpu_uuid, markdown_table, steady_against_counter  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -108,24 +108,13 @@ def option_value(work: Workload, setting: dict[str, Any], default: str) -> str:
     return default if value is None else str(value)
 
 
-def record_rows(root: Path, workload: str, poller: CounterPoller, uuid: str) -> list[dict[str, Any]]:
+def record_rows(root: Path, workload: str, poller: CounterPoller) -> list[dict[str, Any]]:
+    """Every run record under `root`: its status and steady window beside the independent counter read."""
     rows = []
     for path in sorted(root.rglob("run_record.json")):
         record = json.loads(path.read_text())
-        steady = next((w for w in record.get("windows") or [] if w.get("name") == "steady"), None) or {}
-        energy = steady.get("energy") or {}
-        row: dict[str, Any] = {"workload": workload, "run": str(path.parent.relative_to(root)),
-                               "status": record.get("status"), "steady s": steady.get("duration_s"),
-                               "energy J": energy.get("energy_j")}
-        if energy.get("energy_j"):
-            try:
-                independent, _ = poller.energy_j(steady["t_start_ns"], steady["t_end_ns"], [uuid])
-            except ValueError as exc:
-                row["deviation %"] = f"not compared: {exc}"
-            else:
-                row["deviation %"] = 100 * (energy["energy_j"] / independent - 1.0)
-                row["bound %"] = 100 * (energy.get("error_bound_j") or 0.0) / energy["energy_j"]
-        rows.append(row)
+        rows.append({"workload": workload, "run": str(path.parent.relative_to(root)), "status": record.get("status"),
+                     **steady_against_counter(record, poller)})
     return rows
 
 
@@ -133,15 +122,17 @@ def one_workload(name: str, work: Workload, out: Path, args: argparse.Namespace)
     base, log = out / name, out / f"{name}.log"
     base.mkdir(parents=True, exist_ok=True)
     labels = {v: (v or "driver-default") for v in work.values}
-    started = time.time()
+    started, failed_runs = time.time(), []
     for value in work.values:
         code = run(argv_of(work, value, base / "front" / labels[value], args), log, args.timeout_s)
         print(f"=== {name} front {labels[value]}: exit {code}", flush=True)
+        failed_runs += [f"front {labels[value]}: exit {code}"] if code != 0 else []
     front = sorted((base / "front").rglob("run_record.json"))
     named = default_named(work, base / "front" / labels[work.values[0]])
     predicted = recommend(front, work, named, base / "predicted.json", log)
     chosen = predicted.get("recommended")
-    result: dict[str, Any] = {"workload": name, "predicted": predicted, "front_s": time.time() - started}
+    result: dict[str, Any] = {"workload": name, "predicted": predicted, "front_s": time.time() - started,
+                              "failed_runs": failed_runs}
     if not chosen or predicted.get("is_default"):
         result["remeasured"] = "nothing to re-measure: the default is recommended" if chosen else "no recommendation"
         return result
@@ -153,7 +144,8 @@ def one_workload(name: str, work: Workload, out: Path, args: argparse.Namespace)
     else:
         for i in range(args.repeats):
             for role, value in (("default", default_value), ("recommended", chosen_value)):
-                run(argv_of(work, value, base / "remeasure" / f"{i}-{role}", args), log, args.timeout_s)
+                code = run(argv_of(work, value, base / "remeasure" / f"{i}-{role}", args), log, args.timeout_s)
+                failed_runs += [f"re-run {i}-{role}: exit {code}"] if code != 0 else []
         again = sorted((base / "remeasure").rglob("run_record.json"))
         final = recommend(front, work, [*named, "--remeasured", *map(str, again)], base / "remeasured.json", log)
     result.update(remeasured=final, total_s=time.time() - started)
@@ -171,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [w for w in args.workloads.split(",") if w]
     unknown = set(names) - set(WORKLOADS)
+    if not names:
+        parser.error(f"--workloads: name one or more of {', '.join(WORKLOADS)}")
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
     out = args.out.resolve()
@@ -180,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with CounterPoller([uuid]) as poller:
         for name in names:
             results.append(one_workload(name, WORKLOADS[name], out, args))
-            rows += record_rows(out / name, name, poller, uuid)
+            rows += record_rows(out / name, name, poller)
             table = markdown_table(rows, ["workload", "run", "status", "steady s", "energy J", "bound %",
                                           "deviation %"], digits=4)
             for name_, text in (("results.json", json.dumps({"runs": rows, "workloads": results}, indent=1,
@@ -190,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     for name in names:
         print(f"\n--- {name}\n" + (out / f"{name}.log").read_text().split("joulebench recommend")[-1][-3000:])
-    return 0
+    failed = [r["workload"] for r in results if r["failed_runs"] or not r["predicted"]]
+    if failed:
+        print(f"failed: {', '.join(failed)} (a run exited non-zero, or recommend wrote no result: see its log)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -58,10 +58,11 @@ def run_joulebench(settings: dict[str, str], args: list[str], rundir: Path, tran
     return done.returncode
 
 
-def point_of(run_ids: list[str], points: list[tuple[dict[str, str], Path]]) -> tuple[dict[str, str], Path]:
-    """The point whose record is the first of `run_ids` (a setting's runs as recommend names them)."""
+def point_of(run_ids: list[str], points: list[tuple[dict[str, str], Path]]) -> tuple[dict[str, str], Path] | None:
+    """The point whose record is the first of `run_ids` (a setting's runs as recommend names them); None if no
+    point's record has that run id."""
     by_id = {json.loads(record.read_text()).get("run_id"): (settings, record) for settings, record in points}
-    return by_id[run_ids[0]]
+    return by_id.get(run_ids[0]) if run_ids else None
 
 
 def rerun_settings(settings: dict[str, str], run_id: str, node: str | None) -> dict[str, str]:
@@ -109,6 +110,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if predicted.get("recommended") is None or predicted.get("is_default"):
         return 0  # the default, or nothing meets the target: nothing to re-measure
     default, chosen = (point_of(predicted[side]["runs"], points) for side in ("default", "recommended"))
+    if default is None or chosen is None:
+        print("jbprofile: recommend: no point of this run directory holds the runs recommend named; nothing re-run")
+        return 0
     node = json.loads(default[1].read_text()).get("launch", {}).get("node_name")
     reruns = []
     for repeat in range(1, args.repeats + 1):
@@ -117,7 +121,21 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             print(f"jbprofile: recommend: re-run {repeat} of the {side} setting ({run_id}"
                   f"{', node ' + node if node else ''})", flush=True)
             reruns.append(rerun(rerun_settings(point_settings, run_id, node), out / f"{side}-{repeat}"))
-    left = [str(r) for r in reruns if r.is_file()]  # a re-run without a record: recommend counts it missing
+    missing = [r for r in reruns if not r.is_file()]
+    for record in missing:
+        say(f"re-run {record.parent.parent.name} left no run record: see {record.parent.parent / 'job.err'}",
+            transcript)
+    left = [str(r) for r in reruns if r.is_file()]
+    if not left:
+        say("no re-run left a run record: the recommendation stays PREDICTED", transcript)
+        return 0
     run_joulebench(settings, [*records, *target, "--remeasured", *left, "--json", str(out / "remeasured.json")],
                    rundir, transcript)
     return 0
+
+
+def say(line: str, transcript: Path) -> None:
+    """A line of the step's own, on its output and in the transcript."""
+    print(f"jbprofile: recommend: {line}", flush=True)
+    with open(transcript, "a") as sink:
+        sink.write(line + "\n")

@@ -160,7 +160,9 @@ def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: di
     except SubmitFailed as exc:
         raise SubmitFailed(f"{exc}; {_cancelled(job_id, finalizer_id)}") from None
     except BaseException:
-        print(_cancelled(job_id, finalizer_id), file=sys.stderr)
+        said = _cancelled(job_id, finalizer_id)
+        print(said, file=sys.stderr)  # the provisional PENDING row must not outlive the job it names
+        write_atomic(Path(settings["JB_WORKDIR"]) / RESULT_FILE, failed_result(f"submission interrupted; {said}"))
         raise
     return job_id, finalizer_id
 

@@ -97,7 +97,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
     m.add_argument("--objective", choices=OBJECTIVES, default=None,
                    help="how --decode-tuning auto chooses the variant per batch shape (static engine): speed = the "
                         f"faster replayed step (default: {DEFAULT_OBJECTIVE}), energy = the least energy per step "
-                        "(replayed time × metered power), edp = energy × time; without a sensor: by speed")
+                        "(replayed time × metered power; needs --energy-methods or `jpwr --`), edp = energy × time")
     if engines:
         m.add_argument("--engine", choices=ENGINES, default="static",
                        help="static: own model code, static KV cache, decode steps replayed as CUDA graphs "

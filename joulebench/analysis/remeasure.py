@@ -11,7 +11,7 @@ Bound of a measured side (relative): the meter's largest bound over its repeats 
 their mean, the two worst cases added as joulebench.savings adds them; the measured saving's bound is the sum of
 the two sides'. The predicted and the measured saving agree where they differ by no more than their two bounds.
 The re-runs are held to the target too (slowdown against the re-run default, latency limits, throughput): on one
-H100 a batch-1 recommendation predicted at +4.3 % time re-measured at +11 % (docs/BENCHMARKS.md, wave 4 session 3),
+H100 a batch-1 recommendation predicted at +4.3 % time re-measured at +11.9 % (by tokens/s; docs/BENCHMARKS.md),
 so a saving alone does not confirm a recommendation.
 """
 
@@ -119,10 +119,11 @@ class Remeasured:
         verdict = {True: "agrees with the prediction (within the combined bounds)",
                    False: "DISAGREES with the prediction (beyond the combined bounds): the sweep's figure did not hold",
                    None: "agreement n/a (a bound is n/a)"}[self.agrees]
+        assert self.slowdown is not None  # set wherever the saving was measured (compared)
         held = ("meets the target" if not self.misses else
                 f"MISSES the target ({'; '.join(self.misses)}): the recommendation is not confirmed")
         return [f"{head}; measured saving {self.measured.words()} (bound: meter + repeats' spread): {verdict}",
-                f"re-measured time per unit {100 * (self.slowdown or 0.0):+.2f} % against the default: {held}",
+                f"re-measured time per unit {100 * self.slowdown:+.2f} % against the default: {held}",
                 f"default runs: {', '.join(r.record.run_id for r in self.default.runs)}; recommended runs: "
                 f"{', '.join(r.record.run_id for r in self.recommended.runs)}",
                 *[f"problem: {p}" for p in self.problems]]

@@ -36,7 +36,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 RESULTS = REPO / "benchmarks" / "results"
-BASELINE_DAY_AFTER = "2026-11-27"  # results folders are named by day; 26b2573 shipped those before this one
+# The results folders 26b2573 shipped (`git ls-tree 26b2573 benchmarks/results/`); later ones are not in the goldens
+BASELINE_FOLDERS = (
+    "2026-11-22-h100-inference", "2026-11-22-h100-jpwr", "2026-11-22-h100-llm800M", "2026-11-22-h100-perf",
+    "2026-11-22-h100-resnet50", "2026-11-22-h200-jpwr", "2026-11-22-h200x2-scaling", "2026-11-22-session2",
+    "2026-11-23-inference-engine", "2026-11-23-session3", "2026-11-23-session4", "2026-11-24-inference",
+    "2026-11-24-session5", "2026-11-25-session10", "2026-11-25-session7", "2026-11-25-session9",
+    "2026-11-26-session11", "2026-11-26-session12", "2026-11-26-session13",
+)
 CPU_REPLAY = REPO / "tests" / "reports" / "data" / "resnet50_cpu_replay"
 SERVING_SWEEP = RESULTS / "2026-11-25-session10" / "serving-final" / "sweep"
 SESSION9 = RESULTS / "2026-11-25-session9" / "lifecycle"
@@ -81,11 +88,10 @@ def _records(*folders: str) -> list[str]:
 
 
 def _all_records() -> list[str]:
-    """Every run record shipped at 26b2573: its results folders (later sessions' are not in the baselines), the
-    session-5 record kept under its own name, the CPU replay."""
-    folders = [str(p) for p in sorted(RESULTS.iterdir()) if p.is_dir() and p.name < BASELINE_DAY_AFTER]
-    return [*folders, str(RESULTS / "2026-11-24-session5" / "inference-compiled-decode" /
-                          "llama8b_bs448_run_record.json"), str(CPU_REPLAY)]
+    """Every run record shipped at 26b2573: its results folders, the session-5 record kept under its own name, the
+    CPU replay."""
+    session5 = RESULTS / "2026-11-24-session5" / "inference-compiled-decode" / "llama8b_bs448_run_record.json"
+    return [*(str(RESULTS / folder) for folder in BASELINE_FOLDERS), str(session5), str(CPU_REPLAY)]
 
 
 CASES = [

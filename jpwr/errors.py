@@ -155,11 +155,15 @@ def _internal(prog: str, exc: Exception, debug: bool) -> int:
 
 
 def _report(prog: str, message: str, code: int, debug: bool, details: Sequence[str] = ()) -> int:
-    """The error on stderr, after its details; each wrapped to WIDTH columns, its further lines indented."""
+    """The error on stderr after its details, each detail wrapped to WIDTH columns. The error line itself is wrapped
+    on a terminal only: in a log or a pipe it stays one line, which the JUBE recorder (jbrecord.py, the row's note
+    from job.err) and a user's grep read whole."""
     if debug:
         traceback.print_exc()
-    for line in [*(f"{prog}: {detail}" for detail in details), f"{prog}: error: {message}"]:
-        print(_wrapped(line), file=sys.stderr)
+    for detail in details:
+        print(_wrapped(f"{prog}: {detail}"), file=sys.stderr)
+    line = f"{prog}: error: {message}"
+    print(_wrapped(line) if sys.stderr.isatty() else line, file=sys.stderr)
     return code
 
 

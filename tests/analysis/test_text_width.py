@@ -55,21 +55,44 @@ def test_an_errors_details_go_above_it_one_a_line_each_within_the_width(capsys) 
     assert all(line.startswith(("joulebench plan: run r", "    ")) for line in lines[:-1])
 
 
-def test_a_long_error_wraps_within_the_width_and_keeps_every_word(capsys) -> None:
-    """An error without a list can still be long (a fix naming several options): it wraps at spaces, its further
-    lines indented; joined again it is the message, word for word."""
-    problem = "--energy-methods nvml,rapl,amdsmi asks for sensors this machine lacks: " + ", ".join(
-        f"/sys/class/powercap/intel-rapl:{i}/energy_uj is not readable" for i in range(4))
-    fix = "run as a user who may read the counters (sudo chmod o+r ...), or leave those methods out of --energy-methods"
+LONG_PROBLEM = "--energy-methods nvml,rapl,amdsmi asks for sensors this machine lacks: " + ", ".join(
+    f"/sys/class/powercap/intel-rapl:{i}/energy_uj is not readable" for i in range(4))
+LONG_FIX = "run as a user who may read the counters (sudo chmod o+r ...), or leave them out of --energy-methods"
+REFUSE = ("import sys; from jpwr.errors import ValidationError, exit_code_of\n"
+          "def refuse(): raise ValidationError(sys.argv[1], sys.argv[2])\n"
+          "sys.exit(exit_code_of('jpwr', refuse))")
 
+
+def test_a_long_error_wraps_on_a_terminal_and_keeps_every_word() -> None:
+    """An error without a list can still be long (a fix naming several options): on a terminal (a pty here) it
+    wraps at spaces, its further lines indented; joined again it is the message, word for word."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    try:
+        primary, secondary = pty.openpty()
+    except OSError as exc:  # a container without /dev/pts
+        pytest.skip(f"no pseudo-terminal here: {exc}")
+    proc = subprocess.run([sys.executable, "-c", REFUSE, LONG_PROBLEM, LONG_FIX], stderr=secondary, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    os.close(secondary)
+    printed = os.read(primary, 65536).decode()
+    os.close(primary)
+    lines = printed.replace("\r\n", "\n").strip("\n").splitlines()
+    assert proc.returncode == 64 and len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
+    assert all(line.startswith("    ") and not line.startswith("     ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == f"jpwr: error: {LONG_PROBLEM}. Fix: {LONG_FIX}"
+
+
+def test_in_a_log_or_a_pipe_the_error_stays_one_line(capsys) -> None:
+    """The JUBE recorder takes a row's note from the job's stderr log, and users grep logs: one line each."""
     def refuse() -> int:
-        raise ValidationError(problem, fix)
+        raise ValidationError(LONG_PROBLEM, LONG_FIX)
 
     assert exit_code_of("jpwr", refuse) == 64
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
-    assert all(line.startswith("    ") and not line.startswith("     ") for line in lines[1:])
-    assert " ".join(line.strip() for line in lines) == f"jpwr: error: {problem}. Fix: {fix}"
+    assert capsys.readouterr().err == f"jpwr: error: {LONG_PROBLEM}. Fix: {LONG_FIX}\n"
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -8,6 +8,7 @@ Slurm produces (a finalizer sbatch refuses) are tested against it in test_profil
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,15 @@ def test_an_interruption_between_the_two_sbatch_calls_cancels_the_held_job(
     monkeypatch.setenv("FAKE_FINALIZER", "interrupt")  # SIGINT to submit while it waits for the finalizer's sbatch
     monkeypatch.setenv("FAKE_SCANCEL", "ok")
     settings, path = _settings(tmp_path)
-    with pytest.raises(KeyboardInterrupt):
-        jbsubmit.submit_with_finalizer(settings, path, dict(os.environ))
+    # Ctrl-C as an interactive `jube run` gets it: Python's own handler (a test worker may have been started with
+    # another, and the suite's order decides which runs before this test)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jbsubmit.submit_with_finalizer(settings, path, dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "JB status=FAILED" in (tmp_path / "work" / "result.txt").read_text()  # not the PENDING row it had
     assert "scancel 101" in fake_slurm.read_text().splitlines()
     assert "job 101 was cancelled before it started" in capsys.readouterr().err
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import CounterPoller, markdown_table, steady_against_counter  # noqa: E402
 from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python  # noqa: E402
+from jpwr.output import write_atomic  # noqa: E402
 
 # Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
 EXCLUDED: tuple[tuple[str, str], ...] = (
@@ -133,9 +134,8 @@ def write_results(rows: list[dict[str, Any]], out: Path) -> str:
                                   "bound %", "deviation %"], digits=4)
     table += f"\n\nlines: {len(rows)}, passed: {sum(r['result'] == 'pass' for r in rows)}; wall s summed (one GPU " \
              f"running them in turn): {sum(r['wall s'] for r in rows):.0f}\n"
-    for name, text in (("results.json", json.dumps(rows, indent=1, default=str)), ("results.md", table)):
-        (out / f".{name}.tmp").write_text(text)
-        os.replace(out / f".{name}.tmp", out / name)
+    write_atomic(out / "results.json", json.dumps(rows, indent=1, default=str))
+    write_atomic(out / "results.md", table)
     return table
 
 

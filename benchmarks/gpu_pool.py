@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from benchmarks import common  # noqa: E402
+from jpwr.output import write_atomic  # noqa: E402
 
 COPY_LEAVES_OUT = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache",
                                          ".ruff_cache", ".hypothesis")
@@ -107,8 +108,7 @@ def run_pool(tasks: list[Task], workers: list[Worker], out: Path) -> list[dict[s
             row = run_task(task, worker, out)
             with lock:
                 rows.append(row)
-                (out / ".pool.json").write_text(json.dumps(rows, indent=1))
-                os.replace(out / ".pool.json", out / "pool.json")
+                write_atomic(out / "pool.json", json.dumps(rows, indent=1))
 
     threads = [threading.Thread(target=work, args=(w,), name=f"gpu-{i}") for i, w in enumerate(workers)]
     for thread in threads:

@@ -12,14 +12,14 @@ first value of a workload is the driver's default (an empty value: the option le
 is re-measured by `joulebench recommend --remeasure` (the product's own re-runs); the others by this script, default
 and recommendation alternating twice, read back with `recommend --remeasured`. A thread of this process reads the
 GPU's NVML energy counter throughout (benchmarks.common.CounterPoller, no jpwr code): every record's steady window
-is compared with that read. Writes results.md (one row per run, then each recommendation's lines) and results.json.
+is compared with that read. Writes results.md (one row per run) and results.json (the rows and each workload's
+recommend JSON) after every workload; each workload's recommend lines are in <workload>.log and printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from benchmarks.common import CounterPoller, first_gpu_uuid, markdown_table, steady_against_counter  # noqa: E402
+from jpwr.output import write_atomic  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -177,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += record_rows(out / name, name, poller)
             table = markdown_table(rows, ["workload", "run", "status", "steady s", "energy J", "bound %",
                                           "deviation %"], digits=4)
-            for name_, text in (("results.json", json.dumps({"runs": rows, "workloads": results}, indent=1,
-                                                             default=str)), ("results.md", table + "\n")):
-                (out / f".{name_}").write_text(text)
-                os.replace(out / f".{name_}", out / name_)
+            write_atomic(out / "results.json", json.dumps({"runs": rows, "workloads": results}, indent=1, default=str))
+            write_atomic(out / "results.md", table + "\n")
     print(table)
     for name in names:
         print(f"\n--- {name}\n" + (out / f"{name}.log").read_text().split("joulebench recommend")[-1][-3000:])

@@ -53,7 +53,7 @@ from jbchecks import (
     stop_margin_s,
     yes_or_no,
 )
-from jbsettings import SETUP_FAILED, job_python, read_settings, write_settings
+from jbsettings import SETUP_FAILED, bound_env, job_python, read_settings, write_settings
 from jbshell import check_command_values
 from jbsystems import (
     FLAG_TAGS,
@@ -443,10 +443,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     settings = read_settings(points[0])
     rundir = str(Path(args.rundir).resolve())
     argv = job_python(settings, [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir", rundir])
-    env = dict(os.environ)
-    if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the points' records and writes compare/
-        env[bind_var] = ",".join(filter(None, [env.get(bind_var), rundir]))
-    code = subprocess.call(argv, env=env)
+    code = subprocess.call(argv, env=bound_env(settings, Path(rundir)))  # the image reads records, writes compare/
     if code != 0:
         print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
               file=sys.stderr)

@@ -19,50 +19,51 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from jbsettings import SETTINGS_FILE, job_python, read_settings, write_settings
+from jbsettings import SETTINGS_FILE, bound_env, job_python, read_settings, write_settings
 
 JUBE_DIR = Path(__file__).resolve().parent
 REPO = JUBE_DIR.parent
 OUTPUT_DIR = "recommend"  # in the JUBE run directory
 
 
-def finished_points(rundir: Path) -> list[tuple[dict[str, str], Path]]:
-    """(settings, run record) of every point that ran and left a record."""
+@dataclass(frozen=True)
+class Point:
+    """A sweep point that ran and left a run record."""
+
+    settings: dict[str, str]
+    record: Path
+    run_id: str
+    node: str | None  # the node the record names (launch.node_name)
+
+
+def finished_points(rundir: Path) -> list[Point]:
     found = []
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
         settings = read_settings(env_path)
         record = Path(settings.get("JB_OUT_DIR", "")) / "run_record.json"
         if settings.get("JB_STATUS") != "INVALID" and record.is_file():
-            found.append((settings, record))
+            data = json.loads(record.read_text())
+            found.append(Point(settings, record, data.get("run_id", ""), data.get("launch", {}).get("node_name")))
     return found
 
 
 def run_joulebench(settings: dict[str, str], args: list[str], rundir: Path, transcript: Path) -> int:
     """`joulebench recommend ...` with the job's Python (as the compare step runs jbrecord.py); its output printed
     and appended to the transcript."""
-    env = dict(os.environ)
-    if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):  # the image reads the records and writes recommend/
-        env[bind_var] = ",".join(filter(None, [env.get(bind_var), str(rundir), str(REPO)]))
-    done = subprocess.run(job_python(settings, ["-m", "joulebench", "recommend", *args]), cwd=REPO, env=env,
+    done = subprocess.run(job_python(settings, ["-m", "joulebench", "recommend", *args]), cwd=REPO,
+                          env=bound_env(settings, rundir, REPO),  # the image reads the records, writes recommend/
                           capture_output=True, text=True, check=False)
     text = done.stdout + done.stderr
     print(text, end="", flush=True)
     with open(transcript, "a") as sink:
         sink.write(f"$ joulebench recommend {shlex.join(args)}\n{text}\n")
     return done.returncode
-
-
-def point_of(run_ids: list[str], points: list[tuple[dict[str, str], Path]]) -> tuple[dict[str, str], Path] | None:
-    """The point whose record is the first of `run_ids` (a setting's runs as recommend names them); None if no
-    point's record has that run id."""
-    by_id = {json.loads(record.read_text()).get("run_id"): (settings, record) for settings, record in points}
-    return by_id.get(run_ids[0]) if run_ids else None
 
 
 def rerun_settings(settings: dict[str, str], run_id: str, node: str | None) -> dict[str, str]:
@@ -100,8 +101,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     out.mkdir(exist_ok=True)
     transcript = out / "recommend.txt"
     transcript.write_text("")
-    settings = points[0][0]
-    records = [str(record) for _, record in points]
+    settings = points[0].settings
+    records = [str(point.record) for point in points]
     predicted_json = out / "predicted.json"
     run_joulebench(settings, [*records, *target, "--json", str(predicted_json)], rundir, transcript)
     if not predicted_json.is_file():
@@ -109,18 +110,20 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     predicted = json.loads(predicted_json.read_text())
     if predicted.get("recommended") is None or predicted.get("is_default"):
         return 0  # the default, or nothing meets the target: nothing to re-measure
-    default, chosen = (point_of(predicted[side]["runs"], points) for side in ("default", "recommended"))
+    by_run_id = {point.run_id: point for point in points}
+    default, chosen = (by_run_id.get(next(iter(predicted[side]["runs"]), ""))  # a setting's first run
+                       for side in ("default", "recommended"))
     if default is None or chosen is None:
         print("jbprofile: recommend: no point of this run directory holds the runs recommend named; nothing re-run")
         return 0
-    node = json.loads(default[1].read_text()).get("launch", {}).get("node_name")
+    node = default.node
     reruns = []
     for repeat in range(1, args.repeats + 1):
-        for side, (point_settings, _) in (("default", default), ("recommended", chosen)):
-            run_id = f"{point_settings['JB_RUN_ID']}-{side}-{repeat}"
+        for side, point in (("default", default), ("recommended", chosen)):
+            run_id = f"{point.settings['JB_RUN_ID']}-{side}-{repeat}"
             print(f"jbprofile: recommend: re-run {repeat} of the {side} setting ({run_id}"
                   f"{', node ' + node if node else ''})", flush=True)
-            reruns.append(rerun(rerun_settings(point_settings, run_id, node), out / f"{side}-{repeat}"))
+            reruns.append(rerun(rerun_settings(point.settings, run_id, node), out / f"{side}-{repeat}"))
     missing = [r for r in reruns if not r.is_file()]
     for record in missing:
         say(f"re-run {record.parent.parent.name} left no run record: see {record.parent.parent / 'job.err'}",

@@ -6,6 +6,7 @@ jbsubmit.py) and in the job (jbrecord.py).
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -49,6 +50,15 @@ def job_python(settings: dict[str, str], args: list[str]) -> list[str]:
     """The job's Python with `args`, where the job runs it: after the setup lines, inside the container prefix."""
     container = shlex.split(settings.get("JB_CONTAINER", ""))
     return in_profile_shell(settings["JB_SETUP"], [*container, settings["JB_PYTHON"], *args])
+
+
+def bound_env(settings: dict[str, str], *paths: Path) -> dict[str, str]:
+    """This environment, with `paths` added to the container image's bind variable where the profile names one: a
+    login-node step that runs the job's Python in the image reads and writes there."""
+    env = dict(os.environ)
+    if bind_var := settings.get("JB_CONTAINER_BIND_VAR"):
+        env[bind_var] = ",".join(filter(None, [env.get(bind_var), *map(str, paths)]))
+    return env
 
 
 def provisional_result(status: str, note: str, job_id: str) -> str:

@@ -77,9 +77,9 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg, shape = _checked(args)
     launch = LaunchEnv.from_env()
-    validation.check_launch(launch.world_size, len(cfg.points), bool(os.environ.get("JPWR_ADDR")), cfg.tensor_parallel,
-                            launch.num_nodes)
-    validation.check_objective_sensor(cfg, bool(os.environ.get("JPWR_ADDR")))
+    external_sampler = bool(os.environ.get("JPWR_ADDR"))
+    validation.check_launch(launch.world_size, len(cfg.points), external_sampler, cfg.tensor_parallel, launch.num_nodes)
+    validation.check_objective_sensor(cfg, external_sampler)
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
     from joulebench.torch_device import resolve_device
     from llm_inference import runner

@@ -11,6 +11,8 @@ PROF, $OUT) or the carried megatron-core wheel (PATH). A line passes when it exi
 says OK with energy (a line that writes no record, such as `joulebench report`, passes on its exit code). A thread
 reads every GPU's NVML energy counter throughout (benchmarks.common.CounterPoller, no jpwr code): each record's
 steady window is compared with that read. Lines that depend on an earlier one (a report of a sweep) run after it.
+A command that several docs show word for word (the README's quick start, again in docs/llm_training.md) runs once:
+its later lines get that run's row, marked with the line that ran it.
 Results are written after every line (results.json, results.md), so a run stopped midway keeps what it measured;
 benchmarks/gpu_pool.py runs several of these on a multi-GPU host, a GPU and a copy of the clone each.
 The CPU suite checks the selection and the exclusions (tests/benchmarks/test_gpu_doc_lines.py).
@@ -46,8 +48,8 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
     ("--nproc 2", "several GPUs: run in the whole-node issue's calls on a multi-GPU host"),
     ("jube run", "submits to a cluster system's Slurm partition (--tag H100); the local system's JUBE line runs in "
                  "tests/jube and the whole-node calls"),
-    ("the full table", "a benchmark script's full table (8-30 min): its quick check beside it runs here; the full "
-                       "run is the one docs/BENCHMARKS.md records"),
+    ("the full table", "a benchmark script's full table (8-30 min): its run is the one docs/BENCHMARKS.md records "
+                       "(the script's CPU smoke line runs in the CPU suite)"),
     ("--url http://", "needs the OpenAI-compatible server the doc starts first; benchmarks/endpoint_h100.py measures "
                       "that pair"),
 )
@@ -124,14 +126,20 @@ def run_line(line: DocLine, out: Path, timeout_s: float, poller: CounterPoller |
     return row
 
 
+def same_run(line: DocLine, first: dict[str, Any]) -> dict[str, Any]:
+    """The row of a line whose command ran already, word for word, under another doc line: that run's result."""
+    print(f"=== {line.where}: the same command as {first['line']}: its run counts", flush=True)
+    return {**first, "line": line.where, "wall s": 0.0, "same as": first["line"]}
+
+
 def write_results(rows: list[dict[str, Any]], out: Path) -> str:
     """results.json and results.md (one row per record), written whole each time: a stopped run keeps its lines."""
-    flat = [{"line": r["line"], "gpu": r["gpu"][:12], "result": r["result"], "exit": str(r["exit"]),
-             "wall s": r["wall s"], **{k: d.get(k) for k in ("status", "energy_wh", "steady s", "bound %",
-                                                               "deviation %")}}
+    columns = ["line", "same run as", "gpu", "result", "exit", "wall s", "status", "energy_wh", "steady s", "bound %",
+               "deviation %"]
+    flat = [{"line": r["line"], "same run as": r.get("same as", ""), "gpu": r["gpu"][:12], "result": r["result"],
+             "exit": str(r["exit"]), "wall s": r["wall s"], **{k: d.get(k) for k in columns[6:]}}
             for r in rows for d in (r["detail"] or [{}])]
-    table = markdown_table(flat, ["line", "gpu", "result", "exit", "wall s", "status", "energy_wh", "steady s",
-                                  "bound %", "deviation %"], digits=4)
+    table = markdown_table(flat, columns, digits=4)
     table += f"\n\nlines: {len(rows)}, passed: {sum(r['result'] == 'pass' for r in rows)}; wall s summed (one GPU " \
              f"running them in turn): {sum(r['wall s'] for r in rows):.0f}\n"
     write_atomic(out / "results.json", json.dumps(rows, indent=1, default=str))
@@ -148,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lines = gpu_lines()
     if args.list:
+        first_of: dict[str, str] = {}
         for line in lines:
-            print(f"{line.where}: {'not run: ' + line.excluded if line.excluded else 'runs'}\n    {line.command}")
+            state = "not run: " + line.excluded if line.excluded else "runs"
+            if not line.excluded and first_of.setdefault(line.command, line.where) != line.where:
+                state = f"runs once: the same command as {first_of[line.command]}"
+            print(f"{line.where}: {state}\n    {line.command}")
         return 0
     wanted = [w for w in args.only.split(",") if w]
     unknown = set(wanted) - {line.where for line in lines}
@@ -160,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    ran: dict[str, dict[str, Any]] = {}  # command -> the row of the line that ran it
     with CounterPoller() as poller:
         for line in chosen:
-            rows.append(run_line(line, out, args.timeout_s, poller))
+            first = ran.get(line.command)
+            rows.append(same_run(line, first) if first else run_line(line, out, args.timeout_s, poller))
+            ran.setdefault(line.command, rows[-1])
             write_results(rows, out)
     print(write_results(rows, out))
     return 0 if all(r["result"] == "pass" for r in rows) else 1

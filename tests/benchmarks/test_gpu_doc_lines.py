@@ -47,3 +47,18 @@ def test_a_record_passes_only_when_ok_with_energy(tmp_path: Path):
     row = script.record_row(unmeasured, None)
     assert (row["status"], row["energy_wh"], row["ok"]) == ("OK", None, False)
 
+
+
+def test_a_command_shown_in_several_docs_runs_once(tmp_path: Path, capsys):
+    assert script.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "docs/llm_training.md:" in listed  # the quick start again: its run counts for it
+    assert "runs once: the same command as README.md:" in listed
+    first = {"line": "README.md:58", "exit": 0, "wall s": 190.0, "records": 1, "gpu": "GPU-1", "result": "pass",
+             "detail": [{"status": "OK", "energy_wh": 8.0, "steady s": 41.0, "bound %": 0.2, "deviation %": 0.05}]}
+    again = script.same_run(script.DocLine("docs/llm_training.md:23", "jpwr ...", "GPU only"), first)
+    assert (again["line"], again["same as"], again["wall s"], again["result"]) == ("docs/llm_training.md:23",
+                                                                                 "README.md:58", 0.0, "pass")
+    table = script.write_results([first, again], tmp_path)
+    assert "| docs/llm_training.md:23 | README.md:58 |" in table
+    assert "wall s summed (one GPU running them in turn): 190" in table  # the run counted once

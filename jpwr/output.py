@@ -135,3 +135,11 @@ def fmt(value: float | None, digits: int = 4) -> str:
     if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
         return str(int(value))
     return f"{value:.{digits}g}"
+
+
+def readable(value: float | None) -> str:
+    """A figure for people: whole numbers from 100 up (1980 MHz, 65612 tokens/s, not 1.98e+03), 4 digits below;
+    n/a for None."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 4)

@@ -35,6 +35,7 @@ from joulebench.record_types import Metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, WindowMeter
+from jpwr.output import readable
 from jpwr.trace import TraceData, load_trace
 from llm_inference import memory, metrics, shards, tensor_parallel, validation
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
@@ -245,9 +246,9 @@ def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.d
 
 
 def shown(metrics: Mapping[str, Any], key: str, scale: float = 1.0) -> str:
-    """A figure for a progress line: four significant digits, n/a where it is missing."""
+    """A figure for a progress line, for people (13690 tokens/s, not 1.369e+04), n/a where it is missing."""
     value = metrics.get(key)
-    return "n/a" if value is None else f"{value * scale:.4g}"
+    return readable(None if value is None else value * scale)
 
 
 def _progress(record: RunRecord) -> str:

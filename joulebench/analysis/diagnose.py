@@ -22,7 +22,7 @@ from joulebench.figures import number_problem, rejection, work_unit
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
 from joulebench.savings import relative_bound, saving
-from jpwr.output import fmt
+from jpwr.output import fmt, readable
 
 # A latent metric "moved" when it changed by more than this fraction (utilisation: points, see _moved).
 MOVED_FRACTION = 0.05
@@ -167,13 +167,6 @@ def latent_changes(a: Mapping[str, float], b: Mapping[str, float], cost_a: UnitC
         if va is not None and vb is not None and va != vb:
             moved.append(_change_words(label, float(va), float(vb), 1.0, ""))
     return moved, steady
-
-
-def readable(value: float | None) -> str:
-    """Whole numbers from 100 up (1980 MHz, 65612 tokens/s, not 1.98e+03), 4 digits below; n/a for None."""
-    if value is None:
-        return "n/a"
-    return f"{value:.0f}" if abs(value) >= 100 else fmt(value, 4)
 
 
 def percent(fraction: float | None) -> str:

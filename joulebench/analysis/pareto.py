@@ -23,7 +23,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from joulebench.analysis.diagnose import percent, readable, work_unit
+from joulebench.analysis.diagnose import percent, work_unit
 from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
 from joulebench.analysis.text_width import fitted
@@ -33,7 +33,7 @@ from joulebench.device_settings.record import RecordedSettings, recorded_setting
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
-from jpwr.output import fmt
+from jpwr.output import fmt, readable
 
 if TYPE_CHECKING:  # recommend imports this module: its marks are computed in main, imported there
     from joulebench.analysis.recommend import FrontMarks

@@ -32,7 +32,6 @@ from joulebench.analysis.diagnose import (
     UnitCost,
     diagnose,
     percent,
-    readable,
     unit_cost,
     work_unit,
 )
@@ -55,7 +54,7 @@ from joulebench.record import (
 )
 from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
-from jpwr.output import fmt, utc_now, write_atomic
+from jpwr.output import fmt, readable, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from joulebench.analysis.diagnose import readable
 from joulebench.analysis.report import load_runs, table_rows
 from joulebench.record import RunRecord, read_run_record
 from jpwr import Window, WindowEnergy
+from jpwr.output import readable
 from tests.jube.test_profile import CLEAN_ENV, jbprofile
 from tests.jube.test_record_fields import fields, jbrecord, job_dir
 

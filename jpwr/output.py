@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_paths", "fmt", "json_text", "readable", "utc_now", "write_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "atomic_paths", "fmt", "json_text", "readable", "utc_now", "write_atomic",
+           "write_json_atomic"]
 
 
 def utc_now() -> str:

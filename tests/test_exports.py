@@ -157,12 +157,15 @@ def _lifecycle_run(out: Path, metrics: dict[str, object]) -> tuple[int, list[str
     return run.exit_code, read_run_record(out / "run_record.json").warnings
 
 
-def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path) -> None:
+def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path, capsys) -> None:
     (tmp_path / "tensorboard").write_text("a file where TensorBoard needs its directory")
     exit_code, warnings = _lifecycle_run(tmp_path, {})
     assert exit_code == 0
     assert any(w.startswith("--log-to: tensorboard could not be opened and was left out: ") and
                "not a directory" in w.lower() for w in warnings)  # TensorFlow's words or its stub's
+    said = [line for line in capsys.readouterr().err.splitlines() if "--log-to: " in line]
+    assert len(said) == 1  # on stderr as the run starts, once (not again when the tools close)
+    assert said[0].startswith("[resnet50] warning: --log-to: tensorboard could not be opened and was left out: ")
 
 
 def test_the_tools_get_the_status_the_record_is_written_with(tmp_path: Path) -> None:

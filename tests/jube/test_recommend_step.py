@@ -34,7 +34,7 @@ def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the
         jube_env: dict[str, str], tmp_path: Path) -> None:
     env = with_fake_nvml(jube_env)
     # one word, as a user may write it: the step passes the target as one --target=... argument
-    env.update(JOULEBENCH_SWEEP_BATCH_SIZE="1,4", JOULEBENCH_SWEEP_STEADY_SECONDS="3",
+    env.update(JOULEBENCH_SWEEP_BATCH_SIZE="1,16", JOULEBENCH_SWEEP_STEADY_SECONDS="3",
                JOULEBENCH_RECOMMEND="--min-coverage=0")
     jube_run(INFERENCE_XML, ["tiny"], tmp_path / "runs", env)  # exit 0: a refusal does not fail the workflow
     (rundir,) = (tmp_path / "runs").glob("000000")
@@ -56,12 +56,12 @@ def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the
     out = rundir / "recommend"
     if not (out / "predicted.json").is_file() or json.loads((out / "predicted.json").read_text())["is_default"]:
         # the CPU runs of a loaded machine (the suite's own workers) can leave a point out (figures rejected: a
-        # negative decode split) or measure batch 4 within the bounds of batch 1: then there is nothing to re-run
+        # negative decode split) or measure batch 16 within the bounds of batch 1: then there is nothing to re-run
         pytest.skip("this machine's sweep gave no recommendation to re-run: " + step.stdout.strip()[-300:])
     predicted = json.loads((out / "predicted.json").read_text())
     assert predicted["default"]["setting"]["batch_size"] == "1" and not predicted["is_default"]
     chosen = predicted["recommended"]["setting"]["batch_size"]
-    assert chosen == "4"  # the only other setting; four sequences a step cost the tiny model less per token
+    assert chosen == "16"  # the only other setting; sixteen sequences a step cost the tiny model far less per token
 
     reruns = ["default-1", "recommended-1", "default-2", "recommended-2"]
     assert step.stdout.index("re-run 1 of the default") < step.stdout.index("re-run 1 of the recommended") \
@@ -70,7 +70,7 @@ def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the
     for name in reruns:
         settings = read_settings(out / name / "job.env")
         record = json.loads((out / name / "run" / "run_record.json").read_text())
-        point = by_batch[1 if name.startswith("default") else 4]
+        point = by_batch[1 if name.startswith("default") else 16]
         assert record["config"]["batch_size"] == point["config"]["batch_size"]
         assert record["run_id"] == settings["JB_RUN_ID"] == f"{point['run_id']}-{name}"  # its own, not the point's
         assert record["launch"]["node_name"] == by_batch[1]["launch"]["node_name"]
@@ -78,7 +78,7 @@ def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the
     assert text.count("$ joulebench recommend") == 2 and "--remeasured" in text and "re-measured (" in text
     remeasured = json.loads((out / "remeasured.json").read_text())["remeasured"]
     # each re-run is counted on its side, or named with the reason it was left out (a loaded machine: disturbed)
-    ids = {f"{by_batch[1 if name.startswith('default') else 4]['run_id']}-{name}" for name in reruns}
+    ids = {f"{by_batch[1 if name.startswith('default') else 16]['run_id']}-{name}" for name in reruns}
     counted = set(remeasured["default_runs"]) | set(remeasured["recommended_runs"])
     named = {i for i in ids for problem in remeasured["problems"] if problem.startswith(f"{i}: ")}
     assert counted | named == ids and not counted & named

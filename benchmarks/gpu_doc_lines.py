@@ -49,7 +49,7 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
     ("jube run", "submits to a cluster system's Slurm partition (--tag H100); the local system's JUBE line runs in "
                  "tests/jube and the whole-node calls"),
     ("the full table", "a benchmark script's full table (8-30 min): its run is the one docs/BENCHMARKS.md records "
-                       "(the script's CPU smoke line runs in the CPU suite)"),
+                       "(the CPU suite runs its CPU smoke line where the doc shows one, else checks its options)"),
     ("--url http://", "needs the OpenAI-compatible server the doc starts first; benchmarks/endpoint_h100.py measures "
                       "that pair"),
 )

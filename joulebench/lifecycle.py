@@ -380,8 +380,8 @@ class Lifecycle:
         try:
             try:
                 if log_to and self.launch.is_global_zero:
-                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark, self.stop.local_reason)
-                    self._say_tool_problems(run.exports.problems)
+                    run.exports = Exports(log_to, run.out_dir, run_id, self.benchmark, self.stop.local_reason,
+                                          say=self._say_tool_problem)
                 yield run
             except StopRequested as stopped:
                 record.status, record.status_reason = self.stop.stopped_status(), str(stopped)
@@ -408,11 +408,10 @@ class Lifecycle:
         if run.exit_code == 0:
             run.exit_code = self.stop.exit_code(record.status)
 
-    def _say_tool_problems(self, problems: Sequence[str]) -> None:
+    def _say_tool_problem(self, problem: str) -> None:
         """A --log-to tool left out or dropped, on stderr when it happens: the user watching the run need not wait
         for the record's warnings to learn that MLflow or W&B gets nothing."""
-        for problem in problems:
-            print(f"[{self.benchmark}] warning: --log-to: {problem}", file=sys.stderr, flush=True)
+        print(f"[{self.benchmark}] warning: --log-to: {problem}", file=sys.stderr, flush=True)
 
     def _write(self, run: Run, metrics: Callable[[RunRecord], Metrics]) -> None:
         record = run.record
@@ -424,10 +423,7 @@ class Lifecycle:
         settle_record(record)  # the tools get the status and warnings the record is written with
         if run.exports is not None:  # a tool that fails costs neither the run nor the record: the warnings say so
             run.exports.finish(record.status, record.metrics, record.energy_domain)
-            said = len(run.exports.problems)  # those of the opening, said at the run's start
-            problems = run.exports.close()
-            self._say_tool_problems(problems[said:])
-            for problem in problems:
+            for problem in run.exports.close():  # each was said on stderr when it happened
                 record.warn(f"--log-to: {problem}")
         if self.launch.is_global_zero:
             try:

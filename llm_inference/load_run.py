@@ -26,7 +26,7 @@ from joulebench.record_types import Metrics, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
-from llm_inference.load_config import LoadConfig
+from llm_inference.load_config import LoadConfig, rate_label
 from llm_inference.load_plan import (
     NO_WINDOW,
     SUMMARY_EXTRA,
@@ -217,5 +217,5 @@ def run_rates(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], tra
             ) -> tuple[RunRecord, IdleBaseline | None]:
         return run_rate(life, cfg, target, rate, trace, shape, idle, len(rates) == 1, say)
 
-    return sweep(life, rates, lambda rate: f"rate {'trace' if rate is None else rate}{where}", one, progress_line,
-                 log, SUMMARY_EXTRA, target.ends_sweep)
+    return sweep(life, rates, lambda rate: f"rate {'trace' if rate is None else rate_label(rate)}{where}", one,
+                 progress_line, log, SUMMARY_EXTRA, target.ends_sweep)

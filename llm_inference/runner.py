@@ -246,7 +246,7 @@ def compact_engine(kind: type[CompactT], model: torch.nn.Module, device: torch.d
 
 
 def shown(metrics: Mapping[str, Any], key: str, scale: float = 1.0) -> str:
-    """A figure for a progress line, for people (13690 tokens/s, not 1.369e+04), n/a where it is missing."""
+    """A figure for a progress line, for people (13686 tokens/s, not 1.369e+04), n/a where it is missing."""
     value = metrics.get(key)
     return readable(None if value is None else value * scale)
 

@@ -348,7 +348,7 @@ class ServeLoop:
             left = (expected - scheduler.done) / rate
             eta = time.strftime("%H:%M:%S", time.gmtime(left))
         queued = f"{len(scheduler.queue)}{'+' if len(scheduler.queue) >= QUEUE_ROWS * scheduler.rows else ''}"
-        return (f"[llm_inference] load {now_s:.0f} s | done {scheduler.done}{f'/{expected}' if expected else ''} | "
+        return (f"load {now_s:.0f} s | done {scheduler.done}{f'/{expected}' if expected else ''} | "
                 f"in flight {len(scheduler.running)} | queued {queued} | {rate:.3g} req/s | p50 TTFT (host) "
                 f"{ttft} | ETA {eta}")
 

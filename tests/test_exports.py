@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,8 @@ def _lifecycle_run(out: Path, metrics: dict[str, object]) -> tuple[int, list[str
     return run.exit_code, read_run_record(out / "run_record.json").warnings
 
 
-def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path, capsys) -> None:
+def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "tensorboard").write_text("a file where TensorBoard needs its directory")
     exit_code, warnings = _lifecycle_run(tmp_path, {})
     assert exit_code == 0
@@ -166,6 +168,30 @@ def test_a_tool_that_cannot_open_costs_the_run_nothing_and_is_a_warning(tmp_path
     said = [line for line in capsys.readouterr().err.splitlines() if "--log-to: " in line]
     assert len(said) == 1  # on stderr as the run starts, once (not again when the tools close)
     assert said[0].startswith("[resnet50] warning: --log-to: tensorboard could not be opened and was left out: ")
+
+
+class _FailsLogging:
+    """A tool whose series call fails (a server gone mid-run)."""
+
+    def series(self, step: int, values: Mapping[str, float]) -> None:
+        raise ConnectionError("the tracking server went away")
+
+    def figures(self, step: int, values: Mapping[str, float]) -> None: ...
+    def facts(self, values: Mapping[str, str]) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_a_tool_dropped_mid_run_is_said_once_when_it_happens(tmp_path: Path) -> None:
+    from joulebench.exports.run import Exports
+
+    said: list[str] = []
+    exports = Exports([], tmp_path, "r", "resnet50", say=said.append)
+    exports.sinks.append(_FailsLogging())
+    exports.series(10, {"loss": 1.0})
+    assert said == ["_FailsLogging failed logging step 10 and was dropped: ConnectionError: the tracking server went "
+                    "away"]
+    exports.series(20, {"loss": 0.5})
+    assert exports.close() == said and len(said) == 1  # said once; the record gets the same words
 
 
 def test_the_tools_get_the_status_the_record_is_written_with(tmp_path: Path) -> None:

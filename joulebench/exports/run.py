@@ -40,13 +40,16 @@ def labelled(values: Mapping[str, float], domain: str | None) -> dict[str, float
 
 class Exports:
     """The writers of one run record, in the order asked for. A writer that cannot open, or fails later, is
-    dropped and named in `problems` (the lifecycle puts them into the record's warnings): a tool must not cost the
-    run, so nothing here raises an Exception. `stop`: the run's stop request, which gives up an opening."""
+    dropped and named in `problems` (the lifecycle puts them into the record's warnings) and said at once through
+    `say` (the lifecycle's stderr line): a tool must not cost the run, so nothing here raises an Exception. `stop`: the
+    run's stop request, which gives up an opening."""
 
     def __init__(self, targets: Sequence[str], out_dir: Path, run_id: str, benchmark: str,
-                 stop: StopCheck = never_stop, timeout_s: float = TOOL_TIMEOUT_S) -> None:
+                 stop: StopCheck = never_stop, timeout_s: float = TOOL_TIMEOUT_S,
+                 say: Callable[[str], None] = lambda _problem: None) -> None:
         self.sinks: list[Sink] = []
         self.problems: list[str] = []
+        self.say = say
         self.last_step = 0
         self.timeout_s = timeout_s
         for name in targets:
@@ -55,12 +58,17 @@ class Exports:
                 opening: Callable[[], Sink] = partial(SINKS[name], out_dir, run_id, f"joulebench-{benchmark}")
                 self.sinks.append(call_within(opening, timeout_s, f"opening {name}", stop))
             except Stopped as exc:
-                self.problems.append(f"{name} was left out: {exc}")
+                self._problem(f"{name} was left out: {exc}")
             except Exception as exc:  # an unreachable server, a missing key, an unwritable directory
-                self.problems.append(f"{name} could not be opened and was left out: {type(exc).__name__}: {exc}")
+                self._problem(f"{name} could not be opened and was left out: {type(exc).__name__}: {exc}")
             except BaseException:
                 self.close()  # an interrupt (a second Ctrl-C) stops the opening: the writers already open are closed
                 raise
+
+    def _problem(self, text: str) -> None:
+        """A tool left out or dropped: kept for the record's warnings, and said when it happens."""
+        self.problems.append(text)
+        self.say(text)
 
     def _each(self, what: str, call: Callable[[Sink], None]) -> None:
         for sink in list(self.sinks):
@@ -68,12 +76,13 @@ class Exports:
                 call_within(partial(call, sink), self.timeout_s, f"{type(sink).__name__} logging {what}")
             except TimeoutError as exc:  # a tool that hangs once is not asked again, not even to close
                 self.sinks.remove(sink)
-                self.problems.append(f"{type(sink).__name__} was dropped: {exc}")
+                self._problem(f"{type(sink).__name__} was dropped: {exc}")
             except Exception as exc:
                 self.sinks.remove(sink)
-                self.problems.append(f"{type(sink).__name__} failed logging {what} and was dropped: "
+                self._problem(f"{type(sink).__name__} failed logging {what} and was dropped: "
                                      f"{type(exc).__name__}: {exc}")
-                self.problems += self._close([sink], self.timeout_s)
+                for problem in self._close([sink], self.timeout_s):
+                    self._problem(problem)
 
     def series(self, step: int, values: Mapping[str, float]) -> None:
         self.last_step = max(self.last_step, step)
@@ -93,8 +102,10 @@ class Exports:
 
     def close(self) -> list[str]:
         """Close every writer; everything that failed, in words."""
-        problems, self.sinks = [*self.problems, *self._close(self.sinks, self.timeout_s)], []
-        return problems
+        sinks, self.sinks = self.sinks, []
+        for problem in self._close(sinks, self.timeout_s):
+            self._problem(problem)
+        return list(self.problems)
 
     @staticmethod
     def _close(sinks: Sequence[Sink], timeout_s: float) -> list[str]:

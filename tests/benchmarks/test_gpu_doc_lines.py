@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import gpu_doc_lines as script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,8 +50,7 @@ def test_a_record_passes_only_when_ok_with_energy(tmp_path: Path):
     assert (row["status"], row["energy_wh"], row["ok"]) == ("OK", None, False)
 
 
-
-def test_a_command_shown_in_several_docs_runs_once(tmp_path: Path, capsys):
+def test_a_command_shown_in_several_docs_runs_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert script.main(["--list"]) == 0
     listed = capsys.readouterr().out
     assert "docs/llm_training.md:" in listed  # the quick start again: its run counts for it

@@ -6,7 +6,7 @@ the same through the `fake_env` fixture (FAKES_DIR first on PYTHONPATH).
 
 A session fails when it leaves anything of ours in /tmp or /etc/hosts (see LEFTOVER_NAMES).
 
-Under pytest-xdist (tests/run.sh: `-n 4`) a file whose tests share a module-scoped fixture runs whole
+Under pytest-xdist (tests/run.sh: `-n 3`) a file whose tests share a module-scoped fixture runs whole
 on one worker (the fixture runs once), the files that use something machine-wide run one after another on one worker
 (MACHINE_WIDE_FIXTURES), other tests go to whichever worker is free, and the leftover check and the per-file durations
 run once, on the controller.

@@ -457,25 +457,39 @@ class SocketServer:
                 data, peer = self._sock.recvfrom(MAX_DATAGRAM)
             except (TimeoutError, OSError):
                 continue
+            self._handle(data, peer)
+
+    def _drain(self) -> None:
+        """The datagrams still queued when the server stops: a command that marks a window and exits at once (or a
+        loaded machine whose server thread had not read them yet) must not lose its last marks."""
+        self._sock.setblocking(False)
+        while True:
             try:
-                msg = json.loads(data)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("type") == "mark":
-                self.sampler.add_mark(Mark.from_dict(msg))
-            elif msg.get("type") == "who" and peer:
-                who = {"type": "who", "pid": os.getpid(), "node": self.sampler.node, "run_id": self.sampler.run_id}
-                with contextlib.suppress(OSError):
-                    self._sock.sendto(json.dumps(who).encode(), peer)
-            elif msg.get("type") == "live" and peer:  # answered at once: only readings already held
-                reply = json.dumps({"type": "live", "live": self.sampler.live(float(msg.get("span_s", 1.0))).to_dict()})
-                with contextlib.suppress(OSError):
-                    self._sock.sendto(reply.encode(), peer)
-            elif msg.get("type") == "phases":
-                self.sampler.add_phases(PhaseBatch.from_dict(msg))
-            elif msg.get("type") == "query" and peer:
-                # Answer from a worker thread: settling waits for the counter, marks keep flowing.
-                threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()
+                data, peer = self._sock.recvfrom(MAX_DATAGRAM)
+            except OSError:  # BlockingIOError: nothing left
+                return
+            self._handle(data, peer)
+
+    def _handle(self, data: bytes, peer: Any) -> None:
+        try:
+            msg = json.loads(data)
+        except json.JSONDecodeError:
+            return
+        if msg.get("type") == "mark":
+            self.sampler.add_mark(Mark.from_dict(msg))
+        elif msg.get("type") == "who" and peer:
+            who = {"type": "who", "pid": os.getpid(), "node": self.sampler.node, "run_id": self.sampler.run_id}
+            with contextlib.suppress(OSError):
+                self._sock.sendto(json.dumps(who).encode(), peer)
+        elif msg.get("type") == "live" and peer:  # answered at once: only readings already held
+            reply = json.dumps({"type": "live", "live": self.sampler.live(float(msg.get("span_s", 1.0))).to_dict()})
+            with contextlib.suppress(OSError):
+                self._sock.sendto(reply.encode(), peer)
+        elif msg.get("type") == "phases":
+            self.sampler.add_phases(PhaseBatch.from_dict(msg))
+        elif msg.get("type") == "query" and peer:
+            # Answer from a worker thread: settling waits for the counter, marks keep flowing.
+            threading.Thread(target=self._answer, args=(msg, peer), daemon=True).start()
 
     def _answer(self, msg: dict[str, Any], peer: Any) -> None:
         energies = self.sampler.window_energies(msg.get("names"))
@@ -486,6 +500,7 @@ class SocketServer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self._drain()
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.addr)

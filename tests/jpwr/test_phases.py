@@ -119,6 +119,24 @@ def test_socket_transport_reaches_the_sampler_and_the_trace_keeps_it(tmp_path: P
         assert sorted(i for b in trace.phases for i in b.intervals()) == sorted(batch.intervals())
 
 
+
+def test_marks_queued_when_the_server_stops_still_reach_the_sampler(tmp_path: Path) -> None:
+    """A command that marks a window and exits at once: its marks may still sit in the socket when `jpwr --` stops
+    the server (seen under a loaded test suite: the window was missing from the summary). The server reads them
+    before it closes."""
+    sampler = Sampler([], [], tmp_path, 0.1, 1.0, run_id="late", node="n1").start()
+    addr = str(tmp_path / "s.sock")
+    server = SocketServer(sampler, addr)  # not started yet: nothing reads the socket
+    channel = SocketChannel(addr)
+    now = time.monotonic_ns()
+    channel.send_mark(Mark("steady", "begin", 0, now - 1_000_000))
+    channel.send_mark(Mark("steady", "end", 1, now))
+    channel.close()
+    server._stop.set()  # the command ended before the server thread read anything
+    server.start().stop()
+    assert "steady" in sampler.stop().windows
+
+
 def test_the_meter_sends_one_batch_per_window_after_its_end_edge(tmp_path: Path) -> None:
     clock = VirtualClock(start_ns=5_000_000_000)
     sampler = Sampler([], [], tmp_path, 0.1, 1.0, clock=clock, run_id="meter", node="n1", background=False).start()

@@ -56,6 +56,7 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
 # What a doc's placeholder stands for here: {out} is this script's --out.
 PLACEHOLDERS = {"$OUT": "{out}", "RUN": "{out}/RUN", "PROF": "{out}/PROF", "PATH/": ".whl/"}
 RESULT_FILES = ("run_record.json",)
+RECORD_COLUMNS = ("status", "energy_wh", "steady s", "bound %", "deviation %")  # a record's row (record_row)
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,10 @@ def same_run(line: DocLine, first: dict[str, Any]) -> dict[str, Any]:
 
 def write_results(rows: list[dict[str, Any]], out: Path) -> str:
     """results.json and results.md (one row per record), written whole each time: a stopped run keeps its lines."""
-    columns = ["line", "same run as", "gpu", "result", "exit", "wall s", "status", "energy_wh", "steady s", "bound %",
-               "deviation %"]
     flat = [{"line": r["line"], "same run as": r.get("same as", ""), "gpu": r["gpu"][:12], "result": r["result"],
-             "exit": str(r["exit"]), "wall s": r["wall s"], **{k: d.get(k) for k in columns[6:]}}
+             "exit": str(r["exit"]), "wall s": r["wall s"], **{k: d.get(k) for k in RECORD_COLUMNS}}
             for r in rows for d in (r["detail"] or [{}])]
-    table = markdown_table(flat, columns, digits=4)
+    table = markdown_table(flat, ["line", "same run as", "gpu", "result", "exit", "wall s", *RECORD_COLUMNS], digits=4)
     table += f"\n\nlines: {len(rows)}, passed: {sum(r['result'] == 'pass' for r in rows)}; wall s summed (one GPU " \
              f"running them in turn): {sum(r['wall s'] for r in rows):.0f}\n"
     write_atomic(out / "results.json", json.dumps(rows, indent=1, default=str))

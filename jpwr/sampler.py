@@ -452,22 +452,15 @@ class SocketServer:
         return self
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data, peer = self._sock.recvfrom(MAX_DATAGRAM)
-            except (TimeoutError, OSError):
-                continue
-            self._handle(data, peer)
-
-    def _drain(self) -> None:
-        """The datagrams still queued when the server stops: a command that marks a window and exits at once (or a
+        """Until stopped, and then until nothing is queued: a command that marks a window and exits at once (or a
         loaded machine whose server thread had not read them yet) must not lose its last marks."""
-        self._sock.setblocking(False)
         while True:
             try:
                 data, peer = self._sock.recvfrom(MAX_DATAGRAM)
-            except OSError:  # BlockingIOError: nothing left
-                return
+            except (TimeoutError, OSError):
+                if self._stop.is_set():
+                    return
+                continue
             self._handle(data, peer)
 
     def _handle(self, data: bytes, peer: Any) -> None:
@@ -500,7 +493,6 @@ class SocketServer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._drain()
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.addr)

@@ -80,7 +80,7 @@ class Exports:
             except Exception as exc:
                 self.sinks.remove(sink)
                 self._problem(f"{type(sink).__name__} failed logging {what} and was dropped: "
-                                     f"{type(exc).__name__}: {exc}")
+                              f"{type(exc).__name__}: {exc}")
                 for problem in self._close([sink], self.timeout_s):
                     self._problem(problem)
 

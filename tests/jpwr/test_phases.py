@@ -119,7 +119,6 @@ def test_socket_transport_reaches_the_sampler_and_the_trace_keeps_it(tmp_path: P
         assert sorted(i for b in trace.phases for i in b.intervals()) == sorted(batch.intervals())
 
 
-
 def test_marks_queued_when_the_server_stops_still_reach_the_sampler(tmp_path: Path) -> None:
     """A command that marks a window and exits at once: its marks may still sit in the socket when `jpwr --` stops
     the server (seen under a loaded test suite: the window was missing from the summary). The server reads them

@@ -3,7 +3,7 @@
 Why: a record's reasons and warnings can be long (the meter lists every sensor it could not read: about 460
 characters on a machine without a GPU), and the same text on every row of a table buries the numbers and cuts off
 what comes after it. A row shows each reason's head with a mark such as `[1]`; the full text is listed once under
-that mark (the HTML report), or kept in the CSV table's Note (the JUBE workflows: their default table shows the heads).
+that mark (the HTML report), or kept in the full table's Note (the JUBE workflows: their default table shows the heads).
 """
 
 from __future__ import annotations

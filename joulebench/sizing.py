@@ -14,10 +14,11 @@ and a flat power curve. T, P_edge (the highest recent power reading) and P_mean 
 sampler (`WindowMeter.live`) at the end of the warm-up; the step time is the warm-up's (median of its steps
 after the first). Rank 0 decides and every rank gets its plan, so all ranks run the same iterations.
 If the loop's period could alias with the sensor's, N grows until the loop drifts through every
-sensor phase (within the 5 minutes). The test runs over every step time the steady window may show, not
-only the warm-up's: the warm-up syncs after every step on a cooler card, and the steady step differs from
-it by more than the aliasing test's resolution (T/N, 1.6 ms for 63 steps of 0.8 s). Iteration counts given
-by the user win over all of this.
+sensor phase (within the 5 minutes), unless the user asked for the length (--steady-seconds): that length is
+kept, and the plan names the risk and its remedy (the estimator then widens the bound of a window that aliases).
+The test runs over every step time the steady window may show, not only the warm-up's: the warm-up syncs after
+every step on a cooler card, and the steady step differs from it by more than the aliasing test's resolution (T/N,
+1.6 ms for 63 steps of 0.8 s). Iteration counts given by the user win over all of this.
 """
 
 from __future__ import annotations
@@ -164,13 +165,13 @@ def _nearest_multiple_gap(step_s: float, update_s: float) -> tuple[int, float] |
     return min(gaps, key=lambda pair: pair[1]) if gaps else None
 
 
-def drift_length(step_s: float, update_s: float, iterations: int, cap_s: float) -> DriftLength:
+def drift_length(step_s: float, update_s: float, iterations: int, cap_s: float, cap: str) -> DriftLength:
     """Lengthen the window so that any steady step near the warm-up's drifts through every sensor phase.
 
     A step δ off a multiple of T walks once around the sensor's phases in ⌊T/|δ|⌋+1 steps (the estimator's
     aliasing rule). δ is taken at its smallest over the steps the steady window may show; where that needs
     more than `cap_s`, or δ may be 0, the window takes the longest count within the cap and says which steps
-    it still cannot cover.
+    it still cannot cover. `cap`: why the window may not be longer, for that sentence.
     """
     nearest = _nearest_multiple_gap(step_s, update_s)
     if nearest is None:
@@ -187,23 +188,28 @@ def drift_length(step_s: float, update_s: float, iterations: int, cap_s: float) 
     longest = max(iterations, math.floor(cap_s / slowest))
     blind = f"within {update_s / longest * 1e3:.2g} ms of {near}"
     why = "the step may match them exactly" if needed is None else f"drift needs {needed} steps"
-    risk = (f"a steady step {blind} cannot drift through every sensor phase in {longest} steps ({why}; the window "
-            f"is capped at {cap_s:g} s): if the steady step lands there, the estimator flags the window and widens "
-            "its bound for aliasing; remedy: move the step time off the multiple (e.g. another batch size) or pass "
-            "a longer --steady-seconds")
+    risk = (f"a steady step {blind} cannot drift through every sensor phase in {longest} steps ({why}; {cap}): "
+            "if the steady step lands there, the estimator flags the window and widens its bound for aliasing; "
+            "remedy: move the step time off the multiple (e.g. another batch size) or pass a longer --steady-seconds")
+    if longest == iterations:
+        return DriftLength(iterations, f", not lengthened ({cap}) although a steady step {blind} would not drift "
+                                       "through every sensor phase in it", risk)
     return DriftLength(longest, f", lengthened to {longest}, the longest within the cap, so that the loop drifts "
                                 f"through every sensor phase unless its step lies {blind}", risk)
 
 
 def plan_steady_window(step_s: float, live: NodeLive | None, seconds: float | None = None) -> SteadyPlan:
-    """Iterations for a steady window of `seconds` (None: sized by the bound rule above), lengthened where
-    the loop could alias with the sensor (`drift_length`)."""
+    """Iterations for a steady window of `seconds` (None: sized by the bound rule above), lengthened within the 5
+    minutes where the loop could alias with the sensor (`drift_length`). Decision: a length the user asked for is
+    kept, never lengthened (a 10 s first look once grew to 5 minutes); the plan's aliasing_risk says what that
+    leaves, and the estimator widens the bound of a window that does alias."""
     if step_s <= 0:
         raise ValueError(f"step time {step_s} s is not positive")
     length = window_length(live, seconds)
     update_s = length.update_period_s
-    drift = drift_length(step_s, update_s, max(1, math.ceil(length.seconds / step_s - 1e-9)),
-                         max(MAX_SECONDS, length.seconds))
+    cap_s, cap = ((length.seconds, f"--steady-seconds {length.seconds:g} was asked: the window keeps that length")
+                  if seconds is not None else (MAX_SECONDS, f"the window is capped at {MAX_SECONDS:g} s"))
+    drift = drift_length(step_s, update_s, max(1, math.ceil(length.seconds / step_s - 1e-9)), cap_s, cap)
     iterations = drift.iterations
     alias = aliasing_warning(iterations * step_s, iterations, update_s)
     fraction = length.bound_fraction(iterations * step_s)

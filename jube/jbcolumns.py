@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Write each workflow's coordinate patterns and table columns from its `sweep` parameterset.
+"""Write each workflow's coordinate patterns from its `sweep` parameterset; name the full table's columns of them.
 
     python3 jube/jbcolumns.py            # rewrite the generated regions of jube/*_benchmark.xml
     python3 jube/jbcolumns.py --check    # exit 1 when a region is out of date (the tests run this)
 
 Why: every row must say which sweep point it is, whatever its status, and a dimension added to the sweep
 (power limit, clock, ...) must get its column without anyone remembering to list it. JUBE's tables are static
-XML, so the columns are derived here from the parameters and written between marker comments; jbrecord.py
-writes a `JB coord_<name>=` line for every sweep parameter from the job's settings. Standard library only.
+XML, so the patterns are derived here from the parameters and written between marker comments; jbrecord.py
+writes a `JB coord_<name>=` line for every sweep parameter from the job's settings, and the full table (jbtable.py)
+has a column for each (coordinate_columns). Standard library only.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ COMPARED = (("slowdown", "Slowdown vs default"), ("energy_saving", "Energy savin
 # Result columns that are numbers where not n/a: a typed NAME_value pattern beside the printed one (common.xml says
 # why two), for JUBE to sort and reduce
 NUMERIC_RESULTS = ("sm_clock_mean_mhz",)
-REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated (?P<what>patterns|columns) \(jube/jbcolumns\.py\) -->\n"
-                    r".*?[ \t]*<!-- END generated (?P=what) -->\n", re.DOTALL)
+REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated patterns \(jube/jbcolumns\.py\) -->\n"
+                    r".*?[ \t]*<!-- END generated patterns -->\n", re.DOTALL)
 
 
 def sweep_parameters(path: Path) -> list[str]:
@@ -64,27 +65,29 @@ def results(names: list[str]) -> list[tuple[str, str]]:
     return found + list(COMPARED) if found else []
 
 
-def region(what: str, names: list[str], indent: str) -> str:
-    if what == "patterns":
-        body = []
-        for n in names:
-            body.append(f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>')
-            if n in NUMBERS:  # the printed coordinate may read `default` or `-`; the typed one is the number only
-                kind, macro = ("int", "$jube_pat_int") if NUMBERS[n][0] is int else ("float", "$jube_pat_fp")
-                body.append(f'<pattern name="coord_{n}_value" type="{kind}">^JB coord_{n}={macro}$</pattern>')
-        for p, _ in results(names):
-            body.append(f'<pattern name="{p}" type="string">^JB {p}=(\\S+)</pattern>')
-            if p in NUMERIC_RESULTS:
-                body.append(f'<pattern name="{p}_value" type="float">^JB {p}=$jube_pat_fp$</pattern>')
-    else:
-        body = [f'<column title="{title(n)}">coord_{n}</column>' for n in names]
-        body += [f'<column title="{t}">{p}</column>' for p, t in results(names)]
-    lines = [f"<!-- BEGIN generated {what} (jube/jbcolumns.py) -->", *body, f"<!-- END generated {what} -->"]
+def coordinate_columns(names: list[str]) -> list[tuple[str, str]]:
+    """(title, JB key) of the full table's columns for the sweep parameters `names`, and what their GPU settings
+    bring."""
+    return [(title(n), f"coord_{n}") for n in names] + [(t, p) for p, t in results(names)]
+
+
+def region(names: list[str], indent: str) -> str:
+    body = []
+    for n in names:
+        body.append(f'<pattern name="coord_{n}" type="string">^JB coord_{n}=(\\S+)</pattern>')
+        if n in NUMBERS:  # the printed coordinate may read `default` or `-`; the typed one is the number only
+            kind, macro = ("int", "$jube_pat_int") if NUMBERS[n][0] is int else ("float", "$jube_pat_fp")
+            body.append(f'<pattern name="coord_{n}_value" type="{kind}">^JB coord_{n}={macro}$</pattern>')
+    for p, _ in results(names):
+        body.append(f'<pattern name="{p}" type="string">^JB {p}=(\\S+)</pattern>')
+        if p in NUMERIC_RESULTS:
+            body.append(f'<pattern name="{p}_value" type="float">^JB {p}=$jube_pat_fp$</pattern>')
+    lines = ["<!-- BEGIN generated patterns (jube/jbcolumns.py) -->", *body, "<!-- END generated patterns -->"]
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
 def generate(text: str, names: list[str]) -> str:
-    return REGION.sub(lambda m: region(m.group("what"), names, m.group("indent")), text)
+    return REGION.sub(lambda m: region(names, m.group("indent")), text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@
     jbprofile.py submit --settings validate/job.env [--wait]
     jbprofile.py verdict --settings validate/job.env   # exit 64 for a sweep point that validate refused
     jbprofile.py summary --rundir RUNDIR               # how many sweep points validate refused
-    jbprofile.py compare --rundir RUNDIR               # each row against its sweep's default-setting row
+    jbprofile.py compare --rundir RUNDIR               # each row against its default row; the full table
     jbprofile.py show SYSTEM                           # the resolved profile, after environment overrides
 
 Why a script and not JUBE parameters: JUBE ignores unknown tags and lets the last of two system
@@ -39,6 +39,7 @@ import jbfootprint
 import jbrecommend
 import jbslurm
 import jbsubmit
+import jbtable
 from jbarguments import cli_args, one_node_layout, serving_mode
 from jbchecks import (
     NUMBERS,
@@ -434,8 +435,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """The compare step, once every point has its row: jbrecord.py compare with the profile's Python. Never fails
-    the step (the rows exist already); a failure leaves the comparison n/a and says why on stderr."""
+    """The compare step, once every point has its row: jbrecord.py compare with the profile's Python, then the full
+    table (jbtable.py, with this Python: also where the comparison failed). Never fails the step (the rows exist
+    already); a failure leaves the comparison n/a, or the full table unwritten, and says why on stderr."""
     points = sorted(Path(args.rundir).glob("*_submit/work/job.env"))
     if not points:
         print("jbprofile: compare: no submitted points")
@@ -446,6 +448,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     code = subprocess.call(argv, env=bound_env(settings, Path(rundir)))  # the image reads records, writes compare/
     if code != 0:
         print(f"jbprofile: warning: the comparison with the default rows failed (exit {code}); the rows say n/a",
+              file=sys.stderr)
+    try:
+        print(f"jbprofile: wrote {jbtable.write_full_table(Path(rundir), settings['JB_BENCHMARK'])}")
+    except OSError as exc:
+        print(f"jbprofile: warning: cannot write the full table ({exc.strerror or exc}); JUBE's tables hold every "
+              f"row. Fix: free the space, then: python3 {REPO / 'jube' / 'jbprofile.py'} compare --rundir {rundir}",
               file=sys.stderr)
     return 0
 

@@ -66,11 +66,11 @@ SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comp
 # figures cannot be true (joulebench.figures).
 FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", "mfu", "energy_wh",
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j", "per_gpu", "outside_job")
-# The footprint block's estimates in the CSV table (jbfootprint.py): rejected with the figures they derive from
+# The footprint block's estimates in the full table (jbfootprint.py): rejected with the figures they derive from
 FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
-SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the CSV table has it in full
+SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the full table has it in full
 POINT_CHARS = 24  # the default table's Point, unless cutting there would make two rows read the same
-POINT_MAX_CHARS = 48  # the most it grows to keep rows apart; the CSV table has a column per coordinate
+POINT_MAX_CHARS = 48  # the most it grows to keep rows apart; the full table has a column per coordinate
 POINT_NAMES = {  # short names in the Point column; the other coordinates go by their own name
     "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
     "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
@@ -304,7 +304,7 @@ def _outcome(record: RunRecord) -> list[str]:
 def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
     """What a reader needs beside the numbers: the profile's note on the settings chosen, the row's own reasons,
     what disturbed the run, then every warning of the run (record.warnings: the meter's, the driver's, the job's). In
-    full for the CSV table, and as the reasons' heads, the row's own first, for the default table."""
+    full for the full table, and as the reasons' heads, the row's own first, for the default table."""
     own = _outcome(record)
     disturbed = [text for text in [disturbed_summary(record.disturbed)] if text]  # the status stays: said early
     warnings = [w for w in record.warnings
@@ -409,7 +409,7 @@ def device_fields(record: RunRecord) -> dict[str, str]:
 
 
 def footprint_fields(record: RunRecord) -> dict[str, str]:
-    """The footprint block's estimates (the CSV table only); n/a where the profile gave no value, or no block."""
+    """The footprint block's estimates (the full table only); n/a where the profile gave no value, or no block."""
     block = record.footprint if isinstance(record.footprint, dict) else {}
     return {**{key: _num(block.get(key)) for key in FOOTPRINT_KEYS}, "currency": block.get("currency") or "n/a"}
 
@@ -433,7 +433,7 @@ def settings_fields(record: RunRecord) -> dict[str, str]:
 
 
 def render(fields: dict[str, str]) -> str:
-    """The JB lines: one line per value, and no commas (JUBE's CSV tables do not quote; they become `;`)."""
+    """The JB lines: one line per value, and no commas (they become `;`: `column -s, -t` reads the full table)."""
     return "".join(f"JB {key}={' '.join(value.split()).replace(',', ';')}\n" for key, value in fields.items())
 
 
@@ -495,7 +495,7 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
 
 def point_labels(rundir: Path) -> dict[str, str]:
     """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`), `-` where they all agree: the
-    default table's Point names each row without a column per sweep dimension (the CSV table has those). Cut at
+    default table's Point names each row without a column per sweep dimension (the full table has those). Cut at
     POINT_CHARS, or at POINT_MAX_CHARS where cutting at POINT_CHARS would make rows of different points read alike."""
     coords: dict[str, dict[str, str]] = {}
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):

@@ -195,3 +195,16 @@ def test_every_rank_runs_the_plan_rank_0_made_from_its_meter():
 
     second = WindowMeter(dataclasses.replace(single, rank=1, local_rank=1, world_size=2, local_world_size=2), None)
     assert plan_steady(second, 9.0, 60.0, gather) == alone and asked == [None]  # rank 1 plans nothing itself
+
+
+def test_an_asked_length_is_kept_where_the_loop_could_alias_and_the_plan_says_what_that_leaves():
+    """Decision (issue 48): --steady-seconds is the user's length; the aliasing rule lengthened a 10 s first look to
+    5 minutes. Kept now: the same count as without a sensor near the step, the risk and its remedy named."""
+    step_s, update_s = 0.1001, 0.1  # sized by the rule, this loop gets a longer window (the test above)
+    plan = plan_steady_window(step_s, _live(update_s, 500.0), seconds=10.0)
+    assert plan.iterations == math.ceil(10.0 / step_s) and plan.rule == "steady-seconds"
+    assert "not lengthened (--steady-seconds 10 was asked" in plan.reason and "lengthened to" not in plan.reason
+    assert "--steady-seconds 10 was asked: the window keeps that length" in plan.aliasing_risk
+    assert "remedy" in plan.aliasing_risk and "longer --steady-seconds" in plan.aliasing_risk
+    clear = plan_steady_window(0.137, _live(update_s, 500.0), seconds=10.0)  # far from any multiple of 100 ms
+    assert clear.iterations == math.ceil(10.0 / 0.137) and clear.aliasing_risk is None

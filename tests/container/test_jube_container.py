@@ -42,7 +42,7 @@ def test_job_runs_every_step_inside_the_image(tmp_path: Path) -> None:
     env = workflow_env(tmp_path, with_runtime=True)
     jube_run(LLM_XML, ["local", "container"], out, env)
     jube("result", "-a", str(out), env=env)
-    [row] = read_table(out, "llm_csv")
+    [row] = read_table(out, "llm")
     assert row["Status"] == "OK", row
     workdir = next(out.glob("000000/*_submit/work")).resolve()
     record = json.loads((workdir / "run" / "run_record.json").read_text())

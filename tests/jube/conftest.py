@@ -122,15 +122,16 @@ def wait_for_jobs(outpath: Path, timeout_s: float = 240.0) -> None:
     raise AssertionError(f"jobs under {outpath} did not finish within {timeout_s} s")
 
 
-def continue_and_read(outpath: Path, table: str, env: dict[str, str]) -> tuple[str, list[dict[str, str]]]:
-    """The one `jube continue` (with analyse + result), then the CSV table JUBE wrote."""
+def continue_and_read(outpath: Path, workflow: str, env: dict[str, str]) -> tuple[str, list[dict[str, str]]]:
+    """The one `jube continue` (with analyse + result), then the full table the compare step wrote."""
     proc = jube("continue", str(outpath), "-a", "-r", "--hide-animation", env=env)
     assert "FINISHED" in jube("status", str(outpath), env=env).stdout
-    return proc.stdout, read_table(outpath, table)
+    return proc.stdout, read_table(outpath, workflow)
 
 
-def read_table(outpath: Path, table: str) -> list[dict[str, str]]:
-    path = outpath / "000000" / "result" / f"{table}.dat"
+def read_table(outpath: Path, workflow: str) -> list[dict[str, str]]:
+    """The rows of the full table (jube/jbtable.py) of the workflow's first run in `outpath`."""
+    path = outpath / "000000" / "result" / f"{workflow}.csv"
     with path.open() as handle:
         return list(csv.DictReader(handle))
 

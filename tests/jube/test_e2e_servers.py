@@ -8,7 +8,6 @@ recorded H100 trace. Locally without Slurm (two rates), and on the local Slurm c
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from tests.jube.conftest import (
     continue_and_read,
     default_table,
     jube_run,
+    read_table,
     requires_slurm,
     submit_workdirs,
     wait_for_jobs,
@@ -68,8 +68,7 @@ def test_local_serving_points_start_and_stop_transformers_serve(checkpoint, jube
     proc = subprocess.run(["jube", "run", str(INFERENCE_XML), "-o", str(out), "--hide-animation", "-a", "-r"],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_table(out, "inference")
     _assert_served(rows, [w / "work" for w in sorted((out / "000000").glob("*_submit"))], ["8", "max"])
     shown = default_table(proc.stdout, "inference")  # within 160 characters; serving's columns in the CSV (above)
     assert [(row["Point"], row["Status"]) for row in shown] == [("rate=8", "OK"), ("rate=max", "OK")], shown
@@ -83,6 +82,6 @@ def test_a_slurm_serving_point_starts_transformers_serve_on_its_node(checkpoint,
     jobs = submit_workdirs(out)
     assert len(jobs) == 1
     wait_for_jobs(out)
-    _, rows = continue_and_read(out, "inference_csv", env)
+    _, rows = continue_and_read(out, "inference", env)
     _assert_served(rows, jobs, ["8"])
     assert os.path.exists(jobs[0] / "run" / "requests.h5")

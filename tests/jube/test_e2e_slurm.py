@@ -48,7 +48,7 @@ def test_llm_tiny_sweep_on_two_nodes_with_fake_nvml_energy(
     jobs = submit_workdirs(out)
     assert len(jobs) == 2 and all("Submitted batch job" in (j / "stdout").read_text() for j in jobs), run.stdout
     wait_for_jobs(out)
-    printed, rows = continue_and_read(out, "llm_csv", env)
+    printed, rows = continue_and_read(out, "llm", env)
     assert [row["GBS"] for row in rows] == ["4", "8"]  # the sweep's order
     records = {(job / "job.id").read_text().strip(): json.loads((job / "run" / "run_record.json").read_text())
                for job in jobs}
@@ -76,7 +76,7 @@ def test_resnet50_both_frameworks_on_two_nodes_without_sensors(
     jube_run(RESNET_XML, ["CI"], out, env)
     assert len(submit_workdirs(out)) == 2  # no framework tag: pytorch and tensorflow, one job each
     wait_for_jobs(out, timeout_s=400)  # TensorFlow's start-up is slow on two busy cores
-    _, rows = continue_and_read(out, "resnet50_csv", env)
+    _, rows = continue_and_read(out, "resnet50", env)
     by_model = {row["Model"]: row for row in rows}
     assert set(by_model) == {"resnet50-pytorch", "resnet50-tensorflow"}
     for model, row in by_model.items():
@@ -147,20 +147,20 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     job_ids = {name: (w / "job.id").read_text().strip() for name, w in work.items()}
     # A half-finished run's table names the points still to come: queued (PENDING) and running (RUNNING) rows.
     jube("result", "-a", str(outs["CANCELLED_PENDING"]), env=env)
-    (queued,) = read_table(outs["CANCELLED_PENDING"], "llm_csv")
+    (queued,) = read_table(outs["CANCELLED_PENDING"], "llm")
     assert (queued["Status"], queued["JobID"]) == ("PENDING", job_ids["CANCELLED_PENDING"]), queued
     assert "jube continue once it ended" in queued["Note"]
     subprocess.run(["scancel", job_ids["CANCELLED_PENDING"]], env=env, check=True)
     _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] step ")  # cancel it while it trains
     jube("result", "-a", str(outs["CANCELLED"]), env=env)
-    (running,) = read_table(outs["CANCELLED"], "llm_csv")
+    (running,) = read_table(outs["CANCELLED"], "llm")
     assert (running["Status"], running["JobID"]) == ("RUNNING", job_ids["CANCELLED"]), running
     subprocess.run(["scancel", job_ids["CANCELLED"]], env=env, check=True)
     for out in outs.values():
         wait_for_jobs(out, timeout_s=200)
     for name, out in outs.items():
         expected = name.split("_")[0]
-        (row,) = continue_and_read(out, "llm_csv", env)[1]
+        (row,) = continue_and_read(out, "llm", env)[1]
         record = json.loads((work[name] / "run" / "run_record.json").read_text())
         state = _slurm_state(job_ids[name], env)
         assert (state, record["status"], row["Status"]) == (SLURM_STATE[expected], expected, expected), (name, row)
@@ -174,7 +174,7 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     assert any(w["name"] == "steady" and w["steps"] > 0 for w in timeout["windows"])  # a readable measurement
     assert (work["TIMEOUT"] / "run" / "energy" / "n1" / "trace.h5").exists() or \
         (work["TIMEOUT"] / "run" / "energy" / "n2" / "trace.h5").exists()
-    (failed,) = read_table(outs["FAILED"], "llm_csv")  # the driver's own words, not only an exit code
+    (failed,) = read_table(outs["FAILED"], "llm")  # the driver's own words, not only an exit code
     assert failed["GBS"] == "4" and re.match(r"rank 0 on n[12] exited with code 64: llm_training: error: --device "
                                              "cuda but no CUDA/ROCm device is visible. Fix: ", failed["Note"]), failed
     pending = json.loads((work["CANCELLED_PENDING"] / "run" / "run_record.json").read_text())
@@ -204,7 +204,7 @@ def test_bad_configurations_stop_before_anything_is_submitted(
         assert not list(out.glob("000000/*_submit/work/job.id")), name  # nothing reached sbatch
         if status:
             jube("result", "-a", str(out), env=env)
-            (row,) = read_table(out, "llm_csv")
+            (row,) = read_table(out, "llm")
             assert (row["Status"], row["JobID"], row["GBS"]) == (status, "n/a", "3" if "gbs" in name else "8"), row
             assert message in row["Note"] and "Fix:" in row["Note"], row
 
@@ -224,7 +224,7 @@ def test_four_node_shape_sweeps_nodes_and_refuses_what_the_partition_cannot_star
     jube("continue", str(out), "--hide-animation", env=env)
     assert "ERROR" in jube("status", str(out), env=env).stdout
     jube("result", "-a", str(out), env=env)
-    rows = {(row["Nodes"], row["Status"]): row for row in read_table(out, "llm_csv")}
+    rows = {(row["Nodes"], row["Status"]): row for row in read_table(out, "llm")}
     assert list(rows) == [("4", "OK"), ("6", "INVALID"), ("4", "INVALID")], rows  # the sweep's order
     ran = rows[("4", "OK")]
     assert (ran["Devices"], ran["TP/PP/DP"]) == ("4", "1/1/4") and float(ran["Tokens/s"]) > 0
@@ -258,12 +258,12 @@ def test_failed_rows_say_why_sbatch_refused_or_the_rank_that_failed_first(
     refused = {**env, "JOULEBENCH_SBATCH_ARGS": "--constraint=no-such-feature"}
     jube_run(LLM_XML, ["CI", "tiny"], outs["refused"], refused)
     jube_run(LLM_XML, ["CI", "tiny"], outs["rank"], {**env, "JOULEBENCH_CONTAINER": str(prefix)})
-    (row,) = continue_and_read(outs["refused"], "llm_csv", env)[1]
+    (row,) = continue_and_read(outs["refused"], "llm", env)[1]
     assert row["Status"] == "FAILED" and "sbatch refused the job" in row["Note"], row
     assert "Invalid feature specification" in row["Note"], row
     assert row["JobID"] == "n/a" and row["Tokens/s"] == "n/a" and row["GBS"] == "8"
     wait_for_jobs(outs["rank"])
-    (row,) = continue_and_read(outs["rank"], "llm_csv", env)[1]
+    (row,) = continue_and_read(outs["rank"], "llm", env)[1]
     said = ("rank 1 on n2 exited with code 64: llm_training: error: --device cuda but no CUDA/ROCm device is visible. "
             "Fix: ")
     assert (row["Status"], row["Nodes"]) == ("FAILED", "2") and row["Note"].startswith(said), row

@@ -91,7 +91,7 @@ def test_a_power_limit_by_clock_sweep_applies_records_compares_and_restores_on_e
         wait_for_jobs(out, timeout_s=400)
 
     # One row per point, with what was asked, read back and observed, and the comparison with the default row.
-    _, rows = continue_and_read(outs["sweep"], "llm_csv", env)
+    _, rows = continue_and_read(outs["sweep"], "llm", env)
     points = {(r["Power limit W asked"], r["SM MHz asked"]): r for r in rows}
     assert set(points) == {(p, c) for p in ("default", "500", "400") for c in ("default", "1410")}, rows
     for (power, clock), row in points.items():
@@ -124,7 +124,7 @@ def test_a_power_limit_by_clock_sweep_applies_records_compares_and_restores_on_e
         (node,) = record["config"]["device_settings"]["nodes"]
         assert [d["power_limit_w"] for d in node["devices"]] == [400.0], name
         assert node["restore"]["status"] == "restored", (name, node["restore"])
-        (row,) = continue_and_read(outs[name], "llm_csv", env)[1]
+        (row,) = continue_and_read(outs[name], "llm", env)[1]
         assert (row["Status"], row["Power limit W read back"], row["SM MHz locked"]) == (name, "400", "1410"), row
         assert "NOT restored" not in row["Note"], row
     # Every device every job touched is back at its own settings, and no state file is left for the epilog.
@@ -145,7 +145,7 @@ def test_a_site_without_the_opt_in_refuses_the_setting_before_submission_and_run
     assert len(refused) == 1 and len(submit_workdirs(out)) == 2  # only the default row reached sbatch
     wait_for_jobs(out, timeout_s=300)
     jube("continue", str(out), "-a", "-r", "--hide-animation", env=env)
-    rows = {r["Power limit W asked"]: r for r in read_table(out, "llm_csv")}
+    rows = {r["Power limit W asked"]: r for r in read_table(out, "llm")}
     assert list(rows) == ["default", "400"]  # the sweep's order, though the refused point had its row first
     assert rows["default"]["Status"] == "OK" and rows["default"]["Slowdown vs default"] == "+0.00%"
     assert rows["400"]["Status"] == "INVALID" and rows["400"]["JobID"] == "n/a"

@@ -25,7 +25,7 @@ def test_local_meters_the_job_s_gpu_and_puts_the_node_s_others_on_the_whole_node
     proc = jube_run(LLM_XML, ["local", "tiny"], out, env)
     assert "FINISHED" in jube("status", str(out), env=env).stdout, proc.stdout
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
+    (row,) = read_table(out, "llm")
     (workdir,) = submit_workdirs(out)
     assert row["Status"] == "OK", row
     assert "the job's devices: CUDA_VISIBLE_DEVICES=2" in (workdir / "job.err").read_text()
@@ -56,7 +56,7 @@ def test_local_without_a_binding_meters_gpu_0_alone(jube_env: dict[str, str], tm
     out = tmp_path / "llm"
     jube_run(LLM_XML, ["local", "tiny"], out, env)
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
+    (row,) = read_table(out, "llm")
     (workdir,) = submit_workdirs(out)
     record = json.loads((workdir / "run" / "run_record.json").read_text())
     steady = next(w for w in record["windows"] if w["name"] == "steady")["energy"]

@@ -11,6 +11,7 @@ import pytest
 from tests.jube.conftest import (
     LLM_XML,
     RESNET_XML,
+    TABLE_WIDTH,
     default_table,
     jube,
     jube_run,
@@ -50,27 +51,28 @@ def test_local_llm_and_resnet50_run_without_slurm_and_measure_the_iterations_ask
     env, called = _no_slurm(jube_env, tmp_path)
     measured, warmup = 4, 2  # [local.cpu]'s warm-up
     env.update(JOULEBENCH_LLM_ITERATIONS=str(measured), JOULEBENCH_RESNET_ITERATIONS=str(measured))
-    runs = {"llm": (LLM_XML, ["local", "tiny"], "llm_csv"), "resnet": (RESNET_XML, ["pytorch"], "resnet50_csv")}
+    runs = {"llm": (LLM_XML, ["local", "tiny"], "llm"), "resnet": (RESNET_XML, ["pytorch"], "resnet50")}
     for name, (xml, tags, table) in runs.items():
         out = tmp_path / name
         proc = jube_run(xml, tags, out, env)  # local jobs finish inside `jube run`: no continue
         assert "FINISHED" in jube("status", str(out), env=env).stdout, proc.stdout
         shown = jube("result", "-a", str(out), env=env).stdout
+        assert max(map(len, shown.splitlines())) <= TABLE_WIDTH, shown  # every line, not only the default table's
         (row,) = read_table(out, table)
         assert (row["JobID"], row["System"], row["Devices"], row["Status"], row["Precision"]) == (
             "local", "local", "1", "OK", "fp32"), row
         # the profile's note first; a busy CI machine may add "disturbed: ..." (step times) before the energy reason
         assert row["Energy(Wh)"] == "n/a" and row["Note"].startswith(CPU_NOTE) and "; energy n/a: " in row["Note"], row
-        (short,) = default_table(shown, table.removesuffix("_csv"))  # the note's reasons as heads, the row's own first
+        (short,) = default_table(shown, table)  # the note's reasons as heads, the row's own first
         assert short["Reason"].startswith("energy n/a: no energy sensor readable on") and "jpwr info" in row["Note"]
         assert (short["Point"], short["Status"]) == ("-", "OK"), short  # one point: no coordinate tells it apart
         assert (row["Iterations asked"], row["Warm-up iterations"]) == (str(measured), str(warmup)), row
         (workdir,) = submit_workdirs(out)
         assert_patterns_match(xml, (workdir / "result.txt").read_text())
         assert "finished: status OK" in (workdir / "job.err").read_text()
-    (llm,) = read_table(tmp_path / "llm", "llm_csv")
+    (llm,) = read_table(tmp_path / "llm", "llm")
     assert llm["Model"] == "tiny" and float(llm["Tokens/s"]) > 0
-    (resnet,) = read_table(tmp_path / "resnet", "resnet50_csv")
+    (resnet,) = read_table(tmp_path / "resnet", "resnet50")
     assert (resnet["Model"], resnet["Image px"], resnet["GBS"]) == ("resnet50-pytorch", "64", "8")
     progress = [line for line in (submit_workdirs(tmp_path / "resnet")[0] / "job.out").read_text().splitlines()
                 if line.startswith("[resnet50] step ")]
@@ -87,7 +89,7 @@ def test_local_failed_row_says_the_driver_s_own_error(jube_env: dict[str, str], 
     out = tmp_path / "llm"
     jube_run(LLM_XML, ["local", "tiny"], out, env)
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
+    (row,) = read_table(out, "llm")
     host = socket.gethostname().split(".")[0]
     said = (f"rank 0 on {host} exited with code 64: llm_training: error: --device cuda but no CUDA/ROCm device is "
             "visible. Fix: ")
@@ -108,7 +110,7 @@ def test_local_runs_several_node_identities_with_a_sampler_each(jube_env: dict[s
     proc = jube_run(LLM_XML, ["local", "tiny"], out, env)
     assert "FINISHED" in jube("status", str(out), env=env).stdout, proc.stdout
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
+    (row,) = read_table(out, "llm")
     assert (row["Status"], row["Devices"]) == ("OK", "2"), row
     (workdir,) = submit_workdirs(out)
     record = json.loads((workdir / "run" / "run_record.json").read_text())
@@ -133,5 +135,5 @@ def test_local_refuses_more_node_identities_than_gpus(jube_env: dict[str, str], 
     out = tmp_path / "llm"
     jube_run(LLM_XML, ["local", "tiny"], out, env)
     jube("result", "-a", str(out), env=env)
-    (row,) = read_table(out, "llm_csv")
+    (row,) = read_table(out, "llm")
     assert row["Status"] == "INVALID" and "has 1 GPU(s)" in row["Note"], row

@@ -214,7 +214,7 @@ def test_a_refused_finalizer_cancels_the_held_job_and_leaves_a_failed_row(
     jube_run(LLM_XML, ["CI", "tiny"], out, env)
     (workdir,) = submit_workdirs(out)
     assert (workdir / "job.done").exists() and (workdir / "job.id").exists()  # written at once: cancel by hand
-    (row,) = continue_and_read(out, "llm_csv", env)[1]
+    (row,) = continue_and_read(out, "llm", env)[1]
     assert row["Status"] == "FAILED" and "sbatch refused its finalizer job" in row["Note"], row
     assert "Invalid feature specification" in row["Note"] and "cancelled before it started" in row["Note"], row
     assert not (workdir / "job.out").exists()  # the benchmark job never ran

@@ -7,8 +7,10 @@ rewrites them, for a change that means to alter a table (say why in the commit).
 Two levels. Every shipped record (benchmarks/results/**/*run_record.json) through jbrecord.py's fields, as a job
 writes them into result.txt. And real JUBE run directories: each workflow run for real on `local` with sweep
 points validate refuses at once (no driver starts), each point's result.txt then replaced by the fields of a
-shipped record under the point's own job.env, and `jube result -a` reading them with the workflow's real patterns
-and tables; JUBE's analysis (analyse.xml) holds each typed pattern as the number its printed twin shows.
+shipped record under the point's own job.env, `jube result -a` reading them with the workflow's real patterns
+and tables, and the full table (jube/jbtable.py, the compare step's) written again from them; JUBE's analysis
+(analyse.xml) holds each typed pattern as the number its printed twin shows. The full tables were JUBE's CSV tables
+until they left JUBE (`jube result` printed them): their golden files are JUBE's, byte for byte.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 WRITE = os.environ.get("JOULEBENCH_WRITE_GOLDEN") == "1"
 SHIPPED = sorted(REPO.glob("benchmarks/results/**/*run_record.json"))
 INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
-# Per workflow: its XML, its tags (one framework for ResNet-50), its tables, a sweep parameter whose negative values
+jbtable = sys.modules["jbtable"]  # loaded by jbprofile (through test_record_fields) from the same directory
+# Per workflow: its XML, its tags (one framework for ResNet-50), JUBE's tables, a sweep parameter whose negative values
 # validate refuses before any driver runs, and the driver whose shipped records fill its rows.
 WORKFLOWS = {
-    "llm": (LLM_XML, ["local"], ("llm", "llm_csv"), "JOULEBENCH_SWEEP_NODES", "llm_training"),
-    "resnet50": (RESNET_XML, ["local", "pytorch"], ("resnet50", "resnet50_csv"), "JOULEBENCH_SWEEP_NODES", "resnet50"),
-    "inference": (INFERENCE_XML, ["local"], ("inference", "inference_csv"), "JOULEBENCH_SWEEP_BATCH_SIZE",
-                  "llm_inference"),
+    "llm": (LLM_XML, ["local"], ("llm",), "JOULEBENCH_SWEEP_NODES", "llm_training"),
+    "resnet50": (RESNET_XML, ["local", "pytorch"], ("resnet50",), "JOULEBENCH_SWEEP_NODES", "resnet50"),
+    "inference": (INFERENCE_XML, ["local"], ("inference",), "JOULEBENCH_SWEEP_BATCH_SIZE", "llm_inference"),
 }
 # job.env as jbprofile.py writes it for a point of each workflow on a Slurm system, sweep coordinates empty
 SWEEPS = {
@@ -105,6 +107,7 @@ def test_a_jube_run_directory_of_shipped_records_gives_the_tables_it_gave(workfl
     jube("result", str(out), "-a", env=env)
     for table in tables:
         check_golden(f"{workflow}/{table}.dat", (out / "000000" / "result" / f"{table}.dat").read_text())
+    check_golden(f"{workflow}/{workflow}.csv", jbtable.write_full_table(out / "000000", workflow).read_text())
     assert_typed_values(out / "000000" / "analyse.xml", _typed(xml))
 
 

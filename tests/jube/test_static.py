@@ -17,6 +17,8 @@ import pytest
 from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, requires_jube
 from tests.jube.test_profile import jbprofile, jbworkloads
 
+jbtable = sys.modules["jbtable"]  # loaded by jbprofile from the same directory
+
 COMMON_XML = JUBE_DIR / "common.xml"
 STEPS_XML = JUBE_DIR / "steps.xml"
 INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
@@ -90,47 +92,59 @@ def test_every_reference_resolves(path: Path) -> None:
         assert "," not in (element.get("tag") or ""), "a comma in a tag expression is an error in JUBE 2.7"
 
 
+def _full_keys(path: Path) -> list[str]:
+    """The JB keys of the workflow's full table (jube/jbtable.py), in its column order."""
+    return [key for _, key in jbtable.columns(jbworkloads.WORKLOADS[BENCHMARK_OF[path]])]
+
+
+def _key_of(regex: str) -> str:
+    """The JB key a pattern reads (`^JB energy_per_output_token_j=(\\S+)` -> energy_per_output_token_j)."""
+    found = re.match(r"\^JB (\w+)=", regex)
+    assert found, regex
+    return found.group(1)
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
-def test_every_sweep_parameter_has_a_column_in_the_csv_table_and_reaches_jbprofile(path: Path) -> None:
-    """The coordinate columns are generated from the sweep parameterset (jube/jbcolumns.py); jbprofile knows
-    each parameter (an unknown one would be refused at validate) and JUBE exports each to it."""
+def test_every_sweep_parameter_has_a_column_in_the_full_table_and_reaches_jbprofile(path: Path) -> None:
+    """The coordinate patterns are generated from the sweep parameterset (jube/jbcolumns.py), the full table's
+    coordinate columns from the same names; jbprofile knows each parameter (an unknown one would be refused at
+    validate) and JUBE exports each to it."""
     proc = subprocess.run([sys.executable, str(JUBE_DIR / "jbcolumns.py"), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     (sweep,) = [s for s in _root(path).iter("parameterset") if s.get("name") == "sweep"]
     names = list(dict.fromkeys(p.get("name") for p in sweep.iter("parameter")))
     assert tuple(names) == jbworkloads.WORKLOADS[BENCHMARK_OF[path]].sweep_keys
     assert all(p.get("export") == "true" for p in sweep.iter("parameter"))
-    (csv_table,) = [t for t in _root(path).iter("table") if t.get("style") == "csv"]
-    assert [c.text for c in csv_table.iter("column") if (c.text or "").startswith("coord_")] == [
-        f"coord_{n}" for n in names]
+    assert [key for key in _full_keys(path) if key.startswith("coord_")] == [f"coord_{n}" for n in names]
     assert '--sweep "$jube_wp_envlist"' in next(d.text for d in _root(path).iter("do") if "prepare" in (d.text or ""))
 
 
-OTHER_BENCHMARKS_PATTERNS = {  # shared patterns (common.xml) that are training's, not inference's, or the other's
+OTHER_BENCHMARKS_KEYS = {  # shared patterns (common.xml) that are training's, not inference's, or the other's
     LLM_XML: ("batch_per_device",), RESNET_XML: ("tp_pp_dp",),
-    INFERENCE_XML: ("batch_per_device", "tp_pp_dp", "devices", "measured_iterations", "time_per_iteration_s",
+    INFERENCE_XML: ("batch_per_device", "tp_pp_dp", "devices", "iterations", "time_per_iteration_s",
                     "model_tflops_per_device", "mfu")}
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
-def test_the_csv_table_has_every_figure_and_the_default_table_only_columns_of_it(path: Path) -> None:
-    """Narrowing the default table (at most 160 characters, tests/jube/test_local.py) loses nothing: the CSV table has
-    a column for every pattern the analyser reads except the note's short form, which only the default table shows
-    (with the row's Point, which the CSV has too), and shared patterns another benchmark's columns give."""
-    by_name = {t.get("name"): [c.text for c in t.iter("column")] for t in _root(path).iter("table")}
-    benchmark = _root(path).find("benchmark").get("name")  # the default table is named after it, beside the CSV one
-    tables = {"csv": by_name[f"{benchmark}_csv"], "pretty": by_name[benchmark]}
-    assert all(set(columns) - {"short_note"} <= set(tables["csv"]) for columns in by_name.values())
+def test_the_full_table_has_every_figure_and_jubes_tables_only_columns_of_it(path: Path) -> None:
+    """Narrowing JUBE's tables (at most 160 characters, tests/jube/test_local.py) loses nothing: the full table has a
+    column for every line the analyser reads except the note's short form, which only the default table shows, and
+    shared patterns another benchmark's columns give; no JUBE table is a CSV table (JUBE prints every table)."""
+    tables = list(_root(path).iter("table"))
+    assert all(table.get("style") == "pretty" for table in tables)
+    patterns = _patterns(path)
     used = {name for s in _root(path).iter("analyser") for use in s.iter("use")
             for name in (use.text or "").split(",")}
     sets = [*_root(path).iter("patternset"), *_root(COMMON_XML).iter("patternset")]
-    patterns = {p.get("name") for s in sets if s.get("name") in used for p in s.iter("pattern")}
-    typed = _typed(path)
-    assert patterns - {"short_note", *OTHER_BENCHMARKS_PATTERNS[path], *typed} <= set(tables["csv"])
-    assert {typed[name] for name in patterns & set(typed)} - set(OTHER_BENCHMARKS_PATTERNS[path]) <= set(
-        tables["csv"])  # a typed pattern twins a column the CSV table prints
-    assert set(tables["pretty"]) - {"short_note"} <= set(tables["csv"])
-    assert len(tables["pretty"]) < len(tables["csv"]) / 2
+    read = {_key_of(patterns[p.get("name")]) for s in sets if s.get("name") in used for p in s.iter("pattern")}
+    full = _full_keys(path)
+    assert len(full) == len(set(full))
+    assert read - {"short_note", *OTHER_BENCHMARKS_KEYS[path]} <= set(full)
+    assert set(full) <= read  # every column of the full table is a line JUBE reads too
+    shown = {_key_of(patterns[c.text]) for table in tables for c in table.iter("column")}
+    assert shown - {"short_note"} <= set(full)
+    default = next(table for table in tables if table.get("name") == BENCHMARK_OF[path])
+    assert len(list(default.iter("column"))) < len(full) / 2
 
 
 @requires_jube

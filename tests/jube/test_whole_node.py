@@ -148,7 +148,7 @@ def test_a_devices_sweep_on_a_job_bound_to_two_of_four_gpus(jube_env: dict[str, 
     out = tmp_path / "wn" / "jube"
     assert (tmp_path / "wn" / "whole_node.json").is_file(), script.stdout[-2000:] + script.stderr[-3000:]
     shown = jube("result", str(out), env=env).stdout
-    rows = read_table(out, "llm_csv")
+    rows = read_table(out, "llm")
     assert [(r["Devices/node"], r["Status"]) for r in rows] == [("1", "OK"), ("2", "OK"), ("4", "INVALID")], rows
     assert "Fix: use devices_per_node <= 2 on this machine" in rows[2]["Note"]
     records = {}

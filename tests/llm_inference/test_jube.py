@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import os
 import shlex
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llm_inference.cli import main
-from tests.jube.conftest import without_profile_overrides
+from tests.jube.conftest import read_table, without_profile_overrides
 from tests.jube.test_static import assert_patterns_match
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,8 +65,7 @@ def test_local_workflow_sweeps_batch_sizes_into_the_result_table(tmp_path, h100_
                            "--hide-animation", "-e", "-a", "-r"], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_table(out, "inference")
     assert [(r["Model"], r["Task"], r["Batch"], r["Status"]) for r in rows] == [
         ("tiny", "tiny", "1", "OK"), ("tiny", "tiny", "2", "OK")]
     for row in rows:  # energy from the fake H100 through the job's `jpwr serve`
@@ -137,8 +135,7 @@ def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_
                            "--hide-animation", "-a", "-r"], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with (out / "000000" / "result" / "inference_csv.dat").open() as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_table(out, "inference")
     assert [(r["Model"], r["Rate req/s"], r["Slots"], r["Batch"], r["Engine"], r["Status"]) for r in rows] == [
         ("tiny", "0", "4", "-", "continuous", "INVALID"), ("tiny", "40", "4", "-", "continuous", "OK"),
         ("tiny", "max", "4", "-", "continuous", "OK")], proc.stdout[-3000:]

@@ -17,6 +17,7 @@ from tests.jube.conftest import (
     LLM_XML,
     RESNET_XML,
     continue_and_read,
+    default_table,
     is_number,
     jube,
     jube_run,
@@ -110,7 +111,7 @@ def _wait_for_text(path: Path, text: str, timeout_s: float = 120.0) -> None:
 
 
 def _as_note(texts: list[str]) -> str:
-    """Texts as the table's Note holds them: joined by `; `, one line, no commas (JUBE's CSV does not quote)."""
+    """Texts as the table's Note holds them: joined by `; `, one line, no commas (jbrecord.render's lines)."""
     return " ".join("; ".join(texts).split()).replace(",", ";") or "-"
 
 
@@ -145,15 +146,16 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
         jube_run(LLM_XML, ["CI", "tiny"], outs[name], {**env, **extra})
     work = {name: submit_workdirs(out)[0] for name, out in outs.items()}
     job_ids = {name: (w / "job.id").read_text().strip() for name, w in work.items()}
-    # A half-finished run's table names the points still to come: queued (PENDING) and running (RUNNING) rows.
-    jube("result", "-a", str(outs["CANCELLED_PENDING"]), env=env)
-    (queued,) = read_table(outs["CANCELLED_PENDING"], "llm")
+    # A half-finished run's table names the points still to come: queued (PENDING) and running (RUNNING) rows (the
+    # full table comes once every point has its row).
+    shown = jube("result", "-a", str(outs["CANCELLED_PENDING"]), env=env).stdout
+    (queued,) = default_table(shown, "llm")
     assert (queued["Status"], queued["JobID"]) == ("PENDING", job_ids["CANCELLED_PENDING"]), queued
-    assert "jube continue once it ended" in queued["Note"]
+    assert "jube continue once it ended" in queued["Reason"]
+    assert not (outs["CANCELLED_PENDING"] / "000000" / "result" / "llm.csv").exists()
     subprocess.run(["scancel", job_ids["CANCELLED_PENDING"]], env=env, check=True)
     _wait_for_text(work["CANCELLED"] / "job.out", "[llm_training] step ")  # cancel it while it trains
-    jube("result", "-a", str(outs["CANCELLED"]), env=env)
-    (running,) = read_table(outs["CANCELLED"], "llm")
+    (running,) = default_table(jube("result", "-a", str(outs["CANCELLED"]), env=env).stdout, "llm")
     assert (running["Status"], running["JobID"]) == ("RUNNING", job_ids["CANCELLED"]), running
     subprocess.run(["scancel", job_ids["CANCELLED"]], env=env, check=True)
     for out in outs.values():

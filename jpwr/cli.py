@@ -37,7 +37,15 @@ from jpwr.arguments import (
     state_ranges,
 )
 from jpwr.clock import SYSTEM_CLOCK
-from jpwr.errors import ExitCode, ValidationError, exit_code_of, os_error_message, signal_death, take_debug_flag
+from jpwr.errors import (
+    ArgumentParser,
+    ExitCode,
+    ValidationError,
+    exit_code_of,
+    os_error_message,
+    signal_death,
+    take_debug_flag,
+)
 from jpwr.node import check_file_name, node_name
 from jpwr.output import fmt, write_atomic
 from jpwr.summary import NodeSummary
@@ -149,7 +157,7 @@ def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
 
 
 def cmd_wrap(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr", description="Meter a command's accelerator energy.",
+    parser = ArgumentParser(prog="jpwr", description="Meter a command's accelerator energy.",
                                      epilog="Subcommands: " + ", ".join(SUBCOMMANDS))
     _add_meter_options(parser)
     parser.add_argument("--df-out", default=None, help="jpwr 0.0.10 compatibility: write power/energy tables here")
@@ -216,7 +224,7 @@ def cmd_wrap(argv: Sequence[str]) -> int:
 
 
 def cmd_serve(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr serve", description="Run this node's sampler until SIGTERM/SIGINT.")
+    parser = ArgumentParser(prog="jpwr serve", description="Run this node's sampler until SIGTERM/SIGINT.")
     _add_meter_options(parser)
     parser.add_argument("--addr", default=None, help="socket path template ({node} = node name); default from "
                                                      "JPWR_ADDR or a per-run path in the temp dir")
@@ -244,7 +252,7 @@ def cmd_serve(argv: Sequence[str]) -> int:
 def cmd_combine(argv: Sequence[str]) -> int:
     from jpwr.combine import combine_run, expected_nodes_from
 
-    parser = argparse.ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
+    parser = ArgumentParser(prog="jpwr combine", description="Merge the node summaries of one run.")
     parser.add_argument("directory")
     parser.add_argument("--run-id", default=None, help="the run to combine (needed when DIR holds several)")
     parser.add_argument("--expected-nodes", type=NODES, default=expected_nodes_from(),
@@ -269,7 +277,7 @@ def cmd_combine(argv: Sequence[str]) -> int:
 
 
 def cmd_info(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr info", description="List sensors, signals, read cost, update period.")
+    parser = ArgumentParser(prog="jpwr info", description="List sensors, signals, read cost, update period.")
     parser.add_argument("--methods", nargs="+", default=["auto"])
     parser.add_argument("--probe-seconds", type=SECONDS_OR_ZERO, default=1.0,
                         help="time spent measuring update periods (0 = list the sensors, no update periods)")

@@ -6,6 +6,7 @@ ExitCode are in jpwr's top-level API (`from jpwr import ValidationError`); this 
 
 from __future__ import annotations
 
+import argparse
 import enum
 import errno
 import signal
@@ -13,8 +14,9 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
-__all__ = ["WIDTH", "exit_code_of", "take_debug_flag"]
+__all__ = ["WIDTH", "ArgumentParser", "exit_code_of", "take_debug_flag"]
 
 DEBUG_FLAG = "--debug"
 WIDTH = 160  # columns of a line a person reads (a terminal beside an editor): errors and every verb's default output
@@ -165,6 +167,17 @@ def _report(prog: str, message: str, code: int, debug: bool, details: Sequence[s
     line = f"{prog}: error: {message}"
     print(_wrapped(line) if sys.stderr.isatty() else line, file=sys.stderr)
     return code
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors said like the boundary's: argparse wraps its usage lines to the terminal
+    but never its error line (an invalid choice lists every choice), so that line wraps here to WIDTH columns on a
+    terminal and stays one line in a log. Subcommands' parsers are of this class too (add_subparsers' default)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        line = f"{self.prog}: error: {message}"
+        self.exit(2, (_wrapped(line) if sys.stderr.isatty() else line) + "\n")
 
 
 def _wrapped(text: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from jpwr.arguments import OFFSET_S, SECONDS, SECONDS_OR_ZERO, Number, state_ranges
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import ArgumentParser, ExitCode, ValidationError
 from jpwr.output import fmt, write_json_atomic
 from jpwr.qualify_meters import SPEC_FORMS, CsvMeter, Meter, parse_meter
 
@@ -210,7 +210,7 @@ def _loads(args: argparse.Namespace) -> dict[str, list[str] | None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jpwr qualify", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="jpwr qualify", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("meter_a", metavar="METER_A", help=f"the meter under test: {SPEC_FORMS}")

@@ -40,7 +40,7 @@ from jpwr.channel import Mark
 from jpwr.clock import SYSTEM_CLOCK
 from jpwr.counter_phase import UpdateGrid, fit_grid, probe_updates
 from jpwr.domains import Reading, Sensor, Signal
-from jpwr.errors import ExitCode, ValidationError
+from jpwr.errors import ArgumentParser, ExitCode, ValidationError
 from jpwr.estimator import (
     MAX_ALIAS_MULTIPLE,
     PowerCurve,
@@ -307,7 +307,7 @@ def _print_rows(rows: Sequence[dict[str, Any]], table: Sequence[AliasingRow]) ->
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="jpwr selftest", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="jpwr selftest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="nvml")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated burst modes from {', '.join(MODES)}")
     parser.add_argument("--periods-ms", default="37,100,250",

@@ -20,14 +20,14 @@ from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
 from joulebench.host_memory import HOST, available_gib
 from jpwr import ExitCode
-from jpwr.errors import take_debug_flag
+from jpwr.errors import ArgumentParser, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
 from llm_inference.presets import ModelPreset
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llm_inference", description=__doc__)
+    parser = ArgumentParser(prog="python -m llm_inference", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="measure time and energy; one run_record.json per (task, batch size)")
     add_run_arguments(run)

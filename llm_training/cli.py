@@ -15,12 +15,12 @@ from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
 from joulebench.host_memory import available_gib
 from jpwr import ExitCode
-from jpwr.errors import take_debug_flag
+from jpwr.errors import ArgumentParser, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llm_training", description=__doc__)
+    parser = ArgumentParser(prog="python -m llm_training", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a GPT preset and write <out-dir>/run_record.json")
     add_run_arguments(train)

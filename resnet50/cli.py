@@ -26,7 +26,7 @@ from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
 from joulebench.sizing import add_window_arguments
 from jpwr import ValidationError
-from jpwr.errors import take_debug_flag
+from jpwr.errors import ArgumentParser, take_debug_flag
 from resnet50.config import (
     CDT_ENV,
     CPU_ITERATIONS,
@@ -90,7 +90,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m resnet50", description=__doc__)
+    parser = ArgumentParser(prog="python -m resnet50", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_options(sub.add_parser("train", help="train ResNet-50 and write a run record"))
     validate = sub.add_parser("validate", help="check a configuration without touching a device")

@@ -34,6 +34,7 @@ from joulebench.phases import STANDARD_PHASES
 from joulebench.record import RECORD_FILE, RunRecord, headline_domain, read_run_record, write_run_record
 from joulebench.segment_fit import MIN_SEGMENTS, Fold, counter_knots, window_segments
 from jpwr import ExitCode, FormatError, ValidationError, WindowEnergy
+from jpwr.errors import ArgumentParser
 from jpwr.output import utc_now
 from jpwr.trace import PhaseBatch, Signal, TraceData, accelerator_domains, load_trace, spans_from_marks, window_energy
 
@@ -363,7 +364,7 @@ def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="joulebench attribute", description=__doc__,
+    parser = ArgumentParser(prog="joulebench attribute", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a driver's --out-dir (run_record.json and its jpwr trace)")
     parser.add_argument("--window", default="steady", help="window to attribute (default steady)")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from joulebench.arguments import Number, state_ranges
 from jpwr import ExitCode, ValidationError
+from jpwr.errors import ArgumentParser
 from jpwr.trace import REPLAYED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def commands(out: Path, trace: Path, replay_phases: float) -> list[list[str]]:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="joulebench demo", description=__doc__,
+    parser = ArgumentParser(prog="joulebench demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="where everything goes (default "
                                                                              "runs/demo; must not exist yet)")

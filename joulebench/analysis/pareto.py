@@ -16,7 +16,6 @@ out of the front and named with the reason.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from collections.abc import Collection, Sequence
@@ -33,6 +32,7 @@ from joulebench.device_settings.record import RecordedSettings, recorded_setting
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
+from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, readable
 
 if TYPE_CHECKING:  # recommend imports this module: its marks are computed in main, imported there
@@ -306,7 +306,7 @@ def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPo
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="joulebench report --pareto",
+    parser = ArgumentParser(prog="joulebench report --pareto",
                                      description="Time per step vs energy per unit across a sweep's runs.")
     parser.add_argument("--pareto", action="store_true", help="(the verb's switch; implied here)")
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")

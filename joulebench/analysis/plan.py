@@ -47,6 +47,7 @@ from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
 from joulebench.figures import number_problem, rejection
 from joulebench.record import RecordShapeError, RunRecord, parse_record, read_record_document
 from jpwr import ExitCode, FormatError, ValidationError
+from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, write_json_atomic
 
 PROFILE_KIND = "joulebench.clock_profile"
@@ -390,7 +391,7 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
 def main(argv: Sequence[str]) -> int:
     from joulebench.analysis.pareto import parse_fraction
 
-    parser = argparse.ArgumentParser(prog="joulebench plan", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="joulebench plan", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("paths", nargs="*", type=Path, help="run records (or JUBE run directories) of a clock sweep")

@@ -8,7 +8,6 @@ the samplers' own (summary.json) or, for a bare trace, recomputed with the same 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import numpy as np
 
 from jpwr import ExitCode, ValidationError, WindowEnergy
 from jpwr.energy import ACCELERATORS, combine_energies
+from jpwr.errors import ArgumentParser
 from jpwr.output import atomic_path, fmt
 from jpwr.trace import (
     REPLAYED,
@@ -313,7 +313,7 @@ def check_image_path(path: Path) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="joulebench plot", description="Plot a jpwr trace with its windows shaded.")
+    parser = ArgumentParser(prog="joulebench plot", description="Plot a jpwr trace with its windows shaded.")
     parser.add_argument("run_dir", type=Path, help="jpwr --out directory, one node directory, or a trace .h5 file")
     parser.add_argument("-o", "--output", type=Path, default=Path("trace.png"), help="image file (.png, .svg, .pdf)")
     parser.add_argument("--title", default=None)

@@ -41,6 +41,7 @@ from joulebench.disturbed import summary as disturbed_summary
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
+from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, write_json_atomic
 
 PREDICTED = "PREDICTED from the sweep, not re-measured"
@@ -320,7 +321,7 @@ def as_json(rec: Recommendation) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="joulebench recommend", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="joulebench recommend", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")

@@ -12,7 +12,6 @@ metrics of the steady window. A missing energy figure is shown as n/a and never 
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import dataclasses
@@ -54,6 +53,7 @@ from joulebench.record import (
 )
 from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
+from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, readable, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
 
@@ -594,7 +594,7 @@ def main(argv: Sequence[str]) -> int:
         from joulebench.analysis.pareto import main as pareto_main
 
         return pareto_main(argv)
-    parser = argparse.ArgumentParser(prog="joulebench report",
+    parser = ArgumentParser(prog="joulebench report",
                                      description="Charts, table and diagnosis over run records.")
     parser.add_argument("paths", nargs="*", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--pareto", action="store_true", help="a power-limit / clock sweep: Pareto front and "

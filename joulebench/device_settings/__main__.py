@@ -50,7 +50,7 @@ from joulebench.device_settings.record import node_block
 from joulebench.device_settings.state import DEFAULT_STATE_DIR, SettingsState, check_owner, state_path
 from jpwr import ExitCode, ValidationError
 from jpwr.devices import job_devices, node_name
-from jpwr.errors import take_debug_flag
+from jpwr.errors import ArgumentParser, take_debug_flag
 from jpwr.output import fmt, write_json_atomic
 
 PROG = "joulebench device-settings"
@@ -75,7 +75,7 @@ def _request(args: argparse.Namespace) -> Request:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Probe, apply and restore GPU power limits and locked "
+    parser = ArgumentParser(prog=PROG, description="Probe, apply and restore GPU power limits and locked "
                                                             "SM clocks (docs/sweeps.md).")
     sub = parser.add_subparsers(dest="verb", required=True)
     verbs = {"probe": "can the settings be applied here? (reads only)",

@@ -66,6 +66,17 @@ REFUSE = ("import sys; from jpwr.errors import ValidationError, exit_code_of\n"
 def test_a_long_error_wraps_on_a_terminal_and_keeps_every_word() -> None:
     """An error without a list can still be long (a fix naming several options): on a terminal (a pty here) it
     wraps at spaces, its further lines indented; joined again it is the message, word for word."""
+    code, lines = _stderr_on_a_terminal(["-c", REFUSE, LONG_PROBLEM, LONG_FIX])
+    assert code == 64 and len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
+    assert all(line.startswith("    ") and not line.startswith("     ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == f"jpwr: error: {LONG_PROBLEM}. Fix: {LONG_FIX}"
+
+
+UNKNOWN = [f"--not-an-option-{i}" for i in range(30)]  # argparse's error line lists each: 610 columns
+
+
+def _stderr_on_a_terminal(argv: list[str]) -> tuple[int, list[str]]:
+    """(exit code, stderr's lines) of `python ARGV` with stderr on a pseudo-terminal."""
     import os
     import pty
     import subprocess
@@ -75,15 +86,24 @@ def test_a_long_error_wraps_on_a_terminal_and_keeps_every_word() -> None:
         primary, secondary = pty.openpty()
     except OSError as exc:  # a container without /dev/pts
         pytest.skip(f"no pseudo-terminal here: {exc}")
-    proc = subprocess.run([sys.executable, "-c", REFUSE, LONG_PROBLEM, LONG_FIX], stderr=secondary, check=False,
+    proc = subprocess.run([sys.executable, *argv], stderr=secondary, check=False,
                           cwd=Path(__file__).resolve().parents[2])
     os.close(secondary)
     printed = os.read(primary, 65536).decode()
     os.close(primary)
-    lines = printed.replace("\r\n", "\n").strip("\n").splitlines()
-    assert proc.returncode == 64 and len(lines) > 1 and all(len(line) <= WIDTH for line in lines)
-    assert all(line.startswith("    ") and not line.startswith("     ") for line in lines[1:])
-    assert " ".join(line.strip() for line in lines) == f"jpwr: error: {LONG_PROBLEM}. Fix: {LONG_FIX}"
+    return proc.returncode, printed.replace("\r\n", "\n").strip("\n").splitlines()
+
+
+@pytest.mark.parametrize("argv", [["-m", "joulebench", "report", *UNKNOWN], ["-m", "llm_inference", "run", *UNKNOWN],
+                                  ["-m", "jpwr", "info", *UNKNOWN]], ids=["joulebench", "driver", "jpwr"])
+def test_a_usage_error_of_argparse_wraps_on_a_terminal_too(argv: list[str]) -> None:
+    """argparse wraps its usage lines but not its error line: the shared parser (jpwr.errors.ArgumentParser) does,
+    on a terminal, like the boundary's errors; joined again it is argparse's line, word for word."""
+    code, lines = _stderr_on_a_terminal(argv)
+    assert code == 2  # argparse's own
+    error = next(i for i, line in enumerate(lines) if ": error: unrecognized arguments: " in line)
+    assert all(len(line) <= WIDTH for line in lines) and len(lines) > error + 1, lines
+    assert " ".join(line.strip() for line in lines[error:]).endswith("unrecognized arguments: " + " ".join(UNKNOWN))
 
 
 def test_in_a_log_or_a_pipe_the_error_stays_one_line(capsys) -> None:

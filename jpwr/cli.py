@@ -158,7 +158,7 @@ def _print_windows(summary: NodeSummary, stream: TextIO = sys.stderr) -> None:
 
 def cmd_wrap(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="jpwr", description="Meter a command's accelerator energy.",
-                                     epilog="Subcommands: " + ", ".join(SUBCOMMANDS))
+                            epilog="Subcommands: " + ", ".join(SUBCOMMANDS))
     _add_meter_options(parser)
     parser.add_argument("--df-out", default=None, help="jpwr 0.0.10 compatibility: write power/energy tables here")
     parser.add_argument("--df-filetype", default="csv", choices=("csv", "h5"))

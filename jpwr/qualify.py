@@ -211,8 +211,8 @@ def _loads(args: argparse.Namespace) -> dict[str, list[str] | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="jpwr qualify", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("meter_a", metavar="METER_A", help=f"the meter under test: {SPEC_FORMS}")
     parser.add_argument("meter_b", metavar="METER_B", help="the reference meter, same forms")
     parser.add_argument("--window-seconds", type=SECONDS, default=60.0, help="length of each window (default 60)")

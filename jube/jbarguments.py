@@ -4,7 +4,7 @@ Each builder maps the point's workflow parameters, the system profile and the ta
 (name -> text; empty: the driver's default). The inference workflow has two modes, chosen per point by `rate`:
 empty is a static-batch point (`llm_inference run`), a rate or `max` a serving point (`llm_inference load`: open-loop
 arrivals, continuous batching); each mode's own parameters are not driver options in the other and read `-` in the
-table. Standard library only (Python >= 3.8): the login node's validate step runs this.
+table. Standard library only (Python >= 3.10): the login node's validate step runs this.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why here: the validate step (jbprofile.py) must refuse a point that cannot run with a reason naming the value and
 the fix, the same way for every workflow. A point's own mistake is PointRefused (an INVALID row, the other points
-run), a profile's is ConfigError (the whole workflow stops). Standard library only (Python >= 3.8).
+run), a profile's is ConfigError (the whole workflow stops). Standard library only (Python >= 3.10).
 """
 
 from __future__ import annotations

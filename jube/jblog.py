@@ -4,7 +4,7 @@ Why: srun's --kill-on-bad-exit ends the healthy ranks once one rank fails, so th
 a rank killed afterwards (143) and says nothing about the cause. srun --label (Slurm) and job.sh (local ranks) tag
 every line a rank writes to stderr with its rank ("1: ..."), and both log each task that ends badly in the order
 they end ("<node>: task <rank>: Exited with exit code <code>"), so the first such line names the rank that failed
-first, and its tagged lines hold its own last error. Standard library only (Python >= 3.8).
+first, and its tagged lines hold its own last error. Standard library only (Python >= 3.10).
 """
 
 from __future__ import annotations

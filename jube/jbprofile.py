@@ -12,7 +12,7 @@ Why a script and not JUBE parameters: JUBE ignores unknown tags and lets the las
 tags win silently (and Debian's JUBE 2.5.1 has no <check_tags>), so the tags JUBE recorded in the
 run's configuration.xml are checked here, and every site/vendor value comes from one data file
 (systems.ini) instead of tag-conditional parameters spread over the XML. Runs on the login node's
-`python3` (standard library only, Python >= 3.8); the drivers run with the profile's Python.
+`python3` (standard library only, Python >= 3.10); the drivers run with the profile's Python.
 
 Two kinds of refusal. A mistake of the whole workflow (a tag, a profile key, a system that cannot run the
 driver) stops the validate step (exit 64, "<problem>. Fix: <fix>"): nothing is submitted. A sweep point that
@@ -451,10 +451,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         print(f"jbprofile: wrote {jbtable.write_full_table(Path(rundir), settings['JB_BENCHMARK'])}")
-    except OSError as exc:
-        print(f"jbprofile: warning: cannot write the full table ({exc.strerror or exc}); JUBE's tables hold every "
-              f"row. Fix: free the space, then: python3 {REPO / 'jube' / 'jbprofile.py'} compare --rundir {rundir}",
-              file=sys.stderr)
+    except (OSError, ValueError, KeyError) as exc:  # a full disk; a point's job.env written by other means
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        print(f"jbprofile: warning: cannot write the full table ({why}); JUBE's tables hold every row. Fix: mend "
+              f"that, then: python3 {REPO / 'jube' / 'jbprofile.py'} compare --rundir {rundir}", file=sys.stderr)
     return 0
 
 

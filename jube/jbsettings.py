@@ -1,6 +1,6 @@
 """The job's settings file (`job.env`): JB_* variables that jube/job.sh sources and the tools read back.
 
-Standard library only (Python >= 3.8) plus jpwr's stdlib-only atomic writer: used on the login node (jbprofile.py,
+Standard library only (Python >= 3.10) plus jpwr's stdlib-only atomic writer: used on the login node (jbprofile.py,
 jbsubmit.py) and in the job (jbrecord.py).
 """
 

@@ -13,7 +13,7 @@ differently. Three kinds (COMMAND_KEYS):
   line), a word starting with an unquoted `~`, and brace expansion (`{a,b}`, `{1..3}`). job.sh reads the canonical
   form (shlex.join of the words) into arrays, so a value means the same words in the job as in the Python tools.
 - a program (`python`): one word that needs no quoting in a shell (job.sh runs it as "$PY").
-Standard library only (Python >= 3.8).
+Standard library only (Python >= 3.10).
 """
 
 from __future__ import annotations

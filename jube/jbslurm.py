@@ -1,7 +1,7 @@
 """Slurm facts the JUBE workflows act on: will a job fit its partition, will a pending job ever start, how did it end.
 
 Used on the login node by jbprofile.py (validate and submit) and in the finalizer job by jbrecord.py. Standard
-library only (Python >= 3.8); Slurm is driven through its commands (`scontrol`, `sinfo`, `squeue`), which work
+library only (Python >= 3.10); Slurm is driven through its commands (`scontrol`, `sinfo`, `squeue`), which work
 with and without accounting. Why: JUBE's `continue` only looks for a done file, so a job that Slurm will never
 start, or that ends without running its own traps, must be recognised and recorded by us.
 """

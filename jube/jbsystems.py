@@ -2,7 +2,7 @@
 
 Why strict: a misspelled key or a section named like a tag would otherwise be ignored silently and the job
 would run with other settings than the user wrote. `vendor = auto` (the `local` system) asks the vendors'
-listing tools, not torch, whether this machine has an accelerator. Standard library only (Python >= 3.8).
+listing tools, not torch, whether this machine has an accelerator. Standard library only (Python >= 3.10).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Why not a JUBE table: `jube result` prints every table it writes (2.5.1 and 2.7.
 and a row of every column is 500 characters and more. JUBE prints the default tables (at most 160 columns); this
 file is written by the compare step, once every point has its row, from the same `JB key=value` lines JUBE's
 patterns read (each point's result.txt, its compare/<run id>.txt): `<rundir>/result/<workflow>.csv`, rows in the
-sweep's order (by run id). Values never hold a comma (jbrecord.render), so `column -s, -t` reads it as a table.
-Standard library and jpwr's atomic writer: runs in jbrecord.py compare, with the profile's Python.
+sweep's order (by run id); n/a for a value no file holds (JUBE printed an empty cell). A value holding a comma or a
+double quote is CSV-quoted (jbrecord.render writes none with a comma).
+Standard library and jpwr's atomic writer: runs in `jbprofile.py compare`, with the login node's python3.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def read_lines(path: Path) -> dict[str, str]:
     """The `JB key=value` lines of a file (the first of a key, as JUBE's patterns take it); {} where there is none."""
     fields: dict[str, str] = {}
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return fields
     for line in text.splitlines():
@@ -85,7 +86,7 @@ def read_lines(path: Path) -> dict[str, str]:
 
 def rows(rundir: Path, workload: Workload) -> list[list[str]]:
     """One row per sweep point (a submit work directory), sorted by run id; n/a for a value no file holds."""
-    points = []
+    points: list[tuple[str, list[str]]] = []
     for env_path in rundir.glob("*_submit/work/job.env"):
         run_id = read_settings(env_path)["JB_RUN_ID"]
         fields = {**read_lines(env_path.parent / RESULT_FILE), **read_lines(rundir / "compare" / f"{run_id}.txt")}

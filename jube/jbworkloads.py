@@ -3,7 +3,7 @@
 Why a table: what differs between the LLM, ResNet-50 and inference workflows lives in one frozen record per
 workflow, read by jbprofile.py (validate, on the login node) and jbrecord.py (the table row, in the job), instead of
 `benchmark == ...` branches through both. A new workload is a new row here (and its XML), not a new branch.
-Standard library only (Python >= 3.8).
+Standard library only (Python >= 3.10).
 """
 
 from __future__ import annotations

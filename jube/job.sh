@@ -337,15 +337,18 @@ finish() {
     "${py[@]}" "$JB_REPO/jube/jbrecord.py" finalize --settings "$settings" --status "$status" \
         --reason "$reason" --elapsed-s "$(elapsed)" --ranks-exit-code "$ranks_rc" > "$out/finalize.log" 2>&1
     code=$?
-    touch "$JB_DONE_FILE"  # finalize touched it already, unless it could not run
     final=$(sed -n 's/^JB status=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
     case $final in PENDING | RUNNING) final="" ;; esac  # still the provisional row: the recorder wrote none
     if [ -z "$final" ]; then  # the recorder did not run (a broken interpreter or container prefix): the row says so
         final=FAILED; code=1
         why="the job script could not finalise the run record: see $out/finalize.log"
-        printf 'JB status=FAILED\nJB note=%s\nJB status_reason=%s\n' "$why" "$why" > "$JB_WORKDIR/result.txt"
+        printf 'JB status=FAILED\nJB note=%s\nJB status_reason=%s\n' "$why" "$why" > "$JB_WORKDIR/result.txt.failed" &&
+            mv -f "$JB_WORKDIR/result.txt.failed" "$JB_WORKDIR/result.txt"
         log "could not finalise the run record, see $out/finalize.log"
     fi
+    # finalize touched it already, unless it could not run; after the row above: the compare step, which writes the
+    # full table once every point is done, must not read a provisional row
+    touch "$JB_DONE_FILE"
     why=$(sed -n 's/^JB status_reason=//p' "$JB_WORKDIR/result.txt" 2>/dev/null)
     hold=""
     [ "$final" = TIMEOUT ] && hold=$(seconds_to_hold)

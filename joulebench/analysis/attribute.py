@@ -365,7 +365,7 @@ def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | N
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="joulebench attribute", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a driver's --out-dir (run_record.json and its jpwr trace)")
     parser.add_argument("--window", default="steady", help="window to attribute (default steady)")
     parser.add_argument("--phases", type=lambda text: comma_list(text, "phase", "forward,backward"),

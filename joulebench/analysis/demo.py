@@ -44,7 +44,7 @@ def commands(out: Path, trace: Path, replay_phases: float) -> list[list[str]]:
 
 def main(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="joulebench demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="where everything goes (default "
                                                                              "runs/demo; must not exist yet)")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a recorded trace directory "

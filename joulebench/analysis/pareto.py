@@ -307,7 +307,7 @@ def figure(points: Sequence[SweepPoint], base: Baseline, front: Sequence[SweepPo
 
 def main(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="joulebench report --pareto",
-                                     description="Time per step vs energy per unit across a sweep's runs.")
+                            description="Time per step vs energy per unit across a sweep's runs.")
     parser.add_argument("--pareto", action="store_true", help="(the verb's switch; implied here)")
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--max-slowdown", default="1%", help="slowdown allowed for the waste-free point (1%% or 0.01)")

@@ -392,8 +392,8 @@ def main(argv: Sequence[str]) -> int:
     from joulebench.analysis.pareto import parse_fraction
 
     parser = ArgumentParser(prog="joulebench plan", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("paths", nargs="*", type=Path, help="run records (or JUBE run directories) of a clock sweep")
     parser.add_argument("--profile", type=Path, default=None, help="a JSON or CSV profile instead of run records")
     parser.add_argument("--method", default="fit", choices=("fit", "replay"),

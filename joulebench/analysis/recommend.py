@@ -322,8 +322,8 @@ def as_json(rec: Recommendation) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="joulebench recommend", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("paths", nargs="+", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--max-p90-tpot-ms", type=MILLISECONDS, default=None, help="p90 time per output token limit")
     parser.add_argument("--max-p90-ttft-ms", type=MILLISECONDS, default=None, help="p90 time to first token limit")

@@ -595,7 +595,7 @@ def main(argv: Sequence[str]) -> int:
 
         return pareto_main(argv)
     parser = ArgumentParser(prog="joulebench report",
-                                     description="Charts, table and diagnosis over run records.")
+                            description="Charts, table and diagnosis over run records.")
     parser.add_argument("paths", nargs="*", type=Path, help="JUBE run directories or run_record.json files")
     parser.add_argument("--pareto", action="store_true", help="a power-limit / clock sweep: Pareto front and "
                                                               "waste-free point (joulebench report --pareto --help)")

@@ -76,7 +76,7 @@ def _request(args: argparse.Namespace) -> Request:
 
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="Probe, apply and restore GPU power limits and locked "
-                                                            "SM clocks (docs/sweeps.md).")
+                                                   "SM clocks (docs/sweeps.md).")
     sub = parser.add_subparsers(dest="verb", required=True)
     verbs = {"probe": "can the settings be applied here? (reads only)",
              "apply": "check, save the prior values, set; roll back on failure",

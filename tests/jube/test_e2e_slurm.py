@@ -1,7 +1,7 @@
 """End to end: real JUBE 2.5.1 submits real jobs to the local Slurm cluster; the drivers really train.
 
 Each test: `jube run` (validate + sbatch; returns at once) -> the jobs finish -> one `jube continue -a -r`
--> the CSV table JUBE wrote. Tiny models, few iterations, CPU ranks. The jobs of one test run side by side
+-> the full table the compare step wrote. Tiny models, few iterations, CPU ranks. The jobs of one test run side by side
 where the cluster has room (2 nodes x 2 fake GPUs), since a 1-minute limit makes a job last over a minute.
 """
 

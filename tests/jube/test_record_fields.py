@@ -120,7 +120,7 @@ def test_an_invalid_point_becomes_a_record_and_a_row_without_a_job(tmp_path: Pat
     assert (rc, record.status, record.job["job_id"], record.job["exit_code"]) == (64, "INVALID", None, 64)
     row = fields(work)
     assert (row["status"], row["job_id"], row["coord_nodes"]) == ("INVALID", "n/a", "2")
-    assert row["note"] == f"local: no GPU found; {reason.replace(',', ';')}"  # JUBE's CSV does not quote
+    assert row["note"] == f"local: no GPU found; {reason.replace(',', ';')}"  # jbrecord.render writes no commas
     assert record.status_reason == reason  # the default table: each reason's head, the row's own first
     assert row["short_note"] == "Slurm would never start this job +1"  # +1: the profile's note did not fit
 
@@ -166,7 +166,7 @@ srun: launch/slurm: _step_signal: Terminating StepId=7.0
 srun: error: n1: task 0: Terminated
 """
 RANK1 = "rank 1 on n2 exited with code 64: python -m llm_training: error: --device cuda but torch sees no GPU. " \
-        "Fix: run on a GPU node; or use --device cpu"  # as result.txt holds it: JUBE's CSV does not quote commas
+        "Fix: run on a GPU node; or use --device cpu"  # as result.txt holds it: jbrecord.render writes no commas
 
 
 def finalize_ranks(work: Path, log: str, code: int) -> tuple[int, dict[str, str]]:
@@ -270,8 +270,8 @@ def test_finalize_moves_the_drivers_record_from_elsewhere_into_the_run_directory
 
 
 def test_a_long_warning_is_in_full_in_the_note_and_its_head_in_the_short_note(tmp_path: Path) -> None:
-    """The meter's list of every sensor it could not read is one long text: the CSV's note has it in full, the default
-    table's Reason only its head, beside the other warnings' heads that fit."""
+    """The meter's list of every sensor it could not read is one long text: the full table's note has it in full, the
+    default table's Reason only its head, beside the other warnings' heads that fit."""
     sensors = ("no accelerator sensors on node vm: nvml: unavailable: nvmlInit failed: NVML Shared Library Not Found "
                "(no NVIDIA driver or GPU?); amdsmi: unavailable: amdsmi not installed (ships with ROCm); rapl: "
                "unavailable: no RAPL zones under /sys/class/powercap (no intel_rapl driver?)")

@@ -10,7 +10,8 @@ points validate refuses at once (no driver starts), each point's result.txt then
 shipped record under the point's own job.env, `jube result -a` reading them with the workflow's real patterns
 and tables, and the full table (jube/jbtable.py, the compare step's) written again from them; JUBE's analysis
 (analyse.xml) holds each typed pattern as the number its printed twin shows. The full tables were JUBE's CSV tables
-until they left JUBE (`jube result` printed them): their golden files are JUBE's, byte for byte.
+until they left JUBE (`jube result` printed them): their golden files are JUBE's, byte for byte but for a note with
+double quotes, which the full table quotes as CSV does (JUBE's CSV did not).
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_
     assert [r["Slowdown vs default"] for r in rows] == ["-", "-", "-"]  # no GPU setting swept: the compare step ran
     pretty = (out / "000000" / "result" / "inference.dat").read_text()
     # The default table (160 columns): each row's point by its rate, the headline figures; the serving columns
-    # (p90s, goodput, J per request, shares) are the CSV table's, checked above.
+    # (p90s, goodput, J per request, shares) are the full table's, checked above.
     assert all(title in pretty for title in ("Point", "TTFT(s)", "s/token", "J/token", "Cov %", "Reason")), pretty
     assert "rate=40" in pretty and "rate=max" in pretty and max(map(len, pretty.splitlines())) <= 160, pretty
 

@@ -157,16 +157,21 @@ def _internal(prog: str, exc: Exception, debug: bool) -> int:
 
 
 def _report(prog: str, message: str, code: int, debug: bool, details: Sequence[str] = ()) -> int:
-    """The error on stderr after its details, each detail wrapped to WIDTH columns. The error line itself is wrapped
-    on a terminal only: in a log or a pipe it stays one line, which the JUBE recorder (jbrecord.py, the row's note
-    from job.err) and a user's grep read whole."""
+    """The error on stderr after its details, each detail wrapped to WIDTH columns; the error line as _error_line
+    says."""
     if debug:
         traceback.print_exc()
     for detail in details:
         print(_wrapped(f"{prog}: {detail}"), file=sys.stderr)
-    line = f"{prog}: error: {message}"
-    print(_wrapped(line) if sys.stderr.isatty() else line, file=sys.stderr)
+    print(_error_line(prog, message), file=sys.stderr)
     return code
+
+
+def _error_line(prog: str, message: str) -> str:
+    """The error line, wrapped on a terminal only: in a log or a pipe it stays one line, which the JUBE recorder
+    (jbrecord.py, the row's note from job.err) and a user's grep read whole."""
+    line = f"{prog}: error: {message}"
+    return _wrapped(line) if sys.stderr.isatty() else line
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -176,8 +181,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        line = f"{self.prog}: error: {message}"
-        self.exit(2, (_wrapped(line) if sys.stderr.isatty() else line) + "\n")
+        self.exit(2, _error_line(self.prog, message) + "\n")
 
 
 def _wrapped(text: str) -> str:

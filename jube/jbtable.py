@@ -84,23 +84,24 @@ def read_lines(path: Path) -> dict[str, str]:
     return fields
 
 
-def rows(rundir: Path, workload: Workload) -> list[list[str]]:
-    """One row per sweep point (a submit work directory), sorted by run id; n/a for a value no file holds."""
+def rows(rundir: Path, keys: list[str]) -> list[list[str]]:
+    """One row per sweep point (a submit work directory), sorted by run id: the values of `keys`, n/a for a value no
+    file holds."""
     points: list[tuple[str, list[str]]] = []
     for env_path in rundir.glob("*_submit/work/job.env"):
         run_id = read_settings(env_path)["JB_RUN_ID"]
         fields = {**read_lines(env_path.parent / RESULT_FILE), **read_lines(rundir / "compare" / f"{run_id}.txt")}
-        points.append((run_id, [fields.get(key) or "n/a" for _, key in columns(workload)]))
+        points.append((run_id, [fields.get(key) or "n/a" for key in keys]))
     return [row for _, row in sorted(points)]
 
 
 def write_full_table(rundir: Path, benchmark: str) -> Path:
     """<rundir>/result/<benchmark>.csv, atomically (a reader never sees half a table)."""
-    workload = WORKLOADS[benchmark]
+    titles, keys = zip(*columns(WORKLOADS[benchmark]), strict=True)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([title for title, _ in columns(workload)])
-    writer.writerows(rows(rundir, workload))
+    writer.writerow(titles)
+    writer.writerows(rows(rundir, list(keys)))
     target = rundir / "result" / f"{benchmark}.csv"
     target.parent.mkdir(exist_ok=True)
     write_atomic(target, buffer.getvalue())

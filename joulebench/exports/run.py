@@ -81,8 +81,7 @@ class Exports:
                 self.sinks.remove(sink)
                 self._problem(f"{type(sink).__name__} failed logging {what} and was dropped: "
                               f"{type(exc).__name__}: {exc}")
-                for problem in self._close([sink], self.timeout_s):
-                    self._problem(problem)
+                self._close([sink])
 
     def series(self, step: int, values: Mapping[str, float]) -> None:
         self.last_step = max(self.last_step, step)
@@ -103,19 +102,15 @@ class Exports:
     def close(self) -> list[str]:
         """Close every writer; everything that failed, in words."""
         sinks, self.sinks = self.sinks, []
-        for problem in self._close(sinks, self.timeout_s):
-            self._problem(problem)
+        self._close(sinks)
         return list(self.problems)
 
-    @staticmethod
-    def _close(sinks: Sequence[Sink], timeout_s: float) -> list[str]:
-        """Close each writer, also after one failed (it must not keep the others open)."""
-        problems = []
+    def _close(self, sinks: Sequence[Sink]) -> None:
+        """Close each writer, also after one failed (it must not keep the others open); a failure is a problem."""
         for sink in sinks:
             try:
-                call_within(sink.close, timeout_s, f"closing {type(sink).__name__}")
+                call_within(sink.close, self.timeout_s, f"closing {type(sink).__name__}")
             except TimeoutError as exc:
-                problems.append(str(exc))
+                self._problem(str(exc))
             except Exception as exc:
-                problems.append(f"{type(sink).__name__} did not close: {type(exc).__name__}: {exc}")
-        return problems
+                self._problem(f"{type(sink).__name__} did not close: {type(exc).__name__}: {exc}")

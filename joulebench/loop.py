@@ -141,11 +141,11 @@ def run_loop(steps: TrainSteps[Handle], meter: WindowMeter, spec: LoopSpec, stop
             result.step_times_s.append((now - synced[1]) / (step - synced[0]))
             synced = (step, now)
         progress.log(step, loss, total)
-        if intervals:
-            intervals.log_point(step)
         if (total is None or step < total) and steps.any_rank(stop.local_reason() is not None):
             result.stop_reason = stop.local_reason() or "another rank requested the stop"
             break
+        if intervals and step != total:  # the loop's last interval ends after its window: no query time left out
+            intervals.log_point(step)
     result.completed, result.planned = step, total
     if step <= warmup and warmup:  # stopped during warm-up: there is no steady window
         _end(meter, "warmup", 0, step, spec, f"stopped during warm-up: {result.stop_reason}")

@@ -18,6 +18,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -267,21 +268,46 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WrittenScopeScheduling(config, log)
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the processes it has waited for (a test's drivers, JUBE, jpwr; not the Slurm
+    daemons, which the cluster's jobs run under): on 2 cores the suite's wall time follows its CPU time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test's CPU seconds (its setup, call and teardown) travel to the controller in its teardown report."""
+    item.user_properties.append(("cpu_started", _cpu_seconds()))
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if call.when == "teardown":
+        started = dict(item.user_properties).get("cpu_started")
+        if isinstance(started, float):
+            item.user_properties.append(("cpu_seconds", _cpu_seconds() - started))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
-    """Where the suite's time goes: each file's tests (setup, call and teardown summed), slowest first."""
+    """Where the suite's time goes: each file's tests (setup, call and teardown summed; wall and CPU seconds), slowest
+    first."""
     if _is_xdist_worker(config):
         return
     per_file: dict[str, float] = defaultdict(float)
+    cpu_per_file: dict[str, float] = defaultdict(float)
     for reports in terminalreporter.stats.values():
         for report in reports:
             if isinstance(report, pytest.TestReport):
                 per_file[_file_of(report.nodeid)] += report.duration
+                if report.when == "teardown":
+                    cpu_per_file[_file_of(report.nodeid)] += float(dict(report.user_properties).get("cpu_seconds", 0.0))
     if not per_file:
         return
     wall = time.monotonic() - config.stash.get(_STARTED, time.monotonic())
     terminalreporter.write_sep("=", f"slowest {min(DURATION_FILES_SHOWN, len(per_file))} of {len(per_file)} test files")
+    terminalreporter.write_line(f"{'time':>8}    {'CPU':>8}")
     for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:DURATION_FILES_SHOWN]:
-        terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
-    total = sum(per_file.values())
-    terminalreporter.write_line(f"{total:8.1f} s  all {len(per_file)} files (their tests' time, all workers summed); "
-                                f"{wall:.1f} s wall time")
+        terminalreporter.write_line(f"{seconds:8.1f} s  {cpu_per_file[name]:8.1f} s  {name}")
+    total, cpu = sum(per_file.values()), sum(cpu_per_file.values())
+    terminalreporter.write_line(f"{total:8.1f} s  {cpu:8.1f} s  all {len(per_file)} files (their tests' time and CPU, "
+                                f"all workers summed); {wall:.1f} s wall time")

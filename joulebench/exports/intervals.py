@@ -66,14 +66,13 @@ class IntervalLog:
     def log_point(self, step: int, last: bool = False) -> None:
         """Close the open interval when it is long enough, open the next, and log the intervals the sampler can
         answer for now, at most every QUERY_EVERY_NS (all of them at the last point). A last interval too short
-        is merged into the one before it while that one is unlogged, else it is n/a with that reason."""
+        is merged into the one before it while that one is unlogged, else it is n/a with that reason. The loop's last
+        step gets the last call only (after its window ended), so the open interval always has steps."""
         if self.open is None or self.min_ns is None:
             return
         first, t0 = self.open
         long_enough = self.meter.clock.monotonic_ns() - t0 >= self.min_ns
-        if last and first == step:  # the loop ended at the log point that opened it: nothing to log
-            self.open = None
-        elif long_enough or (last and not self.closed):
+        if long_enough or (last and not self.closed):
             if long_enough:
                 self._close(Interval(f"{PREFIX}{first}", first, step, t0, 0))
             else:  # its begin stays unpaired: the sampler has no such interval

@@ -63,12 +63,15 @@ def open_backends(
     discoveries: list[Discovery] = []
     for name in names:
         known = [d for disc in discoveries for d in disc.domains]
-        selectors = job_devices(vendor_of[name]).selector_list if name in vendor_of else None
+        selection = job_devices(vendor_of[name]) if name in vendor_of else None
+        selectors = None if selection is None else selection.selector_list
         nothing_selected = selectors == []  # the job owns no device of this vendor here: not a failure
         backend = create_backend(name, clock, selectors=selectors, gpu_domains=known)
         found = backend.discover()
         if whole_node and selectors is not None and name in vendor_of:
             backend, found = _whole_node(name, clock, known, backend, found)
+        if selection is not None:
+            found.info["selection"] = selection.described  # which devices are the job's, and who said so
         if methods and strict and not nothing_selected and not _has_job_sensors(found):
             backend.close()
             reasons = "; ".join(found.unavailable) or "no sensors found"

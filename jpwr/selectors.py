@@ -47,6 +47,14 @@ class DeviceSelection:
     def selector_list(self) -> list[str] | None:
         return None if self.selectors is None else list(self.selectors)
 
+    @property
+    def described(self) -> str:
+        """Where the selection came from, as a summary and a run record name it: `CUDA_VISIBLE_DEVICES=1`, or
+        `all devices of the node` when nothing selected them."""
+        if self.selectors is None:
+            return "all devices of the node (no visible-devices variable, no Slurm GPU binding)"
+        return f"{self.source}={','.join(self.selectors)}"
+
 
 def selector_kind(selector: str) -> str:
     """Classify one selector: 'index', 'mig', 'uuid' (GPU-… or a prefix of it) or 'pci'."""

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from jpwr.domains import Kind
 from jpwr.energy import WindowEnergy
 
 SCHEMA = "jpwr.summary/1"
@@ -81,6 +82,22 @@ class NodeSummary:
                    domains=list(data.get("domains", [])), sensors=list(data.get("sensors", [])),
                    windows={name: NodeWindow.from_dict(w) for name, w in data["windows"].items()},
                    trace_file=data.get("trace_file"), trace_error=data.get("trace_error"))
+
+    def job_accelerators(self) -> list[dict[str, Any]]:
+        """The accelerators this node's sampler metered for the job, in the vendor library's order: index, UUID and
+        name (a whole-node request's other devices and domains inside another one left out). What a run record names
+        as the job's devices."""
+        outside = set(self.info.get("outside_job") or [])
+        inner = {inside for d in self.domains for inside in d.get("contains") or ()}
+        return [{"index": d.get("index"), "uuid": d.get("device_uuid"), "name": d.get("name")} for d in self.domains
+                if d.get("kind") in {k.value for k in Kind if k.is_accelerator}
+                and d.get("id") not in outside and d.get("id") not in inner]
+
+    def selections(self) -> list[str]:
+        """How each vendor backend chose the job's devices (`CUDA_VISIBLE_DEVICES=1`: jpwr.selectors)."""
+        backends = self.info.get("backends") or {}
+        return [str(info["selection"]) for info in backends.values()
+                if isinstance(info, dict) and info.get("selection")]
 
 
 @dataclasses.dataclass(kw_only=True)

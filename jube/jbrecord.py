@@ -58,6 +58,7 @@ from joulebench.record import (
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
+from jpwr.summary import SUMMARY_FILE, NodeSummary
 from jpwr.trace import load_trace
 
 EX_USAGE = 64  # `fields` of a record no workflow's driver wrote, without its job.env
@@ -109,6 +110,31 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
     }
 
 
+def job_devices(settings: dict[str, str]) -> list[dict[str, Any]]:
+    """Per node, the accelerators its sampler metered as the job's, by UUID, and the binding that named them (Slurm's
+    CUDA_VISIBLE_DEVICES, the local launcher's): on a node whose other GPUs the job can see (ConstrainDevices=no), the
+    record says which were its own."""
+    nodes = []
+    for path in sorted((Path(settings["JB_OUT_DIR"]) / "energy").glob(f"*/{SUMMARY_FILE}")):
+        try:
+            summary = NodeSummary.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):  # a damaged summary: combine's warning says so
+            continue
+        nodes.append({"node": summary.node, "binding": "; ".join(summary.selections()) or None,
+                      "devices": summary.job_accelerators()})
+    return nodes
+
+
+def allocation_warnings(settings: dict[str, str], nodes: list[dict[str, Any]]) -> list[str]:
+    """A node whose sampler metered another number of accelerators than Slurm allocated to the job there."""
+    if settings.get("JB_LAUNCHER") != "slurm" or settings.get("JB_GRES") != "yes":
+        return []
+    allocated = _int_or_none(settings.get("JB_TASKS_PER_NODE"))
+    return [f"node {n['node']}: its sampler metered {len(n['devices'])} accelerator(s) but Slurm allocated {allocated} "
+            f"to the job ({n['binding'] or 'no binding seen'}): the headline is not the job's devices alone"
+            for n in nodes if allocated is not None and n["devices"] and len(n["devices"]) != allocated]
+
+
 def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None) -> tuple[str, str]:
     """The job's status and reason when its ranks ended on their own with exit code `code` (not 0).
 
@@ -157,6 +183,9 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
                     "train_args": settings.get("JB_TRAIN_ARGS")},
         )
     record.job = job_facts(settings, record.status, elapsed_s)
+    record.job["devices"] = job_devices(settings)
+    for warning in allocation_warnings(settings, record.job["devices"]):
+        record.warn(warning)
     if settings.get("JB_SCALING"):  # the rule of the point's batch over its devices (docs/jube.md, "Scaling")
         record.config.update(scaling=settings["JB_SCALING"], devices=_int_or_none(settings.get("JB_WORLD_SIZE")))
     record.config[RECORD_KEY] = settings_block(settings, record)

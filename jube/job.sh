@@ -125,6 +125,16 @@ bind_local_devices() {
     log "the job's devices: $var=${!var}"
 }
 
+# Slurm: each node's sampler and ranks get Slurm's GPU binding (CUDA_VISIBLE_DEVICES in every step; the sampler's step
+# overlaps the ranks' with the job's GRES), so the sampler meters the allocated GPUs alone even where the job sees all
+# of the node's (ConstrainDevices=no). Slurm's indices follow the node's gres.conf, in PCI order: so do CUDA's and
+# NVML's with CUDA_DEVICE_ORDER=PCI_BUS_ID. The record names the metered GPUs by UUID (jbrecord.py job_devices).
+slurm_binding() {
+    export CUDA_DEVICE_ORDER=PCI_BUS_ID
+    log "the job's devices on $(hostname -s) (Slurm's binding): CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" \
+        "SLURM_JOB_GPUS=${SLURM_JOB_GPUS-unset}"
+}
+
 # `jpwr serve` options every sampler of the job gets: the whole-node line where the profile asks for it.
 serve_args=(--methods "$JB_JPWR_METHODS" --out "$energy_dir" --run-id "$JB_RUN_ID")
 [ "${JB_METER_WHOLE_NODE:-no}" = yes ] && serve_args+=(--whole-node)
@@ -431,6 +441,7 @@ if [ -n "${JB_CONTAINER_BIND_VAR:-}" ]; then
 fi
 
 [ "$status" = OK ] && [ "$JB_LAUNCHER" = local ] && [ "$JB_NODES" -eq 1 ] && bind_local_devices
+[ "$status" = OK ] && [ "$JB_LAUNCHER" = slurm ] && slurm_binding
 [ "$status" = OK ] && start_settings_guard
 if [ "$status" = OK ]; then
     start_samplers

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from joulebench.disturbed import WINDOW, Watch, judge, summary, unjudged
 from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
+from joulebench.failures import failure_reason
 from joulebench.launch import LaunchEnv
 from joulebench.progress import Heartbeat
 from joulebench.record import (
@@ -291,7 +292,7 @@ class Run:
         else:
             traceback.print_exc()
         self.record.status = "FAILED"
-        self.record.status_reason = str(exc) if isinstance(exc, JpwrError) else f"{type(exc).__name__}: {exc}"
+        self.record.status_reason = str(exc) if isinstance(exc, JpwrError) else failure_reason(exc)
         pending = self.stop.local_reason()
         if pending:
             self.record.status_reason += f" (while stopping: {pending})"

@@ -232,3 +232,29 @@ def test_one_sweep_loop_hands_the_idle_baseline_on_and_ends_at_a_stop(tmp_path):
 
     assert sweep(fresh, [1, 2], str, failing, str, lines.append, ends_sweep=lambda record: True) == EXIT_CODES["FAILED"]
     assert ended == [1]
+
+
+def test_out_of_gpu_memory_is_recorded_as_such_with_the_device_s_figures_and_the_fix(tmp_path):
+    """torch's own OutOfMemoryError (what a co-tenant holding most of the GPU causes, issue 56) in one line: the figures
+    of the device up to its allocator statistics, and what to do; any other exception keeps its type and text."""
+    import torch
+
+    from joulebench.launch import LaunchEnv
+    from joulebench.lifecycle import Lifecycle
+
+    message = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+               "1.21 GiB is free. Process 4242 has 70.00 GiB memory in use. Including non-PyTorch memory, this process "
+               "has 7.90 GiB memory in use. Of the allocated memory 7.10 GiB is allocated by PyTorch.")
+    for name, error in (("oom", torch.OutOfMemoryError(message)), ("other", RuntimeError("a\n  broken   model"))):
+        life = Lifecycle("llm_training", LaunchEnv.from_env({}))
+        with life.run(name, tmp_path / name, {}, metrics=lambda record: {}):
+            raise error
+        record = read_record(tmp_path / name)
+        assert record["status"] == "FAILED"
+        if name == "other":
+            assert record["status_reason"] == "RuntimeError: a broken model"
+            continue
+        assert record["status_reason"].startswith("out of GPU memory (OutOfMemoryError: CUDA out of memory. Tried to")
+        assert "Process 4242 has 70.00 GiB memory in use." in record["status_reason"]
+        assert "Including non-PyTorch" not in record["status_reason"]
+        assert "Fix: free the device" in record["status_reason"] and "smaller micro-batch" in record["status_reason"]

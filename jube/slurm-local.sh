@@ -78,15 +78,14 @@ lib_path() {
 
 plugin_dir() { for dir in "$prefix"/usr/lib/*-linux-gnu/slurm-wlm; do [ -d "$dir" ] && echo "$dir" && return; done; }
 
-# A daemon's path: PATH (Debian's alternatives), else its -wlm binary under the prefix.
+# A daemon's path: PATH (Debian's alternatives), else a link named after it to its -wlm binary under the prefix (Slurm
+# reads its own role from its program name: started as slurmd-wlm, slurmd ignores the node's Gres= line).
 daemon() {
-    if [ -n "$prefix" ]; then
-        for candidate in "$prefix/usr/sbin/$1-wlm" "$prefix/usr/sbin/$1"; do
-            [ -x "$candidate" ] && echo "$candidate" && return
-        done
-        return
-    fi
-    command -v "$1" || true
+    if [ -z "$prefix" ]; then command -v "$1" || true; return; fi
+    [ -x "$prefix/usr/sbin/$1-wlm" ] || return 0
+    mkdir -p "$base/sbin"
+    ln -sf "$prefix/usr/sbin/$1-wlm" "$base/sbin/$1"
+    echo "$base/sbin/$1"
 }
 
 # A client tool (munge, unmunge, munged, sinfo, ...): PATH, or the prefix's.
@@ -159,7 +158,9 @@ node_line() {
 
 gres_line() {
     if [ "$shape" = gpu ]; then
-        echo "NodeName=$host Name=gpu File=$(gpu_device_dir)/nvidia[0-$((gpus - 1))]"
+        files=nvidia0  # Slurm 22.05 reads nvidia[0-0] as two files
+        [ "$gpus" -gt 1 ] && files="nvidia[0-$((gpus - 1))]"
+        echo "NodeName=$host Name=gpu File=$(gpu_device_dir)/$files"
     else
         echo "NodeName=$node_prefix[1-$node_count] Name=gpu File=$base/fakegpu/gpu[0-1]"
     fi
@@ -292,8 +293,8 @@ remove_hosts() {
 
 # The files `start` made; the directory itself only if nothing else is in it (JOULEBENCH_SLURM_BASE may be any path).
 remove_files() {
-    rm -rf "$base/state" "$base/log" "$base/run" "$base/spool" "$base/fakegpu" "$base/bin" "$base/munge" "$conf" \
-        "$base/gres.conf" "$base/cgroup.conf"
+    rm -rf "$base/state" "$base/log" "$base/run" "$base/spool" "$base/fakegpu" "$base/bin" "$base/sbin" "$base/munge" \
+        "$conf" "$base/gres.conf" "$base/cgroup.conf"
     rmdir "$base" 2>/dev/null || true
 }
 
@@ -301,7 +302,7 @@ remove_files() {
 # to the prefix's, removed by stop.
 link_slurmstepd() {
     [ -n "$prefix" ] && [ ! -e /usr/sbin/slurmstepd ] || return 0
-    ln -s "$(daemon slurmstepd)" /usr/sbin/slurmstepd
+    ln -s "$prefix/usr/sbin/slurmstepd-wlm" /usr/sbin/slurmstepd
     echo /usr/sbin/slurmstepd > "$base/run/slurmstepd-link"
 }
 

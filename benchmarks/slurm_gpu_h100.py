@@ -57,6 +57,8 @@ TAG = "SLURMGPU"
 XML = {"llm": REPO / "jube" / "llm_benchmark.xml", "resnet50": REPO / "jube" / "resnet50_benchmark.xml",
        "inference": REPO / "jube" / "inference_benchmark.xml"}
 ENDLESS = {"JOULEBENCH_SWEEP_ITERATIONS": "1000000"}  # the steady window never ends on its own
+# Seconds each part takes on an H100 at most (a part that would end past --deadline-s is skipped, saying so)
+PART_SECONDS = {"pair": 330, "timeout": 210, "oom": 100, "resnet": 480, "inference": 480}
 TARGET_PCT = 0.5  # the Done-when's bound on a steady window against the independent read
 HEADER = ("part", "point", "job", "status", "units/s", "units/Wh", "steady s", "energy J", "bound %", "deviation %",
           "check", "note")
@@ -115,14 +117,18 @@ class ProcessPoller(Poller):
 
 
 # ---- JUBE ---------------------------------------------------------------------------------------------------------
-def jube(args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["jube", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+def jube(args: list[str], outpath: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """One JUBE command; its output appended to <outpath>.jube.log beside the run directory."""
+    done = subprocess.run(["jube", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    with outpath.with_suffix(".jube.log").open("a") as log:
+        log.write(f"$ jube {shlex.join(args)}\n{done.stdout}{done.stderr}exit code {done.returncode}\n")
+    return done
 
 
 def jube_run(workflow: str, tags: list[str], outpath: Path, env: dict[str, str], timeout_s: float = 560
              ) -> subprocess.CompletedProcess[str]:
     return jube(["run", str(XML[workflow]), "-o", str(outpath), "--hide-animation", "-a", "-r", "--tag", TAG, *tags],
-                env, timeout_s)
+                outpath, env, timeout_s)
 
 
 def workdirs(outpath: Path) -> list[Path]:
@@ -218,7 +224,7 @@ class Parts:
         a_gone_s = wait_for(lambda: not squeue(a_job, self.env), 120, f"job {a_job} to leave the queue")
         wait_for(lambda: (a_dir / "job.done").exists() and (b_dir / "job.done").exists(), 560, "both jobs' done files")
         for outpath in (first, second):
-            jube(["continue", str(outpath), "-a", "-r", "--hide-animation"], self.env, 120)
+            jube(["continue", str(outpath), "-a", "-r", "--hide-animation"], outpath, self.env, 120)
         a_pids = self.processes.pids_between(0, cancel_ns)
         b_record = record_of(b_dir) or {}
         b_start_ns = min((w["t_start_ns"] for w in b_record.get("windows") or []), default=None)
@@ -339,11 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                                                   "(.deb files): the cluster runs from them, unpacked (not installed)")
     parser.add_argument("--llm-model", default="800M", help="the LLM workflow's model tag (tiny: a CPU rehearsal)")
     parser.add_argument("--inference-model", default="llama-8b", help="the inference workflow's model tag")
-    parser.add_argument("--parts", default="pair,timeout,oom,resnet,inference",
-                        help="comma list of pair, timeout, oom, resnet, inference (in the order given)")
+    parser.add_argument("--parts", default=",".join(PART_SECONDS),
+                        help=f"comma list of {', '.join(PART_SECONDS)} (in the order given)")
+    parser.add_argument("--deadline-s", type=float, default=3600.0,
+                        help="skip a part that would end past this many seconds after the start (PART_SECONDS)")
     args = parser.parse_args(argv)
+    script_start = time.monotonic()
     names = [p for p in args.parts.split(",") if p]
-    unknown = [p for p in names if p not in ("pair", "timeout", "oom", "resnet", "inference")]
+    unknown = [p for p in names if p not in PART_SECONDS]
     if unknown:
         parser.error(f"unknown part(s) {', '.join(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -366,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             parts = Parts(args.out, env, counter, processes, args.llm_model, args.inference_model)
             for name in names:
                 begun = time.monotonic()
+                if begun - script_start + PART_SECONDS[name] > args.deadline_s:
+                    rows.append({"part": name, "status": "skipped", "check": f"would end past --deadline-s "
+                                 f"{args.deadline_s:.0f} (it takes up to {PART_SECONDS[name]} s)"})
+                    continue
                 try:
                     rows += getattr(parts, name)()
                 except Exception as exc:  # one part's failure must not cost the others their rows

@@ -65,7 +65,7 @@ munge_socket=/run/munge/munge.socket.2
 
 log() { echo "slurm-local: $*" >&2; }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
 
 # ---- where the binaries are: PATH, or the unpacked packages under $prefix ----
 lib_path() {
@@ -408,10 +408,10 @@ start() {
 stop_pidfile() {  # TERM after a grace period, then KILL
     i=0
     while alive "$1" && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
-    if alive "$1"; then kill "$(cat "$1")" 2>/dev/null || true; fi
+    if alive "$1"; then kill "$(cat "$1" 2>/dev/null)" 2>/dev/null || true; fi
     i=0
     while alive "$1" && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
-    if alive "$1"; then kill -KILL "$(cat "$1")" 2>/dev/null || true; fi
+    if alive "$1"; then kill -KILL "$(cat "$1" 2>/dev/null)" 2>/dev/null || true; fi
     return 0
 }
 
@@ -432,7 +432,7 @@ stop() {
         stop_pidfile "$pidfile"
     done
     if [ "$shape" = gpu ] && [ -f "$base/run/munged.pid" ]; then
-        kill "$(cat "$base/run/munged.pid")" 2>/dev/null || true
+        kill "$(cat "$base/run/munged.pid" 2>/dev/null)" 2>/dev/null || true
         stop_pidfile "$base/run/munged.pid"
     fi
     if [ "$shape" != gpu ] && [ -f "$munge_marker" ]; then

@@ -109,7 +109,10 @@ class ProcessPoller(Poller):
         self.samples: list[tuple[int, frozenset[int]]] = []
 
     def read_once(self) -> None:
-        pids = {p.pid for h in self._handles for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)}
+        try:
+            pids = {p.pid for h in self._handles for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)}
+        except self._nv.NVMLError:  # a read that fails leaves a gap, not a sample of no process
+            return
         self.samples.append((time.monotonic_ns(), frozenset(pids)))
 
     def pids_between(self, t0_ns: float, t1_ns: float) -> set[int]:
@@ -229,7 +232,9 @@ class Parts:
         b_record = record_of(b_dir) or {}
         b_start_ns = min((w["t_start_ns"] for w in b_record.get("windows") or []), default=None)
         overlap = sorted(a_pids & self.processes.pids_between(b_start_ns, time.monotonic_ns())) if b_start_ns else []
-        self.facts["pair"] = {"second_job_while_first_ran": waiting, "second_started_after_scancel_s": start_s,
+        shown = {job: _job_times(job, self.env) for job in (a_job, b_job)}
+        self.facts["pair"] = {"slurm_start_end": shown, "second_job_while_first_ran": waiting,
+                              "second_started_after_scancel_s": start_s,
                               "first_left_queue_after_scancel_s": a_gone_s, "first_job_gpu_pids": sorted(a_pids),
                               "first_job_pids_in_second_windows": overlap}
 
@@ -322,6 +327,13 @@ class Parts:
                                "status": record["status"], "check": "see per_request in results.json"}
         row.update(steady_against_counter(record, self.counter))
         return row
+
+
+def _job_times(job: str, env: dict[str, str]) -> str:
+    """Slurm's StartTime and EndTime of a job while the controller knows it (MinJobAge, 300 s)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True).stdout
+    fields = dict(item.split("=", 1) for item in shown.split() if "=" in item)
+    return f"{fields.get('JobState')} {fields.get('StartTime')} - {fields.get('EndTime')}"
 
 
 def _per_request(block: dict[str, Any]) -> dict[str, Any]:

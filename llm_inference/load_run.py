@@ -37,12 +37,12 @@ from llm_inference.load_plan import (
     plan_trace,
     progress_line,
     rate_paths,
-    request_energy_figures,
 )
 from llm_inference.presets import ModelPreset
 from llm_inference.request_metrics import RequestTimes
 from llm_inference.runner import window_seconds
 from llm_inference.serve_loop import WindowRule
+from llm_inference.serving_energy import RecordedRate, attach_energy
 
 DetailT = TypeVar("DetailT")
 
@@ -110,8 +110,9 @@ class LoadTarget(Protocol[DetailT]):
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
-    def energy(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
-        """The record's per-request `energy` block (fills the table's energy columns)."""
+    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+        """The record's per-request `energy` block of the rate as it saved itself (fills its table's energy
+        columns)."""
         ...
 
     def energy_unavailable(self) -> str | None:
@@ -146,7 +147,8 @@ def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], 
         why = outcome.steady.energy.unavailable_reason if outcome.steady.energy else None
         return {"unavailable_reason": f"the window's energy is n/a ({why or f'run {record.status}'}): no "
                                       "per-request split of it"}
-    return target.energy(outcome)
+    assert outcome.table is not None
+    return target.energy(RecordedRate.of(record, outcome.table, outcome.out_dir))
 
 
 def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[DetailT], outcome: RateOutcome[DetailT],
@@ -156,13 +158,10 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
     result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome))
     result.update(target.figures(outcome))
     if outcome.table is not None:
-        energy = _request_energy(target, outcome, record) if outcome.steady is not None else \
-            {"unavailable_reason": "no measured window"}
-        if outcome.steady is not None:
-            record.requests = {**(record.requests or {}), "energy": energy}
-            result.update(request_energy_figures(energy))
-        if energy.get("unavailable_reason"):
-            outcome.table.attrs["energy_unavailable_reason"] = energy["unavailable_reason"]
+        if outcome.steady is None:
+            outcome.table.attrs["energy_unavailable_reason"] = "no measured window"
+        else:
+            result.update(attach_energy(record, outcome.table, _request_energy(target, outcome, record)))
         save_requests(outcome.out_dir, outcome.table, record)
     return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
 

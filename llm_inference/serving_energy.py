@@ -46,7 +46,7 @@ from joulebench.request_energy import (
 from joulebench.requests_table import STATUSES, STEP_KINDS, RequestsTable
 from joulebench.segment_fit import counter_knots
 from jpwr import JpwrError
-from jpwr.trace import Knots, accelerator_domains, load_trace
+from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
 from llm_inference import client_estimate
 
 METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + e x prefill steps + b x decode steps + "
@@ -190,10 +190,10 @@ def in_process_counter(rate: RecordedRate) -> tuple[list[Knots], str | None]:
 
 def trace_knots(trace_dir: Path, outside_job: Collection[str] = (), missing: str = NO_TRACE
                 ) -> tuple[list[Knots], str | None]:
-    """The energy-counter knots of the first accelerator of the trace under `trace_dir` (<node>/trace.h5) that is
-    the job's (`outside_job`: those a whole-node request metered beside it), or why there are none (`missing`: no
-    trace there)."""
-    nodes = sorted(p.parent for p in trace_dir.glob("*/trace.h5"))
+    """The energy-counter knots of the first accelerator of the trace under `trace_dir` (<node>/trace.h5, or the
+    segments of a sampler that never assembled it) that is the job's (`outside_job`: those a whole-node request
+    metered beside it), or why there are none (`missing`: no trace there)."""
+    nodes = sorted({p.parent for name in (TRACE_FILE, SEGMENT_DIR) for p in trace_dir.glob(f"*/{name}")})
     if not nodes:
         return [], missing
     trace = load_trace(nodes[0])

@@ -55,6 +55,8 @@ def _assert_served(rows: list[dict[str, str]], workdirs: list[Path], rates: list
     for row in rows:
         assert float(row["Requests/s"]) > 0 and float(row["TTFT p90(s)"]) > 0
         assert float(row["J/output token"]) > 0 and row["Energy method"] in ("counter", "counter+power")
+        # the client-side estimate, fitted after the job on the node's trace (jbrecord.py finalize)
+        assert float(row["J/request p90"]) >= float(row["J/request p50"]) > 0, row["Note"]
     for work in workdirs:
         log = (work / "run" / "server.log").read_text()
         assert "transformers.cli.transformers serve" in log and "--port" in log

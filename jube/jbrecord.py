@@ -12,7 +12,9 @@ ended, and on the login node for points that never became a job (INVALID, refuse
 own outcome decides the status unless the job ended normally, then the driver's record does (OK, PARTIAL,
 or TIMEOUT from its own clock, also when its ranks exited 124), except that a rank that failed first makes
 the row FAILED in its own words (jblog.py) unless the record says the run was measured to its end; a missing
-record becomes a record of the job's status so that every sweep point gets its row. `result.txt`
+record becomes a record of the job's status so that every sweep point gets its row. For a serving point, finalize
+first has the driver's own command fit its per-request energy on the node's trace, which the samplers wrote when they
+stopped (fit_after_job: `python -m llm_inference request-energy`, the job's Python). `result.txt`
 holds one `JB key=value` line per table column: JUBE's patterns read that file, never the drivers' logs, so
 the table shows the same numbers as run_record.json (n/a with the reason where there are none). The exit
 code follows the final status (EXIT_CODES), which job.sh passes on, so Slurm's job state, the job log, the
@@ -150,7 +152,7 @@ def fit_after_job(settings: dict[str, str], status: str, elapsed_s: float | None
         return None
     not_fitted = "per-request energy not fitted after the job"
     if status == "CANCELLED":
-        return f"{not_fitted}: the job was cancelled (Slurm ends it within its KillWait)"
+        return f"{not_fitted}: the job was cancelled (the time it has left is not known)"
     limit = _int_or_none(settings.get("JB_TIME_LIMIT_S"))
     seconds = AFTER_JOB_UNLIMITED_S if limit is None or elapsed_s is None else limit - elapsed_s - AFTER_JOB_RESERVE_S
     if seconds < AFTER_JOB_MIN_S:
@@ -168,7 +170,7 @@ def fit_after_job(settings: dict[str, str], status: str, elapsed_s: float | None
     sys.stderr.write(done.stderr)
     if done.returncode:
         last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no output")
-        return f"{not_fitted}: `{shown}` failed (exit {done.returncode}): {clip(last.strip(), 200)}"
+        return f"{not_fitted}: `{shown}` failed (exit {done.returncode}): {clip(last.strip(), 120)}"
     return None
 
 

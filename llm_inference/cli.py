@@ -133,9 +133,12 @@ def _load(args: argparse.Namespace) -> int:
 
 
 def _request_energy(args: argparse.Namespace) -> int:
+    from joulebench.reasons import clip
+    from jpwr.errors import WIDTH
     from llm_inference.recorded_energy import fit_run
 
-    fit_run(args.run, args.trace, lambda line: print(f"[llm_inference] {line}", flush=True))
+    prefix = "[llm_inference] "  # each rate's line within WIDTH: the record has every reason in full
+    fit_run(args.run, args.trace, lambda line: print(prefix + clip(line, WIDTH - len(prefix)), flush=True))
     return ExitCode.OK
 
 

@@ -85,7 +85,7 @@ def test_the_fit_after_the_job_gets_exactly_the_in_process_runs_block(in_process
         np.testing.assert_array_equal(tables[1].requests[column], tables[0].requests[column])
     assert tables[1].attrs == tables[0].attrs and tables[1].controlled_steps.keys() == tables[0].controlled_steps.keys()
     p50 = own["metrics"]["energy_per_request_p50_j"]
-    assert f"rate 40: J/request p50 {p50:.4g}" in said and f"checks failed: {energy['checks_failed']}" in said
+    assert f"rate 40: J/request p50 {p50:.4g}" in said and max(map(len, said.splitlines())) <= 160
     # Run again, the rate no longer waits for a trace: left as it is.
     before = (run / RECORD_FILE).read_text()
     assert main(["request-energy", "--run", str(run)]) == 0

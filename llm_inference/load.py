@@ -136,7 +136,6 @@ class EngineTarget:
         self.device = model.device
         self.hardware: dict[str, object] | None = hardware
         self.sweep = Sweep()
-        self.served_a_rate = False
 
     def config(self) -> dict[str, Any]:
         return {"precision": self.precision, "engine": "continuous"}
@@ -160,9 +159,8 @@ class EngineTarget:
         if engine.state is None or engine.state.rows != cfg.max_concurrency or engine.state.cache_positions < sequence:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
         controlled = None
-        if not self.served_a_rate:  # once, before the first rate's load (whether or not a trace fits it here)
+        if not self.sweep.earlier and self.sweep.controlled is None:
             controlled = _controlled_window(cfg, engine, meter, self.shape, self.trace, say)
-        self.served_a_rate = True
         loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, self.shape.vocab_size, cfg.seed),
                          log=say)
 

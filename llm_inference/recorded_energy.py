@@ -3,15 +3,15 @@ the run from what it saved, where the run itself had no trace to fit it on.
 
 Under an external sampler (`jpwr serve`: the node sampler of a JUBE job) the trace is written when the sampler stops,
 after the driver ended, so the driver records `requests.energy` as waiting for it (serving_energy.NO_TRACE). Once
-the trace is there, this command fits every such rate of the run by the driver's own code (serving_energy, the same
-functions and seeds: a run fitted here gets what the driver would have recorded with that trace) from the rate's
-record (the measured window's edges, the idle baseline's power), its `requests.h5` (arrivals, the engine's step log
-or a server's chunk times, and in the first rate's table the controlled-split window's step log) and the trace.
-Rates are fitted in the order they ran, each checked against the earlier ones (cross-rate) as in the driver, and a
-sweep of two or more rates gains its joint block. Each record is amended atomically (joulebench.lifecycle), with
-its block, its J/request figures and its table's energy columns. Rates whose block is anything else (fitted
-already, or n/a for another reason) are left as they are. A JUBE job runs this after its samplers stopped
-(jube/jbrecord.py finalize).
+the trace is there, this command fits the rate by the driver's own code (serving_energy, the same functions and
+seeds: a run fitted here gets what the driver would have recorded with that trace) from the rate's record (the
+measured window's edges, the idle baseline's power), its `requests.h5` (arrivals, the engine's step log or a
+server's chunk times, and the controlled-split window's step log) and the trace, and amends the record atomically
+(joulebench.lifecycle) with the block, its J/request figures and its table's energy columns. A load under an external
+sampler runs one rate (validation refuses more: their windows would merge), so it has no earlier rate to check
+against and no joint block, as a single rate in process. A record whose block is anything else (fitted already, or
+n/a for another reason) is left as it is. A JUBE job runs this after its samplers stopped (jube/jbrecord.py
+finalize).
 """
 
 from __future__ import annotations
@@ -35,21 +35,9 @@ from llm_inference.serving_energy import (
     client_energy,
     serving_energy,
     trace_knots,
-    write_joint,
 )
 
 JOB_TRACE = "energy"  # a JUBE job's node samplers write <run>/energy/<node>/trace.h5 (jube/job.sh)
-
-
-def rate_dirs(run: Path) -> list[Path]:
-    """The run's rate directories in the order they ran: the run itself (one rate), else its rate_<r>/."""
-    if (run / RECORD_FILE).is_file():
-        return [run]
-    records = {p.parent: read_run_record(p) for p in run.glob(f"rate_*/{RECORD_FILE}")}
-    if not records:
-        raise ValidationError(f"--run {run} holds no load run record ({RECORD_FILE} or rate_<r>/{RECORD_FILE})",
-                              "pass the load's --out-dir")
-    return sorted(records, key=lambda d: records[d].started_at)
 
 
 def waits_for_trace(record: RunRecord) -> bool:
@@ -80,8 +68,8 @@ def _amend(table: RequestsTable | None, energy: dict[str, Any], directory: Path,
     return True
 
 
-def fit_rate(directory: Path, record: RunRecord, trace: Path, sweep: Sweep) -> dict[str, Any]:
-    """One waiting rate's block, fitted on the trace under `trace` and amended into its record."""
+def fit_rate(directory: Path, record: RunRecord, trace: Path) -> dict[str, Any]:
+    """A waiting rate's block, fitted on the trace under `trace` and amended into its record."""
     table = _table(record, directory)
     if isinstance(table, str):
         energy: dict[str, Any] = {"unavailable_reason": table}
@@ -90,7 +78,7 @@ def fit_rate(directory: Path, record: RunRecord, trace: Path, sweep: Sweep) -> d
     rate = RecordedRate.of(record, table, directory)
     counter = trace_knots(trace, rate.outside_job, f"no trace under {trace} (its sampler wrote none: see its log)")
     fit = serving_energy if "kind" in table.steps else client_energy  # an engine's step log, or a client's chunks
-    energy = fit(rate, counter, sweep)
+    energy = fit(rate, counter, Sweep())
     amend_written_record(directory, partial(_amend, table, energy, directory))
     return energy
 
@@ -109,15 +97,14 @@ def describe(label: str, energy: dict[str, Any]) -> str:
 
 
 def fit_run(run: Path, trace: Path | None, say: Callable[[str], None]) -> None:
-    """Fit every rate of `run` that waits for its trace, on the trace under `trace` (default <run>/energy), saying
-    what each rate got."""
-    trace = run / JOB_TRACE if trace is None else trace
-    sweep = Sweep()
-    for directory in rate_dirs(run):
-        record = read_run_record(directory / RECORD_FILE)
-        label = str(record.config.get("rate"))
-        if not waits_for_trace(record):
-            say(f"rate {label}: per-request energy left as the run recorded it (it waits for no trace)")
-            continue
-        say(describe(label, fit_rate(directory, record, trace, sweep)))
-    write_joint(sweep, say)
+    """Fit the rate recorded in `run` if it waits for its trace, on the trace under `trace` (default <run>/energy),
+    saying what it got."""
+    if not (run / RECORD_FILE).is_file():
+        raise ValidationError(f"--run {run} holds no run record ({RECORD_FILE})",
+                              "pass the --out-dir of a load metered by an external sampler (one rate)")
+    record = read_run_record(run / RECORD_FILE)
+    label = str(record.config.get("rate"))
+    if not waits_for_trace(record):
+        say(f"rate {label}: per-request energy left as the run recorded it (it waits for no trace)")
+        return
+    say(describe(label, fit_rate(run, record, run / JOB_TRACE if trace is None else trace)))

@@ -105,7 +105,7 @@ def test_a_directory_without_a_load_record_is_refused_naming_the_fix(tmp_path: P
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["request-energy", "--run", str(tmp_path)]) == 64
     err = capsys.readouterr().err
-    assert f"--run {tmp_path} holds no load run record" in err and "pass the load's --out-dir" in err
+    assert f"--run {tmp_path} holds no run record (run_record.json)" in err and "load metered by an external" in err
 
 
 def serving_job(tmp_path: Path, run: Path, **settings: str) -> Path:

@@ -49,7 +49,7 @@ DetailT = TypeVar("DetailT")
 
 @dataclasses.dataclass
 class RateOutcome(Generic[DetailT]):
-    """What one rate's serving found. `detail`: the target's own results (its step log or its streams)."""
+    """What one rate's serving found. `detail`: the target's own results (its step log, or what the client saw)."""
 
     label: str
     out_dir: Path
@@ -58,17 +58,11 @@ class RateOutcome(Generic[DetailT]):
     counted: set[int] = dataclasses.field(default_factory=set)  # the window's counted requests
     times: list[RequestTimes] = dataclasses.field(default_factory=list)  # the counted requests that finished
     table: RequestsTable | None = None
-    idle_power_w: float | None = None
     update_period_s: float | None = None  # the energy counter's, as the window's length was sized with
     window_ns: tuple[int, int] | None = None  # the window's edges, where it opened and closed
     stop_reason: str | None = None  # a stop request ended the load
     in_flight_at_end: int = 0
     detail: DetailT | None = None
-
-    @property
-    def finished(self) -> set[int]:
-        """The counted requests that finished."""
-        return {t.id for t in self.times}
 
 
 class LoadTarget(Protocol[DetailT]):
@@ -180,7 +174,6 @@ def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate
         target.start(run)
         meter = target.open_meter(run, cfg)
         idle = run.idle_baseline(cfg.idle_baseline, target.device.type == "cuda", reuse=idle)
-        outcome.idle_power_w = idle.power_w
         window = window_seconds(cfg.steady_seconds, meter, target.device)
         run.record.meter["steady_seconds"] = window.to_dict()
         outcome.update_period_s = window.update_period_s

@@ -88,6 +88,7 @@ def describe(label: str, energy: dict[str, Any]) -> str:
     quantiles = energy.get("energy_per_request_j")
     if energy.get("unavailable_reason") or not isinstance(quantiles, dict):
         return f"rate {label}: per-request energy n/a: {energy.get('unavailable_reason')}"
+
     def shown(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.4g}"
 

@@ -9,7 +9,9 @@ refers to the file through its `requests` block (docs/run-record.md). Two groups
   Where the energy columns are NaN for every row, the attribute `energy_unavailable_reason` says why (no measured
   window, no trace, a fit refused); where only prefill_j and decode_j are, `energy_split_unavailable_reason`;
 * `steps` (optional): the engine's step log (start/end on the node's monotonic clock in ns, kind, work and the
-  members of each step as CSR), what the per-request energy fit reads again (`joulebench.request_energy`).
+  members of each step as CSR), what the per-request energy fit reads again (`joulebench.request_energy`);
+* `controlled_steps` (optional): the same for the controlled-split window a load runs once before its first rate
+  (in that rate's table only), what the fit's controlled-split check reads.
 
 Written to a temporary name and renamed, so a reader never sees half a table.
 """
@@ -29,6 +31,7 @@ from jpwr.output import atomic_path
 SCHEMA = "joulebench.requests/1"
 FILE_NAME = "requests.h5"
 STATUSES = ("done", "unfinished", "not_admitted", "failed", "timed_out")  # the last two: HTTP targets
+STEP_KINDS = ("prefill", "decode")  # an engine step's `kind`: index into this
 REQUEST_COLUMNS = {
     "id": "request id (arrival order)",
     "arrival_s": "arrival, seconds from the load's start",
@@ -58,6 +61,7 @@ class RequestsTable:
     requests: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]
     attrs: dict[str, Any]
+    controlled_steps: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # empty: none ran
 
     def __len__(self) -> int:
         return len(self.requests.get("id", ()))
@@ -75,7 +79,10 @@ def write_requests(path: Path, table: RequestsTable) -> Path:
         h5.attrs["schema"] = SCHEMA
         h5.attrs["statuses"] = json.dumps(list(STATUSES))
         h5.attrs["attrs"] = json.dumps(table.attrs)
-        for group_name, columns in (("requests", table.requests), ("steps", table.steps)):
+        groups = {"requests": table.requests, "steps": table.steps, "controlled_steps": table.controlled_steps}
+        for group_name, columns in groups.items():
+            if group_name == "controlled_steps" and not columns:
+                continue
             group = h5.create_group(group_name)
             for name, values in columns.items():
                 compress = {"compression": "gzip", "shuffle": True} if len(values) else {}
@@ -106,8 +113,10 @@ def read_requests(path: Path) -> RequestsTable:
     with h5py.File(path, "r") as h5:
         if h5.attrs.get("schema") != SCHEMA:
             raise ValueError(f"{path} is not a per-request table ({SCHEMA})")
-        groups = {name: {column: h5[name][column][()] for column in h5[name]} for name in ("requests", "steps")}
-        return RequestsTable(groups["requests"], groups["steps"], json.loads(h5.attrs["attrs"]))
+        groups = {name: {column: h5[name][column][()] for column in h5[name]}
+                  for name in ("requests", "steps", "controlled_steps") if name in h5}
+        return RequestsTable(groups["requests"], groups["steps"], json.loads(h5.attrs["attrs"]),
+                             groups.get("controlled_steps", {}))
 
 
 def columns_doc() -> str:

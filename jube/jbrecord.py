@@ -12,7 +12,9 @@ ended, and on the login node for points that never became a job (INVALID, refuse
 own outcome decides the status unless the job ended normally, then the driver's record does (OK, PARTIAL,
 or TIMEOUT from its own clock, also when its ranks exited 124), except that a rank that failed first makes
 the row FAILED in its own words (jblog.py) unless the record says the run was measured to its end; a missing
-record becomes a record of the job's status so that every sweep point gets its row. `result.txt`
+record becomes a record of the job's status so that every sweep point gets its row. For a serving point, finalize
+first has the driver's own command fit its per-request energy on the node's trace, which the samplers wrote when they
+stopped (fit_after_job: `python -m llm_inference request-energy`, the job's Python). `result.txt`
 holds one `JB key=value` line per table column: JUBE's patterns read that file, never the drivers' logs, so
 the table shows the same numbers as run_record.json (n/a with the reason where there are none). The exit
 code follows the final status (EXIT_CODES), which job.sh passes on, so Slurm's job state, the job log, the
@@ -26,6 +28,7 @@ import datetime as dt
 import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,6 +87,11 @@ SERVING_ALIASES = {"ttft_median_s": "ttft_p50_s", "per_token_latency_median_s": 
                    "per_token_latency_p90_s": "tpot_p90_s"}
 SHARES = ("prefill", "decode", "idle")  # a serving record's energy shares (record.requests["energy"]["shares"])
 SHARE_KEYS = tuple(f"{part}_share" for part in SHARES)
+# A serving point's per-request fit after the job (fit_after_job): the seconds before the job's time limit kept for
+# the record after it, the least worth starting it with, and its time where the job names no limit
+AFTER_JOB_RESERVE_S = 15
+AFTER_JOB_MIN_S = 5
+AFTER_JOB_UNLIMITED_S = 600
 
 
 def job_id(settings: dict[str, str]) -> str | None:
@@ -158,11 +166,49 @@ def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None)
     return "FAILED", end.describe(with_line=not quoted)
 
 
+def fit_after_job(settings: dict[str, str], status: str, elapsed_s: float | None) -> str | None:
+    """A serving point's per-request energy, which needs the node's trace (its sampler writes it when it stops, after
+    the driver): the driver's own command fits it on the run's files with the job's Python, within the time the job
+    has left, and amends the record. Returns why it did not run or failed (for the record's warnings), else None (it
+    ran, or the point has nothing to fit)."""
+    workload = WORKLOADS.get(settings.get("JB_BENCHMARK", ""))
+    out = Path(settings["JB_OUT_DIR"])
+    if workload is None or not workload.serving_after_job or not (out / RECORD_FILE).is_file() or \
+            settings.get("JB_DRIVER_COMMAND") != workload.serving_command:
+        return None
+    not_fitted = "per-request energy not fitted after the job"
+    if status == "CANCELLED":
+        return f"{not_fitted}: the job was cancelled (the time it has left is not known)"
+    limit = _int_or_none(settings.get("JB_TIME_LIMIT_S"))
+    seconds = AFTER_JOB_UNLIMITED_S if limit is None or elapsed_s is None else limit - elapsed_s - AFTER_JOB_RESERVE_S
+    if seconds < AFTER_JOB_MIN_S:
+        return f"{not_fitted}: {max(seconds, 0):.0f} s left before the job's time limit"
+    command = [sys.executable, "-m", settings["JB_DRIVER"], workload.serving_after_job, "--run", str(out), "--trace",
+               str(out / "energy")]
+    shown = f"python -m {settings['JB_DRIVER']} {workload.serving_after_job}"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, check=False)
+    except subprocess.TimeoutExpired:
+        return f"{not_fitted}: `{shown}` did not end within {seconds:.0f} s"
+    except OSError as exc:
+        return f"{not_fitted}: `{shown}` could not start ({exc.strerror or exc})"
+    sys.stdout.write(done.stdout)  # finalize.log
+    sys.stderr.write(done.stderr)
+    if done.returncode:
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "no output")
+        return f"{not_fitted}: `{shown}` failed (exit {done.returncode}): {clip(last.strip(), 120)}"
+    return None
+
+
 def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: float | None = None,
-             ranks_exit_code: int = 0) -> RunRecord:
-    """Merge the job's outcome into the driver's record, or write one when the driver left none."""
+             ranks_exit_code: int = 0, after_job: bool = False) -> RunRecord:
+    """Merge the job's outcome into the driver's record, or write one when the driver left none. `after_job`: in
+    the job, once its samplers stopped: a serving point's per-request fit runs first (fit_after_job)."""
+    not_fitted = fit_after_job(settings, status, elapsed_s) if after_job else None
     path = Path(settings["JB_OUT_DIR"]) / RECORD_FILE
     fallback, record = (None, read_run_record(path)) if path.exists() else drivers_copy(settings)
+    if not_fitted and record is not None:
+        record.warn(not_fitted)
     if status == "OK" and ranks_exit_code:
         status, reason = ranks_outcome(settings, ranks_exit_code, record)
     if record is not None:
@@ -324,10 +370,25 @@ def _outcome(record: RunRecord) -> list[str]:
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})
     domain = headline_domain(record)
     domain_note = f"energy domain: {domain}" if domain and domain != ACCELERATORS else ""
-    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
-    why = energy.get("unavailable_reason") if isinstance(energy, dict) else None
-    per_request = f"J/request and shares n/a: {why}" if why and not outcome else ""
+    per_request = "" if outcome else request_energy_note(_request_energy(record))
     return [part for part in (outcome, domain_note, settings_note, per_request) if part]
+
+
+def _request_energy(record: RunRecord) -> dict[str, Any]:
+    """A serving record's per-request energy block ({} for any other record)."""
+    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
+    return energy if isinstance(energy, dict) else {}
+
+
+def request_energy_note(energy: dict[str, Any]) -> str:
+    """Why a serving row's J/request or shares are n/a, and the per-request model's checks that failed."""
+    if energy.get("unavailable_reason"):
+        return f"J/request and shares n/a: {energy['unavailable_reason']}"
+    parts = [f"prefill/decode shares n/a: {energy['split_unavailable_reason']}"
+             if energy.get("split_unavailable_reason") else "",
+             f"J/request model checks failed: {energy['checks_failed']}"
+             if energy.get("checks_failed") not in (None, "none") else ""]
+    return "; ".join(part for part in parts if part)
 
 
 def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
@@ -339,7 +400,8 @@ def _note(record: RunRecord, settings: dict[str, str]) -> tuple[str, str]:
     warnings = [w for w in record.warnings
                 if w not in disturbed and not any(w in part for part in own)]  # a PARTIAL reason may quote one
     profile = [settings["JB_NOTE"]] if settings.get("JB_NOTE") else []
-    full = " ".join("; ".join([*profile, *own, *disturbed, *warnings]).split()) or "-"
+    passed = ["J/request model checks: none failed"] if _request_energy(record).get("checks_failed") == "none" else []
+    full = " ".join("; ".join([*profile, *own, *passed, *disturbed, *warnings]).split()) or "-"
     return full, short_note([*own, *disturbed, *profile, *warnings], SHORT_NOTE_CHARS)
 
 
@@ -411,10 +473,9 @@ def workload_of(record: RunRecord, settings: dict[str, str]) -> Workload:
 
 def energy_shares(record: RunRecord) -> dict[str, str]:
     """A serving record's prefill/decode/idle shares of its requests' energy; n/a (never 0) where the record has none:
-    static records, and per-request energy the driver could not fit (its block then holds only `unavailable_reason`,
-    e.g. under the job's external sampler)."""
-    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
-    shares = (energy or {}).get("shares") if isinstance(energy, dict) else None
+    static records, and per-request energy that could not be fitted (its block then holds only `unavailable_reason`),
+    and the prefill and decode parts where the fit cannot split them."""
+    shares = _request_energy(record).get("shares")
     shares = shares if isinstance(shares, dict) else {}
     return {f"{part}_share": _num(shares.get(part), 3) for part in SHARES}
 
@@ -588,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     settings = read_settings(args.settings)
     if args.command == "finalize":
-        record = finalize(settings, args.status, args.reason, args.elapsed_s, args.ranks_exit_code)
+        record = finalize(settings, args.status, args.reason, args.elapsed_s, args.ranks_exit_code, after_job=True)
         sys.stdout.write(write_result(settings, record))
         if args.finished_by:
             say_finished(settings, record, args.finished_by)

@@ -46,6 +46,9 @@ class Workload:
     self_stop: bool = True  # the driver stops itself at --exit-duration-mins (job.sh sets it)
     table_columns: tuple[str, ...] = ()  # its own metrics columns, after the shared ones
     request_shares: bool = False  # a serving record's prefill/decode/idle shares of its requests' energy
+    # the driver's command that completes a serving record once the job's samplers stopped (`python -m DRIVER
+    # COMMAND --run OUT --trace OUT/energy`, jbrecord.py finalize): its per-request fit needs the node's trace
+    serving_after_job: str = ""
 
     def command_of(self, value: dict[str, str]) -> str:
         """The driver's command for a point: serving where it has a rate and the driver serves."""
@@ -79,6 +82,6 @@ WORKLOADS = {w.name: w for w in (
              arguments=jbarguments.inference_arguments, profile_prefix="inference",
              startup_key="inference_startup_s", default_model_key="inference_preset", work_unit="output_tokens",
              model_tags=INFERENCE_MODEL_TAGS, one_device=True, self_stop=False, table_columns=INFERENCE_COLUMNS,
-             request_shares=True),
+             request_shares=True, serving_after_job="request-energy"),
 )}
 BY_DRIVER = {w.driver: w for w in WORKLOADS.values()}

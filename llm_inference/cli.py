@@ -1,7 +1,9 @@
-"""`python -m llm_inference {run,validate,load,validate-load,save-checkpoint}`: the JUBE workflows' command line.
+"""`python -m llm_inference {run,validate,load,validate-load,request-energy,save-checkpoint}`: the JUBE workflows'
+command line.
 
 `run` measures static batches (one record per task and batch size); `load` serves an open-loop load with
 continuous batching (one record per rate). Each has its `validate` twin that accepts exactly its options.
+`request-energy` fits a load run's per-request energy once an external sampler wrote its trace (after the run).
 `save-checkpoint` writes a preset as a local checkpoint that HTTP inference servers load.
 
 Validation runs before any device work; a ValidationError prints "<problem>. Fix: <fix>" on stderr
@@ -39,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(validate_load)
     for checker in (validate, validate_load):
         checker.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
+    energy = commands.add_parser("request-energy", help="fit a load run's per-request energy after it, on the trace "
+                                                        "an external sampler wrote (a JUBE job runs this)")
+    energy.add_argument("--run", required=True, type=Path, help="the load's --out-dir")
+    energy.add_argument("--trace", type=Path, help="the directory of <node>/trace.h5 (default: RUN/energy, a JUBE "
+                                                   "job's)")
     save = commands.add_parser("save-checkpoint", help="save a preset (random weights, word tokenizer) for servers")
     save.add_argument("--preset", required=True, help="model preset to save")
     save.add_argument("--out", required=True, type=Path, help="checkpoint directory (new or empty)")
@@ -125,6 +132,16 @@ def _load(args: argparse.Namespace) -> int:
     return load.run(cfg, shape, trace, launch, resolve_device(cfg.device))
 
 
+def _request_energy(args: argparse.Namespace) -> int:
+    from joulebench.reasons import clip
+    from jpwr.errors import WIDTH
+    from llm_inference.recorded_energy import fit_run
+
+    prefix = "[llm_inference] "  # each rate's line within WIDTH: the record has every reason in full
+    fit_run(args.run, args.trace, lambda line: print(prefix + clip(line, WIDTH - len(prefix)), flush=True))
+    return ExitCode.OK
+
+
 def _save_checkpoint(args: argparse.Namespace) -> int:
     from llm_inference.checkpoint import save_checkpoint
 
@@ -136,5 +153,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug, rest = take_debug_flag(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
     handlers = {"run": _run, "validate": _validate, "load": _load, "validate-load": _validate_load,
-                "save-checkpoint": _save_checkpoint}
+                "request-energy": _request_energy, "save-checkpoint": _save_checkpoint}
     return exit_code_of("llm_inference", lambda: handlers[args.command](args), debug, torch_extra="inference")

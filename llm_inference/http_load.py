@@ -41,7 +41,6 @@ from jpwr import WindowMeter
 from llm_inference import request_metrics, server
 from llm_inference.arrivals import Request
 from llm_inference.checkpoint import prompt_text
-from llm_inference.client_estimate import ClientStream
 from llm_inference.engine import request_prompt
 from llm_inference.http_client import StreamResult, Target, stream
 from llm_inference.load_config import LoadConfig, ServerTarget
@@ -49,7 +48,7 @@ from llm_inference.load_plan import COUNTER_READ_S, WORK_UNIT, Plan, counted_ids
 from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
 from llm_inference.serve_loop import ArrivalFeed, SaturatedWindow, WindowRule
-from llm_inference.serving_energy import Sweep, client_energy
+from llm_inference.serving_energy import RecordedRate, Sweep, client_energy, in_process_counter
 
 HOST = "127.0.0.1"
 WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request at least this often
@@ -239,13 +238,6 @@ def window_tokens(results: list[StreamResult], window: tuple[int, int]) -> float
     return total
 
 
-def _streams(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int]
-             ) -> list[ClientStream]:
-    return [ClientStream(i, arrival_ns[i], _input_tokens(r, served[i]), np.array(r.chunk_ns, dtype=np.int64),
-                         np.full(r.chunks, r.output_tokens / r.chunks if r.chunks else 0.0))
-            for i, r in sorted(results.items()) if r.chunk_ns]
-
-
 def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
            counted: set[int], start_ns: int) -> RequestsTable:
     ids = sorted(served)
@@ -359,10 +351,8 @@ class StartedServer:
 
 @dataclasses.dataclass
 class ClientServed:
-    """The client's own results of one rate: the streams the energy estimate reads, which requests finished."""
+    """The client's own results of one rate: which requests finished, how many were sent, which failed."""
 
-    streams: list[ClientStream]
-    lifetimes: np.ndarray  # (id, arrival ns, last chunk ns) per request that streamed
     done: set[int]
     results: int  # requests sent
     failures: RequestFailures
@@ -460,11 +450,8 @@ class HttpServerTarget:
             return "an external server (--url) without --server-devices: which devices serve it is not known here"
         return None
 
-    def energy(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
-        assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None
-        return client_energy(outcome.label, outcome.detail.streams, outcome.detail.lifetimes, outcome.steady,
-                             outcome.finished, outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table,
-                             self.sweep)
+    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+        return client_energy(rate, in_process_counter(rate), self.sweep)
 
     def ends_sweep(self, record: RunRecord) -> bool:
         """A FAILED rate without a server (it never started) or with one gone: none can serve another rate."""
@@ -481,11 +468,8 @@ def _settle(load: HttpLoad, plan: Plan, served: dict[int, Request], ended: LoadO
         outcome.steady.work[WORK_UNIT] = window_tokens(list(results.values()), window_ns)
     outcome.times = [t for t in _times(results, served, arrival_ns, ended.start_ns) if t.id in counted]
     outcome.table = _table(results, served, arrival_ns, counted, ended.start_ns)
-    outcome.detail = ClientServed(
-        _streams(results, served, arrival_ns),
-        np.array([(i, arrival_ns[i], r.chunk_ns[-1]) for i, r in sorted(results.items()) if r.chunk_ns],
-                 dtype=np.int64).reshape(-1, 3),
-        {i for i, r in results.items() if r.outcome == "done"}, len(results), _failures(results))
+    outcome.detail = ClientServed({i for i, r in results.items() if r.outcome == "done"}, len(results),
+                                  _failures(results))
     outcome.rule, outcome.counted = plan.rule, counted
     outcome.window_ns, outcome.in_flight_at_end = window_ns, ended.in_flight_at_end
 

@@ -42,7 +42,7 @@ from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
 from llm_inference.runner import BuiltModel, compact_engine, join
 from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLog, ServeLoop
-from llm_inference.serving_energy import Sweep, serving_energy, write_joint
+from llm_inference.serving_energy import RecordedRate, Sweep, in_process_counter, serving_energy, write_joint
 from llm_inference.tasks import TASKS
 from llm_inference.tensor_parallel import TensorParallel
 
@@ -71,8 +71,17 @@ def step_figures(log: ServeLog) -> dict[str, Any]:
             "decode_steps": len(decode_rows)}
 
 
-def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int]) -> RequestsTable:
-    """The per-request rows (energy columns NaN until the fit fills them) and the step log."""
+def step_log(log: ServeLog) -> dict[str, np.ndarray]:
+    """The loop's steps in the request table's form: stamps, kind and the members as CSR."""
+    offsets, members, amounts = log.members()
+    return {"t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns, "kind": log.step_kind, "member_offsets": offsets,
+            "member_request": members, "member_amount": amounts}
+
+
+def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int], controlled: ServeLog | None
+                   ) -> RequestsTable:
+    """The per-request rows (energy columns NaN until the fit fills them), the step log, and the controlled-split
+    window's where this rate ran it."""
     ids = sorted(served)
     nan = float("nan")
 
@@ -93,13 +102,10 @@ def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int])
         "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
     for name in REQUEST_COLUMNS:
         columns.setdefault(name, np.full(len(ids), nan))
-    offsets, members, amounts = log.members()
-    steps = {"t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns, "kind": log.step_kind, "member_offsets": offsets,
-             "member_request": members, "member_amount": amounts}
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
              "step_kinds": {"prefill": PREFILL, "decode": DECODE},
              "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens"}
-    return RequestsTable(columns, steps, attrs)
+    return RequestsTable(columns, step_log(log), attrs, {} if controlled is None else step_log(controlled))
 
 
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
@@ -119,14 +125,6 @@ def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowM
                    len(items))
     say(f"controlled-split window: {len(items)} requests admitted at once, no refills")
     return log
-
-
-@dataclasses.dataclass
-class EngineServed:
-    """The engine's own results of one rate: its step log, and the controlled-split window's where it ran one."""
-
-    log: ServeLog
-    controlled: ServeLog | None
 
 
 class EngineTarget:
@@ -155,7 +153,7 @@ class EngineTarget:
         return f"{self.cfg.max_concurrency} slots"
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
-              outcome: RateOutcome[EngineServed], say: Callable[[str], None]) -> RequestsBlock:
+              outcome: RateOutcome[ServeLog], say: Callable[[str], None]) -> RequestsBlock:
         cfg, engine = self.cfg, self.model.get()
         _, sequence = validation.load_lengths(cfg, self.trace)
         if engine.state is None or engine.state.rows != cfg.max_concurrency or engine.state.cache_positions < sequence:
@@ -180,26 +178,23 @@ class EngineTarget:
         run.step_times(None, "a load's engine steps differ by design (prefill or decode, changing batches)")
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
         counted = counted_ids(log.admitted_ns, log.window, served, plan.rule)
-        outcome.detail = EngineServed(log, controlled)
+        outcome.detail = log
         outcome.rule, outcome.counted = plan.rule, counted
         outcome.times = [t for t in request_times(log, served) if t.id in counted]
         outcome.window_ns, outcome.stop_reason = log.window, log.stop_reason
         outcome.in_flight_at_end = len(loop.scheduler.running)
-        table = outcome.table = requests_table(log, served, counted)
+        table = outcome.table = requests_table(log, served, counted, controlled)
         return {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                 "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
 
-    def check(self, run: Run, outcome: RateOutcome[EngineServed]) -> None:
+    def check(self, run: Run, outcome: RateOutcome[ServeLog]) -> None:
         """The engine has no reasons of its own: a stop and a missing window are the load run's."""
 
-    def figures(self, outcome: RateOutcome[EngineServed]) -> dict[str, Any]:
-        return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail.log)
+    def figures(self, outcome: RateOutcome[ServeLog]) -> dict[str, Any]:
+        return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail)
 
-    def energy(self, outcome: RateOutcome[EngineServed]) -> dict[str, Any]:
-        assert outcome.detail is not None and outcome.steady is not None and outcome.table is not None
-        return serving_energy(outcome.label, outcome.detail.log, outcome.steady, outcome.finished,
-                              outcome.idle_power_w, outcome.out_dir / "jpwr", outcome.table, self.sweep,
-                              outcome.detail.controlled)
+    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+        return serving_energy(rate, in_process_counter(rate), self.sweep)
 
     def energy_unavailable(self) -> str | None:
         return None  # the engine runs on the metered device

@@ -132,12 +132,6 @@ def rate_paths(cfg: LoadConfig, rate: float | None, single: bool) -> tuple[str, 
     return label, Path(cfg.out_dir) / f"rate_{label}", f"{cfg.run_id}-rate{label}"
 
 
-def request_energy_figures(energy: dict[str, Any]) -> dict[str, float | None]:
-    """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
-    quantiles = energy.get("energy_per_request_j") or {}
-    return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
-
-
 @dataclasses.dataclass(frozen=True)
 class Served:
     """What the rate's figures read beyond the window: the load's time zero (ns, the requests' clock), every

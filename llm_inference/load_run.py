@@ -37,19 +37,19 @@ from llm_inference.load_plan import (
     plan_trace,
     progress_line,
     rate_paths,
-    request_energy_figures,
 )
 from llm_inference.presets import ModelPreset
 from llm_inference.request_metrics import RequestTimes
 from llm_inference.runner import window_seconds
 from llm_inference.serve_loop import WindowRule
+from llm_inference.serving_energy import RecordedRate, attach_energy
 
 DetailT = TypeVar("DetailT")
 
 
 @dataclasses.dataclass
 class RateOutcome(Generic[DetailT]):
-    """What one rate's serving found. `detail`: the target's own results (its step log or its streams)."""
+    """What one rate's serving found. `detail`: the target's own results (its step log, or what the client saw)."""
 
     label: str
     out_dir: Path
@@ -58,17 +58,11 @@ class RateOutcome(Generic[DetailT]):
     counted: set[int] = dataclasses.field(default_factory=set)  # the window's counted requests
     times: list[RequestTimes] = dataclasses.field(default_factory=list)  # the counted requests that finished
     table: RequestsTable | None = None
-    idle_power_w: float | None = None
     update_period_s: float | None = None  # the energy counter's, as the window's length was sized with
     window_ns: tuple[int, int] | None = None  # the window's edges, where it opened and closed
     stop_reason: str | None = None  # a stop request ended the load
     in_flight_at_end: int = 0
     detail: DetailT | None = None
-
-    @property
-    def finished(self) -> set[int]:
-        """The counted requests that finished."""
-        return {t.id for t in self.times}
 
 
 class LoadTarget(Protocol[DetailT]):
@@ -110,8 +104,9 @@ class LoadTarget(Protocol[DetailT]):
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
-    def energy(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
-        """The record's per-request `energy` block (fills the table's energy columns)."""
+    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+        """The record's per-request `energy` block of the rate as it saved itself (fills its table's energy
+        columns)."""
         ...
 
     def energy_unavailable(self) -> str | None:
@@ -146,7 +141,8 @@ def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], 
         why = outcome.steady.energy.unavailable_reason if outcome.steady.energy else None
         return {"unavailable_reason": f"the window's energy is n/a ({why or f'run {record.status}'}): no "
                                       "per-request split of it"}
-    return target.energy(outcome)
+    assert outcome.table is not None
+    return target.energy(RecordedRate.of(record, outcome.table, outcome.out_dir))
 
 
 def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[DetailT], outcome: RateOutcome[DetailT],
@@ -156,13 +152,10 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
     result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome))
     result.update(target.figures(outcome))
     if outcome.table is not None:
-        energy = _request_energy(target, outcome, record) if outcome.steady is not None else \
-            {"unavailable_reason": "no measured window"}
-        if outcome.steady is not None:
-            record.requests = {**(record.requests or {}), "energy": energy}
-            result.update(request_energy_figures(energy))
-        if energy.get("unavailable_reason"):
-            outcome.table.attrs["energy_unavailable_reason"] = energy["unavailable_reason"]
+        if outcome.steady is None:
+            outcome.table.attrs["energy_unavailable_reason"] = "no measured window"
+        else:
+            result.update(attach_energy(record, outcome.table, _request_energy(target, outcome, record)))
         save_requests(outcome.out_dir, outcome.table, record)
     return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
 
@@ -181,7 +174,6 @@ def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate
         target.start(run)
         meter = target.open_meter(run, cfg)
         idle = run.idle_baseline(cfg.idle_baseline, target.device.type == "cuda", reuse=idle)
-        outcome.idle_power_w = idle.power_w
         window = window_seconds(cfg.steady_seconds, meter, target.device)
         run.record.meter["steady_seconds"] = window.to_dict()
         outcome.update_period_s = window.update_period_s

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from joulebench.requests_table import STEP_KINDS
 from joulebench.waits import StopCheck, wait_until
 from jpwr.phases import DeviceEventStamps, HostStamps
 from llm_inference.arrivals import Request
@@ -39,8 +40,8 @@ LOOKAHEAD = 8  # decode steps the host may run ahead of the device
 PROGRESS_EVERY_S = 10.0
 QUEUE_ROWS = 2  # the queue holds at most this many times the rows; later arrivals wait in the source (their
 # arrival times are the scheduled ones either way), and an endless `--rate max` source is read only as needed
-PREFILL = 0
-DECODE = 1
+PREFILL = STEP_KINDS.index("prefill")  # a step's kind, as the request table stores it
+DECODE = STEP_KINDS.index("decode")
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Per-request energy of a load run and the tests of its model, from the in-process trace beside the record.
+"""Per-request energy of a load run and the tests of its model, from the record, its request table and a trace.
 
 The fit (joulebench.request_energy) runs on the whole load of the rate, from its first step to its last: the ramp
 (warm-up requests filling the rows) and the drain vary the rows per step, which one saturated window does not (at
@@ -11,14 +11,20 @@ the figures (docs/attribution.md):
 (c) the controlled-split window (all rows admitted at once, no refills) run once, before the first rate's load:
     the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
 the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
-Under an external sampler the trace is written only when the sampler stops, after the driver: the figures are
-then n/a with that reason.
+
+Everything the fit reads is what the rate saved (`RecordedRate`: the record's window and idle power, the request
+table with the step log, or a server's chunk times, and the controlled-split window's step log): the driver fits
+from it right after the rate with its in-process trace, and `python -m llm_inference request-energy`
+(llm_inference/recorded_energy.py) fits from the same files once an external sampler wrote its trace (`jpwr serve`
+writes it when it stops, after the driver: a JUBE job runs the command then). One function, one seed: both get the
+same block from the same files and trace.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,29 +43,50 @@ from joulebench.request_energy import (
     fit_request_energy,
     request_parts,
 )
-from joulebench.requests_table import RequestsTable
+from joulebench.requests_table import STATUSES, STEP_KINDS, RequestsTable
 from joulebench.segment_fit import counter_knots
-from jpwr import JpwrError, Window
-from jpwr.trace import Knots, accelerator_domains, load_trace
+from jpwr import JpwrError
+from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
 from llm_inference import client_estimate
-from llm_inference.serve_loop import DECODE, PREFILL, ServeLog
 
 METHOD = ("counter-segment fit: E = idle power x seconds + a x prefill tokens + e x prefill steps + b x decode steps + "
           "c x row-steps + d x attended KV tokens, NNLS, block bootstrap (joulebench.request_energy)")
 JOINT_METHOD = ("the same model fitted over every rate of the sweep at once, a..e shared, idle power per rate, blocks "
                 "drawn per rate (joulebench.joint_energy)")
+NO_TRACE = ("no in-process trace beside the record: under an external sampler the trace is written when it stops, "
+            "after the driver; `python -m llm_inference request-energy --run DIR` fits it then (JUBE jobs do)")
+PREFILL = STEP_KINDS.index("prefill")
+DECODE = STEP_KINDS.index("decode")
+STEADY = "steady"  # the rate's measured window
+IN_PROCESS_TRACE = "jpwr"  # beside the record: the in-process sampler's <node>/trace.h5 (joulebench.lifecycle)
 
 
-def work_log(log: ServeLog) -> WorkLog:
-    """The loop's steps as the fit's work log (members' amounts: prompt tokens in prefills, KV tokens in decodes)."""
-    return steps_work_log({"kind": log.step_kind, "t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns,
-                           **dict(zip(("member_offsets", "member_request", "member_amount"), log.members(),
-                                      strict=True))})
+@dataclasses.dataclass(frozen=True)
+class RecordedRate:
+    """One rate of a load as it saved itself: what its per-request fit reads, in the driver right after the rate and
+    in a later process from the record and `requests.h5` alike."""
+
+    label: str
+    record_dir: Path
+    table: RequestsTable
+    window_ns: tuple[int, int]  # the measured window's edges
+    idle_w: float | None  # the idle baseline's power (None: not measured)
+    outside_job: tuple[str, ...]  # domains a whole-node request metered beside the job's: never the fitted device
+
+    @classmethod
+    def of(cls, record: RunRecord, table: RequestsTable, record_dir: Path) -> RecordedRate:
+        """From a record whose measured window closed."""
+        steady = record.window(STEADY)
+        assert steady is not None, "a per-request fit needs the measured window"
+        idle = record.meter.get("idle_baseline")
+        return cls(str(record.config["rate"]), record_dir, table, (steady.t_start_ns, steady.t_end_ns),
+                   idle.get("power_w") if isinstance(idle, dict) else None,
+                   tuple(d.domain for d in steady.energy.outside_job) if steady.energy else ())
 
 
 def steps_work_log(steps: Mapping[str, np.ndarray]) -> WorkLog:
     """A step log in the request table's form (`RequestsTable.steps`: kind, t0_ns, t1_ns and the members as CSR)
-    as the fit's work log: what a recorded run's fit is rebuilt from."""
+    as the fit's work log (members' amounts: prompt tokens in prefills, KV tokens in decodes)."""
     offsets, amounts, step_kind = steps["member_offsets"], steps["member_amount"], np.asarray(steps["kind"])
     counts = np.diff(offsets)
     kind = np.repeat(step_kind, counts)
@@ -72,6 +99,48 @@ def steps_work_log(steps: Mapping[str, np.ndarray]) -> WorkLog:
         kv_tokens=np.where(prefill, 0, per_step), member_offsets=offsets, member_request=steps["member_request"],
         member_prefill_tokens=np.where(kind == PREFILL, amounts, 0),
         member_kv_tokens=np.where(kind == DECODE, amounts, 0))
+
+
+def arrivals_ns(table: RequestsTable) -> dict[int, int]:
+    """Each arrived request's arrival on the node's clock (ns), from the table's seconds since its start: exact, as
+    those are whole nanoseconds, which float64 holds to the nanosecond for days."""
+    start = int(table.attrs["start_ns"])
+    return {int(i): start + round(float(s) * 1e9) for i, s in zip(table.requests["id"], table.requests["arrival_s"],
+                                                                    strict=True) if math.isfinite(s)}
+
+
+def finished_ids(table: RequestsTable) -> set[int]:
+    """The counted requests that finished (their whole-lifetime energy gives the per-request figures)."""
+    rows = table.requests
+    done = (rows["counted"] == 1) & (rows["status"] == STATUSES.index("done")) & np.isfinite(rows["finish_s"])
+    return {int(i) for i in rows["id"][done]}
+
+
+def engine_lifetimes(steps: Mapping[str, np.ndarray], arrival_ns: Mapping[int, int]) -> np.ndarray:
+    """(id, arrival, end of its last step) of every request the engine admitted, by id: the time it shares idle
+    power over."""
+    members = np.asarray(steps["member_request"])
+    step_of = np.repeat(np.arange(len(steps["t1_ns"])), np.diff(steps["member_offsets"]))
+    ids, from_end = np.unique(members[::-1], return_index=True)
+    ends = np.asarray(steps["t1_ns"])[step_of[len(members) - 1 - from_end]]
+    return np.array([(int(i), arrival_ns[int(i)], int(t)) for i, t in zip(ids, ends, strict=True)],
+                    dtype=np.int64).reshape(-1, 3)
+
+
+def client_streams(table: RequestsTable, arrival_ns: Mapping[int, int]) -> list[client_estimate.ClientStream]:
+    """What the client saw of each request that streamed output, from a server load's table (its `steps` hold the
+    chunks' arrival times): sent at arrival, its output tokens spread evenly over its chunks."""
+    rows, steps = table.requests, table.steps
+    inputs = dict(zip(rows["id"].tolist(), rows["input_tokens"].tolist(), strict=True))
+    outputs = dict(zip(rows["id"].tolist(), rows["output_tokens"].tolist(), strict=True))
+    offsets = steps["chunk_offsets"]
+    streams = []
+    for k, i in enumerate(steps["request"].tolist()):
+        chunks = np.asarray(steps["chunk_ns"][offsets[k]:offsets[k + 1]], dtype=np.int64)
+        if len(chunks):
+            streams.append(client_estimate.ClientStream(i, arrival_ns[i], inputs[i], chunks,
+                                                        np.full(len(chunks), outputs[i] / len(chunks))))
+    return streams
 
 
 @dataclasses.dataclass
@@ -108,28 +177,32 @@ class Controlled:
     decode: tuple[float, float]
 
 
-def controlled_intervals(log: ServeLog) -> tuple[tuple[float, float], tuple[float, float]]:
-    prefill, decode = log.step_kind == PREFILL, log.step_kind == DECODE
-    return ((float(log.step_t0_ns[prefill].min()), float(log.step_t1_ns[prefill].max())),
-            (float(log.step_t0_ns[decode].min()), float(log.step_t1_ns[decode].max())))
+def controlled_intervals(steps: Mapping[str, np.ndarray]) -> tuple[tuple[float, float], tuple[float, float]]:
+    kind, t0, t1 = np.asarray(steps["kind"]), np.asarray(steps["t0_ns"]), np.asarray(steps["t1_ns"])
+    prefill, decode = kind == PREFILL, kind == DECODE
+    return ((float(t0[prefill].min()), float(t1[prefill].max())), (float(t0[decode].min()), float(t1[decode].max())))
 
 
-def trace_knots(jpwr_dir: Path) -> tuple[list[Knots], str | None]:
-    """The first accelerator's energy-counter knots from the in-process trace, or why there are none."""
-    nodes = sorted(p.parent for p in jpwr_dir.glob("*/trace.h5"))
+def in_process_counter(rate: RecordedRate) -> tuple[list[Knots], str | None]:
+    """The counter knots of the rate's in-process trace (the driver's fit), or why there are none."""
+    return trace_knots(rate.record_dir / IN_PROCESS_TRACE, rate.outside_job)
+
+
+def trace_knots(trace_dir: Path, outside_job: Collection[str] = (), missing: str = NO_TRACE
+                ) -> tuple[list[Knots], str | None]:
+    """The energy-counter knots of the first accelerator of the trace under `trace_dir` (<node>/trace.h5, or the
+    segments of a sampler that never assembled it) that is the job's (`outside_job`: those a whole-node request
+    metered beside it), or why there are none (`missing`: no trace there)."""
+    nodes = sorted({p.parent for name in (TRACE_FILE, SEGMENT_DIR) for p in trace_dir.glob(f"*/{name}")})
     if not nodes:
-        return [], ("no in-process trace beside the record (under an external sampler the trace is written when it "
-                    "stops, after the driver; meter in-process with --energy-methods for per-request energy)")
+        return [], missing
     trace = load_trace(nodes[0])
-    devices = sorted(accelerator_domains(trace.domains), key=lambda d: (d.index is None, d.index or 0, d.id))
+    devices = sorted((d for d in accelerator_domains(trace.domains) if d.id not in outside_job),
+                     key=lambda d: (d.index is None, d.index or 0, d.id))
     if not devices:
-        return [], "the trace holds no accelerator"
+        return [], "the trace holds no accelerator of the job"
     knots = counter_knots(trace, devices[0])
     return knots, None if knots else f"{devices[0].id} has no energy counter (power-only sensors cannot be fitted)"
-
-
-def _lifetimes(arrival_ns: dict[int, int], finish_ns: dict[int, int], ids: list[int]) -> np.ndarray:
-    return np.array([(i, arrival_ns[i], finish_ns[i]) for i in ids], dtype=np.int64).reshape(-1, 3)
 
 
 def _quantiles(values: np.ndarray | None) -> dict[str, float | None]:
@@ -178,55 +251,71 @@ class Sweep:
     controlled: Controlled | None = None
 
 
-def serving_energy(label: str, log: ServeLog, steady: Window, finished: set[int], idle_w: float | None,
-                   jpwr_dir: Path, table: RequestsTable, sweep: Sweep, controlled_log: ServeLog | None
-                   ) -> dict[str, Any]:
-    """The engine's `request_energy` block (figures, checks and reasons); fills the table's energy columns.
-    `finished`: the counted requests that finished (their whole-lifetime energy gives the per-request figures);
-    `controlled_log`: this record's controlled-split window, if it ran one. It also measures the client-side
-    estimate's error on these requests (llm_inference.client_estimate)."""
-    knots, reason = trace_knots(jpwr_dir)
+def serving_energy(rate: RecordedRate, counter: tuple[list[Knots], str | None], sweep: Sweep) -> dict[str, Any]:
+    """The engine's `request_energy` block (figures, checks and reasons) of a rate, on `counter` (trace_knots' answer);
+    fills the table's energy columns. The first rate's table holds the controlled-split window's step log. It also
+    measures the client-side estimate's error on these requests (llm_inference.client_estimate)."""
+    knots, reason = counter
     if reason:
         return {"unavailable_reason": reason}
-    if controlled_log is not None:
-        sweep.controlled = Controlled(work_log(controlled_log), knots, *controlled_intervals(controlled_log))
-    wl = work_log(log)
-    lifetimes = _lifetimes(log.arrival_ns, log.finish_ns, sorted(log.admitted_ns))
-    result, split = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep, METHOD)
+    table = rate.table
+    if table.controlled_steps:
+        sweep.controlled = Controlled(steps_work_log(table.controlled_steps), knots,
+                                      *controlled_intervals(table.controlled_steps))
+    wl = steps_work_log(table.steps)
+    arrival = arrivals_ns(table)
+    lifetimes = engine_lifetimes(table.steps, arrival)
+    finished = finished_ids(table)
+    result, split = _fit_and_split(rate, wl, lifetimes, finished, knots, sweep, METHOD)
     if split is not None:
-        sweep.earlier[-1].joint = JointMaterial(split[1], idle_w, jpwr_dir.parent, lifetimes, finished)
+        sweep.earlier[-1].joint = JointMaterial(split[1], rate.idle_w, rate.record_dir, lifetimes, finished)
         inputs = {int(i): int(t) for i, t in zip(table.requests["id"], table.requests["input_tokens"], strict=True)}
         try:
             result["client_side_estimate_error"] = client_estimate.estimate_error(
-                split[0], client_estimate.engine_streams(wl, log.arrival_ns, inputs), lifetimes, knots, idle_w,
-                split[1])
+                split[0], client_estimate.engine_streams(wl, arrival, inputs), lifetimes, knots, rate.idle_w, split[1])
         except JpwrError as exc:
             result["client_side_estimate_error"] = {"unavailable_reason": str(exc)}
     return result
 
 
-def client_energy(label: str, streams: list[client_estimate.ClientStream], lifetimes: np.ndarray, steady: Window,
-                  finished: set[int], idle_w: float | None, jpwr_dir: Path, table: RequestsTable, sweep: Sweep
-                  ) -> dict[str, Any]:
+def client_energy(rate: RecordedRate, counter: tuple[list[Knots], str | None], sweep: Sweep) -> dict[str, Any]:
     """A server's `request_energy` block from its client's view (labelled "client-side estimate")."""
-    knots, reason = trace_knots(jpwr_dir)
+    knots, reason = counter
     if reason:
         return {"unavailable_reason": reason}
+    streams = client_streams(rate.table, arrivals_ns(rate.table))
+    lifetimes = np.array([(s.id, s.sent_ns, int(s.chunk_ns[-1])) for s in streams], dtype=np.int64).reshape(-1, 3)
     try:
         wl = client_estimate.client_work_log(streams)
     except JpwrError as exc:
         return {"unavailable_reason": str(exc)}
-    result, _ = _fit_and_split(label, wl, lifetimes, steady, finished, idle_w, knots, table, sweep,
-                               client_estimate.METHOD)
+    result, _ = _fit_and_split(rate, wl, lifetimes, finished_ids(rate.table), knots, sweep, client_estimate.METHOD)
     return {"estimate": "client-side estimate", **result}
 
 
-def _fit_and_split(label: str, wl: WorkLog, lifetimes: np.ndarray, steady: Window, finished: set[int],
-                   idle_w: float | None, knots: list[Knots], table: RequestsTable, sweep: Sweep, method: str
-                   ) -> tuple[dict[str, Any], tuple[RequestParts, tuple[float, float]] | None]:
+def request_energy_figures(energy: Mapping[str, Any]) -> dict[str, float | None]:
+    """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
+    quantiles = energy.get("energy_per_request_j") or {}
+    return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
+
+
+def attach_energy(record: RunRecord, table: RequestsTable, energy: dict[str, Any]) -> dict[str, float | None]:
+    """A rate's per-request block into its record and its reason (or none) into its table's attributes; returns the
+    record's figures of it (J/request p50/p90)."""
+    record.requests = {**(record.requests or {}), "energy": energy}
+    if energy.get("unavailable_reason"):
+        table.attrs["energy_unavailable_reason"] = energy["unavailable_reason"]
+    else:
+        table.attrs.pop("energy_unavailable_reason", None)
+    return request_energy_figures(energy)
+
+
+def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finished: set[int], knots: list[Knots],
+                   sweep: Sweep, method: str) -> tuple[dict[str, Any], tuple[RequestParts, tuple[float, float]] | None]:
     """The fit over the whole load, each request's parts, the checks; and the requests' parts over the fitted span
     with that span (None if refused)."""
-    t0, t1 = float(steady.t_start_ns), float(steady.t_end_ns)
+    label, idle_w, table = rate.label, rate.idle_w, rate.table
+    t0, t1 = float(rate.window_ns[0]), float(rate.window_ns[1])
     covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
     try:

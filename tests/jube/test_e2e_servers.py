@@ -55,6 +55,13 @@ def _assert_served(rows: list[dict[str, str]], workdirs: list[Path], rates: list
     for row in rows:
         assert float(row["Requests/s"]) > 0 and float(row["TTFT p90(s)"]) > 0
         assert float(row["J/output token"]) > 0 and row["Energy method"] in ("counter", "counter+power")
+        # the client-side estimate, fitted after the job on the node's trace (jbrecord.py finalize), or the fit's own
+        # reason why not (2 s windows hold about the 20 counter periods it needs)
+        assert "no in-process trace" not in row["Note"] and "not fitted after the job" not in row["Note"], row["Note"]
+        if row["J/request p50"] == "n/a":
+            assert "J/request and shares n/a: fit refused: " in row["Note"], row["Note"]
+        else:
+            assert float(row["J/request p90"]) >= float(row["J/request p50"]) > 0, row["Note"]
     for work in workdirs:
         log = (work / "run" / "server.log").read_text()
         assert "transformers.cli.transformers serve" in log and "--port" in log

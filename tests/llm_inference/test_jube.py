@@ -124,10 +124,11 @@ def test_a_server_engine_resolves_to_its_profile_template(tmp_path, capsys):
 @pytest.mark.skipif(shutil.which("jube") is None, reason="JUBE not installed (apt-get install jube)")
 def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_dir):
     """A real `jube run` of the serving mode: rate 0 is refused by validate-load before anything runs (an INVALID row
-    naming --rate), rates 40 and max each run `llm_inference load` as one job under the job's sampler."""
-    env = without_profile_overrides()
+    naming --rate), rates 40 and max each run `llm_inference load` as one job under the job's sampler; once the
+    samplers stopped, the job fits each rate's per-request energy on the node's trace (jbrecord.py finalize)."""
+    env = without_profile_overrides()  # 3 s windows: 30 counter periods of the fake H100, the per-request fit needs 20
     env.update(JOULEBENCH_PYTHON=sys.executable, JOULEBENCH_SWEEP_RATE="0,40,max", JOULEBENCH_JPWR_METHODS="nvml",
-               JOULEBENCH_SWEEP_MAX_CONCURRENCY="4", JOULEBENCH_SWEEP_STEADY_SECONDS="2",
+               JOULEBENCH_SWEEP_MAX_CONCURRENCY="4", JOULEBENCH_SWEEP_STEADY_SECONDS="3",
                JPWR_FAKE_NVML_TRACE=str(h100_trace_dir),
                PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "fakes"), str(REPO), env.get("PYTHONPATH", "")]))
     out = tmp_path / "runs"
@@ -146,8 +147,17 @@ def test_local_workflow_sweeps_rates_into_the_result_table(tmp_path, h100_trace_
         assert float(row["J/output token"]) > 0 and row["Energy method"] == "counter+power"
         for column in ("J/request p50", "J/request p90", "Prefill share", "Decode share", "Idle share"):
             assert row[column] == "n/a" or float(row[column]) > 0, (column, row[column])  # never 0
+        # Fitted after the job on the node's trace: J/request and the idle share, prefill and decode where the fit
+        # splits them, the model's checks; or the note says why not (the fit's own reason, never "waits for a trace").
+        assert "no in-process trace" not in row["Note"] and "not fitted after the job" not in row["Note"], row["Note"]
+        if row["J/request p50"] == "n/a":
+            assert "J/request and shares n/a: fit refused: " in row["Note"], row["Note"]
+            continue
+        assert float(row["J/request p90"]) >= float(row["J/request p50"]) > 0 and float(row["Idle share"]) > 0, row
         if row["Prefill share"] == "n/a":
-            assert "J/request and shares n/a" in row["Note"]
+            assert "prefill/decode shares n/a: " in row["Note"], row["Note"]
+        assert "J/request model checks" in row["Note"], row["Note"]
+    assert any(row["J/request p50"] != "n/a" for row in rows[1:]), [row["Note"] for row in rows]
     results = sorted((out / "000000").glob("*_submit/work/result.txt"))
     assert len(results) == 3
     for result in results:  # every pattern of the workflow, static and serving ones, matches each row's result.txt

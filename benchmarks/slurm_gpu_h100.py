@@ -322,11 +322,39 @@ class Parts:
         record = json.loads((out_dir / "run_record.json").read_text()) if (out_dir / "run_record.json").is_file() \
             else {"status": "no record"}
         own = (record.get("requests") or {}).get("energy") or {}
-        self.facts["per_request"] = {"jube": _per_request(jube_side), "in_process": _per_request(own)}
+        quantiles = {side: request_quantiles(path) for side, path in
+                     (("jube", workdir / "run" / "requests.h5"), ("in_process", out_dir / "requests.h5"))}
+        agree = quantiles_agree(quantiles["jube"], quantiles["in_process"])
+        self.facts["per_request"] = {"jube": _per_request(jube_side), "in_process": _per_request(own),
+                                     "quantiles_low_value_high_j": quantiles, "agree": agree}
         row: dict[str, Any] = {"part": "inference: same serving point in-process", "point": "load", "job": "-",
-                               "status": record["status"], "check": "see per_request in results.json"}
+                               "status": record["status"],
+                               "check": "ok (J/request p50 and p90 agree)" if all(agree.values()) else
+                               f"J/request of JUBE and in-process disagree: {agree}"}
         row.update(steady_against_counter(record, self.counter))
         return row
+
+
+def request_quantiles(path: Path) -> dict[str, list[float]]:
+    """J/request p50 and p90 of a requests table's counted, finished requests, each as [low, value, high]: the
+    quantile of the requests' 95 % lower bounds, of their energies, of their upper bounds (work and idle parts)."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r") as handle:
+        table = {name: handle["requests"][name][()] for name in handle["requests"]}
+    chosen = table["counted"].astype(bool) & np.isfinite(table["finish_s"]) & np.isfinite(table["energy_j"])
+    low = (table["work_j_low"] + table["idle_j_low"])[chosen]
+    high = (table["work_j_high"] + table["idle_j_high"])[chosen]
+    return {f"p{int(q * 100)}": [float(np.quantile(values, q)) for values in (low, table["energy_j"][chosen], high)]
+            for q in (0.5, 0.9)}
+
+
+def quantiles_agree(first: dict[str, list[float]], second: dict[str, list[float]]) -> dict[str, bool]:
+    """Per quantile: the two runs' values lie within their combined 95 % intervals (the difference at most the sum of
+    the two half-widths)."""
+    return {q: abs(first[q][1] - second[q][1]) <= (first[q][2] - first[q][0]) / 2 + (second[q][2] - second[q][0]) / 2
+            for q in first}
 
 
 def _job_times(job: str, env: dict[str, str]) -> str:

@@ -162,7 +162,10 @@ def ranks_outcome(settings: dict[str, str], code: int, record: RunRecord | None)
     if record is not None and record.status in ("OK", "PARTIAL"):
         record.warn(end.describe())
         return "OK", ""
-    quoted = record is not None and end.line is not None and end.line in (record.status_reason or "")
+    # Rank 0 writes the record: its own FAILED reason is that failure in the driver's words, with the fix where it
+    # knows one (out of GPU memory), which the traceback's last line lacks
+    own_words = record is not None and record.status == "FAILED" and bool(record.status_reason) and end.rank == 0
+    quoted = own_words or (record is not None and end.line is not None and end.line in (record.status_reason or ""))
     return "FAILED", end.describe(with_line=not quoted)
 
 

@@ -1,5 +1,5 @@
 """`joulebench doctor` names a broken torch/torchvision pair and each missing extra, with the fix, and exits 69; a
-sound install exits 0.
+sound install exits 0. The demo checks its extras the same way before it trains.
 
 The broken pair is a torchvision that raises the real error of a CUDA torchvision beside a CPU torch (a package on
 PYTHONPATH, ahead of the installed one: the third-party boundary); transformers then fails with its own real message,
@@ -55,9 +55,9 @@ def test_a_broken_torch_pair_is_named_with_its_fix_and_the_sensor_found(tmp_path
     assert result.stdout.splitlines()[-1].startswith("joulebench doctor: 1 problem(s) marked FIX block the quick start")
 
 
-def test_missing_extras_are_named_with_the_pip_line(tmp_path: Path) -> None:
-    """A venv of its own (no site-packages): only numpy and this checkout importable, so neither torch nor the
-    report libraries are installed."""
+def _bare_python(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """A venv of its own (no site-packages) and an environment in which only numpy and this checkout import, so
+    neither torch nor the report libraries are installed."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=60)
     (tmp_path / "numpy").mkdir()
     numpy_dir = Path(numpy.__file__).parent
@@ -65,7 +65,11 @@ def test_missing_extras_are_named_with_the_pip_line(tmp_path: Path) -> None:
         if entry.name == "numpy" or entry.name.startswith(("numpy-", "numpy.libs")):
             (tmp_path / "numpy" / entry.name).symlink_to(entry)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "numpy")])}
-    result = _doctor(str(tmp_path / "venv" / "bin" / "python"), env, tmp_path)
+    return str(tmp_path / "venv" / "bin" / "python"), env
+
+
+def test_missing_extras_are_named_with_the_pip_line(tmp_path: Path) -> None:
+    result = _doctor(*_bare_python(tmp_path), tmp_path)
     assert result.returncode == 69, result.stdout + result.stderr
     quick = _finding(result.stdout, "FIX   the quick start")
     assert "llm: torch, megatron-core" in quick and "reports: matplotlib, pandas" in quick
@@ -79,3 +83,16 @@ def test_a_sound_install_exits_0(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FIX" not in result.stdout and _finding(result.stdout, "ok    torch ")
     assert result.stdout.splitlines()[-1].startswith("joulebench doctor: nothing blocks the quick start (exit 0)")
+
+
+def test_the_demo_checks_its_extras_before_it_trains(tmp_path: Path) -> None:
+    """All missing extras at once, before the training (the plot step needs reports: it stopped there, after
+    training, and the next demo was refused for the directory the first had left)."""
+    python, env = _bare_python(tmp_path)
+    result = subprocess.run([python, "-m", "joulebench", "demo", "--out", "demo"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 69 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        "joulebench demo: error: joulebench demo needs extras that are not installed (llm: torch, megatron-core, "
+        "psutil, tokenizers; reports: matplotlib, pandas). Fix: pip install 'joulebench[llm,reports]'")
+    assert not (tmp_path / "demo").exists()

@@ -23,8 +23,8 @@ if ! "$python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec
     echo "tests/venv.sh: no torch in $venv: installing the pinned CPU-capable build (torch 2.14.1, torchvision 0.29.1)" >&2
     "$python" -m pip install -q torch==2.14.1 torchvision==0.29.1
 elif ! error=$("$python" -c 'import torch, torchvision' 2>&1); then
-    fix=$(PYTHONPATH=$repo "$python" -c 'import torch; from joulebench.analysis.doctor import pair_fix
-print(pair_fix(torch.__version__))' 2>/dev/null) || fix="reinstall torch and torchvision from one index (README's Install)"
+    fix=$(PYTHONPATH=$repo "$python" -c 'from joulebench.analysis.doctor import pair_fix, version
+print(pair_fix(version("torch")))' 2>/dev/null) || fix="reinstall torch and torchvision from one index (README's Install)"
     echo "tests/venv.sh: error: torch and torchvision of $venv do not import together (${error##*$'\n'});" \
          "the test command leaves a venv's torch as it is. Fix: $fix; then run the test command again" \
          "($venv/bin/joulebench doctor checks the whole install)" |

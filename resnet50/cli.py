@@ -73,7 +73,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
              f"on the CPU as {CDT_ENV} says)")
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
-    add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
+    add("--out-dir", default=None, help="run directory (default runs/resnet50/<run-id>)")
     add("--run-id", default=None)
     add("--energy-methods", type=method_names, default=None,
         help="in-process jpwr methods for single-process runs, e.g. pynvml")

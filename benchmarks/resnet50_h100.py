@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import exit_status, first_gpus_env
 from joulebench.boundary import exit_code_of
+from joulebench.progress import Heartbeat
 
 TARGET_README_IMAGES_PER_S = 6000.0  # the README command on one H100, GBS 256 bf16 (issue 33)
 TARGET_BEST_IMAGES_PER_S = 7000.0  # best configuration per GPU; MLPerf Training v3.0 DGX H100 ~7,006 (issue 33)
@@ -84,7 +85,8 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
            sys.executable, *driver]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    with open(args.out / f"{name}.log", "w") as log:
+    with open(args.out / f"{name}.log", "w") as log, Heartbeat(lambda text: print(f"   {text}", flush=True)) as beat:
+        beat.begin(f"{name}: running, its output in {log.name}")  # a line every 10 s while it runs (compiles: minutes)
         # Own process group: on a timeout the training process under jpwr is stopped too, and the
         # remaining configurations still run (a slow torch.compile mode must not end the sweep).
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes),

@@ -51,7 +51,8 @@ def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--rep
 
 
 def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: float,
-                  agree_max: Callable[[int], int] | None = None) -> list[Window]:
+                  agree_max: Callable[[int], int] | None = None, log: Callable[[str], None] | None = None
+                  ) -> list[Window]:
     """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
 
     Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
@@ -59,11 +60,14 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
     are timed. That fixes the count for at least `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a
     collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
     must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
-    (3 s at the H100's 100 ms). The window lasts at least `min_seconds` (run_at_least tops the count up).
+    (3 s at the H100's 100 ms). The window lasts at least `min_seconds` (run_at_least tops the count up). `log`
+    (the driver's progress line, rank 0's) says which phase runs, so that replays longer than 10 s are not silent.
     """
     sync = meter.sync or (lambda: None)
     windows = []
-    for replay in replays:
+    for number, replay in enumerate(replays, start=1):
+        if log is not None:
+            log(f"replay {number}/{len(replays)}: {replay.name} alone for >= {min_seconds:g} s")
         if replay.setup is not None:
             replay.setup()
         replay.run()

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import first_gpus_env  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import exit_status, first_gpus_env  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
 from jpwr.output import fmt  # noqa: E402
 
@@ -82,7 +82,8 @@ def run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> int
     return code
 
 
-def attribute_workload(name: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> None:
+def attribute_workload(name: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> bool:
+    """The driver's run with phase replays, the kernel profile, then `joulebench attribute`; True when it attributed."""
     run_dir = out / "run"
     driver = [sys.executable, "-m", "jpwr", *SAMPLER, "--out", str(run_dir / "jpwr"), "--run-id", f"attr-{name}",
               "--", sys.executable, *DRIVERS[name], "--out-dir", str(run_dir), "--replay-phases",
@@ -99,8 +100,7 @@ def attribute_workload(name: str, out: Path, env: dict[str, str], args: argparse
         run(profile, env, out / "profile.log", args.timeout_s)
         if (profile_dir / "kernels.json").is_file():
             attribute += ["--profile", str(profile_dir / "kernels.json")]
-    if (run_dir / "run_record.json").is_file():
-        run(attribute, env, run_dir / "attribution.txt", 300)
+    return (run_dir / "run_record.json").is_file() and run(attribute, env, run_dir / "attribution.txt", 300) == 0
 
 
 def overhead_workload(name: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> None:
@@ -160,11 +160,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = first_gpus_env(1, ensure_megatron(args.wheel, args.out / "deps") if "llm" in names else dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    attributed = []
     for name in names:
         out = args.out / name
         out.mkdir(parents=True, exist_ok=True)
         if not args.overhead_only:
-            attribute_workload(name, out, env, args)
+            attributed.append(attribute_workload(name, out, env, args))
         if args.overhead or args.overhead_only:
             overhead_workload(name, out, env, args)
     table = ["| workload | estimator | phase | J/step [95 %] or ± bound | share % | mean W | status |",
@@ -174,7 +175,7 @@ def main() -> int:
     text = "\n".join(table)
     (args.out / "results.md").write_text(text + "\n")
     print("\n" + text, flush=True)
-    return 0
+    return exit_status(attributed, bool) if not args.overhead_only else 0
 
 
 if __name__ == "__main__":

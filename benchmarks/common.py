@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from jpwr.output import fmt
@@ -84,6 +84,12 @@ def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], 
         cells = [v if isinstance(v, str) else fmt(v, digits) for v in (row.get(label) for label in header)]  # type: ignore[arg-type]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def exit_status(rows: Sequence[Any], ok: Callable[[Any], bool] = lambda row: row.get("status") == "OK") -> int:
+    """The script's exit code: 0 when it has rows and every one succeeded (`ok`), else 1, so that a sweep whose only
+    row failed does not end 0 (a shell's `&&`, gpu_pool.py and CI read the code; the table says which row)."""
+    return 0 if rows and all(ok(row) for row in rows) else 1
 
 
 def split_at_double_dash(argv: Sequence[str]) -> tuple[list[str], list[str]]:

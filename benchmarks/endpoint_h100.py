@@ -26,7 +26,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
+    CounterPoller,
+    exit_status,
+    first_gpu_uuid,
+    first_gpus_env,
+    markdown_table,
+)
 from benchmarks.serving_h100 import rows_of  # noqa: E402
 
 SERVE = "transformers serve {model} --device cuda --host {host} --port {port} --continuous-batching"
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("ENDPOINT " + json.dumps(row, default=str), flush=True)
             rows.extend(found)
     print(markdown_table(rows, HEADER, digits=4))
-    return 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

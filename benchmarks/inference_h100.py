@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import markdown_table  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import exit_status, markdown_table  # noqa: E402 (after the repository is on sys.path)
 
 COLUMNS = [
     ("preset", None), ("task", None), ("batch", "batch_size"), ("status", None),
@@ -111,7 +111,7 @@ def main() -> int:
                f"steady window = full generations (warm-up excluded); decode J/token = steady minus prefill window")
     (out_dir / "results.md").write_text(f"{heading}\n\n{text}\n")
     print(f"\n{heading}\n{text}")
-    return 0 if rows and all(r["status"] == "OK" for r in rows) else 1
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import exit_status, first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
 
 # name -> extra `llm_training train` options. 800M preset defaults: bf16, GBS 64 per replica, MBS chosen by device
 # memory (16 where the estimate fits, e.g. an 80 GB H100; else 8). The bf16-mbs8* rows pin MBS 8, the default before
@@ -161,7 +161,7 @@ def main() -> int:
                f"{args.warmup_iterations} warm-up excluded; model FLOPs 6N + 12·L·h·s")
     (out_dir / "results.md").write_text(f"{heading}\n\n{text}\n")
     print(f"\n{heading}\n{text}")
-    return 0 if all(r["status"] == "OK" for r in rows) else 1
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

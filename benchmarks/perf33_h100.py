@@ -27,7 +27,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CounterPoller,
+    exit_status,
+    first_gpu_uuid,
+    first_gpus_env,
+    markdown_table,
+    split_at_double_dash,
+)
 
 INFERENCE = ["-m", "llm_inference", "run", "--task", "chat", "--num-batches", "1", "--energy-methods", "nvml"]
 README_RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-size", "256", "--precision",
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(rows, HEADER, digits=4)
     (out / "results.md").write_text(table + "\n")
     print(table)
-    return 0 if all(r["status"] == "OK" for r in rows) else 1
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

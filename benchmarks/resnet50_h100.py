@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import first_gpus_env
+from benchmarks.common import exit_status, first_gpus_env
+from joulebench.boundary import exit_code_of
+from joulebench.progress import Heartbeat
 
 TARGET_README_IMAGES_PER_S = 6000.0  # the README command on one H100, GBS 256 bf16 (issue 33)
 TARGET_BEST_IMAGES_PER_S = 7000.0  # best configuration per GPU; MLPerf Training v3.0 DGX H100 ~7,006 (issue 33)
@@ -85,7 +85,8 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
            sys.executable, *driver]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    with open(args.out / f"{name}.log", "w") as log:
+    with open(args.out / f"{name}.log", "w") as log, Heartbeat(lambda text: print(f"   {text}", flush=True)) as beat:
+        beat.begin(f"{name}: running, its output in {log.name}")  # a line every 10 s while it runs (compiles: minutes)
         # Own process group: on a timeout the training process under jpwr is stopped too, and the
         # remaining configurations still run (a slow torch.compile mode must not end the sweep).
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes),
@@ -101,6 +102,12 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
     return json.loads(record_path.read_text()) if record_path.exists() else None
 
 
+def error_line(log: Path) -> str | None:
+    """The driver's one-line error in its log (`python -m resnet50: error: ...`: a missing extra names its fix)."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    return next((line for line in reversed(lines) if ": error: " in line), None)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -111,14 +118,15 @@ def _rate(value: float | None) -> str:
     return _num(value, ",.0f") if value is None or abs(value) >= 100 else f"{value:.3g}"
 
 
-def table(rows: list[tuple[str, dict | None]]) -> str:
+def table(rows: list[tuple[str, dict | None]], out: Path | None = None) -> str:
     header = (f"{'config':<20} {'GPUs':>4} {'GBS':>5} {'compile':>19} {'img/s':>9} {'img/s/GPU':>9} {'s/iter':>8} "
               f"{'warmup s':>8} {'1st it s':>8} {'Wh':>8} {'img/Wh':>9} {'W/GPU':>7} {'TFLOP/s/GPU':>11} "
               f"{'energy':>14} {'status':>8}")
     lines = [header, "-" * len(header)]
     for name, record in rows:
         if record is None:
-            lines.append(f"{name:<20} no run record (see {name}.log)")
+            error = error_line(out / f"{name}.log") if out else None
+            lines.append(f"{name:<20} no run record: {error or f'see {name}.log'}")
             continue
         m = record["metrics"]
         warm = m.get("warmup_s", (m.get("warmup_excluded") or {}).get("duration_s"))
@@ -173,6 +181,8 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu only to smoke-test this script itself (tiny --per-gpu-batch, --methods auto)")
     args = parser.parse_args()
+    import torch  # the drivers' extra (resnet-pytorch): named by the error boundary where missing
+
     gpus = torch.cuda.device_count() if args.device == "cuda" else 1
     if gpus == 0:
         print("no CUDA device visible: this benchmark needs an NVIDIA GPU", file=sys.stderr)
@@ -183,14 +193,14 @@ def main() -> int:
     rows = []
     for name, processes, extra in configurations(gpus, args.per_gpu_batch, args.only):
         rows.append((name, run_one(name, processes, extra, args)))
-    text = table(rows)
+    text = table(rows, args.out)
     print(text)
     (args.out / "table.txt").write_text(text + "\n")
     if args.precision == "bf16" and "H100" in device_name:
         for line in verdicts(rows, args.per_gpu_batch):
             print(f"H100 {line}")
-    return 0
+    return exit_status(rows, lambda row: row[1] is not None and row[1]["status"] == "OK")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_code_of("benchmarks/resnet50_h100.py", main, torch_extra="resnet-pytorch"))

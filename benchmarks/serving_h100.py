@@ -27,7 +27,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
+    CounterPoller,
+    exit_status,
+    first_gpu_uuid,
+    first_gpus_env,
+    markdown_table,
+)
 
 MODEL = ["--preset", "llama-8b", "--task", "chat", "--energy-methods", "nvml"]  # + --steady-seconds (--window-s)
 HEADER = ("run", "status", "slots/batch", "rate", "tokens/s", "J/output token", "bound %", "deviation %",
@@ -72,7 +78,8 @@ def token_check() -> dict[str, Any]:
         alone = static.generate({"input_ids": prompt[None], "attention_mask": torch.ones_like(prompt)[None]},
                                 r.output_tokens)[0].tolist()
         same += log.tokens is not None and log.tokens[r.id] == alone
-    return {"run": "tokens", "status": f"{same}/{len(items)} requests identical", "setup_s": setup,
+    return {"run": "tokens", "status": f"{same}/{len(items)} requests identical", "identical": same == len(items),
+            "setup_s": setup,
             "graphs": engine.describe()["captured_graphs"]}
 
 
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("SERVING " + json.dumps(row), flush=True)
             rows.extend(found)
     print(markdown_table(rows, HEADER, digits=4))
-    return 0
+    return exit_status(rows, lambda row: row.get("status") == "OK" or row.get("identical") is True)
 
 
 if __name__ == "__main__":

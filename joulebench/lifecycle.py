@@ -51,7 +51,7 @@ from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
 from joulebench.failures import failure_reason
 from joulebench.launch import LaunchEnv
-from joulebench.progress import Heartbeat
+from joulebench.progress import Heartbeat, next_command
 from joulebench.record import (
     EXIT_CODES,
     RECORD_FILE,
@@ -436,10 +436,13 @@ class Lifecycle:
                 print(f"[{self.benchmark}] run record: {path}", flush=True)
 
     def exit_code(self, summary_keys: Sequence[str] = ()) -> int:
-        """Print every record's summary line (global rank 0) and return the process's exit code: 74 when any
-        run's record is not where it belongs (a wrapper must look elsewhere for it, whatever else happened), else
-        the first run that did not end OK decides (a TIMEOUT ends a sweep; a FAILED point leaves the others valid)."""
+        """Print the command to run next (where every run ended OK) and every record's summary line (global rank 0),
+        and return the process's exit code: 74 when any run's record is not where it belongs (a wrapper must look
+        elsewhere for it, whatever else happened), else the first run that did not end OK decides (a TIMEOUT ends a
+        sweep; a FAILED point leaves the others valid)."""
         if self.launch.is_global_zero:
+            if self.runs and all(run.record.status == "OK" for run in self.runs):
+                print(next_command([(run.out_dir, run.record.metrics.get("energy_wh")) for run in self.runs]))
             for run in self.runs:
                 print(summary_line(run.record, summary_keys), flush=True)
         sys.stdout.flush()

@@ -8,6 +8,7 @@ estimator (joulebench.analysis.replay) is decided here, once for every driver.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -50,7 +51,8 @@ def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--rep
 
 
 def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: float,
-                  agree_max: Callable[[int], int] | None = None) -> list[Window]:
+                  agree_max: Callable[[int], int] | None = None, log: Callable[[str], None] | None = None
+                  ) -> list[Window]:
     """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
 
     Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
@@ -58,11 +60,14 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
     are timed. That fixes the count for at least `min_seconds` (and MIN_REPLAY_INVOCATIONS); `agree_max` (a
     collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
     must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
-    (3 s at the H100's 100 ms).
+    (3 s at the H100's 100 ms). The window lasts at least `min_seconds` (run_at_least tops the count up). `log`
+    (the driver's progress line, rank 0's) says which phase runs, so that replays longer than 10 s are not silent.
     """
     sync = meter.sync or (lambda: None)
     windows = []
-    for replay in replays:
+    for number, replay in enumerate(replays, start=1):
+        if log is not None:
+            log(f"replay {number}/{len(replays)}: {replay.name} alone for >= {min_seconds:g} s")
         if replay.setup is not None:
             replay.setup()
         replay.run()
@@ -76,7 +81,28 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
         count = agree_max(count) if agree_max is not None else count
         name = REPLAY_PREFIX + replay.name
         meter.begin(name, 0)
-        for _ in range(count):
-            replay.run()
+        count = run_at_least(replay.run, count, min_seconds, sync, agree_max)
         windows.append(meter.end(name, count, {"invocations": float(count)}))
     return windows
+
+
+def run_at_least(run: Callable[[], object], count: int, min_seconds: float, sync: Callable[[], object],
+                 agree_max: Callable[[int], int] | None = None) -> int:
+    """Call `run` `count` times, then more until `min_seconds` have passed; returns how many calls ran.
+
+    The count from the few timed invocations before the window runs short where a phase's time varies: on a CPU the
+    first invocations after another phase, or under another process's load, differ by up to 2x from the window's
+    (a 3 s replay lasted 1.6-2.9 s). Each top-up is sized by the window's own rate so far; with `agree_max` every
+    rank runs the largest top-up any rank needs (phases with collectives inside must be called equally often)."""
+    started = time.monotonic()
+    done = 0
+    while count > 0:
+        for _ in range(count):
+            run()
+        done += count
+        sync()
+        elapsed = time.monotonic() - started
+        count = math.ceil((min_seconds - elapsed) * done / max(elapsed, 1e-9)) if elapsed < min_seconds else 0
+        if agree_max is not None:
+            count = agree_max(count)
+    return done

@@ -1,18 +1,38 @@
-"""A line at least every 10 s from a long command, also while one call (a model build, a long generate) runs.
+"""A line at least every 10 s from a long command, also while one call (a model build, a long generate) runs, and
+the command to run after a driver's runs.
 
 Why: a command that is silent for 30 s looks hung, and a job log without a recent line cannot tell a slow point from
 a stuck one. The command's own lines go through `say` (they restart the clock); where none came for `every_s`, a
-background thread says what the command is doing and for how long.
+background thread says what the command is doing and for how long. A newcomer who has just trained reads next what
+to do with the result (README's quick start: plot, report, attribute).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 
 EVERY_S = 10.0
+
+
+def next_command(runs: Sequence[tuple[Path, float | None]]) -> str:
+    """The line after a driver's runs, each (its output directory, its steady window's energy in Wh or None): one
+    run with energy is plotted first; without energy only the report can show it (plot and attribute stop)."""
+    dirs = [Path(out) for out, _ in runs]
+    parent = Path(os.path.commonpath([str(d.parent) for d in dirs])) if dirs else Path("runs")
+    report = f"joulebench report {shlex.quote(str(parent))} -o report/"
+    if len(runs) > 1:
+        return f"next: {report} ({len(runs)} runs: tables, charts, diagnosis)"
+    run = shlex.quote(str(dirs[0]))
+    if runs[0][1] is None:
+        return (f"next: {report} (throughput; energy n/a: with no sensor plot and attribute stop, `joulebench doctor` "
+                "names the sensors found)")
+    return f"next: joulebench plot {run} -o {run}/trace.png, then {report} and joulebench attribute {run}"
 
 
 class Heartbeat:

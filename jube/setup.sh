@@ -4,7 +4,10 @@
 #   - <repo>/.venv with torch and joulebench with its training extras (a venv: Debian's system Python is
 #     "externally managed", PEP 668, so pip must not install there),
 #   - .venv/bin/jube, so that `.venv/bin/jube run ...` works; the workflows find .venv/bin/python
-#     themselves (python = auto in jube/systems.ini).
+#     themselves (python = auto in jube/systems.ini);
+#   - last, `joulebench doctor` in the venv: each problem of the install with its fix (a torch/torchvision pair that
+#     does not import, a missing extra, no sensor, no Slurm). Its findings are printed, not this script's exit code:
+#     the install itself is done; the "next:" line says to fix what it marks FIX first.
 #
 #     sh jube/setup.sh [--dry-run]     # --dry-run: say which index torch would come from, and why; change nothing
 #
@@ -12,8 +15,8 @@
 # of 5.6 GB with the CUDA build; README's Install says what was measured), unless that index cannot be reached:
 # then from pip's default index, saying so. A site's PIP_INDEX_URL always wins; a torch that imports in the venv
 # already stays.
-# Environment: JOULEBENCH_EXTRAS (default llm,resnet-pytorch, plus nvidia where nvidia-smi exists;
-#              add resnet-tensorflow for TF),
+# Environment: JOULEBENCH_EXTRAS (default llm,resnet-pytorch,reports (the README's quick start plots and reports),
+#              plus nvidia where nvidia-smi exists; add resnet-tensorflow for TF),
 #              JOULEBENCH_VENV (default <repo>/.venv),
 #              JOULEBENCH_TORCH_PACKAGES (default "torch torchvision"; pin versions here),
 #              JOULEBENCH_TORCH_CPU_INDEX (default https://download.pytorch.org/whl/cpu),
@@ -21,7 +24,7 @@
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${JOULEBENCH_VENV-$repo/.venv}
-default_extras=llm,resnet-pytorch
+default_extras=llm,resnet-pytorch,reports
 command -v nvidia-smi >/dev/null && default_extras=$default_extras,nvidia  # pynvml for jpwr's sampler
 extras=${JOULEBENCH_EXTRAS-$default_extras}
 torch_packages=${JOULEBENCH_TORCH_PACKAGES-torch torchvision}
@@ -82,5 +85,10 @@ if ! "$venv/bin/python" -c 'import torch, torchvision' 2>/dev/null; then
 fi
 "$venv/bin/python" -m pip install --quiet -e "$repo${extras:+[$extras]}"
 ln -sf "$(command -v jube)" "$venv/bin/jube"
-echo "setup: done. $("$venv/bin/jube" --version 2>&1); joulebench in $venv" >&2
-echo "next: $venv/bin/jube run jube/llm_benchmark.xml -e -a -r" >&2
+echo "setup: done. $("$venv/bin/jube" --version 2>&1); joulebench in $venv; its doctor:" >&2
+if "$venv/bin/python" -m joulebench doctor >&2; then
+    echo "next: $venv/bin/jube run jube/llm_benchmark.xml -e -a -r" >&2
+else
+    echo "next: fix what the doctor marks FIX above ($venv/bin/joulebench doctor checks again), then:" \
+         "$venv/bin/jube run jube/llm_benchmark.xml -e -a -r" >&2
+fi

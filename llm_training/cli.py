@@ -96,17 +96,27 @@ def _train(args: argparse.Namespace) -> int:
     cfg = resolve_checked(args, launch.world_size)  # before importing Megatron (tens of seconds): refusals are quick
     check_out_dir(cfg.out_dir)
     check_replay_seconds(cfg.replay_phases_s, bool(cfg.energy_methods or os.environ.get(ADDR_ENV)))
-    import torch
+    from joulebench.progress import Heartbeat
 
-    from joulebench.torch_device import resolve_device
-    from llm_training import memory, train, validation
+    def log(text: str) -> None:
+        if launch.is_global_zero:
+            print(f"[llm_training] {text}", flush=True)
 
-    device = resolve_device(cfg.device)
-    cuda_memory = torch.cuda.get_device_properties(device).total_memory / memory.GIB if device.type == "cuda" else None
-    cfg = memory.choose_micro_batch(cfg, cuda_memory)  # every rank alike: a node's GPUs are of one kind
-    capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
-    validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
-    validation.check_attention_backend(cfg.attention_backend, device.type)
+    with Heartbeat(log) as beat:  # the imports take 5 s on an idle 2-core machine, longer on a busy one
+        beat.begin("loading torch and Megatron-Core")
+        beat.say("loading torch and Megatron-Core")
+        import torch
+
+        from joulebench.torch_device import resolve_device
+        from llm_training import memory, train, validation
+
+        device = resolve_device(cfg.device)
+        cuda_memory = (torch.cuda.get_device_properties(device).total_memory / memory.GIB if device.type == "cuda"
+                       else None)
+        cfg = memory.choose_micro_batch(cfg, cuda_memory)  # every rank alike: a node's GPUs are of one kind
+        capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
+        validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
+        validation.check_attention_backend(cfg.attention_backend, device.type)
     return train.run(cfg, launch, device)
 
 

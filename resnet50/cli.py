@@ -24,6 +24,7 @@ from joulebench.arguments import (
 from joulebench.boundary import exit_code_of
 from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
+from joulebench.progress import Heartbeat
 from joulebench.sizing import add_window_arguments
 from jpwr import ValidationError
 from jpwr.errors import ArgumentParser, take_debug_flag
@@ -73,7 +74,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
              f"on the CPU as {CDT_ENV} says)")
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
-    add("--out-dir", default=None, help="run directory (default results/resnet50/<run-id>)")
+    add("--out-dir", default=None, help="run directory (default runs/resnet50/<run-id>)")
     add("--run-id", default=None)
     add("--energy-methods", type=method_names, default=None,
         help="in-process jpwr methods for single-process runs, e.g. pynvml")
@@ -148,16 +149,20 @@ def _measured(config: TrainConfig) -> str:
 def make_data(args: argparse.Namespace) -> int:
     if args.images <= 0 or args.classes <= 0 or args.shards <= 0 or args.image_size <= 0:
         raise ValidationError("--images, --classes, --shards and --image-size must be positive", "pass values >= 1")
-    if args.format == "tfrecord":
-        from resnet50.tf_data import write_tfrecords
+    library = "TensorFlow" if args.format == "tfrecord" else "torchvision"
+    with Heartbeat(lambda text: print(text, flush=True)) as beat:  # TensorFlow's import took 20 s on a cold machine
+        beat.begin(f"make-data: {args.images} {args.format} images")
+        beat.say(f"make-data: loading {library}, then writing {args.images} {args.format} images under {args.out}")
+        if args.format == "tfrecord":
+            from resnet50.tf_data import write_tfrecords
 
-        written = write_tfrecords(args.out, args.images, args.shards, args.image_size, args.seed)
-    else:
-        from resnet50.torch_data import write_jpeg_tree
+            written = write_tfrecords(args.out, args.images, args.shards, args.image_size, args.seed)
+        else:
+            from resnet50.torch_data import write_jpeg_tree
 
-        per_class = max(1, args.images // args.classes)
-        written = write_jpeg_tree(args.out, args.classes, per_class, args.image_size, args.seed)
-    print(f"wrote {written} {args.format} images under {args.out}")
+            per_class = max(1, args.images // args.classes)
+            written = write_jpeg_tree(args.out, args.classes, per_class, args.image_size, args.seed)
+        beat.say(f"wrote {written} {args.format} images under {args.out}")
     return 0
 
 

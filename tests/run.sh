@@ -3,22 +3,17 @@
 #
 #     bash tests/run.sh [pytest options...]          e.g. bash tests/run.sh tests/jpwr -x
 #
-# - <repo>/.venv, created if missing (a venv: Debian's system Python refuses pip, PEP 668), with torch and
-#   torchvision unless they import already (the CPU-capable pinned build CI uses; a site's own torch stays),
-#   then joulebench with every extra the tests use (test, nvidia, llm, resnet-pytorch, resnet-tensorflow-cpu,
-#   inference, serving, reports, tensorboard, mlflow, wandb). No GPU is needed: vendor libraries are replaced by the fakes in tests/fakes.
+# - <repo>/.venv made ready by tests/venv.sh: created if missing, the pinned CPU-capable torch only where it has none
+#   (CI), a torch and torchvision that import together never changed, a pair that does not named with its fix
+#   (exit 69, nothing installed); then joulebench with every extra the tests use. No GPU is needed: vendor libraries
+#   are replaced by the fakes in tests/fakes.
 # - System packages are not installed here: the JUBE/Slurm workflow tests need JUBE, Slurm, munge and
 #   xmllint (`sh jube/ci-setup.sh` as root, what CI does) and are skipped with that reason without them.
 # - Then ruff, mypy (pyproject.toml [tool.mypy]: jpwr, joulebench, the three drivers) and pytest.
 # Idempotent: a second run reuses the venv and its packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-[ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python -c 'import torch, torchvision' 2>/dev/null; then
-    .venv/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1
-fi
-.venv/bin/python -m pip install -q -e ".[test,nvidia,llm,resnet-pytorch,resnet-tensorflow-cpu,inference,serving,reports,tensorboard,mlflow,wandb]"
+bash tests/venv.sh .venv
 missing=""
 for tool in jube slurmctld munged xmllint; do command -v "$tool" >/dev/null || missing="$missing $tool"; done
 [ -z "$missing" ] || echo "tests/run.sh: not installed:$missing; the JUBE/Slurm workflow tests will be skipped" \

@@ -9,9 +9,10 @@ that needs no GPU, cluster or Apptainer:
 - `jube run FILE --tag ...`: the workflow file exists and jbprofile accepts the tags;
 - set-up commands (venv, pip, jube/setup.sh, the test command) are what `.ci/run` itself runs.
 Then every CPU example in the README and docs/ runs as written (test_documented_example_runs), in a
-directory that sees the repository's files, as on a CPU machine: no fake sensor and no variable the doc
+directory that sees the repository's files, as on a CPU machine, and leaves nothing there that .gitignore does not
+ignore (so `git status` stays clean in a clone): no fake sensor and no variable the doc
 line does not show (this checkout on PYTHONPATH stands for the install); only the interpreter is
-substituted (and /tmp/ by that directory). Not run, each skipped
+substituted (and /tmp/ by a directory beside it). Not run, each skipped
 with its reason: lines marked `# GPU only` in the doc, set-up, JUBE and Apptainer commands, commands
 reading a JUBE run, and templates (uppercase, bracketed or $ parts to fill in). The README's quick
 start (and its commands that read the quick start's run) runs in tests/test_quick_start.py; the
@@ -224,7 +225,15 @@ def test_documented_example_runs(where: str, command: str, comment: str, tmp_pat
     for entry in REPO.iterdir():
         if not entry.name.startswith(".") and entry.name not in NOT_LINKED:
             (sandbox / entry.name).symlink_to(entry)
-    argv = as_run(shlex.split(command), sandbox)
+    (tmp_path / "tmp").mkdir()  # a doc line's /tmp/: outside the clone, as on the machine it documents
+    argv = as_run(shlex.split(command), tmp_path / "tmp")
     result = subprocess.run(argv, cwd=sandbox, env=as_installed(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{command}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert "FAILED" not in result.stdout, f"{command} printed a FAILED row:\n{result.stdout[-3000:]}"
+    # run from a clone's root, it leaves `git status` clean: it wrote only where .gitignore already ignores (runs/,
+    # report/, out/, jpwr's default jpwr_out/)
+    created = [f"{entry.name}/" if entry.is_dir() else entry.name for entry in sandbox.iterdir()
+               if not entry.is_symlink()]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, text=True,
+                             input="\n".join(created), capture_output=True).stdout.split()
+    assert sorted(ignored) == sorted(created), f"{command} wrote {sorted(set(created) - set(ignored))} into the clone"

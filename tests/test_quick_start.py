@@ -56,6 +56,17 @@ def test_the_cpu_quick_start_runs_as_written(fake_env, h100_trace_dir, tmp_path:
         assert result.returncode == 0, f"{shlex.join(words)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         if words[0] == "jpwr":  # the training under the meter: record and trace where the next commands look
             trace_dir, record_dir = tmp_path / _option(words, "--out"), tmp_path / _option(words, "--out-dir")
+            out = _option(words, "--out-dir")
+            # a line before the imports (5 s idle, more on a busy machine), one per replayed phase (3 s each), and
+            # last the command to run next (the README's, on the driver's own directory)
+            said = [line for line in result.stdout.splitlines() if line.startswith("[llm_training] ")]
+            assert said[0] == "[llm_training] loading torch and Megatron-Core", said
+            assert [line for line in said if " alone for >= " in line] == [
+                f"[llm_training] replay {n}/4: {phase} alone for >= 3 s"
+                for n, phase in enumerate(("forward", "forward+backward", "optimizer", "step"), start=1)]
+            assert result.stdout.splitlines()[-2] == (
+                f"next: joulebench plot {out} -o {out}/trace.png, then joulebench report runs -o report/ and "
+                f"joulebench attribute {out}")
             assert list(trace_dir.glob("*/trace.h5")), f"no trace under {trace_dir}"
             steady = {w["name"]: w for w in read_record(record_dir)["windows"]}["steady"]
             assert steady["energy"]["energy_j"] > 0
@@ -65,6 +76,8 @@ def test_the_cpu_quick_start_runs_as_written(fake_env, h100_trace_dir, tmp_path:
             assert (tmp_path / _option(words, "-o")).stat().st_size > 0
         elif words[1] == "report":
             assert record_dir.is_relative_to(tmp_path / words[2])
+            assert result.stdout.splitlines()[-1] == f"next: joulebench attribute {record_dir.relative_to(tmp_path)} " \
+                                                      "(its energy per phase)"
             page = (tmp_path / _option(words, "-o") / "index.html").read_text()
             assert read_record(record_dir)["run_id"] in page
         elif words[1] == "attribute":

@@ -7,6 +7,7 @@
     joulebench plot RUN_DIR -o trace.png                  # power, clocks, utilisation with the windows shaded
     joulebench attribute RUN_DIR [--profile KERNELS.json] # a window's energy per phase: fit and replay estimators
     joulebench demo [--out DIR]                           # all of it on a laptop, from a recorded H100 trace
+    joulebench doctor                                     # after installing: each problem of this install, its fix
 
 Measuring is the meter's job (`jpwr -- CMD`, `jpwr serve`, `jpwr combine`, `jpwr info`,
 `jpwr selftest`). Each verb's module is imported only when that verb runs, so the usage text
@@ -33,6 +34,8 @@ VERBS = {
                                                    "its saving against the default; --remeasure confirms it"),
     "attribute": ("joulebench.analysis.attribute", "where a window's joules go: per phase (fit, replay), kernel "
                                                    "classes; writes the record's attribution block"),
+    "doctor": ("joulebench.analysis.doctor", "after installing: what blocks the quick start or another workflow here, "
+                                             "each with its fix (exit 0: nothing blocks the quick start)"),
     "demo": ("joulebench.analysis.demo", "a tiny CPU run metered by a replayed H100 trace, then plot, report and "
                                          "attribute it (labelled: replayed trace, not this machine)"),
 }

@@ -535,9 +535,13 @@ that was not measured (the note says why); it is never plotted as 0.</p>
 
 
 def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
-    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html.
-    PARTIAL runs never enter a diagnosis (their energy covers part of the window only)."""
-    runs = load_runs(paths)
+    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html."""
+    return write_runs(load_runs(paths), paths, out_dir, allow_partial)
+
+
+def write_runs(runs: list[Run], paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
+    """write_report over runs already read (load_runs). PARTIAL runs never enter a diagnosis (their energy covers
+    part of the window only)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     images: list[tuple[Path, str]] = []
     diagnoses: list[tuple[str, Diagnosis]] = []
@@ -618,8 +622,23 @@ def main(argv: Sequence[str]) -> int:
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
-    index = write_report(args.paths, args.out, args.allow_partial)
+    runs = load_runs(args.paths)
+    index = write_runs(runs, args.paths, args.out, args.allow_partial)
     for section in json.loads((args.out / "runs.json").read_text()).get("serving", []):
         print(fitted([f"joulebench report: serving, {section['group']}: {section['sentence']}"]))
     print(f"joulebench report: wrote {index}")
+    print(fitted([next_step(runs)]))
     return ExitCode.OK
+
+
+def next_step(runs: Sequence[Run]) -> str:
+    """The command after a report: the quick start's next, attribute (one run with energy), or a comparison (two or
+    more: which two is the reader's choice); or why neither can run on these records."""
+    measured = [run for run in runs if run.unreadable is None and run.record.metrics.get("energy_wh") is not None]
+    if not measured:
+        return ("next: no run here has energy (no sensor where it ran: `joulebench doctor` names this machine's); "
+                "`joulebench demo` shows plot and attribute on a recorded trace")
+    if len(measured) == 1:
+        return f"next: joulebench attribute {shlex.quote(str(measured[0].path.parent))} (its energy per phase)"
+    return ("next: joulebench report --compare RUN_A RUN_B (why one run of a workload costs more energy per unit), "
+            "joulebench attribute RUN_DIR (its energy per phase)")

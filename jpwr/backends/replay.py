@@ -40,7 +40,7 @@ NOT_FOLLOWED = ("command",)  # jpwr's whole-command window: open all along, it s
 class _Series:
     """One recorded column, keyed by each read's 'after' stamp (trace-relative ns)."""
 
-    def __init__(self, times_ns: list[int], values: list[float]) -> None:
+    def __init__(self, times_ns: list[int], values: list[float] | list[int]) -> None:
         self.times, self.values = times_ns, values
 
     def at(self, rel_ns: int) -> float:
@@ -51,12 +51,13 @@ class _Series:
 @dataclasses.dataclass(frozen=True)
 class _Cursor:
     """Where the playback is: segment [start_ns, end_ns) of the recording, entered at `since_ns` (this machine's
-    clock) with the counter then at `counter_base`."""
+    clock) with the counter then at `counter_base_mj` (whole millijoules, as recorded: the counter is summed in
+    integers, so it never steps back by a rounding error where a loop or a switch joins two pieces of the recording)."""
 
     start_ns: int
     end_ns: int
     since_ns: int
-    counter_base: float
+    counter_base_mj: int
 
     def position(self, now_ns: int) -> tuple[int, int]:
         """(loops completed, trace-relative position) at `now_ns`."""
@@ -74,7 +75,7 @@ class ReplayBackend:
         self._counter_id = ""
         self._domain_id = ""
         self._segments: dict[str, tuple[int, int]] = {}  # idle/steady -> [start, end) trace-relative ns
-        self._cursor = _Cursor(0, 1, 0, 0.0)
+        self._cursor = _Cursor(0, 1, 0, 0)
 
     def discover(self) -> Discovery:
         disc = Discovery(NAME)
@@ -99,7 +100,8 @@ class ReplayBackend:
                          est_update_s=0.1, resolution=1e-3)
         power = Sensor(f"{self._domain_id}/power_instant", self._domain_id, Signal.POWER_INSTANT, resolution=1e-3)
         self._counter_id = counter.id
-        self._series = {counter.id: column("counter_t_after_ns", "energy_mJ", 1e-3),
+        self._series = {counter.id: _Series([r["counter_t_after_ns"] - start for r in rows],
+                                            [r["energy_mJ"] for r in rows]),
                         power.id: column("fields_t_after_ns", "power_instant_mW", 1e-3),
                         "sm_clock_hz": column("usage_t_after_ns", "sm_clock_MHz", 1e6),
                         "utilization_gpu": column("usage_t_after_ns", "util_gpu_pct", 0.01)}
@@ -111,7 +113,7 @@ class ReplayBackend:
         disc.info["replay"] = str(self._dir)
         self._segments = _segments(meta.get("marks") or [], start)
         first = self._segments.get(IDLE, (0, length))
-        self._cursor = _Cursor(*first, self._clock.monotonic_ns(), self._series[counter.id].at(first[0]))
+        self._cursor = _Cursor(*first, self._clock.monotonic_ns(), int(self._series[counter.id].at(first[0])))
         return disc
 
     def follow_window(self, name: str, edge: str) -> None:
@@ -121,18 +123,18 @@ class ReplayBackend:
         segment = self._segments[IDLE if name == IDLE else STEADY]
         if segment != (self._cursor.start_ns, self._cursor.end_ns):
             now = self._clock.monotonic_ns()
-            self._cursor = _Cursor(*segment, now, self._counter(now))
+            self._cursor = _Cursor(*segment, now, self._counter_mj(now))
 
-    def _counter(self, now_ns: int) -> float:
-        """The energy counter: the cursor's base plus what the segment's counter climbed since it was entered."""
+    def _counter_mj(self, now_ns: int) -> int:
+        """The energy counter (mJ): the cursor's base plus what the segment's counter climbed since it was entered."""
         cursor, series = self._cursor, self._series[self._counter_id]
         loops, position = cursor.position(now_ns)
-        per_loop = series.at(cursor.end_ns) - series.at(cursor.start_ns)
-        return cursor.counter_base + loops * per_loop + series.at(position) - series.at(cursor.start_ns)
+        per_loop = int(series.at(cursor.end_ns) - series.at(cursor.start_ns))
+        return cursor.counter_base_mj + loops * per_loop + int(series.at(position) - series.at(cursor.start_ns))
 
     def _value(self, name: str, now_ns: int) -> float:
         if name == self._counter_id:
-            return self._counter(now_ns)
+            return self._counter_mj(now_ns) * 1e-3
         return self._series[name].at(self._cursor.position(now_ns)[1])
 
     def read(self, sensors: Sequence[Sensor]) -> list[Reading]:

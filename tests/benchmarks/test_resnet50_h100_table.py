@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("torch")  # the script imports torch at module level
-
 from benchmarks import resnet50_h100 as script
 
 

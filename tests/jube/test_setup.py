@@ -88,7 +88,7 @@ def test_the_dry_run_says_where_torch_would_come_from_and_why(case: str, tmp_pat
 @requires_jube
 def test_an_unreachable_cpu_index_falls_back_to_the_default_index_for_real(tmp_path: Path) -> None:
     """The whole set-up on a GPU-less machine whose CPU index is down: a venv of its own, the stand-in for torch from
-    pip's default index, joulebench itself (no extras), the jube link."""
+    pip's default index, joulebench itself (no extras), the jube link, then the doctor."""
     venv = tmp_path / "venv"
     env = {"PATH": _tools(tmp_path, "jube", "ln"), "JOULEBENCH_VENV": str(venv), "JOULEBENCH_EXTRAS": "",
            "JOULEBENCH_TORCH_PACKAGES": "iniconfig", "JOULEBENCH_TORCH_CPU_INDEX": f"http://127.0.0.1:{_closed_port()}"}
@@ -99,3 +99,8 @@ def test_an_unreachable_cpu_index_falls_back_to_the_default_index_for_real(tmp_p
                               capture_output=True, text=True, cwd=tmp_path)
     assert imported.returncode == 0, imported.stderr
     assert (venv / "bin" / "jube").is_symlink() and "setup: done." in proc.stderr
+    # the doctor ran last in the new venv: no extras asked for, so the quick start's are missing, and said so
+    doctor = proc.stderr.partition("its doctor:\n")[2].replace("\n    ", " ")  # its findings unwrapped
+    assert "joulebench doctor: Python " in doctor and f"at {venv}/bin/python" in doctor, proc.stderr
+    assert "FIX   the quick start" in doctor and "Fix: pip install 'joulebench[llm,reports]'" in doctor
+    assert proc.stderr.splitlines()[-1].startswith("next: fix what the doctor marks FIX above")

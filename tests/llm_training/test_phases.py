@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import itertools
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from joulebench.analysis.plot import find_trace_sources
-from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER
+from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, run_at_least
 from jpwr.trace import load_trace
 from tests.llm_training.conftest import LLM, TINY, read_record, run_cmd, torchrun
 
@@ -36,8 +37,9 @@ def test_ranks_mark_each_steps_phases_and_replay_them(fake_env, h100_trace_dir, 
     record = read_record(run)
     windows = {w["name"]: w for w in record["windows"]}
     assert [name for name in windows if name != "idle"] == ["warmup", "steady", *REPLAYS]  # idle: the baseline
-    for name in REPLAYS:
+    for name in REPLAYS:  # each at least as long as asked, on every rank alike (a rank short of calls would hang)
         assert windows[name]["work"]["invocations"] >= 3 and windows[name]["energy"]["energy_j"] > 0
+        assert windows[name]["duration_s"] >= 0.2, windows[name]
 
     steady = windows["steady"]
     (trace,) = [load_trace(source) for source in find_trace_sources(run / "jpwr")]
@@ -74,3 +76,20 @@ def test_replay_without_a_sampler_is_refused_before_training(fake_env, tmp_path:
     assert result.returncode == 64
     assert "--replay-phases 2 without a jpwr sampler" in result.stderr and "Fix:" in result.stderr
     assert not (tmp_path / "run" / "run_record.json").exists()
+
+
+def test_a_replay_window_lasts_as_long_as_asked_when_its_phase_speeds_up() -> None:
+    """The count comes from invocations timed before the window; a phase that then runs faster (a CPU's first
+    invocations after another phase ran up to 2x slower) is topped up until the window has lasted its seconds."""
+    calls: list[float] = []
+
+    def phase() -> None:
+        calls.append(time.monotonic())
+        time.sleep(0.004 if len(calls) <= 4 else 0.001)  # the four before the window slow, the rest fast
+
+    for _ in range(4):  # replay_phases' warm-up and timed invocations
+        phase()
+    count = max(3, int(0.1 / 0.004) + 1)  # sized by the slow ones: 26 calls, about 30 ms at the fast pace
+    started = time.monotonic()
+    done = run_at_least(phase, count, 0.1, lambda: None)
+    assert time.monotonic() - started >= 0.1 and done == len(calls) - 4 > count

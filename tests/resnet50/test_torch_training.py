@@ -124,10 +124,14 @@ def test_bf16_channels_first_trains(tmp_path: Path) -> None:
     assert all(abs(loss) < 1e6 for _step, loss in record["metrics"]["losses"])
 
 
-def test_jpeg_tree_input(tmp_path: Path) -> None:
+def test_jpeg_tree_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = tmp_path / "jpeg"
     assert main(["make-data", str(data), "--format", "jpeg", "--images", "16", "--classes", "4",
                  "--image-size", "48"]) == 0
+    # a line before the import that can take 20 s (TensorFlow's, for tfrecords), heartbeats meanwhile, then the result
+    said = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("make-data: 16 jpeg images: ")]
+    assert said == [f"make-data: loading torchvision, then writing 16 jpeg images under {data}",
+                    f"wrote 16 jpeg images under {data}"]
     assert sorted(p.suffix for p in (data / "train").rglob("*") if p.is_file()) == [".jpg"] * 16  # no temporaries
     code = main(["train", "--framework", "pytorch", *SMALL, "--data", str(data), "--data-workers", "0",
                  "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "2", "--out-dir", str(tmp_path)])

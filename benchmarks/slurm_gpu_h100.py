@@ -50,7 +50,13 @@ sys.path.insert(0, str(REPO / "jube"))  # the job settings' reader
 
 from jbsettings import read_settings  # noqa: E402
 
-from benchmarks.common import CounterPoller, Poller, markdown_table, steady_against_counter  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CounterPoller,
+    Poller,
+    exit_status,
+    markdown_table,
+    steady_against_counter,
+)
 from jpwr.output import write_atomic  # noqa: E402
 
 TAG = "SLURMGPU"
@@ -432,9 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         print(stopped.stderr, end="", flush=True)
     print(markdown_table(rows, HEADER))
     print(json.dumps(parts.facts, default=str))
-    ok = all(str(r.get("check", "")).startswith("ok") for r in rows)
-    measured = all(within_target(r) for r in rows if r.get("status") == "OK")
-    return 0 if rows and ok and measured else 1
+    return exit_status(rows, lambda row: str(row.get("check", "")).startswith("ok")
+                       and (row.get("status") != "OK" or within_target(row)))
 
 
 if __name__ == "__main__":

@@ -61,8 +61,7 @@ from joulebench.record import (
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
-from jpwr.summary import SUMMARY_FILE, NodeSummary
-from jpwr.trace import load_trace
+from jpwr.trace import SUMMARY_FILE, NodeSummary, load_trace
 
 EX_USAGE = 64  # `fields` of a record no workflow's driver wrote, without its job.env
 SETTING_COORDINATES = ("power_limit", "sm_clock")  # the sweep dimensions a comparison row varies

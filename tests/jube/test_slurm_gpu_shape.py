@@ -129,7 +129,12 @@ def test_a_job_given_the_second_gpu_meters_it_alone_and_names_it_by_uuid(
     try:
         out = tmp_path / "llm"
         jube_run(LLM_XML, ["SLURMGPU", "tiny"], out, env)
-        wait_for_jobs(out)
+        try:
+            wait_for_jobs(out, timeout_s=360)
+        except AssertionError as exc:  # what the queue and the job say, for a job that never ended
+            queue = subprocess.run(["squeue", "-o", "%i %j %T %r"], env=env, capture_output=True, text=True).stdout
+            logs = "".join(f"\n--- {log}\n{log.read_text()[-1500:]}" for log in sorted(out.rglob("*.err")))
+            raise AssertionError(f"{exc}\nsqueue:\n{queue}{logs}") from None
         _, rows = continue_and_read(out, "llm", env)
     finally:
         subprocess.run(["scancel", holder], env=env)

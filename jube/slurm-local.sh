@@ -346,6 +346,12 @@ wait_for_munge() {
     done
 }
 
+failed_daemon() {  # name, log: a daemon that exited at its start (e.g. slurmd's cgroup set-up), in its own words
+    log "$1 did not start; the end of $2:"
+    { grep -iE "error|fatal" "$2" 2>/dev/null || tail -n 5 "$2" 2>/dev/null; } | tail -n 5 >&2
+    exit 1
+}
+
 start() {
     if [ "$(id -u)" -ne 0 ]; then log "must run as root (slurmd, munged)"; exit 1; fi
     if all_idle; then
@@ -381,10 +387,11 @@ start() {
     link_slurmstepd
     if ! alive "$base/run/slurmctld.pid"; then
         rm -rf "$base/state"/* "$base/spool"/*/*  # clean slate: no stale DRAIN, job ids restart at 1
-        run_daemon "$(daemon slurmctld)" -f "$conf"
+        run_daemon "$(daemon slurmctld)" -f "$conf" || failed_daemon slurmctld "$base/log/slurmctld.log"
     fi
     for node in $nodes; do
-        alive "$base/run/slurmd.$node.pid" || run_daemon "$(daemon slurmd)" -f "$conf" -N "$node"
+        alive "$base/run/slurmd.$node.pid" || run_daemon "$(daemon slurmd)" -f "$conf" -N "$node" \
+            || failed_daemon "slurmd of $node" "$base/log/slurmd.$node.log"
     done
     i=0
     until all_idle; do

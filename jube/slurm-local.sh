@@ -152,7 +152,7 @@ node_line() {
         return
     fi
     memory_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
-    echo "NodeName=$host NodeAddr=127.0.0.1 Port=$node_port CPUs=$(nproc) RealMemory=$memory_mb Gres=gpu:$gpus" \
+    echo "NodeName=$host NodeAddr=127.0.0.1 Port=$node_port CPUs=$(nproc --all) RealMemory=$memory_mb Gres=gpu:$gpus" \
          "State=UNKNOWN"
 }
 

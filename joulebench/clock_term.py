@@ -6,7 +6,9 @@ counts (f / f_ref)^α times, and the costs a..e are those at f_ref. Physical for
 by lowering its SM clock, and its core voltage with it; switching energy per operation goes as C·V², and V falls
 with f along the card's voltage/frequency curve, so the same work costs less energy at a lower clock: α ≥ 0 (α ≈ 2
 where V ∝ f; less where static power, which a slower step carries longer, weighs in). α is fitted by least squares
-over a grid (EXPONENTS) with the costs, on the data fitted only.
+over a grid (EXPONENTS) with the costs, on the data fitted only, and counts as determined by them only where its
+likelihood ratio against α = 0 over the 1 s blocks' residual sums (the fit's noise unit: neighbouring 100 ms
+segments share a knot) exceeds CLOSURE_Z² (99 %, one parameter); a clock that barely moves leaves α free.
 
 The circularity: the card reaches its power cap because its power is high, so its state is partly caused by the
 energy the model explains. A temperature column was rejected for that (the card warms because of the power it
@@ -15,9 +17,10 @@ the term from feeding a window's power back into its own prediction:
 - the state only scales work (a window without work gets nothing from it), never a per-second power;
 - α ≥ 0: a lower clock can only lower the cost per unit. The card is capped where its power is high, and there the
   term can only predict less energy, never more: it cannot carry "this window drew more power" into a prediction;
-- it is adopted only where it predicts a rate it was not fitted on better than the model without it (α and the
-  costs from the other rates, that rate's measured clocks), by the root mean square of the relative errors of
-  the held-out rates' window energies (`judged`); held-out halves of a rate alone do not decide it.
+- it is adopted only where α is determined and the term predicts a rate it was not fitted on better than the model
+  without it (α and the costs from the other rates, that rate's measured clocks), by the root mean square of the
+  relative errors of the held-out rates' window energies (`judged`); held-out halves of a rate alone do not
+  decide it.
 A fit that does not adopt it says why (`TermTrial.reason`), with the held-out comparison's numbers.
 """
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from joulebench.segment_fit import CLOSURE_Z
 from jpwr import ValidationError
 
 FORM = ("energy per unit of work x (f_SM / f_ref)^alpha, alpha >= 0 (f_SM: the SM clock of the counter segment each "
@@ -52,6 +56,18 @@ class ClockTerm:
         if clock_hz is None:
             raise ValidationError(NO_CLOCK, "meter through NVML (it reads the SM clock), or fit without the term")
         return np.power(np.asarray(clock_hz, float) / self.reference_hz, self.exponent)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """α fitted on some data and how far those data determine it (block likelihood ratio against α = 0)."""
+
+    alpha: float
+    likelihood_ratio: float
+
+    @property
+    def determined(self) -> bool:
+        return self.likelihood_ratio > CLOSURE_Z ** 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +96,7 @@ class TermTrial:
     term: ClockTerm | None
     held_out: tuple[HeldOutRate, ...]
     reason: str | None
+    likelihood_ratio: float | None = None  # of the fitted α against α = 0 (Profile)
 
     @property
     def adopted(self) -> bool:
@@ -96,21 +113,27 @@ class TermTrial:
         return {"form": FORM, "adopted": self.adopted, "unadopted_reason": self.reason,
                 "alpha": None if self.term is None else self.term.exponent,
                 "reference_clock_mhz": None if self.term is None else self.term.reference_hz / 1e6,
+                "alpha_likelihood_ratio": self.likelihood_ratio, "alpha_determined_above": CLOSURE_Z ** 2,
                 "held_out_rates": held, "rms_error_without": _rms(self.held_out, False),
                 "rms_error_with": _rms(self.held_out, True)}
 
 
-def judged(term: ClockTerm, held_out: Sequence[HeldOutRate]) -> TermTrial:
-    """Adopt the term where the held-out rates' window energies come out closer with it (root mean square of the
-    relative errors), else say why not with both figures."""
+def judged(reference_hz: float, profile: Profile, held_out: Sequence[HeldOutRate]) -> TermTrial:
+    """Adopt the term where the data fitted determine α and the held-out rates' window energies come out closer
+    with it (root mean square of the relative errors), else say why not with the figures."""
+    term, held, ratio = ClockTerm(profile.alpha, reference_hz), tuple(held_out), profile.likelihood_ratio
+    if not profile.determined:
+        return TermTrial(term, held, f"alpha {profile.alpha:.1f} is not determined by the data fitted: its likelihood "
+                                     f"ratio against alpha 0 over 1 s blocks is {ratio:.1f}, not above "
+                                     f"{CLOSURE_Z ** 2:.1f} (99 %)", ratio)
     if not held_out:
-        return TermTrial(term, (), NO_HELD_OUT)
+        return TermTrial(term, (), NO_HELD_OUT, ratio)
     without, with_term = _rms(held_out, False), _rms(held_out, True)
     assert without is not None and with_term is not None
     if with_term < without:
-        return TermTrial(term, tuple(held_out), None)
-    return TermTrial(term, tuple(held_out), f"it does not predict the held-out rates better: root mean square "
-                                            f"relative error {with_term:.2%} with it, {without:.2%} without")
+        return TermTrial(term, held, None, ratio)
+    return TermTrial(term, held, f"it does not predict the held-out rates better: root mean square relative error "
+                                 f"{with_term:.2%} with it, {without:.2%} without", ratio)
 
 
 def _rms(held_out: Sequence[HeldOutRate], with_term: bool) -> float | None:
@@ -127,7 +150,19 @@ def reference_clock(clocks: Sequence[np.ndarray | None]) -> float | str:
     return ONE_CLOCK if values.min() == values.max() else float(values.max())
 
 
-def best_exponent(squared_error: Callable[[float], float]) -> float:
-    """The α of EXPONENTS whose fit leaves the least squared error on the data fitted (the smallest α of equals)."""
-    errors = [squared_error(alpha) for alpha in EXPONENTS]
-    return EXPONENTS[int(np.argmin(errors))]
+def best_exponent(residuals: Callable[[float], np.ndarray], blocks: np.ndarray, parameters: int) -> Profile:
+    """The α of EXPONENTS whose fit leaves the least squared residual on the data fitted (the smallest α of
+    equals; `residuals(α)`: the fit's segment residuals at α), and its likelihood ratio against α = 0 over the
+    residuals' sums per block (`blocks`: each segment's; `parameters`: the fit's columns, α not counted)."""
+    fitted = [residuals(alpha) for alpha in EXPONENTS]
+    best = int(np.argmin([float(r @ r) for r in fitted]))
+    ids = np.unique(blocks, return_inverse=True)[1]
+
+    def block_error(r: np.ndarray) -> float:
+        sums = np.bincount(ids, weights=r)
+        return float(sums @ sums)
+
+    free = max(int(ids.max()) + 1 - parameters - 1, 1)
+    at_best = block_error(fitted[best])
+    ratio = (block_error(fitted[0]) - at_best) / (at_best / free) if at_best > 0 else 0.0
+    return Profile(EXPONENTS[best], max(ratio, 0.0))

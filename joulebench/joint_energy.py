@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from joulebench.card_state import Comparison, Conditions
-from joulebench.clock_term import ClockTerm, HeldOutRate, TermTrial, best_exponent, judged, reference_clock
+from joulebench.clock_term import ClockTerm, HeldOutRate, Profile, TermTrial, best_exponent, judged, reference_clock
 from joulebench.request_energy import (
     COLUMNS,
     IDLE_COLUMN,
@@ -175,13 +175,17 @@ class _Designs:
             self._noise[alpha] = design.calibrated(np.ones(len(design.run), dtype=bool))
         return self._noise[alpha]
 
-    def exponent(self, rows: np.ndarray) -> float:
-        """α fitted on `rows` only (least squares over clock_term.EXPONENTS)."""
-        def squared_error(alpha: float) -> float:
+    def profile(self, rows: np.ndarray) -> Profile:
+        """α fitted on `rows` only (least squares over clock_term.EXPONENTS) and how far they determine it."""
+        def residuals(alpha: float) -> np.ndarray:
             design = self.at(alpha)
             _, coef = design.calibrated(rows)
-            return float(np.sum((design.energy[rows] - design.x[rows] @ coef) ** 2))
-        return best_exponent(squared_error)
+            return design.energy[rows] - design.x[rows] @ coef
+        base = self.at(None)
+        return best_exponent(residuals, base.blocks[rows], base.x.shape[1])
+
+    def exponent(self, rows: np.ndarray) -> float:
+        return self.profile(rows).alpha
 
 
 def _fit(designs: _Designs, runs: Sequence[RateWindow], alpha: float | None, draws: int, seed: int,
@@ -231,7 +235,7 @@ def _trial(designs: _Designs, runs: Sequence[RateWindow], base: JointFit) -> Ter
                                                                         np.array([run.window[1]]))[0]
         held.append(HeldOutRate(run.label, measured, model.predict(run.log, *run.window)[0],
                                 float(run.idle_w * seconds + amounts @ coef[:len(COLUMNS)])))
-    return judged(ClockTerm(designs.exponent(everything), reference), held)
+    return judged(reference, designs.profile(everything), held)
 
 
 def _design(runs: Sequence[RateWindow], term: ClockTerm | None) -> _Design:

@@ -353,11 +353,11 @@ def fit_with_clock_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | N
     if not usable:
         return fit, TermTrial.refused(NO_HELD_OUT)
     segments = _fitted_segments(knots, t0_ns, t1_ns)
-    term = ClockTerm(best_exponent(lambda alpha: _squared_error(log.counted(ClockTerm(alpha, reference)), segments,
-                                                                idle_w)), reference)
-    with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, term)
-    trial = judged(term, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
-                                      with_term.predict(w.log, w.t0_ns, w.t1_ns)[0]) for w, m in usable])
+    profile = best_exponent(lambda alpha: _residuals(log.counted(ClockTerm(alpha, reference)), segments, idle_w),
+                            blocks_of(segments, BLOCK_S), len(fit.columns))
+    with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, ClockTerm(profile.alpha, reference))
+    trial = judged(reference, profile, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
+                                                    with_term.predict(w.log, w.t0_ns, w.t1_ns)[0]) for w, m in usable])
     return (with_term if trial.adopted else fit), trial
 
 
@@ -379,12 +379,12 @@ def _measured_or_none(window: HeldOutWindow) -> float | None:
         return None
 
 
-def _squared_error(log: WorkLog, segments: Segments, idle_w: float | None) -> float:
-    """The squared residual the fit of `log` (as counted) leaves on `segments`."""
+def _residuals(log: WorkLog, segments: Segments, idle_w: float | None) -> np.ndarray:
+    """The residuals the fit of `log` (as counted) leaves on `segments`."""
     x, rate0, rate1, _, offset = _segment_design(log, segments, idle_w)
     energy = segments.energy_j - offset
     _, coef = calibrated_fit(x, energy, segments, rate0, rate1, idle_w or 0.0)
-    return float(np.sum((energy - x @ coef) ** 2))
+    return energy - x @ coef
 
 
 def work_conditions(windows: Sequence[tuple[WorkLog, float, float]]) -> Conditions:

@@ -247,7 +247,8 @@ def _term(trial: dict[str, Any]) -> str:
         return f"not fitted ({trial['unadopted_reason']})"
     held = ", ".join(f"{h['rate']} {h['error_without']:+.1%}->{h['error_with']:+.1%}" for h in trial["held_out_rates"])
     verdict = "ADOPTED" if trial["adopted"] else "not adopted"
-    return f"alpha {trial['alpha']:.1f} {verdict}; held out (without->with): {held or 'none'}"
+    return (f"alpha {trial['alpha']:.1f} (likelihood ratio {trial['alpha_likelihood_ratio']:.1f}) {verdict}; held out "
+            f"(without->with): {held or 'none'}")
 
 
 def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],

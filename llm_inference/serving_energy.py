@@ -10,7 +10,9 @@ the figures (docs/attribution.md):
 (b) held-out halves of the fitted span (the fit's folds);
 (c) the controlled-split window (all rows admitted at once, no refills) run once, before the first rate's load:
     the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
-the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
+the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test. Each step carries
+the card's state where the trace recorded it (`Counter.state`: SM clock, power-capped share), so the fits try the
+clock term (joulebench.clock_term) and every check records its two sides' conditions.
 
 Everything the fit reads is what the rate saved (`RecordedRate`: the record's window and idle power, the request
 table with the step log, or a server's chunk times, and the controlled-split window's step log): the driver fits

@@ -1,53 +1,73 @@
 #!/usr/bin/env python3
-"""Issue 45 item 3: the per-request energy fit of a recorded load sweep rebuilt, per rate and jointly over its rates.
+"""Issues 45 and 60: the per-request energy fit of a recorded load sweep replayed by the driver's own code, without
+and with the card's state (SM clock, power cap), per rate and jointly over its rates.
 
-    python benchmarks/joint_fit_replay.py benchmarks/results/2026-11-25-session10/serving-final/sweep
+    python benchmarks/joint_fit_replay.py benchmarks/results/2026-11-25-session10/serving-compact/sweep
+    python benchmarks/joint_fit_replay.py --check SWEEP   # every record's coefficients and checks reproduced?
 
 Reads each rate_<r>/ of the sweep (run_record.json, requests.h5 with the engine's step log, jpwr/<node>/trace.h5
-with the energy counter) and fits with the library's code (joulebench.request_energy per rate, as the driver did;
-joulebench.joint_energy over all rates). Every check runs on both; the thresholds are the library's.
+with the energy counter and the card's readings) and fits it as the driver does after each rate and after the
+sweep (llm_inference.serving_energy: serving_energy per rate in order, then joint_blocks): once with the trace's
+card state stripped (the model without the clock term: the driver before issue 60) and once as recorded. The
+thresholds are the library's.
 
-The controlled-split window's step log is not stored in the sweep's files (only its check's figures are), so its
-work is recovered from the records: each rate's recorded prediction is its coefficients times the window's amounts,
-a linear system over the rates (exact up to rounding, the script checks it); the measured side (counter energy
-less idle, and its bound) is the record's, the same for every fit.
+Sweeps recorded before the controlled split's step log was saved (2026-11-25) have its work only in the checks'
+figures: its amounts are recovered from the records (each rate's recorded prediction is its coefficients times
+the window's amounts, a linear system over the rates; the script checks it is exact), its measured side is the
+record's, its card state the trace's over its intervals (decode: the record's `controlled` window; prefill: the
+interval ending there whose counter energy less idle is the recorded one). With the term, its amounts count at
+the median clock of their interval.
+
+--check compares what the records hold (coefficients to 1e-9 relative, every check's outcome) with the replay of
+the model they name, and exits 1 on a difference, 0 when every record is reproduced.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from joulebench.card_state import Comparison, Conditions
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
-from joulebench.request_energy import (
-    COLUMNS,
-    DECODE,
-    PREFILL,
-    PartCheck,
-    RequestEnergyFit,
-    cross_check,
-    fit_request_energy,
+from joulebench.record import RECORD_FILE, read_run_record
+from joulebench.request_energy import COLUMNS, DECODE, PREFILL, PartCheck, RequestEnergyFit, measured_energy
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, read_requests
+from joulebench.segment_fit import window_segments
+from llm_inference.serving_energy import (
+    IN_PROCESS_TRACE,
+    Counter,
+    RecordedRate,
+    Sweep,
+    joint_blocks,
+    serving_energy,
+    steps_work_log,
+    trace_knots,
+    with_card_state,
 )
-from joulebench.requests_table import FILE_NAME, read_requests
-from llm_inference.serving_energy import steps_work_log, trace_knots
 
 PARTS = {"prefill": PREFILL, "decode": DECODE}
 POWER_CAP = 0x4  # NVML clocks event reason: SW power cap
+RELATIVE = 1e-9  # --check: coefficients equal to this relative tolerance (the replay runs the same code and seed)
+
+
+def rate_dirs(sweep: Path) -> list[Path]:
+    return sorted(sweep.glob("rate_*"), key=lambda p: _order(p.name[5:]))
 
 
 def load_rate(rate_dir: Path) -> tuple[RateWindow, dict[str, Any]]:
-    """One rate's material as the driver had it after its load, and its record."""
-    record = json.loads((rate_dir / "run_record.json").read_text())
-    table = read_requests(rate_dir / FILE_NAME)
-    log = steps_work_log(table.steps)
-    knots, reason = trace_knots(rate_dir / "jpwr")
-    if reason:
-        raise SystemExit(f"{rate_dir}: {reason}")
+    """One rate's material as the driver had it after its load (the steps with their card state), and its
+    record."""
+    record = json.loads((rate_dir / RECORD_FILE).read_text())
+    counter = _counter(rate_dir)
+    log = with_card_state(steps_work_log(read_requests(rate_dir / FILE_NAME).steps), counter)
+    knots = counter.knots
     covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
     span = (max(float(log.t0_ns.min()), covered[0]), min(float(log.t1_ns.max()), covered[1]))
     steady = next(w for w in record["windows"] if w["name"] == "steady")
@@ -56,9 +76,98 @@ def load_rate(rate_dir: Path) -> tuple[RateWindow, dict[str, Any]]:
                       window), record
 
 
-def controlled_amounts(records: list[dict[str, Any]]) -> dict[str, tuple[np.ndarray, float, float]]:
-    """Per part: the controlled window's amounts of its columns (recovered from the recorded predictions), and the
-    recorded measured energy (less idle) and its bound."""
+def _counter(rate_dir: Path) -> Counter:
+    counter = trace_knots(rate_dir / IN_PROCESS_TRACE)
+    if counter.reason:
+        raise SystemExit(f"{rate_dir}: {counter.reason}")
+    return counter
+
+
+@dataclasses.dataclass
+class Replay:
+    """The driver's blocks of every rate (its own and the joint one) and the sweep they were fitted in."""
+
+    blocks: dict[str, dict[str, Any]]
+    joint: dict[str, dict[str, Any]]
+    sweep: Sweep
+
+
+def replay(sweep_dir: Path, card_state: bool = True) -> Replay:
+    """Every rate fitted as the driver fits it, in the sweep's order, then the joint blocks; `card_state` False:
+    the trace's card state stripped (no clock term can be tried: the model before issue 60)."""
+    sweep, blocks = Sweep(), {}
+    for directory in rate_dirs(sweep_dir):
+        record = read_run_record(directory / RECORD_FILE)
+        table = read_requests(directory / FILE_NAME)
+        for column in set(REQUEST_COLUMNS) - set(table.requests):  # a table older than its column (NaN: none)
+            table.requests[column] = np.full(len(table), np.nan)
+        rate = RecordedRate.of(record, table, directory)
+        counter = _counter(directory)
+        blocks[rate.label] = serving_energy(rate, counter if card_state else counter._replace(state=None), sweep)
+    return Replay(blocks, joint_blocks(sweep), sweep)
+
+
+# ---- --check: the records reproduced ---------------------------------------------------------------------
+def differences(sweep_dir: Path) -> list[str]:
+    """What the records hold that the replay does not reproduce (empty: every record reproduced). A record
+    without a `clock_term` predates issue 60: it is compared with the replay without the card state."""
+    records = {d.name[5:]: json.loads((d / RECORD_FILE).read_text()) for d in rate_dirs(sweep_dir)}
+    with_term = all("clock_term" in r["requests"]["energy"] for r in records.values())
+    replayed = replay(sweep_dir, card_state=with_term)
+    found = []
+    for label, record in records.items():
+        energy = record["requests"]["energy"]
+        found += _block_differences(f"rate {label}", energy, replayed.blocks[label])
+        if "joint" in energy:
+            found += _block_differences(f"rate {label} joint", energy["joint"], replayed.joint.get(label, {}))
+    return found
+
+
+def _block_differences(where: str, recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+    if recorded.get("unavailable_reason") or replayed.get("unavailable_reason"):
+        same = recorded.get("unavailable_reason") == replayed.get("unavailable_reason")
+        return [] if same else [f"{where}: n/a {recorded.get('unavailable_reason')!r}, replayed "
+                                f"{replayed.get('unavailable_reason')!r}"]
+    found = []
+    for column, value in recorded["coefficients"].items():
+        again = replayed["coefficients"].get(column)
+        if again is None or not np.isclose(again, value, rtol=RELATIVE, atol=1e-12):
+            found.append(f"{where}: coefficient {column} {value!r}, replayed {again!r}")
+    outcomes = [("held-out halves", "held_out_halves", "closes"), ("cross-rate", "cross_rate", "passes")]
+    if isinstance(replayed.get("controlled_split"), list):  # a sweep without its step log replays none
+        outcomes.append(("controlled split", "controlled_split", "passes"))
+    for name, key, verdict in outcomes:
+        ours, theirs = [c[verdict] for c in recorded.get(key) or []], [c[verdict] for c in replayed.get(key) or []]
+        if ours != theirs:
+            found.append(f"{where}: {name} {ours}, replayed {theirs}")
+    if "clock_term" in recorded and recorded["clock_term"]["adopted"] != replayed["clock_term"]["adopted"]:
+        found.append(f"{where}: clock term adopted {recorded['clock_term']['adopted']}, replayed "
+                     f"{replayed['clock_term']['adopted']}")
+    return found
+
+
+# ---- the controlled split of a sweep that did not save its step log -----------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RecoveredPart:
+    """One part of the controlled split: its amounts, measured energy less idle and bound, and its interval's
+    median SM clock (Hz) and power-capped share."""
+
+    amounts: np.ndarray
+    measured_j: float
+    bound_j: float
+    interval: tuple[float, float]
+    clock_hz: float
+    capped: float | None
+
+
+def controlled_parts(sweep_dir: Path, records: list[dict[str, Any]]) -> dict[str, RecoveredPart]:
+    """Per part: the controlled window's amounts (recovered from the recorded predictions), the recorded measured
+    energy (less idle) and bound, and the card state over its recovered interval."""
+    first = rate_dirs(sweep_dir)[0]
+    counter = _counter(first)
+    segments = window_segments(counter.knots, -np.inf, np.inf)
+    window = next(w for w in records[0]["windows"] if w["name"] == "controlled")
+    idle_w = records[0]["meter"]["idle_baseline"]["power_w"]
     out = {}
     for part, columns in PARTS.items():
         rows, predicted, measured = [], [], set()
@@ -73,61 +182,130 @@ def controlled_amounts(records: list[dict[str, Any]]) -> dict[str, tuple[np.ndar
         if misfit > 1e-6 * max(predicted) or len(measured) != 1:
             raise SystemExit(f"the {part} part's recorded checks do not determine its amounts (misfit {misfit:.3g} J)")
         (energy_j, bound_j), = measured
-        out[part] = (np.round(amounts), energy_j, bound_j)
+        decode_start = float(window["t_start_ns"])
+        interval = (decode_start, float(window["t_end_ns"])) if part == "decode" else \
+            (_prefill_start(segments, decode_start, idle_w, energy_j), decode_start)
+        state = counter.state
+        assert state is not None, "the trace recorded no SM clock"
+        clock = state.clock_hz[(state.clock_t_ns >= interval[0]) & (state.clock_t_ns <= interval[1])]
+        capped = None if state.capped is None or state.capped_t_ns is None else float(np.mean(
+            state.capped[(state.capped_t_ns >= interval[0]) & (state.capped_t_ns <= interval[1])]))
+        out[part] = RecoveredPart(np.round(amounts), energy_j, bound_j, interval, float(np.median(clock)), capped)
     return out
 
 
-def split_checks(fit: RequestEnergyFit, controlled: dict[str, tuple[np.ndarray, float, float]]) -> list[PartCheck]:
-    return [PartCheck(part, energy_j, bound_j,
-                      None if fit.reason else float(amounts @ fit.coefficients[PARTS[part]]), fit.reason)
-            for part, (amounts, energy_j, bound_j) in controlled.items()]
+def _prefill_start(segments: Any, end_ns: float, idle_w: float, energy_j: float) -> float:
+    """The start of the interval ending at `end_ns` whose counter energy less idle is `energy_j` (bisection)."""
+    def excess(start: float) -> float:
+        return measured_energy(segments, start, end_ns)[0] - idle_w * (end_ns - start) / 1e9 - energy_j
+    low, high = end_ns - 10e9, end_ns - 1e6
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if excess(middle) > 0 else (low, middle)
+    return (low + high) / 2
 
 
-def per_rate_rows(runs: list[RateWindow], controlled: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Today's checks: each rate's own fit, cross-rate both ways with every earlier rate (as the driver runs them)."""
-    fits = {r.label: fit_request_energy(r.log, r.knots, r.idle_w, *r.span) for r in runs}
-    rows = {}
-    for k, run in enumerate(runs):
-        fit = fits[run.label]
-        failed = []
-        for other in runs[:k]:
-            for fitted, predicted in ((run, other), (other, run)):
-                if not cross_check(fits[fitted.label], predicted.log, predicted.knots, *predicted.window).passes:
-                    failed.append(f"{fitted.label}->{predicted.label}")
-        rows[run.label] = {"coefficients": _coefficients(fit.coefficients), "prefill VIF": f"{fit.prefill_vif:.3g}",
-                           **_halves_and_split(fit, controlled),
-                           "a cross-rate": f"fail {', '.join(failed)}" if failed else ("pass" if k else "—")}
-    return rows
-
-
-def joint_rows(joint: JointFit, runs: list[RateWindow], controlled: dict[str, Any]) -> dict[str, dict[str, str]]:
-    rows = {}
-    for run in runs:
-        fit, left_out = joint.per_rate[run.label], joint.left_out[run.label]
-        if isinstance(left_out, str):
-            cross = f"n/a ({left_out})"
-        else:
-            check = cross_check(left_out, run.log, run.knots, *run.window)
-            error = (check.predicted_j - check.measured_j) / check.measured_j
-            cross = f"{'pass' if check.passes else 'FAIL'} ({error:+.1%}, bound {check.bound_j / check.measured_j:.1%})"
-        rows[run.label] = {"coefficients": _coefficients(fit.coefficients), "prefill VIF": f"{fit.prefill_vif:.3g}",
-                           **_halves_and_split(fit, controlled), "a cross-rate": cross}
-    return rows
-
-
-def _halves_and_split(fit: RequestEnergyFit, controlled: dict[str, Any]) -> dict[str, str]:
-    out = {}
-    for n, fold in enumerate(fit.folds, start=1):
-        out[f"b half {n}"] = (f"{'pass' if fold.closes else 'FAIL'} ({-fold.residual_j / fold.measured_j:+.1%}, "
-                              f"bound {fold.bound_j / fold.measured_j:.1%})")
-    for check in split_checks(fit, controlled):
-        error = check.relative_error
-        out[f"c {check.part}"] = "n/a" if error is None else f"{'pass' if check.passes else 'FAIL'} ({error:+.1%})"
+def split_checks(fit: RequestEnergyFit, parts: dict[str, RecoveredPart]) -> list[PartCheck]:
+    """Test (c) on the recovered amounts (counted at their interval's median clock where the fit has the term)."""
+    out = []
+    for name, part in parts.items():
+        factor = 1.0 if fit.clock is None else float(fit.clock.multipliers(np.array([part.clock_hz]))[0])
+        predicted = None if fit.reason else float(part.amounts * factor @ fit.coefficients[PARTS[name]])
+        out.append(PartCheck(name, part.measured_j, part.bound_j, predicted, fit.reason))
     return out
 
 
-def _coefficients(values: np.ndarray) -> str:
-    return " ".join(f"{v:.3g}" for v in values[:len(COLUMNS)])
+# ---- the tables ------------------------------------------------------------------------------------------
+def _verdict(passes: bool, error: float, bound: float | None = None) -> str:
+    return f"{'pass' if passes else 'FAIL'} {error:+.1%}" + ("" if bound is None else f" (bound {bound:.1%})")
+
+
+def _halves(block: dict[str, Any]) -> str:
+    return ", ".join(_verdict(f["closes"], (f["predicted_j"] - f["measured_j"]) / f["measured_j"],
+                              f["bound_j"] / f["measured_j"]) for f in block.get("held_out_halves", []))
+
+
+def _cross(block: dict[str, Any]) -> str:
+    rows = block.get("cross_rate") or []
+    failed = [f"{c['fitted_at']}->{c['predicted']}" for c in rows if not c["passes"]]
+    if len(rows) == 1 and "measured_j" in rows[0]:  # the joint fit's leave-one-rate-out
+        c = rows[0]
+        return _verdict(c["passes"], (c["predicted_j"] - c["measured_j"]) / c["measured_j"],
+                        c["bound_j"] / c["measured_j"])
+    return "—" if not rows else (f"FAIL {', '.join(failed)}" if failed else "pass")
+
+
+def _split(fit: RequestEnergyFit, parts: dict[str, RecoveredPart] | None, block: dict[str, Any]) -> str:
+    checks = split_checks(fit, parts) if parts else [
+        PartCheck(c["part"], c["measured_j"], c["measured_bound_j"], c["predicted_j"], c["reason"])
+        for c in block["controlled_split"]] if isinstance(block.get("controlled_split"), list) else []
+    return " / ".join("n/a" if c.relative_error is None else _verdict(c.passes, c.relative_error) for c in checks)
+
+
+def _term(trial: dict[str, Any]) -> str:
+    if trial["alpha"] is None:
+        return f"not fitted ({trial['unadopted_reason']})"
+    held = ", ".join(f"{h['rate']} {h['error_without']:+.1%}->{h['error_with']:+.1%}" for h in trial["held_out_rates"])
+    verdict = "ADOPTED" if trial["adopted"] else "not adopted"
+    return (f"alpha {trial['alpha']:.1f} (likelihood ratio {trial['alpha_likelihood_ratio']:.1f}) {verdict}; held out "
+            f"(without->with): {held or 'none'}")
+
+
+def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],
+               parts: dict[str, RecoveredPart] | None) -> str:
+    """Checks per rate, per-rate and joint, without and with the card state."""
+    lines = ["| rate | fit | card state | b halves | c prefill / decode | a cross-rate | clock term (held-out "
+             "rates' error) |", "|---|---|---|---|---|---|---|"]
+    fits = [{m.label: m.fit for m in r.sweep.earlier} for r in (before, after)]
+    for label in before.blocks:
+        for name, replayed, own in (("per-rate", before, fits[0]), ("per-rate + term", after, fits[1])):
+            block, fit = replayed.blocks[label], own[label]
+            if fit is None:
+                continue
+            lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | {_split(fit, parts, block)} | "
+                         f"{_cross(block)} | {_term(block['clock_term']) if name.endswith('term') else '—'} |")
+        for name, replayed, joint in (("joint", before, joints[0]), ("joint + term", after, joints[1])):
+            block = replayed.joint.get(label)
+            if block is None or "coefficients" not in block:
+                continue
+            lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | "
+                         f"{_split(joint.per_rate[label], parts, block)} | {_cross(block)} | "
+                         f"{_term(block['clock_term']) if name.endswith('term') else '—'} |")
+    return "\n".join(lines)
+
+
+def _state(block: dict[str, Any]) -> str:
+    c = block.get("fitted_conditions") or {}
+    if c.get("sm_clock_mhz") is None:
+        return "n/a"
+    return f"{c['sm_clock_mhz']:.0f} MHz, {c['capped_share']:.0%} capped"
+
+
+def causes(replayed: Replay, joint: JointFit, parts: dict[str, RecoveredPart] | None) -> str:
+    """Each failing check's measured cause as the records name it (the joint fit as adopted); for a sweep without
+    the controlled split's step log, that of its recovered parts (step sizes from the recovered amounts: the
+    decode part's rows per step a mean, not row-weighted)."""
+    lines = []
+    fit = next(iter(joint.per_rate.values()))
+    for check, (name, part) in zip(split_checks(fit, parts or {}), (parts or {}).items(), strict=True):
+        if not check.passes and fit.fitted is not None:
+            steps = part.amounts[1] if name == "prefill" else part.amounts[0]
+            size = part.amounts[0] / steps if name == "prefill" else part.amounts[1] / steps
+            recovered = Conditions(part.clock_hz / 1e6, part.capped, size if name == "prefill" else None,
+                                   size if name == "decode" else None)
+            lines.append(f"- every rate, c {name} (recovered): {Comparison(fit.fitted, recovered).cause()}")
+    for label, block in replayed.joint.items():
+        for key, name in (("held_out_halves", "b half"), ("cross_rate", "a"), ("controlled_split", "c")):
+            rows = block.get(key)
+            for k, row in enumerate(rows if isinstance(rows, list) else []):
+                if "measured_cause" in row:
+                    lines.append(f"- rate {label}, {name} {row.get('part', k + 1)}: {row['measured_cause']}")
+    return "\n".join(lines) or "- none"
+
+
+def coefficients(fit: RequestEnergyFit) -> str:
+    term = "" if fit.clock is None else f" at {fit.clock.reference_hz / 1e6:.0f} MHz, alpha {fit.clock.exponent:.1f}"
+    return " ".join(f"{v:.3g}" for v in fit.coefficients[:len(COLUMNS)]) + term
 
 
 def work_mix(run: RateWindow, buckets: list[int]) -> str:
@@ -147,7 +325,7 @@ def work_mix(run: RateWindow, buckets: list[int]) -> str:
 def device_state(rate_dir: Path, span: tuple[float, float]) -> str:
     """The card's own report over the rate's fitted span: SM clock, power-cap throttling (NVML reason bit 0x4,
     SW power cap), temperature."""
-    with h5py.File(next((rate_dir / "jpwr").glob("*/trace.h5")), "r") as h5:
+    with h5py.File(next((rate_dir / IN_PROCESS_TRACE).glob("*/trace.h5")), "r") as h5:
         names = np.array([n.decode() if isinstance(n, bytes) else str(n) for n in h5["metrics/name"][()]])
         values, t_ns = h5["metrics/value"][()], h5["metrics/t_ns"][()]
     inside = (t_ns >= span[0]) & (t_ns <= span[1])
@@ -158,60 +336,65 @@ def device_state(rate_dir: Path, span: tuple[float, float]) -> str:
             f"power-capped in {capped:.0%} of samples, {temperature.min():.0f}–{temperature.max():.0f} °C")
 
 
-def table(title: str, rows: dict[str, dict[str, str]]) -> str:
-    keys = [k for k in next(iter(rows.values())) if k != "coefficients"]
-    lines = [f"### {title}", "", "| rate | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    lines += [f"| {label} | " + " | ".join(row.get(k, "—") for k in keys) + " |" for label, row in rows.items()]
-    lines += ["", f"coefficients ({', '.join(COLUMNS)}):"]
-    shared = {row["coefficients"] for row in rows.values()}
-    lines += [f"- every rate: {shared.pop()}"] if len(shared) == 1 else \
-        [f"- {label}: {row['coefficients']}" for label, row in rows.items()]
-    return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", type=Path, help="a load sweep's directory (rate_<r>/ each with its record)")
-    parser.add_argument("--draws", type=int, default=200, help="bootstrap draws (the driver's: 200)")
-    args = parser.parse_args()
-    loaded = [load_rate(d) for d in sorted(args.sweep.glob("rate_*"), key=lambda p: _order(p.name[5:]))]
-    runs, records = [r for r, _ in loaded], [rec for _, rec in loaded]
-    controlled = controlled_amounts(records)
-    for part, (amounts, energy_j, bound_j) in controlled.items():
-        print(f"controlled split, {part}: amounts {amounts.tolist()} of {COLUMNS[PARTS[part]]}, measured "
-              f"{energy_j:.1f} J ± {bound_j:.1f} J ({bound_j / energy_j:.1%})")
-    directories = sorted(args.sweep.glob("rate_*"), key=lambda p: _order(p.name[5:]))
-    for run, record, directory in zip(runs, records, directories, strict=True):
-        buckets = record["config"]["engine_detail"]["row_buckets"]
-        print(f"rate {run.label}: {work_mix(run, buckets)}; {device_state(directory, run.span)}")
-    print()
-    print(table("Per-rate fit (the driver's today)", per_rate_rows(runs, controlled)))
-    print()
-    joint = fit_joint(runs, draws=args.draws)
-    print(table(f"Joint fit over rates {', '.join(joint.labels)} ({joint.segment_count} segments)",
-                joint_rows(joint, runs, controlled)))
-    print(f"\njoint split: {joint.reason or 'separable'}; VIF " +
-          ", ".join(f"{c} {v:.3g}" for c, v in zip(joint.columns, joint.vif, strict=True)))
-    print()
-    print(per_rate_power(runs, args.draws))
-
-
 def per_rate_power(runs: list[RateWindow], draws: int) -> str:
     """Diagnostic: the joint fit with each rate's idle power fitted (a per-second column of its own) instead of the
     cold baseline. Where the held-out halves close with it and the fitted "idle" powers climb with the rate, each
     rate's energy carries a power level of its own that the work columns do not."""
     free = [RateWindow(r.label, r.log, r.knots, None, r.span, r.window) for r in runs]
-    joint = fit_joint(free, draws=draws)
-    lines = ["### Diagnostic: joint fit, each rate's idle power fitted", "",
-             "| rate | fitted power per second (W) | b half 1 | b half 2 |", "|---|---|---|---|"]
+    joint = fit_joint(free, draws=draws, clock=False)
+    lines = ["| rate | fitted power per second (W) | b halves |", "|---|---|---|"]
     for run in free:
         fit = joint.per_rate[run.label]
         low, high = np.percentile(fit.idle_draws_w, (2.5, 97.5))
-        halves = _halves_and_split(fit, {})
-        lines.append(f"| {run.label} | {fit.idle_w:.0f} [{low:.0f}, {high:.0f}] | {halves.get('b half 1', '—')} | "
-                     f"{halves.get('b half 2', '—')} |")
-    lines += ["", f"shared coefficients ({', '.join(COLUMNS)}): {_coefficients(joint.coefficients)}"]
-    return "\n".join(lines)
+        halves = ", ".join(_verdict(f.closes, -f.residual_j / f.measured_j, f.bound_j / f.measured_j)
+                           for f in fit.folds)
+        lines.append(f"| {run.label} | {fit.idle_w:.0f} [{low:.0f}, {high:.0f}] | {halves} |")
+    shared = coefficients(joint.per_rate[runs[0].label])
+    return "\n".join(lines) + f"\n\nshared coefficients ({', '.join(COLUMNS)}): {shared}"
+
+
+def report(sweep_dir: Path, draws: int) -> str:
+    loaded = [load_rate(d) for d in rate_dirs(sweep_dir)]
+    runs, records = [r for r, _ in loaded], [rec for _, rec in loaded]
+    stored = any(read_requests(d / FILE_NAME).controlled_steps for d in rate_dirs(sweep_dir)[:1])
+    parts = None if stored else controlled_parts(sweep_dir, records)
+    out = []
+    for name, part in (parts or {}).items():
+        capped = "n/a" if part.capped is None else f"{part.capped:.0%}"
+        out.append(f"controlled split, {name} (recovered): amounts {part.amounts.tolist()} of {COLUMNS[PARTS[name]]}, "
+                   f"measured {part.measured_j:.1f} J ± {part.bound_j:.1f} J ({part.bound_j / part.measured_j:.1%}); "
+                   f"{(part.interval[1] - part.interval[0]) / 1e9:.2f} s at {part.clock_hz / 1e6:.0f} MHz median, "
+                   f"{capped} capped")
+    for run, record, directory in zip(runs, records, rate_dirs(sweep_dir), strict=True):
+        buckets = record["config"]["engine_detail"]["row_buckets"]
+        out.append(f"rate {run.label}: {work_mix(run, buckets)}; {device_state(directory, run.span)}")
+    before, after = replay(sweep_dir, card_state=False), replay(sweep_dir)
+    joints = (fit_joint(runs, clock=False), fit_joint(runs))
+    out += ["", "### Checks per rate, without and with the card state (the driver's code: per rate in order, then "
+                "joint)", "", comparison(before, after, joints, parts), ""]
+    for name, joint in (("joint", joints[0]), ("joint + term", joints[1])):
+        out.append(f"{name} coefficients ({', '.join(COLUMNS)}): {coefficients(joint.per_rate[runs[0].label])}")
+    trial = joints[1].clock
+    out += [f"joint clock term: {_term(trial.to_dict())}; root mean square of the held-out rates' errors "
+            f"{trial.to_dict()['rms_error_without']:.2%} without, {trial.to_dict()['rms_error_with']:.2%} with",
+            "", "### Failing checks' measured causes (joint fit as adopted)", "", causes(after, joints[1], parts), "",
+            "### Diagnostic: joint fit, each rate's idle power fitted (no term)", "", per_rate_power(runs, draws)]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", type=Path, help="a load sweep's directory (rate_<r>/ each with its record)")
+    parser.add_argument("--draws", type=int, default=200, help="bootstrap draws of the diagnostic (the driver's: 200)")
+    parser.add_argument("--check", action="store_true", help="compare every record with the replay; exit 1 on a "
+                                                             "difference")
+    args = parser.parse_args()
+    if not args.check:
+        print(report(args.sweep, args.draws))
+        return
+    found = differences(args.sweep)
+    print("\n".join(found) or f"every record under {args.sweep} reproduced (coefficients and checks)")
+    sys.exit(1 if found else 0)
 
 
 def _order(label: str) -> float:

@@ -18,6 +18,12 @@ tokens) + its share of idle power: at each instant P_idle is shared equally by t
 Where prefill and decode come in the same mix in every counter period, any split between them fits equally
 well: the split is then None with the reason (the prefill block's variance inflation factor, `prefill_vif`),
 never a number.
+
+The card's state: a log may carry each step's SM clock and power-cap share (joulebench.card_state). A fit may then
+count each step's work (f / f_ref)^α times (joulebench.clock_term: the term, why α ≥ 0, and why it is adopted only
+where it predicts a rate it was not fitted on better, `fit_with_clock_trial`). Every check also records the
+conditions of its two sides (card state, step sizes: `Conditions`), and a failing one their difference as its
+measured cause.
 """
 
 from __future__ import annotations
@@ -27,6 +33,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from joulebench.card_state import Comparison, Conditions
+from joulebench.clock_term import (
+    NO_HELD_OUT,
+    ClockTerm,
+    HeldOutRate,
+    TermTrial,
+    best_exponent,
+    judged,
+    reference_clock,
+)
 from joulebench.segment_fit import (
     BLOCK_S,
     CLOSURE_Z,
@@ -85,6 +101,8 @@ class WorkLog:
     member_prefill_tokens: np.ndarray  # (m,) that request's prefill tokens in the step
     member_row_steps: np.ndarray  # (m,) its decoded rows in the step (an engine's: 1 in a decode step)
     member_kv_tokens: np.ndarray  # (m,) its attended KV tokens in the step
+    sm_clock_hz: np.ndarray | None = None  # (steps,) the SM clock the step ran at (its counter segment's median)
+    capped: np.ndarray | None = None  # (steps,) the share of its segment's readings with the power cap holding
 
     def __post_init__(self) -> None:
         self.check()
@@ -116,8 +134,9 @@ class WorkLog:
     def check(self) -> None:
         """Refuse a log the model would silently misread (ValidationError naming the first bad step)."""
         n = len(self.t0_ns)
-        for name in ("t1_ns", "prefill_tokens", "prefill_steps", "decode_steps", "row_steps", "kv_tokens"):
-            if len(getattr(self, name)) != n:
+        for name in ("t1_ns", "prefill_tokens", "prefill_steps", "decode_steps", "row_steps", "kv_tokens",
+                     "sm_clock_hz", "capped"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValidationError(f"work log: {name} has {len(getattr(self, name))} entries, t0_ns {n}", _FIX)
         offsets = self.member_offsets
         m = len(self.member_request)
@@ -131,6 +150,8 @@ class WorkLog:
             self._first_bad(~(getattr(self, name) >= 0), f"has negative (or NaN) {name}")
         if any(np.any(~(values >= 0)) for values in member_columns):
             raise ValidationError("work log: a member has negative (or NaN) amounts", _FIX)
+        if self.sm_clock_hz is not None:
+            self._first_bad(~(self.sm_clock_hz > 0), "has no positive SM clock")
         self._first_bad((self.prefill_tokens > 0) != (self.prefill_steps > 0), "has prefill tokens without a "
                         "prefill pass, or a pass without tokens")
         self._first_bad((self.row_steps > 0) != (self.decode_steps > 0), "has decoded rows without a decode pass, "
@@ -151,6 +172,23 @@ class WorkLog:
     @property
     def seconds(self) -> np.ndarray:
         return (self.t1_ns - self.t0_ns) / 1e9
+
+    def with_state(self, sm_clock_hz: np.ndarray | None, capped: np.ndarray | None) -> WorkLog:
+        """The log with each step's card state (joulebench.card_state.CardState.at_steps)."""
+        return dataclasses.replace(self, sm_clock_hz=sm_clock_hz, capped=capped)
+
+    def counted(self, term: ClockTerm | None) -> WorkLog:
+        """The log as a fit with `term` counts it: every amount of each step (and of its members) times the
+        step's (f / f_ref)^α."""
+        if term is None:
+            return self
+        factor = term.multipliers(self.sm_clock_hz)
+        member = np.repeat(factor, np.diff(self.member_offsets))
+        return dataclasses.replace(
+            self, prefill_tokens=self.prefill_tokens * factor, prefill_steps=self.prefill_steps * factor,
+            decode_steps=self.decode_steps * factor, row_steps=self.row_steps * factor,
+            kv_tokens=self.kv_tokens * factor, member_prefill_tokens=self.member_prefill_tokens * member,
+            member_row_steps=self.member_row_steps * member, member_kv_tokens=self.member_kv_tokens * member)
 
     def columns(self) -> np.ndarray:
         """[steps, COLUMNS]: each step's amounts of COLUMNS."""
@@ -203,6 +241,17 @@ class RequestEnergyFit:
     folds: list[Fold]
     block_var_j2: float  # variance of the 1 s block sums of the residuals (noise the model cannot know)
     prefill_vif: float = float("nan")  # the prefill block's VIF against the other columns (what decides the split)
+    clock: ClockTerm | None = None  # the card-state term the costs hold with (None: costs whatever the clock)
+    fitted: Conditions | None = None  # the conditions of the data fitted
+    fold_conditions: tuple[Comparison, ...] = ()  # each fold's: its training data against its held-out data
+
+    def counted(self, log: WorkLog) -> WorkLog:
+        """`log` as this fit counts its work (scaled by the clock term, if any)."""
+        return log.counted(self.clock)
+
+    def against(self, log: WorkLog, t0_ns: float, t1_ns: float) -> Comparison | None:
+        """The conditions of the data fitted against those of [t0, t1] of `log` (a check's two sides)."""
+        return None if self.fitted is None else Comparison(self.fitted, work_conditions([(log, t0_ns, t1_ns)]))
 
     @property
     def intervals(self) -> np.ndarray:
@@ -230,7 +279,7 @@ class RequestEnergyFit:
 
     def design(self, log: WorkLog, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
         """[n, columns]: the fit's columns in each [a, b] (seconds appended when idle power is a column)."""
-        x = log.amounts(a_ns, b_ns)
+        x = self.counted(log).amounts(a_ns, b_ns)
         if self.given_idle_w is not None:
             return x
         return np.column_stack([x, (np.asarray(b_ns, float) - np.asarray(a_ns, float)) / 1e9])
@@ -245,21 +294,12 @@ class RequestEnergyFit:
 
 
 def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | None, t0_ns: float, t1_ns: float,
-                       draws: int = 200, seed: int = 0) -> RequestEnergyFit:
-    """Fit the per-segment model on the counter segments wholly inside [t0, t1]."""
-    segments = window_segments(knots, t0_ns, t1_ns)
-    if len(segments) < MIN_SEGMENTS:
-        raise ValidationError(f"{len(segments)} counter segments inside the window, the fit needs {MIN_SEGMENTS}",
-                              "meter a longer window, or read the counter faster (jpwr --counter-interval 20)")
+                       draws: int = 200, seed: int = 0, clock: ClockTerm | None = None) -> RequestEnergyFit:
+    """Fit the per-segment model on the counter segments wholly inside [t0, t1] (with the card-state term
+    `clock`, if given: its α fixed, the costs fitted at its reference clock)."""
+    segments = _fitted_segments(knots, t0_ns, t1_ns)
     rng = np.random.default_rng(seed)
-    x = log.amounts(segments.t0_ns, segments.t1_ns)
-    rate0, rate1 = log.rates_at(segments.t0_ns), log.rates_at(segments.t1_ns)
-    columns: tuple[str, ...] = COLUMNS
-    if idle_w is None:
-        x = np.column_stack([x, segments.seconds])
-        rate0, rate1 = (np.column_stack([r, np.ones(len(r))]) for r in (rate0, rate1))
-        columns = (*COLUMNS, IDLE_COLUMN)
-    offset = np.zeros(len(segments)) if idle_w is None else idle_w * segments.seconds
+    x, rate0, rate1, columns, offset = _segment_design(log.counted(clock), segments, idle_w)
     energy = segments.energy_j - offset
     noise, coef = calibrated_fit(x, energy, segments, rate0, rate1, idle_w or 0.0)
     blocks = blocks_of(segments, BLOCK_S)
@@ -268,8 +308,100 @@ def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     block_sums = np.bincount(blocks, weights=energy - x @ coef)
     vif = variance_inflation(x)
     reason = split_reason(x, vif, float(np.median(segments.seconds)))
+    span = (float(segments.t0_ns.min()), float(segments.t1_ns.max()))
     return RequestEnergyFit(columns, coef, draws_c, idle_w, vif, reason is None, reason, segments,
-                            _counter_segments(knots), folds, float(np.var(block_sums)), block_inflation(x, PREFILL))
+                            _counter_segments(knots), folds, float(np.var(block_sums)), block_inflation(x, PREFILL),
+                            clock, work_conditions([(log, *span)]),
+                            tuple(Comparison(work_conditions([(log, span[0], f.t0_ns), (log, f.t1_ns, span[1])]),
+                                             work_conditions([(log, f.t0_ns, f.t1_ns)])) for f in folds))
+
+
+def _fitted_segments(knots: Sequence[Knots], t0_ns: float, t1_ns: float) -> Segments:
+    segments = window_segments(knots, t0_ns, t1_ns)
+    if len(segments) < MIN_SEGMENTS:
+        raise ValidationError(f"{len(segments)} counter segments inside the window, the fit needs {MIN_SEGMENTS}",
+                              "meter a longer window, or read the counter faster (jpwr --counter-interval 20)")
+    return segments
+
+
+def _segment_design(log: WorkLog, segments: Segments, idle_w: float | None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
+    """The amounts of each segment, the columns' rates at its knots, the columns, and the given idle energy."""
+    x = log.amounts(segments.t0_ns, segments.t1_ns)
+    rate0, rate1 = log.rates_at(segments.t0_ns), log.rates_at(segments.t1_ns)
+    columns: tuple[str, ...] = COLUMNS
+    if idle_w is None:
+        x = np.column_stack([x, segments.seconds])
+        rate0, rate1 = (np.column_stack([r, np.ones(len(r))]) for r in (rate0, rate1))
+        columns = (*COLUMNS, IDLE_COLUMN)
+    offset = np.zeros(len(segments)) if idle_w is None else idle_w * segments.seconds
+    return x, rate0, rate1, columns, offset
+
+
+def fit_with_clock_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | None, t0_ns: float, t1_ns: float,
+                         held_out: Sequence[HeldOutWindow], draws: int = 200, seed: int = 0
+                         ) -> tuple[RequestEnergyFit, TermTrial]:
+    """The fit without the card-state term, and with it (α fitted on this window) where the log carries clocks
+    that vary; the term's fit is returned where it predicts the `held_out` windows (other rates, never fitted
+    here) better (joulebench.clock_term.judged), else the fit without it; the trial says which and why."""
+    fit = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed)
+    reference = reference_clock([log.sm_clock_hz])
+    if isinstance(reference, str):
+        return fit, TermTrial.refused(reference)
+    measured = [(w, _measured_or_none(w)) for w in held_out if w.log.sm_clock_hz is not None]
+    usable = [(w, m) for w, m in measured if m is not None]
+    if not usable:
+        return fit, TermTrial.refused(NO_HELD_OUT)
+    segments = _fitted_segments(knots, t0_ns, t1_ns)
+    profile = best_exponent(lambda alpha: _residuals(log.counted(ClockTerm(alpha, reference)), segments, idle_w),
+                            blocks_of(segments, BLOCK_S), len(fit.columns))
+    with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, ClockTerm(profile.alpha, reference))
+    trial = judged(reference, profile, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
+                                                    with_term.predict(w.log, w.t0_ns, w.t1_ns)[0]) for w, m in usable])
+    return (with_term if trial.adopted else fit), trial
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutWindow:
+    """Another rate's measured window, to test a fit on (its steps carry their clocks)."""
+
+    label: str
+    log: WorkLog
+    knots: Sequence[Knots]
+    t0_ns: float
+    t1_ns: float
+
+
+def _measured_or_none(window: HeldOutWindow) -> float | None:
+    try:
+        return measured_energy(_counter_segments(window.knots), window.t0_ns, window.t1_ns)[0]
+    except ValidationError:
+        return None
+
+
+def _residuals(log: WorkLog, segments: Segments, idle_w: float | None) -> np.ndarray:
+    """The residuals the fit of `log` (as counted) leaves on `segments`."""
+    x, rate0, rate1, _, offset = _segment_design(log, segments, idle_w)
+    energy = segments.energy_j - offset
+    _, coef = calibrated_fit(x, energy, segments, rate0, rate1, idle_w or 0.0)
+    return energy - x @ coef
+
+
+def work_conditions(windows: Sequence[tuple[WorkLog, float, float]]) -> Conditions:
+    """The card state and step sizes of the work of the windows (each (log, t0, t1); the steps' in-window
+    shares); the card state is n/a where a log carries none."""
+    parts = [(log, log.fractions(t0, t1)) for log, t0, t1 in windows]
+    parts = [(log, share) for log, share in parts if np.any(share > 0)]
+
+    def joined(name: str) -> np.ndarray | None:
+        values = [getattr(log, name) for log, _ in parts]
+        return None if any(v is None for v in values) else np.concatenate([*values, np.zeros(0)])
+
+    def scaled(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(log, name), float) * share for log, share in parts] or [np.zeros(0)])
+
+    return Conditions.of_steps(scaled("seconds"), joined("sm_clock_hz"), joined("capped"), scaled("prefill_tokens"),
+                               scaled("prefill_steps"), scaled("row_steps"), scaled("decode_steps"))
 
 
 def variance_inflation(x: np.ndarray) -> np.ndarray:
@@ -377,6 +509,7 @@ class CrossCheck:
     measured_bound_j: float
     predicted_j: float
     predicted_bound_j: float
+    conditions: Comparison | None = None  # the fitted data's against the predicted window's
 
     @property
     def bound_j(self) -> float:
@@ -390,7 +523,8 @@ class CrossCheck:
 def cross_check(fit: RequestEnergyFit, other_log: WorkLog, other_knots: Sequence[Knots], t0_ns: float,
                 t1_ns: float) -> CrossCheck:
     measured, measured_bound = measured_energy(_counter_segments(other_knots), t0_ns, t1_ns)
-    return CrossCheck(measured, measured_bound, *fit.predict(other_log, t0_ns, t1_ns))
+    return CrossCheck(measured, measured_bound, *fit.predict(other_log, t0_ns, t1_ns),
+                      fit.against(other_log, t0_ns, t1_ns))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +565,7 @@ def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple
     order = np.argsort(life[:, 0], kind="stable")
     life = life[order]
     ids = life[:, 0].astype(np.int64)
-    per_request = _request_amounts(log, ids, t0_ns, t1_ns)  # [n, COLUMNS]
+    per_request = _request_amounts(fit.counted(log), ids, t0_ns, t1_ns)  # [n, COLUMNS]
     cost = fit.coefficients[WORK]
     prefill = per_request[:, PREFILL] @ fit.draws[:, PREFILL].T  # [n, draws]
     decode = per_request[:, DECODE] @ fit.draws[:, DECODE].T
@@ -512,6 +646,7 @@ class PartCheck:
     measured_bound_j: float
     predicted_j: float | None  # None: the fit cannot split prefill from decode
     reason: str | None
+    conditions: Comparison | None = None  # the fitted data's against the part's interval's
 
     @property
     def relative_error(self) -> float | None:
@@ -530,7 +665,7 @@ def controlled_split_check(fit: RequestEnergyFit, log: WorkLog, knots: Sequence[
     out = []
     for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, PREFILL, DECODE),
                                      ("decode", decode_t0, decode_t1, DECODE, PREFILL)):
-        amounts = log.amounts(np.array([t0]), np.array([t1]))[0]
+        amounts = fit.counted(log).amounts(np.array([t0]), np.array([t1]))[0]
         if np.any(amounts[other] > 0):
             raise ValidationError(f"the {part} interval holds {'decode' if part == 'prefill' else 'prefill'} "
                                   "work", "pass intervals where only that part ran (a controlled-split run: all "
@@ -538,5 +673,5 @@ def controlled_split_check(fit: RequestEnergyFit, log: WorkLog, knots: Sequence[
         energy, bound = measured_energy(segments, t0, t1)
         dynamic = energy - fit.idle_w * (t1 - t0) / 1e9
         predicted = None if fit.reason else float(amounts[own] @ fit.coefficients[own])
-        out.append(PartCheck(part, dynamic, bound, predicted, fit.reason))
+        out.append(PartCheck(part, dynamic, bound, predicted, fit.reason, fit.against(log, t0, t1)))
     return out[0], out[1]

@@ -10,7 +10,9 @@ the figures (docs/attribution.md):
 (b) held-out halves of the fitted span (the fit's folds);
 (c) the controlled-split window (all rows admitted at once, no refills) run once, before the first rate's load:
     the fitted prefill and decode parts against the counter's energy of their intervals, less idle;
-the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test.
+the in-sample remainder of the window is reported with its bound as a diagnostic, not as a test. Each step carries
+the card's state where the trace recorded it (`Counter.state`: SM clock, power-capped share), so the fits try the
+clock term (joulebench.clock_term) and every check records its two sides' conditions.
 
 Everything the fit reads is what the rate saved (`RecordedRate`: the record's window and idle power, the request
 table with the step log, or a server's chunk times, and the controlled-split window's step log): the driver fits
@@ -27,24 +29,27 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint
+from joulebench.card_state import CardState, check_fields
+from joulebench.clock_term import TermTrial
+from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
 from joulebench.request_energy import (
+    HeldOutWindow,
     RequestEnergyFit,
     RequestParts,
     WorkLog,
     controlled_split_check,
     cross_check,
-    fit_request_energy,
+    fit_with_clock_trial,
     request_parts,
 )
 from joulebench.requests_table import STATUSES, STEP_KINDS, RequestsTable
-from joulebench.segment_fit import counter_knots
+from joulebench.segment_fit import counter_knots, window_segments
 from jpwr import JpwrError
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
 from llm_inference import client_estimate
@@ -183,26 +188,44 @@ def controlled_intervals(steps: Mapping[str, np.ndarray]) -> tuple[tuple[float, 
     return ((float(t0[prefill].min()), float(t1[prefill].max())), (float(t0[decode].min()), float(t1[decode].max())))
 
 
-def in_process_counter(rate: RecordedRate) -> tuple[list[Knots], str | None]:
+class Counter(NamedTuple):
+    """The fitted device's energy-counter knots in a trace and its card state (None: no SM clock recorded), or
+    why there are none (`reason`)."""
+
+    knots: list[Knots]
+    reason: str | None
+    state: CardState | None = None
+
+
+def with_card_state(log: WorkLog, counter: Counter) -> WorkLog:
+    """Each step of `log` with the card state of the counter segment it ran in (as it is, where none recorded)."""
+    if counter.state is None:
+        return log
+    return log.with_state(*counter.state.at_steps(window_segments(counter.knots, -np.inf, np.inf), log.t0_ns,
+                                                  log.t1_ns))
+
+
+def in_process_counter(rate: RecordedRate) -> Counter:
     """The counter knots of the rate's in-process trace (the driver's fit), or why there are none."""
     return trace_knots(rate.record_dir / IN_PROCESS_TRACE, rate.outside_job)
 
 
-def trace_knots(trace_dir: Path, outside_job: Collection[str] = (), missing: str = NO_TRACE
-                ) -> tuple[list[Knots], str | None]:
+def trace_knots(trace_dir: Path, outside_job: Collection[str] = (), missing: str = NO_TRACE) -> Counter:
     """The energy-counter knots of the first accelerator of the trace under `trace_dir` (<node>/trace.h5, or the
     segments of a sampler that never assembled it) that is the job's (`outside_job`: those a whole-node request
     metered beside it), or why there are none (`missing`: no trace there)."""
     nodes = sorted({p.parent for name in (TRACE_FILE, SEGMENT_DIR) for p in trace_dir.glob(f"*/{name}")})
     if not nodes:
-        return [], missing
+        return Counter([], missing)
     trace = load_trace(nodes[0])
     devices = sorted((d for d in accelerator_domains(trace.domains) if d.id not in outside_job),
                      key=lambda d: (d.index is None, d.index or 0, d.id))
     if not devices:
-        return [], "the trace holds no accelerator of the job"
+        return Counter([], "the trace holds no accelerator of the job")
     knots = counter_knots(trace, devices[0])
-    return knots, None if knots else f"{devices[0].id} has no energy counter (power-only sensors cannot be fitted)"
+    if not knots:
+        return Counter([], f"{devices[0].id} has no energy counter (power-only sensors cannot be fitted)")
+    return Counter(knots, None, CardState.of_trace(trace, devices[0]))
 
 
 def _quantiles(values: np.ndarray | None) -> dict[str, float | None]:
@@ -230,44 +253,54 @@ def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
         table.attrs["energy_split_unavailable_reason"] = parts.split_reason
 
 
-def _fit_summary(fit: RequestEnergyFit, method: str) -> dict[str, Any]:
+def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial) -> dict[str, Any]:
+    """The fit's coefficients (at the card-state term's reference clock where it was adopted), its card-state term's
+    trial, the conditions of its data and its held-out halves with theirs."""
     intervals = fit.intervals
+    sides = list(fit.fold_conditions) + [None] * (len(fit.folds) - len(fit.fold_conditions))
     return {"method": method, "columns": list(fit.columns),
             "coefficients": {c: float(v) for c, v in zip(fit.columns, fit.coefficients, strict=True)},
             "intervals_95": {c: [float(a), float(b)] for c, (a, b) in zip(fit.columns, intervals, strict=True)},
             "idle_w": fit.idle_w, "idle_given": fit.given_idle_w is not None, "notes": fit.notes,
             "vif": {c: float(v) for c, v in zip(fit.columns, fit.vif, strict=True)},
             "prefill_block_vif": float(fit.prefill_vif), "separable": fit.separable,
-            "split_unavailable_reason": fit.reason, "segments": fit.segment_count,
+            "split_unavailable_reason": fit.reason, "segments": fit.segment_count, "clock_term": trial.to_dict(),
+            "fitted_conditions": None if fit.fitted is None else fit.fitted.to_dict(),
             "held_out_halves": [{"measured_j": f.measured_j, "predicted_j": f.predicted_j, "bound_j": f.bound_j,
-                                 "closes": f.closes} for f in fit.folds]}
+                                 "closes": f.closes, **check_fields(side, f.closes)}
+                                for f, side in zip(fit.folds, sides, strict=True)]}
 
 
 @dataclasses.dataclass
 class Sweep:
-    """What later rates of one invocation check against: earlier windows and the controlled-split window."""
+    """What later rates of one invocation check against: earlier windows and the controlled-split window; and the
+    rates left out of the sweep's joint fit before it (label -> their record's directory and why)."""
 
     earlier: list[Measured] = dataclasses.field(default_factory=list)
     controlled: Controlled | None = None
+    left_out: dict[str, tuple[Path, str]] = dataclasses.field(default_factory=dict)
 
 
-def serving_energy(rate: RecordedRate, counter: tuple[list[Knots], str | None], sweep: Sweep) -> dict[str, Any]:
+def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[str, Any]:
     """The engine's `request_energy` block (figures, checks and reasons) of a rate, on `counter` (trace_knots' answer);
     fills the table's energy columns. The first rate's table holds the controlled-split window's step log. It also
     measures the client-side estimate's error on these requests (llm_inference.client_estimate)."""
-    knots, reason = counter
+    knots, reason, _ = counter
     if reason:
+        sweep.left_out[rate.label] = (rate.record_dir, reason)
         return {"unavailable_reason": reason}
     table = rate.table
     if table.controlled_steps:
-        sweep.controlled = Controlled(steps_work_log(table.controlled_steps), knots,
+        sweep.controlled = Controlled(with_card_state(steps_work_log(table.controlled_steps), counter), knots,
                                       *controlled_intervals(table.controlled_steps))
-    wl = steps_work_log(table.steps)
+    wl = with_card_state(steps_work_log(table.steps), counter)
     arrival = arrivals_ns(table)
     lifetimes = engine_lifetimes(table.steps, arrival)
     finished = finished_ids(table)
     result, split = _fit_and_split(rate, wl, lifetimes, finished, knots, sweep, METHOD)
-    if split is not None:
+    if split is None:
+        sweep.left_out[rate.label] = (rate.record_dir, str(result.get("unavailable_reason")))
+    else:
         sweep.earlier[-1].joint = JointMaterial(split[1], rate.idle_w, rate.record_dir, lifetimes, finished)
         inputs = {int(i): int(t) for i, t in zip(table.requests["id"], table.requests["input_tokens"], strict=True)}
         try:
@@ -278,9 +311,9 @@ def serving_energy(rate: RecordedRate, counter: tuple[list[Knots], str | None], 
     return result
 
 
-def client_energy(rate: RecordedRate, counter: tuple[list[Knots], str | None], sweep: Sweep) -> dict[str, Any]:
+def client_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[str, Any]:
     """A server's `request_energy` block from its client's view (labelled "client-side estimate")."""
-    knots, reason = counter
+    knots, reason, _ = counter
     if reason:
         return {"unavailable_reason": reason}
     streams = client_streams(rate.table, arrivals_ns(rate.table))
@@ -318,8 +351,9 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
     t0, t1 = float(rate.window_ns[0]), float(rate.window_ns[1])
     covered = (float(min(k.tau_ns[0] for k in knots)), float(max(k.tau_ns[-1] for k in knots)))
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
+    held_out = [HeldOutWindow(m.label, m.log, m.knots, m.t0_ns, m.t1_ns) for m in sweep.earlier]
     try:
-        fit = fit_request_energy(wl, knots, idle_w, *span)
+        fit, trial = fit_with_clock_trial(wl, knots, idle_w, *span, held_out)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}, None
@@ -328,10 +362,10 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         window = request_parts(fit, wl, lifetimes, t0, t1)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
-        return {**_fit_summary(fit, method), "unavailable_reason": f"request parts refused: {exc}"}, None
+        return {**_fit_summary(fit, method, trial), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
     result: dict[str, Any] = {
-        **_fit_summary(fit, method), "fitted_span_s": (span[1] - span[0]) / 1e9,
+        **_fit_summary(fit, method, trial), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
                       "finished); time with none is unattributed idle",
         **_per_request(whole, finished),
@@ -357,24 +391,38 @@ def _per_request(whole: RequestParts, finished: set[int]) -> dict[str, Any]:
 
 
 def joint_blocks(sweep: Sweep) -> dict[str, dict[str, Any]]:
-    """Each fitted rate's `joint` block: the sweep's rates fitted together (joulebench.joint_energy) and this rate's
-    checks on that fit, (a) leave-one-rate-out, (b) held-out halves, (c) the controlled split; {} with fewer than
-    two fitted rates (a single rate keeps its own fit only)."""
-    rates = [m for m in sweep.earlier if m.fit is not None and m.joint is not None]
-    if len(rates) < MIN_RATES:
+    """Each rate's `joint` block: the sweep's rates fitted together (joulebench.joint_energy) and this rate's
+    checks on that fit, (a) leave-one-rate-out, (b) held-out halves, (c) the controlled split; or why this rate has
+    none (left out, and for what; or fewer than two rates to fit). {} for a single rate (it keeps its own fit)."""
+    left = {label: why for label, (_, why) in sweep.left_out.items()}
+    if len(_sweep_labels(sweep)) < MIN_RATES:
         return {}
-    windows = [RateWindow(m.label, m.log, m.knots, m.joint.idle_w, m.joint.span, (m.t0_ns, m.t1_ns))
-               for m in rates if m.joint is not None]
-    try:
-        joint = fit_joint(windows)
-    except JpwrError as exc:
-        return {m.label: {"unavailable_reason": f"joint fit refused: {exc}"} for m in rates}
-    blocks = {}
+    rates = [m for m in sweep.earlier if m.fit is not None and m.joint is not None]
+    for m in sweep.earlier:
+        if m.fit is None or m.joint is None:
+            left.setdefault(m.label, "its own fit or its requests' parts were refused")
+    windows, left_short = fitted_rates([RateWindow(m.label, m.log, m.knots, m.joint.idle_w, m.joint.span,
+                                                   (m.t0_ns, m.t1_ns)) for m in rates if m.joint is not None])
+    left.update(left_short)
+    rates = [m for m in rates if m.label not in left_short]
+    named = "; ".join(f"rate {label}: {why}" for label, why in left.items())
+    joint = None
+    if len(windows) < MIN_RATES:
+        reason = f"fewer than {MIN_RATES} rates of the sweep can be fitted together (left out: {named})"
+    else:
+        try:
+            joint = fit_joint(windows)
+        except JpwrError as exc:
+            reason = f"joint fit refused: {exc}"
+    if joint is None:
+        return {label: {"unavailable_reason": reason, "rates_left_out": left} for label in _sweep_labels(sweep)}
+    blocks = {label: {"unavailable_reason": f"left out of the joint fit over rates {', '.join(joint.labels)}: {why}",
+                      "rates_left_out": left} for label, why in left.items()}
     for m, window in zip(rates, windows, strict=True):
         assert m.joint is not None
         fit = joint.per_rate[m.label]
-        block: dict[str, Any] = {**_fit_summary(fit, JOINT_METHOD), "rates": list(joint.labels),
-                                 "joint_segments": joint.segment_count}
+        block: dict[str, Any] = {**_fit_summary(fit, JOINT_METHOD, joint.clock), "rates": list(joint.labels),
+                                 "rates_left_out": left, "joint_segments": joint.segment_count}
         try:
             block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))
         except JpwrError as exc:
@@ -386,6 +434,11 @@ def joint_blocks(sweep: Sweep) -> dict[str, dict[str, Any]]:
     return blocks
 
 
+def _sweep_labels(sweep: Sweep) -> list[str]:
+    return [*(m.label for m in sweep.earlier), *(label for label in sweep.left_out if
+                                                 label not in {m.label for m in sweep.earlier})]
+
+
 def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> dict[str, Any]:
     row: dict[str, Any] = {"fitted_at": f"all but {window.label}", "predicted": window.label}
     if isinstance(model, str):
@@ -395,21 +448,24 @@ def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> dict[s
     except JpwrError as exc:
         return {**row, "passes": False, "reason": str(exc)}
     return {**row, "measured_j": check.measured_j, "predicted_j": check.predicted_j, "bound_j": check.bound_j,
-            "passes": check.passes}
+            "passes": check.passes, **check_fields(check.conditions, check.passes)}
 
 
 def write_joint(sweep: Sweep, say: Callable[[str], None]) -> None:
     """After a sweep's last rate: each fitted rate's record gains `requests.energy.joint` (joint_blocks), and a line
     per rate says which of its checks failed on the joint fit."""
     blocks = joint_blocks(sweep)
-    for m in sweep.earlier:
-        block = blocks.get(m.label)
-        if block is None or m.joint is None:
+    directories = {**{label: d for label, (d, _) in sweep.left_out.items()},
+                   **{m.label: m.joint.record_dir for m in sweep.earlier if m.joint is not None}}
+    for label, block in blocks.items():
+        if label not in directories or not amend_written_record(directories[label], partial(_add_joint, block)):
             continue
-        if not amend_written_record(m.joint.record_dir, partial(_add_joint, block)):
-            continue
-        say(f"rate {m.label}: joint per-request fit over rates {', '.join(block.get('rates', []))}: checks failed "
-            f"{block.get('checks_failed', block.get('unavailable_reason'))}")
+        if "rates" in block:
+            say(f"rate {label}: joint per-request fit over rates {', '.join(block['rates'])}: checks failed "
+                f"{block.get('checks_failed', block.get('unavailable_reason'))}")
+        else:
+            say(f"rate {label}: joint per-request fit n/a (left out: {', '.join(block['rates_left_out'])}; the "
+                "record's requests.energy.joint says why)")
 
 
 def _add_joint(block: dict[str, Any], record: RunRecord) -> bool:
@@ -450,7 +506,8 @@ def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knot
                 checks.append({**row, "passes": False, "reason": str(exc)})
                 continue
             checks.append({**row, "measured_j": check.measured_j, "predicted_j": check.predicted_j,
-                           "bound_j": check.bound_j, "passes": check.passes})
+                           "bound_j": check.bound_j, "passes": check.passes,
+                           **check_fields(check.conditions, check.passes)})
     return checks
 
 
@@ -463,5 +520,5 @@ def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[di
     except JpwrError as exc:
         return f"not checked: {exc}"
     return [{"part": p.part, "measured_j": p.measured_j, "measured_bound_j": p.measured_bound_j,
-             "predicted_j": p.predicted_j, "relative_error": p.relative_error, "passes": p.passes, "reason": p.reason}
-            for p in parts]
+             "predicted_j": p.predicted_j, "relative_error": p.relative_error, "passes": p.passes, "reason": p.reason,
+             **check_fields(p.conditions, p.passes)} for p in parts]

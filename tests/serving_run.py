@@ -15,11 +15,15 @@ each row adds its GEMM share (c = 0.03 J, 40 µs) and attention reads 128 KiB of
 (d = 2e-5 J, 40 ns); a prefill step reads the weights once too (e = 3 J per pass, 6 ms) and costs a = 0.02
 J/token at 28.6k tokens/s (35 µs/token, ~640 W in all): 0.035 J/token for one 200-token prompt, 0.0204 for
 an 8192-token admission, the bias a token-only prefill column would fit as a rate-dependent a.
+
+A planted SM clock (`serve(clock_hz=..., alpha=...)`) scales each step's work energy by (f / F_MAX)^alpha and
+is written into the log as each step's clock (what joulebench.card_state gives a recorded run's steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ COSTS = {"prefill_tokens": 0.02, "prefill_steps": 3.0, "decode_steps": 2.5, "row
 HOST_GAP_S = 0.0003
 NOISE = 0.03
 MAX_PREFILL_TOKENS = 8192  # per prefill step (what fits one admission)
+F_MAX = 1.98e9  # the planted clock's reference (an H100's highest SM clock)
 
 
 def _duration(prefill: int, rows: int, kv: int) -> float:
@@ -50,6 +55,8 @@ class _Engine:
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
     steps: list[tuple[float, float, int, int, int, list[tuple[int, int, int]]]] = dataclasses.field(
         default_factory=list)
+    clock_hz: Callable[[float], float] | None = None  # the planted SM clock at a time (s)
+    alpha: float = 0.0
 
     def idle_until(self, t: float) -> None:
         if t > self.schedule.t:
@@ -61,6 +68,8 @@ class _Engine:
         work = (self.costs["prefill_steps"] + self.costs["prefill_tokens"] * prefill if prefill else
                 self.costs["decode_steps"] + self.costs["row_steps"] * rows + self.costs["kv_tokens"] * kv)
         start = self.schedule.t
+        if self.clock_hz is not None:
+            work *= (self.clock_hz(start) / F_MAX) ** self.alpha
         self.schedule.add(seconds, IDLE_W + work * (1 + NOISE * self.rng.standard_normal()) / seconds, "step")
         self.steps.append((start, self.schedule.t, prefill, rows, kv, members))
         return self.schedule.t
@@ -69,16 +78,21 @@ class _Engine:
         members = [m for s in self.steps for m in s[5]]
         column = np.array([[s[0] * NS, s[1] * NS, s[2], s[3], s[4]] for s in self.steps])
         offsets = np.concatenate(([0], np.cumsum([len(s[5]) for s in self.steps])))
-        return WorkLog.of_steps(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2],
-                                column[:, 3], column[:, 4], offsets, np.array([m[0] for m in members]),
-                                np.array([m[1] for m in members]), np.array([m[2] for m in members]))
+        log = WorkLog.of_steps(column[:, 0].astype(np.int64), column[:, 1].astype(np.int64), column[:, 2],
+                               column[:, 3], column[:, 4], offsets, np.array([m[0] for m in members]),
+                               np.array([m[1] for m in members]), np.array([m[2] for m in members]))
+        if self.clock_hz is None:
+            return log
+        return log.with_state(np.array([self.clock_hz(s[0]) for s in self.steps]), None)
 
 
 def serve(seed: int, rate: float, requests: int, slots: int, costs: dict[str, float] | None = None,
-          constant_mix: bool = False) -> tuple[WorkLog, np.ndarray, Schedule]:
-    """Run the scheduler; `rate` requests/s (inf: all queued at the start)."""
+          constant_mix: bool = False, clock_hz: Callable[[float], float] | None = None, alpha: float = 0.0
+          ) -> tuple[WorkLog, np.ndarray, Schedule]:
+    """Run the scheduler; `rate` requests/s (inf: all queued at the start); `clock_hz`, `alpha`: the planted
+    clock and its exponent."""
     rng = np.random.default_rng(seed)
-    engine = _Engine(costs or COSTS, rng)
+    engine = _Engine(costs or COSTS, rng, clock_hz=clock_hz, alpha=alpha)
     engine.idle_until(1.5)
     start = engine.schedule.t
     gaps = rng.exponential(1 / rate, requests) if np.isfinite(rate) else np.zeros(requests)

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.joint_fit_replay import load_rate
+from benchmarks.joint_fit_replay import differences, load_rate
+from joulebench.clock_term import FORM
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
 from joulebench.record import read_run_record, write_run_record
 from joulebench.request_energy import COLUMNS, DECODE, MAX_PREFILL_VIF, PREFILL, cross_check, fit_request_energy
@@ -182,3 +183,67 @@ def test_a_single_rate_keeps_todays_block(recorded: dict[str, tuple[RateWindow, 
     before = (tmp_path / "rate_8" / "run_record.json").read_text()
     write_joint(sweep, lambda line: pytest.fail(line))
     assert (tmp_path / "rate_8" / "run_record.json").read_text() == before
+
+
+def test_the_replay_by_the_drivers_code_reproduces_every_records_checks_and_coefficients(tmp_path: Path) -> None:
+    """The sweep's rates 4 and 8 fitted again as the driver fits them (serving_energy per rate, in order): the records
+    predate the card state, so the model they name is the one without it; a changed coefficient is caught."""
+    for label in RATES:
+        shutil.copytree(SWEEP / f"rate_{label}", tmp_path / f"rate_{label}")
+    assert differences(tmp_path) == []
+    path = tmp_path / "rate_8" / "run_record.json"
+    record = json.loads(path.read_text())
+    record["requests"]["energy"]["coefficients"]["decode_steps"] *= 1.001
+    record["requests"]["energy"]["held_out_halves"][0]["closes"] ^= True
+    path.write_text(json.dumps(record))
+    found = differences(tmp_path)
+    assert len(found) == 2 and found[0].startswith("rate 8: coefficient decode_steps") and "held-out halves" in found[1]
+
+
+def test_a_rate_left_out_of_the_joint_fit_is_named_with_why(recorded: dict[str, tuple[RateWindow, dict]],
+                                                          tmp_path: Path) -> None:
+    sweep = _sweep(recorded, tmp_path)
+    shutil.copytree(tmp_path / "rate_8", tmp_path / "rate_max")
+    sweep.left_out["max"] = (tmp_path / "rate_max", "no trace beside the record")
+    lines: list[str] = []
+    write_joint(sweep, lines.append)
+    blocks = {label: json.loads((tmp_path / f"rate_{label}" / "run_record.json").read_text())["requests"]["energy"]
+              ["joint"] for label in (*RATES, "max")}
+    assert all(blocks[label]["rates"] == list(RATES) for label in RATES)
+    assert all(block["rates_left_out"] == {"max": "no trace beside the record"} for block in blocks.values())
+    assert blocks["max"]["unavailable_reason"] == ("left out of the joint fit over rates 4, 8: no trace beside the "
+                                                   "record")
+    assert any(line.startswith("rate max: joint per-request fit n/a (left out: max;") for line in lines)
+    assert max(map(len, lines)) <= 160
+
+
+def test_a_sweep_with_one_rate_to_fit_says_why_it_has_no_joint_fit(recorded: dict[str, tuple[RateWindow, dict]],
+                                                                    tmp_path: Path) -> None:
+    """Two rates (a `--rates 10,max` sweep) of which one has too few counter segments in its span: neither gets a joint
+    fit, and each record says which rate was left out for what."""
+    sweep = _sweep(recorded, tmp_path)
+    short = sweep.earlier[1].joint
+    assert short is not None
+    short.span = (short.span[0], short.span[0] + 1e9)  # one second: about ten counter segments
+    write_joint(sweep, lambda line: None)
+    for label in RATES:
+        joint = json.loads((tmp_path / f"rate_{label}" / "run_record.json").read_text())["requests"]["energy"]["joint"]
+        assert joint["unavailable_reason"].startswith("fewer than 2 rates of the sweep can be fitted together (left "
+                                                      "out: rate 8: ")
+        assert "counter segments inside its span, the fit needs 20" in joint["rates_left_out"]["8"]
+
+
+def test_the_joint_block_names_its_clock_term_and_each_checks_conditions(
+        recorded: dict[str, tuple[RateWindow, dict]], tmp_path: Path) -> None:
+    blocks = joint_blocks(_sweep(recorded, tmp_path))
+    for label, block in blocks.items():
+        term = block["clock_term"]
+        assert term["form"] == FORM and term["adopted"] == (term["unadopted_reason"] is None)
+        assert [h["rate"] for h in term["held_out_rates"]] == list(RATES)  # each rate left out, without and with
+        assert (term["alpha"] is not None) and term["reference_clock_mhz"] == 1980.0
+        conditions = block["fitted_conditions"]
+        assert 0 <= conditions["capped_share"] <= 1 and conditions["sm_clock_mhz"] <= 1980
+        for check in (*block["held_out_halves"], *block["cross_rate"]):
+            assert check["conditions"]["fitted"] and check["conditions"]["predicted"]
+            passes = check.get("closes", check.get("passes"))
+            assert ("measured_cause" in check) == (not passes), (label, check)

@@ -59,6 +59,11 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
         assert joint["rates"] == ["40", "max"] and [c["predicted"] for c in joint["cross_rate"]] == [label]
         assert isinstance(joint["controlled_split"], list) and len(joint["held_out_halves"]) == 2
         assert f"rate {label}: joint per-request fit over rates 40, max: checks failed" in result.stdout
+        # The card-state term tried on the rates left out (the fake NVML's clock follows its power), adopted or why not.
+        term = joint["clock_term"]
+        assert [h["rate"] for h in term["held_out_rates"]] == ["40", "max"] and joint["rates_left_out"] == {}
+        assert term["adopted"] == (term["unadopted_reason"] is None)
+        assert all("conditions" in c for c in (*joint["controlled_split"], *joint["cross_rate"]))
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 

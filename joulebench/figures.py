@@ -122,6 +122,7 @@ def record_problems(record: RunRecord) -> list[str]:
     problems += [p for key in WHOLE_METRICS if (p := number_problem(key, metrics.get(key), whole=True))]
     problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
     problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
+    problems += [p for p in (rate_problem(metrics.get("rate")),) if p]
     for name, value, whole in (("config devices", record.config.get("devices"), True),
                                ("hardware devices", record.hardware.get("devices"), True),
                                ("config global_batch_size", record.config.get("global_batch_size"), False),
@@ -185,7 +186,9 @@ def _below_idle(record: RunRecord, window: Window) -> str | None:
 
 
 # Serving figures of an llm_inference load record (joulebench.analysis.serving): positive, zero-or-positive, shares.
-SERVING_POSITIVE = ("energy_per_request_p50_j", "energy_per_request_p90_j", "tpot_p90_s", "slo_ttft_ms", "slo_tpot_ms")
+SERVING_POSITIVE = ("energy_per_request_p50_j", "energy_per_request_p90_j", "tpot_p90_s", "slo_ttft_ms", "slo_tpot_ms",
+                    "offered_requests_per_s")
+MAX_RATE = "max"  # a load's `rate` when every request is queued at the start; otherwise requests/s as a number
 SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a measured 0
 SERVING_FRACTIONS = ("slo_attained_share",)
 
@@ -205,6 +208,19 @@ def serving_problems(metrics: Metrics, request_energy: dict[str, Any] | None = N
     if isinstance(shares, dict):
         problems += [p for k, v in shares.items() if (p := fraction_problem(f"requests share {k}", v))]
     return problems
+
+
+def rate_problem(rate: Any) -> str | None:
+    """A load's offered rate as recorded: `max` or a positive finite number of requests/s (a text, as the driver
+    writes it, or a number); anything else would be shown and sorted as if it were a rate."""
+    if rate is None or rate == MAX_RATE:
+        return None
+    try:
+        value = float(rate) if isinstance(rate, str) else rate
+    except ValueError:
+        return f"rate {rate!r} is neither {MAX_RATE!r} nor a number of requests/s"
+    problem = number_problem("rate", value)
+    return None if problem is None else f"{problem} ({MAX_RATE!r} or requests/s)"
 
 
 def rejection(record: RunRecord) -> str | None:

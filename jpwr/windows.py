@@ -15,11 +15,10 @@ from collections.abc import Iterable, Sequence
 
 from jpwr.backends.rapl import PERMISSION_FIX
 from jpwr.backends.replay import NAME as REPLAYED_BACKEND
-from jpwr.backends.replay import REPLAYED
 from jpwr.channel import Mark, is_interval_mark
 from jpwr.device_energy import DeviceEnergy
 from jpwr.domains import Domain, Kind, MetricReading, Signal
-from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, WindowEnergy
+from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, REPLAYED_ACCELERATORS, WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
 from jpwr.trace_io import SensorSeries, TraceData
 
@@ -87,7 +86,7 @@ def headline_domains(domains: Sequence[Domain]) -> tuple[list[Domain], str | Non
     accel = accelerator_domains(domains)
     if accel:
         replayed = any(d.backend == REPLAYED_BACKEND for d in accel)
-        return accel, f"{ACCELERATORS} ({REPLAYED})" if replayed else ACCELERATORS
+        return accel, REPLAYED_ACCELERATORS if replayed else ACCELERATORS
     cpu = cpu_domains(domains)
     if not any(d.kind is Kind.CPU_PACKAGE for d in cpu):
         return [], None

@@ -8,9 +8,10 @@ estimator (joulebench.analysis.replay) is decided here, once for every driver.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from jpwr import ValidationError
 
@@ -50,7 +51,8 @@ def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--rep
 
 
 def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: float,
-                  agree_max: Callable[[int], int] | None = None) -> list[Window]:
+                  agree_max: Callable[[int], int] | None = None,
+                  stop_reason: Callable[[], str | None] | None = None) -> list[Window]:
     """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
 
     Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
@@ -59,10 +61,21 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
     collective, e.g. a max over ranks) makes all ranks run the same count, since phases with collectives inside
     must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
     (3 s at the H100's 100 ms).
+
+    A stop request (`stop_reason`, the run's StopRequest.local_reason) is heard before each phase and about once a
+    second inside its window, on every rank at the same invocation (through `agree_max`): the window closes with
+    the invocations done and the run ends there (StopRequested), keeping every window closed before.
     """
     sync = meter.sync or (lambda: None)
-    windows = []
+    agree = agree_max or (lambda flag: flag)
+
+    def stopping() -> bool:
+        return bool(agree(1 if stop_reason is not None and stop_reason() else 0))
+
+    windows: list[Window] = []
     for replay in replays:
+        if stopping():
+            _stopped(stop_reason, f"before replaying {replay.name}", windows)
         if replay.setup is not None:
             replay.setup()
         replay.run()
@@ -73,10 +86,27 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
         sync()
         once_s = max((time.monotonic() - started) / TIMING_INVOCATIONS, 1e-6)
         count = max(MIN_REPLAY_INVOCATIONS, int(min_seconds / once_s) + 1)
-        count = agree_max(count) if agree_max is not None else count
+        count = agree(count)
+        check_every = max(1, math.ceil(count / max(min_seconds, 1.0)))  # the same on every rank: count is agreed
         name = REPLAY_PREFIX + replay.name
         meter.begin(name, 0)
-        for _ in range(count):
+        done = 0
+        while done < count:
             replay.run()
+            done += 1
+            if done < count and done % check_every == 0 and stopping():
+                windows.append(meter.end(name, done, {"invocations": float(done)},
+                                         reason=f"stopped after {done} of {count} invocations"))
+                _stopped(stop_reason, f"in {name} after {done} of {count} invocations", windows)
         windows.append(meter.end(name, count, {"invocations": float(count)}))
     return windows
+
+
+def _stopped(stop_reason: Callable[[], str | None] | None, where: str, windows: Sequence[Window]) -> NoReturn:
+    """End the run at a stop request heard during the replays, saying where and what was kept."""
+    from joulebench.lifecycle import StopRequested  # the lifecycle imports the meter: not at the phase names' import
+
+    why = (stop_reason() if stop_reason is not None else None) or "another rank requested the stop"
+    kept = ", ".join(w.name for w in windows) or "none"
+    raise StopRequested(f"{why}: stopped during the phase replays, {where}; the steady window and the replay windows "
+                        f"closed before are kept ({kept})")

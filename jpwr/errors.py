@@ -41,6 +41,9 @@ class ExitCode(enum.IntEnum):
     NO_COMMAND = 127  # the wrapped command was not found
 
 
+INTERRUPTED = 128 + int(signal.SIGINT)  # 130: Ctrl-C, as a shell reports it
+
+
 class JpwrError(Exception):
     """Base class of errors raised deliberately by joulebench code."""
 
@@ -128,12 +131,16 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
     sysexits code (a JpwrError's details, e.g. every run it left out, one a line above it); a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
-    else is an internal error (70). `--debug` adds the traceback.
+    else is an internal error (70); Ctrl-C that reaches it (the imports before a run installs its handlers) exits
+    130 with one line, never a traceback. `--debug` adds the traceback.
     """
     from jpwr.extras import missing_extra
 
     try:
         return int(command())
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own handler (imports, tools opening before it): one line
+        return _report(prog, "stopped by Ctrl-C (SIGINT) outside a run: no run was going on (a run that had begun "
+                             "wrote its record)", INTERRUPTED, debug)
     except ModuleNotFoundError as exc:
         error = missing_extra(exc, extras)
         if error is not None:

@@ -442,7 +442,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not points:
         print("jbprofile: compare: no submitted points")
         return 0
-    settings = read_settings(points[0])
+    try:
+        settings = read_settings(points[0])
+    except ConfigError as exc:  # the comparison needs the job's Python: n/a, and the rows stay
+        print(f"jbprofile: warning: compare: {exc}; the comparison is n/a", file=sys.stderr)
+        return 0
     rundir = str(Path(args.rundir).resolve())
     argv = job_python(settings, [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir", rundir])
     code = subprocess.call(argv, env=bound_env(settings, Path(rundir)))  # the image reads records, writes compare/
@@ -451,7 +455,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         print(f"jbprofile: wrote {jbtable.write_full_table(Path(rundir), settings['JB_BENCHMARK'])}")
-    except (OSError, ValueError, KeyError) as exc:  # a full disk; a point's job.env written by other means
+    except (OSError, ValueError, KeyError, ConfigError) as exc:  # a full disk; a point's job.env damaged or foreign
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
         print(f"jbprofile: warning: cannot write the full table ({why}); JUBE's tables hold every row. Fix: mend "
               f"that, then: python3 {REPO / 'jube' / 'jbprofile.py'} compare --rundir {rundir}", file=sys.stderr)

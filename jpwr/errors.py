@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import enum
 import errno
+import io
 import signal
 import sys
 import textwrap
@@ -135,7 +136,11 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
     130 with one line, never a traceback. `--debug` adds the traceback.
     """
     from jpwr.extras import missing_extra
+    from jpwr.output import ESCAPED
 
+    for stream in (sys.stdout, sys.stderr):  # a path whose name is not UTF-8 prints escaped (jpwr.output.printable)
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors=ESCAPED)
     try:
         return int(command())
     except KeyboardInterrupt:  # Ctrl-C outside a run's own handler (imports, tools opening before it): one line

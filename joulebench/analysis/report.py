@@ -54,7 +54,7 @@ from joulebench.record import (
 from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
 from jpwr.errors import ArgumentParser
-from jpwr.output import fmt, readable, utc_now, write_atomic
+from jpwr.output import fmt, printable, readable, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
@@ -512,7 +512,7 @@ def render_html(rows: Sequence[dict[str, str]], images: Sequence[tuple[Path, str
     table += "".join(f'<p class="note">[{n}] {html.escape(text)}</p>' for n, text in notes.numbered())
     diag = "".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in d.sentences)
                    + "</ul>" for title, d in diagnoses) or "<p>Fewer than two runs with energy: nothing to compare.</p>"
-    return f"""<!DOCTYPE html>
+    return printable(f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>joulebench report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #bbb;padding:3px 6px;text-align:right}}th{{background:#eee}}img{{max-width:100%}}
@@ -531,7 +531,7 @@ that was not measured (the note says why); it is never plotted as 0.</p>
 ΔE = Δt·(P̄₁+P̄₂)/2 + ΔP̄·(t₁+t₂)/2; the latent metrics are means over the steady window of each run's trace.</p>
 {diag}
 </body></html>
-"""
+""")
 
 
 def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +126,26 @@ def test_a_load_record_whose_offered_rate_is_a_word_is_rejected_with_the_reason(
     assert row["offered req/s"] == row["J/request p50"] == "rejected"
     assert "rate 'fast' is neither 'max' nor a number of requests/s" in row["note"]
     assert "fast" not in text.split("left out")[0]  # never among the rates that meet the SLO
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_reported_with_the_name_escaped(tmp_path) -> None:
+    """Once an internal error (exit 70: the page could not be encoded); the bytes show as \\xff\\xfe."""
+    runs = os.fsencode(tmp_path / "runs")
+    for name in (b"run-\xff\xfe", b"bad-\xff"):
+        os.makedirs(runs + b"/" + name)
+        shutil.copyfile(TRAINING, runs + b"/" + name + b"/run_record.json")
+    bad = runs + b"/bad-\xff/run_record.json"
+    with open(bad, "w") as handle:
+        handle.write(json.dumps({**json.loads(TRAINING.read_text()), "metrics": [1]}))
+    out = tmp_path / "out"
+    for given in (runs, runs + b"/run-\xff\xfe"):
+        result = subprocess.run([sys.executable, "-m", "joulebench", "report", given, "-o", out], capture_output=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.decode().startswith(f"joulebench report: wrote {out}"), result.stdout
+    page = (out / "index.html").read_text()
+    assert "run-\\xff\\xfe" in page
+    result = subprocess.run([sys.executable, "-m", "joulebench", "report", bad, "-o", out], capture_output=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
+    assert result.returncode == 64 and b"Traceback" not in result.stderr, result.stderr
+    assert "bad-\\xff/run_record.json is not a valid run record" in result.stderr.decode()

@@ -40,6 +40,7 @@ from joulebench.analysis.text_width import fitted
 from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection, unit_figure
 from joulebench.latents import steady_latents
+from joulebench.out_dir import one_writer
 from joulebench.reasons import Footnotes
 from joulebench.record import (
     MEASURED_STATUSES,
@@ -537,8 +538,20 @@ that was not measured (the note says why); it is never plotted as 0.</p>
 def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
     """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html.
     PARTIAL runs never enter a diagnosis (their energy covers part of the window only)."""
+    return written_report(paths, out_dir, allow_partial)[0]
+
+
+def written_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False
+                   ) -> tuple[Path, list[dict[str, Any]]]:
+    """write_report, and the serving sections it wrote: the report's files are written by one report at a time
+    (another report into the same OUTDIR waits for it), so that they always belong to one report."""
     runs = load_runs(paths)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with one_writer(out_dir, "joulebench report"):
+        return _write_files(runs, paths, out_dir, allow_partial)
+
+
+def _write_files(runs: Sequence[Run], paths: Sequence[Path], out_dir: Path, allow_partial: bool
+                 ) -> tuple[Path, list[dict[str, Any]]]:
     images: list[tuple[Path, str]] = []
     diagnoses: list[tuple[str, Diagnosis]] = []
     for benchmark in sorted({r.record.benchmark for r in runs}):
@@ -578,7 +591,8 @@ def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = Fal
     write_atomic(out_dir / "runs.json", json.dumps(
         {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses],
          "serving": serving_sections}, indent=2))
-    return write_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections))
+    return (write_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections)),
+            serving_sections)
 
 
 def _single(path: Path) -> Run:
@@ -618,8 +632,8 @@ def main(argv: Sequence[str]) -> int:
         return ExitCode.OK
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
-    index = write_report(args.paths, args.out, args.allow_partial)
-    for section in json.loads((args.out / "runs.json").read_text()).get("serving", []):
+    index, sections = written_report(args.paths, args.out, args.allow_partial)
+    for section in sections:
         print(fitted([f"joulebench report: serving, {section['group']}: {section['sentence']}"]))
     print(f"joulebench report: wrote {index}")
     return ExitCode.OK

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,34 @@ def test_a_run_directory_whose_name_is_not_utf8_is_reported_with_the_name_escape
                             env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120, check=False)
     assert result.returncode == 64 and b"Traceback" not in result.stderr, result.stderr
     assert "bad-\\xff/run_record.json is not a valid run record" in result.stderr.decode()
+
+
+def _report_process(paths: list[Path], out: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "joulebench", "report", *map(str, paths), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_path) -> None:
+    """Four reports of different runs into one OUTDIR at once (once two reports' files mixed): each waits for the
+    one writing, and the directory ends holding one report's table, page and charts, all of the same runs."""
+    from joulebench.out_dir import one_writer
+
+    drivers = sorted(TRAINING.parents[2].glob("*/run/run_record.json"))  # three drivers' records
+    sets = [drivers[:1], drivers[1:2], drivers[2:], drivers]
+    out = tmp_path / "out"
+    with one_writer(out, "test"):  # a report that is writing: the others must wait, not write beside it
+        procs = [_report_process(paths, out) for paths in sets]
+        time.sleep(3.0)
+        assert [p.poll() for p in procs] == [None] * 4 and sorted(os.listdir(out)) == [".joulebench.lock"]
+    results = [p.communicate(timeout=240) for p in procs]
+    for proc, (stdout, stderr) in zip(procs, results, strict=True):
+        assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+        assert stdout.strip().endswith(f"joulebench report: wrote {out / 'index.html'}")
+        assert "joulebench report: waiting for another joulebench report writing to" in stderr
+    rows = json.loads((out / "runs.json").read_text())["rows"]
+    page = (out / "index.html").read_text()
+    ids = {row["run_id"] for row in rows}
+    assert ids in [{json.loads(p.read_text())["run_id"] for p in paths} for paths in sets]
+    shown = {run_id for run_id in (json.loads(p.read_text())["run_id"] for p in drivers) if run_id in page}
+    assert shown == ids  # the page lists the runs of the table beside it, no other report's

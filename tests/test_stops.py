@@ -65,20 +65,24 @@ def silent_server() -> Iterator[tuple[str, threading.Event]]:
                 connection.close()
 
 
-def _signal_after(proc: subprocess.Popen[str], marker: str, signum: int, settle_s: float) -> tuple[str, float]:
-    """Read the run's stdout up to the line starting with `marker`, wait `settle_s`, send `signum`; returns what
-    was printed before it and the time the signal went."""
+def _read_until(proc: subprocess.Popen[str], marker: str) -> str:
+    """The run's stdout up to and with the line starting with `marker`."""
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
         seen.append(line)
         if line.startswith(marker):
-            break
-    else:
-        raise AssertionError(f"the run ended before printing {marker!r}: {''.join(seen)[-2000:]}")
+            return "".join(seen)
+    raise AssertionError(f"the run ended before printing {marker!r}: {''.join(seen)[-2000:]}")
+
+
+def _signal_after(proc: subprocess.Popen[str], marker: str, signum: int, settle_s: float) -> tuple[str, float]:
+    """Read the run's stdout up to the line starting with `marker`, wait `settle_s`, send `signum`; returns what
+    was printed before it and the time the signal went."""
+    seen = _read_until(proc, marker)
     time.sleep(settle_s)
     proc.send_signal(signum)
-    return "".join(seen), time.monotonic()
+    return seen, time.monotonic()
 
 
 def test_a_wait_ends_at_its_deadline_its_event_or_within_a_slice_of_a_stop():
@@ -369,3 +373,74 @@ def test_ctrl_c_while_a_driver_imports_its_framework_is_one_line_and_exit_130(fa
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     assert "llm_training: error: stopped by Ctrl-C (SIGINT) outside a run" in stderr
     assert not (tmp_path / "run" / "run_record.json").exists()  # no run began: nothing to record
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (a W&B server out of reach: connections refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wandb_online_env(fake_env) -> dict[str, str]:
+    return fake_env(WANDB_MODE="online", WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}",
+                    WANDB_API_KEY="0123456789abcdef0123456789abcdef01234567", WANDB_SILENT="true")
+
+
+# A run's last moments as the drivers end them: a tool opened (here given up after 2 s), the record's result line, then
+# the drivers' exit (joulebench.process_exit). W&B online retries its server for minutes and waits for it again in its
+# exit handlers (once 70-100 s past the result line).
+AFTER_RESULT = """
+import sys, time
+from pathlib import Path
+from joulebench.exports.run import Exports
+from joulebench.process_exit import exit_after_run
+exports = Exports(["wandb"], Path(sys.argv[1]), "r", "llm_training", timeout_s=2.0, say=print)
+exports.close()
+print("JOULEBENCH_RESULT status=OK", flush=True)
+exit_after_run(0)
+"""
+
+
+def test_wandb_online_with_its_server_out_of_reach_ends_within_seconds_of_the_result_line(fake_env, tmp_path):
+    pytest.importorskip("wandb")
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_RESULT, str(tmp_path)], env=_wandb_online_env(fake_env),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        before = _read_until(proc, "JOULEBENCH_RESULT")
+        said = time.monotonic()
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - said < SIGNAL_TO_END_S
+    assert proc.returncode == 0
+    assert "wandb could not be opened and was left out: TimeoutError: opening wandb did not return within 2 s" in before
+
+
+@pytest.mark.slow
+def test_sigterm_while_wandb_online_opens_against_a_closed_port_ends_the_run_within_seconds(fake_env, tmp_path):
+    pytest.importorskip("wandb")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu", "--log-interval", "1",
+           "--no-idle-baseline", "--iterations", "3", "--warmup-iterations", "1", "--log-to", "wandb",
+           "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=_wandb_online_env(fake_env), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.rglob("wandb/run-*")) and time.monotonic() < deadline:  # W&B is setting up its run
+            time.sleep(0.2)
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    assert "--log-to: wandb was left out: opening wandb was given up: SIGTERM received" in " ".join(
+        record["warnings"]), record["warnings"]
+    assert summaries(stdout)[-1]["status"] == "TIMEOUT"

@@ -227,7 +227,7 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
                                                     "--server-command, and leave --tensor-parallel out")
     check_tensor_parallel(cfg.tensor_parallel, shape, cfg.energy_methods)
     check_server(cfg)
-    trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg))
+    trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg), shape.vocab_size)
     if trace is None:
         check_task_context(cfg.task, cfg.output_length, shape)
     else:

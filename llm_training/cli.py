@@ -62,7 +62,7 @@ def _validate(args: argparse.Namespace) -> int:
     validation.check_layout(world, args.nodes, args.devices_per_node)
     cfg = resolve_checked(args, world)
     if cfg.data_path:  # the login node's check (JUBE validate); train reads it again where it builds the dataset
-        check_corpus(cfg.data_path, cfg.seq_length)
+        check_corpus(cfg.data_path, cfg.seq_length, cfg.vocab_size)
     cfg = memory.choose_micro_batch(cfg, None if args.device == "cpu" else args.device_memory_gib)
     if args.device == "cpu" or args.device == "cuda":
         validation.check_precision(cfg.precision, args.device)

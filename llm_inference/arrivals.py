@@ -181,8 +181,8 @@ def _trace_request(path: Path, number: int, line: str, index: int, tokenize: Cal
         prompt_ids = tuple(_whole(token, 0, "a prompt token id", refuse) for token in ids)
         if not prompt_ids:
             raise refuse("the prompt has no tokens", "give a prompt of at least one token")
-        beyond = [token for token in prompt_ids if vocab_size is not None and token >= vocab_size]
-        if beyond:
+        beyond = [token for token in prompt_ids if token >= vocab_size] if vocab_size is not None else []
+        if beyond and vocab_size is not None:
             raise refuse(f"prompt token id {beyond[0]} is beyond the model's vocabulary of {vocab_size} (ids 0 to "
                          f"{vocab_size - 1}; {len(beyond)} such id(s) on this line)",
                          "write the trace with the tokenizer of the model it is replayed on, or replay it on that "

@@ -61,6 +61,18 @@ def spans_from_marks(marks: Iterable[Mark], intervals: bool = False) -> dict[str
     return spans
 
 
+def unclosed_windows(marks: Iterable[Mark]) -> dict[str, int]:
+    """The windows that began but never ended in these marks (log intervals aside), with their first begin's time:
+    a sampler killed inside them saw no end."""
+    marks = list(marks)
+    ended = {m.name for m in marks if m.edge == "end"}
+    begun: dict[str, int] = {}
+    for m in marks:
+        if m.edge == "begin" and m.name not in ended and not is_interval_mark(m.name):
+            begun[m.name] = min(begun.get(m.name, m.t_ns), m.t_ns)
+    return begun
+
+
 def accelerator_domains(domains: Iterable[Domain]) -> list[Domain]:
     """Accelerators forming a disjoint cover: drop any contained in another accelerator domain."""
     accel = [d for d in domains if d.kind.is_accelerator]

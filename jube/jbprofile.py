@@ -398,11 +398,15 @@ def sweep_values(args: argparse.Namespace) -> dict[str, str]:
     """The point's workflow parameters: JUBE exports them (their names in --sweep), --set adds or overrides."""
     names = [n for n in (args.sweep or "").split(",") if n]
     values = {name: os.environ.get(name, "") for name in names}
+    given: dict[str, str] = {}
     for item in args.set:
         key, sep, val = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r} has no '='", "write --set KEY=VALUE")
-        values[key] = val
+        if given.get(key, val) != val:
+            raise ConfigError(f"--set {key}={given[key]} and --set {key}={val} both given: only the last would count",
+                              f"give {key} once")
+        given[key] = values[key] = val
     return values
 
 

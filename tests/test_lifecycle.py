@@ -86,7 +86,12 @@ BROKEN_INPUT: dict[str, Callable[[Path], list[str]]] = {
 
 
 def _command(driver: str, extra: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", driver, *BASE[driver], *extra, "--out-dir", str(out)]
+    """The driver's base command with `extra`; an option of the base that `extra` gives again is taken from `extra`
+    (a command line giving one option twice with different values is refused)."""
+    base = BASE[driver]
+    again = {word for word in extra if word.startswith("--")}
+    kept = [word for i, word in enumerate(base) if word not in again and (i == 0 or base[i - 1] not in again)]
+    return [sys.executable, "-m", driver, *kept, *extra, "--out-dir", str(out)]
 
 
 def _sigterm(driver: str, cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

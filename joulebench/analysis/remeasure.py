@@ -18,9 +18,10 @@ so a saving alone does not confirm a recommendation.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,11 @@ class Remeasured:
         return bool(self.agrees) and not self.misses
 
     @property
+    def failed(self) -> bool:
+        """No re-run of either setting could be used: the re-measurement failed (the command exits non-zero)."""
+        return not self.default.runs and not self.recommended.runs
+
+    @property
     def agrees(self) -> bool | None:
         if self.measured is None or self.predicted.bound is None or self.measured.bound is None:
             return None
@@ -114,7 +120,8 @@ class Remeasured:
         head = (f"re-measured ({len(self.default.runs)} + {len(self.recommended.runs)} runs, alternating): predicted "
                 f"saving {self.predicted.words()}")
         if self.measured is None:
-            return [f"{head}; measured saving n/a: {'; '.join(self.problems)}",
+            return [f"{head}; measured saving n/a ({len(self.problems)} problem(s) below)",
+                    *[f"problem: {p}" for p in self.problems],
                     "the recommendation stays PREDICTED (not confirmed by re-measuring)"]
         verdict = {True: "agrees with the prediction (within the combined bounds)",
                    False: "DISAGREES with the prediction (beyond the combined bounds): the sweep's figure did not hold",
@@ -171,12 +178,74 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
     return compared(rec, runs["default"], runs["recommended"], problems)
 
 
-def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> Remeasured:
+# The config keys that say what a run computes (beside the knobs a sweep varies): a re-run must match the sweep's.
+WORKLOAD_KEYS = ("model", "preset", "checkpoint", "task", "framework", "variant", "image_size", "seq_length",
+                 "engine", "precision")
+
+
+def _started(run: Run) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(run.record.started_at)
+    except (TypeError, ValueError):
+        return None
+
+
+def new_runs(runs: Sequence[Run], sweep: Sequence[Run]) -> tuple[list[Run], list[str]]:
+    """The runs that are re-runs: not the sweep's own (by run id), each given once (by file and run id), started
+    after every run of the sweep, of the sweep's workload (benchmark, WORKLOAD_KEYS) and on its default's node. A
+    re-measurement from the sweep's own records would agree with its prediction by construction; the others are
+    named with why they are no re-run."""
+    sweep_ids = {r.record.run_id for r in sweep}
+    starts = [t for t in map(_started, sweep) if t is not None]
+    last = max(starts) if starts else None
+    reference = next((r for r in sweep if not r.rejected), sweep[0]) if sweep else None
+    kept: list[Run] = []
+    problems: list[str] = []
+    seen: dict[Path, str] = {}
+    for run in runs:
+        why = _not_new(run, sweep_ids, last, reference, seen, {r.record.run_id for r in kept})
+        if why:
+            problems.append(f"{run.record.run_id}: {why}")
+        else:
+            kept.append(run)
+        seen.setdefault(run.path.resolve(), run.record.run_id)
+    return kept, problems
+
+
+def _not_new(run: Run, sweep_ids: set[str], last: datetime.datetime | None, reference: Run | None,
+             seen: Mapping[Path, str], kept_ids: set[str]) -> str | None:
+    """Why `run` is not a new re-run of the sweep, or None."""
+    record = run.record
+    if record.run_id in sweep_ids:
+        return "is a run of the sweep itself, not a re-run: re-run the setting and pass the new records"
+    if run.path.resolve() in seen:
+        return f"{run.path} is given twice (as its directory and as its file?): each re-run counts once"
+    if record.run_id in kept_ids:
+        return "another re-run has the same run id: each re-run counts once"
+    started = _started(run)
+    if last is not None and (started is None or started < last):
+        return (f"started {record.started_at}, before the sweep's last run ({last.isoformat()}): a re-run is made "
+                "after the sweep")
+    if reference is None:
+        return None
+    if record.benchmark != reference.record.benchmark:
+        return f"is a {record.benchmark} run, the sweep's are {reference.record.benchmark}"
+    for key in WORKLOAD_KEYS:
+        if record.config.get(key) != reference.record.config.get(key):
+            return (f"runs another workload ({key} {record.config.get(key)!r}, the sweep's "
+                    f"{reference.record.config.get(key)!r})")
+    node, theirs = record.launch.get("node_name"), reference.record.launch.get("node_name")
+    if theirs and node != theirs:
+        return f"ran on node {node}, the sweep on {theirs}: re-measure on the sweep's node"
+    return None
+
+
+def from_records(rec: Recommendation, runs: list[Run], min_coverage: float, sweep: Sequence[Run] = ()) -> Remeasured:
     """Re-runs made elsewhere: the runs of the default and the recommended setting among `runs` (others ignored), each
-    side needing two trustworthy runs at least (a spread needs two)."""
+    side needing two trustworthy runs at least (a spread needs two); only new runs of the sweep count (new_runs)."""
     assert rec.chosen is not None
     sides: dict[str, list[Run]] = {"default": [], "recommended": []}
-    problems: list[str] = []
+    runs, problems = new_runs(runs, sweep)
     wanted = {rec.default.group.setting: "default", rec.chosen.group.setting: "recommended"}
     for run in runs:
         side = None if run.rejected else wanted.get(knobs.setting_of(rec.benchmark, run.record.config))

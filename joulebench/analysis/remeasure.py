@@ -178,11 +178,6 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
     return compared(rec, runs["default"], runs["recommended"], problems)
 
 
-# The config keys that say what a run computes (beside the knobs a sweep varies): a re-run must match the sweep's.
-WORKLOAD_KEYS = ("model", "preset", "checkpoint", "task", "framework", "variant", "image_size", "seq_length",
-                 "engine", "precision")
-
-
 def _started(run: Run) -> datetime.datetime | None:
     try:
         return datetime.datetime.fromisoformat(run.record.started_at)
@@ -192,7 +187,7 @@ def _started(run: Run) -> datetime.datetime | None:
 
 def new_runs(runs: Sequence[Run], sweep: Sequence[Run]) -> tuple[list[Run], list[str]]:
     """The runs that are re-runs: not the sweep's own (by run id), each given once (by file and run id), started
-    after every run of the sweep, of the sweep's workload (benchmark, WORKLOAD_KEYS) and on its default's node. A
+    after every run of the sweep, of the sweep's workload (benchmark, knobs.WORKLOAD_KEYS) and on its node. A
     re-measurement from the sweep's own records would agree with its prediction by construction; the others are
     named with why they are no re-run."""
     sweep_ids = {r.record.run_id for r in sweep}
@@ -230,7 +225,7 @@ def _not_new(run: Run, sweep_ids: set[str], last: datetime.datetime | None, refe
         return None
     if record.benchmark != reference.record.benchmark:
         return f"is a {record.benchmark} run, the sweep's are {reference.record.benchmark}"
-    for key in WORKLOAD_KEYS:
+    for key in knobs.WORKLOAD_KEYS:
         if record.config.get(key) != reference.record.config.get(key):
             return (f"runs another workload ({key} {record.config.get(key)!r}, the sweep's "
                     f"{reference.record.config.get(key)!r})")

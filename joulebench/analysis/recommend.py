@@ -377,6 +377,7 @@ def main(argv: Sequence[str]) -> int:
     if args.json:
         write_json_atomic(args.json, data)
     if measured is not None and measured.failed:
-        print("re-measure: no re-run of either setting could be used: the re-measurement FAILED", file=sys.stderr)
+        print("re-measure: no re-run left a record of a new run (each failed, or is no re-run): the re-measurement "
+              "FAILED", file=sys.stderr)
         return REMEASURE_FAILED
     return ExitCode.OK

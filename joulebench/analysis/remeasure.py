@@ -99,6 +99,7 @@ class Remeasured:
     problems: list[str]
     slowdown: float | None  # the re-runs' time per unit against the re-run default's (None with `measured`)
     misses: list[str]  # the target's limits the re-runs of the recommendation miss
+    reruns: int = 0  # re-runs that ran and left a record (trusted or not); 0: the re-measurement failed
 
     @property
     def confirmed(self) -> bool:
@@ -107,8 +108,10 @@ class Remeasured:
 
     @property
     def failed(self) -> bool:
-        """No re-run of either setting could be used: the re-measurement failed (the command exits non-zero)."""
-        return not self.default.runs and not self.recommended.runs
+        """No re-run left a record of a new run (each failed, or was refused as no re-run): the re-measurement
+        failed, and the command exits non-zero. Re-runs that ran but are left out (disturbed, low coverage) leave
+        the recommendation PREDICTED, not failed."""
+        return self.reruns == 0
 
     @property
     def agrees(self) -> bool | None:
@@ -165,17 +168,19 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
                 for name, row in (("default", rec.default), ("recommended", rec.chosen))}
     runs: dict[str, list[Run]] = {"default": [], "recommended": []}
     problems: list[str] = []
+    ran = 0
     for repeat in range(1, repeats + 1):
         for name, command in commands.items():
             out_dir = root / f"{name}-{repeat}"
             found = run([*command, "--out-dir", str(out_dir), "--run-id", f"{name}-{repeat}"], out_dir)
+            ran += not isinstance(found, str)
             reason = found if isinstance(found, str) else untrusted(found, min_coverage)
             if reason:
                 problems.append(reason if isinstance(found, str) else f"{found.record.run_id}: {reason}")
             else:
                 assert not isinstance(found, str)
                 runs[name].append(found)
-    return compared(rec, runs["default"], runs["recommended"], problems)
+    return dataclasses.replace(compared(rec, runs["default"], runs["recommended"], problems), reruns=ran)
 
 
 def _started(run: Run) -> datetime.datetime | None:
@@ -251,7 +256,8 @@ def from_records(rec: Recommendation, runs: list[Run], min_coverage: float, swee
             sides[side].append(run)
     problems += [f"{len(found)} trustworthy re-run(s) of the {side} setting; at least 2 are needed"
                  for side, found in sides.items() if len(found) < 2]
-    return compared(rec, sides["default"], sides["recommended"], problems)
+    ran = sum(not r.unreadable and r.record.status != "FAILED" for r in runs)  # new runs that left a record
+    return dataclasses.replace(compared(rec, sides["default"], sides["recommended"], problems), reruns=ran)
 
 
 def compared(rec: Recommendation, default_runs: list[Run], recommended_runs: list[Run],

@@ -407,4 +407,5 @@ def test_a_remeasure_whose_every_rerun_failed_exits_non_zero(front, tmp_path, ca
                             "no-such-meter", "--remeasure-dir", str(tmp_path / "again")]) == 1
     captured = capsys.readouterr()
     assert captured.out.count("problem: ") >= 4 and "exit 2: " in captured.out
-    assert "no re-run of either setting could be used: the re-measurement FAILED" in captured.err
+    assert "no re-run left a record of a new run (each failed, or is no re-run): the re-measurement FAILED" in \
+        captured.err

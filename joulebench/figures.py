@@ -35,6 +35,10 @@ POSITIVE_METRICS = (
 BOUND_METRICS = ("energy_error_bound_j", "dynamic_energy_error_bound_j", "energy_per_output_token_error_bound_j",
                  "decode_energy_per_token_error_bound_j", "prefill_energy_error_bound_j")
 WHOLE_METRICS = ("iterations", "devices", "per_device_batch_size")  # positive whole numbers where present
+# config keys that are positive whole numbers where present: the knobs a recommendation prints as a driver option
+# (batch_size=-4, "four" or 4.5 would become `--batch-size -4`) and the parallel layout
+WHOLE_CONFIG = ("batch_size", "max_concurrency", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
+                "num_batches", "world_size")
 REJECTED = "rejected"  # what a table shows in place of a figure of a rejected record; the note says why
 
 
@@ -123,6 +127,8 @@ def record_problems(record: RunRecord) -> list[str]:
     problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
     problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
     problems += [p for p in (rate_problem(metrics.get("rate")),) if p]
+    problems += [p for key in WHOLE_CONFIG if (p := number_problem(f"config {key}", record.config.get(key),
+                                                                   whole=True))]
     for name, value, whole in (("config devices", record.config.get("devices"), True),
                                ("hardware devices", record.hardware.get("devices"), True),
                                ("config global_batch_size", record.config.get("global_batch_size"), False),

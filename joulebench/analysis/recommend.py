@@ -221,6 +221,11 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
                                               group.energy_bound),
                         group.time_per_unit_s / base.time_per_unit_s - 1, target_misses(group, base, target, unit),
                         semantic))
+    if len(rows) < 2:  # the semantic filter left the default alone: nothing to choose from, as above
+        listed = [f"left out: {reason}" for reason in left_out]
+        raise ValidationError(f"too few settings to choose from: only the default is left once the settings that "
+                              f"change what is computed are left out ({len(left_out)} left out, above)",
+                              "sweep a knob that keeps the computation, or pass --allow-semantic-changes", listed)
     rows.sort(key=lambda r: (r.group.energy_per_unit_j, r.group.time_per_unit_s))
     default = next(r for r in rows if r.group is base)
     meeting = [r for r in rows if not r.misses]

@@ -409,3 +409,29 @@ def test_a_remeasure_whose_every_rerun_failed_exits_non_zero(front, tmp_path, ca
     assert captured.out.count("problem: ") >= 4 and "exit 2: " in captured.out
     assert "no re-run left a record of a new run (each failed, or is no re-run): the re-measurement FAILED" in \
         captured.err
+
+
+@pytest.mark.parametrize("batch", [-4, "four", 4.5, 0])
+def test_an_impossible_configuration_value_never_reaches_a_recommendation(tmp_path, capsys, batch) -> None:
+    """Issue 61: a record's batch size of -4 became "RECOMMENDED batch_size=-4" with its command line. Such a run's
+    figures are rejected (joulebench.figures: the knobs' config values are positive whole numbers), and it is left
+    out, named."""
+    write_point(tmp_path, "bs1-a", DEFAULT, FASTER)
+    write_point(tmp_path, "bs1-b", DEFAULT, (FASTER[0], FASTER[1] * 1.002))
+    write_point(tmp_path, "bs8", DEFAULT, (FASTER[0] * 1.01, 0.60), batch_size=8)
+    write_point(tmp_path, "impossible", DEFAULT, (FASTER[0], 0.2), batch_size=batch)
+    out = run_recommend(capsys, str(tmp_path), "--default", "batch_size=1", "--max-slowdown", "15%")
+    assert f"batch_size={batch}" not in out.split("left out")[0] and f"--batch-size {batch}" not in out
+    assert "recommended (PREDICTED from the sweep, not re-measured): batch_size=8" in out
+    assert "left out: run impossible: figures rejected: config batch_size " in out
+
+
+def test_a_sweep_left_with_the_default_alone_after_the_semantic_filter_is_too_few_settings(tmp_path, capsys) -> None:
+    """Issue 61: "no setting saves energy" was said where the only other setting changes what is computed."""
+    write_point(tmp_path, "default", DEFAULT, FASTER)
+    write_point(tmp_path, "fp8", DEFAULT, (1.0e-3, 0.30), precision="fp8")
+    assert joulebench_main(["recommend", str(tmp_path), "--default", "precision=bf16"]) == 64
+    err = capsys.readouterr().err
+    assert "too few settings to choose from: only the default is left once the settings that change what is " \
+           "computed are left out (1 left out, above)" in err
+    assert "joulebench recommend: left out: setting precision=fp8: changes what is computed" in err

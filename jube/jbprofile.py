@@ -259,9 +259,19 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
     shared = cli_args(args)
-    settings["JB_VALIDATE_ARGS"] = shlex.join(shared if workload.one_device else [
-        *shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
+    checked = cli_args({**args, "device": validated_device(profile, args.get("device", ""))})
+    settings["JB_VALIDATE_ARGS"] = shlex.join(checked if workload.one_device else [
+        *checked, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
+
+
+def validated_device(profile: dict[str, str], device: str) -> str:
+    """The --device the driver's validate is given: the run's own (validate resolves `auto` on this host, as the
+    run does), except on Slurm, where validate runs on the login node and the run on the nodes: there `auto` is
+    the nodes' device (the profile's vendor), never the login node's."""
+    if profile["launcher"] != "slurm" or device != "auto" or profile["vendor"] not in ("nvidia", "amd", "cpu"):
+        return device
+    return "cpu" if profile["vendor"] == "cpu" else "cuda"
 
 
 def scaling_settings(settings: dict[str, str], scaling: str, value: dict[str, str]) -> dict[str, str]:

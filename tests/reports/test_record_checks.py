@@ -181,3 +181,27 @@ def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_pa
     assert ids in [{json.loads(p.read_text())["run_id"] for p in paths} for paths in sets]
     shown = {run_id for run_id in (json.loads(p.read_text())["run_id"] for p in drivers) if run_id in page}
     assert shown == ids  # the page lists the runs of the table beside it, no other report's
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"requests_counted": 0}, "no request was counted in the window (too short for its rates, latencies and energy "
+                              "per request)"),
+    ({"window_counter_periods": 0.99}, "the window spans 0.99 energy counter periods, fewer than 10: too short for "
+                                       "its energy figures"),
+], ids=["no request counted", "under ten counter periods"])
+def test_a_window_too_short_for_its_figures_is_a_rejected_row_never_ok_figures(tmp_path, change, reason) -> None:
+    """Issue 61, from a newcomer's run: a JUBE serving row read OK, 5,151 tokens/s, from a 0.099 s window with one
+    decode step and no request counted. The figures of such a window are rejected with the reason, in the table and
+    in the serving section (never ranked, never the cheapest rate)."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(SERVING, sweep)
+    path = sweep / "rate_16" / "run_record.json"
+    data = json.loads(path.read_text())
+    data["metrics"].update(change)
+    path.write_text(json.dumps(data))
+    rows = report_rows(tmp_path, sweep)
+    row = next(r for r in rows if r["run_id"] == data["run_id"])
+    assert row["per s"] == row["J per unit"] == "rejected" and reason in row["note"], row
+    written = json.loads((tmp_path / "out" / "runs.json").read_text())
+    (served,) = [r for s in written["serving"] for r in s["rows"] if r["run_id"] == data["run_id"]]
+    assert served["J/request p50"] == "rejected" and reason in served["note"]

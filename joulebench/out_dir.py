@@ -25,14 +25,20 @@ LOCK_WAIT_S = 600.0  # how long a second writer waits for the first before it re
 LOCK_POLL_S = 0.1
 
 
+PROBE_BYTES = 4096  # one block: an empty probe file is created even on a full disk (an inode, no data)
+
+
 def check_out_dir(out_dir: str | Path) -> None:
-    """Create `out_dir` (and its parents) and write and remove a hidden probe file in it; refuse if that fails."""
+    """Create `out_dir` (and its parents) and write a block to a hidden probe file in it, then remove it; refuse if
+    that fails (a read-only or full file system), naming the directory."""
     try:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
     except OSError as exc:
-        raise OutputDirError(f"--out-dir {out_dir} cannot be written ({exc}); pass a writable directory") from None
+        raise OutputDirError(f"--out-dir {out_dir} cannot be written ({exc.strerror or exc}); free space there or "
+                             "pass a writable directory") from None
 
 
 @contextlib.contextmanager

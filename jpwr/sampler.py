@@ -160,8 +160,12 @@ class Sampler:
         self._data = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
-        self._writer = SegmentWriter(self.node_dir)
+        try:  # the first writes with content: a full disk takes an empty probe, not these
+            self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
+            self._writer = SegmentWriter(self.node_dir)
+        except OSError as exc:  # a flush's error names no file: this one says where
+            raise OutputDirError(f"cannot write to output directory {self.node_dir} ({exc.strerror or exc}). Fix: "
+                                 "free space on that file system, or choose another --out directory") from exc
         self._stopped = False
 
     @property

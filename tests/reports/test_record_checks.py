@@ -125,7 +125,7 @@ def test_a_load_record_whose_offered_rate_is_a_word_is_rejected_with_the_reason(
     written = json.loads((out / "runs.json").read_text())
     (row,) = [r for section in written["serving"] for r in section["rows"] if r["run_id"] == data["run_id"]]
     assert row["offered req/s"] == row["J/request p50"] == "rejected"
-    assert "rate 'fast' is neither 'max' nor a number of requests/s" in row["note"]
+    assert "rate 'fast' is neither 'max', 'trace' nor a number of requests/s" in row["note"]
     assert "fast" not in text.split("left out")[0]  # never among the rates that meet the SLO
 
 

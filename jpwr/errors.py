@@ -217,14 +217,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
         return _ExclusiveGroup(self, **kwargs)
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
         self._given = {}
-        parsed = super().parse_known_args(args, namespace)
+        parsed = super().parse_known_args(*args, **kwargs)
         given = {option for option, _ in self._given.values()}
         for action in self._actions:
             mine = next((o for o in action.option_strings if o in given), None)
-            other = next((o for o in getattr(action, "excludes", ()) if o in given), None)
+            other = next((o for o in _EXCLUDES.get(action, ()) if o in given), None)
             if mine and other:
                 self.error(f"{mine} and {other} both given: {mine} has no meaning beside {other} and would be "
                            f"ignored; leave {mine} out")
@@ -251,12 +250,14 @@ class _ExclusiveGroup(argparse._MutuallyExclusiveGroup):
 
 
 _ONCE_CLASSES: dict[type, type] = {}
+_EXCLUDES: dict[argparse.Action, tuple[str, ...]] = {}  # an action -> the options it has no meaning beside
 
 
 def _checked(action: argparse.Action, excludes: Sequence[str]) -> argparse.Action:
     """The action under the rule on repetition: a list action's help says it repeats; any other refuses a second,
     different value (its class swapped for a subclass that checks before it stores: custom actions included)."""
-    action.excludes = tuple(excludes)  # type: ignore[attr-defined]
+    if excludes:
+        _EXCLUDES[action] = tuple(excludes)
     if isinstance(action, LIST_ACTIONS):
         if action.help not in (None, argparse.SUPPRESS) and "repeat" not in action.help:
             action.help = f"{action.help} ({REPEAT_NOTE})"

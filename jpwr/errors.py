@@ -212,10 +212,12 @@ class ArgumentParser(argparse.ArgumentParser):
         return _checked(super().add_argument(*args, **kwargs), excludes)
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> argparse._ArgumentGroup:
-        return _Group(self, *args, **kwargs)
+        group = _Group(self, *args, **kwargs)  # as argparse's, of the class that keeps the rule
+        self._action_groups.append(group)
+        return group
 
     def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
-        return _ExclusiveGroup(self, **kwargs)
+        return _exclusive_group(self, **kwargs)
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
         self._given = {}
@@ -241,12 +243,20 @@ class _Group(argparse._ArgumentGroup):
         return _checked(super().add_argument(*args, **kwargs), excludes)
 
     def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
-        return _ExclusiveGroup(self, **kwargs)
+        return _exclusive_group(self, **kwargs)
 
 
 class _ExclusiveGroup(argparse._MutuallyExclusiveGroup):
     def add_argument(self, *args: Any, excludes: Sequence[str] = (), **kwargs: Any) -> argparse.Action:
         return _checked(super().add_argument(*args, **kwargs), excludes)
+
+
+def _exclusive_group(container: argparse._ActionsContainer, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+    """As argparse's add_mutually_exclusive_group (the group registered with its container), of the class that keeps
+    the rule on repetition."""
+    group = _ExclusiveGroup(container, **kwargs)
+    container._mutually_exclusive_groups.append(group)
+    return group
 
 
 _ONCE_CLASSES: dict[type, type] = {}

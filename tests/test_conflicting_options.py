@@ -153,3 +153,17 @@ def test_every_option_whose_repetition_makes_a_list_says_so_in_its_help(monkeypa
              if isinstance(action, argparse._AppendAction | argparse._ExtendAction)}
     assert ("joulebench recommend", "", "--default") in lists
     assert [option for option, text in lists.items() if "repeat" not in (text or "")] == []
+
+
+def test_the_parsers_groups_and_exclusive_options_are_argparse_s_as_before(capsys):
+    """The rule on repetition keeps what argparse does with groups: their sections in --help, and the options of a
+    mutually exclusive group refused together."""
+    with pytest.raises(SystemExit):
+        inference(["load", "--help"])
+    help_text = capsys.readouterr().out
+    assert "server (an OpenAI-compatible server instead of the in-process engine):" in help_text
+    assert "\nload:\n" in help_text and "[--url URL | --server-command SERVER_COMMAND]" in help_text
+    with pytest.raises(SystemExit) as ended:
+        inference(["validate-load", *TINY, "--rate", "1", "--url", "http://a:1", "--server-command", "x"])
+    assert ended.value.code == 2 and "argument --server-command: not allowed with argument --url" in \
+        capsys.readouterr().err

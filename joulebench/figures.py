@@ -35,6 +35,10 @@ POSITIVE_METRICS = (
 BOUND_METRICS = ("energy_error_bound_j", "dynamic_energy_error_bound_j", "energy_per_output_token_error_bound_j",
                  "decode_energy_per_token_error_bound_j", "prefill_energy_error_bound_j")
 WHOLE_METRICS = ("iterations", "devices", "per_device_batch_size")  # positive whole numbers where present
+# config keys that are positive whole numbers where present: the knobs a recommendation prints as a driver option
+# (batch_size=-4, "four" or 4.5 would become `--batch-size -4`) and the parallel layout
+WHOLE_CONFIG = ("batch_size", "max_concurrency", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
+                "num_batches", "world_size")
 REJECTED = "rejected"  # what a table shows in place of a figure of a rejected record; the note says why
 
 
@@ -122,6 +126,10 @@ def record_problems(record: RunRecord) -> list[str]:
     problems += [p for key in WHOLE_METRICS if (p := number_problem(key, metrics.get(key), whole=True))]
     problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
     problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
+    problems += [p for p in (rate_problem(metrics.get("rate")),) if p]
+    problems += evidence_problems(record)
+    problems += [p for key in WHOLE_CONFIG if (p := number_problem(f"config {key}", record.config.get(key),
+                                                                   whole=True))]
     for name, value, whole in (("config devices", record.config.get("devices"), True),
                                ("hardware devices", record.hardware.get("devices"), True),
                                ("config global_batch_size", record.config.get("global_batch_size"), False),
@@ -185,7 +193,13 @@ def _below_idle(record: RunRecord, window: Window) -> str | None:
 
 
 # Serving figures of an llm_inference load record (joulebench.analysis.serving): positive, zero-or-positive, shares.
-SERVING_POSITIVE = ("energy_per_request_p50_j", "energy_per_request_p90_j", "tpot_p90_s", "slo_ttft_ms", "slo_tpot_ms")
+SERVING_POSITIVE = ("energy_per_request_p50_j", "energy_per_request_p90_j", "tpot_p90_s", "slo_ttft_ms", "slo_tpot_ms",
+                    "offered_requests_per_s")
+MAX_RATE = "max"  # a load's `rate` when every request is queued at the start; otherwise requests/s as a number
+TRACE_RATE = "trace"  # a load's `rate` when it replayed a trace (its arrivals are its own)
+# A window's energy bound is about two energy counter periods' energy: a window shorter than this many counter
+# periods has a bound over ~20 % of its energy, too wide for a figure (llm_inference's load flags it short_window).
+MIN_COUNTER_PERIODS = 10
 SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a measured 0
 SERVING_FRACTIONS = ("slo_attained_share",)
 
@@ -205,6 +219,38 @@ def serving_problems(metrics: Metrics, request_energy: dict[str, Any] | None = N
     if isinstance(shares, dict):
         problems += [p for k, v in shares.items() if (p := fraction_problem(f"requests share {k}", v))]
     return problems
+
+
+def evidence_problems(record: RunRecord) -> list[str]:
+    """Where the window holds too little for its figures, whatever they say: a load whose window counted no request
+    (its rates, latencies and J per request are of nothing), a window shorter than MIN_COUNTER_PERIODS energy
+    counter periods (the record's `window_counter_periods`: its energy figures are within ~20 % at best). Such a
+    record is never a figure, OK or not: once a JUBE serving row read OK, 5,151 tokens/s, from a 0.099 s window with
+    one decode step and no request counted."""
+    metrics = record.metrics
+    found = []
+    counted = metrics.get("requests_counted")
+    if counted is not None and is_number(counted) and counted < 1:
+        found.append("no request was counted in the window (too short for its rates, latencies and energy per "
+                     "request): give the load more requests or a longer window")
+    periods = metrics.get("window_counter_periods")
+    if periods is not None and is_number(periods) and periods < MIN_COUNTER_PERIODS:
+        found.append(f"the window spans {periods:.3g} energy counter periods, fewer than {MIN_COUNTER_PERIODS}: too "
+                     "short for its energy figures (their bound would exceed ~20 %); run a longer window")
+    return found
+
+
+def rate_problem(rate: Any) -> str | None:
+    """A load's offered rate as recorded: `max` or a positive finite number of requests/s (a text, as the driver
+    writes it, or a number); anything else would be shown and sorted as if it were a rate."""
+    if rate is None or rate in (MAX_RATE, TRACE_RATE):
+        return None
+    try:
+        value = float(rate) if isinstance(rate, str) else rate
+    except ValueError:
+        return f"rate {rate!r} is neither {MAX_RATE!r}, {TRACE_RATE!r} nor a number of requests/s"
+    problem = number_problem("rate", value)
+    return None if problem is None else f"{problem} ({MAX_RATE!r} or requests/s)"
 
 
 def rejection(record: RunRecord) -> str | None:

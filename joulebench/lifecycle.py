@@ -275,13 +275,20 @@ class Run:
         self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
         return idle
 
-    def stopped_early(self, completed: int, planned: int | None, unit: str = "iterations") -> None:
-        """The loop ended at a stop request: TIMEOUT (CANCELLED at Ctrl-C), with the request and how far it got."""
+    def stopped_early(self, completed: int, planned: int | None, warmup: int = 0, unit: str = "iterations") -> None:
+        """The loop ended at a stop request: TIMEOUT (CANCELLED at Ctrl-C), with the request and how far it got.
+        `completed` and `planned` count every step, the `warmup` ones included: a stop before the steady window
+        says so and names the windows that exist (never a negative count of measured steps)."""
         reason = self.stop.local_reason() or "another rank requested the stop"
         self.record.status = self.stop.stopped_status()
-        self.record.status_reason = (f"{reason}: stopped cleanly after {completed} of "
-                                     f"{planned if planned else 'the not yet planned'} {unit}; "
-                                     "the steady window covers the steps completed")
+        windows = [w.name for w in self.meter.windows] if self.meter else []
+        if completed <= warmup or WINDOW not in windows:
+            self.record.status_reason = (f"{reason}: stopped before the steady window, after {completed} of {warmup} "
+                                         f"warm-up {unit}; windows kept: {', '.join(windows) or 'none'}")
+            return
+        measured = "the not yet planned" if planned is None else planned - warmup
+        self.record.status_reason = (f"{reason}: stopped cleanly after {completed - warmup} of {measured} measured "
+                                     f"{unit}; the steady window covers the steps completed")
 
     def failed(self, exc: BaseException) -> None:
         """Exception → status: FAILED with the error's code, also while a stop was pending (a clean stop never

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from jpwr import ValidationError
 
@@ -51,8 +51,8 @@ def check_replay_seconds(seconds: float, has_sampler: bool, option: str = "--rep
 
 
 def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: float,
-                  agree_max: Callable[[int], int] | None = None, log: Callable[[str], None] | None = None
-                  ) -> list[Window]:
+                  agree_max: Callable[[int], int] | None = None, log: Callable[[str], None] | None = None,
+                  stop_reason: Callable[[], str | None] | None = None) -> list[Window]:
     """Run each phase alone in its own window `replay/<name>`; J per invocation = window energy / invocations.
 
     Invocations outside the window (after `setup`) measure the phase's duration: the first one warms up (its
@@ -62,10 +62,21 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
     must be called equally often everywhere. `min_seconds` should cover at least 30 updates of the energy counter
     (3 s at the H100's 100 ms). The window lasts at least `min_seconds` (run_at_least tops the count up). `log`
     (the driver's progress line, rank 0's) says which phase runs, so that replays longer than 10 s are not silent.
+
+    A stop request (`stop_reason`, the run's StopRequest.local_reason) is heard before each phase and about once a
+    second inside its window, on every rank at the same invocation (through `agree_max`): the window closes with
+    the invocations done and the run ends there (StopRequested), keeping every window closed before.
     """
     sync = meter.sync or (lambda: None)
-    windows = []
+    agree = agree_max or (lambda flag: flag)
+
+    def stopping() -> bool:
+        return bool(agree(1 if stop_reason is not None and stop_reason() else 0))
+
+    windows: list[Window] = []
     for number, replay in enumerate(replays, start=1):
+        if stopping():
+            _stopped(stop_reason, f"before replaying {replay.name}", windows)
         if log is not None:
             log(f"replay {number}/{len(replays)}: {replay.name} alone for >= {min_seconds:g} s")
         if replay.setup is not None:
@@ -78,17 +89,24 @@ def replay_phases(meter: WindowMeter, replays: Sequence[Replay], min_seconds: fl
         sync()
         once_s = max((time.monotonic() - started) / TIMING_INVOCATIONS, 1e-6)
         count = max(MIN_REPLAY_INVOCATIONS, int(min_seconds / once_s) + 1)
-        count = agree_max(count) if agree_max is not None else count
+        count = agree(count)
+        check_every = max(1, math.ceil(count / max(min_seconds, 1.0)))  # the same on every rank: count is agreed
         name = REPLAY_PREFIX + replay.name
         meter.begin(name, 0)
-        count = run_at_least(replay.run, count, min_seconds, sync, agree_max)
-        windows.append(meter.end(name, count, {"invocations": float(count)}))
+        done, stopped = run_at_least(replay.run, count, min_seconds, sync, agree_max, stopping, check_every)
+        if stopped:
+            windows.append(meter.end(name, done, {"invocations": float(done)},
+                                     reason=f"stopped after {done} invocations"))
+            _stopped(stop_reason, f"in {name} after {done} invocations", windows)
+        windows.append(meter.end(name, done, {"invocations": float(done)}))
     return windows
 
 
 def run_at_least(run: Callable[[], object], count: int, min_seconds: float, sync: Callable[[], object],
-                 agree_max: Callable[[int], int] | None = None) -> int:
-    """Call `run` `count` times, then more until `min_seconds` have passed; returns how many calls ran.
+                 agree_max: Callable[[int], int] | None = None, stopping: Callable[[], bool] | None = None,
+                 check_every: int = 1) -> tuple[int, bool]:
+    """Call `run` `count` times, then more until `min_seconds` have passed; returns how many calls ran, and whether
+    `stopping` (asked every `check_every` calls: a collective, so every rank asks at the same call) ended it early.
 
     The count from the few timed invocations before the window runs short where a phase's time varies: on a CPU the
     first invocations after another phase, or under another process's load, differ by up to 2x from the window's
@@ -99,10 +117,22 @@ def run_at_least(run: Callable[[], object], count: int, min_seconds: float, sync
     while count > 0:
         for _ in range(count):
             run()
-        done += count
+            done += 1
+            if stopping is not None and done % check_every == 0 and stopping():
+                return done, True
         sync()
         elapsed = time.monotonic() - started
         count = math.ceil((min_seconds - elapsed) * done / max(elapsed, 1e-9)) if elapsed < min_seconds else 0
         if agree_max is not None:
             count = agree_max(count)
-    return done
+    return done, False
+
+
+def _stopped(stop_reason: Callable[[], str | None] | None, where: str, windows: Sequence[Window]) -> NoReturn:
+    """End the run at a stop request heard during the replays, saying where and what was kept."""
+    from joulebench.lifecycle import StopRequested  # the lifecycle imports the meter: not at the phase names' import
+
+    why = (stop_reason() if stop_reason is not None else None) or "another rank requested the stop"
+    kept = ", ".join(w.name for w in windows) or "none"
+    raise StopRequested(f"{why}: stopped during the phase replays, {where}; the steady window and the replay windows "
+                        f"closed before are kept ({kept})")

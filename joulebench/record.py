@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from joulebench.record_shape import record_shape_problems
-from joulebench.record_types import DeviceFigures, MeterBlock, Metrics, RequestsBlock
+from joulebench.record_types import (
+    HEADLINE_ENERGY_FIGURES,
+    TRUSTED_ENERGY_FIGURES,
+    DeviceFigures,
+    MeterBlock,
+    Metrics,
+    RequestsBlock,
+)
 from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
 from jpwr.output import fmt, utc_now, write_json_atomic
@@ -380,9 +387,35 @@ def parse_record(data: Mapping[str, Any]) -> RunRecord:
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         raise RecordShapeError(f"{'; '.join(found[:3])}{more}")
     try:
-        return RunRecord.from_dict(data)
+        record = RunRecord.from_dict(data)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a value the types do not rule out (status)
         raise RecordShapeError(f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)) from None
+    energy_as_its_window(record)
+    return record
+
+
+def energy_as_its_window(record: RunRecord) -> None:
+    """The headline's energy figures n/a where its window has no energy (a null or missing energy block) or no
+    trusted total (energy_j null), whatever the metrics say: a figure is never shown beside the window it was
+    computed from saying n/a. The reason goes to energy_unavailable_reason, which every table's note shows."""
+    window = record.window(str(record.metrics.get("window") or "steady"))
+    if window is None or (window.energy is not None and window.energy.energy_j is not None):
+        return
+    energy = window.energy
+    keys = HEADLINE_ENERGY_FIGURES if energy is None else TRUSTED_ENERGY_FIGURES
+    metrics = cast(dict[str, Any], record.metrics)
+    if not any(metrics.get(key) is not None for key in keys) and (energy is not None or not metrics.get("per_device")):
+        return
+    for key in keys:
+        if key in metrics:
+            metrics[key] = None
+    if energy is None:
+        metrics["per_device"] = []
+        if isinstance(record.requests, dict) and record.requests.get("energy"):
+            record.requests["energy"] = {"unavailable_reason": f"the {window.name} window has no energy"}
+    reason = (f"the {window.name} window's energy is missing from the record" if energy is None
+              else f"the {window.name} window's energy is n/a ({energy.unavailable_reason or 'energy_j is null'})")
+    metrics["energy_unavailable_reason"] = metrics.get("energy_unavailable_reason") or reason
 
 
 def record_from_document(path: str | os.PathLike[str], data: Mapping[str, Any]) -> RunRecord:

@@ -16,6 +16,7 @@ import typing
 from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 from joulebench.record_types import RecordDocument
+from jpwr.energy import HEADLINE_DOMAINS
 
 NUMBERS = (int, float)  # figures: judged by joulebench.figures, not here
 SHOWN_CHARS = 40  # how much of a wrong value a problem quotes
@@ -90,5 +91,29 @@ def _strip(hint: Any) -> Any:
 
 
 def record_shape_problems(data: Any) -> list[str]:
-    """Every place where a run record document has the wrong shape; empty when it can be read."""
-    return problems(data, RecordDocument, "")
+    """Every place where a run record document has the wrong shape, else every value it cannot hold
+    (record_value_problems); empty when it can be read."""
+    return problems(data, RecordDocument, "") or record_value_problems(data)
+
+
+def record_value_problems(data: dict[str, Any]) -> list[str]:
+    """What a document of the right shape still cannot mean (checked after its shape): two windows of one name
+    (every reader takes the first: the second would be dropped without a word) and an energy domain no meter writes
+    (a ranking keeps domains apart by name: an unknown one would join nothing, or anything)."""
+    found = []
+    seen: dict[str, int] = {}
+    for i, window in enumerate(data.get("windows") or []):
+        name = window.get("name")
+        if name in seen:
+            found.append(f"windows[{i}] is a second {name!r} window (the first is windows[{seen[name]}]): one window "
+                         "per name")
+        seen.setdefault(name, i)
+        energy = window.get("energy") or {}
+        found += _domain_problems(energy.get("domain"), f"windows[{i}].energy.domain")
+    return found + _domain_problems(data.get("energy_domain"), "energy_domain")
+
+
+def _domain_problems(domain: Any, field: str) -> list[str]:
+    if domain is None or domain in HEADLINE_DOMAINS:
+        return []
+    return [f"{field} {shown(domain)} is not a known energy domain ({', '.join(map(repr, HEADLINE_DOMAINS))})"]

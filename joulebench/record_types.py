@@ -228,6 +228,24 @@ class Metrics(SteadyFigures, DriverFigures, TrainingFigures, ResNetFigures, Infe
     its driver). A driver that adds a key declares it in its section above."""
 
 
+# Metrics figures computed from the headline window's energy: n/a whenever that window has no energy (the reader,
+# joulebench.record.parse_record, enforces it on a record whose window says otherwise). Those the meter gives for an
+# untrusted window too (its method, coverage, device count, the devices outside the job, its partial figures) are
+# HEADLINE_ENERGY_FIGURES beyond TRUSTED_ENERGY_FIGURES.
+TRUSTED_ENERGY_FIGURES = (
+    "energy_wh", "mean_power_w_per_device", "energy_error_bound_j", "dynamic_energy_wh",
+    "dynamic_energy_error_bound_j", *(f"{unit}_per_wh" for unit in WORK_UNITS),
+    "energy_j", "energy_per_request_j", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
+    "mean_power_w", "decode_energy_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
+    "steady_idle_energy_j", "steady_dynamic_energy_j", "steady_idle_share", "decode_dynamic_energy_j",
+    "decode_dynamic_energy_per_token_j", "decode_dynamic_energy_per_token_error_bound_j",
+    "energy_per_request_p50_j", "energy_per_request_p90_j")
+HEADLINE_ENERGY_FIGURES = (  # (idle_power_w is the idle baseline's, not the window's: it stays)
+    *TRUSTED_ENERGY_FIGURES, "energy_method", "energy_coverage", "energy_devices", "outside_job_devices",
+    "outside_job_energy_j",
+    "partial_mean_power_w_per_device", *(f"partial_{unit}_per_wh" for unit in WORK_UNITS))
+
+
 class ClockAnchor(TypedDict):
     """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
 

@@ -31,6 +31,16 @@ def resolve_device(requested: str) -> Any:
     return torch.device(requested)
 
 
+def device_type(requested: str, device_memory_gib: float | None = None) -> str:
+    """The device type `validate` checks a run of --device `requested` for: `auto` resolved as resolve_device
+    resolves it for the run on this host (torch imported for it), so that `validate --device auto` (JUBE's default)
+    holds a CPU run to the host's memory as the run is; with a device memory given (--device-memory-gib), `auto`
+    is the accelerator of that memory (a GPU layout validated on a host without one)."""
+    if requested != "auto":
+        return requested
+    return "cuda" if device_memory_gib is not None else str(resolve_device(requested).type)
+
+
 def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, Any]:
     """What the run ran on, as the framework reports it."""
     import torch

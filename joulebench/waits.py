@@ -42,6 +42,15 @@ def wait_until(deadline: float | None, stop: StopCheck, done: threading.Event | 
             time.sleep(min(SLICE_S, left))
 
 
+_GIVEN_UP: list[threading.Thread] = []  # the helper threads of calls given up on (call_within)
+
+
+def calls_given_up() -> list[str]:
+    """What each call given up on and still running was doing (its thread's name): a tool's client retrying a server
+    out of reach, whose library waits for it again at the interpreter's exit (joulebench.process_exit)."""
+    return [thread.name for thread in _GIVEN_UP if thread.is_alive()]
+
+
 class Stopped(Exception):
     """A bounded call was given up because the run is stopping (the message says why)."""
 
@@ -58,8 +67,8 @@ class _Outcome(Generic[T]):
 def call_within(call: Callable[[], T], timeout_s: float, what: str, stop: StopCheck = never_stop) -> T:
     """`call()` on a daemon thread, waited for at most `timeout_s` and only while `stop()` gives no reason: raises
     TimeoutError naming `what` when it has not returned by then, Stopped when the run is stopping, else returns its
-    value or raises its exception. A call given up on is left to end alone (a daemon thread: it never holds up the
-    process's exit)."""
+    value or raises its exception. A call given up on is left to end alone (a daemon thread), and counted
+    (calls_given_up): a library that waits for it at the interpreter's exit is not waited for (process_exit)."""
     outcome: _Outcome[T] = _Outcome()
 
     def target() -> None:
@@ -70,8 +79,11 @@ def call_within(call: Callable[[], T], timeout_s: float, what: str, stop: StopCh
         finally:
             outcome.done.set()
 
-    threading.Thread(target=target, name=f"bounded: {what}", daemon=True).start()
+    thread = threading.Thread(target=target, name=f"bounded: {what}", daemon=True)
+    thread.start()
     reason = wait_until(time.monotonic() + timeout_s, stop, outcome.done)
+    if reason or not outcome.done.is_set():
+        _GIVEN_UP.append(thread)
     if reason:
         raise Stopped(f"{what} was given up: {reason}")
     if not outcome.done.is_set():

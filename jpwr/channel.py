@@ -25,6 +25,7 @@ ADDR_ENV = "JPWR_ADDR"
 MAX_DATAGRAM = 65507
 PHASES_SEND_TIMEOUT_S = 5.0
 INTERVAL_PREFIX = "log/"  # WindowMeter.mark_interval's edges: log intervals inside a window, never windows
+SAMPLER_LOST = "sampler_lost"  # a query's reply for a window when the sampler is gone (killed, its socket removed)
 
 
 def is_interval_mark(name: str) -> bool:
@@ -84,13 +85,21 @@ class SocketChannel:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind("")  # autobind: an abstract address the sampler can reply to
         self._sock.setblocking(False)
+        self.lost: str | None = None  # the first sign that the sampler is gone: what its socket refused, and when
+
+    def _lose(self, what: str, exc: OSError) -> None:
+        if self.lost is None:
+            self.lost = f"its socket refused {what} ({type(exc).__name__})"
 
     def send_mark(self, mark: Mark) -> None:
         payload = json.dumps({"type": "mark", **mark.to_dict()}).encode()
-        # A full socket buffer or a sampler that died must not stop training: the mark is lost
-        # and the sampler reports the window as unmarked.
-        with contextlib.suppress(BlockingIOError, FileNotFoundError, ConnectionRefusedError):
-            self._sock.sendto(payload, self.addr)
+        # A full socket buffer or a sampler that died must not stop training: the mark is lost, and a sampler that
+        # is gone is remembered (`lost`): the windows' energy is then not known (query_energy says why).
+        with contextlib.suppress(BlockingIOError):
+            try:
+                self._sock.sendto(payload, self.addr)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                self._lose(f"the {mark.name!r} {mark.edge} mark", exc)
 
     def send_phases(self, batch: PhaseBatch) -> None:
         """Every part of the batch, each in its own datagram; a sampler that is gone loses them (as marks)."""
@@ -99,8 +108,10 @@ class SocketChannel:
             for part in batch.split():
                 payload = json.dumps({"type": "phases", **part.to_dict()}, separators=(",", ":")).encode()
                 self._sock.sendto(payload, self.addr)
-        except (TimeoutError, FileNotFoundError, ConnectionRefusedError):
+        except TimeoutError:
             pass
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self._lose(f"the {batch.window!r} window's phases", exc)
         finally:
             self._sock.setblocking(False)
 
@@ -115,10 +126,15 @@ class SocketChannel:
             self._sock.setblocking(False)
 
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+        """Each window's energy as the sampler answers; a sampler that is gone (or never answers) is lost: each
+        window's reply then says so (SAMPLER_LOST), since none of their energy can be known from here."""
         try:
             reply = self._ask({"type": "query", "names": list(names)}, timeout_s)
         except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
-            return {name: {"unavailable_reason": f"sampler at {self.addr} did not answer: {exc}"} for name in names}
+            why = self.lost or f"it did not answer the energy query ({type(exc).__name__}: {exc})"
+            reason = (f"the node's jpwr sampler was lost during the run (at {self.addr}: {why}; killed?): the "
+                      "windows' energy is not known")
+            return {name: {"unavailable_reason": reason, SAMPLER_LOST: True} for name in names}
         return dict(reply.get("windows", {}))
 
     def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from jpwr.errors import (
     signal_death,
     take_debug_flag,
 )
-from jpwr.node import check_file_name, node_name
+from jpwr.node import check_file_name, directory_node_name
 from jpwr.output import fmt, write_atomic
 from jpwr.summary import NodeSummary
 
@@ -106,7 +106,7 @@ def _start(args: argparse.Namespace):
     methods = _methods(args.methods)
     out = Path(args.out)
     run_id = check_file_name(_run_id(args.run_id), "run id", "pass --run-id (or JPWR_RUN_ID) without '/' or '..'")
-    check_file_name(node_name(), "node name", "set JPWR_NODE_NAME (or the hostname) to a name without '/' or '..'")
+    directory_node_name()
     template = getattr(args, "addr", None) or default_socket_path(run_id)
     addr = resolve_addr(template)
     claim_socket(addr)  # before the sampler writes anything: a refused start leaves no trace behind

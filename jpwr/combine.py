@@ -19,8 +19,9 @@ from jpwr.energy import WindowEnergy, combine_energies
 from jpwr.errors import FormatError, ValidationError
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.sampler import summarize_trace
-from jpwr.summary import SUMMARY_FILE, CombinedSummary, NodeSummary, SummaryWindow
-from jpwr.trace_io import SEGMENT_DIR, read_segments
+from jpwr.summary import SUMMARY_FILE, CombinedSummary, NodeSummary, NodeWindow, SummaryWindow
+from jpwr.trace_io import SEGMENT_DIR, TraceData, read_segments
+from jpwr.windows import unclosed_windows
 
 EXPECTED_NODES_ENV = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
@@ -49,7 +50,24 @@ def read_node_summary(node_dir: Path) -> NodeSummary:
         window.energy.warnings.append(
             f"node {summary.node}: its sampler ended without a summary (killed?); energy recovered from its "
             "segments, which lose at most the last second before the kill")
+    summary.windows.update(lost_windows(trace, summary.node))
     return summary
+
+
+def lost_windows(trace: TraceData, node: str) -> dict[str, NodeWindow]:
+    """The windows a killed sampler saw begin but not end: listed with no energy and why, never dropped (a run
+    whose steady window vanished from the summary read as if it had none). Their span is what was sampled of
+    them: from the begin to the sampler's last reading."""
+    last = max((r.t_after_ns for rows in trace.readings.values() for r in rows), default=None)
+    lost = {}
+    for name, t0 in unclosed_windows(trace.marks).items():
+        t1 = max(t0, last if last is not None else t0)
+        energy = WindowEnergy.unavailable(
+            f"node {node}: its sampler ended (killed?) {(t1 - t0) / 1e9:.3g} s after this window began, before it "
+            "ended: the window's energy is not known")
+        energy.nodes = [node]
+        lost[name] = NodeWindow(t0_ns=t0, t1_ns=t1, duration_s=(t1 - t0) / 1e9, steps=0, work={}, energy=energy)
+    return lost
 
 
 def node_summaries(directory: Path, run_id: str | None = None) -> list[NodeSummary]:

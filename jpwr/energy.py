@@ -13,16 +13,20 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jpwr.backends.replay import REPLAYED
 from jpwr.device_energy import DeviceEnergy, Fault
 from jpwr.output import known_fields
 
-__all__ = ["ACCELERATORS", "J_PER_WH", "combine_energies", "split_energy"]
+__all__ = ["ACCELERATORS", "HEADLINE_DOMAINS", "J_PER_WH", "combine_energies", "split_energy"]
 
 J_PER_WH = 3600.0
 # WindowEnergy.domain of a headline: what its total sums (jpwr.windows.headline_domains chooses)
 ACCELERATORS = "accelerators"  # the headline's energy domain on a node with accelerator sensors
 CPU_PACKAGE = "cpu package"  # ... without them: RAPL packages, plus DRAM where its zones are readable
 CPU_PACKAGE_DRAM = "cpu package + dram"
+REPLAYED_ACCELERATORS = f"{ACCELERATORS} ({REPLAYED})"  # a replayed trace's: never ranked with this machine's
+# Every name a headline's domain may have: a reader refuses any other (a hand-edited or foreign record).
+HEADLINE_DOMAINS = (ACCELERATORS, REPLAYED_ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM)
 
 
 @dataclasses.dataclass(kw_only=True)

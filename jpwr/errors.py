@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import enum
 import errno
+import io
 import signal
 import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["WIDTH", "ArgumentParser", "exit_code_of", "take_debug_flag"]
 
@@ -39,6 +40,9 @@ class ExitCode(enum.IntEnum):
     NO_PERMISSION = 77  # a device setting is not permitted on this system (EX_NOPERM)
     NOT_EXECUTABLE = 126  # the wrapped command exists but cannot be executed (as a shell says)
     NO_COMMAND = 127  # the wrapped command was not found
+
+
+INTERRUPTED = 128 + int(signal.SIGINT)  # 130: Ctrl-C, as a shell reports it
 
 
 class JpwrError(Exception):
@@ -128,12 +132,20 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
     sysexits code (a JpwrError's details, e.g. every run it left out, one a line above it); a missing optional
     library names the extra that installs it (69): the meter's own (jpwr.extras) and `extras`, the
     command line's module -> extra table (joulebench.boundary passes the drivers' and analysis'); anything
-    else is an internal error (70). `--debug` adds the traceback.
+    else is an internal error (70); Ctrl-C that reaches it (the imports before a run installs its handlers) exits
+    130 with one line, never a traceback. `--debug` adds the traceback.
     """
     from jpwr.extras import missing_extra
+    from jpwr.output import ESCAPED
 
+    for stream in (sys.stdout, sys.stderr):  # a path whose name is not UTF-8 prints escaped (jpwr.output.printable)
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors=ESCAPED)
     try:
         return int(command())
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own handler (imports, tools opening before it): one line
+        return _report(prog, "stopped by Ctrl-C (SIGINT) outside a run: no run was going on (a run that had begun "
+                             "wrote its record)", INTERRUPTED, debug)
     except ModuleNotFoundError as exc:
         error = missing_extra(exc, extras)
         if error is not None:
@@ -174,14 +186,125 @@ def _error_line(prog: str, message: str) -> str:
     return _wrapped(line) if sys.stderr.isatty() else line
 
 
+# Actions whose repetition is a list (each occurrence adds), or that take no value to repeat: never refused twice.
+LIST_ACTIONS = (argparse._AppendAction, argparse._AppendConstAction, argparse._ExtendAction, argparse._CountAction)
+UNCHECKED_ACTIONS = (*LIST_ACTIONS, argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
+REPEAT_NOTE = "repeat the option for more"  # what a list option's help says (added where it does not)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, its usage errors said like the boundary's: argparse wraps its usage lines to the terminal
     but never its error line (an invalid choice lists every choice), so that line wraps here to WIDTH columns on a
-    terminal and stays one line in a log. Subcommands' parsers are of this class too (add_subparsers' default)."""
+    terminal and stays one line in a log. Subcommands' parsers are of this class too (add_subparsers' default).
+
+    The one rule on repetition, for every command: argparse keeps the last of an option given twice, silently;
+    here an option given twice with different values (`--objective speed --objective energy`, `--device cpu
+    --device cuda`, a flag and its `--no-` form) is refused (exit 2) naming both values; given twice alike it is
+    one. An option whose repetition makes a list (`action="append"`) says so in its help. `excludes=(OPTION, ...)`
+    declares options it has no meaning beside (a trace's requests are its own: `--requests` with `--trace`):
+    given together they are refused naming both."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._given: dict[str, tuple[str, Any]] = {}  # dest -> (the option that set it, its value), this parse
+
+    def add_argument(self, *args: Any, excludes: Sequence[str] = (), **kwargs: Any) -> argparse.Action:
+        return _checked(super().add_argument(*args, **kwargs), excludes)
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> argparse._ArgumentGroup:
+        group = _Group(self, *args, **kwargs)  # as argparse's, of the class that keeps the rule
+        self._action_groups.append(group)
+        return group
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+        return _exclusive_group(self, **kwargs)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._given = {}
+        parsed = super().parse_known_args(*args, **kwargs)
+        given = {option for option, _ in self._given.values()}
+        for action in self._actions:
+            mine = next((o for o in action.option_strings if o in given), None)
+            other = next((o for o in _EXCLUDES.get(action, ()) if o in given), None)
+            if mine and other:
+                self.error(f"{mine} and {other} both given: {mine} has no meaning beside {other} and would be "
+                           f"ignored; leave {mine} out")
+        return parsed
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(2, _error_line(self.prog, message) + "\n")
+
+
+class _Group(argparse._ArgumentGroup):
+    """An argument group of ArgumentParser: its options follow the parser's rule on repetition."""
+
+    def add_argument(self, *args: Any, excludes: Sequence[str] = (), **kwargs: Any) -> argparse.Action:
+        return _checked(super().add_argument(*args, **kwargs), excludes)
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+        return _exclusive_group(self, **kwargs)
+
+
+class _ExclusiveGroup(argparse._MutuallyExclusiveGroup):
+    def add_argument(self, *args: Any, excludes: Sequence[str] = (), **kwargs: Any) -> argparse.Action:
+        return _checked(super().add_argument(*args, **kwargs), excludes)
+
+
+def _exclusive_group(container: argparse._ActionsContainer, **kwargs: Any) -> argparse._MutuallyExclusiveGroup:
+    """As argparse's add_mutually_exclusive_group (the group registered with its container), of the class that keeps
+    the rule on repetition."""
+    group = _ExclusiveGroup(container, **kwargs)
+    container._mutually_exclusive_groups.append(group)
+    return group
+
+
+_ONCE_CLASSES: dict[type, type] = {}
+_EXCLUDES: dict[argparse.Action, tuple[str, ...]] = {}  # an action -> the options it has no meaning beside
+
+
+def _checked(action: argparse.Action, excludes: Sequence[str]) -> argparse.Action:
+    """The action under the rule on repetition: a list action's help says it repeats; any other refuses a second,
+    different value (its class swapped for a subclass that checks before it stores: custom actions included)."""
+    if excludes:
+        _EXCLUDES[action] = tuple(excludes)
+    if isinstance(action, LIST_ACTIONS):
+        if action.help not in (None, argparse.SUPPRESS) and "repeat" not in action.help:
+            action.help = f"{action.help} ({REPEAT_NOTE})"
+        return action
+    if not isinstance(action, UNCHECKED_ACTIONS):
+        kind = type(action)
+        if kind not in _ONCE_CLASSES:
+            _ONCE_CLASSES[kind] = type(f"Once{kind.__name__}", (_Once, kind), {})
+        action.__class__ = _ONCE_CLASSES[kind]
+    return action
+
+
+class _Once(argparse.Action):
+    """Refuse a second occurrence of the option (or another spelling of its dest) with a different value."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        given = getattr(parser, "_given", None)
+        if given is None or not self.option_strings:
+            return
+        option, value = option_string or self.dest, getattr(namespace, self.dest, None)  # what it stored
+        if self.dest in given and given[self.dest][1] != value:
+            first, earlier = given[self.dest]
+            keep = f"give {option} once" if first == option else f"give one of {first} and {option}"
+            parser.error(f"{first} {_said(earlier)} and {option} {_said(value)} both given: only the last would "
+                         f"count; {keep}")
+        given.setdefault(self.dest, (option, value))
+
+
+def _said(value: Any) -> str:
+    """An option's value as the user gave it (a flag's True/False as on/off)."""
+    if isinstance(value, bool) or value is None:
+        return {True: "(on)", False: "(off)", None: "(given)"}[value]
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value))
+    return str(value)
 
 
 def _wrapped(text: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from jpwr.channel import INTERVAL_PREFIX, Channel, Mark, channel_from_env, is_interval_mark
+from jpwr.channel import INTERVAL_PREFIX, SAMPLER_LOST, Channel, Mark, channel_from_env, is_interval_mark
 from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.energy import IdleBaseline, Window, WindowEnergy, combine_energies, split_energy
 from jpwr.idle import ACCELERATOR_IDLE, CPU_IDLE, IdlePlan, SettleResult, wait_until_settled
@@ -226,7 +226,9 @@ class WindowMeter:
         result = {}
         for name in wanted:
             reply = replies.get(name) or {"unavailable_reason": f"sampler has no window {name!r}"}
-            if reply.get("energy_j") is None and "devices" not in reply:
+            if reply.get(SAMPLER_LOST):
+                result[name] = _lost(str(reply.get("unavailable_reason")))
+            elif reply.get("energy_j") is None and "devices" not in reply:
                 result[name] = WindowEnergy.unavailable(str(reply.get("unavailable_reason")))
             else:
                 result[name] = WindowEnergy.from_dict(reply)
@@ -266,6 +268,14 @@ class WindowMeter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lost(reason: str) -> WindowEnergy:
+    """A window whose sampler was lost: no energy, and untrusted, as a window whose devices stopped answering (the
+    record is then PARTIAL, never OK for energy); combined over nodes, the run's total is untrusted naming the node."""
+    energy = WindowEnergy.unavailable(reason)
+    energy.trusted, energy.untrusted_reason, energy.nodes = False, reason, [node_name()]
+    return energy
 
 
 def _baseline(window: Window, settles: Sequence[SettleResult]) -> IdleBaseline:

@@ -14,10 +14,22 @@ from pathlib import Path
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
+NODE_NAME_VARIABLES = ("SLURMD_NODENAME", "JPWR_NODE_NAME")  # where node_name looks first, in order
+
+
 def node_name(environ: Mapping[str, str] | None = None) -> str:
     """This node's name: Slurm's node name where set (unique per test node), else the hostname."""
     env = os.environ if environ is None else environ
-    return env.get("SLURMD_NODENAME") or env.get("JPWR_NODE_NAME") or socket.gethostname()
+    return next((env[v] for v in NODE_NAME_VARIABLES if env.get(v)), None) or socket.gethostname()
+
+
+def directory_node_name(environ: Mapping[str, str] | None = None) -> str:
+    """node_name, checked as the directory it names (<out>/<node>/, a sampler's socket): a name that is no file name
+    (`.`, `..`, a separator) is refused naming the variable it came from, before anything is written."""
+    env = os.environ if environ is None else environ
+    variable = next((v for v in NODE_NAME_VARIABLES if env.get(v)), None)
+    return check_file_name(node_name(env), f"node name (from {variable or 'the hostname'})",
+                           f"set {variable or 'JPWR_NODE_NAME'} to a name without '/', blanks, '.' or '..'")
 
 
 def boot_id() -> str:
@@ -38,6 +50,7 @@ def check_file_name(value: str, what: str, fix: str) -> str:
     """A name that becomes a directory or socket file name (node names, run ids): no separators, no `..`."""
     from jpwr.errors import ValidationError
 
-    if not value or "/" in value or "\\" in value or ".." in value or value.strip() != value:
-        raise ValidationError(f"{what} {value!r} cannot be used as a file name (separators, '..' or blanks)", fix)
+    if not value or "/" in value or "\\" in value or ".." in value or value.strip() != value or value == ".":
+        raise ValidationError(f"{what} {value!r} cannot be used as a file name (separators, '.', '..' or blanks)",
+                              fix)
     return value

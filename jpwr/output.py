@@ -8,6 +8,7 @@ missing value must never print as 0. Reading a result back takes the fields its 
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import datetime as dt
@@ -19,8 +20,30 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_paths", "fmt", "json_text", "readable", "utc_now", "write_atomic",
+__all__ = ["atomic_path", "atomic_paths", "fmt", "json_text", "printable", "readable", "utc_now", "write_atomic",
            "write_json_atomic"]
+
+# The error handler that writes a file name's bytes that are not UTF-8 (Python holds them as lone surrogates,
+# os.fsdecode's surrogateescape) as \xNN: such a name is shown, escaped, never a UnicodeEncodeError (an internal
+# error) in the middle of a report. jpwr.errors.exit_code_of sets it on stdout and stderr of every command.
+ESCAPED = "jpwr.escaped"
+
+
+def _escaped(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    chars = exc.object[exc.start:exc.end]
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF
+                   else c.encode("ascii", "backslashreplace").decode() for c in chars), exc.end
+
+
+codecs.register_error(ESCAPED, _escaped)
+
+
+def printable(text: str) -> str:
+    """`text` with the undecodable bytes of a file name in it (lone surrogates) written as \\xNN: a page or a line
+    that shows a path whose name is not UTF-8 can be written and read."""
+    return text.encode("utf-8", ESCAPED).decode("utf-8")
 
 
 def utc_now() -> str:

@@ -27,7 +27,7 @@ from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sen
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
 from jpwr.live import NodeLive, node_live
-from jpwr.node import node_name
+from jpwr.node import directory_node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.phases import PhaseBatch, phase_summary
 from jpwr.selectors import empty_selection
@@ -130,7 +130,7 @@ class Sampler:
         self.clock = clock
         self.background = background  # False: the caller drives poll_once() (replay tests on a virtual clock)
         self.min_coverage = min_coverage  # below it a window's energy is withheld as untrusted (docs/jpwr.md)
-        self.node = node or node_name()
+        self.node = node or directory_node_name()
         self.run_id = run_id or f"run-{int(time.time())}"
         self.node_dir = Path(out_dir) / self.node
         try:
@@ -163,8 +163,12 @@ class Sampler:
         self._data = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
-        self._writer = SegmentWriter(self.node_dir)
+        try:  # the first writes with content: a full disk takes an empty probe, not these
+            self._claim = claim_node_dir(self.node_dir, self.run_id, (SUMMARY_FILE, TRACE_FILE, SEGMENT_DIR))
+            self._writer = SegmentWriter(self.node_dir)
+        except OSError as exc:  # a flush's error names no file: this one says where
+            raise OutputDirError(f"cannot write to output directory {self.node_dir} ({exc.strerror or exc}). Fix: "
+                                 "free space on that file system, or choose another --out directory") from exc
         self._stopped = False
 
     @property

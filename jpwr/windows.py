@@ -15,11 +15,10 @@ from collections.abc import Iterable, Sequence
 
 from jpwr.backends.rapl import PERMISSION_FIX
 from jpwr.backends.replay import NAME as REPLAYED_BACKEND
-from jpwr.backends.replay import REPLAYED
 from jpwr.channel import Mark, is_interval_mark
 from jpwr.device_energy import DeviceEnergy
 from jpwr.domains import Domain, Kind, MetricReading, Signal
-from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, WindowEnergy
+from jpwr.energy import ACCELERATORS, CPU_PACKAGE, CPU_PACKAGE_DRAM, REPLAYED_ACCELERATORS, WindowEnergy
 from jpwr.estimator import DomainEnergy, domain_window_energy
 from jpwr.trace_io import SensorSeries, TraceData
 
@@ -62,6 +61,18 @@ def spans_from_marks(marks: Iterable[Mark], intervals: bool = False) -> dict[str
     return spans
 
 
+def unclosed_windows(marks: Iterable[Mark]) -> dict[str, int]:
+    """The windows that began but never ended in these marks (log intervals aside), with their first begin's time:
+    a sampler killed inside them saw no end."""
+    marks = list(marks)
+    ended = {m.name for m in marks if m.edge == "end"}
+    begun: dict[str, int] = {}
+    for m in marks:
+        if m.edge == "begin" and m.name not in ended and not is_interval_mark(m.name):
+            begun[m.name] = min(begun.get(m.name, m.t_ns), m.t_ns)
+    return begun
+
+
 def accelerator_domains(domains: Iterable[Domain]) -> list[Domain]:
     """Accelerators forming a disjoint cover: drop any contained in another accelerator domain."""
     accel = [d for d in domains if d.kind.is_accelerator]
@@ -87,7 +98,7 @@ def headline_domains(domains: Sequence[Domain]) -> tuple[list[Domain], str | Non
     accel = accelerator_domains(domains)
     if accel:
         replayed = any(d.backend == REPLAYED_BACKEND for d in accel)
-        return accel, f"{ACCELERATORS} ({REPLAYED})" if replayed else ACCELERATORS
+        return accel, REPLAYED_ACCELERATORS if replayed else ACCELERATORS
     cpu = cpu_domains(domains)
     if not any(d.kind is Kind.CPU_PACKAGE for d in cpu):
         return [], None

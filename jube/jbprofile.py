@@ -259,9 +259,19 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
     shared = cli_args(args)
-    settings["JB_VALIDATE_ARGS"] = shlex.join(shared if workload.one_device else [
-        *shared, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
+    checked = cli_args({**args, "device": validated_device(profile, args.get("device", ""))})
+    settings["JB_VALIDATE_ARGS"] = shlex.join(checked if workload.one_device else [
+        *checked, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
+
+
+def validated_device(profile: dict[str, str], device: str) -> str:
+    """The --device the driver's validate is given: the run's own (validate resolves `auto` on this host, as the
+    run does), except on Slurm, where validate runs on the login node and the run on the nodes: there `auto` is
+    the nodes' device (the profile's vendor), never the login node's."""
+    if profile["launcher"] != "slurm" or device != "auto" or profile["vendor"] not in ("nvidia", "amd", "cpu"):
+        return device
+    return "cpu" if profile["vendor"] == "cpu" else "cuda"
 
 
 def scaling_settings(settings: dict[str, str], scaling: str, value: dict[str, str]) -> dict[str, str]:
@@ -398,11 +408,15 @@ def sweep_values(args: argparse.Namespace) -> dict[str, str]:
     """The point's workflow parameters: JUBE exports them (their names in --sweep), --set adds or overrides."""
     names = [n for n in (args.sweep or "").split(",") if n]
     values = {name: os.environ.get(name, "") for name in names}
+    given: dict[str, str] = {}
     for item in args.set:
         key, sep, val = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r} has no '='", "write --set KEY=VALUE")
-        values[key] = val
+        if given.get(key, val) != val:
+            raise ConfigError(f"--set {key}={given[key]} and --set {key}={val} both given: only the last would count",
+                              f"give {key} once")
+        given[key] = values[key] = val
     return values
 
 
@@ -442,7 +456,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not points:
         print("jbprofile: compare: no submitted points")
         return 0
-    settings = read_settings(points[0])
+    try:
+        settings = read_settings(points[0])
+    except ConfigError as exc:  # the comparison needs the job's Python: n/a, and the rows stay
+        print(f"jbprofile: warning: compare: {exc}; the comparison is n/a", file=sys.stderr)
+        return 0
     rundir = str(Path(args.rundir).resolve())
     argv = job_python(settings, [str(REPO / "jube" / "jbrecord.py"), "compare", "--rundir", rundir])
     code = subprocess.call(argv, env=bound_env(settings, Path(rundir)))  # the image reads records, writes compare/
@@ -451,7 +469,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         print(f"jbprofile: wrote {jbtable.write_full_table(Path(rundir), settings['JB_BENCHMARK'])}")
-    except (OSError, ValueError, KeyError) as exc:  # a full disk; a point's job.env written by other means
+    except (OSError, ValueError, KeyError, ConfigError) as exc:  # a full disk; a point's job.env damaged or foreign
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
         print(f"jbprofile: warning: cannot write the full table ({why}); JUBE's tables hold every row. Fix: mend "
               f"that, then: python3 {REPO / 'jube' / 'jbprofile.py'} compare --rundir {rundir}", file=sys.stderr)

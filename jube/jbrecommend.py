@@ -24,8 +24,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from jbsettings import SETTINGS_FILE, bound_env, job_python, read_settings, write_settings
+from jbsettings import SETTINGS_FILE, SettingsError, bound_env, job_python, read_settings, write_settings
 
 JUBE_DIR = Path(__file__).resolve().parent
 REPO = JUBE_DIR.parent
@@ -42,15 +43,76 @@ class Point:
     node: str | None  # the node the record names (launch.node_name)
 
 
+class Unreadable(ValueError):
+    """An input of the step (a point's job.env or run record, recommend's JSON) that cannot be read as it must be:
+    the step leaves it out and says why (it never fails the workflow)."""
+
+
+def json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object (a run record, recommend's --json output); Unreadable naming the file."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise Unreadable(f"{path} cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not UTF-8, not JSON (truncated)
+        raise Unreadable(f"{path} is not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise Unreadable(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def text_at(data: dict[str, Any], path: Path, *keys: str, optional: bool = False) -> str | None:
+    """The text at data[keys[0]][keys[1]]...; None where `optional` and missing; else Unreadable naming the field."""
+    value: Any = data
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, str) and value:
+        return value
+    if value is None and optional:
+        return None
+    raise Unreadable(f"{path}: {'.'.join(keys)} is {value!r}, not a text")
+
+
 def finished_points(rundir: Path) -> list[Point]:
+    """The points that ran and left a readable run record; a point whose job.env or record cannot be read is left
+    out with a line saying why."""
     found = []
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
-        settings = read_settings(env_path)
-        record = Path(settings.get("JB_OUT_DIR", "")) / "run_record.json"
-        if settings.get("JB_STATUS") != "INVALID" and record.is_file():
-            data = json.loads(record.read_text())
-            found.append(Point(settings, record, data.get("run_id", ""), data.get("launch", {}).get("node_name")))
+        try:
+            settings = read_settings(env_path)
+            record = Path(settings.get("JB_OUT_DIR", "")) / "run_record.json"
+            if settings.get("JB_STATUS") == "INVALID" or not record.is_file():
+                continue
+            data = json_object(record)
+            found.append(Point(settings, record, str(text_at(data, record, "run_id")),
+                               text_at(data, record, "launch", "node_name", optional=True)))
+        except (SettingsError, Unreadable) as exc:
+            print(f"jbprofile: recommend: left out {env_path.parent}: {exc}", flush=True)
     return found
+
+
+def target_options(target: str) -> list[str]:
+    """JOULEBENCH_RECOMMEND's words as the shell splits them; Unreadable for an unclosed quote."""
+    try:
+        return shlex.split(target)
+    except ValueError as exc:
+        raise Unreadable(f"the target {target!r} (JOULEBENCH_RECOMMEND) cannot be split into options ({exc}). "
+                         "Fix: close its quotes, e.g. JOULEBENCH_RECOMMEND=\"--max-slowdown 5%\"") from None
+
+
+def chosen_runs(predicted: dict[str, Any], path: Path) -> tuple[str, str] | None:
+    """From recommend's --json: None where nothing is to be re-measured (the default, or nothing meets the target),
+    else (the default's first run, the recommended setting's first run); Unreadable where it has another shape."""
+    if predicted.get("recommended") is None or predicted.get("is_default"):
+        return None
+    first = []
+    for side in ("default", "recommended"):
+        block = predicted.get(side)
+        runs = block.get("runs") if isinstance(block, dict) else None
+        if not isinstance(runs, list | dict) or not runs or not isinstance(next(iter(runs)), str):
+            raise Unreadable(f"{path}: {side}.runs is {runs!r}, not a list of run ids")
+        first.append(next(iter(runs)))
+    return first[0], first[1]
 
 
 def run_joulebench(settings: dict[str, str], args: list[str], rundir: Path, transcript: Path) -> int:
@@ -88,7 +150,17 @@ def rerun(settings: dict[str, str], workdir: Path) -> Path:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    target = shlex.split(args.target)
+    """The step; never fails the workflow: an input that cannot be read is said in one line, and nothing more done
+    with it."""
+    try:
+        return recommend_step(args)
+    except Unreadable as exc:
+        print(f"jbprofile: recommend: {exc}", flush=True)
+        return 0
+
+
+def recommend_step(args: argparse.Namespace) -> int:
+    target = target_options(args.target)
     if not target:
         print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND is empty): nothing to recommend")
         return 0
@@ -107,12 +179,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     run_joulebench(settings, [*records, *target, "--json", str(predicted_json)], rundir, transcript)
     if not predicted_json.is_file():
         return 0  # refused: its reason is printed above
-    predicted = json.loads(predicted_json.read_text())
-    if predicted.get("recommended") is None or predicted.get("is_default"):
+    runs = chosen_runs(json_object(predicted_json), predicted_json)
+    if runs is None:
         return 0  # the default, or nothing meets the target: nothing to re-measure
     by_run_id = {point.run_id: point for point in points}
-    default, chosen = (by_run_id.get(next(iter(predicted[side]["runs"]), ""))  # a setting's first run
-                       for side in ("default", "recommended"))
+    default, chosen = by_run_id.get(runs[0]), by_run_id.get(runs[1])  # each setting's first run
     if default is None or chosen is None:
         print("jbprofile: recommend: no point of this run directory holds the runs recommend named; nothing re-run")
         return 0

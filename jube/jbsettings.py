@@ -7,6 +7,7 @@ jbsubmit.py) and in the job (jbrecord.py).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -15,21 +16,82 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from jbsystems import ConfigError  # noqa: E402  (as below: after the path)
+
 from jpwr.output import write_atomic  # noqa: E402  (the repository root is put on sys.path just above)
 
 SETTINGS_FILE = "job.env"  # in the point's work directory; jbsubmit.py writes it just before it submits the job
 
 
+HEADER = "# joulebench job settings"  # write_settings' first line, with the count of settings that follow
+COUNTED = re.compile(re.escape(HEADER) + r" \((\d+) settings;")
+KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+SETTINGS_FIX = "rerun the workflow (`jube run ...`): its validate step writes job.env, which is not edited by hand"
+
+
+class SettingsError(ConfigError):
+    """A job settings file that cannot be read: the file, the line and what is wrong, and how to get a good one."""
+
+
 def write_settings(path: Path, settings: dict[str, str]) -> None:
-    text = "# joulebench job settings (written by jube/jbprofile.py; sourced by jube/job.sh)\n"
+    """The settings as `KEY=value` lines job.sh sources, under a header that counts them: a file cut short at a line
+    end still reads as shell, and only the count tells it is incomplete (read_settings)."""
+    text = f"{HEADER} ({len(settings)} settings; written by jube/jbprofile.py; sourced by jube/job.sh)\n"
     text += "".join(f"{key}={shlex.quote(val)}\n" for key, val in settings.items())
     write_atomic(path, text)
 
 
 def read_settings(path: Path) -> dict[str, str]:
-    """The inverse of write_settings (values may span lines: a profile's setup can)."""
-    words = shlex.split(path.read_text(), comments=True)
-    return dict(word.split("=", 1) for word in words)
+    """The inverse of write_settings (values may span lines: a profile's setup can). A file that is missing,
+    unreadable, empty, not UTF-8, not `KEY=value` words, with an unclosed quote or fewer settings than its header
+    counts (truncated) is a SettingsError naming the file, the line and the fix, never a traceback."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"job settings {path} cannot be read ({exc.strerror or exc})",
+                            "pass the job.env a validate step wrote (--settings <its work directory>/job.env), or "
+                            "rerun the workflow (`jube run ...`)") from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SettingsError(f"job settings {path} line {line} is not UTF-8 text (byte {exc.start})",
+                            SETTINGS_FIX) from None
+    settings = _settings_words(path, text)
+    if not settings:
+        raise SettingsError(f"job settings {path} is empty (no KEY=value line)", SETTINGS_FIX)
+    counted = COUNTED.match(text)
+    if counted and len(settings) != int(counted[1]):
+        last = text.rstrip("\n").count("\n") + 1
+        raise SettingsError(f"job settings {path} holds {len(settings)} settings, its header counts {counted[1]} "
+                            f"(truncated after line {last}?)", SETTINGS_FIX)
+    return settings
+
+
+def _settings_words(path: Path, text: str) -> dict[str, str]:
+    """The KEY=value words of a settings text, as the shell reads them; a SettingsError naming the line of the first
+    word that is not one, or of an unclosed quote."""
+    lexer = shlex.shlex(text, posix=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    settings: dict[str, str] = {}
+    while True:
+        line = lexer.lineno
+        try:
+            word = lexer.get_token()
+        except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+            raise SettingsError(f"job settings {path} line {line}: {str(exc).lower()} (a quote opened there is never "
+                                "closed: truncated or edited)", SETTINGS_FIX) from None
+        if word is None:
+            return settings
+        key, sep, value = word.partition("=")
+        if not sep or not KEY.fullmatch(key):
+            shown = word if len(word) <= 40 else f"{word[:40]}..."
+            raise SettingsError(f"job settings {path} line {line}: {shown!r} is not KEY=value (a key of capitals, "
+                                "digits and _)", SETTINGS_FIX)
+        if key in settings and settings[key] != value:
+            raise SettingsError(f"job settings {path} line {line}: {key} is set twice, to different values",
+                                SETTINGS_FIX)
+        settings[key] = value
 
 
 SETUP_FAILED = 86  # exit code of in_profile_shell when the setup lines fail (non-zero status) or end the shell

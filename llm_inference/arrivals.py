@@ -99,11 +99,14 @@ def draw_requests(task: Task, arrivals: np.ndarray, seed: int, output_length: in
     return [Request(i, float(arrivals[i]), int(inputs[i]), int(outputs[i]), warmup=i < warmup) for i in range(count)]
 
 
-def load_trace(path: str | Path, tokenize: Callable[[str], list[int]] | None = None) -> list[Request]:
+def load_trace(path: str | Path, tokenize: Callable[[str], list[int]] | None = None,
+               vocab_size: int | None = None) -> list[Request]:
     """A replayed load: one request per non-blank line of a JSONL file, in file order (ids 0..n-1).
 
     A text prompt is tokenized with `tokenize` (the checkpoint's tokenizer); without one only token counts or
-    token ids can be replayed. Every defect is refused with the file and line named, before any device work."""
+    token ids can be replayed. Every defect is refused with the file and line named, before any device work: also a
+    prompt token id the model's vocabulary (`vocab_size`) does not have, which the embedding would meet mid-run as an
+    IndexError."""
     path = Path(path)
     if not path.is_file():
         raise ValidationError(f"--trace {path} does not exist (or is not a file)",
@@ -118,7 +121,7 @@ def load_trace(path: str | Path, tokenize: Callable[[str], list[int]] | None = N
                                   "save the trace as UTF-8") from None
         if not line.strip():
             continue
-        request = _trace_request(path, number, line, len(requests), tokenize)
+        request = _trace_request(path, number, line, len(requests), tokenize, vocab_size)
         if requests and request.arrival_s < requests[-1].arrival_s:
             raise ValidationError(
                 f"--trace {path}: arrival_s decreases from {requests[-1].arrival_s:g} (line {previous_line}) to "
@@ -132,8 +135,8 @@ def load_trace(path: str | Path, tokenize: Callable[[str], list[int]] | None = N
     return requests
 
 
-def _trace_request(path: Path, number: int, line: str, index: int,
-                   tokenize: Callable[[str], list[int]] | None) -> Request:
+def _trace_request(path: Path, number: int, line: str, index: int, tokenize: Callable[[str], list[int]] | None,
+                   vocab_size: int | None) -> Request:
     """One trace line as a Request, or the line's defect named."""
     def refuse(problem: str, fix: str = f"write {_TRACE_FORMAT}") -> ValidationError:
         return ValidationError(f"--trace {path} line {number}: {problem}", fix)
@@ -178,6 +181,12 @@ def _trace_request(path: Path, number: int, line: str, index: int,
         prompt_ids = tuple(_whole(token, 0, "a prompt token id", refuse) for token in ids)
         if not prompt_ids:
             raise refuse("the prompt has no tokens", "give a prompt of at least one token")
+        beyond = [token for token in prompt_ids if token >= vocab_size] if vocab_size is not None else []
+        if beyond and vocab_size is not None:
+            raise refuse(f"prompt token id {beyond[0]} is beyond the model's vocabulary of {vocab_size} (ids 0 to "
+                         f"{vocab_size - 1}; {len(beyond)} such id(s) on this line)",
+                         "write the trace with the tokenizer of the model it is replayed on, or replay it on that "
+                         "model (--preset/--checkpoint)")
         input_tokens = len(prompt_ids)
     return Request(index, float(arrival), input_tokens, output_tokens, prompt_ids)
 

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
@@ -24,8 +25,11 @@ from joulebench.host_memory import HOST, available_gib
 from jpwr import ExitCode
 from jpwr.errors import ArgumentParser, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
-from llm_inference.load_config import add_load_arguments, rate_label, resolve_load
+from llm_inference.load_config import LoadConfig, add_load_arguments, rate_label, resolve_load
 from llm_inference.presets import ModelPreset
+
+if TYPE_CHECKING:  # the arrivals bring numpy: not for `--help`
+    from llm_inference.arrivals import Request
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,15 +66,29 @@ def _checked(args: argparse.Namespace) -> tuple[InferenceConfig, ModelPreset]:
     return cfg, validation.check_config(cfg)
 
 
-def _validate(args: argparse.Namespace) -> int:
+def _memory_on(cfg: InferenceConfig | LoadConfig, shape: ModelPreset, device_type: str,
+               device_memory_gib: float | None, trace: list[Request] | None = None) -> str:
+    """The memory checks of a run on the device it uses, the one implementation of validate (`--device auto`
+    resolved as the run resolves it on this host) and of the run once torch has chosen its device: the device's
+    memory where known, and on the CPU the host's (refuse what the kernel would kill mid-run). Returns the
+    precision."""
     from llm_inference import validation
 
-    cfg, shape = _checked(args)
-    device_type = "cpu" if args.device == "cpu" else "cuda"
     precision = validation.resolve_precision(cfg.precision, device_type)
-    validation.check_memory(cfg, shape, precision, args.device_memory_gib)
-    if device_type == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
-        validation.check_memory(cfg, shape, precision, available_gib(), HOST)
+    holders = [(device_memory_gib, "the device")] + ([(available_gib(), HOST)] if device_type == "cpu" else [])
+    for memory_gib, holder in holders:
+        if isinstance(cfg, LoadConfig):
+            validation.check_load_memory(cfg, shape, precision, memory_gib, trace, holder)
+        else:
+            validation.check_memory(cfg, shape, precision, memory_gib, holder)
+    return precision
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from joulebench.torch_device import device_type
+
+    cfg, shape = _checked(args)
+    precision = _memory_on(cfg, shape, device_type(args.device, args.device_memory_gib), args.device_memory_gib)
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): tasks "
           f"{', '.join(cfg.tasks)}; batch sizes {', '.join(map(str, cfg.batch_sizes))}; "
           f"{len(cfg.points)} run record(s)")
@@ -91,19 +109,19 @@ def _run(args: argparse.Namespace) -> int:
     from joulebench.torch_device import resolve_device
     from llm_inference import runner
 
-    return runner.run(cfg, shape, launch, resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    _memory_on(cfg, shape, device.type, None)
+    return runner.run(cfg, shape, launch, device)
 
 
 def _validate_load(args: argparse.Namespace) -> int:
+    from joulebench.torch_device import device_type
     from llm_inference import validation
 
     cfg = resolve_load(args)
     shape, trace = validation.check_load_config(cfg)
-    device_type = "cpu" if args.device == "cpu" else "cuda"
-    precision = validation.resolve_precision(cfg.precision, device_type)
-    validation.check_load_memory(cfg, shape, precision, args.device_memory_gib, trace)
-    if device_type == "cpu":
-        validation.check_load_memory(cfg, shape, precision, available_gib(), trace, HOST)
+    precision = _memory_on(cfg, shape, device_type(args.device, args.device_memory_gib), args.device_memory_gib,
+                           trace)
     load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
           f"{cfg.max_concurrency} slots")
@@ -129,7 +147,9 @@ def _load(args: argparse.Namespace) -> int:
         from llm_inference import http_load
 
         return http_load.run(cfg, shape, trace, launch)
-    return load.run(cfg, shape, trace, launch, resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    _memory_on(cfg, shape, device.type, None, trace)
+    return load.run(cfg, shape, trace, launch, device)
 
 
 def _request_energy(args: argparse.Namespace) -> int:

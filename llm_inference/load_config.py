@@ -127,11 +127,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                                    "output_tokens per line) instead of --rate")
     w.add_argument("--max-concurrency", type=SIZE, default=DEFAULT_CONCURRENCY,
                    help="request slots: requests decoded together at most")
-    w.add_argument("--requests", type=COUNT, help="counted requests per rate (default: enough for the window)")
+    w.add_argument("--requests", type=COUNT, excludes=("--trace",),
+                   help="counted requests per rate (default: enough for the window; a --trace's are its own)")
     w.add_argument("--warmup-requests", type=COUNT_OR_ZERO,
                    help=f"requests before the counted ones (default: the slots at max, {WARMUP_ARRIVAL_S:g} s of "
                         "arrivals at a finite rate; 0 = none)")
-    w.add_argument("--output-length", type=SIZE, help="force this many new tokens per request")
+    w.add_argument("--output-length", type=SIZE, excludes=("--trace",),
+                   help="force this many new tokens per request (a --trace's are its own)")
     w.add_argument("--slo-ttft-ms", type=MILLISECONDS, help="time-to-first-token objective for goodput")
     w.add_argument("--slo-tpot-ms", type=MILLISECONDS, help="time-per-output-token objective for goodput")
     w.add_argument("--seed", type=SEED, default=1234, help="seed of the arrivals and lengths")

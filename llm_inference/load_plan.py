@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from joulebench.figures import MIN_COUNTER_PERIODS
 from joulebench.record import RunRecord, steady_metrics
 from jpwr import Window
 from llm_inference import request_metrics
@@ -53,7 +54,6 @@ CPU_WARMUP_ARRIVAL_S = 1.0
 COUNTER_READ_S = 0.05
 COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
-MIN_COUNTER_PERIODS = 10  # a window's energy bound is about two counter periods' energy: below 10, over ~20 %
 NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
              "no counted arrival): raise --requests or lower --max-concurrency")
 

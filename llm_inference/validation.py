@@ -227,13 +227,32 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
                                                     "--server-command, and leave --tensor-parallel out")
     check_tensor_parallel(cfg.tensor_parallel, shape, cfg.energy_methods)
     check_server(cfg)
-    trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg))
+    trace = None if cfg.trace is None else load_trace(cfg.trace, tokenizer(cfg), shape.vocab_size)
     if trace is None:
         check_task_context(cfg.task, cfg.output_length, shape)
     else:
         check_context(trace, shape.max_positions, shape.name)
     check_duration(cfg, trace)
+    check_window_opens(cfg, trace)
     return shape, trace
+
+
+def check_window_opens(cfg: LoadConfig, trace: list[Request] | None) -> None:
+    """Refuse a load whose window can never open, which the run would meet only at its end (FAILED, NO_WINDOW): at
+    `max` the window opens once every slot is busy after the warm-up, so fewer counted requests than slots never
+    open it; a trace needs a counted request after its warm-up ones."""
+    if trace is not None:
+        warmup = cfg.warmup_requests or 0
+        if warmup >= len(trace):
+            raise ValidationError(f"--trace {cfg.trace} has {len(trace)} requests and --warmup-requests {warmup} takes "
+                                  "them all: no counted request opens the window",
+                                  "lower --warmup-requests below the trace's requests, or replay a longer trace")
+        return
+    if cfg.requests is not None and cfg.requests < cfg.max_concurrency and any(math.isinf(r) for r in cfg.rates):
+        raise ValidationError(f"--requests {cfg.requests} at --rate max never keeps the {cfg.max_concurrency} slots "
+                              "busy at once after the warm-up: the window would never open",
+                              f"raise --requests to at least {cfg.max_concurrency}, or lower --max-concurrency to "
+                              f"{cfg.requests} or fewer")
 
 
 def check_duration(cfg: LoadConfig, trace: list[Request] | None) -> None:

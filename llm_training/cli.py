@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from joulebench.arguments import GIB, NODES, state_ranges
 from joulebench.boundary import exit_code_of
-from joulebench.host_memory import available_gib
 from jpwr import ExitCode
 from jpwr.errors import ArgumentParser, take_debug_flag
 from llm_training.config import TrainConfig, add_run_arguments, resolve
@@ -62,14 +61,13 @@ def _validate(args: argparse.Namespace) -> int:
     validation.check_layout(world, args.nodes, args.devices_per_node)
     cfg = resolve_checked(args, world)
     if cfg.data_path:  # the login node's check (JUBE validate); train reads it again where it builds the dataset
-        check_corpus(cfg.data_path, cfg.seq_length)
-    cfg = memory.choose_micro_batch(cfg, None if args.device == "cpu" else args.device_memory_gib)
-    if args.device == "cpu" or args.device == "cuda":
-        validation.check_precision(cfg.precision, args.device)
-        validation.check_attention_backend(cfg.attention_backend, args.device)
-    if args.device == "cpu":  # the estimate is host memory: refuse what the kernel would kill mid-run
-        memory.check_host(cfg, -(-world // (args.nodes or 1)), available_gib())
-    memory.check_fit(cfg, args.device_memory_gib)
+        check_corpus(cfg.data_path, cfg.seq_length, cfg.vocab_size)
+    from joulebench.torch_device import device_type as run_device_type
+
+    device_type = run_device_type(args.device, args.device_memory_gib)
+    cfg = memory.choose_micro_batch(cfg, None if device_type == "cpu" else args.device_memory_gib)
+    validation.check_on_device(cfg, device_type, -(-world // (args.nodes or 1)),
+                               None if device_type == "cpu" else args.device_memory_gib)
     estimate = memory.estimate_memory(cfg)
     capacity = f" of {args.device_memory_gib:.1f} GiB" if args.device_memory_gib is not None else ""
     print(
@@ -108,15 +106,16 @@ def _train(args: argparse.Namespace) -> int:
         import torch
 
         from joulebench.torch_device import resolve_device
-        from llm_training import memory, train, validation
+        from llm_training import memory, validation
 
         device = resolve_device(cfg.device)
         cuda_memory = (torch.cuda.get_device_properties(device).total_memory / memory.GIB if device.type == "cuda"
                        else None)
         cfg = memory.choose_micro_batch(cfg, cuda_memory)  # every rank alike: a node's GPUs are of one kind
         capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
-        validation.check_precision(cfg.precision, device.type, capability, is_rocm=torch.version.hip is not None)
-        validation.check_attention_backend(cfg.attention_backend, device.type)
+        validation.check_on_device(cfg, device.type, launch.local_world_size, cuda_memory, capability,
+                                   is_rocm=torch.version.hip is not None)
+        from llm_training import train  # megatron-core: tens of seconds, after every refusal
     return train.run(cfg, launch, device)
 
 

@@ -38,7 +38,7 @@ def build_train_dataset(cfg: TrainConfig, num_samples: int) -> GPTDataset:
     """Build on every rank (rank 0 first, megatron's builder synchronises); index caches go to out_dir. A corpus
     megatron could not read is a FormatError naming the file (llm_training.corpus), the run FAILED with its record."""
     if cfg.data_path:
-        check_corpus(cfg.data_path, cfg.seq_length)
+        check_corpus(cfg.data_path, cfg.seq_length, cfg.vocab_size)
     blend = ([cfg.data_path], None) if cfg.data_path else None
     ds_config = GPTDatasetConfig(
         random_seed=cfg.seed,

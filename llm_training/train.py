@@ -242,11 +242,11 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
     record.metrics["loss_curve"] = [{"iteration": step, "loss": loss} for step, loss in loop.losses]
     record.metrics["skipped_updates"] = trainer.skipped_updates
     if loop.stop_reason:
-        run.stopped_early(loop.completed - cfg.warmup_iterations,
-                          loop.planned and loop.planned - cfg.warmup_iterations, "measured iterations")
+        run.stopped_early(loop.completed, loop.planned, cfg.warmup_iterations)
     elif cfg.replay_phases_s:  # a stopped run has no time to spare
         agree = None if launch.world_size == 1 else (lambda count: max(int(n) for n in _all_gather(count)))
-        replay_phases(meter, trainer.phase_replays(), cfg.replay_phases_s, agree, lambda text: _log(launch, text))
+        replay_phases(meter, trainer.phase_replays(), cfg.replay_phases_s, agree, lambda text: _log(launch, text),
+                      stop.local_reason)
     return loop
 
 

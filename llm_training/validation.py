@@ -152,3 +152,20 @@ def check_attention_backend(backend: str, device_type: str) -> None:
             f"--attention-backend {backend} on the CPU (that SDPA kernel is GPU-only)",
             "use --attention-backend auto, math or flash on the CPU",
         )
+
+
+def check_on_device(cfg: TrainConfig, device_type: str, ranks_per_node: int, device_memory_gib: float | None,
+                    cuda_capability: tuple[int, int] | None = None, is_rocm: bool = False) -> None:
+    """Every check of a configuration on the device it runs on, the one implementation of `validate` and of `train`
+    (which calls it once torch has chosen the device): precision and attention kernels, and memory: on the CPU the
+    estimate is host memory, once per rank on the node (refused where the kernel would kill the run mid-way); on a
+    GPU the device's, where it is known. `validate --device auto` (JUBE's default) resolves the device as the run
+    does on this host, so that a CPU run is held to the host's memory there too."""
+    from joulebench.host_memory import available_gib
+    from llm_training import memory
+
+    check_precision(cfg.precision, device_type, cuda_capability, is_rocm)
+    check_attention_backend(cfg.attention_backend, device_type)
+    if device_type == "cpu":
+        memory.check_host(cfg, ranks_per_node, available_gib())
+    memory.check_fit(cfg, device_memory_gib)

@@ -59,11 +59,11 @@ def train(config: TrainConfig) -> int:
             run.record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
             run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
             if loop.stop_reason:
-                run.stopped_early(loop.completed - config.warmup_iterations, loop.planned and
-                                  loop.planned - config.warmup_iterations, "measured iterations")
+                run.stopped_early(loop.completed, loop.planned, config.warmup_iterations)
             elif config.replay_phases:  # a stopped run has no time to spare
                 replay_phases(meter, backend.phase_replays(), config.replay_phases, lambda n: max(backend.gather(n)),
-                              (lambda text: print(f"[resnet50] {text}", flush=True)) if launch.is_global_zero else None)
+                              (lambda text: print(f"[resnet50] {text}", flush=True)) if launch.is_global_zero else None,
+                              life.stop.local_reason)
         rate = run.record.metrics.get(f"{WORK_UNIT}_per_s")
         if config.caraml_output and rate is not None and launch.is_global_zero:
             print(f"total images/sec: {rate:.2f}", flush=True)  # tf_cnn_benchmarks' line: global steady rate

@@ -40,3 +40,20 @@ def summaries(stdout: str) -> list[dict[str, str]]:
 def parse_summary(stdout: str) -> dict[str, str]:
     """The JOULEBENCH_RESULT line that ends stdout, as key=value pairs."""
     return summaries(stdout)[-1]
+
+
+def with_options(base: Sequence[str], *pairs: str) -> list[str]:
+    """`base` with each option of `pairs` (option, value, option, value ...) set to that value instead of the base's:
+    a command line gives an option once (one given twice with different values is refused, issue 61)."""
+    values = dict(zip(pairs[::2], pairs[1::2], strict=True))
+    out: list[str] = []
+    skip = False
+    for word in base:
+        if skip:
+            skip = False
+            continue
+        if word in values:
+            skip = True
+            continue
+        out.append(word)
+    return [*out, *(part for option, value in values.items() for part in (option, value))]

@@ -5,6 +5,8 @@ where argparse alone would have kept one of them silently. Each option alone sti
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,98 @@ def test_the_parser_error_names_both_and_what_to_keep(argv, words, capsys):
     keep = "--window alone" if "window" in words else "--points for a sweep"
     assert capsys.readouterr().err.endswith(
         f"driver: error: {words}: they set the same thing, and only one would count; keep {keep}\n")
+
+
+# ---- issue 61: one option (or one key) given twice with different values, one rule for every command --------------
+REPO = Path(__file__).resolve().parents[1]
+FRONT = REPO / "benchmarks/results/2026-11-28-wave4-s3/pool/rec-llama8b-bs1/llama8b-bs1/front"
+TWICE = {  # name -> (command, arguments, exit code, words of the error)
+    "objective": ("llm_inference", ["validate", *TINY, "--objective", "speed", "--objective", "energy"], 2,
+                  "--objective speed and --objective energy both given: only the last would count; give --objective "
+                  "once"),
+    "steady seconds": ("llm_inference", ["validate", *TINY, "--steady-seconds", "2", "--steady-seconds", "3"], 2,
+                       "--steady-seconds 2.0 and --steady-seconds 3.0 both given"),
+    "a flag and its no-": ("llm_inference", ["validate", *TINY, "--idle-baseline", "--no-idle-baseline"], 2,
+                           "--idle-baseline (on) and --no-idle-baseline (off) both given: only the last would count; "
+                           "give one of --idle-baseline and --no-idle-baseline"),
+    "micro-batch size": ("llm_training", ["validate", "--model", "tiny", "--micro-batch-size", "2",
+                                          "--micro-batch-size", "4"], 2,
+                         "--micro-batch-size 2 and --micro-batch-size 4 both given"),
+    "methods": ("jpwr", ["--methods", "nvml", "--methods", "rapl", "--", "true"], 2,
+                "--methods nvml and --methods rapl both given"),
+    "a --default key": ("joulebench", ["recommend", str(FRONT), "--max-slowdown", "15%", "--default",
+                                       "decode_tuning=auto", "--default", "decode_tuning=default"], 64,
+                        "--default decode_tuning=auto and --default decode_tuning=default both given: only the last "
+                        "would count. Fix: give decode_tuning once"),
+    "a trace's own requests": ("llm_inference", ["validate-load", *TINY, "--trace", "t.jsonl", "--requests", "4"], 2,
+                               "--requests and --trace both given: --requests has no meaning beside --trace and would "
+                               "be ignored; leave --requests out"),
+}
+
+
+def _main(command: str):
+    from joulebench.analysis.cli import main as joulebench
+    from jpwr.cli import main as jpwr
+    from llm_training.cli import main as training
+
+    return {"llm_inference": inference, "llm_training": training, "jpwr": jpwr, "joulebench": joulebench}[command]
+
+
+@pytest.mark.parametrize("case", TWICE)
+def test_an_option_given_twice_with_different_values_is_refused_naming_both(case, capsys, tmp_path, monkeypatch):
+    """Once the last silently won (`recommend --default`, `--objective`, `--steady-seconds`, `--micro-batch-size`,
+    `jpwr --methods`), and `--requests` beside `--trace` was ignored."""
+    monkeypatch.chdir(tmp_path)
+    command, argv, code, words = TWICE[case]
+    try:
+        ended = _main(command)(argv)
+    except SystemExit as exc:  # the parser's refusal (exit 2)
+        ended = exc.code
+    err = capsys.readouterr().err
+    assert ended == code, err
+    assert words in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
+@pytest.mark.parametrize("argv", [
+    ["validate", *TINY, "--objective", "speed", "--objective", "speed"],
+    ["validate", *TINY, "--no-idle-baseline", "--no-idle-baseline"],
+])
+def test_an_option_given_twice_alike_is_taken_once(argv, capsys):
+    assert inference(argv) == 0, capsys.readouterr().err
+
+
+def test_a_jube_set_key_given_twice_with_different_values_is_refused():
+    from tests.jube.test_profile import jbprofile
+
+    def values(*items: str) -> dict[str, str]:
+        return jbprofile.sweep_values(argparse.Namespace(sweep=None, set=list(items)))
+
+    assert values("batch_size=1", "batch_size=1", "task=chat") == {"batch_size": "1", "task": "chat"}
+    with pytest.raises(jbprofile.ConfigError, match=re.escape("--set batch_size=1 and --set batch_size=4 both given: "
+                                                              "only the last would count. Fix: give batch_size once")):
+        values("batch_size=1", "batch_size=4")
+
+
+def test_every_option_whose_repetition_makes_a_list_says_so_in_its_help(monkeypatch):
+    from tests.test_numeric_options import _capture, _commands, _options
+
+    lists = {(command, " ".join(path), action.option_strings[0]): action.help
+             for command, build in _commands().items() for path, action in _options(_capture(build, monkeypatch))
+             if isinstance(action, argparse._AppendAction | argparse._ExtendAction)}
+    assert ("joulebench recommend", "", "--default") in lists
+    assert [option for option, text in lists.items() if "repeat" not in (text or "")] == []
+
+
+def test_the_parsers_groups_and_exclusive_options_are_argparse_s_as_before(capsys):
+    """The rule on repetition keeps what argparse does with groups: their sections in --help, and the options of a
+    mutually exclusive group refused together."""
+    with pytest.raises(SystemExit):
+        inference(["load", "--help"])
+    help_text = capsys.readouterr().out
+    assert "server (an OpenAI-compatible server instead of the in-process engine):" in help_text
+    assert "\nload:\n" in help_text and "[--url URL | --server-command SERVER_COMMAND]" in help_text
+    with pytest.raises(SystemExit) as ended:
+        inference(["validate-load", *TINY, "--rate", "1", "--url", "http://a:1", "--server-command", "x"])
+    assert ended.value.code == 2 and "argument --server-command: not allowed with argument --url" in \
+        capsys.readouterr().err

@@ -126,10 +126,10 @@ def _check_driver(module: str, words: list[str], tmp_path: Path) -> None:
     sub, rest = words[0], words[1:]
     if PLACEHOLDER.search(shlex.join(rest)):  # a site path such as $IMAGENET_TFRECORDS: the options at least exist
         return _check_verb([sys.executable, "-m", module], [sub, *rest], tmp_path)
-    if sub in ("train", "run"):
-        sub = "validate"  # same options, no device (JUBE's validate step relies on that too)
-    elif sub == "load":
-        sub = "validate-load"
+    if sub in ("train", "run", "load"):
+        sub = "validate" if sub != "load" else "validate-load"  # same options, no device (as JUBE's validate step)
+        if "--device" not in rest:  # `auto` validates for this host (no GPU here); the docs' commands are the GPU's
+            rest = [*rest, "--device", "cuda"]
     elif sub in ("make-data", "save-checkpoint"):
         rest = [w.replace("/tmp/", f"{tmp_path}/") for w in rest]
     elif sub == "preprocess":

@@ -221,3 +221,23 @@ def test_a_sweep_with_a_record_written_elsewhere_exits_74_whatever_failed_first(
     assert result.returncode == RECORD_NOT_WRITTEN, result.stderr[-3000:]
     assert read_run_record(tmp_path / "ok" / "run_record.json").status == "FAILED"
     assert read_run_record(tmp_path / fallback_paths("r-2", tmp_path / "blocked" / "run")[0].name).status == "OK"
+
+
+def test_a_full_disk_before_the_load_starts_is_refused_naming_the_path(disk, fake_env, h100_trace_dir, tmp_path):
+    """Issue 61: a full disk before `load` started ended in a traceback naming no path (an empty probe file is still
+    created on a full disk; the sampler's first write then failed on a flush, which names no file). The driver's
+    output directory and jpwr's are refused at once (exit 73), each naming the directory."""
+    out = disk.path / "run"
+    out.mkdir()
+    disk.fail()
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir))
+    load = subprocess.run([sys.executable, "-m", "llm_inference", "load", "--preset", "tiny", "--task", "tiny",
+                           "--device", "cpu", "--rate", "max", "--requests", "2", "--max-concurrency", "2",
+                           "--no-idle-baseline", "--energy-methods", "nvml", "--out-dir", str(out)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert load.returncode == 73 and "Traceback" not in load.stderr, load.stderr[-3000:]
+    assert f"llm_inference: error: --out-dir {out} cannot be written (" in load.stderr
+    meter = subprocess.run([sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(out / "jpwr"), "--",
+                            "true"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert meter.returncode == 73 and "Traceback" not in meter.stderr, meter.stderr[-3000:]
+    assert f"{out / 'jpwr'}" in meter.stderr and "Fix:" in meter.stderr

@@ -39,12 +39,20 @@ STARTED = {"llm_training": "[llm_training] model built", "resnet50": "[resnet50]
 
 
 def _llm_broken_data(tmp: Path) -> list[str]:
-    """A real Megatron dataset whose tokens lie outside the model's vocabulary (the file's shape intact, so the
-    corpus reader admits it): the first step's embedding lookup fails inside the run."""
+    """A real Megatron dataset whose index points every sequence past the end of its .bin (the counts, sizes and
+    tokens intact, so the corpus reader admits it): megatron-core's reads fail inside the run. (Tokens beyond the
+    vocabulary, once the crash here, are refused before megatron reads them, issue 61.)"""
+    import numpy
+
+    from llm_training.corpus import INDEX_HEADER, read_corpus_index
     from tests.llm_training.test_preprocess import preprocessed_dataset
 
     prefix = preprocessed_dataset(tmp)
-    Path(f"{prefix}.bin").write_bytes(b"\xff" * len(Path(f"{prefix}.bin").read_bytes()))
+    corpus = read_corpus_index(str(prefix))
+    index = bytearray(Path(f"{prefix}.idx").read_bytes())
+    pointers = len(INDEX_HEADER) + 8 + 1 + 8 + 8 + 4 * corpus.sequences  # after the header and the lengths
+    index[pointers:pointers + 8 * corpus.sequences] = numpy.full(corpus.sequences, 1 << 40, "<i8").tobytes()
+    Path(f"{prefix}.idx").write_bytes(bytes(index))
     return ["--vocab-size", "400", "--data-path", str(prefix), "--iterations", "3", "--warmup-iterations", "1"]
 
 
@@ -78,7 +86,12 @@ BROKEN_INPUT: dict[str, Callable[[Path], list[str]]] = {
 
 
 def _command(driver: str, extra: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", driver, *BASE[driver], *extra, "--out-dir", str(out)]
+    """The driver's base command with `extra`; an option of the base that `extra` gives again is taken from `extra`
+    (a command line giving one option twice with different values is refused)."""
+    base = BASE[driver]
+    again = {word for word in extra if word.startswith("--")}
+    kept = [word for i, word in enumerate(base) if word not in again and (i == 0 or base[i - 1] not in again)]
+    return [sys.executable, "-m", driver, *kept, *extra, "--out-dir", str(out)]
 
 
 def _sigterm(driver: str, cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ through JOULEBENCH_MEMINFO. A process killed by SIGKILL cannot say why it ended;
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,76 @@ def test_a_command_killed_by_sigkill_under_jpwr_is_named_as_probably_out_of_memo
                             "kill -TERM $$"], env=fake_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert ended.returncode == 128 + 15 and "killed by signal 15 (SIGTERM)" in ended.stderr
     assert "out of memory" not in ended.stderr
+
+
+# ---- issue 61: validate is the run's own check, through JUBE's --device auto too --------------------------------
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host without a visible GPU (the driver's boundary: torch sees no CUDA device)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here despite CUDA_VISIBLE_DEVICES=''")
+
+
+@pytest.mark.parametrize(("command", "argv"), [
+    ("llm_training", ["validate", "--model", "tiny", "--world-size", "64", "--nodes", "1", "--devices-per-node",
+                      "64", "--global-batch-size", "128"]),
+    ("llm_inference", ["validate", "--preset", "tiny"]),
+    ("llm_inference", ["validate-load", "--preset", "tiny", "--rate", "1"]),
+])
+def test_validate_device_auto_on_a_host_without_gpu_is_held_to_its_memory_as_the_run_is(command, argv, meminfo,
+                                                                                        no_gpu, capsys) -> None:
+    """JUBE's validate passes --device auto (its default): on a 2-core host without a GPU, 64 ranks passed it, since
+    only --device cpu checked the host's memory, and the run then ran on the CPU. `auto` is resolved as the run
+    resolves it."""
+    from llm_inference.cli import main as inference
+    from llm_training.cli import main as training
+
+    main = {"llm_training": training, "llm_inference": inference}[command]
+    meminfo(TINY_MEMINFO)
+    assert main([*argv, "--device", "auto"]) == 64
+    err = capsys.readouterr().err
+    assert "this host (MemAvailable) has 0.0 GiB" in err and "Traceback" not in err, err
+    assert main([*argv, "--device", "cpu"]) == 64 and capsys.readouterr().err == err  # the same check, word for word
+
+
+def test_the_run_refuses_what_validate_refuses_before_its_framework_loads(meminfo, no_gpu, tmp_path, capsys) -> None:
+    from llm_training.cli import main as training
+
+    meminfo(TINY_MEMINFO)
+    assert training(["validate", "--model", "tiny"]) == 64
+    refused = capsys.readouterr().err
+    assert training(["train", "--model", "tiny", "--out-dir", str(tmp_path / "run")]) == 64
+    assert capsys.readouterr().err == refused
+    assert not (tmp_path / "run" / "run_record.json").exists()
+
+
+def test_jube_validates_a_slurm_point_of_device_auto_for_its_nodes_not_the_login_node(tmp_path) -> None:
+    from tests.jube.test_profile import _fake_tool, jbprofile
+
+    env = _fake_tool(tmp_path, "sbatch", "")
+    slurm = shlex.split(jbprofile.build_settings("llm", ["H100", "800M"], {}, "run", env)["JB_VALIDATE_ARGS"])
+    assert slurm[slurm.index("--device") + 1] == "cuda"  # the nodes' GPUs: validate runs on the login node
+    train = shlex.split(jbprofile.build_settings("llm", ["H100", "800M"], {}, "run", env)["JB_TRAIN_ARGS"])
+    assert train[train.index("--device") + 1] == "auto"  # the run resolves it on its node
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--rate", "max", "--requests", "1", "--max-concurrency", "8"],
+     "--requests 1 at --rate max never keeps the 8 slots busy at once after the warm-up: the window would never open"),
+    (["--trace", "{trace}", "--warmup-requests", "2"],
+     "has 2 requests and --warmup-requests 2 takes them all: no counted request opens the window"),
+])
+def test_a_load_too_short_to_open_its_window_is_refused_by_validate_and_the_run(argv, said, tmp_path, capsys) -> None:
+    from llm_inference.cli import main as inference
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 2}\n' * 2)
+    argv = [a.replace("{trace}", str(trace)) for a in argv]
+    for command in ("validate-load", "load"):
+        assert inference([command, "--preset", "tiny", "--task", "tiny", "--device", "cpu", *argv,
+                          "--out-dir", str(tmp_path / "run")]) == 64
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "run" / "run_record.json").exists()

@@ -137,10 +137,12 @@ RUNS = (
     Run("load-stops-at-once", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--out-dir",
         "{tmp}/run"), ("--exit-duration-mins",), codes=(124,)),
     Run("load-unreachable-server", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--requests", "1",
-        "--url", "http://127.0.0.1:9", "--out-dir", "{tmp}/run"), ("--request-timeout", "--retries"),
+        "--max-concurrency", "1", "--url", "http://127.0.0.1:9", "--out-dir", "{tmp}/run"),
+        ("--request-timeout", "--retries"),
         codes=(1,)),  # FAILED: nothing listens there
     Run("load-server-never-ready", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--requests", "1",
-        "--server-command", "sleep 30", "--out-dir", "{tmp}/run"), ("--server-port", "--server-ready-timeout"),
+        "--max-concurrency", "1", "--server-command", "sleep 30", "--out-dir", "{tmp}/run"),
+        ("--server-port", "--server-ready-timeout"),
         codes=(1,)),  # FAILED: not ready within the smallest timeout
     Run("save-checkpoint-low", "python -m llm_inference", ("save-checkpoint", "--preset", "tiny", "--out",
         "{tmp}/ckpt"), ("--seed",), codes=(0,)),

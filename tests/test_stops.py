@@ -11,18 +11,21 @@ hardware boundary.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import INTERRUPTED_EXIT, Lifecycle, StopRequest
+from joulebench.loop import LoopSpec, Progress, TrainSteps, run_loop
+from joulebench.phases import Replay, replay_phases
 from joulebench.record import EXIT_CODES, steady_metrics
 from joulebench.waits import SLICE_S, Stopped, call_within, wait_until
 from tests.driver_helpers import read_record, summaries
@@ -62,20 +65,24 @@ def silent_server() -> Iterator[tuple[str, threading.Event]]:
                 connection.close()
 
 
-def _signal_after(proc: subprocess.Popen[str], marker: str, signum: int, settle_s: float) -> tuple[str, float]:
-    """Read the run's stdout up to the line starting with `marker`, wait `settle_s`, send `signum`; returns what
-    was printed before it and the time the signal went."""
+def _read_until(proc: subprocess.Popen[str], marker: str) -> str:
+    """The run's stdout up to and with the line starting with `marker`."""
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
         seen.append(line)
         if line.startswith(marker):
-            break
-    else:
-        raise AssertionError(f"the run ended before printing {marker!r}: {''.join(seen)[-2000:]}")
+            return "".join(seen)
+    raise AssertionError(f"the run ended before printing {marker!r}: {''.join(seen)[-2000:]}")
+
+
+def _signal_after(proc: subprocess.Popen[str], marker: str, signum: int, settle_s: float) -> tuple[str, float]:
+    """Read the run's stdout up to the line starting with `marker`, wait `settle_s`, send `signum`; returns what
+    was printed before it and the time the signal went."""
+    seen = _read_until(proc, marker)
     time.sleep(settle_s)
     proc.send_signal(signum)
-    return "".join(seen), time.monotonic()
+    return seen, time.monotonic()
 
 
 def test_a_wait_ends_at_its_deadline_its_event_or_within_a_slice_of_a_stop():
@@ -263,3 +270,177 @@ def test_a_stop_ends_the_cool_down_before_the_idle_baseline_at_its_next_poll(fak
     assert not result.settled and result.note.startswith("not waited for further (SIGTERM received): nvml:")
     assert "power moved" in result.note
     assert result.waited_s <= 1.0 + 1e-9  # one poll (poll_s 1 s) after the first look, not the 60 s bound
+
+
+# ---- issue 61: every phase hears a stop (before the steady window, the phase replays, the imports) ------------------
+def _signal_at(count: int, signum: int) -> Callable[[], None]:
+    """A step (or a phase) that takes 2 ms and sends `signum` to this process at its `count`-th call, as Slurm or a
+    user would while the run is in that phase."""
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        time.sleep(0.002)
+        if len(calls) == count:
+            os.kill(os.getpid(), signum)
+
+    return step
+
+
+@pytest.mark.parametrize(("signum", "status", "code", "words"), STOPS, ids=["SIGTERM", "SIGINT"])
+def test_a_stop_in_the_warm_up_says_the_run_stopped_before_the_steady_window(tmp_path, signum, status, code, words):
+    """Stopped at the 3rd of 1000 warm-up steps: "stopped before the steady window", the windows that exist, and no
+    count of measured steps (once "-997 of 10 measured iterations")."""
+    spec = LoopSpec(iterations=10, warmup_iterations=1000, steady_seconds=None, cpu_iterations=10, log_interval=1,
+                    work_unit="tokens", work_per_step=1.0)
+    steps = TrainSteps(step=_signal_at(3, signum), loss=lambda _: 0.0, any_rank=lambda flag: flag,
+                       gather=lambda obj: [obj], sync=None)
+    with (Lifecycle("llm_training", LaunchEnv.from_env({})) as life,
+          life.run("r", tmp_path, {}, metrics=lambda record: {"work_unit": "tokens"}) as run):
+        loop = run_loop(steps, run.open_meter(), spec, life.stop, "cpu", Progress("t", spec, False))
+        run.stopped_early(loop.completed, loop.planned, spec.warmup_iterations)
+    assert life.exit_code() == code
+    record = read_record(tmp_path)
+    assert record["status"] == status and words in record["status_reason"], record["status_reason"]
+    assert record["status_reason"].endswith(": stopped before the steady window, after 3 of 1000 warm-up iterations; "
+                                            "windows kept: warmup"), record["status_reason"]
+    assert [w["name"] for w in record["windows"]] == ["warmup"]
+
+
+def test_a_stop_inside_a_phase_replay_window_ends_the_run_within_a_second_keeping_what_was_closed(tmp_path):
+    """Each phase replayed for at least 60 s; SIGTERM at the 96th invocation inside the first's window (after the four
+    that time it): the window closes at its next check (about once a second) with the invocations done, the second
+    phase never starts, and the run ends TIMEOUT saying where it stopped."""
+    replays = [Replay("forward", _signal_at(100, signal.SIGTERM)), Replay("backward", lambda: time.sleep(0.002))]
+    with (Lifecycle("llm_training", LaunchEnv.from_env({})) as life,
+          life.run("r", tmp_path, {}, metrics=lambda record: {}) as run):
+        meter = run.open_meter()
+        meter.begin("steady", 0)
+        meter.end("steady", 1, work={"tokens": 1.0})
+        started = time.monotonic()
+        replay_phases(meter, replays, 60.0, stop_reason=life.stop.local_reason)
+    assert time.monotonic() - started < 2.0
+    assert life.exit_code() == EXIT_CODES["TIMEOUT"]
+    record = read_record(tmp_path)
+    assert record["status"] == "TIMEOUT", record["status_reason"]
+    assert record["status_reason"].startswith("SIGTERM received (Slurm time limit or job cancelled): stopped during "
+                                              "the phase replays, in replay/forward after "), record["status_reason"]
+    windows = {w["name"]: w for w in record["windows"]}
+    assert list(windows) == ["steady", "replay/forward"]
+    done = windows["replay/forward"]["work"]["invocations"]
+    assert done >= 96 and windows["replay/forward"]["end_reason"].startswith(f"stopped after {done:.0f} of ")
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_drivers_phase_replays_ends_it_within_seconds_with_its_record(fake_env, h100_trace_dir,
+                                                                                      tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu", "--log-interval", "1",
+           "--no-idle-baseline", "--iterations", "3", "--warmup-iterations", "1", "--replay-phases", "120",
+           "--energy-methods", "nvml", "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir)), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        before, sent = _signal_after(proc, "[llm_training] replaying each phase alone", signal.SIGTERM, 2.0)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == "TIMEOUT" and "stopped during the phase replays" in record["status_reason"]
+    assert record["metrics"]["tokens_per_wh"] is not None  # the steady window measured before it is kept
+    assert summaries(before + stdout)[-1]["status"] == "TIMEOUT"
+
+
+def test_ctrl_c_while_a_driver_imports_its_framework_is_one_line_and_exit_130(fake_env, tmp_path):
+    """torch and megatron-core take seconds to import, before any run installs its handlers: Ctrl-C there ends the
+    process with one line (once a traceback through the imports)."""
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu",
+           "--out-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        time.sleep(1.5)  # the command line is parsed in 0.3 s; torch's import alone takes longer than the rest
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S
+    assert proc.returncode == INTERRUPTED_EXIT, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert "llm_training: error: stopped by Ctrl-C (SIGINT) outside a run" in stderr
+    assert not (tmp_path / "run" / "run_record.json").exists()  # no run began: nothing to record
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (a W&B server out of reach: connections refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wandb_online_env(fake_env) -> dict[str, str]:
+    return fake_env(WANDB_MODE="online", WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}",
+                    WANDB_API_KEY="0123456789abcdef0123456789abcdef01234567", WANDB_SILENT="true")
+
+
+# A run's last moments as the drivers end them: a tool opened (here given up after 2 s), the record's result line, then
+# the drivers' exit (joulebench.process_exit). W&B online retries its server for minutes and waits for it again in its
+# exit handlers (once 70-100 s past the result line).
+AFTER_RESULT = """
+import sys, time
+from pathlib import Path
+from joulebench.exports.run import Exports
+from joulebench.process_exit import exit_after_run
+exports = Exports(["wandb"], Path(sys.argv[1]), "r", "llm_training", timeout_s=2.0, say=print)
+exports.close()
+print("JOULEBENCH_RESULT status=OK", flush=True)
+exit_after_run(0)
+"""
+
+
+def test_wandb_online_with_its_server_out_of_reach_ends_within_seconds_of_the_result_line(fake_env, tmp_path):
+    pytest.importorskip("wandb")
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_RESULT, str(tmp_path)], env=_wandb_online_env(fake_env),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        before = _read_until(proc, "JOULEBENCH_RESULT")
+        said = time.monotonic()
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - said < SIGNAL_TO_END_S
+    assert proc.returncode == 0
+    assert "wandb could not be opened and was left out: TimeoutError: opening wandb did not return within 2 s" in before
+
+
+@pytest.mark.slow
+def test_sigterm_while_wandb_online_opens_against_a_closed_port_ends_the_run_within_seconds(fake_env, tmp_path):
+    pytest.importorskip("wandb")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu", "--log-interval", "1",
+           "--no-idle-baseline", "--iterations", "3", "--warmup-iterations", "1", "--log-to", "wandb",
+           "--out-dir", str(out)]
+    proc = subprocess.Popen(cmd, env=_wandb_online_env(fake_env), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.rglob("wandb/run-*")) and time.monotonic() < deadline:  # W&B is setting up its run
+            time.sleep(0.2)
+        time.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    assert "--log-to: wandb was left out: opening wandb was given up: SIGTERM received" in " ".join(
+        record["warnings"]), record["warnings"]
+    assert summaries(stdout)[-1]["status"] == "TIMEOUT"

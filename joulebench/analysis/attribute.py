@@ -25,6 +25,7 @@ import numpy as np
 from joulebench.analysis.attribution_text import render
 from joulebench.analysis.kernel_classes import CATEGORY_NAMES, category
 from joulebench.analysis.phase_fit import LabelFit, Timeline, exclusive_timeline, fit_labels, held_out_folds
+from joulebench.analysis.plausible import device_power_problem
 from joulebench.analysis.plausible import idle_power_w as recorded_idle_w
 from joulebench.analysis.plot import find_trace_sources
 from joulebench.analysis.replay import add_dynamic, inference_estimator, replay_estimator
@@ -332,6 +333,10 @@ def attribute(run_dir: Path, window: str = "steady", selected: Sequence[str] | N
     """The attribution block of one run (not yet written); idle power per device: given, else the record's."""
     path, record = load_record(run_dir)
     idle_source = "--idle-power-w"
+    low = device_power_problem("--idle-power-w", idle_power_w) if idle_power_w else None  # 0: every joule dynamic
+    if low:
+        raise ValidationError(low, "give the devices' idle power per device in W (0 = every joule dynamic), or leave "
+                                   "it out to use the record's idle baseline")
     if idle_power_w is None:
         idle_power_w, idle_source = recorded_idle_w(record, record.window(window))
     block: dict[str, Any] = {"window": window, "computed_at": utc_now(), "tool": "joulebench attribute",

@@ -121,7 +121,8 @@ def unit_cost(record: RunRecord, label: str) -> UnitCost:
     if time_per_unit is None:
         reason = f"no {unit} counted in the {STEADY!r} window"
     elif power is None:
-        reason = f"energy n/a: {energy.unavailable_reason if energy else 'not measured'}"
+        why = energy.unavailable_reason if energy else record.metrics.get("energy_unavailable_reason")
+        reason = f"energy n/a: {why or 'not measured'}"
     return cost(time_per_unit_s=time_per_unit, mean_power_w=power, reason=reason,
                 energy_bound=relative_bound(energy.energy_j, energy.error_bound_j) if energy is not None else None)
 

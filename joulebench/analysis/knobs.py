@@ -98,7 +98,11 @@ def parse_defaults(texts: Sequence[str], benchmark: str) -> dict[str, str]:
         if not sep or key.strip() not in known or not value.strip():
             raise ValidationError(f"--default {part!r} is not KNOB=VALUE of a {benchmark} knob",
                                   f"write e.g. --default batch_size=1; knobs: {', '.join(sorted(known))}")
-        pairs[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if pairs.get(key, value) != value:
+            raise ValidationError(f"--default {key}={pairs[key]} and --default {key}={value} both given: only the last "
+                                  "would count", f"give {key} once")
+        pairs[key] = value
     return pairs
 
 

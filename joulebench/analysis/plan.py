@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis.energy_domain import provenance, require_one_domain
-from joulebench.analysis.plausible import CLOCK_RANGE_MHZ, clock_check
+from joulebench.analysis.plausible import CLOCK_RANGE_MHZ, clock_check, device_power_problem
 from joulebench.analysis.replay import NOT_REPLAYED
 from joulebench.analysis.report import check_versions, record_paths
 from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
@@ -186,6 +186,8 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
         wrong = [f"phase {r.get('phase')}: {p}" for r in rows
                  for key in ("energy_per_step_j", "seconds_per_step", "mean_power_w")
                  if (p := number_problem(key, r.get(key)))]
+        problem = problem or closure_problem(attribution, method)
+        wrong = wrong or implausible_power(record, attribution, rows, str(window_name))
         if problem or wrong:
             excluded.append(f"run {run}: {problem or 'figures rejected: ' + '; '.join(wrong)}")
             continue
@@ -205,6 +207,37 @@ def profile_from_records(paths: Sequence[Path], method: str) -> Profile:
     require_one_domain(planned, "joulebench plan")
     origin = f"attribution method {method!r} of window(s) {', '.join(sorted(windows)) or 'n/a'} in the run records"
     return Profile(phases, _average(samples), origin, excluded, unchecked, provenance(planned))
+
+
+def closure_problem(attribution: dict[str, Any], method: str) -> str | None:
+    """Why an estimator's own check refuses its phases: the fit's held-out closure, the replay's sum of phases
+    against the whole step, marked misfit (`joulebench attribute` prints MISFIT): its per-phase figures do not add
+    up to the energy measured, so no plan is made on them."""
+    estimator = (attribution.get("estimators") or {}).get(method) or {}
+    checks = [("closure", estimator.get("closure")), ("sum_vs_step", estimator.get("sum_vs_step"))]
+    for name, check in checks:
+        if isinstance(check, dict) and check.get("status") == "misfit":
+            why = f": {check['reason']}" if check.get("reason") else ""
+            return (f"its attribution's {name} is MISFIT{why} (its phases do not add up to the energy measured; "
+                    "attribute a longer or steadier window)")
+    return None
+
+
+def implausible_power(record: RunRecord, attribution: dict[str, Any], rows: Sequence[dict[str, Any]],
+                      window: str) -> list[str]:
+    """The attribution's idle power and each phase's mean power per device that no device draws (below
+    joulebench.analysis.plausible.MIN_DEVICE_POWER_W: 1e-12 J in a 0.1 s phase, an idle power of 1e-9 W)."""
+    covered = record.window(window)
+    energy = covered.energy if covered is not None else None
+    devices = energy.devices if energy is not None and energy.devices else 1
+    found = [p for p in (device_power_problem("idle_power_w_per_device",
+                                              attribution.get("idle_power_w_per_device") or None),) if p]
+    for row in rows:
+        joules, seconds = row.get("energy_per_step_j"), row.get("seconds_per_step")
+        if joules is not None and seconds:
+            problem = device_power_problem("mean power per device", joules / seconds / devices)
+            found += [f"phase {row.get('phase')}: {problem}"] if problem else []
+    return found
 
 
 def attribution_rows(attribution: dict[str, Any], method: str) -> tuple[list[dict[str, Any]], str | None]:

@@ -10,9 +10,10 @@ two are judged here, against what the same record says about the device and the 
   device reported when the clock was set (`devices[].supported_sm_clock_range_mhz`, written by
   `joulebench.device_settings apply`); outside it the run is left out, and without a recorded range the clock is
   used but flagged as unchecked.
-* idle power: positive and finite, over a positive whole device count, and not above the window's mean power per
-  device beyond the two combined bounds (a load never draws less than idle); otherwise no dynamic energy is
-  computed (n/a, with the reason).
+* idle power: positive and finite, over a positive whole device count, at least MIN_DEVICE_POWER_W per device, and
+  not above the window's mean power per device beyond the two combined bounds (a load never draws less than idle);
+  otherwise no dynamic energy is computed (n/a, with the reason). `joulebench plan` holds an attribution's idle
+  power and each phase's mean power per device to the same floor.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from joulebench.record import RunRecord
 from jpwr import Window
 
 CLOCK_RANGE_MHZ = (1, 100_000)  # a clock outside it is no clock of any device (H100 SM clocks: 210-1980 MHz)
+# No device the meter reads draws less than this while powered (a GPU idles at tens of watts, a CPU package at
+# watts): a smaller idle power or phase power per device was never measured (edited, or a unit mix-up).
+MIN_DEVICE_POWER_W = 1.0
 RANGE_KEY = "supported_sm_clock_range_mhz"  # a device entry's [min, max] SM clock (device_settings apply)
 
 
@@ -99,6 +103,15 @@ def clock_check(record: RunRecord) -> ClockCheck:
     return ClockCheck(settings)
 
 
+def device_power_problem(name: str, watts: Any) -> str | None:
+    """Why `watts` cannot be one device's power (not a positive number, or below MIN_DEVICE_POWER_W), or None."""
+    problem = number_problem(name, watts)
+    if problem is None and watts is not None and watts < MIN_DEVICE_POWER_W:
+        problem = (f"{name} {watts:.3g} W is below {MIN_DEVICE_POWER_W:g} W per device, less than any device draws "
+                   "while powered (edited, or a unit mix-up)")
+    return problem
+
+
 def idle_power_w(record: RunRecord, window: Window | None) -> tuple[float | None, str]:
     """Idle power per device from the record's idle baseline (meter.idle_baseline) and where it came from; None with
     the reason where it is missing or cannot be true (see the module docstring): then no dynamic energy."""
@@ -116,6 +129,9 @@ def idle_power_w(record: RunRecord, window: Window | None) -> tuple[float | None
     if problem:
         return None, f"no dynamic energy: {problem}"
     idle_w, idle_bound_w = power_w / devices, bound_w / devices
+    low = device_power_problem("meter.idle_baseline.power_w per device", idle_w)
+    if low:
+        return None, f"no dynamic energy: {low}"
     above = _above_window(idle_w, idle_bound_w, window)
     if above:
         return None, f"no dynamic energy: {above}"

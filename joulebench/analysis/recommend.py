@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ from joulebench.analysis.diagnose import work_unit
 from joulebench.analysis.energy_domain import require_one_domain
 from joulebench.analysis.pareto import DEFAULT_MIN_COVERAGE, exclusion, parse_fraction
 from joulebench.analysis.report import Run, load_runs
+from joulebench.analysis.text_width import fitted
 from joulebench.arguments import FRACTION, MILLISECONDS, Number, state_ranges
 from joulebench.disturbed import summary as disturbed_summary
+from joulebench.record import EXIT_CODES
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ExitCode, ValidationError
@@ -49,6 +52,7 @@ TPOT_KEYS = ("tpot_p90_s", "per_token_latency_p90_s")  # serving records, then s
 TTFT_KEYS = ("ttft_p90_s",)
 THROUGHPUT = Number(float, 0.0, 1e15, low_open=True)  # units of work per second
 REPEATS = Number(int, 2, 100)  # a spread needs two runs
+REMEASURE_FAILED = EXIT_CODES["FAILED"]  # every re-run failed or was refused: nothing confirms or refutes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +221,11 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
                                               group.energy_bound),
                         group.time_per_unit_s / base.time_per_unit_s - 1, target_misses(group, base, target, unit),
                         semantic))
+    if len(rows) < 2:  # the semantic filter left the default alone: nothing to choose from, as above
+        listed = [f"left out: {reason}" for reason in left_out]
+        raise ValidationError(f"too few settings to choose from: only the default is left once the settings that "
+                              f"change what is computed are left out ({len(left_out)} left out, above)",
+                              "sweep a knob that keeps the computation, or pass --allow-semantic-changes", listed)
     rows.sort(key=lambda r: (r.group.energy_per_unit_j, r.group.time_per_unit_s))
     default = next(r for r in rows if r.group is base)
     meeting = [r for r in rows if not r.misses]
@@ -349,7 +358,8 @@ def main(argv: Sequence[str]) -> int:
     target = Target(None if args.max_p90_tpot_ms is None else args.max_p90_tpot_ms / 1e3,
                     None if args.max_p90_ttft_ms is None else args.max_p90_ttft_ms / 1e3,
                     None if args.max_slowdown is None else parse_fraction(args.max_slowdown), args.min_throughput)
-    rec = recommend(load_runs(args.paths), target, args.default, args.allow_semantic_changes, args.min_coverage)
+    sweep = load_runs(args.paths)
+    rec = recommend(sweep, target, args.default, args.allow_semantic_changes, args.min_coverage)
     data = as_json(rec)
     if args.remeasure and args.remeasured:
         raise ValidationError("--remeasure and --remeasured both given", "keep one: re-run here, or read re-runs")
@@ -358,7 +368,8 @@ def main(argv: Sequence[str]) -> int:
     if wanted and rec.chosen is not None and not rec.is_default:
         from joulebench.analysis import remeasure
 
-        measured = (remeasure.from_records(rec, load_runs(args.remeasured), args.min_coverage) if args.remeasured
+        measured = (remeasure.from_records(rec, load_runs(args.remeasured), args.min_coverage, sweep)
+                    if args.remeasured
                     else remeasure.remeasure(rec, args.repeats, args.remeasure_dir, args.energy_methods,
                                              args.min_coverage))
         data["remeasured"] = measured.as_json()
@@ -367,7 +378,11 @@ def main(argv: Sequence[str]) -> int:
     if wanted and measured is None:
         print("re-measure: nothing to re-measure (the recommendation is the default, or none meets the target)")
     if measured is not None:
-        print("\n".join(measured.lines()))
+        print(fitted(measured.lines()))
     if args.json:
         write_json_atomic(args.json, data)
+    if measured is not None and measured.failed:
+        print("re-measure: no re-run left a record of a new run (each failed, or is no re-run): the re-measurement "
+              "FAILED", file=sys.stderr)
+        return REMEASURE_FAILED
     return ExitCode.OK

@@ -18,9 +18,10 @@ so a saving alone does not confirm a recommendation.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,19 @@ class Remeasured:
     problems: list[str]
     slowdown: float | None  # the re-runs' time per unit against the re-run default's (None with `measured`)
     misses: list[str]  # the target's limits the re-runs of the recommendation miss
+    reruns: int = 0  # re-runs that ran and left a record (trusted or not); 0: the re-measurement failed
 
     @property
     def confirmed(self) -> bool:
         """Measured, agreeing with the prediction, and still meeting the target."""
         return bool(self.agrees) and not self.misses
+
+    @property
+    def failed(self) -> bool:
+        """No re-run left a record of a new run (each failed, or was refused as no re-run): the re-measurement
+        failed, and the command exits non-zero. Re-runs that ran but are left out (disturbed, low coverage) leave
+        the recommendation PREDICTED, not failed."""
+        return self.reruns == 0
 
     @property
     def agrees(self) -> bool | None:
@@ -114,7 +123,8 @@ class Remeasured:
         head = (f"re-measured ({len(self.default.runs)} + {len(self.recommended.runs)} runs, alternating): predicted "
                 f"saving {self.predicted.words()}")
         if self.measured is None:
-            return [f"{head}; measured saving n/a: {'; '.join(self.problems)}",
+            return [f"{head}; measured saving n/a ({len(self.problems)} problem(s) below)",
+                    *[f"problem: {p}" for p in self.problems],
                     "the recommendation stays PREDICTED (not confirmed by re-measuring)"]
         verdict = {True: "agrees with the prediction (within the combined bounds)",
                    False: "DISAGREES with the prediction (beyond the combined bounds): the sweep's figure did not hold",
@@ -158,25 +168,84 @@ def remeasure(rec: Recommendation, repeats: int, root: Path, energy_methods: str
                 for name, row in (("default", rec.default), ("recommended", rec.chosen))}
     runs: dict[str, list[Run]] = {"default": [], "recommended": []}
     problems: list[str] = []
+    ran = 0
     for repeat in range(1, repeats + 1):
         for name, command in commands.items():
             out_dir = root / f"{name}-{repeat}"
             found = run([*command, "--out-dir", str(out_dir), "--run-id", f"{name}-{repeat}"], out_dir)
+            ran += not isinstance(found, str)
             reason = found if isinstance(found, str) else untrusted(found, min_coverage)
             if reason:
                 problems.append(reason if isinstance(found, str) else f"{found.record.run_id}: {reason}")
             else:
                 assert not isinstance(found, str)
                 runs[name].append(found)
-    return compared(rec, runs["default"], runs["recommended"], problems)
+    return dataclasses.replace(compared(rec, runs["default"], runs["recommended"], problems), reruns=ran)
 
 
-def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> Remeasured:
+def _started(run: Run) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(run.record.started_at)
+    except (TypeError, ValueError):
+        return None
+
+
+def new_runs(runs: Sequence[Run], sweep: Sequence[Run]) -> tuple[list[Run], list[str]]:
+    """The runs that are re-runs: not the sweep's own (by run id), each given once (by file and run id), started
+    after every run of the sweep, of the sweep's workload (benchmark, knobs.WORKLOAD_KEYS) and on its node. A
+    re-measurement from the sweep's own records would agree with its prediction by construction; the others are
+    named with why they are no re-run."""
+    sweep_ids = {r.record.run_id for r in sweep}
+    starts = [t for t in map(_started, sweep) if t is not None]
+    last = max(starts) if starts else None
+    reference = next((r for r in sweep if not r.rejected), sweep[0]) if sweep else None
+    kept: list[Run] = []
+    problems: list[str] = []
+    seen: dict[Path, str] = {}
+    for run in runs:
+        why = _not_new(run, sweep_ids, last, reference, seen, {r.record.run_id for r in kept})
+        if why:
+            problems.append(f"{run.record.run_id}: {why}")
+        else:
+            kept.append(run)
+        seen.setdefault(run.path.resolve(), run.record.run_id)
+    return kept, problems
+
+
+def _not_new(run: Run, sweep_ids: set[str], last: datetime.datetime | None, reference: Run | None,
+             seen: Mapping[Path, str], kept_ids: set[str]) -> str | None:
+    """Why `run` is not a new re-run of the sweep, or None."""
+    record = run.record
+    if record.run_id in sweep_ids:
+        return "is a run of the sweep itself, not a re-run: re-run the setting and pass the new records"
+    if run.path.resolve() in seen:
+        return f"{run.path} is given twice (as its directory and as its file?): each re-run counts once"
+    if record.run_id in kept_ids:
+        return "another re-run has the same run id: each re-run counts once"
+    started = _started(run)
+    if last is not None and (started is None or started < last):
+        return (f"started {record.started_at}, before the sweep's last run ({last.isoformat()}): a re-run is made "
+                "after the sweep")
+    if reference is None:
+        return None
+    if record.benchmark != reference.record.benchmark:
+        return f"is a {record.benchmark} run, the sweep's are {reference.record.benchmark}"
+    for key in knobs.WORKLOAD_KEYS:
+        if record.config.get(key) != reference.record.config.get(key):
+            return (f"runs another workload ({key} {record.config.get(key)!r}, the sweep's "
+                    f"{reference.record.config.get(key)!r})")
+    node, theirs = record.launch.get("node_name"), reference.record.launch.get("node_name")
+    if theirs and node != theirs:
+        return f"ran on node {node}, the sweep on {theirs}: re-measure on the sweep's node"
+    return None
+
+
+def from_records(rec: Recommendation, runs: list[Run], min_coverage: float, sweep: Sequence[Run] = ()) -> Remeasured:
     """Re-runs made elsewhere: the runs of the default and the recommended setting among `runs` (others ignored), each
-    side needing two trustworthy runs at least (a spread needs two)."""
+    side needing two trustworthy runs at least (a spread needs two); only new runs of the sweep count (new_runs)."""
     assert rec.chosen is not None
     sides: dict[str, list[Run]] = {"default": [], "recommended": []}
-    problems: list[str] = []
+    runs, problems = new_runs(runs, sweep)
     wanted = {rec.default.group.setting: "default", rec.chosen.group.setting: "recommended"}
     for run in runs:
         side = None if run.rejected else wanted.get(knobs.setting_of(rec.benchmark, run.record.config))
@@ -187,7 +256,8 @@ def from_records(rec: Recommendation, runs: list[Run], min_coverage: float) -> R
             sides[side].append(run)
     problems += [f"{len(found)} trustworthy re-run(s) of the {side} setting; at least 2 are needed"
                  for side, found in sides.items() if len(found) < 2]
-    return compared(rec, sides["default"], sides["recommended"], problems)
+    ran = sum(not r.unreadable and r.record.status != "FAILED" for r in runs)  # new runs that left a record
+    return dataclasses.replace(compared(rec, sides["default"], sides["recommended"], problems), reruns=ran)
 
 
 def compared(rec: Recommendation, default_runs: list[Run], recommended_runs: list[Run],

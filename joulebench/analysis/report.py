@@ -40,6 +40,7 @@ from joulebench.analysis.text_width import fitted
 from joulebench.disturbed import summary as disturbed_summary
 from joulebench.figures import REJECTED, fraction_problem, rejection, unit_figure
 from joulebench.latents import steady_latents
+from joulebench.out_dir import one_writer
 from joulebench.reasons import Footnotes
 from joulebench.record import (
     MEASURED_STATUSES,
@@ -54,7 +55,7 @@ from joulebench.record import (
 from jpwr import ExitCode, FormatError, ValidationError
 from jpwr.energy import ACCELERATORS
 from jpwr.errors import ArgumentParser
-from jpwr.output import fmt, readable, utc_now, write_atomic
+from jpwr.output import fmt, printable, readable, utc_now, write_atomic
 from jpwr.trace import TraceData, load_trace
 
 if TYPE_CHECKING:  # matplotlib is an extra (reports): imported when drawing, so --help works without it
@@ -512,7 +513,7 @@ def render_html(rows: Sequence[dict[str, str]], images: Sequence[tuple[Path, str
     table += "".join(f'<p class="note">[{n}] {html.escape(text)}</p>' for n, text in notes.numbered())
     diag = "".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in d.sentences)
                    + "</ul>" for title, d in diagnoses) or "<p>Fewer than two runs with energy: nothing to compare.</p>"
-    return f"""<!DOCTYPE html>
+    return printable(f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>joulebench report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #bbb;padding:3px 6px;text-align:right}}th{{background:#eee}}img{{max-width:100%}}
@@ -531,18 +532,26 @@ that was not measured (the note says why); it is never plotted as 0.</p>
 ΔE = Δt·(P̄₁+P̄₂)/2 + ΔP̄·(t₁+t₂)/2; the latent metrics are means over the steady window of each run's trace.</p>
 {diag}
 </body></html>
-"""
+""")
 
 
 def write_report(paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
-    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html."""
-    return write_runs(load_runs(paths), paths, out_dir, allow_partial)
+    """Charts (PNG files in OUTDIR, also embedded in the page), the table and the diagnoses: OUTDIR/index.html.
+    PARTIAL runs never enter a diagnosis (their energy covers part of the window only)."""
+    return write_runs(load_runs(paths), paths, out_dir, allow_partial)[0]
 
 
-def write_runs(runs: list[Run], paths: Sequence[Path], out_dir: Path, allow_partial: bool = False) -> Path:
-    """write_report over runs already read (load_runs). PARTIAL runs never enter a diagnosis (their energy covers
-    part of the window only)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_runs(runs: Sequence[Run], paths: Sequence[Path], out_dir: Path, allow_partial: bool = False
+               ) -> tuple[Path, list[dict[str, Any]]]:
+    """write_report over runs already read (load_runs), and the serving sections it wrote: the report's files are
+    written by one report at a time (another report into the same OUTDIR waits for it), so that they always belong to
+    one report."""
+    with one_writer(out_dir, "joulebench report"):
+        return _write_files(runs, paths, out_dir, allow_partial)
+
+
+def _write_files(runs: Sequence[Run], paths: Sequence[Path], out_dir: Path, allow_partial: bool
+                 ) -> tuple[Path, list[dict[str, Any]]]:
     images: list[tuple[Path, str]] = []
     diagnoses: list[tuple[str, Diagnosis]] = []
     for benchmark in sorted({r.record.benchmark for r in runs}):
@@ -582,7 +591,8 @@ def write_runs(runs: list[Run], paths: Sequence[Path], out_dir: Path, allow_part
     write_atomic(out_dir / "runs.json", json.dumps(
         {"rows": rows, "diagnoses": [{"title": t, **d.to_dict()} for t, d in diagnoses],
          "serving": serving_sections}, indent=2))
-    return write_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections))
+    return (write_atomic(out_dir / "index.html", render_html(rows, images, diagnoses, paths, serving_sections)),
+            serving_sections)
 
 
 def _single(path: Path) -> Run:
@@ -623,8 +633,8 @@ def main(argv: Sequence[str]) -> int:
     if args.out is None:
         raise ValidationError("no output directory given", "pass -o OUTDIR (or --compare A B to compare two runs)")
     runs = load_runs(args.paths)
-    index = write_runs(runs, args.paths, args.out, args.allow_partial)
-    for section in json.loads((args.out / "runs.json").read_text()).get("serving", []):
+    index, sections = write_runs(runs, args.paths, args.out, args.allow_partial)
+    for section in sections:
         print(fitted([f"joulebench report: serving, {section['group']}: {section['sentence']}"]))
     print(f"joulebench report: wrote {index}")
     print(fitted([next_step(runs)]))

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from joulebench.figures import REJECTED, serving_problems
+from joulebench.figures import MAX_RATE, REJECTED, serving_problems
 from joulebench.record import headline_domain
 from jpwr.output import fmt
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from joulebench.analysis.report import Run
 
 LOAD_BENCHMARK = "llm_inference"
-MAX_RATE = "max"
 NO_SLO = "no SLO given: pass --slo-ttft-ms/--slo-tpot-ms to the load"
 SHARES = ("prefill", "decode", "idle")
 

@@ -220,7 +220,8 @@ def run_case(case: Case, scratch: Path) -> dict[str, str]:
         code = cli.main(case.argv(scratch))
     outputs = {"stdout.txt": f"exit {code}\n{out.getvalue()}"}
     for path in sorted(scratch.rglob("*")):
-        if path.is_file() and path.suffix != ".png" and before.get(path) != path.stat().st_mtime_ns:
+        if (path.is_file() and path.suffix != ".png" and not path.name.startswith(".")  # a writer's lock is no output
+                and before.get(path) != path.stat().st_mtime_ns):
             outputs[str(path.relative_to(scratch)).replace("/", "__")] = path.read_text()
     if charts:
         outputs["charts.txt"] = "\n".join(charts) + "\n"

@@ -177,12 +177,32 @@ def test_min_coverage_option_reaches_the_summary(h100_env, tmp_path):
 
 @pytest.mark.parametrize(("args", "env", "named"), [
     (["--run-id", "../up"], {}, "run id '../up'"),
-    ([], {"JPWR_NODE_NAME": "rack/n1"}, "node name 'rack/n1'"),
+    ([], {"JPWR_NODE_NAME": "rack/n1"}, "node name (from JPWR_NODE_NAME) 'rack/n1'"),
+    ([], {"JPWR_NODE_NAME": "."}, "node name (from JPWR_NODE_NAME) '.'"),  # issue 61: once <out>/. = <out> itself
+    ([], {"JPWR_NODE_NAME": ".."}, "node name (from JPWR_NODE_NAME) '..'"),
+    ([], {"SLURMD_NODENAME": "."}, "node name (from SLURMD_NODENAME) '.'"),
 ])
 def test_names_that_become_paths_are_refused_before_anything_starts(h100_env, tmp_path, args, env, named):
     result = run(["--methods", "nvml", *args, "--out", "o", "--", "touch", "ran"], {**h100_env, **env}, tmp_path)
     assert result.returncode == ExitCode.USAGE and named in result.stderr and "Fix:" in result.stderr
+    assert "JPWR_NODE_NAME" not in env or "Fix: set JPWR_NODE_NAME to a name" in result.stderr
     assert not (tmp_path / "ran").exists() and not (tmp_path / "o").exists()
+
+
+def test_an_in_process_sampler_refuses_a_node_name_that_is_no_directory_before_writing(fake_pynvml, h100_trace_dir,
+                                                                                       tmp_path, monkeypatch):
+    """A driver's own sampler (--energy-methods) writes <out>/<node>/ too: JPWR_NODE_NAME=. is refused there alike."""
+    from jpwr import ValidationError
+    from jpwr.clock import VirtualClock
+    from jpwr.sampler import Sampler, open_backends
+
+    fake_pynvml.configure(h100_trace_dir, VirtualClock())
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    monkeypatch.setenv("JPWR_NODE_NAME", ".")
+    backends, discoveries = open_backends(["nvml"], VirtualClock())
+    with pytest.raises(ValidationError, match=r"node name \(from JPWR_NODE_NAME\) '\.' cannot be used as a file name"):
+        Sampler(backends, discoveries, tmp_path / "jpwr", 0.1, 1.0, run_id="r", background=False)
+    assert not (tmp_path / "jpwr").exists()
 
 
 def test_one_sampler_per_node_serves_several_ranks(h100_env, tmp_path):

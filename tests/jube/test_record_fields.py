@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -98,10 +99,15 @@ def test_every_row_carries_its_point_whatever_its_status(tmp_path: Path) -> None
 def test_a_partial_run_shows_its_covered_figures_only_when_the_profile_allows(tmp_path: Path, allow: str,
                                                                              per_wh: str, watts: str) -> None:
     work = job_dir(tmp_path, None, JB_ALLOW_PARTIAL=allow)
+    window = steady_window(tokens=760_000.0, seconds=10.0)
+    window.energy = dataclasses.replace(  # untrusted: no total, the covered time's figures beside it (as the meter)
+        WindowEnergy.unavailable("untrusted: GPU-0: coverage 60.0% < 99%", devices=1), method="counter",
+        coverage=0.6, trusted=False, untrusted_reason="GPU-0: coverage 60.0% < 99%", partial_energy_j=6500.0,
+        partial_mean_power_w=650.0)
     write_run_record(work / "run" / "run_record.json", RunRecord(
         benchmark="llm_training", run_id="llm-000000-000003", status="PARTIAL",
         status_reason="energy of the steady window untrusted: GPU-0: coverage 60.0% < 99% (NVML_ERROR_GPU_IS_LOST)",
-        windows=[steady_window(tokens=760_000.0, seconds=10.0)],
+        windows=[window],
         metrics={"work_unit": "tokens", "tokens_per_s": 76_000.0, "tokens_per_wh": None,
                  "mean_power_w_per_device": None, "partial_tokens_per_wh": 412_800.0,
                  "partial_mean_power_w_per_device": 650.0}))

@@ -224,3 +224,22 @@ def test_a_request_longer_than_the_context_is_named():
     message = str(error.value)
     assert "request 1 needs 129 positions (input 100 + output 29) but tiny has 128" in message
     assert "Fix: " in message and "more positions" in message
+
+
+def test_validate_load_refuses_a_trace_token_id_beyond_the_vocabulary_naming_file_line_and_size(tmp_path, capsys):
+    """Issue 61: `validate-load` said OK to prompt ids the model does not have; the load then ended FAILED with an
+    IndexError in the embedding. The line and the vocabulary's size are named; the largest id the model has passes."""
+    from llm_inference.cli import main
+    from llm_inference.presets import PRESETS
+
+    vocab = PRESETS["tiny"].vocab_size
+    inside = json.dumps({"arrival_s": 2, "prompt_ids": [1, vocab - 1], "output_tokens": 2})
+    beyond = json.dumps({"arrival_s": 3, "prompt_ids": [vocab, 2, vocab + 7], "output_tokens": 2})
+    path = write_trace(tmp_path, [GOOD, inside, beyond])
+    argv = ["validate-load", "--preset", "tiny", "--device", "cpu", "--max-concurrency", "2", "--trace", str(path)]
+    assert main(argv) == 64
+    err = capsys.readouterr().err
+    assert (f"--trace {path} line 3: prompt token id {vocab} is beyond the model's vocabulary of {vocab} (ids 0 to "
+            f"{vocab - 1}; 2 such id(s) on this line)") in err and "Traceback" not in err
+    path.write_text("\n".join([GOOD, inside]))
+    assert main(argv) == 0, capsys.readouterr().err

@@ -16,6 +16,7 @@ import pytest
 from joulebench.analysis.report import write_report
 from joulebench.record import RunRecord, read_run_record
 from llm_inference.cli import main
+from tests.driver_helpers import with_options
 from tests.llm_inference.conftest import INFER, TINY, read_record, run_cmd, summaries
 
 
@@ -139,9 +140,9 @@ def test_without_a_sampler_energy_is_na_with_a_reason_never_zero(tmp_path, capsy
 
 def test_sigterm_ends_the_sweep_with_a_timeout_record_and_summary(fake_env, tmp_path):
     out = tmp_path / "stopped"
-    proc = subprocess.Popen([*INFER, "run", *TINY, "--batch-sizes", "1,2", "--min-window-s", "120", "--out-dir",
-                             str(out)], env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([*INFER, "run", *with_options(TINY, "--min-window-s", "120"), "--batch-sizes", "1,2",
+                             "--out-dir", str(out)], env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # the model is built: the first point's windows are running
         if "built on cpu" in line:
             break

@@ -33,7 +33,7 @@ def test_a_preprocessed_corpus_reads_as_megatron_reads_it(dataset) -> None:
     documents = _read_back(dataset)
     assert corpus.sequences == corpus.documents == len(documents) == len(DOCUMENTS) * 10
     assert corpus.tokens == sum(len(d) for d in documents) and corpus.token_bytes == 2  # uint16: vocab 400
-    assert check_corpus(str(dataset), TINY_SEQ_LENGTH) == corpus
+    assert check_corpus(str(dataset), TINY_SEQ_LENGTH, 400) == corpus
 
 
 @pytest.mark.parametrize(("damage", "named"), [
@@ -53,7 +53,7 @@ def test_a_corpus_smaller_than_one_sample_is_refused(dataset) -> None:
     tokens = read_corpus_index(str(dataset)).tokens
     with pytest.raises(FormatError, match=f"holds {tokens} tokens in .* fewer than one training sample of "
                                           f"--seq-length {tokens}"):
-        check_corpus(str(dataset), tokens)
+        check_corpus(str(dataset), tokens, 400)
 
 
 def test_validate_exits_65_naming_a_truncated_index(dataset, tmp_path, capsys) -> None:
@@ -62,3 +62,23 @@ def test_validate_exits_65_naming_a_truncated_index(dataset, tmp_path, capsys) -
     code = main(["validate", "--model", "tiny", "--device", "cpu", "--vocab-size", "400", "--data-path", str(prefix)])
     err = capsys.readouterr().err
     assert code == ExitCode.DATA and f"{prefix}.idx is truncated" in err and "Traceback" not in err
+
+
+def test_validate_refuses_a_token_id_beyond_the_vocabulary_naming_file_document_and_size(dataset, capsys) -> None:
+    """Issue 61: a corpus written with a larger vocabulary than the model's validated OK, then the run ended FAILED
+    with an IndexError in the embedding. The first such token's document is named (1-based, in the order
+    preprocess wrote them), and the vocabulary's size."""
+    documents = _read_back(dataset)
+    largest = max(max(d) for d in documents)
+    flat = [token for document in documents for token in document]
+    position = flat.index(largest)
+    document = next(i for i, d in enumerate(documents) if largest in d) + 1
+    code = main(["validate", "--model", "tiny", "--device", "cpu", "--vocab-size", str(largest),
+                 "--data-path", str(dataset)])
+    err = capsys.readouterr().err
+    assert code == ExitCode.DATA and "Traceback" not in err, err
+    assert (f"{dataset}.bin: token id {largest} (token {position}, in document {document} of {len(documents)}) is "
+            f"beyond the model's vocabulary of {largest} (ids 0 to {largest - 1})") in err
+    assert "Fix: preprocess the corpus with the model's tokenizer" in err
+    assert main(["validate", "--model", "tiny", "--device", "cpu", "--vocab-size", str(largest + 1),
+                 "--data-path", str(dataset)]) == ExitCode.OK

@@ -91,5 +91,5 @@ def test_a_replay_window_lasts_as_long_as_asked_when_its_phase_speeds_up() -> No
         phase()
     count = max(3, int(0.1 / 0.004) + 1)  # sized by the slow ones: 26 calls, about 30 ms at the fast pace
     started = time.monotonic()
-    done = run_at_least(phase, count, 0.1, lambda: None)
-    assert time.monotonic() - started >= 0.1 and done == len(calls) - 4 > count
+    done, stopped = run_at_least(phase, count, 0.1, lambda: None)
+    assert time.monotonic() - started >= 0.1 and done == len(calls) - 4 > count and not stopped

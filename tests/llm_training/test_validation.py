@@ -11,7 +11,10 @@ from tests.llm_training.conftest import LLM, run_cmd
 
 
 def validate(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["validate", *args])
+    """`validate` of a GPU layout (`--device cuda` unless the case names a device: `auto` would check it for this
+    host, which has no GPU)."""
+    device = [] if "--device" in args else ["--device", "cuda"]
+    code = main(["validate", *device, *args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -212,3 +212,39 @@ def test_an_unknown_method_is_refused_with_the_choices(tmp_path, capsys) -> None
     with pytest.raises(SystemExit) as ended:
         plan.main(["--method", "bogus", str(tmp_path)])
     assert ended.value.code == 2 and "invalid choice: 'bogus' (choose from 'fit', 'replay')" in capsys.readouterr().err
+
+
+def _attribution_of(path) -> tuple[dict, dict]:
+    data = json.loads(path.read_text())
+    return data, data["attribution"]
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (lambda block: block["estimators"]["fit"].update(closure={"status": "misfit", "held_out": []}),
+     "its attribution's closure is MISFIT (its phases do not add up to the energy measured"),
+    (lambda block: block["estimators"]["fit"]["rows"][0].update(energy_per_step_j=1e-12, mean_power_w=1e-11),
+     "figures rejected: phase forward: mean power per device 3.33e-12 W is below 1 W per device, less than any "
+     "device draws"),
+    (lambda block: block.update(idle_power_w_per_device=1e-9),
+     "figures rejected: idle_power_w_per_device 1e-09 W is below 1 W per device"),
+], ids=["misfit closure", "1e-12 J phase", "1e-9 W idle"])
+def test_plan_leaves_out_an_attribution_that_cannot_be_planned_on(tmp_path, capsys, damage, reason) -> None:
+    """Issue 61: `plan` planned on an attribution its own closure marks MISFIT, on a phase of 1e-12 J ("-15.50 %"),
+    and took an idle power of 1e-9 W."""
+    for clock in (None, 1410, 1110):
+        write_attributed_run(tmp_path, f"sm-{clock or 'default'}", clock, {p: KNOWN[p][clock] for p in STEP_PHASES})
+    path = tmp_path / "sm-1110" / "run_record.json"
+    data, block = _attribution_of(path)
+    damage(block)
+    path.write_text(json.dumps(data))
+    assert joulebench_main(["plan", str(tmp_path), "--json", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"left out: run sm-1110: {reason}" in " ".join(out.split()), out
+    assert 1110 not in json.loads((tmp_path / "plan.json").read_text())["plan"]["clocks"]
+
+
+def test_attribute_refuses_an_idle_power_no_device_draws(tmp_path, capsys) -> None:
+    write_attributed_run(tmp_path, "run", None, {p: KNOWN[p][None] for p in STEP_PHASES})
+    assert joulebench_main(["attribute", str(tmp_path / "run"), "--idle-power-w", "1e-9", "--no-write"]) == 64
+    assert "--idle-power-w 1e-09 W is below 1 W per device, less than any device draws while powered" in \
+        capsys.readouterr().err

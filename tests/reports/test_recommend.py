@@ -330,8 +330,8 @@ def test_remeasured_reads_reruns_made_elsewhere(front, tmp_path_factory, capsys)
     assert "agrees with the prediction" in out and "default runs: d1, d2; recommended runs: e1, e2" in out
     write_point(again, "e2", ENERGY, (FASTER[0], 0.529), disturbed=True)
     out = run_recommend(capsys, str(front), "--max-slowdown", "15%", "--remeasured", str(again))
-    assert "measured saving n/a: e2: disturbed: host load: planted; 1 trustworthy re-run(s) of the recommended " \
-           "setting; at least 2 are needed" in out
+    assert "measured saving n/a (2 problem(s) below)\nproblem: e2: disturbed: host load: planted\nproblem: 1 " \
+           "trustworthy re-run(s) of the recommended setting; at least 2 are needed" in out
     assert joulebench_main(["recommend", str(front), "--remeasure", "--remeasured", str(again)]) == 64
     assert "--remeasure and --remeasured both given" in capsys.readouterr().err
 
@@ -346,3 +346,92 @@ def test_report_pareto_without_a_default_for_a_swept_knob_draws_the_front_unmark
     out = capsys.readouterr().out
     assert "software settings not marked: the sweep varies micro_batch_size (4, 8), which has no driver default" in out
     assert "marked" not in out.splitlines()[0]
+
+
+def test_remeasured_counts_only_new_runs_of_the_sweep_and_fails_when_none_is(front, tmp_path_factory, capsys) -> None:
+    """Issue 61: the sweep's own records given as re-runs were "re-measured (2 + 2 runs) ... agrees ... meets the
+    target"; one record given as its directory and its file counted twice. A re-run is a new run: its run id outside
+    the sweep, given once, started after the sweep's runs, of its workload, on its node; the others are named, and
+    with no re-run left the re-measurement fails (exit 1)."""
+    assert joulebench_main(["recommend", str(front), "--max-slowdown", "15%", "--remeasured",
+                            str(front / "default-1"), str(front / "default-2"), str(front / "energy"),
+                            str(front / "energy" / "run_record.json")]) == 1
+    captured = capsys.readouterr()
+    for run_id in ("default-1", "default-2", "energy"):
+        assert f"problem: {run_id}: is a run of the sweep itself, not a re-run" in captured.out
+    assert "re-measured (0 + 0 runs" in captured.out and "the recommendation stays PREDICTED" in captured.out
+    assert "the re-measurement FAILED" in captured.err
+
+    again = tmp_path_factory.mktemp("again")
+    for run_id, knob_values, joules in (("d1", DEFAULT, 0.661), ("d2", DEFAULT, 0.665), ("e1", ENERGY, 0.523),
+                                        ("e2", ENERGY, 0.529)):
+        write_point(again, run_id, knob_values, (FASTER[0], joules))
+    early = json.loads((again / "d2" / "run_record.json").read_text())
+    early["started_at"] = "2020-01-01T00:00:00+00:00"
+    (again / "d2" / "run_record.json").write_text(json.dumps(early))
+    write_point(again, "other-task", DEFAULT, (FASTER[0], 0.66), task="summarization")
+    out = run_recommend(capsys, str(front), "--max-slowdown", "15%", "--remeasured", str(again),
+                        str(again / "e1" / "run_record.json"))
+    assert "problem: d2: started 2020-01-01T00:00:00+00:00, before the sweep's last run" in out
+    assert "problem: other-task: runs another workload (task 'summarization', the sweep's 'chat')" in out
+    assert "problem: e1: " in out and "is given twice (as its directory and as its file?)" in out
+    assert "re-measured (1 + 2 runs" in out  # d1 alone on its side: n/a, the others named, not failed (exit 0)
+
+
+def test_remeasured_runs_of_another_node_are_no_remeasurement_of_the_sweep(tmp_path, tmp_path_factory,
+                                                                          capsys) -> None:
+    def on_node(root: Path, run_id: str, knob_values: dict[str, Any], joules: float, node: str) -> None:
+        write_point(root, run_id, knob_values, (FASTER[0], joules))
+        path = root / run_id / "run_record.json"
+        record = json.loads(path.read_text())
+        record["launch"] = {"node_name": node}
+        path.write_text(json.dumps(record))
+
+    for run_id, knob_values, joules in (("default-1", DEFAULT, 0.662), ("default-2", DEFAULT, 0.663),
+                                        ("energy", ENERGY, 0.525)):
+        on_node(tmp_path, run_id, knob_values, joules, "n1")
+    again = tmp_path_factory.mktemp("again")
+    for run_id, knob_values, joules in (("d1", DEFAULT, 0.661), ("d2", DEFAULT, 0.665), ("e1", ENERGY, 0.523),
+                                        ("e2", ENERGY, 0.529)):
+        on_node(again, run_id, knob_values, joules, "n2")
+    assert joulebench_main(["recommend", str(tmp_path), "--max-slowdown", "15%", "--remeasured", str(again)]) == 1
+    out = capsys.readouterr().out
+    assert all(f"problem: {r}: ran on node n2, the sweep on n1: re-measure on the sweep's node" in out
+               for r in ("d1", "d2", "e1", "e2"))
+
+
+def test_a_remeasure_whose_every_rerun_failed_exits_non_zero(front, tmp_path, capsys) -> None:
+    """Issue 61: `--remeasure` exited 0 when every re-run failed. The re-runs here are the driver's own command lines,
+    refused at once (an energy method no meter has)."""
+    assert joulebench_main(["recommend", str(front), "--max-slowdown", "15%", "--remeasure", "--energy-methods",
+                            "no-such-meter", "--remeasure-dir", str(tmp_path / "again")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.count("problem: ") >= 4 and "exit 2: " in captured.out
+    assert "no re-run left a record of a new run (each failed, or is no re-run): the re-measurement FAILED" in \
+        captured.err
+
+
+@pytest.mark.parametrize("batch", [-4, "four", 4.5, 0])
+def test_an_impossible_configuration_value_never_reaches_a_recommendation(tmp_path, capsys, batch) -> None:
+    """Issue 61: a record's batch size of -4 became "RECOMMENDED batch_size=-4" with its command line. Such a run's
+    figures are rejected (joulebench.figures: the knobs' config values are positive whole numbers), and it is left
+    out, named."""
+    write_point(tmp_path, "bs1-a", DEFAULT, FASTER)
+    write_point(tmp_path, "bs1-b", DEFAULT, (FASTER[0], FASTER[1] * 1.002))
+    write_point(tmp_path, "bs8", DEFAULT, (FASTER[0] * 1.01, 0.60), batch_size=8)
+    write_point(tmp_path, "impossible", DEFAULT, (FASTER[0], 0.2), batch_size=batch)
+    out = run_recommend(capsys, str(tmp_path), "--default", "batch_size=1", "--max-slowdown", "15%")
+    assert f"batch_size={batch}" not in out.split("left out")[0] and f"--batch-size {batch}" not in out
+    assert "recommended (PREDICTED from the sweep, not re-measured): batch_size=8" in out
+    assert "left out: run impossible: figures rejected: config batch_size " in out
+
+
+def test_a_sweep_left_with_the_default_alone_after_the_semantic_filter_is_too_few_settings(tmp_path, capsys) -> None:
+    """Issue 61: "no setting saves energy" was said where the only other setting changes what is computed."""
+    write_point(tmp_path, "default", DEFAULT, FASTER)
+    write_point(tmp_path, "fp8", DEFAULT, (1.0e-3, 0.30), precision="fp8")
+    assert joulebench_main(["recommend", str(tmp_path), "--default", "precision=bf16"]) == 64
+    err = capsys.readouterr().err
+    assert "too few settings to choose from: only the default is left once the settings that change what is " \
+           "computed are left out (1 left out, above)" in err
+    assert "joulebench recommend: left out: setting precision=fp8: changes what is computed" in err

@@ -10,6 +10,7 @@ import pytest
 from resnet50.cli import build_parser, main
 from resnet50.config import TrainConfig
 from resnet50.flops import resnet50_flops
+from tests.driver_helpers import with_options
 from tests.resnet50.conftest import REPO, RESNET, SMALL, assert_loss_decreased, clean_env, free_port, read_record
 
 tf = pytest.importorskip("tensorflow")
@@ -43,8 +44,9 @@ def test_tfrecord_reader_and_training(tmp_path: Path) -> None:
     assert images.shape == (2, 32, 32, 3) and images.dtype == tf.float32
     assert float(tf.reduce_min(images)) >= -1.0 and float(tf.reduce_max(images)) <= 1.0
     assert labels.dtype == tf.int32 and all(0 <= int(x) < 1000 for x in labels)
-    code = main(["train", "--framework", "tensorflow", *SMALL, "--data", str(data), "--image-size", "32",
-                 "--global-batch-size", "4", "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "2",
+    code = main(["train", "--framework", "tensorflow", *with_options(SMALL, "--image-size", "32", "--global-batch-size",
+                                                                     "4"), "--data", str(data),
+                 "--precision", "fp32", "--warmup-iterations", "1", "--iterations", "2",
                  "--out-dir", str(tmp_path / "run")])
     record = read_record(tmp_path / "run")
     assert code == 0 and record["config"]["data_format"] == "tfrecord" and record["metrics"]["iterations"] == 2

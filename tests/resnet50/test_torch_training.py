@@ -12,6 +12,7 @@ import pytest
 from joulebench.record import RunRecord
 from resnet50.cli import main
 from resnet50.flops import resnet50_flops
+from tests.driver_helpers import with_options
 from tests.resnet50.conftest import (
     LAUNCH_VARS,
     REPO,
@@ -113,7 +114,7 @@ def test_backend_sets_inductor_tuning_for_its_compile_and_restores_it(flag: str)
 
 
 def test_bf16_channels_first_trains(tmp_path: Path) -> None:
-    code = main(["train", "--framework", "pytorch", *SMALL, "--image-size", "32", "--precision", "bf16",
+    code = main(["train", "--framework", "pytorch", *with_options(SMALL, "--image-size", "32"), "--precision", "bf16",
                  "--no-channels-last", "--no-compile", "--warmup-iterations", "0", "--iterations", "2",
                  "--out-dir", str(tmp_path)])
     record = read_record(tmp_path)

@@ -213,6 +213,9 @@ def test_the_demo_is_coherent(demo_run: tuple[Path, str]) -> None:
     estimators = data["attribution"]["estimators"]
     assert "no replay/<phase> windows" in estimators["replay"]["unavailable_reason"]
     fit = estimators["fit"]
+    if "segments" not in fit:  # a loaded machine's steps run slower than the warm-up that sized the window
+        assert "counter segments inside the window, the fit needs 20" in fit["unavailable_reason"], fit
+        return
     assert fit["segments"] >= 20 and {row["phase"] for row in fit["rows"]} >= {"forward", "backward", "optimizer"}
     for row in fit["rows"]:
         assert row["status"] == "below resolution" and row["reason"] and row.get("share") is None, row

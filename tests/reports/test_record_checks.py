@@ -173,7 +173,7 @@ def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_pa
     results = [p.communicate(timeout=240) for p in procs]
     for proc, (stdout, stderr) in zip(procs, results, strict=True):
         assert proc.returncode == 0 and "Traceback" not in stderr, stderr
-        assert stdout.strip().endswith(f"joulebench report: wrote {out / 'index.html'}")
+        assert f"joulebench report: wrote {out / 'index.html'}\nnext: " in stdout  # then the next command
         assert "joulebench report: waiting for another joulebench report writing to" in stderr
     rows = json.loads((out / "runs.json").read_text())["rows"]
     page = (out / "index.html").read_text()

@@ -41,8 +41,8 @@ from llm_inference import request_metrics
 from llm_inference.arrivals import Request, arrival_times, draw_requests
 from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
 from llm_inference.runner import shown
-from llm_inference.serve_loop import ArrivalWindow, SaturatedWindow, WindowRule
 from llm_inference.tasks import TASKS
+from llm_inference.window_rules import ArrivalWindow, SaturatedWindow, WindowRule
 
 WORK_UNIT = "output_tokens"
 SUMMARY_EXTRA = ("rate", "max_concurrency", "offered_requests_per_s", "requests_per_s", "energy_per_output_token_j",
@@ -111,18 +111,6 @@ def plan_trace(requests: list[Request], warmup: int) -> Plan:
                 f"trace of {len(flagged)} requests ({warmup} warm-up)")
 
 
-def counted_ids(admitted_ns: Mapping[int, int], window: tuple[int, int] | None, served: dict[int, Request],
-                rule: WindowRule) -> set[int]:
-    """MLPerf's rule for finite rates (non-warm-up arrivals, all inside the window by construction); at `max`,
-    the requests admitted (an engine's prefill, a server's request sent) inside the window."""
-    if isinstance(rule, SaturatedWindow):
-        if window is None:
-            return set()
-        w0, w1 = window
-        return {i for i, t in admitted_ns.items() if w0 <= t < w1 and not served[i].warmup}
-    return {i for i, r in served.items() if not r.warmup}
-
-
 def rate_paths(cfg: LoadConfig, rate: float | None, single: bool) -> tuple[str, Path, str]:
     """A rate's label, record directory and run id: one rate (or a trace) writes to --out-dir itself, a sweep's
     rates to rate_<label>/ with the run id suffixed."""
@@ -160,9 +148,9 @@ def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1
 
 def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> dict[str, Any]:
     """Offered and served request rates, the served window and the queue's state (module docstring)."""
-    arrivals_window = isinstance(rule, ArrivalWindow) and steady.duration_s > 0
-    span = rule.last_s - rule.first_s if isinstance(rule, ArrivalWindow) else 0.0  # the arrivals' own, not the loop's
-    offered = (len(counted) - 1) / span if arrivals_window and span > 0 and len(counted) > 1 else None
+    span = rule.arrival_span_s()  # the arrivals' own, not the loop's
+    arrivals_window = span is not None and steady.duration_s > 0
+    offered = (len(counted) - 1) / span if span and arrivals_window and len(counted) > 1 else None
     if served is None:
         return {"offered_requests_per_s": offered, "requests_per_s": None, "requests_served_in_window": None,
                 "served_window_s": None, "queue_drained": None}
@@ -240,8 +228,7 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
         energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
                                                if energy and energy.error_bound_j is not None and tokens else None),
         slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
-        window_rule=("every slot busy (rate max)" if isinstance(rule, SaturatedWindow)
-                     else "first to last counted arrival (MLPerf)"))
+        window_rule=rule.description)
     return result
 
 

@@ -100,10 +100,10 @@ class ContinuousEngine(CompactForward):
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
                 **self.rank_detail(),
-                "slot_bucket": memory.POSITION_BUCKET,
+                "position_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
-                "request_slots": None if state is None else state.rows,  # record keys kept as they were
-                "cache_slots": None if state is None else state.cache_positions,
+                "rows": None if state is None else state.rows,
+                "cache_positions": None if state is None else state.cache_positions,
                 "row_buckets": None if state is None else row_buckets(state.rows),
                 "captured_graphs": None if state is None else len(state.graphs)}
 

@@ -135,7 +135,7 @@ class EngineTarget:
         return run.open_meter(sync=self.model.get().sync, methods=cfg.energy_methods, read_every_s=COUNTER_READ_S)
 
     def limit_note(self) -> str:
-        return f"{self.cfg.max_concurrency} slots"
+        return f"{self.cfg.max_concurrency} rows (requests decoded together at most)"
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
               outcome: RateOutcome[ServeLog], say: Callable[[str], None]) -> RequestsBlock:

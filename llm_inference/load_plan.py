@@ -18,7 +18,7 @@ served window is the time the counted requests take at the served rate (counted 
 counted requests meeting every SLO over it, which is the served rate times the SLO share, and equals the old
 "meeting the SLO per second of the window" where every arrival was served. The SLO share is over every counted
 request (an unfinished one meets none). The overload note says when the queue (requests arrived but not yet
-admitted to a slot) never emptied in the second half of a finite rate's window (an overload builds its queue up
+admitted to a row) never emptied in the second half of a finite rate's window (an overload builds its queue up
 from the start; a queue that was empty for an instant at the first counted arrival still never drained), and when
 the window is shorter than MIN_COUNTER_PERIODS of the energy counter's updates.
 """
@@ -54,7 +54,7 @@ COUNTER_READ_S = 0.05
 COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
 MIN_COUNTER_PERIODS = 10  # a window's energy bound is about two counter periods' energy: below 10, over ~20 %
-NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
+NO_WINDOW = ("the load ended before its window opened (no moment with every row busy after the warm-up requests, or "
              "no counted arrival): raise --requests or lower --max-concurrency")
 
 
@@ -85,7 +85,7 @@ def plan_rate(cfg: LoadConfig, rate: float, window_s: float, device: torch.devic
             items = draw_requests(task, np.zeros(warmup + cfg.requests), cfg.seed, cfg.output_length, warmup)
             return Plan(iter(items), SaturatedWindow(None), len(items), f"{cfg.requests} counted requests queued")
         return Plan(_endless(cfg, warmup), SaturatedWindow(window_s), None,
-                    f"window of {window_s:.3g} s with every slot busy")
+                    f"window of {window_s:.3g} s with every row busy")
     counted = cfg.requests or math.ceil(rate * window_s) + 1
     times = arrival_times(cfg.arrivals, rate, warmup + counted, cfg.seed)
     items = draw_requests(task, times, cfg.seed, cfg.output_length, warmup)

@@ -277,8 +277,8 @@ class StaticEngine(CompactForward):
                 "decode_tuning_power_w": None if state is None else state.tuning_power_w,
                 "decode_objective": self.objective,
                 "decode_tuning_basis": None if state is None else state.tuning_basis,
-                "slot_bucket": memory.POSITION_BUCKET,  # record keys kept as they were
-                "cache_slots": None if state is None else state.cache_positions,
+                "position_bucket": memory.POSITION_BUCKET,
+                "cache_positions": None if state is None else state.cache_positions,
                 "captured_graphs": None if state is None else len(state.graphs),
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
 

@@ -88,7 +88,7 @@ class SaturatedWindow(WindowRule):
     seconds: float | None
     began_s: float | None = None
     closes_admission: ClassVar[bool] = True
-    description: ClassVar[str] = "every slot busy (rate max)"
+    description: ClassVar[str] = "every slot busy (rate max)"  # a record value, as earlier records have it
 
     def begin_now(self, load: LoadState, now_s: float) -> bool:
         if load.free_rows == 0 and not load.warming_up:

@@ -90,8 +90,8 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
                                  "decode_tuning": "eager", "decode_tuning_ms": {},
                                  "decode_tuning_power_w": {}, "decode_objective": "speed",
                                  "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a
-                                 "slot_bucket": memory.POSITION_BUCKET,
-                                 "cache_slots": positions, "captured_graphs": 0,
+                                 "position_bucket": memory.POSITION_BUCKET,
+                                 "cache_positions": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
     # Attended lengths: the filled positions rounded up to the bucket, never the whole cache.
     assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()

@@ -115,7 +115,7 @@ def compile_whole_step(engine: StaticEngine) -> None:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for length in sorted(lengths):
-                state.current.zero_()
+                state.cache.clear()
                 state.step.zero_()
                 engine._decode(state, length)
         torch.cuda.current_stream().wait_stream(side)

@@ -60,9 +60,10 @@ def token_check() -> dict[str, Any]:
     from llm_inference.continuous_engine import ContinuousEngine
     from llm_inference.engine import build_model, request_prompt
     from llm_inference.presets import PRESETS
-    from llm_inference.serve_loop import ArrivalWindow, ServeLoop
+    from llm_inference.serve_loop import ServeLoop
     from llm_inference.static_engine import StaticEngine
     from llm_inference.tasks import Batch
+    from llm_inference.window_rules import ArrivalWindow
 
     cuda, shape = torch.device("cuda"), PRESETS["gpt2"]
     items = [Request(i, 0.0, 20 + 13 * i % 90, 5 + 17 * i % 70) for i in range(24)]

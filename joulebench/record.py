@@ -32,11 +32,15 @@ from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
 from jpwr.output import fmt, utc_now, write_json_atomic
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RECORD_FILE = "run_record.json"  # the record's name in a run's output directory
 RECORD_KIND = "joulebench.run_record"  # the file's `kind`: what tells a run record from other JSON
-# Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged.
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# Version 1 records (three statuses, no `job`) and version 2 (no `warnings`, no reserved blocks) load unchanged;
+# version 3 (an inference engine's detail in "slot" words) loads with that detail's keys renamed (ENGINE_DETAIL_KEYS).
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+# Schema 4's names for the keys of `config.engine_detail` that earlier versions wrote: a row is one request's place
+# in a decode step, a cache position one token's place in a row's KV cache, the bucket the attended positions round to.
+ENGINE_DETAIL_KEYS = {"slot_bucket": "position_bucket", "request_slots": "rows", "cache_slots": "cache_positions"}
 # OK: ran to its end. PARTIAL: ran to its end, energy coverage below the threshold (headline energy n/a).
 # TIMEOUT: stopped at the stop budget or Slurm's limit. CANCELLED: scancel-ed, preempted, or never startable.
 # FAILED: an error ended it. INVALID: refused before submission (no job ran). See docs/run-record.md.
@@ -211,7 +215,7 @@ class RunRecord:
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
     # Every warning of the run (driver, meter, record checks), in the order they arose; the JUBE table's Note reads it.
     warnings: list[str] = dataclasses.field(default_factory=list)
-    # Schema 3's optional blocks, reserved here and filled by the drivers and analysis that produce them
+    # Schema 3's optional blocks (and 4's), reserved here and filled by the drivers and analysis that produce them
     # (docs/run-record.md): the per-request table's reference, what disturbed the run, carbon and cost, and the
     # energy domain of the headline figures. Absent (None) until a producer writes them.
     requests: RequestsBlock | None = None
@@ -256,7 +260,7 @@ class RunRecord:
         return cls(
             benchmark=data["benchmark"], run_id=data["run_id"], status=data["status"],
             status_reason=data.get("status_reason"), started_at=data["started_at"],
-            finished_at=data.get("finished_at"), config=dict(data.get("config", {})),
+            finished_at=data.get("finished_at"), config=_config_of(data.get("config", {}), version),
             launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
@@ -267,6 +271,15 @@ class RunRecord:
             disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
+
+
+def _config_of(config: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """The config block in schema 4's words: an earlier record's engine detail with its keys renamed in place (their
+    order and values kept)."""
+    detail = config.get("engine_detail")
+    if version >= 4 or not isinstance(detail, dict):
+        return dict(config)
+    return {**config, "engine_detail": {ENGINE_DETAIL_KEYS.get(key, key): value for key, value in detail.items()}}
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> Any:

@@ -19,6 +19,7 @@ Written to a temporary name and renamed, so a reader never sees half a table.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,27 @@ from jpwr.output import atomic_path
 
 SCHEMA = "joulebench.requests/1"
 FILE_NAME = "requests.h5"
-STATUSES = ("done", "unfinished", "not_admitted", "failed", "timed_out")  # the last two: HTTP targets
-STEP_KINDS = ("prefill", "decode")  # an engine step's `kind`: index into this
+
+
+class RequestStatus(enum.IntEnum):
+    """A request's end, as the table's `status` column stores it (FAILED and TIMED_OUT: HTTP targets)."""
+
+    DONE = 0
+    UNFINISHED = 1
+    NOT_ADMITTED = 2
+    FAILED = 3
+    TIMED_OUT = 4
+
+
+class StepKind(enum.IntEnum):
+    """An engine step's kind, as the step log's `kind` column stores it."""
+
+    PREFILL = 0
+    DECODE = 1
+
+
+STATUSES = tuple(status.name.lower() for status in RequestStatus)  # the file's `statuses` attribute
+STEP_KINDS = tuple(kind.name.lower() for kind in StepKind)
 REQUEST_COLUMNS = {
     "id": "request id (arrival order)",
     "arrival_s": "arrival, seconds from the load's start",

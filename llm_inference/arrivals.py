@@ -9,7 +9,7 @@ or a replayed JSONL trace (`load_trace`).
 
 Warm-up convention: warm-up requests are the load's own first requests, drawn from the same process at the
 same rate (`arrivals` covers them: draw `warmup + count` arrival times). So the counted requests meet an
-engine already in that rate's steady state (slots and queue filled as the rate fills them), not a burst
+engine already in that rate's steady state (rows and queue filled as the rate fills them), not a burst
 of warm-up requests queued ahead of them at t=0 (which would inflate the first counted TTFTs at low
 rates). Under `--rate max` all of them arrive at 0 anyway.
 """

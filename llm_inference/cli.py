@@ -124,7 +124,7 @@ def _validate_load(args: argparse.Namespace) -> int:
                            trace)
     load = f"trace {cfg.trace}" if cfg.trace else f"rates {', '.join(rate_label(r) for r in cfg.rates)}"
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): task {cfg.task}; {load}; "
-          f"{cfg.max_concurrency} slots")
+          f"{cfg.max_concurrency} rows (requests decoded together at most)")
     return ExitCode.OK
 
 

@@ -1,9 +1,10 @@
 """The continuous-batching engine (`python -m llm_inference load`): request rows that fill as requests finish.
 
-A fixed number of request rows (`--max-concurrency`), each one row of a static KV cache with its own length: row r
-holds one request's keys and values in cache positions [0, length[r]) (no left padding), and the token it feeds
-next. The host decides everything about rows (llm_inference/scheduler.py: which request is where, when it
-finishes: its output length is known), so the device is never read inside the load loop; the engine only executes:
+A fixed number of request rows (`--max-concurrency`), each one row of the KV cache with its own length
+(llm_inference/kv_cache.py, its independent rows: the cache writes, moves and releases them): row r holds one
+request's keys and values in cache positions [0, length[r]) (no left padding), and the token it feeds next. The
+host decides everything about rows (llm_inference/scheduler.py: which request is where, when it finishes: its
+output length is known), so the device is never read inside the load loop; the engine only executes:
 
 * `admit(rows, prompts)`: the prefill of newly admitted requests into their rows (eager, with SDPA backends
   that need no set-up per prompt width (engine.SHAPE_FREE_ATTENTION), rows of similar length grouped as in the
@@ -41,7 +42,8 @@ from torch.nn.attention import sdpa_kernel
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
 from llm_inference.engine import SHAPE_FREE_ATTENTION
-from llm_inference.static_engine import CompactForward, attended_length
+from llm_inference.kv_cache import KVCache
+from llm_inference.static_engine import CacheState, CompactForward, attended_length
 
 
 def row_buckets(rows: int) -> list[int]:
@@ -61,26 +63,11 @@ def rows_for(highest_row: int, rows: int) -> int:
 
 
 @dataclasses.dataclass
-class RowState:
-    """The request rows' cache and counters: fixed shapes, fixed addresses (what the captured steps read and write)."""
+class RowState(CacheState):
+    """The request rows' state: independent rows in the cache (each its own length and activity), and the captured
+    steps, one per (row count, attended length)."""
 
-    cache: torch.Tensor  # (layers, 2, rows, KV heads, cache positions, head dim)
-    tokens: torch.Tensor  # (rows,) the token each row feeds next
-    length: torch.Tensor  # (rows,) filled cache positions = position of that token
-    active: torch.Tensor  # (rows,) 1 while a request occupies the row, else 0 (its length stays put)
-    row_index: torch.Tensor  # arange(rows)
-    position_index: torch.Tensor  # arange(cache positions), for masks
-    rope: tuple[torch.Tensor, torch.Tensor] | None
-    pool: Any
     graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def cache_positions(self) -> int:
-        return self.cache.shape[4]
 
 
 class ContinuousEngine(CompactForward):
@@ -113,10 +100,10 @@ class ContinuousEngine(CompactForward):
         return {"engine": self.name, "cuda_graphs": self.capture, "compiled_decode": self.compile_decode,
                 "decode_attention": self.decode_attention_kind, "decode_tuning": self.decode_tuning,
                 **self.rank_detail(),
-                "slot_bucket": memory.POSITION_BUCKET,
+                "position_bucket": memory.POSITION_BUCKET,
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS,
-                "request_slots": None if state is None else state.rows,  # record keys kept as they were
-                "cache_slots": None if state is None else state.cache_positions,
+                "rows": None if state is None else state.rows,
+                "cache_positions": None if state is None else state.cache_positions,
                 "row_buckets": None if state is None else row_buckets(state.rows),
                 "captured_graphs": None if state is None else len(state.graphs)}
 
@@ -132,14 +119,9 @@ class ContinuousEngine(CompactForward):
             torch.cuda.empty_cache()
         model, device = self.model, self.device
         positions = memory.cache_positions(sequence)
-        shape = (len(model.layers), 2, rows, model.kv_heads, positions, model.head_dim)
-
-        def index(size: int) -> torch.Tensor:
-            return torch.zeros(size, dtype=torch.long, device=device)
-
         state = self.state = RowState(
-            cache=torch.zeros(shape, dtype=model.embed.dtype, device=device), tokens=index(rows),
-            length=index(rows), active=index(rows), row_index=torch.arange(rows, device=device),
+            cache=KVCache.independent(model, rows, positions, device),
+            tokens=torch.zeros(rows, dtype=torch.long, device=device),
             position_index=torch.arange(positions, device=device), rope=model.rope_tables(positions, model.embed.dtype),
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
         if self.capture:
@@ -160,8 +142,7 @@ class ContinuousEngine(CompactForward):
                 with torch.cuda.graph(graph, pool=state.pool):
                     self._step(state, count, length)
                 state.graphs[count, length] = graph
-        state.length.zero_()  # the warm-up steps ran for real: no row is in use yet
-        state.active.zero_()
+        state.cache.clear()  # the warm-up steps ran for real: no row is in use yet
 
     # ---- what the load loop calls --------------------------------------------------------------------
     def _to_device(self, values: Sequence[int]) -> torch.Tensor:
@@ -187,28 +168,24 @@ class ContinuousEngine(CompactForward):
                 logits = self._prefill_rows(state.cache, state.position_index, state.rope, targets,
                                             ids.to(self.device, non_blocking=True), start, 0, last)
             state.tokens.index_copy_(0, targets, logits.argmax(dim=-1))
-            state.length.index_copy_(0, targets, last + 1)
-            state.active.index_fill_(0, targets, 1)
+            state.cache.occupy(targets, last + 1)
 
     @torch.inference_mode()
     def move(self, moves: Sequence[tuple[int, int, int]]) -> None:
-        """(from row, to row, filled length) per request: its cache row's filled part, token, length and activity
+        """(from row, to row, filled length) per request: its cache row's filled part, length, activity and next token
         move; the old rows stop advancing. Sources are read before any destination is written."""
         self._tell_others("move", moves)
         state = self._state()
         source = self._to_device([m[0] for m in moves])
         target = self._to_device([m[1] for m in moves])
-        filled = state.cache[:, :, :, :, :max(m[2] for m in moves)]
-        filled.index_copy_(2, target, filled.index_select(2, source))
-        for counter in (state.tokens, state.length, state.active):
-            counter.index_copy_(0, target, counter.index_select(0, source))
-        state.active.index_fill_(0, source, 0)
+        state.cache.move(source, target, max(m[2] for m in moves))
+        state.tokens.index_copy_(0, target, state.tokens.index_select(0, source))
 
     @torch.inference_mode()
     def release(self, rows: Sequence[int]) -> None:
         """These rows' requests are done: the rows stop advancing until admitted again."""
         self._tell_others("release", rows)
-        self._state().active.index_fill_(0, self._to_device(rows), 0)
+        self._state().cache.release(self._to_device(rows))
 
     @torch.inference_mode()
     def step(self, row_count: int, attended: int) -> None:
@@ -230,16 +207,10 @@ class ContinuousEngine(CompactForward):
         return self.state
 
     def _step(self, state: RowState, rows: int, attended: int) -> None:
-        positions = state.length[:rows]
-        row_index = state.row_index[:rows]
-
-        def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
-            cache[:, row_index, :, positions] = kv[:, 0]  # each row's K and V at its own length
-
-        logits = self._decode_pass(state.cache[:, :, :rows], state.tokens[:rows], positions, state.rope, None,
-                                   positions, attended, write)
+        cache = state.cache.head(rows)
+        logits = self._decode_pass(cache, state.tokens[:rows], state.rope, attended)
         state.tokens[:rows] = logits.argmax(dim=-1)
-        state.length[:rows] += state.active[:rows]
+        cache.advance()
 
 
 def step_shape(lengths: Sequence[int], highest_row: int, rows: int) -> tuple[int, int]:

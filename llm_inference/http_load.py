@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import socket
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,25 +35,27 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
 from joulebench.record_types import OutputTokenCounts, RequestFailures, RequestsBlock
-from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus
 from joulebench.torch_device import resolve_device
-from joulebench.waits import wait_until
+from joulebench.waits import StopCheck, wait_until
 from jpwr import WindowMeter
-from llm_inference import request_metrics, server
+from llm_inference import server
 from llm_inference.arrivals import Request
 from llm_inference.checkpoint import prompt_text
 from llm_inference.engine import request_prompt
 from llm_inference.http_client import StreamResult, Target, stream
 from llm_inference.load_config import LoadConfig, ServerTarget
-from llm_inference.load_plan import COUNTER_READ_S, WORK_UNIT, Plan, counted_ids
+from llm_inference.load_loop import LoadEnd, run_load
+from llm_inference.load_plan import COUNTER_READ_S, WORK_UNIT, Plan
 from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
-from llm_inference.serve_loop import ArrivalFeed, SaturatedWindow, WindowRule
+from llm_inference.request_rows import RequestRow, counted_times, request_columns
+from llm_inference.scheduler import PrefillPlan, Scheduler
 from llm_inference.serving_energy import RecordedRate, Sweep, client_energy, in_process_counter
+from llm_inference.window_rules import WindowRule
 
 HOST = "127.0.0.1"
 WAIT_S = 0.05  # the dispatcher looks at arrivals, windows and the stop request at least this often
-PROGRESS_EVERY_S = 10.0
 FAILURES_LISTED = 20
 PRIMING_PROMPT, PRIMING_TOKENS = "w1 w2 w3 w4", 2
 EXTERNAL_SERVER = "an external server's processes cannot be told from another job's (--url)"
@@ -63,30 +66,73 @@ def _log(text: str) -> None:
 
 
 class HttpLoad:
-    """The client side of one rate: arrivals into a queue, at most `rows` requests in flight, window edges.
-    Offers what the window rules read (serve_loop.LoadState: a row is one request in flight), as the engine's
-    scheduler does."""
+    """A server's client as the load loop's executor (llm_inference/load_loop.py): a row is one request in flight
+    (`rows` = --max-concurrency), admitting sends a request on a thread of its own, the server decodes, and a
+    finished stream (done, failed, timed out) releases its row. The loop's thread alone asks the scheduler; a
+    request's thread hands its end over through `ended`."""
 
     def __init__(self, target: Target, rows: int, prompt: Callable[[Request], str]) -> None:
-        self.target, self.rows, self.prompt = target, rows, prompt
-        self.queue: deque[Request] = deque()
+        self.target, self.prompt = target, prompt
+        self.scheduler = Scheduler(rows, admit_all=True)  # a server batches on its own: every arrival is sent at once
         self.results: dict[int, StreamResult] = {}
-        self.in_flight = 0
-        self.exhausted = False
-        self.warmups_left = 0
-        self.done = 0
+        self.ended: list[int] = []  # requests whose stream ended since the loop last looked (under `cond`)
         self.cond = threading.Condition()
         self.stopping = threading.Event()
         self.sockets: dict[int, socket.socket] = {}
+        self.pool: ThreadPoolExecutor | None = None
 
-    @property
-    def free_rows(self) -> int:
-        return self.rows - self.in_flight
+    def run(self, requests: Iterator[Request], rule: WindowRule, on_begin: Callable[[], None],
+            on_end: Callable[[float], None], stop: Callable[[], str | None], expected: int | None) -> LoadEnd:
+        """Serve `requests` (in arrival order; endless at `--rate max`) until they are done or a stop request;
+        on a stop or an error the requests in flight are ended, never waited for."""
+        self.pool = ThreadPoolExecutor(max_workers=self.scheduler.rows, thread_name_prefix="request")
+        ended: LoadEnd | None = None
+        try:
+            ended = run_load(self, requests, rule, on_begin, on_end, stop, expected, _log)
+        except BaseException:
+            self._stop_all()
+            raise
+        finally:
+            if ended is not None and ended.stop_reason:
+                self._stop_all()
+            self.pool.shutdown(wait=True)
+        return ended
 
-    @property
-    def warming_up(self) -> bool:
-        return self.warmups_left > 0
+    # ---- the executor ------------------------------------------------------------------------------------
+    def progress(self) -> int:
+        return self.chunks_read()
 
+    def edge(self) -> None:
+        """Nothing to sync: the server's device is not this process's."""
+
+    def admit(self, plan: PrefillPlan) -> None:
+        assert self.pool is not None
+        for request in plan.requests:
+            self.results[request.id] = StreamResult(request.id)
+            self.pool.submit(self._one, request)
+
+    def advance(self) -> bool:
+        with self.cond:
+            ended, self.ended = self.ended, []
+        if ended:
+            self.scheduler.release(ended)  # a server's rows are no places: the compaction's moves mean nothing here
+        return bool(ended)
+
+    def idle(self, until_s: float | None, stop: StopCheck) -> None:
+        """Until the next arrival, a stream's end or WAIT_S (the loop asks the stop request that often); a request due
+        but held back by the full queue waits for a stream's end as well."""
+        due_in = WAIT_S if until_s is None else until_s - time.monotonic()
+        with self.cond:
+            if not self.ended:
+                self.cond.wait(min(WAIT_S, due_in) if due_in > 0 else WAIT_S)
+
+    def window_tokens(self, opened: tuple[int, int], end_ns: int) -> float:
+        return window_tokens(list(self.results.values()), (opened[1], end_ns))
+
+    def first_tokens_ns(self) -> dict[int, int]:
+        return {i: r.chunk_ns[0] for i, r in list(self.results.items()) if r.chunk_ns}
+
+    # ---- the requests' threads ---------------------------------------------------------------------------
     def _register(self, request_id: int, sock: socket.socket | None) -> None:
         with self.cond:
             if sock is None:
@@ -103,9 +149,7 @@ class HttpLoad:
                    lambda sock: self._register(request.id, sock))
         finally:
             with self.cond:
-                self.in_flight -= 1
-                self.done += 1
-                self.warmups_left -= request.warmup
+                self.ended.append(request.id)
                 self.cond.notify_all()
 
     def chunks_read(self) -> int:
@@ -119,79 +163,6 @@ class HttpLoad:
             for sock in self.sockets.values():
                 _shut(sock)
 
-    def run(self, requests: Iterator[Request], rule: WindowRule, on_begin: Callable[[], None],
-            on_end: Callable[[float], None], stop: Callable[[], str | None], expected: int | None) -> LoadOutcome:
-        """Serve `requests` (in arrival order; endless at `--rate max`) until they are done or a stop request;
-        on a stop or an error the requests in flight are ended, never waited for."""
-        start_ns = time.monotonic_ns()
-        feed = ArrivalFeed(requests, start_ns, self.rows)
-        outcome = LoadOutcome(start_ns, feed.arrival_ns)
-        pool = ThreadPoolExecutor(max_workers=self.rows, thread_name_prefix="request")
-        try:
-            self._dispatch(feed, pool, rule, on_begin, on_end, stop, expected, outcome)
-        except BaseException:
-            self._stop_all()
-            raise
-        finally:
-            if outcome.stop_reason:
-                self._stop_all()
-            pool.shutdown(wait=True)
-        return outcome
-
-    def _dispatch(self, feed: ArrivalFeed, pool: ThreadPoolExecutor, rule: WindowRule, on_begin: Callable[[], None],
-                  on_end: Callable[[float], None], stop: Callable[[], str | None], expected: int | None,
-                  outcome: LoadOutcome) -> None:
-        edges: list[int] = []
-        last_progress = time.monotonic()
-        with self.cond:
-            while True:
-                now_s = (time.monotonic_ns() - outcome.start_ns) / 1e9
-                self.warmups_left += feed.move_due(self.queue, now_s)
-                self.exhausted = feed.exhausted
-                outcome.stop_reason = stop()
-                if outcome.stop_reason or (not self.in_flight and not self.queue and feed.exhausted):
-                    outcome.in_flight_at_end = self.in_flight
-                    break
-                while self.queue and self.in_flight < self.rows:
-                    request = self.queue.popleft()
-                    self.results[request.id] = StreamResult(request.id)
-                    self.in_flight += 1
-                    pool.submit(self._one, request)
-                if not edges and rule.begin_now(self, now_s):
-                    on_begin()
-                    edges.append(time.monotonic_ns())
-                elif len(edges) == 1 and rule.end_now(self, now_s):
-                    now = time.monotonic_ns()
-                    on_end(window_tokens(list(self.results.values()), (edges[0], now)))
-                    edges.append(now)
-                    if isinstance(rule, SaturatedWindow):  # the queue "empties": nothing more is sent
-                        self.queue.clear()
-                        feed.close()
-                upcoming = feed.upcoming
-                # a request due but held back by the full queue waits for a completion (notify), as does an idle one
-                due_in = upcoming.arrival_s - now_s if upcoming is not None else 0.0
-                self.cond.wait(min(WAIT_S, due_in) if due_in > 0 else WAIT_S)
-                if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
-                    last_progress = time.monotonic()
-                    _log(f"load {now_s:.0f} s | done {self.done}{f'/{expected}' if expected else ''} | in flight "
-                         f"{self.in_flight} | queued {len(self.queue)} | {self.done / max(now_s, 1e-9):.3g} req/s")
-            if len(edges) == 1:  # stopped inside the window
-                now = time.monotonic_ns()
-                on_end(window_tokens(list(self.results.values()), (edges[0], now)))
-                edges.append(now)
-        outcome.window = (edges[0], edges[1]) if len(edges) == 2 else None
-
-
-@dataclasses.dataclass
-class LoadOutcome:
-    """What one rate's load gives back: its time zero, the arrivals (ns), the window's edges and why it stopped."""
-
-    start_ns: int
-    arrival_ns: dict[int, int]
-    window: tuple[int, int] | None = None
-    stop_reason: str | None = None
-    in_flight_at_end: int = 0
-
 
 def _shut(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
@@ -199,16 +170,6 @@ def _shut(sock: socket.socket) -> None:
 
 
 # ---- figures of one rate ------------------------------------------------------------------------------------
-def _times(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
-           start_ns: int) -> list[request_metrics.RequestTimes]:
-    def s(ns: int) -> float:
-        return (ns - start_ns) / 1e9
-
-    return [request_metrics.RequestTimes(i, s(arrival_ns[i]), s(r.sent_ns), s(r.chunk_ns[0]), s(r.chunk_ns[-1]),
-                                         _input_tokens(r, served[i]), r.output_tokens, served[i].warmup)
-            for i, r in results.items() if r.outcome == "done" and r.chunk_ns]
-
-
 def _input_tokens(result: StreamResult, request: Request) -> int:
     """The server's `usage.prompt_tokens` where it is a positive whole number, else the prompt's own length."""
     reported = (result.usage or {}).get("prompt_tokens")
@@ -238,37 +199,34 @@ def window_tokens(results: list[StreamResult], window: tuple[int, int]) -> float
     return total
 
 
-def _table(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
-           counted: set[int], start_ns: int) -> RequestsTable:
-    ids = sorted(served)
-    nan = float("nan")
+def _rows(results: dict[int, StreamResult], served: dict[int, Request], arrival_ns: dict[int, int],
+          counted: set[int]) -> list[RequestRow]:
+    """Every drawn request as the client saw it: never sent, or its stream's times, counts and end."""
+    rows = []
+    for i in sorted(served):
+        request, result = served[i], results.get(i)
+        if result is None:
+            rows.append(RequestRow(i, arrival_ns.get(i), None, None, None, request.input_tokens, 0, request.warmup,
+                                   i in counted, RequestStatus.NOT_ADMITTED))
+            continue
+        status, chunks = RequestStatus[result.outcome.upper()], result.chunk_ns
+        done = status is RequestStatus.DONE
+        rows.append(RequestRow(i, arrival_ns.get(i), result.sent_ns, chunks[0] if chunks else None,
+                               chunks[-1] if done and chunks else None, _input_tokens(result, request),
+                               result.output_tokens, request.warmup, i in counted, status,
+                               float(result.token_source == "usage") if done else math.nan))
+    return rows
 
-    def seconds(values: list[int | None]) -> np.ndarray:
-        return np.array([nan if v is None else (v - start_ns) / 1e9 for v in values])
 
-    got = [results.get(i) for i in ids]
-    status = [STATUSES.index("not_admitted") if r is None else STATUSES.index(r.outcome) for r in got]
-    columns: dict[str, np.ndarray] = {
-        "id": np.array(ids, dtype=np.int64), "arrival_s": seconds([arrival_ns.get(i) for i in ids]),
-        "admitted_s": seconds([r.sent_ns if r else None for r in got]),
-        "first_token_s": seconds([r.chunk_ns[0] if r and r.chunk_ns else None for r in got]),
-        "finish_s": seconds([r.chunk_ns[-1] if r and r.outcome == "done" and r.chunk_ns else None for r in got]),
-        "input_tokens": np.array([_input_tokens(r, served[i]) if r else served[i].input_tokens
-                                  for i, r in zip(ids, got, strict=True)], dtype=np.int64),
-        "output_tokens": np.array([r.output_tokens if r else 0 for r in got], dtype=np.int64),
-        "tokens_from_usage": np.array([nan if r is None or r.outcome != "done" else float(r.token_source == "usage")
-                                       for r in got]),
-        "warmup": np.array([served[i].warmup for i in ids], dtype=np.int8),
-        "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
-    for name in REQUEST_COLUMNS:
-        columns.setdefault(name, np.full(len(ids), nan))
-    sent = [r for r in got if r is not None]
+def _table(results: dict[int, StreamResult], rows: list[RequestRow], start_ns: int) -> RequestsTable:
+    """The per-request rows and each sent request's chunk times (the server's steps are not known here)."""
+    sent = [results[row.id] for row in rows if row.id in results]
     offsets = np.cumsum([0, *(r.chunks for r in sent)]).astype(np.int64)
     chunks = {"request": np.array([r.id for r in sent], dtype=np.int64), "chunk_offsets": offsets,
               "chunk_ns": np.array([t for r in sent for t in r.chunk_ns], dtype=np.int64)}
     attrs = {"start_ns": start_ns, "source": "client: chunk arrival times of each streamed request (node's "
                                             "monotonic clock, ns); the server's steps are not known"}
-    return RequestsTable(columns, chunks, attrs)
+    return RequestsTable(request_columns(rows, start_ns), chunks, attrs)
 
 
 def _failures(results: dict[int, StreamResult]) -> RequestFailures:
@@ -458,16 +416,17 @@ class HttpServerTarget:
         return record.status == "FAILED" and (self.started is None or self.started.gone() is not None)
 
 
-def _settle(load: HttpLoad, plan: Plan, served: dict[int, Request], ended: LoadOutcome,
+def _settle(load: HttpLoad, plan: Plan, served: dict[int, Request], ended: LoadEnd,
             outcome: RateOutcome[ClientServed]) -> None:
     """The rate's outcome from the client's results: what counts, the window's tokens recounted with the usage the
     requests reported after it closed, the table and the streams."""
-    results, arrival_ns, window_ns = load.results, ended.arrival_ns, ended.window
-    counted = counted_ids({i: r.sent_ns for i, r in results.items()}, window_ns, served, plan.rule)
+    results, window_ns = load.results, ended.window
+    counted = plan.rule.counted({i: r.sent_ns for i, r in results.items()}, window_ns, served)
     if outcome.steady is not None and window_ns is not None:
         outcome.steady.work[WORK_UNIT] = window_tokens(list(results.values()), window_ns)
-    outcome.times = [t for t in _times(results, served, arrival_ns, ended.start_ns) if t.id in counted]
-    outcome.table = _table(results, served, arrival_ns, counted, ended.start_ns)
+    rows = _rows(results, served, ended.arrival_ns, counted)
+    outcome.times = counted_times(rows, ended.start_ns)
+    outcome.table = _table(results, rows, ended.start_ns)
     outcome.detail = ClientServed({i for i, r in results.items() if r.outcome == "done"}, len(results),
                                   _failures(results))
     outcome.rule, outcome.counted = plan.rule, counted

@@ -29,22 +29,24 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
 from joulebench.record_types import RequestsBlock
-from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, RequestsTable
+from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.torch_device import hardware_info
 from jpwr import WindowMeter
-from llm_inference import request_metrics, shards, tensor_parallel, validation
+from llm_inference import shards, tensor_parallel, validation
 from llm_inference.arrivals import Request, draw_requests
 from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import DTYPES, build_model, request_prompt
 from llm_inference.load_config import LoadConfig
-from llm_inference.load_plan import COUNTER_READ_S, COUNTER_SETTLE_S, WORK_UNIT, Plan, counted_ids
+from llm_inference.load_plan import COUNTER_READ_S, COUNTER_SETTLE_S, WORK_UNIT, Plan
 from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
+from llm_inference.request_rows import RequestRow, counted_times, request_columns
 from llm_inference.runner import BuiltModel, compact_engine, join
-from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLog, ServeLoop
+from llm_inference.serve_loop import ServeLog, ServeLoop
 from llm_inference.serving_energy import RecordedRate, Sweep, in_process_counter, serving_energy, write_joint
 from llm_inference.tasks import TASKS
 from llm_inference.tensor_parallel import TensorParallel
+from llm_inference.window_rules import ArrivalWindow
 
 
 def _log(text: str) -> None:
@@ -52,22 +54,12 @@ def _log(text: str) -> None:
 
 
 # ---- figures of one rate -----------------------------------------------------------------------------------
-def request_times(log: ServeLog, served: dict[int, Request]) -> list[request_metrics.RequestTimes]:
-    """Finished requests' times in seconds from the load's start (unfinished ones have no latencies)."""
-    def s(ns: int) -> float:
-        return (ns - log.start_ns) / 1e9
-
-    return [request_metrics.RequestTimes(i, s(log.arrival_ns[i]), s(log.admitted_ns[i]), s(log.first_token_ns[i]),
-                                         s(log.finish_ns[i]), r.input_tokens, r.output_tokens, r.warmup)
-            for i, r in served.items() if log.produced.get(i, 0) >= r.output_tokens]
-
-
 def step_figures(log: ServeLog) -> dict[str, Any]:
     """The engine's own figures of the window: its steps and the rows a decode step ran on average."""
     first, last = log.window_steps or (0, 0)
-    decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == DECODE]
+    decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == StepKind.DECODE]
     return {"mean_decode_rows": float(np.mean(decode_rows)) if decode_rows else None,
-            "prefill_steps": sum(1 for k in range(first, last) if log.step_kind[k] == PREFILL),
+            "prefill_steps": sum(1 for k in range(first, last) if log.step_kind[k] == StepKind.PREFILL),
             "decode_steps": len(decode_rows)}
 
 
@@ -78,34 +70,27 @@ def step_log(log: ServeLog) -> dict[str, np.ndarray]:
             "member_request": members, "member_amount": amounts}
 
 
-def requests_table(log: ServeLog, served: dict[int, Request], counted: set[int], controlled: ServeLog | None
-                   ) -> RequestsTable:
+def request_rows(log: ServeLog, served: dict[int, Request], counted: set[int]) -> list[RequestRow]:
+    """Every drawn request as the engine's step log saw it (its output length known: done when it produced it)."""
+    rows = []
+    for i in sorted(served):
+        produced = log.produced.get(i, 0)
+        status = (RequestStatus.NOT_ADMITTED if i not in log.admitted_ns else
+                  RequestStatus.DONE if produced >= served[i].output_tokens else RequestStatus.UNFINISHED)
+        rows.append(RequestRow(i, log.arrival_ns.get(i), log.admitted_ns.get(i), log.first_token_ns.get(i),
+                               log.finish_ns[i] if status is RequestStatus.DONE else None, served[i].input_tokens,
+                               produced, served[i].warmup, i in counted, status))
+    return rows
+
+
+def requests_table(log: ServeLog, rows: list[RequestRow], controlled: ServeLog | None) -> RequestsTable:
     """The per-request rows (energy columns NaN until the fit fills them), the step log, and the controlled-split
     window's where this rate ran it."""
-    ids = sorted(served)
-    nan = float("nan")
-
-    def seconds(times: dict[int, int]) -> np.ndarray:
-        return np.array([(times[i] - log.start_ns) / 1e9 if i in times else nan for i in ids])
-
-    produced = np.array([log.produced.get(i, 0) for i in ids], dtype=np.int64)
-    status = [STATUSES.index("not_admitted") if i not in log.admitted_ns else
-              STATUSES.index("done") if produced[k] >= served[i].output_tokens else STATUSES.index("unfinished")
-              for k, i in enumerate(ids)]
-    columns: dict[str, np.ndarray] = {
-        "id": np.array(ids, dtype=np.int64), "arrival_s": seconds(log.arrival_ns),
-        "admitted_s": seconds(log.admitted_ns), "first_token_s": seconds(log.first_token_ns),
-        "finish_s": np.array([(log.finish_ns[i] - log.start_ns) / 1e9 if status[k] == 0 else nan
-                              for k, i in enumerate(ids)]),
-        "input_tokens": np.array([served[i].input_tokens for i in ids], dtype=np.int64), "output_tokens": produced,
-        "warmup": np.array([served[i].warmup for i in ids], dtype=np.int8),
-        "counted": np.array([i in counted for i in ids], dtype=np.int8), "status": np.array(status, dtype=np.int8)}
-    for name in REQUEST_COLUMNS:
-        columns.setdefault(name, np.full(len(ids), nan))
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
-             "step_kinds": {"prefill": PREFILL, "decode": DECODE},
+             "step_kinds": {kind.name.lower(): int(kind) for kind in StepKind},
              "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens"}
-    return RequestsTable(columns, step_log(log), attrs, {} if controlled is None else step_log(controlled))
+    return RequestsTable(request_columns(rows, log.start_ns), step_log(log), attrs,
+                         {} if controlled is None else step_log(controlled))
 
 
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
@@ -150,7 +135,7 @@ class EngineTarget:
         return run.open_meter(sync=self.model.get().sync, methods=cfg.energy_methods, read_every_s=COUNTER_READ_S)
 
     def limit_note(self) -> str:
-        return f"{self.cfg.max_concurrency} slots"
+        return f"{self.cfg.max_concurrency} rows (requests decoded together at most)"
 
     def serve(self, run: Run, plan: Plan, served: dict[int, Request], meter: WindowMeter,
               outcome: RateOutcome[ServeLog], say: Callable[[str], None]) -> RequestsBlock:
@@ -170,20 +155,21 @@ class EngineTarget:
             begun.append(len(loop.steps))
             meter.begin("steady", len(loop.steps))
 
-        def on_end(tokens: int) -> None:
+        def on_end(tokens: float) -> None:
             outcome.steady = meter.end("steady", len(loop.steps), {WORK_UNIT: tokens,
                                                                    "steps": len(loop.steps) - begun[0]})
 
         log = loop.run(drawn(plan, served), plan.rule, on_begin, on_end, run.stop.local_reason, plan.expected)
         run.step_times(None, "a load's engine steps differ by design (prefill or decode, changing batches)")
         time.sleep(COUNTER_SETTLE_S)  # the energy counter updates once more after the last step (the fit's span)
-        counted = counted_ids(log.admitted_ns, log.window, served, plan.rule)
+        counted = plan.rule.counted(log.admitted_ns, log.window, served)
+        rows = request_rows(log, served, counted)
         outcome.detail = log
         outcome.rule, outcome.counted = plan.rule, counted
-        outcome.times = [t for t in request_times(log, served) if t.id in counted]
+        outcome.times = counted_times(rows, log.start_ns)
         outcome.window_ns, outcome.stop_reason = log.window, log.stop_reason
-        outcome.in_flight_at_end = len(loop.scheduler.running)
-        table = outcome.table = requests_table(log, served, counted, controlled)
+        outcome.in_flight_at_end = log.in_flight_at_end
+        table = outcome.table = requests_table(log, rows, controlled)
         return {"file": FILE_NAME, "rows": len(table), "counted": int(table.requests["counted"].sum()),
                 "columns": list(REQUEST_COLUMNS), "steps": len(log.step_kind)}
 

@@ -1,4 +1,4 @@
-"""The resolved configuration of `python -m llm_inference load`: model, arrivals, slots, SLOs, run control.
+"""The resolved configuration of `python -m llm_inference load`: model, arrivals, rows, SLOs, run control.
 
 Resolution needs no device, so `validate-load` runs on a login node; checks are in validation.py.
 """
@@ -89,7 +89,7 @@ class LoadConfig:
     trace: str | None  # JSONL replay instead of drawn arrivals and lengths
     max_concurrency: int
     requests: int | None  # counted requests per rate; None: enough for the window
-    warmup_requests: int | None  # None: the slots' count at `max`, WARMUP_ARRIVAL_S of arrivals otherwise
+    warmup_requests: int | None  # None: the rows' count at `max`, WARMUP_ARRIVAL_S of arrivals otherwise
     output_length: int | None
     slo_ttft_ms: float | None
     slo_tpot_ms: float | None
@@ -126,11 +126,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--trace", help="replay this JSONL trace (arrival_s, input_tokens | prompt_ids | prompt, "
                                    "output_tokens per line) instead of --rate")
     w.add_argument("--max-concurrency", type=SIZE, default=DEFAULT_CONCURRENCY,
-                   help="request slots: requests decoded together at most")
+                   help="rows: requests decoded together at most (a server: requests in flight at most)")
     w.add_argument("--requests", type=COUNT, excludes=("--trace",),
                    help="counted requests per rate (default: enough for the window; a --trace's are its own)")
     w.add_argument("--warmup-requests", type=COUNT_OR_ZERO,
-                   help=f"requests before the counted ones (default: the slots at max, {WARMUP_ARRIVAL_S:g} s of "
+                   help=f"requests before the counted ones (default: the rows at max, {WARMUP_ARRIVAL_S:g} s of "
                         "arrivals at a finite rate; 0 = none)")
     w.add_argument("--output-length", type=SIZE, excludes=("--trace",),
                    help="force this many new tokens per request (a --trace's are its own)")

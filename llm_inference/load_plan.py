@@ -18,7 +18,7 @@ served window is the time the counted requests take at the served rate (counted 
 counted requests meeting every SLO over it, which is the served rate times the SLO share, and equals the old
 "meeting the SLO per second of the window" where every arrival was served. The SLO share is over every counted
 request (an unfinished one meets none). The overload note says when the queue (requests arrived but not yet
-admitted to a slot) never emptied in the second half of a finite rate's window (an overload builds its queue up
+admitted to a row) never emptied in the second half of a finite rate's window (an overload builds its queue up
 from the start; a queue that was empty for an instant at the first counted arrival still never drained), and when
 the window is shorter than MIN_COUNTER_PERIODS of the energy counter's updates.
 """
@@ -42,8 +42,8 @@ from llm_inference import request_metrics
 from llm_inference.arrivals import Request, arrival_times, draw_requests
 from llm_inference.load_config import WARMUP_ARRIVAL_S, LoadConfig, rate_label
 from llm_inference.runner import shown
-from llm_inference.serve_loop import ArrivalWindow, SaturatedWindow, WindowRule
 from llm_inference.tasks import TASKS
+from llm_inference.window_rules import ArrivalWindow, SaturatedWindow, WindowRule
 
 WORK_UNIT = "output_tokens"
 SUMMARY_EXTRA = ("rate", "max_concurrency", "offered_requests_per_s", "requests_per_s", "energy_per_output_token_j",
@@ -54,7 +54,7 @@ CPU_WARMUP_ARRIVAL_S = 1.0
 COUNTER_READ_S = 0.05
 COUNTER_SETTLE_S = 0.3  # idle after the load: the counter's next update (H100: <= 100 ms) covers the last step
 MAX_CHUNK = 4096  # `--rate max` draws its endless queue in chunks of this many requests
-NO_WINDOW = ("the load ended before its window opened (no moment with every slot busy after the warm-up requests, or "
+NO_WINDOW = ("the load ended before its window opened (no moment with every row busy after the warm-up requests, or "
              "no counted arrival): raise --requests or lower --max-concurrency")
 
 
@@ -85,7 +85,7 @@ def plan_rate(cfg: LoadConfig, rate: float, window_s: float, device: torch.devic
             items = draw_requests(task, np.zeros(warmup + cfg.requests), cfg.seed, cfg.output_length, warmup)
             return Plan(iter(items), SaturatedWindow(None), len(items), f"{cfg.requests} counted requests queued")
         return Plan(_endless(cfg, warmup), SaturatedWindow(window_s), None,
-                    f"window of {window_s:.3g} s with every slot busy")
+                    f"window of {window_s:.3g} s with every row busy")
     counted = cfg.requests or math.ceil(rate * window_s) + 1
     times = arrival_times(cfg.arrivals, rate, warmup + counted, cfg.seed)
     items = draw_requests(task, times, cfg.seed, cfg.output_length, warmup)
@@ -109,18 +109,6 @@ def plan_trace(requests: list[Request], warmup: int) -> Plan:
     first = flagged[min(warmup, len(flagged) - 1)].arrival_s
     return Plan(iter(flagged), ArrivalWindow(first, flagged[-1].arrival_s), len(flagged),
                 f"trace of {len(flagged)} requests ({warmup} warm-up)")
-
-
-def counted_ids(admitted_ns: Mapping[int, int], window: tuple[int, int] | None, served: dict[int, Request],
-                rule: WindowRule) -> set[int]:
-    """MLPerf's rule for finite rates (non-warm-up arrivals, all inside the window by construction); at `max`,
-    the requests admitted (an engine's prefill, a server's request sent) inside the window."""
-    if isinstance(rule, SaturatedWindow):
-        if window is None:
-            return set()
-        w0, w1 = window
-        return {i for i, t in admitted_ns.items() if w0 <= t < w1 and not served[i].warmup}
-    return {i for i, r in served.items() if not r.warmup}
 
 
 def rate_paths(cfg: LoadConfig, rate: float | None, single: bool) -> tuple[str, Path, str]:
@@ -160,9 +148,9 @@ def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1
 
 def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> dict[str, Any]:
     """Offered and served request rates, the served window and the queue's state (module docstring)."""
-    arrivals_window = isinstance(rule, ArrivalWindow) and steady.duration_s > 0
-    span = rule.last_s - rule.first_s if isinstance(rule, ArrivalWindow) else 0.0  # the arrivals' own, not the loop's
-    offered = (len(counted) - 1) / span if arrivals_window and span > 0 and len(counted) > 1 else None
+    span = rule.arrival_span_s()  # the arrivals' own, not the loop's
+    arrivals_window = span is not None and steady.duration_s > 0
+    offered = (len(counted) - 1) / span if span and arrivals_window and len(counted) > 1 else None
     if served is None:
         return {"offered_requests_per_s": offered, "requests_per_s": None, "requests_served_in_window": None,
                 "served_window_s": None, "queue_drained": None}
@@ -240,8 +228,7 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
         energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
                                                if energy and energy.error_bound_j is not None and tokens else None),
         slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
-        window_rule=("every slot busy (rate max)" if isinstance(rule, SaturatedWindow)
-                     else "first to last counted arrival (MLPerf)"))
+        window_rule=rule.description)
     return result
 
 

@@ -41,8 +41,8 @@ from llm_inference.load_plan import (
 from llm_inference.presets import ModelPreset
 from llm_inference.request_metrics import RequestTimes
 from llm_inference.runner import window_seconds
-from llm_inference.serve_loop import WindowRule
 from llm_inference.serving_energy import RecordedRate, attach_energy
+from llm_inference.window_rules import WindowRule
 
 DetailT = TypeVar("DetailT")
 

@@ -1,10 +1,11 @@
 """The load loop's decisions, apart from any engine: which request runs in which request row, when arrived requests
-are admitted, and which rows move down when requests finish. The loop (llm_inference/serve_loop.py) carries each
-plan out on the engine; the host decides everything (a request's output length is known), so the device is never
-read for a decision.
+are admitted, and which rows move down when requests finish. The load loop (llm_inference/load_loop.py) has each
+plan carried out, on the engine or by a server's client; on the engine the host decides everything (a request's
+output length is known), so the device is never read for a decision.
 
-Words: a *row* is one request's place in a decode step (`--max-concurrency` rows; a row of the engine's KV cache);
-a *cache position* is one token's place in a row's cache (the engine's, llm_inference/continuous_engine.py).
+Words: a *row* is one request's place in a decode step (`--max-concurrency` rows; a row of the engine's KV cache, or
+one request in flight to a server); a *cache position* is one token's place in a row's cache (the engine's,
+llm_inference/continuous_engine.py).
 
 * admission: arrived requests (arrival <= now) take the lowest free rows, up to PREFILL_CHUNK_TOKENS prompt tokens
   per prefill step. Under a backlog (more requests waiting than rows free) they are admitted only once
@@ -14,7 +15,8 @@ a *cache position* is one token's place in a row's cache (the engine's, llm_infe
   at once;
 * decode: one step over every occupied row (the rows up to the highest occupied row's bucket);
 * release: finished requests leave their rows, and the highest running requests move down into the freed rows
-  (compaction: a decode step computes every row up to the highest occupied one).
+  (compaction: a decode step computes every row up to the highest occupied one; a server's client has no places
+  to move and ignores the moves).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import deque
+from collections.abc import Collection
 
 from llm_inference import memory
 from llm_inference.arrivals import Request
@@ -130,9 +133,12 @@ class Scheduler:
             r.produced += 1
         return plan
 
-    def release(self) -> ReleasePlan | None:
-        """The finished requests' rows, freed, and the compaction's moves; None when nothing finished."""
-        finished = [row for row, r in self.running.items() if r.produced >= r.request.output_tokens]
+    def release(self, ended: Collection[int] | None = None) -> ReleasePlan | None:
+        """The finished requests' rows, freed, and the compaction's moves; None when nothing finished. `ended`: the ids
+        of requests that ended outside the host's view (a server's finished streams); None: those that produced
+        their output length (the engine's host mirrors)."""
+        finished = [row for row, r in self.running.items()
+                    if (r.produced >= r.request.output_tokens if ended is None else r.request.id in ended)]
         if not finished:
             return None
         for row in finished:

@@ -48,7 +48,7 @@ from joulebench.request_energy import (
     fit_with_clock_trial,
     request_parts,
 )
-from joulebench.requests_table import STATUSES, STEP_KINDS, RequestsTable
+from joulebench.requests_table import RequestsTable, RequestStatus, StepKind
 from joulebench.segment_fit import counter_knots, window_segments
 from jpwr import JpwrError
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
@@ -60,8 +60,6 @@ JOINT_METHOD = ("the same model fitted over every rate of the sweep at once, a..
                 "drawn per rate (joulebench.joint_energy)")
 NO_TRACE = ("no in-process trace beside the record: under an external sampler the trace is written when it stops, "
             "after the driver; `python -m llm_inference request-energy --run DIR` fits it then (JUBE jobs do)")
-PREFILL = STEP_KINDS.index("prefill")
-DECODE = STEP_KINDS.index("decode")
 STEADY = "steady"  # the rate's measured window
 IN_PROCESS_TRACE = "jpwr"  # beside the record: the in-process sampler's <node>/trace.h5 (joulebench.lifecycle)
 
@@ -97,13 +95,13 @@ def steps_work_log(steps: Mapping[str, np.ndarray]) -> WorkLog:
     kind = np.repeat(step_kind, counts)
     per_step = np.add.reduceat(amounts, offsets[:-1]) if len(amounts) else np.zeros(0, np.int64)
     per_step = np.where(counts > 0, per_step, 0)
-    prefill = step_kind == PREFILL
+    prefill = step_kind == StepKind.PREFILL
     return WorkLog.of_steps(
         t0_ns=np.asarray(steps["t0_ns"]), t1_ns=np.asarray(steps["t1_ns"]),
-        prefill_tokens=np.where(prefill, per_step, 0), decode_rows=np.where(step_kind == DECODE, counts, 0),
+        prefill_tokens=np.where(prefill, per_step, 0), decode_rows=np.where(step_kind == StepKind.DECODE, counts, 0),
         kv_tokens=np.where(prefill, 0, per_step), member_offsets=offsets, member_request=steps["member_request"],
-        member_prefill_tokens=np.where(kind == PREFILL, amounts, 0),
-        member_kv_tokens=np.where(kind == DECODE, amounts, 0))
+        member_prefill_tokens=np.where(kind == StepKind.PREFILL, amounts, 0),
+        member_kv_tokens=np.where(kind == StepKind.DECODE, amounts, 0))
 
 
 def arrivals_ns(table: RequestsTable) -> dict[int, int]:
@@ -117,7 +115,7 @@ def arrivals_ns(table: RequestsTable) -> dict[int, int]:
 def finished_ids(table: RequestsTable) -> set[int]:
     """The counted requests that finished (their whole-lifetime energy gives the per-request figures)."""
     rows = table.requests
-    done = (rows["counted"] == 1) & (rows["status"] == STATUSES.index("done")) & np.isfinite(rows["finish_s"])
+    done = (rows["counted"] == 1) & (rows["status"] == RequestStatus.DONE) & np.isfinite(rows["finish_s"])
     return {int(i) for i in rows["id"][done]}
 
 
@@ -184,7 +182,7 @@ class Controlled:
 
 def controlled_intervals(steps: Mapping[str, np.ndarray]) -> tuple[tuple[float, float], tuple[float, float]]:
     kind, t0, t1 = np.asarray(steps["kind"]), np.asarray(steps["t0_ns"]), np.asarray(steps["t1_ns"])
-    prefill, decode = kind == PREFILL, kind == DECODE
+    prefill, decode = kind == StepKind.PREFILL, kind == StepKind.DECODE
     return ((float(t0[prefill].min()), float(t1[prefill].max())), (float(t0[decode].min()), float(t1[decode].max())))
 
 

@@ -2,8 +2,9 @@
 
 Per batch shape, once and outside every measured window (`prepare`):
 
-* a KV cache of `layers × batch × KV heads × cache positions × head dim` is allocated, positions = longest
-  prompt + output of the point's batches, rounded up to POSITION_BUCKET;
+* a KV cache of `layers × 2 × batch × KV heads × cache positions × head dim` is allocated (llm_inference/kv_cache.py,
+  the batch's rows in lockstep: one shared length, each row's first real position), positions = longest prompt +
+  output of the point's batches, rounded up to POSITION_BUCKET;
 * on CUDA, one decode step is captured as a CUDA graph per attended cache length (multiples of
   POSITION_BUCKET): a step attends to the first `length` cache positions only, so attention reads the filled part of
   the cache (within one bucket), not all of it. All graphs share one memory pool. The layer pieces around
@@ -48,6 +49,7 @@ from llm_inference.decode_attention import (
 )
 from llm_inference.decode_choice import DEFAULT_OBJECTIVE, POWER_REPLAY_S, POWER_SPAN_S, Choice, PowerProbe, choose
 from llm_inference.engine import StepClock, Timing
+from llm_inference.kv_cache import KVCache
 from llm_inference.tasks import Batch
 
 # Compiled variants of the decode pieces, chosen per batch shape at set-up (CompactForward.choose_tuning).
@@ -67,40 +69,38 @@ def decode_lengths(prompt: int, new_tokens: int) -> set[int]:
 
 
 @dataclasses.dataclass
-class DecodeState:
-    """Everything one batch shape's captured steps read and write: fixed shapes, fixed addresses."""
+class CacheState:
+    """What an engine's decode steps read and write besides the weights: fixed shapes, fixed addresses (what the
+    captured steps replay)."""
 
-    cache: torch.Tensor  # (layers, 2, batch, KV heads, cache positions, head dim): keys [:, 0], values [:, 1]
-    tokens: torch.Tensor  # (batch,) the last token of each row
-    start: torch.Tensor  # (batch,) first real cache position of each row (left padding)
-    current: torch.Tensor  # (1,) cache position the next step writes
-    step: torch.Tensor  # (1,) output column the next step writes
-    out: torch.Tensor  # (batch, outputs) generated tokens
+    cache: KVCache
+    tokens: torch.Tensor  # (rows,) the token each row feeds next
     position_index: torch.Tensor  # arange(cache positions), for masks
     rope: tuple[torch.Tensor, torch.Tensor] | None  # (cos, signed sin) per position
-    pool: Any  # the memory pool this shape's graphs share (a pool dies with its last graph: one per shape)
+    pool: Any  # the memory pool the graphs share (a pool dies with its last graph)
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    @property
+    def cache_positions(self) -> int:
+        return self.cache.positions
+
+
+@dataclasses.dataclass
+class DecodeState(CacheState):
+    """One batch shape's state: its rows in lockstep (the cache: each row's first real position, one shared length),
+    its output buffer and its captured steps, one per attended length."""
+
+    step: torch.Tensor = dataclasses.field(kw_only=True)  # (1,) output column the next step writes
+    out: torch.Tensor = dataclasses.field(kw_only=True)  # (batch, outputs) generated tokens
     graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
     tuning: str | None = None  # the compiled variant this shape's graphs run (None: not chosen yet)
     tuning_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # each variant's replayed step
     tuning_power_w: dict[str, float | None] = dataclasses.field(default_factory=dict)  # each one's power (None: n/a)
     tuning_basis: str | None = None  # what decided the variant (llm_inference.decode_choice)
     tuning_graphs: list[torch.cuda.CUDAGraph] = dataclasses.field(default_factory=list)  # kept: they hold the pool
-
-    @property
-    def batch(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self.cache[:, 0]
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self.cache[:, 1]
-
-    @property
-    def positions(self) -> int:
-        return self.cache.shape[4]
 
     @property
     def outputs(self) -> int:
@@ -149,7 +149,7 @@ class CompactForward:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def _prefill_rows(self, cache: torch.Tensor, position_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    def _prefill_rows(self, cache: KVCache, position_index: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                       | None, rows: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, offset: int,
                       last: torch.Tensor | None = None) -> torch.Tensor:
         """Prompt forward pass of some rows (indices `rows` of `cache`) over cache positions [offset, offset + width):
@@ -168,7 +168,7 @@ class CompactForward:
         x = model.embed_tokens(ids, positions)
         for index, layer in enumerate(model.layers):
             q, kv = model.attention_inputs(layer, x, rope)
-            cache[index, :, :, :, offset:offset + width].index_copy_(1, rows, kv.permute(2, 0, 3, 1, 4))
+            cache.write_prompt(index, rows, offset, kv)
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
@@ -176,28 +176,26 @@ class CompactForward:
             x = model.attention_output_and_mlp(layer, x, attention.transpose(1, 2).reshape(count, width, -1))
         return model.logits(x[:, -1] if last is None else x[torch.arange(count, device=x.device), last])
 
-    def _decode_pass(self, cache: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                     rope: tuple[torch.Tensor, torch.Tensor] | None, first: torch.Tensor | None, last: torch.Tensor,
-                     length: int, write: Callable[[torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
-        """Logits after one token per row, attending to the first `length` cache positions of `cache` (layers,
-        2, rows, KV heads, positions, head dim), row b to positions first[b]..last[b] (first None: from 0; last
-        (rows,) or (1,)); `write(layer cache, kv)` stores the token's K/V first (kv: rows, 1, 2, KV heads, head dim)."""
+    def _decode_pass(self, cache: KVCache, tokens: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                     length: int) -> torch.Tensor:
+        """Logits after one token per row of `cache`, attending to its first `length` positions: the cache writes
+        each row's new K/V at its length first, then row b attends to its positions start[b]..length[b]."""
         model = self.model
         batch = tokens.shape[0]
         step_inputs, attention_inputs, attention_output_and_mlp, logits = self.decode_variants[self.decode_tuning]
+        first, last = cache.start, cache.length
         mask = None if self.split_sms is not None else sdpa_mask(first, last, length, batch, model.embed.dtype)
-        x, rope = step_inputs(tokens, positions, rope)
+        x, rope = step_inputs(tokens, cache.token_positions(), rope)
         for index, layer in enumerate(model.layers):
             q, kv = attention_inputs(layer, x, rope)
-            layer_cache = cache[index]
-            write(layer_cache, kv)
+            cache.write_token(index, kv)
             # The query heads of one KV head share its keys and mask: they act as that head's query rows.
             query = q.reshape(batch, model.kv_heads, model.groups, model.head_dim)
+            keys, values = cache.keys(index), cache.values(index)
             if self.split_sms is None:
-                attention = sdpa_decode_attention(query, layer_cache[0], layer_cache[1], first, last, length, mask)
+                attention = sdpa_decode_attention(query, keys, values, first, last, length, mask)
             else:
-                attention = split_decode_attention(query, layer_cache[0], layer_cache[1], first, last, length,
-                                                   self.split_sms)
+                attention = split_decode_attention(query, keys, values, first, last, length, self.split_sms)
             x = attention_output_and_mlp(layer, x, attention.reshape(batch, 1, -1))
         return logits(x[:, 0])
 
@@ -279,8 +277,8 @@ class StaticEngine(CompactForward):
                 "decode_tuning_power_w": None if state is None else state.tuning_power_w,
                 "decode_objective": self.objective,
                 "decode_tuning_basis": None if state is None else state.tuning_basis,
-                "slot_bucket": memory.POSITION_BUCKET,  # record keys kept as they were
-                "cache_slots": None if state is None else state.positions,
+                "position_bucket": memory.POSITION_BUCKET,
+                "cache_positions": None if state is None else state.cache_positions,
                 "captured_graphs": None if state is None else len(state.graphs),
                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
 
@@ -297,7 +295,7 @@ class StaticEngine(CompactForward):
 
     def _ensure(self, batch: int, sequence: int, outputs: int, lengths: set[int]) -> DecodeState:
         state = self.state
-        if state is None or state.batch != batch or state.positions < sequence or state.outputs < outputs:
+        if state is None or state.rows != batch or state.cache_positions < sequence or state.outputs < outputs:
             state = self.state = None  # drop every reference to the old cache and graphs before allocating
             if self.capture:
                 torch.cuda.empty_cache()
@@ -308,25 +306,22 @@ class StaticEngine(CompactForward):
 
     def _allocate(self, batch: int, positions: int, outputs: int) -> DecodeState:
         model, device = self.model, self.device
-        dtype = model.embed.dtype
-        cache_shape = (len(model.layers), 2, batch, model.kv_heads, positions, model.head_dim)
 
         def index(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.long, device=device)
 
         return DecodeState(
-            cache=torch.zeros(cache_shape, dtype=dtype, device=device),
-            tokens=index(batch), start=index(batch), current=index(1), step=index(1), out=index(batch, outputs),
-            position_index=torch.arange(positions, device=device), rope=model.rope_tables(positions, dtype),
+            cache=KVCache.lockstep(model, batch, positions, device), tokens=index(batch), step=index(1),
+            out=index(batch, outputs), position_index=torch.arange(positions, device=device),
+            rope=model.rope_tables(positions, model.embed.dtype),
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
 
     def _capture(self, state: DecodeState, lengths: set[int]) -> None:
         if not lengths:
             return
         def reset() -> None:  # warm-up and timed steps really run: keep their writes inside the buffers
-            state.current.zero_()
+            state.cache.clear()  # a reused state's rows would start after the current position (nothing visible)
             state.step.zero_()
-            state.start.zero_()  # a reused state's rows would start after the current position (nothing visible)
 
         def step() -> None:
             self._decode(state, max(lengths))
@@ -349,19 +344,15 @@ class StaticEngine(CompactForward):
     # ---- the forward passes -------------------------------------------------------------------------------
     def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
         """Logits after each row's last token, attending to the first `length` cache positions; writes that
-        token's K/V."""
-        def write(cache: torch.Tensor, kv: torch.Tensor) -> None:
-            cache.index_copy_(3, state.current, kv.permute(2, 0, 3, 1, 4))  # K and V at the current position, one write
-
-        return self._decode_pass(state.cache, state.tokens, state.current - state.start, state.rope, state.start,
-                                 state.current, length, write)
+        token's K/V (the cache's length does not move)."""
+        return self._decode_pass(state.cache, state.tokens, state.rope, length)
 
     def _decode(self, state: DecodeState, length: int) -> None:
         """One decode step (what a graph replays): next token by argmax, counters advanced, all inside `state`."""
         token = self.decode_logits(state, length).argmax(dim=-1)
         state.tokens.copy_(token)
         state.out.index_copy_(1, state.step, token[:, None])
-        state.current.add_(1)
+        state.cache.advance()
         state.step.add_(1)
 
     @torch.inference_mode()
@@ -380,8 +371,7 @@ class StaticEngine(CompactForward):
             index = torch.tensor(rows, device=ids.device)
             logits.index_copy_(0, index, self._prefill_rows(state.cache, state.position_index, state.rope, index,
                                                             ids[index, offset:], start[index] - offset, offset))
-        state.start.copy_(start)
-        state.current.fill_(width)
+        state.cache.begin(start, width)
         state.step.fill_(1)
         return state, logits
 

@@ -204,7 +204,7 @@ def check_launch(world_size: int, points: int, external_sampler: bool, tensor_pa
 
 # ---- `load` ----------------------------------------------------------------------------------------------
 def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | None]:
-    """Rates or a trace (not both), SLOs, slots and the longest request against the model's context; returns the
+    """Rates or a trace (not both), SLOs, rows and the longest request against the model's context; returns the
     model shape and the trace's requests (read once here: the memory check and the load use them)."""
     shape = model_shape(cfg)
     if cfg.trace is not None and cfg.rates:
@@ -220,7 +220,8 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValidationError(f"{name} is {value}", f"give {name} as a positive number of milliseconds")
     if cfg.max_concurrency < 1:
-        raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}", "use at least 1 request slot")
+        raise ValidationError(f"--max-concurrency is {cfg.max_concurrency}",
+                              "use at least 1 (rows: the requests decoded together at most)")
     if cfg.server is not None and cfg.tensor_parallel > 1:
         raise ValidationError(f"--tensor-parallel {cfg.tensor_parallel} with a server target (it splits the "
                               "in-process engine)", "give the server its own tensor-parallel option in "
@@ -328,17 +329,17 @@ def load_lengths(cfg: LoadConfig, trace: list[Request] | None) -> tuple[int, int
 
 def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memory_gib: float | None,
                       trace: list[Request] | None, holder: str = "the device") -> None:
-    """Refuse more slots than the memory estimate admits (unknown memory: no check), naming the most it admits.
+    """Refuse more rows than the memory estimate admits (unknown memory: no check), naming the most it admits.
     A server's memory is its own business: no check."""
     if memory_gib is None or cfg.server is not None:
         return
     prompt, sequence = load_lengths(cfg, trace)
 
-    def estimate(slots: int) -> memory.MemoryEstimate:
-        return memory.estimate_memory(shape, precision, slots, prompt, sequence, "static", cfg.tensor_parallel)
+    def estimate(rows: int) -> memory.MemoryEstimate:
+        return memory.estimate_memory(shape, precision, rows, prompt, sequence, "static", cfg.tensor_parallel)
 
-    def fits(slots: int) -> bool:
-        return estimate(slots).total_gib <= memory_gib
+    def fits(rows: int) -> bool:
+        return estimate(rows).total_gib <= memory_gib
 
     if fits(cfg.max_concurrency):
         return
@@ -346,7 +347,7 @@ def check_load_memory(cfg: LoadConfig, shape: ModelPreset, precision: str, memor
     admitted = _largest(fits, cfg.max_concurrency)
     raise ValidationError(
         f"--max-concurrency {cfg.max_concurrency} on {shape.name} ({precision}) needs an estimated "
-        f"{needed.total_gib:.1f} GiB (KV cache {needed.kv_cache_gib:.1f} GiB for {sequence} positions a slot) but "
+        f"{needed.total_gib:.1f} GiB (KV cache {needed.kv_cache_gib:.1f} GiB for {sequence} positions a row) but "
         f"{holder} has {memory_gib:.1f} GiB",
         f"use --max-concurrency {admitted} or fewer (the most the estimate admits)" if admitted else
         "use a smaller model or lower precision")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from joulebench.record import EXIT_CODES
+from joulebench.record import EXIT_CODES, SCHEMA_VERSION
 from tests.driver_helpers import read_record, summaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_the_same_failure_gives_the_same_status_and_exit_code(driver, failure, f
         return
     record = read_record(out)
     assert record["status"] == status and words in record["status_reason"], record["status_reason"]
-    assert record["schema_version"] == 3
+    assert record["schema_version"] == SCHEMA_VERSION
     assert summaries(result.stdout)[-1]["status"] == status  # the summary line is the last line, as always
 
 

@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from joulebench.requests_table import StepKind
 from llm_inference.arrivals import Request, arrival_times
 from llm_inference.continuous_engine import ContinuousEngine, row_buckets, rows_for
 from llm_inference.engine import build_model, request_prompt
 from llm_inference.presets import PRESETS
-from llm_inference.serve_loop import DECODE, PREFILL, ArrivalWindow, ServeLoop
+from llm_inference.serve_loop import ServeLoop
 from llm_inference.static_engine import StaticEngine
 from llm_inference.tasks import Batch
+from llm_inference.window_rules import ArrivalWindow
 
 CPU = torch.device("cpu")
 SEED = 11
@@ -70,7 +72,7 @@ def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
     _, log, _ = serve("tiny", items, 3)
     produced = {r.id: 0 for r in items}
     for kind, members in zip(log.step_kind, log.step_members, strict=True):
-        assert kind in (PREFILL, DECODE)
+        assert kind in (StepKind.PREFILL, StepKind.DECODE)
         for member in members:
             produced[member] += 1
     assert produced == {r.id: r.output_tokens for r in items}
@@ -78,7 +80,7 @@ def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
     for r in items:
         assert log.arrival_ns[r.id] <= log.admitted_ns[r.id] <= log.first_token_ns[r.id] <= log.finish_ns[r.id]
     # At most `rows` requests decode together; a prefill admits only arrived requests into free rows.
-    assert max(len(m) for k, m in zip(log.step_kind, log.step_members, strict=True) if k == DECODE) <= 3
+    assert max(len(m) for k, m in zip(log.step_kind, log.step_members, strict=True) if k == StepKind.DECODE) <= 3
 
 
 def test_row_buckets_cover_every_highest_row():

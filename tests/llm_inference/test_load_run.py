@@ -45,6 +45,25 @@ def test_there_is_one_rate_runner_and_both_drivers_use_it():
         assert "run_rates" in calls, driver
 
 
+def _calls(path: Path) -> list[ast.Call]:
+    return [node for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)]
+
+
+def test_both_targets_serve_through_the_one_load_loop_and_build_their_tables_from_one_row_type():
+    """One loop (load_loop.run_load) with the engine's and the client's executor; a window rule is asked, never told
+    apart by its type; every request table's rows come from request_rows.request_columns."""
+    for driver in ("serve_loop.py", "http_load.py"):
+        assert "run_load" in {ast.unparse(call.func) for call in _calls(PACKAGE / driver)}, driver
+    rules = {"WindowRule", "ArrivalWindow", "SaturatedWindow"}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for call in _calls(path):
+            name = ast.unparse(call.func)
+            if name == "isinstance":
+                assert not rules & {ast.unparse(n) for n in ast.walk(call.args[1])}, f"{path.name}: {ast.unparse(call)}"
+            if name == "RequestsTable":
+                assert ast.unparse(call.args[0]).startswith("request_columns("), f"{path.name}: {ast.unparse(call)}"
+
+
 def test_both_targets_offer_every_member_of_the_target_protocol_with_its_parameters():
     members = _protocol_members()
     assert {"serve", "energy", "check", "figures", "device", "hardware"} <= set(members)

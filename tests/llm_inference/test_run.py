@@ -34,7 +34,7 @@ def test_one_point_under_jpwr_has_ordered_windows_exact_lengths_and_energy(fake_
     # The default engine is named in the record, with its shapes and its set-up time (outside every window).
     detail = record.config["engine_detail"]
     assert record.config["engine"] == "static" and detail["engine"] == "static" and detail["cuda_graphs"] is False
-    assert detail["cache_slots"] % detail["slot_bucket"] == 0 and detail["build_s"] > 0
+    assert detail["cache_positions"] % detail["position_bucket"] == 0 and detail["build_s"] > 0
     assert record.metrics["engine_setup_s"] >= 0
 
     idle, warmup, prefill, steady = (record.window(n) for n in ("idle", "warmup", "prefill", "steady"))

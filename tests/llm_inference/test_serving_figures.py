@@ -25,7 +25,7 @@ from llm_inference.load_plan import (
 )
 from llm_inference.load_run import RateOutcome, _request_energy
 from llm_inference.request_metrics import RequestTimes
-from llm_inference.serve_loop import ArrivalWindow
+from llm_inference.window_rules import ArrivalWindow
 from tests.llm_inference.conftest import INFER, run_cmd, summaries
 
 NAN = math.nan

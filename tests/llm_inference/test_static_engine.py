@@ -63,7 +63,7 @@ def test_logits_match_transformers_in_fp32_at_prefill_and_each_decode_step(name)
             token = reference.argmax(-1)
             state.tokens.copy_(token)
             logits = static.decode_logits(state, attended_length(ids.shape[1] + 1))
-            state.current.add_(1)
+            state.cache.advance()
             ids = torch.cat([ids, token[:, None]], 1)
             mask = torch.cat([mask, torch.ones_like(token)[:, None]], 1)
             positions = torch.cat([positions, positions[:, -1:] + 1], 1)
@@ -78,9 +78,11 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     positions = memory.cache_positions(20 + 50)
     assert positions == 128 and positions % memory.POSITION_BUCKET == 0
     head_dim = shape.hidden_size // shape.num_attention_heads
-    assert state.keys.shape == state.values.shape == (shape.num_layers, 3, shape.num_key_value_heads, positions,
-                                                      head_dim)
-    assert state.out.shape == (3, 50) and state.tokens.shape == state.start.shape == (3,)
+    cache = state.cache
+    assert cache.data.shape == (shape.num_layers, 2, 3, shape.num_key_value_heads, positions, head_dim)
+    assert cache.keys(0).shape == cache.values(0).shape == (3, shape.num_key_value_heads, positions, head_dim)
+    assert state.out.shape == (3, 50) and state.tokens.shape == cache.start.shape == (3,)
+    assert cache.length.shape == (1,) and cache.active is None  # one lockstep set: one shared length
     assert state.graphs == {}  # CUDA graphs only on CUDA devices; the CPU runs the same step eagerly
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
                                  "decode_attention": "sdpa (masked)", "tensor_parallel": 1,
@@ -88,17 +90,16 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
                                  "decode_tuning": "eager", "decode_tuning_ms": {},
                                  "decode_tuning_power_w": {}, "decode_objective": "speed",
                                  "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a
-                                 "slot_bucket": memory.POSITION_BUCKET,
-                                 "cache_slots": positions, "captured_graphs": 0,
+                                 "position_bucket": memory.POSITION_BUCKET,
+                                 "cache_positions": positions, "captured_graphs": 0,
                                  "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
     # Attended lengths: the filled positions rounded up to the bucket, never the whole cache.
     assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()
     assert [attended_length(n) for n in (1, 64, 65)] == [64, 64, 128]
-    cache = state.cache
     static.prepare([Batch((7, 7, 7), 5)])  # fits the allocation: kept
     assert static.state.cache is cache
     static.prepare([Batch((7, 7), 5)])  # another batch size: reallocated
-    assert static.state.keys.shape[1] == 2
+    assert static.state.cache.rows == 2
 
 
 def test_stale_cache_positions_from_a_longer_generation_do_not_leak_into_a_shorter_one():

@@ -101,7 +101,7 @@ def test_a_two_rank_load_is_served_by_rank_zero_s_scheduler(two_ranks):
     record = read_record(out / "load")
     assert record["status"] == "OK" and record["run_id"] == "load-tp2" and record["config"]["tensor_parallel"] == 2
     detail = record["config"]["engine_detail"]
-    assert detail["engine"] == "continuous" and detail["tensor_parallel"] == 2 and detail["request_slots"] == 4
+    assert detail["engine"] == "continuous" and detail["tensor_parallel"] == 2 and detail["rows"] == 4
     steady = next(w for w in record["windows"] if w["name"] == "steady")
     assert steady["work"]["output_tokens"] > 0 and steady["energy"]["energy_j"] > 0
     assert record["metrics"]["requests_counted"] > 0 and record["hardware"]["devices"] == 2

@@ -92,6 +92,21 @@ def exit_status(rows: Sequence[Any], ok: Callable[[Any], bool] = lambda row: row
     return 0 if rows and all(ok(row) for row in rows) else 1
 
 
+def unless_given(defaults: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """`defaults` (a script's own options for a driver, `--option value` pairs and flags) less those `argv` gives
+    itself, then `argv`: the drivers refuse an option given twice with different values (issue 61), so a value the
+    user passes after `--` replaces the script's instead of following it."""
+    given = {word.split("=", 1)[0] for word in argv if word.startswith("--")}
+    kept: list[str] = []
+    skipping = False
+    for word in defaults:
+        if word.startswith("--"):
+            skipping = word.split("=", 1)[0] in given
+        if not skipping:
+            kept.append(word)
+    return [*kept, *argv]
+
+
 def split_at_double_dash(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the script's own options, the workload driver's options): argv split at its first `--`."""
     argv = list(argv)

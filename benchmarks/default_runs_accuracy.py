@@ -31,7 +31,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
+    CounterPoller,
+    first_gpus_env,
+    markdown_table,
+    split_at_double_dash,
+    unless_given,
+)
 
 RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-size", "256", "--precision", "bf16"]
 RUNS = {
@@ -61,7 +67,7 @@ def run_one(name: str, out: Path, uuid: str, poller: CounterPoller, args: argpar
         command = [args.jube, "run", xml, *tags, "--outpath", str(run_dir), "-e"]
     else:
         command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
-                   sys.executable, *RUNS[name], *args.driver_args, "--out-dir", str(run_dir / "run")]
+                   sys.executable, *unless_given(RUNS[name], args.driver_args), "--out-dir", str(run_dir / "run")]
     env = {**first_gpus_env(1), **JUBE_ENV.get(name, {})}
     env["CUDA_VISIBLE_DEVICES"] = uuid  # the GPU the poller reads, whatever its index
     started = time.monotonic()

@@ -27,7 +27,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, Poller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CounterPoller,
+    Poller,
+    first_gpus_env,
+    markdown_table,
+    split_at_double_dash,
+    unless_given,
+)
 
 MODEL = "13B"
 ARGPARSE_USAGE = 2  # validate could not parse the options: no estimate either
@@ -52,8 +59,8 @@ def layout_name(tp: int, pp: int, gpus: int) -> str:
 
 def layout_options(tp: int, pp: int, args: argparse.Namespace) -> list[str]:
     """The driver options every command of a layout shares."""
-    return ["--model", MODEL, "--tensor-parallel", str(tp), "--pipeline-parallel", str(pp),
-            "--global-batch-size", str(args.global_batch_size), *args.driver_args]
+    return unless_given(["--model", MODEL, "--tensor-parallel", str(tp), "--pipeline-parallel", str(pp),
+                         "--global-batch-size", str(args.global_batch_size)], args.driver_args)
 
 
 def validate_command(tp: int, pp: int, args: argparse.Namespace) -> list[str]:

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import split_at_double_dash  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import split_at_double_dash, unless_given  # noqa: E402 (needs REPO on sys.path)
 from joulebench.analysis.kernel_classes import category  # noqa: E402 (needs REPO on sys.path)
 from joulebench.boundary import exit_code_of  # noqa: E402 (needs REPO on sys.path)
 from joulebench.launch import LaunchEnv  # noqa: E402 (needs REPO on sys.path)
@@ -69,7 +69,7 @@ def build_llm(argv: Sequence[str]) -> Workload:
     from llm_training.cli import build_parser, resolve_checked
     from llm_training.train import Trainer
 
-    train_args = build_parser().parse_args(["train", "--device", "cuda", *argv])
+    train_args = build_parser().parse_args(unless_given(["train", "--device", "cuda"], argv))
     launch = LaunchEnv.from_env()
     cfg = resolve_checked(train_args, launch.world_size)
     require_cuda(cfg.device)
@@ -84,8 +84,8 @@ def resnet50_config(argv: Sequence[str]) -> TrainConfig:
     """`python -m resnet50 train --framework pytorch --device cuda ARGV` resolved and checked (no device)."""
     from resnet50.cli import build_parser
 
-    config = TrainConfig.from_args(build_parser().parse_args(["train", "--framework", "pytorch", "--device", "cuda",
-                                                              *argv]))
+    config = TrainConfig.from_args(build_parser().parse_args(
+        unless_given(["train", "--framework", "pytorch", "--device", "cuda"], argv)))
     if config.framework != "pytorch":
         raise ValidationError(f"--framework {config.framework}: the kernel profile uses torch.profiler",
                               "pass --framework pytorch or leave --framework out")

@@ -34,6 +34,7 @@ from benchmarks.common import (  # noqa: E402
     first_gpus_env,
     markdown_table,
     split_at_double_dash,
+    unless_given,
 )
 
 INFERENCE = ["-m", "llm_inference", "run", "--task", "chat", "--num-batches", "1", "--energy-methods", "nvml"]
@@ -109,7 +110,7 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
     run_dir = out / tree_name / name
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [part.format(run=run_dir, python=sys.executable) for part in RUNS[name]]
-    command = [sys.executable, *argv, *args.driver_args, "--out-dir", str(run_dir / "run")]
+    command = [sys.executable, *unless_given(argv, args.driver_args), "--out-dir", str(run_dir / "run")]
     path = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
     env = first_gpus_env(1, {**os.environ, "PYTHONPATH": path})
     env["CUDA_VISIBLE_DEVICES"] = uuid

@@ -24,7 +24,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpus_env, markdown_table, split_at_double_dash  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CounterPoller,
+    first_gpus_env,
+    markdown_table,
+    split_at_double_dash,
+    unless_given,
+)
 
 HEADER = ("point", "status", "ms/token p50", "J/output token", "record J", "independent J", "deviation %",
           "bound %", "W per GPU")
@@ -40,8 +46,9 @@ def run_point(tp: int, batch: int, args: argparse.Namespace, poller: CounterPoll
     run_dir = args.out / name
     command = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp),
-               "-m", "llm_inference", "run", "--preset", args.preset, "--task", args.task, "--tensor-parallel",
-               str(tp), "--batch-size", str(batch), *args.driver_args, "--out-dir", str(run_dir / "run")]
+               "-m", "llm_inference", "run", *unless_given(["--preset", args.preset, "--task", args.task,
+                                                            "--tensor-parallel", str(tp), "--batch-size", str(batch)],
+                                                           args.driver_args), "--out-dir", str(run_dir / "run")]
     env = first_gpus_env(tp)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids[:tp])  # the GPUs the poller sums, whatever their indices
     started = time.monotonic()

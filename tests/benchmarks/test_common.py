@@ -40,3 +40,13 @@ def test_a_steady_window_is_compared_only_with_the_devices_it_metered(fake_pynvm
         energy["per_device"] = [{"uuid": common.gpu_uuids()[0]}]
         row = common.steady_against_counter(record, poller)
     assert row["deviation %"] == "not compared: the record's devices were not read"
+
+
+def test_a_driver_option_given_after_the_double_dash_replaces_the_script_s_own() -> None:
+    """The drivers refuse an option given twice with different values (issue 61): the scripts' defaults give way."""
+    from benchmarks.common import unless_given
+
+    defaults = ["-m", "llm_training", "train", "--model", "800M", "--no-idle-baseline", "--iterations", "5"]
+    assert unless_given(defaults, ["--model", "tiny", "--iterations=7"]) == [
+        "-m", "llm_training", "train", "--no-idle-baseline", "--model", "tiny", "--iterations=7"]
+    assert unless_given(defaults, []) == defaults

@@ -67,3 +67,4 @@ def test_no_rows_or_one_failed_row_is_a_failure() -> None:
     assert exit_status([{"status": "OK"}, {"status": "OK"}]) == 0
     assert exit_status([{"status": "OK"}, {"status": "FAILED"}]) == 1
     assert exit_status([]) == 1  # nothing measured is no success either
+

@@ -240,8 +240,12 @@ def test_four_node_shape_sweeps_nodes_and_refuses_what_the_partition_cannot_star
 
 
 RANK_1_FAILS = """#!/bin/sh
-# The profile's launcher prefix (`container`): rank 1 of the training asks for CUDA on a CPU node, rank 0 is fine.
-case " $* " in *" -m llm_training train "*) [ "$SLURM_PROCID" = 1 ] && exec "$@" --device cuda ;; esac
+# The profile's launcher prefix (`container`): rank 1 of the training asks for CUDA on a CPU node (its --device cpu
+# becomes cuda: an option is given once), rank 0 is fine.
+case " $* " in *" -m llm_training train "*) if [ "$SLURM_PROCID" = 1 ]; then
+    prev=""
+    for word do shift; [ "$prev" = --device ] && word=cuda; set -- "$@" "$word"; prev=$word; done
+fi ;; esac
 exec "$@"
 """
 

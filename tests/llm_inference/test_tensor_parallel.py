@@ -11,6 +11,7 @@ established path: transformers' model taken into compact code.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import sys
@@ -60,7 +61,9 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(_free_port()), "-m", "tests.llm_inference.tp_worker", str(out), str(llama), str(gpt2)]
     result = run_cmd([*jpwr, *torchrun], env, out)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    statuses = {name: {k: v for k, v in json.loads(path.read_text()).items() if k in ("status", "status_reason")}
+                for name in ("run", "load") if (path := out / name / "run_record.json").is_file()}
+    assert result.returncode == 0, (statuses, result.stderr.splitlines()[-15:])  # each run's status, the last lines
     return out, torch.load(out / "tokens.pt")
 
 

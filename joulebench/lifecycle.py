@@ -66,6 +66,7 @@ from joulebench.record import (
 from joulebench.record_types import ClockAnchor, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
+from jpwr.errors import stop_if_interrupted
 from jpwr.output import json_text
 from jpwr.phases import DeviceEventStamps
 
@@ -363,6 +364,7 @@ class Lifecycle:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Lifecycle:
+        stop_if_interrupted()  # a Ctrl-C during the imports that a library swallowed: no run begins
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self.stop.on_signal)
         return self

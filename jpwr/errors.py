@@ -7,17 +7,19 @@ ExitCode are in jpwr's top-level API (`from jpwr import ValidationError`); this 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import errno
 import io
 import signal
 import sys
 import textwrap
+import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["WIDTH", "ArgumentParser", "exit_code_of", "take_debug_flag"]
+__all__ = ["WIDTH", "ArgumentParser", "exit_code_of", "stop_if_interrupted", "take_debug_flag"]
 
 DEBUG_FLAG = "--debug"
 WIDTH = 160  # columns of a line a person reads (a terminal beside an editor): errors and every verb's default output
@@ -142,7 +144,8 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors=ESCAPED)
     try:
-        return int(command())
+        with _interrupts_heard():
+            return int(command())
     except KeyboardInterrupt:  # Ctrl-C outside a run's own handler (imports, tools opening before it): one line
         return _report(prog, "stopped by Ctrl-C (SIGINT) outside a run: no run was going on (a run that had begun "
                              "wrote its record)", INTERRUPTED, debug)
@@ -161,6 +164,37 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
                              "failed)", int(ExitCode.DATA), debug)
     except Exception as exc:
         return _internal(prog, exc, debug)
+
+
+_heard_interrupts: list[int] = []  # SIGINTs delivered while a command ran behind exit_code_of
+
+
+@contextlib.contextmanager
+def _interrupts_heard() -> Iterator[None]:
+    """Python's own Ctrl-C handler, counting: a KeyboardInterrupt raised where Python or a library swallows it (a
+    __del__ or GC callback running at that moment prints "Exception ignored", a bare except in an import) would
+    otherwise be lost, and the command would run to its end. stop_if_interrupted() raises it again."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # someone else's handler (a host program, a test runner's thread): leave it alone
+        return
+
+    def heard(signum: int, frame: Any) -> None:
+        _heard_interrupts.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, heard)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C reached this command before now: called where a run installs its own
+    handlers, so a Ctrl-C during the imports that something swallowed still stops the command before its run."""
+    if _heard_interrupts:
+        raise KeyboardInterrupt
 
 
 def _internal(prog: str, exc: Exception, debug: bool) -> int:

@@ -375,6 +375,41 @@ def test_ctrl_c_while_a_driver_imports_its_framework_is_one_line_and_exit_130(fa
     assert not (tmp_path / "run" / "run_record.json").exists()  # no run began: nothing to record
 
 
+SWALLOWED_CTRL_C = """
+import os, signal, sys
+from joulebench.boundary import exit_code_of
+from joulebench.launch import LaunchEnv
+from joulebench.lifecycle import Lifecycle
+
+class Swallowing:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):  # the handler runs here, inside __del__: Python prints its KeyboardInterrupt, ignored
+            pass
+
+def command():
+    Swallowing()
+    print("after the swallowed Ctrl-C", flush=True)
+    with Lifecycle("llm_training", LaunchEnv.from_env({})):
+        print("a run began", flush=True)
+    return 0
+
+sys.exit(exit_code_of("llm_training", command))
+"""
+
+
+def test_a_ctrl_c_that_python_swallows_during_the_imports_still_stops_the_command_before_its_run(fake_env, tmp_path):
+    """A KeyboardInterrupt raised inside a __del__ (or swallowed by a library's bare except) is lost: once, under load,
+    Ctrl-C during a driver's imports let the run go to its end with exit 0. The boundary counts every SIGINT, and a run
+    does not begin after one."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C], env=fake_env(), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr, proc.stderr  # Python lost it
+    assert proc.stdout.splitlines() == ["after the swallowed Ctrl-C"], proc.stdout
+    assert proc.returncode == INTERRUPTED_EXIT, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("llm_training: error: stopped by Ctrl-C (SIGINT) outside a run")
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (a W&B server out of reach: connections refused)."""
     with socket.socket() as probe:

@@ -178,6 +178,48 @@ def _breaks(imp: Import) -> str | None:
     return None
 
 
+def import_cycles(root: Path, package: str = "joulebench.analysis") -> list[list[str]]:
+    """The package's modules that import one another in a circle (lazy and type-checking imports count: each is a
+    dependency), as the modules of each strongly connected set; `from package import module` names the module."""
+    folder = root.joinpath(*package.split("."))
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in sorted(folder.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for imp in imports_of(path, root):
+            targets = [f"{imp.target}.{name}" for name in imp.names if f"{imp.target}.{name}" in modules]
+            graph[module] |= {t for t in [*targets, imp.target] if t in modules and t != module}
+    reach = {m: _reachable(graph, m) for m in graph}
+    circles = {frozenset(n for n in reach[m] if m in reach[n]) | {m} for m in graph if m in reach[m]}
+    return sorted(sorted(c) for c in circles)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += graph[node]
+    return seen
+
+
+def test_analysis_has_no_import_circle(tmp_path):
+    """Analysis' modules form layers too (issue 57): the run layer (runs) under the verbs, no two importing each
+    other, lazily or not; a planted circle is found."""
+    assert import_cycles(REPO) == []
+    planted = {"a.py": "from joulebench.analysis import b\n",
+               "b.py": "def f():\n    from joulebench.analysis.c import x\n",
+               "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from joulebench.analysis.a import y\n",
+               "d.py": "from joulebench.analysis import a\n"}
+    for name, text in planted.items():
+        path = tmp_path / "joulebench" / "analysis" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert import_cycles(tmp_path) == [["joulebench.analysis.a", "joulebench.analysis.b", "joulebench.analysis.c"]]
+
+
 def test_the_tree_follows_the_import_rule():
     assert violations(REPO) == []
 

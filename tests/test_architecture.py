@@ -6,6 +6,7 @@ drivers never import each other or analysis; analysis never imports a driver. Ou
 code (the core, analysis, drivers, workflows, container tooling, GPU scripts) imports only the meter's
 public names: `from jpwr import X` with X in `jpwr.__all__`, or `from jpwr.M import X` with M a public
 submodule (its docstring starts "public: for") and X in its `__all__`; the rest of jpwr is private to it.
+Of the core, drivers and jube/ import only the names joulebench.API declares, and analysis has no import circle.
 Imports inside functions count too (a lazy import is still a dependency), except the framework rule, which
 is about what `import jpwr` loads. tests/ may reach into jpwr's modules: they test the meter's parts.
 """
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
+import joulebench
 import jpwr
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,7 +121,8 @@ def public_submodules(root: Path = REPO) -> dict[str, frozenset[str]]:
 
 
 def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__),
-               submodules: dict[str, frozenset[str]] | None = None) -> list[str]:
+               submodules: dict[str, frozenset[str]] | None = None,
+               core_api: dict[str, dict[str, str]] = joulebench.API) -> list[str]:
     """Every import that breaks the rule, as 'file:line: module imports target (why)'."""
     submodules = public_submodules() if submodules is None else submodules
     problems = []
@@ -131,7 +134,7 @@ def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__),
             for imp in imports_of(path, root):
                 shared = imp.target in SHARED_PRIVATE and rel.startswith(SHARED_PRIVATE[imp.target])
                 private = None if rel in METER_PROBES or shared else _private(imp, public, submodules)
-                why = _breaks(imp) or private
+                why = _breaks(imp) or private or _undeclared(imp, core_api)
                 if why:
                     problems.append(f"{rel}:{imp.line}: {imp.module} imports {imp.target} ({why})")
     return problems
@@ -151,6 +154,30 @@ def _private(imp: Import, public: Collection[str], submodules: dict[str, frozens
         return None
     return (f"{', '.join(hidden)} not public: import a name of jpwr.__all__ (from jpwr import X) or of a public "
             "submodule's __all__ (from jpwr.trace import Y)")
+
+
+def core_names(imp: Import) -> list[str]:
+    """The core names an import takes, dotted ('joulebench.record.RunRecord'); the core is joulebench outside
+    joulebench.analysis. `import joulebench.M` takes each attribute read through its name (reading a module on the
+    way to a name takes that name only)."""
+    if layer(imp.target) != "core":
+        return []
+    if imp.bound:
+        chains = [".".join([imp.bound, name]) for name in imp.names]
+        return [c for c in chains if not any(other.startswith(f"{c}.") for other in chains)] or [imp.target]
+    return [f"{imp.target}.{name}" for name in imp.names]
+
+
+def _undeclared(imp: Import, core_api: dict[str, dict[str, str]]) -> str | None:
+    """Drivers and jube/ import only the core's declared API (joulebench.API): a name of a declared module."""
+    if layer(imp.module) not in DRIVERS and imp.module.split(".")[0] != "jube":
+        return None
+    hidden = [name for name in core_names(imp)
+              if name.rpartition(".")[2] not in core_api.get(name.rpartition(".")[0], {})]
+    if not hidden:
+        return None
+    return (f"{', '.join(hidden)} not in the core's API: use a name of joulebench.API, or declare it there with the "
+            "reason a driver or jube needs it")
 
 
 def _is_public(path: list[str], public: Collection[str], submodules: dict[str, frozenset[str]]) -> bool:
@@ -261,6 +288,45 @@ def test_a_forbidden_import_is_caught(tmp_path):
                    "trace.read_hdf5", "output.known_fields", "selftest_load.MATMUL_N"):
         assert any(f"({hidden} not public: import a name of jpwr.__all__" in line for line in found), hidden
     assert not any("planned_bound_j" in line for line in found)  # in jpwr.estimator.__all__: only its neighbour
+
+
+def test_a_driver_or_jube_importing_an_undeclared_core_name_is_caught(tmp_path):
+    """The core's API rule on planted sources, through the same checker: an undeclared name or module fails, a
+    declared one passes, and analysis (which reads records beside the core) is not held to it."""
+    planted = {
+        "llm_training/bad_name.py": "from joulebench.record import RunRecord, parse_record\n",
+        "resnet50/bad_module.py": "def f():\n    from joulebench.savings import saving\n",
+        "jube/bad_attribute.py": "import joulebench.record\n\njoulebench.record.parse_record\n",
+        "llm_inference/bad_submodule.py": "from joulebench import lifecycle\n",
+        "llm_inference/fine.py": "from joulebench.record import RunRecord\nfrom joulebench.lifecycle import Lifecycle\n"
+                                 "import joulebench.record as rec\n\nrec.RunRecord\n",
+        "jube/fine_attribute.py": "import joulebench.record\n\njoulebench.record.RunRecord\n",
+        "joulebench/analysis/fine_analysis.py": "from joulebench.savings import saving\n",
+    }
+    for rel, text in planted.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    api = {"joulebench.record": {"RunRecord": "the record"}, "joulebench.lifecycle": {"Lifecycle": "the life"}}
+    found = violations(tmp_path, core_api=api)
+    assert {line.split(":")[0] for line in found} == {rel for rel in planted if "bad_" in rel}
+    for hidden in ("joulebench.record.parse_record", "joulebench.savings.saving", "joulebench.lifecycle"):
+        assert any(f"({hidden} not in the core's API" in line for line in found), hidden
+    assert not any("RunRecord" in line for line in found)
+
+
+def test_the_core_api_is_what_drivers_and_jube_use_each_name_with_its_reason():
+    """joulebench.API (issue 57): each declared name loads from its module and states why a driver or jube needs it,
+    and each is imported by a driver or jube today (a name no longer used leaves the declaration)."""
+    used = {name for package in (*DRIVERS, "jube") for path in sorted((REPO / package).rglob("*.py"))
+            for imp in imports_of(path, REPO) for name in core_names(imp)}
+    declared = {f"{module}.{name}" for module, names in joulebench.API.items() for name in names}
+    assert sorted(declared - used) == []
+    for module, names in joulebench.API.items():
+        loaded = importlib.import_module(module)
+        for name, reason in names.items():
+            assert hasattr(loaded, name), f"{module}.{name}"
+            assert len(reason.split()) >= 4, f"joulebench.API[{module!r}][{name!r}] states no reason"
 
 
 def test_the_top_level_api_grows_only_with_a_listed_reason():

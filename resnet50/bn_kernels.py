@@ -24,6 +24,7 @@ import triton.language as tl
 
 BLOCK_ROWS = 64  # rows (N·H·W positions) per tile
 PROGRAMS_WANTED = 1024  # reduction programs aimed for: several waves on a 132-SM GPU, few partial sums to add
+FINAL_BLOCK_S, FINAL_BLOCK_C = 64, 16  # tile of the partial sums' reduction: a few programs even at 64 channels
 
 
 @triton.jit
@@ -49,16 +50,27 @@ def triton_batch_norm_stats(x_ptr, partial_ptr, rows, channels, rows_per_program
 
 
 @triton.jit
-def triton_batch_norm_stats_finalize(partial_ptr, x_ptr, mean_ptr, invstd_ptr, var_ptr, channels, slices, rows,
-                                     eps, BLOCK_C: tl.constexpr):
-    """Mean, 1/sqrt(biased var + eps) and the unbiased variance (for running_var) from the slices' partial sums."""
+def _sum_slices(partial_ptr, channels, slices, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Per-channel totals of the two partial sums of every row slice (partial: slices × 2 × channels, fp32), a tile of
+    BLOCK_S slices at a time: a loop over one slice at a time would wait on a thousand loads in a row."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
-    total = tl.zeros([BLOCK_C], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for piece in range(0, slices):
-        total += tl.load(partial_ptr + piece * 2 * channels + cols, mask=col_ok, other=0.0)
-        squares += tl.load(partial_ptr + piece * 2 * channels + channels + cols, mask=col_ok, other=0.0)
+    first = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    second = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    for offset in range(0, slices, BLOCK_S):
+        piece = offset + tl.arange(0, BLOCK_S)
+        ok = (piece < slices)[:, None] & col_ok[None, :]
+        at = partial_ptr + piece[:, None] * 2 * channels + cols[None, :]
+        first += tl.load(at, mask=ok, other=0.0)
+        second += tl.load(at + channels, mask=ok, other=0.0)
+    return cols, col_ok, tl.sum(first, axis=0), tl.sum(second, axis=0)
+
+
+@triton.jit
+def triton_batch_norm_stats_finalize(partial_ptr, x_ptr, mean_ptr, invstd_ptr, var_ptr, channels, slices, rows,
+                                     eps, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Mean, 1/sqrt(biased var + eps) and the unbiased variance (for running_var) from the slices' partial sums."""
+    cols, col_ok, total, squares = _sum_slices(partial_ptr, channels, slices, BLOCK_S, BLOCK_C)
     shift = total / rows
     var = tl.maximum(squares / rows - shift * shift, 0.0)
     pivot = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -122,15 +134,9 @@ def triton_batch_norm_backward_reduce(dy_ptr, x_ptr, y_ptr, partial_ptr, mean_pt
 
 @triton.jit
 def triton_batch_norm_backward_finalize(partial_ptr, dbias_ptr, dweight_ptr, channels, slices,
-                                        BLOCK_C: tl.constexpr):
+                                        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
     """dbias = Σ dz, dweight = Σ dz·x̂ from the slices' partial sums."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    total = tl.zeros([BLOCK_C], dtype=tl.float32)
-    dot = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for piece in range(0, slices):
-        total += tl.load(partial_ptr + piece * 2 * channels + cols, mask=col_ok, other=0.0)
-        dot += tl.load(partial_ptr + piece * 2 * channels + channels + cols, mask=col_ok, other=0.0)
+    cols, col_ok, total, dot = _sum_slices(partial_ptr, channels, slices, BLOCK_S, BLOCK_C)
     tl.store(dbias_ptr + cols, total, mask=col_ok)
     tl.store(dweight_ptr + cols, dot, mask=col_ok)
 
@@ -180,6 +186,10 @@ def _slices(rows: int, channel_blocks: int) -> tuple[int, int]:
     return math.ceil(rows / per_slice), per_slice
 
 
+def _final_grid(channels: int) -> tuple[int]:
+    return (triton.cdiv(channels, FINAL_BLOCK_C),)
+
+
 def _as_rows(tensor: torch.Tensor) -> torch.Tensor:
     """The (N, C, H, W) tensor in channels-last memory, which _rows_channels reads as (N·H·W, C) row-major."""
     if tensor.dim() != 4:
@@ -203,8 +213,8 @@ def _stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, tor
     triton_batch_norm_stats[(channel_blocks, slices)](x, partial, rows, channels, per_slice, BLOCK_M=BLOCK_ROWS,
                                                      BLOCK_C=block_c)
     mean, invstd, var = (x.new_empty(channels, dtype=torch.float32) for _ in range(3))
-    triton_batch_norm_stats_finalize[(channel_blocks,)](partial, x, mean, invstd, var, channels, slices, rows, eps,
-                                                        BLOCK_C=block_c)
+    triton_batch_norm_stats_finalize[_final_grid(channels)](partial, x, mean, invstd, var, channels, slices, rows, eps,
+                                                            BLOCK_S=FINAL_BLOCK_S, BLOCK_C=FINAL_BLOCK_C)
     return mean, invstd, var
 
 
@@ -246,7 +256,8 @@ def bn_act_backward(dy: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: 
     triton_batch_norm_backward_reduce[(channel_blocks, slices)](dy, x, y, partial, mean, invstd, weight, bias, rows,
                                                                channels, per_slice, BLOCK_M=BLOCK_ROWS, **flags)
     dweight, dbias = torch.empty_like(weight), torch.empty_like(bias)
-    triton_batch_norm_backward_finalize[(channel_blocks,)](partial, dbias, dweight, channels, slices, BLOCK_C=block_c)
+    triton_batch_norm_backward_finalize[_final_grid(channels)](partial, dbias, dweight, channels, slices,
+                                                               BLOCK_S=FINAL_BLOCK_S, BLOCK_C=FINAL_BLOCK_C)
     dx = torch.empty_like(x, memory_format=torch.channels_last)
     dresidual = torch.empty_like(dy, memory_format=torch.channels_last) if has_residual else dy.new_empty(0)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(channels, block_c))

@@ -171,3 +171,16 @@ def test_triton_batch_norm_refused_on_the_cpu(capsys: pytest.CaptureFixture) -> 
 def test_validate_names_the_triton_batch_norm(capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", "--framework", "pytorch", "--bn-kernels", "triton", "--world-size", "1"]) == 0
     assert ", batch norm by own Triton kernels, " in capsys.readouterr().out
+
+
+def test_kernel_profiles_count_our_kernels_as_batch_norm() -> None:
+    """benchmarks/kernel_profile.py's classes put our kernels beside inductor's batch-norm fusions, so the lever's
+    profile compares like with like."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed (CPU-only torch wheel)")
+    import resnet50.bn_kernels as kernels
+    from joulebench.analysis.kernel_classes import category
+
+    names = [value.__name__ for name, value in vars(kernels).items()
+             if isinstance(value, triton.runtime.jit.JITFunction) and not name.startswith("_")]
+    assert len(names) == 6
+    assert {category(name) for name in names} == {"triton (batch-norm fusions)"}

@@ -17,6 +17,23 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 OBJECTIVES = ("speed", "energy", "edp")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeVariant:
+    """One `--decode-tuning` variant of the compact engines' decode step (torch-free: the option's choices come from
+    here)."""
+
+    options: dict[str, Any]  # inductor options of its compiled pieces (every shape the fused kernels do not cover)
+    fused: bool = False  # Llama at batch 1 on one device: the fused Triton kernels (llm_inference/fused_decode.py)
+    auto: bool = True  # `--decode-tuning auto` times it at set-up (False: pinned only, until measured on an H100)
+
+
+DECODE_TUNINGS: dict[str, DecodeVariant] = {
+    "default": DecodeVariant({}),
+    "coordinate-descent": DecodeVariant({"coordinate_descent_tuning": True}),
+    "fused": DecodeVariant({}, fused=True, auto=False),
+}
 DEFAULT_OBJECTIVE = "speed"  # the faster variant, as before --objective existed (docs/llm_inference.md says why)
 POWER_REPLAY_S = 2.0  # seconds of replays per variant when its power is metered (set-up time, outside every window)
 POWER_SPAN_S = 1.0  # the meter's mean over this last part of them

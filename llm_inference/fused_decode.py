@@ -15,8 +15,9 @@ element-wise work folded into its prologue or epilogue:
 and the step ends with the final RMSNorm + LM-head GEMV. Every program recomputes the norm's inverse RMS from the
 hidden vector (a few KB from L2) rather than waiting for a separate norm kernel. A GEMV gives each program a few
 output rows over the whole input (no split-K: nothing to combine), sized so that every SM gets PROGRAMS_PER_SM of
-them. Sums and the element-wise tail run in fp32, rounded once to the model's dtype (the compiled path rounds after
-each op: bf16 logits differ by rounding, checked by benchmarks/inference_engine_h100.py).
+them, in tiles of TILE weights per loop step. Sums and the element-wise tail run in fp32, rounded once to the
+model's dtype (the compiled path rounds after each op: bf16 logits differ by rounding, checked by
+benchmarks/inference_engine_h100.py).
 
 Covered: the Llama family without biases, one device, one row (the static engine's batch 1, the continuous engine's
 one-row bucket); anything else runs the compiled path (`unsupported` says why). The kernels need Triton and a CUDA
@@ -34,10 +35,13 @@ from llm_inference.compact_model import CompactModel, Layer
 from llm_inference.decode_attention import heads_supported, split_decode_attention
 from llm_inference.kv_cache import KVCache
 
-BLOCK_K = 512  # input elements per loop step of a GEMV program (a 16-row bf16 tile: 16 KB)
 PROGRAMS_PER_SM = 2  # GEMV programs aimed for per SM: enough loads in flight to stream a matrix at full bandwidth
-MAX_BLOCK_ROWS = 32  # output rows per program at most (the LM head's 128k rows need no more than 2 per SM)
+MAX_BLOCK_ROWS = 16  # output rows per program at most (the LM head's 128k rows: 30 programs per SM)
 MIN_BLOCK_ROWS = 2
+# Weight elements per loop step and accumulator of a program (rows × input columns; 8 KB in bf16). ptxas for sm_90
+# (Triton's own, run here): 4,096 keeps two accumulators (gate/up, the two RoPE halves) in at most 235 registers of
+# 4 warps without spills; 16 × 512 spilled, 32 × 512 spilled 8 KB.
+TILE = 4096
 
 try:
     import triton
@@ -82,7 +86,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, sms: int, norm: torch.Tensor | N
     _gemv_kernel[(triton.cdiv(rows, block),)](
         x, x if norm is None else norm, weight, x if residual is None else residual, out, rows, weight.shape[1],
         weight.stride(0), eps, NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, BLOCK_ROWS=block,
-        BLOCK_K=BLOCK_K)
+        BLOCK_K=TILE // block)
     return out
 
 
@@ -102,7 +106,7 @@ def qkv_into_cache(model: CompactModel, layer: Layer, x: torch.Tensor, rope: tup
         else cache.start, query, keys, values, x.shape[0], layer.qkv.weight.stride(0), cos.stride(0),
         *keys.stride()[:2], *values.stride()[:2], model.norm_eps,
         HEADS=model.heads, KV_HEADS=model.kv_heads, HEAD_DIM=model.head_dim, FROM_ZERO=cache.start is None,
-        BLOCK_ROWS=block, BLOCK_K=BLOCK_K)
+        BLOCK_ROWS=block, BLOCK_K=TILE // block)
     return query
 
 

@@ -189,3 +189,16 @@ def test_fused_variant_is_refused_on_the_cpu(command: str, tmp_path: Path, capsy
     assert err.count("\n") == 0 and len(err) <= 160
     assert "--decode-tuning fused runs Triton kernels on a CUDA GPU, not on cpu" in err
     assert not list(tmp_path.rglob("run_record.json"))
+
+
+def test_gemv_benchmark_refuses_without_a_gpu(tmp_path: Path) -> None:
+    """benchmarks/fused_gemv_h100.py (the GPU allowance's tuning sweep) says in one line why it cannot run here."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would measure")
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fused_gemv_h100.py"), "--out", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == ExitCode.USAGE and done.stderr.strip() == (
+        "benchmarks/fused_gemv_h100.py: error: no CUDA GPU here: the fused kernels and cuBLAS are timed on one. Fix: "
+        "run it on a GPU machine")

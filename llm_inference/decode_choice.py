@@ -8,6 +8,10 @@ So the engine ranks the variants by the objective asked for: `speed` the step ti
 the last POWER_SPAN_S of POWER_REPLAY_S seconds of back-to-back replays (longer than an H100's one-second power
 average, so the span holds that variant alone). Without a sensor (no sampler, or the CPU) every power is n/a and
 an energy or edp objective falls back to speed, saying so in the record.
+
+The variants themselves are declared here (DECODE_TUNINGS, torch-free: `--decode-tuning`'s choices come from it):
+inductor's options for the compiled pieces, whether a variant runs the fused batch-1 kernels
+(llm_inference/fused_decode.py), and whether `auto` times it (a new variant only once measured on an H100).
 """
 
 from __future__ import annotations

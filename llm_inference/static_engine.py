@@ -11,7 +11,8 @@ Per batch shape, once and outside every measured window (`prepare`):
   attention (norms, projections, RoPE, the K/V write's source, MLP, residuals) are compiled by inductor for
   the decode step (fewer, fused kernels: at batch 1 a step is ~16 × 14 small kernels whose gaps cost as much
   as the weight reads); compilation happens at the capture's warm-up, outside every window. Prefill stays
-  eager (its shapes vary: no compilation may land in a measured window).
+  eager (its shapes vary: no compilation may land in a measured window). `--decode-tuning fused` replaces the
+  pieces of a one-row step by the Triton kernels of llm_inference/fused_decode.py (Llama on one GPU).
 
 A generation is then the prefill (eager: prompt lengths vary; rows of similar prompt length grouped, each group
 at its own longest prompt, so the left padding is hardly computed) and one graph replay per new token: the

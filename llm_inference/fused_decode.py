@@ -39,8 +39,8 @@ PROGRAMS_PER_SM = 2  # GEMV programs aimed for per SM: enough loads in flight to
 MAX_BLOCK_ROWS = 16  # output rows per program at most (the LM head's 128k rows: 30 programs per SM)
 MIN_BLOCK_ROWS = 2
 # Weight elements per loop step and accumulator of a program (rows × input columns; 8 KB in bf16). ptxas for sm_90
-# (Triton's own, run here): 4,096 keeps two accumulators (gate/up, the two RoPE halves) in at most 235 registers of
-# 4 warps without spills; 16 × 512 spilled, 32 × 512 spilled 8 KB.
+# (Triton's own, run here, 16-byte loads as the launcher specialises aligned shapes): 4,096 keeps two accumulators
+# (gate/up, the two RoPE halves) in 96–126 registers of 4 warps, so four programs fit an SM; 8,192 needs 250.
 TILE = 4096
 
 try:

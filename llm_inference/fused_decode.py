@@ -12,10 +12,11 @@ element-wise work folded into its prologue or epilogue:
 5. RMSNorm (MLP) + the gate/up GEMV + SiLU(gate)·up;
 6. the down projection + the residual add;
 
-and the step ends with the final RMSNorm + LM-head GEMV. Every program recomputes the norm's inverse RMS from the
-hidden vector (a few KB from L2) rather than waiting for a separate norm kernel. A GEMV gives each program a few
-output rows over the whole input (no split-K: nothing to combine), sized so that every SM gets PROGRAMS_PER_SM of
-them, in tiles of TILE weights per loop step. Sums and the element-wise tail run in fp32, rounded once to the
+and the step ends with the final RMSNorm + LM-head GEMV. Every program reads the whole input vector anyway, so it sums
+the squares of the norm's input on the way and scales its sums by the inverse RMS at the end (a common factor of
+every output row): no separate norm kernel, no extra pass. A GEMV gives each program a few output rows over the
+whole input (no split-K: nothing to combine), sized so that every SM gets PROGRAMS_PER_SM of them, in tiles of
+TILE weights per loop step. Sums and the element-wise tail run in fp32, rounded once to the
 model's dtype (the compiled path rounds after each op: bf16 logits differ by rounding, checked by
 benchmarks/inference_engine_h100.py).
 
@@ -129,23 +130,15 @@ def decode_pass(model: CompactModel, cache: KVCache, tokens: torch.Tensor, rope:
 
 if triton is not None:
     @triton.jit
-    def _inverse_rms(x, size, eps, BLOCK_K: tl.constexpr):
-        """1 / sqrt(mean(x²) + eps) of the vector x (size,), in fp32."""
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        for start in range(0, size, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            value = tl.load(x + k, mask=k < size, other=0.0).to(tl.float32)
-            squares += value * value
-        return tl.rsqrt(tl.sum(squares, 0) / size + eps)
-
-    @triton.jit
-    def _input(x, norm, scale, k, size, NORM: tl.constexpr):
-        """The GEMV input at positions k in fp32: x, or x · scale · norm (RMSNorm, scale its inverse RMS)."""
+    def _chunk(x, norm, k, size, squares, NORM: tl.constexpr):
+        """The GEMV input at positions k in fp32, times the norm's weights under NORM, and the running sum of x²
+        (the inverse RMS is a common factor of every output row: it scales the sums after the loop)."""
         inside = k < size
         value = tl.load(x + k, mask=inside, other=0.0).to(tl.float32)
         if NORM:
-            value = value * scale * tl.load(norm + k, mask=inside, other=0.0).to(tl.float32)
-        return value
+            squares += value * value
+            value = value * tl.load(norm + k, mask=inside, other=0.0).to(tl.float32)
+        return value, squares
 
     @triton.jit
     def _gemv_kernel(x, norm, weight, residual, out, rows, size, row_stride, eps,
@@ -156,19 +149,23 @@ if triton is not None:
         row_in = row < rows
         first = weight + row.to(tl.int64)[:, None] * row_stride  # the LM head's rows × stride pass 2^31 at 70B
         second = first + rows * row_stride  # GLU: the up rows after the gate rows
-        scale = _inverse_rms(x, size, eps, BLOCK_K) if NORM else 1.0
+        squares = tl.zeros([BLOCK_K], tl.float32)
         acc = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         acc_up = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         for start in range(0, size, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
-            u = _input(x, norm, scale, k, size, NORM)[None, :]
+            u, squares = _chunk(x, norm, k, size, squares, NORM)
             inside = row_in[:, None] & (k[None, :] < size)
-            acc += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u
+            acc += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
             if GLU:
-                acc_up += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u
+                acc_up += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
         total = tl.sum(acc, 1)
+        up = tl.sum(acc_up, 1)
+        if NORM:
+            scale = tl.rsqrt(tl.sum(squares, 0) / size + eps)
+            total, up = total * scale, up * scale
         if GLU:
-            total = total / (1.0 + tl.exp(-total)) * tl.sum(acc_up, 1)
+            total = total / (1.0 + tl.exp(-total)) * up
         if RESIDUAL:
             total += tl.load(residual + row, mask=row_in, other=0.0).to(tl.float32)
         tl.store(out + row, total.to(out.dtype.element_ty), mask=row_in)
@@ -185,16 +182,17 @@ if triton is not None:
         lane_in = lane < HEAD_DIM // 2
         first = weight + (head * HEAD_DIM + lane).to(tl.int64)[:, None] * row_stride
         second = first + (HEAD_DIM // 2) * row_stride
-        scale = _inverse_rms(x, size, eps, BLOCK_K)
+        squares = tl.zeros([BLOCK_K], tl.float32)
         acc_first = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         acc_second = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         for start in range(0, size, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
-            u = _input(x, norm, scale, k, size, True)[None, :]
+            u, squares = _chunk(x, norm, k, size, squares, True)
             inside = lane_in[:, None] & (k[None, :] < size)
-            acc_first += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u
-            acc_second += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u
-        low, high = tl.sum(acc_first, 1), tl.sum(acc_second, 1)
+            acc_first += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
+            acc_second += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
+        scale = tl.rsqrt(tl.sum(squares, 0) / size + eps)  # RMSNorm's inverse RMS
+        low, high = tl.sum(acc_first, 1) * scale, tl.sum(acc_second, 1) * scale
         length = tl.load(lengths)
         position = length if FROM_ZERO else length - tl.load(starts)
         # RoPE on Q and K heads: the tables hold (cos, cos) and (−sin, sin) per position (CompactModel.rope_tables)

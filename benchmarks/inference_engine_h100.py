@@ -11,7 +11,9 @@ Run from the repository root on a GPU machine (torch, transformers, nvidia-ml-py
 
 1. Logits check, per preset (a child process): the static engine's bf16 logits against the transformers
    model it took its weights from (the prompt's last position, and one decode step), and the greedy
-   tokens of both engines for the same left-padded prompts.
+   tokens of both engines for the same left-padded prompts; then each `--decode-tunings` variant's first
+   decode step at batch 1 (where `fused` runs its kernels), which must stay within VARIANT_BOUND × transformers'
+   own bf16 deviation (the script exits 1 where one does not).
 2. Per preset and engine one `python -m llm_inference run --engine E` process over the batch sizes
    (`max`: the largest power of two that both engines' memory estimates allow on this GPU), task chat,
    in-process NVML metering (`--energy-methods`; on `--device cpu` `auto`). Every point writes
@@ -53,15 +55,23 @@ COLUMNS = [
 SHORT = ["preset", "batch", "engine", "status", "energy", "ms/token", "J/output token", "decode J/token", "GPU util %"]
 MILLISECONDS = {"per_token_latency_median_s", "ttft_median_s"}
 CHECK_COLUMNS = ["preset", "status", "where", "max |Δ|", "max |logit|", "max |Δ| / max |logit|", "cosine",
-                 "argmax agree", "tokens equal", "first divergence"]
+                 "argmax agree", "tokens equal", "first divergence", "bound"]
+# A decode variant's batch-1 logits pass where their max |Δ| from the fp32 reference is at most this many times
+# transformers' own bf16 max |Δ| on the same prompt (the static engine's default path measured 0.95× at llama-8b,
+# docs/perf-notes.md; the fused kernels round less often, so they should not need the margin).
+VARIANT_BOUND = 1.25
+FP32_FLOOR = 1e-5  # of the largest logit: in fp32 (the CPU smoke test) transformers is the reference, Δ = 0
 
 
-def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
+def check_logits(preset: str, seed: int, device_name: str, variants: list[str]) -> dict[str, Any]:
     """The static engine against the transformers model it came from (runs in a child process).
 
     bf16 on a GPU: both engines' logits are compared with the same weights upcast to fp32 (the reference),
     so the static engine's deviation reads against transformers' own bf16 deviation; then the greedy tokens
     of both engines (informational: with random weights near-ties are common and bf16 rounding flips them).
+    Each of `variants` (a `--decode-tuning` value) then computes the first decode step of one prompt at batch 1,
+    where the fused variant runs its own kernels: it passes where its max |Δ| from fp32 is at most
+    VARIANT_BOUND × transformers' bf16 one on the same prompt (FP32_FLOOR of the largest logit at least).
     """
     import torch
 
@@ -80,7 +90,7 @@ def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
     inputs = make_inputs(batch, shape.vocab_size, seed, device)
     width = batch.padded_length
 
-    def transformers_logits() -> tuple[torch.Tensor, torch.Tensor]:
+    def transformers_logits(inputs: dict[str, torch.Tensor], first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Last-position logits of the prompt and of the prompt plus `first` (one decode step)."""
         ones = torch.ones_like(first)[:, None]
         step = model(input_ids=torch.cat([inputs["input_ids"], first[:, None]], 1),
@@ -89,6 +99,21 @@ def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
                      logits_to_keep=1).logits[:, -1]
         return model(**inputs, logits_to_keep=1).logits[:, -1].float(), step.float()
 
+    def variant_steps() -> tuple[dict[str, Any], torch.Tensor]:
+        """Each variant's first decode step of one prompt at batch 1 (or why it was not run), and that token."""
+        steps: dict[str, Any] = {}
+        for variant in variants:
+            engine = StaticEngine.from_transformers(model, device, variant)
+            detail = engine.describe()["decode_fused"]
+            if detail is not None and not detail.startswith("fused"):
+                steps[variant] = f"not run: {detail}"  # the fused variant's kernels cannot run here
+                continue
+            state, prefill = engine.prefill_logits(single)
+            state.tokens.copy_(prefill.argmax(-1))
+            steps[variant] = engine.decode_logits(state, attended_length(one.padded_length + 1))
+            del engine, state
+        return steps, prefill.argmax(-1)
+
     def compare(name: str, mine: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
         mine, ref = mine.float(), ref.float()
         return {"where": name, "max |Δ|": (mine - ref).abs().max().item(), "max |logit|": ref.abs().max().item(),
@@ -96,18 +121,23 @@ def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
                 "cosine": torch.nn.functional.cosine_similarity(mine, ref, dim=-1).min().item(),
                 "argmax agree": (mine.argmax(-1) == ref.argmax(-1)).float().mean().item()}
 
+    one = Batch((120,), 2)
+    single = make_inputs(one, shape.vocab_size, seed + 1, device)
     with torch.inference_mode():
         state, prefill = engine.prefill_logits(inputs)
         first = prefill.argmax(-1)
         state.tokens.copy_(first)
         step = engine.decode_logits(state, attended_length(width + 1))
-        hf_prefill, hf_step = transformers_logits()
+        hf_prefill, hf_step = transformers_logits(inputs, first)
         engine.prepare([batch])
         static_tokens = engine.generate(inputs, batch.output_length)
         hf_tokens = HFEngine(model, device).generate(inputs, batch.output_length)
         del engine, state
+        steps, single_first = variant_steps()
+        hf_single = transformers_logits(single, single_first)[1]
         model.float()  # the reference: the same weights in fp32 (in place, so the GPU holds one copy)
-        ref_prefill, ref_step = transformers_logits()
+        ref_prefill, ref_step = transformers_logits(inputs, first)
+        ref_single = transformers_logits(single, single_first)[1]
     equal = static_tokens == hf_tokens
     divergence = [int(row.logical_not().nonzero()[0]) if not row.all() else None for row in equal]
     rows = [compare("prefill: static vs fp32", prefill, ref_prefill),
@@ -116,7 +146,16 @@ def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
             compare("decode step 1: hf vs fp32", hf_step, ref_step),
             compare("decode step 1: static vs hf", step, hf_step),
             {"where": f"greedy {batch.output_length} tokens: static (CUDA graphs) vs hf",
-             "tokens equal": equal.float().mean().item(), "first divergence": str(divergence)}]
+             "tokens equal": equal.float().mean().item(), "first divergence": str(divergence)},
+            hf_row := compare("batch 1, decode step 1: hf vs fp32", hf_single, ref_single)]
+    for variant, logits in steps.items():
+        where = f"batch 1, decode step 1: static --decode-tuning {variant} vs fp32"
+        if isinstance(logits, str):
+            rows.append({"where": where, "bound": logits})
+            continue
+        row = compare(where, logits, ref_single)
+        limit = max(VARIANT_BOUND * hf_row["max |Δ|"], FP32_FLOOR * row["max |logit|"])
+        rows.append({**row, "bound": f"{'pass' if row['max |Δ|'] <= limit else 'FAILED'}: ≤ {limit:.4g}"})
     return {"device_memory_gib": torch.cuda.get_device_properties(0).total_memory / 1024**3 if cuda else None,
             "precision": "bf16" if cuda else "fp32", "rows": rows}
 
@@ -124,7 +163,7 @@ def check_logits(preset: str, seed: int, device_name: str) -> dict[str, Any]:
 def run_child_check(preset: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     out = Path(args.out_dir) / f"logits_{preset}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--check-logits", preset, "--out-dir", args.out_dir,
-           "--device", args.device]
+           "--device", args.device, "--decode-tunings", args.decode_tunings]
     try:
         code = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.check_timeout_s).returncode
     except subprocess.TimeoutExpired:
@@ -216,13 +255,17 @@ def main() -> int:
                         help="prefill and steady window length per point (short: 16 points fit in ~8 min; the "
                              "records carry each window's energy bound)")
     parser.add_argument("--timeout-s", type=float, default=150, help="per (preset, engine) process")
-    parser.add_argument("--check-timeout-s", type=float, default=120)
+    parser.add_argument("--check-timeout-s", type=float, default=240,
+                        help="the logits check's child (each --decode-tunings variant compiles its own step)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script (preset tiny)")
     parser.add_argument("--energy-methods", help="the points' in-process meter (default: nvml; auto on --device cpu, "
                         "where a machine without a sensor gives energy n/a with the reason)")
     parser.add_argument("--out-dir", default="inference_engine_out")
     parser.add_argument("--tag", default=time.strftime("eng%Y%m%dT%H%M%S"))
+    parser.add_argument("--decode-tunings", default="default,fused",
+                        help="decode variants whose batch-1 first step the logits check compares with fp32 (each "
+                             f"within {VARIANT_BOUND}× transformers' bf16 deviation; 'not run' where one cannot run)")
     parser.add_argument("--check-logits", metavar="PRESET", help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args()
     args.energy_methods = args.energy_methods or ("auto" if args.device == "cpu" else "nvml")
@@ -230,7 +273,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     args.out_dir = str(out_dir)
     if args.check_logits:
-        result = check_logits(args.check_logits, args.seed, args.device)
+        result = check_logits(args.check_logits, args.seed, args.device, args.decode_tunings.split(","))
         (out_dir / f"logits_{args.check_logits}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
@@ -241,7 +284,8 @@ def main() -> int:
         check = run_child_check(preset, args, env)
         memory_gib = check.get("device_memory_gib")
         for item in check.get("rows", [{"where": "-"}]):
-            checks.append({"preset": preset, "status": check.get("error", "ok"), **item})
+            failed = str(item.get("bound", "")).startswith("FAILED")
+            checks.append({"preset": preset, "status": "FAILED" if failed else check.get("error", "ok"), **item})
         sizes = []
         for text in args.batch_sizes.split(","):
             if text == "max":
@@ -271,7 +315,7 @@ def main() -> int:
     (out_dir / "results.md").write_text(text)
     (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
     print(f"\n{text}\n{heading}\n{markdown_table(rows, SHORT, digits=4)}{energy_notes(rows)}")
-    return exit_status(rows)
+    return exit_status(rows) or int(any(c["status"] == "FAILED" for c in checks))
 
 
 if __name__ == "__main__":  # a missing extra (the logits check's torch, transformers) is one line, as the driver's

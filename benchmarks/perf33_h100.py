@@ -45,9 +45,10 @@ RUNS: dict[str, list[str]] = {
     "llama-1b-bs1": [*INFERENCE, "--preset", "llama-1b", "--batch-sizes", "1"],
     "llama-8b": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1,256"],
     "llama-8b-512": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "512"],
-    # batch 1 with each compiled decode variant pinned: speed against power (the option is new: NAME@branch)
+    # batch 1 with each decode variant pinned: speed against power (a variant newer than the baseline: NAME@branch)
     **{f"llama-{size}-bs1-{tuning}": [*INFERENCE, "--preset", f"llama-{size}", "--batch-sizes", "1", "--decode-tuning",
-                                      tuning] for size in ("1b", "8b") for tuning in ("default", "coordinate-descent")},
+                                      tuning] for size in ("1b", "8b")
+       for tuning in ("default", "coordinate-descent", "fused")},
     "continuous-256": ["-m", "llm_inference", "load", "--preset", "llama-8b", "--task", "chat", "--energy-methods",
                        "nvml", "--rate", "max", "--max-concurrency", "256"],
     "resnet50-readme": [*JPWR, "{python}", *README_RESNET],

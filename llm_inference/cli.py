@@ -68,12 +68,13 @@ def _checked(args: argparse.Namespace) -> tuple[InferenceConfig, ModelPreset]:
 
 def _memory_on(cfg: InferenceConfig | LoadConfig, shape: ModelPreset, device_type: str,
                device_memory_gib: float | None, trace: list[Request] | None = None) -> str:
-    """The memory checks of a run on the device it uses, the one implementation of validate (`--device auto`
-    resolved as the run resolves it on this host) and of the run once torch has chosen its device: the device's
-    memory where known, and on the CPU the host's (refuse what the kernel would kill mid-run). Returns the
-    precision."""
+    """The checks of a run on the device it uses, the one implementation of validate (`--device auto` resolved as
+    the run resolves it on this host) and of the run once torch has chosen its device: a decode variant the device
+    cannot run, the device's memory where known, and on the CPU the host's (refuse what the kernel would kill
+    mid-run). Returns the precision."""
     from llm_inference import validation
 
+    validation.check_decode_device(cfg.decode_tuning, device_type)
     precision = validation.resolve_precision(cfg.precision, device_type)
     holders = [(device_memory_gib, "the device")] + ([(available_gib(), HOST)] if device_type == "cpu" else [])
     for memory_gib, holder in holders:

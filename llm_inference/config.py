@@ -13,7 +13,7 @@ from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, Same
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
-from llm_inference.decode_choice import DEFAULT_OBJECTIVE, OBJECTIVES
+from llm_inference.decode_choice import DECODE_TUNINGS, DEFAULT_OBJECTIVE, OBJECTIVES
 from llm_inference.memory import ENGINES
 from llm_inference.presets import PRESETS
 from llm_inference.tasks import TASKS
@@ -77,7 +77,7 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 
 # The static engine's compiled decode variants (llm_inference.static_engine.DECODE_TUNINGS) and "auto".
-DECODE_TUNING_CHOICES = ("auto", "default", "coordinate-descent")
+DECODE_TUNING_CHOICES = ("auto", *DECODE_TUNINGS)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -> None:
@@ -89,8 +89,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
     m.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPUs, fp32 on CPUs")
     m.add_argument("--decode-tuning", choices=DECODE_TUNING_CHOICES, default="auto",
                    help="compiled variant of the decode step (GPU): auto = the faster replayed step per batch shape "
-                        "(static engine; the continuous engine runs default), default, or coordinate-descent "
-                        "(inductor's per-kernel tuning: faster llama batch-1 steps on an H100, at more power)")
+                        "(static engine; the continuous engine runs default), default, coordinate-descent "
+                        "(inductor's per-kernel tuning: faster llama batch-1 steps on an H100, at more power), or "
+                        "fused (Llama at batch 1 on one GPU: six Triton kernels per layer; other shapes: default)")
     m.add_argument("--tensor-parallel", type=COUNT, default=1, metavar="N",
                    help="split the model's heads and MLP columns over N GPUs of one node (static and continuous "
                         "engines): start N processes, e.g. torchrun --nproc-per-node N -m llm_inference ...")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 SPLIT_BLOCK = 64  # cache positions per loop step of a piece; pieces are multiples of it
 PIECES_PER_SM = 2  # pieces in flight per SM aimed for when rows × KV heads alone cannot fill the GPU
+INTERPRETER_SMS = 4  # what grids are sized for off a GPU (Triton's interpreter in the tests): a few programs each
 
 try:
     import triton
@@ -28,11 +29,15 @@ except ImportError:  # CPU-only torch wheels come without Triton: the SDPA path 
 
 
 def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the split kernel runs here: CUDA, Triton importable, a power-of-two head size Triton can tile, and
-    K/V rows of at most 256 bytes (bf16 up to head dim 128, as measured on an H100; larger tiles in Triton's
-    default three pipeline stages come close to an SM's shared memory and were never run: SDPA serves them)."""
-    return (triton is not None and device.type == "cuda" and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
-            and head_dim * dtype.itemsize <= 256)
+    """Whether the split kernel runs here: CUDA, Triton importable and a head the kernels tile (heads_supported)."""
+    return triton is not None and device.type == "cuda" and heads_supported(head_dim, dtype)
+
+
+def heads_supported(head_dim: int, dtype: torch.dtype) -> bool:
+    """A power-of-two head size Triton can tile, and K/V rows of at most 256 bytes (bf16 up to head dim 128, as
+    measured on an H100; larger tiles in Triton's default three pipeline stages come close to an SM's shared memory
+    and were never run: SDPA serves them)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0 and head_dim * dtype.itemsize <= 256
 
 
 def visible_mask(first: torch.Tensor | None, last: torch.Tensor, length: int, batch: int) -> torch.Tensor:
@@ -71,8 +76,9 @@ def piece_positions(rows_heads: int, length: int, sms: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """The GPU's SMs: how many pieces split_decode_attention aims for."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """The GPU's SMs: how many pieces split_decode_attention aims for (elsewhere INTERPRETER_SMS: the kernels
+    run in Triton's interpreter there, where the count only shapes the grids)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else INTERPRETER_SMS
 
 
 def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,

@@ -8,6 +8,10 @@ So the engine ranks the variants by the objective asked for: `speed` the step ti
 the last POWER_SPAN_S of POWER_REPLAY_S seconds of back-to-back replays (longer than an H100's one-second power
 average, so the span holds that variant alone). Without a sensor (no sampler, or the CPU) every power is n/a and
 an energy or edp objective falls back to speed, saying so in the record.
+
+The variants themselves are declared here (DECODE_TUNINGS, torch-free: `--decode-tuning`'s choices come from it):
+inductor's options for the compiled pieces, whether a variant runs the fused batch-1 kernels
+(llm_inference/fused_decode.py), and whether `auto` times it (a new variant only once measured on an H100).
 """
 
 from __future__ import annotations
@@ -17,6 +21,23 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 OBJECTIVES = ("speed", "energy", "edp")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeVariant:
+    """One `--decode-tuning` variant of the compact engines' decode step (torch-free: the option's choices come from
+    here)."""
+
+    options: dict[str, Any]  # inductor options of its compiled pieces (every shape the fused kernels do not cover)
+    fused: bool = False  # Llama at batch 1 on one device: the fused Triton kernels (llm_inference/fused_decode.py)
+    auto: bool = True  # `--decode-tuning auto` times it at set-up (False: pinned only, until measured on an H100)
+
+
+DECODE_TUNINGS: dict[str, DecodeVariant] = {
+    "default": DecodeVariant({}),
+    "coordinate-descent": DecodeVariant({"coordinate_descent_tuning": True}),
+    "fused": DecodeVariant({}, fused=True, auto=False),
+}
 DEFAULT_OBJECTIVE = "speed"  # the faster variant, as before --objective existed (docs/llm_inference.md says why)
 POWER_REPLAY_S = 2.0  # seconds of replays per variant when its power is metered (set-up time, outside every window)
 POWER_SPAN_S = 1.0  # the meter's mean over this last part of them

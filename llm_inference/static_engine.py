@@ -11,7 +11,8 @@ Per batch shape, once and outside every measured window (`prepare`):
   attention (norms, projections, RoPE, the K/V write's source, MLP, residuals) are compiled by inductor for
   the decode step (fewer, fused kernels: at batch 1 a step is ~16 × 14 small kernels whose gaps cost as much
   as the weight reads); compilation happens at the capture's warm-up, outside every window. Prefill stays
-  eager (its shapes vary: no compilation may land in a measured window).
+  eager (its shapes vary: no compilation may land in a measured window). `--decode-tuning fused` replaces the
+  pieces of a one-row step by the Triton kernels of llm_inference/fused_decode.py (Llama on one GPU).
 
 A generation is then the prefill (eager: prompt lengths vary; rows of similar prompt length grouped, each group
 at its own longest prompt, so the left padding is hardly computed) and one graph replay per new token: the
@@ -47,13 +48,20 @@ from llm_inference.decode_attention import (
     split_decode_attention,
     triton_supported,
 )
-from llm_inference.decode_choice import DEFAULT_OBJECTIVE, POWER_REPLAY_S, POWER_SPAN_S, Choice, PowerProbe, choose
+from llm_inference.decode_choice import (
+    DECODE_TUNINGS,
+    DEFAULT_OBJECTIVE,
+    POWER_REPLAY_S,
+    POWER_SPAN_S,
+    Choice,
+    DecodeVariant,
+    PowerProbe,
+    choose,
+)
 from llm_inference.engine import StepClock, Timing
 from llm_inference.kv_cache import KVCache
 from llm_inference.tasks import Batch
 
-# Compiled variants of the decode pieces, chosen per batch shape at set-up (CompactForward.choose_tuning).
-DECODE_TUNINGS: dict[str, dict[str, Any]] = {"default": {}, "coordinate-descent": {"coordinate_descent_tuning": True}}
 TUNING_REPLAYS = 20  # replays timed per variant (a step of llama-8b at batch 512 takes ~15 ms: 0.3 s per variant)
 MIN_TUNING_REPLAYS = 8  # fewer (outputs below 10 tokens leave no room in the buffers): no choice, the default runs
 
@@ -118,31 +126,51 @@ class CompactForward:
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
-        tunings = DECODE_TUNINGS if tuning == "auto" else {tuning: DECODE_TUNINGS[tuning]}
-        self.decode_variants = ({name: tuple(torch.compile(p, dynamic=dynamic, options=options) for p in pieces)
-                                 for name, options in tunings.items()} if self.compile_decode
+        tunings = ({name: v for name, v in DECODE_TUNINGS.items() if v.auto} if tuning == "auto"
+                   else {tuning: DECODE_TUNINGS[tuning]})
+        self.decode_variants = ({name: tuple(torch.compile(p, dynamic=dynamic, options=v.options) for p in pieces)
+                                 for name, v in tunings.items()} if self.compile_decode
                                 else {"eager": pieces})
+        self.fused_variants, self.fused_detail = self._fused(tuning, tunings)
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
         self.objective = DEFAULT_OBJECTIVE  # how choose_tuning ranks the variants (--objective)
         self.power_probe: PowerProbe | None = None  # the run's meter, set per run; None: every power n/a
         self.clock = StepClock(device)
+        self.sms = sm_count(device)  # what the Triton kernels' grids are sized for
         # the split Triton kernels' SM count where they run (the cache has unit stride along the head dim), else None
-        self.split_sms = sm_count(device) if triton_supported(device, model.head_dim, model.embed.dtype) else None
+        self.split_sms = self.sms if triton_supported(device, model.head_dim, model.embed.dtype) else None
+
+    def _fused(self, tuning: str, tunings: dict[str, DecodeVariant]) -> tuple[frozenset[str], str | None]:
+        """(the variants whose one-row decode passes run llm_inference/fused_decode.py's kernels, what the record
+        says of them): where the model and device allow, those variants' other shapes run their compiled pieces.
+        Uncompiled (the CPU) a pinned fused variant names the eager pieces (Triton's interpreter runs the kernels
+        there: the tests)."""
+        asked = {name for name, variant in tunings.items() if variant.fused}
+        if not asked:
+            return frozenset(), None
+        from llm_inference import fused_decode  # its kernels need Triton: imported where a variant asks for them
+
+        reason = fused_decode.unsupported(self.model, self.device)
+        if reason is not None:
+            return frozenset(), f"compiled pieces at every batch: {reason}"
+        names = asked if self.compile_decode else {"eager"} if tuning in asked else set()
+        return frozenset(names), "fused Triton kernels at batch 1, compiled pieces at larger batches"
 
     @property
     def decode_attention_kind(self) -> str:
         return "sdpa (masked)" if self.split_sms is None else "triton split"
 
     def rank_detail(self) -> dict[str, object]:
-        """What this rank computes: the tensor-parallel size and the heads it holds (the record's engine detail)."""
+        """What this rank computes: the tensor-parallel size, the heads it holds and where a fused variant runs its
+        kernels (the record's engine detail; None: no fused variant asked for)."""
         model = self.model
         return {"tensor_parallel": 1 if model.tp is None else model.tp.size, "rank_heads": model.heads,
-                "rank_kv_heads": model.kv_heads}
+                "rank_kv_heads": model.kv_heads, "decode_fused": self.fused_detail}
 
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device, tuning: str = "auto") -> Self:
         """The engine on a transformers model's weights (fused copies where the compact code fuses them); tuning:
-        "auto" or one DECODE_TUNINGS variant (llm_inference.config.DECODE_TUNING_CHOICES)."""
+        "auto" or one DECODE_TUNINGS variant (llm_inference.decode_choice)."""
         return cls(CompactModel.from_transformers(model), device, tuning=tuning)
 
     def sync(self) -> None:
@@ -182,6 +210,11 @@ class CompactForward:
         each row's new K/V at its length first, then row b attends to its positions start[b]..length[b]."""
         model = self.model
         batch = tokens.shape[0]
+        if batch == 1 and self.decode_tuning in self.fused_variants:
+            from llm_inference.fused_decode import decode_pass
+
+            assert rope is not None  # a Llama model: fused_decode.unsupported let nothing else through
+            return decode_pass(model, cache, tokens, rope, length, self.sms)
         step_inputs, attention_inputs, attention_output_and_mlp, logits = self.decode_variants[self.decode_tuning]
         first, last = cache.start, cache.length
         mask = None if self.split_sms is not None else sdpa_mask(first, last, length, batch, model.embed.dtype)

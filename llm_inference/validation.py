@@ -6,6 +6,7 @@ Every failure is a jpwr.errors.ValidationError naming the offending value and th
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from jpwr import ValidationError
 from llm_inference import memory
 from llm_inference.arrivals import Request, check_context, load_trace
 from llm_inference.config import CPU_WINDOW_S, InferenceConfig
+from llm_inference.decode_choice import DECODE_TUNINGS
 from llm_inference.load_config import LoadConfig, counted_requests, rate_label
 from llm_inference.presets import PRESETS, ModelPreset, preset_from_checkpoint
 from llm_inference.tasks import TASKS, Task, batches_extent, draw_batches, longest_sequence
@@ -106,6 +108,20 @@ def check_node_devices(ranks: int, visible: int) -> None:
         raise ValidationError(f"--tensor-parallel {ranks} does not divide the {visible} GPU(s) this node shows",
                               f"use a --tensor-parallel that divides {visible}, or set CUDA_VISIBLE_DEVICES to "
                               f"{ranks} GPUs")
+
+
+def check_decode_device(tuning: str, device_type: str) -> None:
+    """A fused decode variant runs Triton kernels on a CUDA GPU (llm_inference/fused_decode.py): refused elsewhere, on
+    the device the run resolves to, before the model is built."""
+    variant = DECODE_TUNINGS.get(tuning)
+    if variant is None or not variant.fused:
+        return
+    if device_type != "cuda":
+        raise ValidationError(f"--decode-tuning {tuning} runs Triton kernels on a CUDA GPU, not on {device_type}",
+                              "run it on a GPU, or leave --decode-tuning out")
+    if importlib.util.find_spec("triton") is None:
+        raise ValidationError(f"--decode-tuning {tuning} runs Triton kernels, and Triton is not installed",
+                              "install torch's CUDA build (it brings Triton) or `pip install triton`")
 
 
 def _check_objective(cfg: InferenceConfig) -> None:

@@ -142,19 +142,21 @@ def test_decode_tuning_is_refused_where_no_static_step_runs(args, expected, caps
 
 
 def test_decode_tuning_choices_are_the_engines_variants():
-    """The option's choices (config, torch-free) and the engine's compiled variants are one list; a pinned
-    variant leaves the engine nothing to choose at set-up."""
+    """The option's choices (config, torch-free) and the engine's compiled variants are one list (`auto` times those
+    not held back until measured: the fused one is pinned only); a pinned variant leaves the engine nothing to
+    choose at set-up."""
     import torch
 
     from llm_inference.compact_model import CompactModel
     from llm_inference.config import DECODE_TUNING_CHOICES
+    from llm_inference.decode_choice import DECODE_TUNINGS
     from llm_inference.engine import build_model
-    from llm_inference.static_engine import DECODE_TUNINGS, StaticEngine
+    from llm_inference.static_engine import StaticEngine
 
     assert ("auto", *DECODE_TUNINGS) == DECODE_TUNING_CHOICES
     cpu = torch.device("cpu")
     model = CompactModel.from_transformers(build_model(PRESETS["tiny"], None, "fp32", "sdpa", cpu, 1))
-    assert set(StaticEngine(model, cpu, compile_decode=True).decode_variants) == set(DECODE_TUNINGS)
+    assert set(StaticEngine(model, cpu, compile_decode=True).decode_variants) == {"default", "coordinate-descent"}
     pinned = StaticEngine(model, cpu, compile_decode=True, tuning="coordinate-descent")
     assert list(pinned.decode_variants) == ["coordinate-descent"] and pinned.decode_tuning == "coordinate-descent"
     assert list(StaticEngine(model, cpu).decode_variants) == ["eager"]  # the CPU runs the pieces uncompiled

@@ -169,11 +169,10 @@ def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowM
                    lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), decode_over, None)
     loop.leave()
     prefill_steps = int(np.count_nonzero(log.step_kind == StepKind.PREFILL))
-    say(f"controlled-split window: {prefill_steps} prefill steps of up to {backlog_step_requests(cfg.max_concurrency)}"
-        f" requests, then {len(log.step_kind) - prefill_steps} decode steps of {cfg.max_concurrency} rows, no refills;"
-        f" each part planned >= {part[0]:.3g} s ({part[1]})")
-    return log, {"part_seconds_planned": part[0], "part_length_rule": part[1],
-                 "prefill_step_requests": backlog_step_requests(cfg.max_concurrency),
+    step = backlog_step_requests(cfg.max_concurrency)
+    say(f"controlled-split window: {prefill_steps} prefill steps (<= {step} requests each), then "
+        f"{len(log.step_kind) - prefill_steps} decode steps of {cfg.max_concurrency} rows; parts >= {part[0]:.3g} s")
+    return log, {"part_seconds_planned": part[0], "part_length_rule": part[1], "prefill_step_requests": step,
                  "decode_rows": cfg.max_concurrency}
 
 

@@ -76,6 +76,11 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
         assert [h["rate"] for h in term["held_out_rates"]] == ["40", "max"] and joint["rates_left_out"] == {}
         assert term["adopted"] == (term["unadopted_reason"] is None)
         assert all("conditions" in c for c in (*joint["controlled_split"], *joint["cross_rate"]))
+    # The replay script over the sweep's files (benchmarks/joint_fit_replay.py, as for an H100 sweep) reproduces every
+    # record's coefficients and checks, the controlled split's from its stored step log.
+    from benchmarks.joint_fit_replay import differences
+
+    assert differences(out) == []
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 

@@ -18,6 +18,10 @@ record's, its card state the trace's over its intervals (decode: the record's `c
 interval ending there whose counter energy less idle is the recorded one). With the term, its amounts count at
 the median clock of their interval.
 
+Sweeps recorded since issue 60's multi-step controlled split keep its step log and plan in the first rate's table:
+its checks run as the driver ran them, and the report prints each part as measured (length, steps, step size,
+counter energy with its own bound, card state).
+
 --check compares what the records hold (coefficients to 1e-9 relative, every check's outcome) with the replay of
 the model they name, and exits 1 on a difference, 0 when every record is reproduced.
 """
@@ -205,6 +209,26 @@ def _prefill_start(segments: Any, end_ns: float, idle_w: float, energy_j: float)
     return (low + high) / 2
 
 
+def controlled_window(window: dict[str, Any]) -> list[str]:
+    """The stored controlled split as measured (serving_energy.Controlled.describe): per part its length, steps, step
+    size, counter energy with its own bound and the card state it ran at."""
+    lines = []
+    for name in ("prefill", "decode"):
+        part = window.get(name)
+        if not part:
+            continue
+        size = (f"{part['prefill_step_tokens']:.0f} tokens" if name == "prefill" else
+                f"{part['decode_step_rows']:.0f} rows") + " per step (weighted)"
+        energy = part.get("energy_unavailable_reason") or \
+            f"measured {part['energy_j']:.1f} J ± {part['bound_j']:.1f} J ({part['bound_fraction']:.1%})"
+        clock = "n/a" if part["sm_clock_mhz"] is None else f"{part['sm_clock_mhz']:.0f} MHz"
+        capped = "n/a" if part["capped_share"] is None else f"{part['capped_share']:.0%}"
+        lines.append(f"controlled split, {name}: {part['seconds']:.2f} s (planned >= "
+                     f"{window.get('part_seconds_planned', float('nan')):.3g} s), {part['steps']} steps of {size}; "
+                     f"{energy}; {clock} median, {capped} capped")
+    return lines
+
+
 def split_checks(fit: RequestEnergyFit, parts: dict[str, RecoveredPart]) -> list[PartCheck]:
     """Test (c) on the recovered amounts (counted at their interval's median clock where the fit has the term)."""
     out = []
@@ -369,6 +393,8 @@ def report(sweep_dir: Path, draws: int) -> str:
         buckets = record["config"]["engine_detail"]["row_buckets"]
         out.append(f"rate {run.label}: {work_mix(run, buckets)}; {device_state(directory, run.span)}")
     before, after = replay(sweep_dir, card_state=False), replay(sweep_dir)
+    if stored:
+        out += controlled_window(next(iter(after.blocks.values())).get("controlled_window") or {})
     joints = (fit_joint(runs, clock=False), fit_joint(runs))
     out += ["", "### Checks per rate, without and with the card state (the driver's code: per rate in order, then "
                 "joint)", "", comparison(before, after, joints, parts), ""]

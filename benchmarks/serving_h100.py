@@ -3,6 +3,8 @@
     python benchmarks/serving_h100.py --out /tmp/serving --runs static,max8,max256 --batch-sizes 8,256
     python benchmarks/serving_h100.py --out /tmp/serving --runs tokens,static,c1 --batch-sizes 1
     python benchmarks/serving_h100.py --out /tmp/serving --runs sweep --rates 2,4,8,16,max
+    python benchmarks/serving_h100.py --out $OUT/issue60 --runs sweep --rates 4,8,16,32,max --window-s default \
+        --no-slo     # issue 60's sweep: the driver's default windows, exactly `load ... --energy-methods nvml`
 
 Runs (each a separate `python -m llm_inference` process metering in-process with NVML, llama-8b, chat):
 * tokens: the captured, compiled decode steps of the continuous engine on CUDA (gpt2 shape, fp32) against the
@@ -11,7 +13,10 @@ Runs (each a separate `python -m llm_inference` process metering in-process with
 * max8 / max256 / c1 / maxN: `load --rate max --max-concurrency 8 | 256 | 1 | N`;
 * sweep: `load --rates ... --max-concurrency 256` (Poisson arrivals), one record per rate.
 A thread of this process reads the GPU's energy counter throughout (benchmarks.common.CounterPoller); each
-record's `steady` window is compared with it. Prints one `SERVING {json}` line per record and a Markdown table.
+record's `steady` window is compared with it. Prints one `SERVING {json}` line per record and a Markdown table;
+the same lines go to <out>/serving_rows.jsonl as each run ends, and the counter's reads (monotonic ns before and
+after each read, mJ) to <out>/independent_counter.npz, so the comparison can be redone from the files. A sweep's
+records, request tables and in-process traces under <out>/sweep are what benchmarks/joint_fit_replay.py reads.
 """
 
 from __future__ import annotations
@@ -36,17 +41,31 @@ from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
 )
 
 MODEL = ["--preset", "llama-8b", "--task", "chat", "--energy-methods", "nvml"]  # + --steady-seconds (--window-s)
+ROWS_FILE, READS_FILE = "serving_rows.jsonl", "independent_counter.npz"
 HEADER = ("run", "status", "slots/batch", "rate", "tokens/s", "J/output token", "bound %", "deviation %",
           "TPOT p50 ms", "TTFT p90 ms", "mean rows", "window s")
 
 
+def window_seconds(text: str) -> float | None:
+    """--window-s: seconds, or `default` (None: no --steady-seconds, the driver sizes each window itself)."""
+    return None if text == "default" else float(text)
+
+
+def save_reads(poller: CounterPoller, path: Path) -> None:
+    """The independent counter's reads, per device (its UUID): read start and end (monotonic ns) and the value (mJ)."""
+    import numpy as np
+
+    np.savez_compressed(path, **{uuid: np.array(reads, dtype=np.int64).reshape(-1, 3)
+                                 for uuid, reads in poller.reads.items()})
+
+
 def commands(args: argparse.Namespace) -> dict[str, list[str]]:
-    model = [*MODEL, "--steady-seconds", str(args.window_s)]
+    model = [*MODEL, *([] if args.window_s is None else ["--steady-seconds", str(args.window_s)])]
     load = ["-m", "llm_inference", "load", *model]
+    slo = [] if args.no_slo else ["--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms)]
     runs = {"static": ["-m", "llm_inference", "run", *model, "--batch-sizes", args.batch_sizes],
             "c1": [*load, "--rate", "max", "--max-concurrency", "1"],
-            "sweep": [*load, "--rates", args.rates, "--max-concurrency", str(args.sweep_slots),
-                      *(["--slo-ttft-ms", str(args.slo_ttft_ms), "--slo-tpot-ms", str(args.slo_tpot_ms)])]}
+            "sweep": [*load, "--rates", args.rates, "--max-concurrency", str(args.sweep_slots), *slo]}
     for slots in (8, 256, *args.max_slots):
         runs[f"max{slots}"] = [*load, "--rate", "max", "--max-concurrency", str(slots)]
     return runs
@@ -120,12 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="tokens,static,max8,max256,c1")
     parser.add_argument("--rates", default="2,4,8,16,max")
     parser.add_argument("--batch-sizes", default="1,8,256", help="of the static run")
-    parser.add_argument("--window-s", type=float, default=20.0, help="--steady-seconds of every run")
+    parser.add_argument("--window-s", type=window_seconds, default=20.0,
+                        help="--steady-seconds of every run; `default`: none given (the driver's own window rule)")
     parser.add_argument("--sweep-slots", type=int, default=256)
     parser.add_argument("--max-slots", type=lambda t: [int(x) for x in t.split(",") if x], default=[])
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    parser.add_argument("--timeout-s", type=float, default=540.0, help="per run")
+    parser.add_argument("--no-slo", action="store_true", help="the sweep without --slo-ttft-ms/--slo-tpot-ms")
+    parser.add_argument("--timeout-s", type=float, default=540.0,
+                        help="per run: a run still going is stopped, the records it finished compared and kept")
     args = parser.parse_args(argv)
     uuid = first_gpu_uuid()
     out = Path(args.out).resolve()
@@ -141,15 +163,21 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**first_gpus_env(1), "CUDA_VISIBLE_DEVICES": uuid, "PYTHONUNBUFFERED": "1"}
                 command = [sys.executable, *table[name], "--out-dir", str(out / name)]
                 with open(out / f"{name}.log", "w") as log:
-                    subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                   timeout=args.timeout_s, check=False)
+                    try:
+                        subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                       timeout=args.timeout_s, check=False)
+                    except subprocess.TimeoutExpired:  # killed: the records it finished are still compared
+                        print(f"{name}: stopped at --timeout-s {args.timeout_s:g}", flush=True)
                 found = rows_of(name, out / name, uuid, poller) or [{"run": name, "status": "no record"}]
                 for row in found:
                     row["command"] = " ".join(command)
             for row in found:
                 row["wall_s"] = time.monotonic() - started
                 print("SERVING " + json.dumps(row), flush=True)
+                with open(out / ROWS_FILE, "a") as kept:
+                    kept.write(json.dumps(row) + "\n")
             rows.extend(found)
+        save_reads(poller, out / READS_FILE)
     print(markdown_table(rows, HEADER, digits=4))
     return exit_status(rows, lambda row: row.get("status") == "OK" or row.get("identical") is True)
 

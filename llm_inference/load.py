@@ -4,7 +4,8 @@ Per rate (or per trace) the load run of llm_inference/load_run.py with this modu
 (warm-up first, then the counted ones), one measured window `steady`, the per-request table beside the record
 (joulebench.requests_table) and the record's figures (llm_inference/load_plan.py: the window rules and what counts).
 Latencies come from the steps' device stamps (serve_loop); the per-request energy from the step log
-(serving_energy). Before the first rate's load, a controlled-split window (every row admitted at once).
+(serving_energy). Before the first rate's load, a controlled-split window (full-size prefill steps back to back,
+then every row decoded together, each part long enough for its own energy bound).
 
 The model is built once; the rows' cache and captured steps are set up once (`prepare`, outside every window)
 and reused by every rate. Layout: one rate writes <out-dir>/run_record.json; a sweep <out-dir>/rate_<r>/.
@@ -17,9 +18,10 @@ model and run those calls (ContinuousEngine.follow), nothing else. The node's sa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,21 +32,31 @@ from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
 from joulebench.record_types import RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
+from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
+from joulebench.waits import StopCheck
 from jpwr import WindowMeter
 from llm_inference import shards, tensor_parallel, validation
-from llm_inference.arrivals import Request, draw_requests
+from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import ContinuousEngine
 from llm_inference.engine import DTYPES, build_model, request_prompt
 from llm_inference.load_config import LoadConfig
-from llm_inference.load_plan import COUNTER_READ_S, COUNTER_SETTLE_S, WORK_UNIT, Plan
+from llm_inference.load_plan import COUNTER_READ_S, COUNTER_SETTLE_S, WORK_UNIT, Plan, endless_requests
 from llm_inference.load_run import RateOutcome, drawn, run_rates
 from llm_inference.presets import ModelPreset
 from llm_inference.request_rows import RequestRow, counted_times, request_columns
 from llm_inference.runner import BuiltModel, compact_engine, join
+from llm_inference.scheduler import backlog_step_requests
 from llm_inference.serve_loop import ServeLog, ServeLoop
-from llm_inference.serving_energy import RecordedRate, Sweep, in_process_counter, serving_energy, write_joint
-from llm_inference.tasks import TASKS
+from llm_inference.serving_energy import (
+    CONTROLLED_WINDOW,
+    RecordedRate,
+    Sweep,
+    controlled_part_seconds,
+    in_process_counter,
+    serving_energy,
+    write_joint,
+)
 from llm_inference.tensor_parallel import TensorParallel
 from llm_inference.window_rules import ArrivalWindow
 
@@ -83,33 +95,85 @@ def request_rows(log: ServeLog, served: dict[int, Request], counted: set[int]) -
     return rows
 
 
-def requests_table(log: ServeLog, rows: list[RequestRow], controlled: ServeLog | None) -> RequestsTable:
+def requests_table(log: ServeLog, rows: list[RequestRow], controlled: tuple[ServeLog, dict[str, Any]] | None
+                   ) -> RequestsTable:
     """The per-request rows (energy columns NaN until the fit fills them), the step log, and the controlled-split
-    window's where this rate ran it."""
+    window's log and plan where this rate ran it."""
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
              "step_kinds": {kind.name.lower(): int(kind) for kind in StepKind},
              "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens"}
+    if controlled is not None:
+        attrs[CONTROLLED_WINDOW] = controlled[1]
     return RequestsTable(request_columns(rows, log.start_ns), step_log(log), attrs,
-                         {} if controlled is None else step_log(controlled))
+                         {} if controlled is None else step_log(controlled[0]))
+
+
+def controlled_requests(source: Iterator[Request], rows: int, sequence: int, prefill_over: Callable[[], bool]
+                        ) -> Iterator[Request]:
+    """The controlled window's requests, all arriving at once, numbered in order: prefill-only ones (one output
+    token: each leaves its row at its prefill) from `source` until `prefill_over()`, then one per row whose output
+    fills its row's cache (`sequence` positions), so that the decode part ends by its length, not by their output."""
+    ids = itertools.count()
+    for r in source:
+        if prefill_over():
+            break
+        yield Request(next(ids), 0.0, r.input_tokens, 1, r.prompt_ids)
+    for r in itertools.islice(source, rows):
+        yield Request(next(ids), 0.0, r.input_tokens, sequence - r.input_tokens, r.prompt_ids)
+
+
+class PartClock:
+    """When a part of the controlled window began on the host's clock, and whether it has lasted its length (the
+    host runs at most a few steps ahead of the device: a part lasts at least its length)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.began: float | None = None
+
+    def start(self) -> None:
+        if self.began is None:
+            self.began = time.monotonic()
+
+    def over(self) -> bool:
+        return self.began is not None and time.monotonic() - self.began >= self.seconds
 
 
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
-                       trace: list[Request] | None, say: Callable[[str], None]) -> ServeLog:
-    """Test (c)'s window, before the load: every row admitted at once and decoded to the end, no refills, so
-    prefill and decode run at separate times (metered as window `controlled`). Requests drawn from the task, or
-    a trace's first ones (all arriving at once)."""
-    if trace is None:
-        items = draw_requests(TASKS[cfg.task], np.zeros(cfg.max_concurrency), cfg.seed + 1, cfg.output_length)
-    else:
-        items = [Request(k, 0.0, r.input_tokens, r.output_tokens, r.prompt_ids)
-                 for k, r in enumerate(trace[:cfg.max_concurrency])]
+                       trace: list[Request] | None, part: tuple[float, str], stop: StopCheck,
+                       say: Callable[[str], None]) -> tuple[ServeLog, dict[str, Any]]:
+    """Test (c)'s window, before the load (metered as window `controlled`), and its plan for the table: prefill and
+    decode at separate times, each part at least `part` seconds long (serving_energy.controlled_part_seconds). Its
+    prefill part: full-size prefill steps back to back (the scheduler's controlled rules), prefill-only requests
+    until the part has lasted its length, then one request per row; its decode part: every row decoded together,
+    no refills, until it has lasted its length (or the rows' cache is full). Requests drawn from the task, or the
+    trace's cycled (all arriving at once). A stop request ends it early (the load then stops at once)."""
+    _, sequence = validation.load_lengths(cfg, trace)
+    source = (endless_requests(dataclasses.replace(cfg, seed=cfg.seed + 1), 0) if trace is None else
+              (dataclasses.replace(r, id=k) for k, r in enumerate(itertools.cycle(trace))))
+    prefill, decode = PartClock(part[0]), PartClock(part[0])
+
+    def prefill_over() -> bool:
+        prefill.start()
+        return prefill.over()
+
     loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed + 1),
-                     log=say, admit_all=True)
-    log = loop.run(iter(items), ArrivalWindow(0.0, math.inf), lambda: meter.begin("controlled", 0),
-                   lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), lambda: None,
-                   len(items))
-    say(f"controlled-split window: {len(items)} requests admitted at once, no refills")
-    return log
+                     log=say, controlled=True)
+
+    def decode_over() -> str | None:
+        if loop.steps and loop.steps[-1].kind is StepKind.DECODE:
+            decode.start()
+        return stop() or ("the decode part lasted its length" if decode.over() else None)
+
+    requests = controlled_requests(source, cfg.max_concurrency, sequence, prefill_over)
+    log = loop.run(requests, ArrivalWindow(0.0, math.inf), lambda: meter.begin("controlled", 0),
+                   lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), decode_over, None)
+    loop.leave()
+    prefill_steps = int(np.count_nonzero(log.step_kind == StepKind.PREFILL))
+    step = backlog_step_requests(cfg.max_concurrency)
+    say(f"controlled-split window: {prefill_steps} prefill steps (<= {step} requests each), then "
+        f"{len(log.step_kind) - prefill_steps} decode steps of {cfg.max_concurrency} rows; parts >= {part[0]:.3g} s")
+    return log, {"part_seconds_planned": part[0], "part_length_rule": part[1], "prefill_step_requests": step,
+                 "decode_rows": cfg.max_concurrency}
 
 
 class EngineTarget:
@@ -145,7 +209,10 @@ class EngineTarget:
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
         controlled = None
         if not self.sweep.earlier and self.sweep.controlled is None:
-            controlled = _controlled_window(cfg, engine, meter, self.shape, self.trace, say)
+            part = controlled_part_seconds(outcome.update_period_s or ASSUMED_UPDATE_S,
+                                           outcome.window_s or math.inf)
+            controlled = _controlled_window(cfg, engine, meter, self.shape, self.trace, part, run.stop.local_reason,
+                                            say)
         loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, self.shape.vocab_size, cfg.seed),
                          log=say)
 

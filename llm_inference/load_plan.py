@@ -84,7 +84,7 @@ def plan_rate(cfg: LoadConfig, rate: float, window_s: float, device: torch.devic
         if cfg.requests is not None:
             items = draw_requests(task, np.zeros(warmup + cfg.requests), cfg.seed, cfg.output_length, warmup)
             return Plan(iter(items), SaturatedWindow(None), len(items), f"{cfg.requests} counted requests queued")
-        return Plan(_endless(cfg, warmup), SaturatedWindow(window_s), None,
+        return Plan(endless_requests(cfg, warmup), SaturatedWindow(window_s), None,
                     f"window of {window_s:.3g} s with every row busy")
     counted = cfg.requests or math.ceil(rate * window_s) + 1
     times = arrival_times(cfg.arrivals, rate, warmup + counted, cfg.seed)
@@ -93,7 +93,7 @@ def plan_rate(cfg: LoadConfig, rate: float, window_s: float, device: torch.devic
     return Plan(iter(items), ArrivalWindow(float(times[warmup]), float(times[-1])), len(items), note)
 
 
-def _endless(cfg: LoadConfig, warmup: int) -> Iterator[Request]:
+def endless_requests(cfg: LoadConfig, warmup: int) -> Iterator[Request]:
     """`--rate max` without --requests: requests drawn on demand, all arriving at the start."""
     task = TASKS[cfg.task]
     for chunk in itertools.count():

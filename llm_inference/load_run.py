@@ -59,6 +59,7 @@ class RateOutcome(Generic[DetailT]):
     times: list[RequestTimes] = dataclasses.field(default_factory=list)  # the counted requests that finished
     table: RequestsTable | None = None
     update_period_s: float | None = None  # the energy counter's, as the window's length was sized with
+    window_s: float | None = None  # the measured window's planned length (the controlled window's parts' cap)
     window_ns: tuple[int, int] | None = None  # the window's edges, where it opened and closed
     stop_reason: str | None = None  # a stop request ended the load
     in_flight_at_end: int = 0
@@ -176,7 +177,7 @@ def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate
         idle = run.idle_baseline(cfg.idle_baseline, target.device.type == "cuda", reuse=idle)
         window = window_seconds(cfg.steady_seconds, meter, target.device)
         run.record.meter["steady_seconds"] = window.to_dict()
-        outcome.update_period_s = window.update_period_s
+        outcome.update_period_s, outcome.window_s = window.update_period_s, window.seconds
         plan = plan_trace(trace, cfg.warmup_requests or 0) if trace is not None else \
             plan_rate(cfg, rate or math.inf, window.seconds, target.device)
         say(f"rate {label}: {plan.note}; {target.limit_note()}")

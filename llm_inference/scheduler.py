@@ -17,6 +17,12 @@ llm_inference/continuous_engine.py).
 * release: finished requests leave their rows, and the highest running requests move down into the freed rows
   (compaction: a decode step computes every row up to the highest occupied one; a server's client has no places
   to move and ignores the moves).
+
+The controlled-split window (`controlled`, llm_inference/load.py) runs prefill and decode at separate times: its
+prefill steps are of the size a backlog makes (`backlog_step_requests`: rows // ADMIT_DIVISOR requests, within the
+token budget: the steps the rates' fits see at full load), back to back; no decode step runs while a queued request
+could take a free row; and no row moves while requests wait (the next prefill steps refill the freed rows, so no
+cache copy runs between prefill steps).
 """
 
 from __future__ import annotations
@@ -72,12 +78,18 @@ class ReleasePlan:
     moves: list[tuple[int, int, int]]
 
 
+def backlog_step_requests(rows: int) -> int:
+    """Requests a prefill step admits under a backlog (at least this many rows free): the controlled window's step."""
+    return max(1, rows // ADMIT_DIVISOR)
+
+
 class Scheduler:
     """The queue, the free rows and the running requests of one load; see the module docstring.
-    `admit_all`: every arrived request that finds a row is admitted (no token budget, no backlog rule)."""
+    `admit_all`: every arrived request that finds a row is admitted (no token budget, no backlog rule: a server's
+    client). `controlled`: the controlled-split window's rules (the module docstring's last paragraph)."""
 
-    def __init__(self, rows: int, admit_all: bool = False) -> None:
-        self.rows, self.admit_all = rows, admit_all
+    def __init__(self, rows: int, admit_all: bool = False, controlled: bool = False) -> None:
+        self.rows, self.admit_all, self.controlled = rows, admit_all, controlled
         self.free: list[int] = list(range(rows))  # a heap: the lowest free row first
         self.running: dict[int, Running] = {}  # by row
         self.queue: deque[Request] = deque()
@@ -102,11 +114,13 @@ class Scheduler:
     def admit(self, now_s: float) -> PrefillPlan | None:
         """The arrived requests to prefill now, each in its row (taken), or None."""
         backlog = len(self.queue) > len(self.free)
-        if backlog and self.running and len(self.free) < max(1, self.rows // ADMIT_DIVISOR) and not self.admit_all:
+        step = backlog_step_requests(self.rows)
+        if backlog and self.running and len(self.free) < step and not (self.admit_all or self.controlled):
             return None
         admitted: list[Request] = []
         budget = float("inf") if self.admit_all else memory.PREFILL_CHUNK_TOKENS
-        while self.queue and len(admitted) < len(self.free) and self.queue[0].arrival_s <= now_s:
+        most = min(len(self.free), step) if self.controlled else len(self.free)
+        while self.queue and len(admitted) < most and self.queue[0].arrival_s <= now_s:
             request = self.queue[0]
             if admitted and request.input_tokens > budget:
                 break
@@ -122,7 +136,7 @@ class Scheduler:
 
     def decode(self) -> DecodePlan | None:
         """The next decode step over every running request (their mirrors advance by its token), or None."""
-        if not self.running:
+        if not self.running or (self.controlled and self.queue and self.free):
             return None
         running = list(self.running.values())
         row_count, attended = step_shape([r.length for r in running], max(self.running), self.rows)
@@ -147,7 +161,7 @@ class Scheduler:
             self.done += 1
             if request.warmup:
                 self.warmups_left -= 1
-        return ReleasePlan(finished, self._compact())
+        return ReleasePlan(finished, [] if self.controlled and self.queue else self._compact())
 
     def _compact(self) -> list[tuple[int, int, int]]:
         """Keep the running requests in the lowest rows: the highest one moves into each free row below it.

@@ -115,11 +115,11 @@ class ServeLoop:
     """One load run on the engine: the load loop with this engine as its executor (see the module docstring)."""
 
     def __init__(self, engine: ContinuousEngine, rows: int, prompt: Callable[[Request], torch.Tensor],
-                 keep_tokens: bool = False, log: Callable[[str], None] = print, admit_all: bool = False) -> None:
-        """`admit_all`: every arrived request that finds a row is prefilled before the next decode step (no token
-        budget, no batching rule): the controlled-split window, where prefill and decode must not interleave."""
+                 keep_tokens: bool = False, log: Callable[[str], None] = print, controlled: bool = False) -> None:
+        """`controlled`: the controlled-split window, where prefill and decode must not interleave (the scheduler's
+        rules for it: full-size prefill steps back to back before the first decode step)."""
         self.engine, self.prompt, self.log = engine, prompt, log
-        self.scheduler = Scheduler(rows, admit_all)
+        self.scheduler = Scheduler(rows, controlled=controlled)
         self.clock = StepClock(engine)
         self.steps: list[StepEntry] = []
         self.keep_tokens = keep_tokens
@@ -194,6 +194,12 @@ class ServeLoop:
         self.engine.release(plan.finished)
         if plan.moves:
             self.engine.move(plan.moves)
+
+    def leave(self) -> None:
+        """The requests still running leave their rows (a load that ended by a stop, such as the controlled window's
+        decode part at its length): the engine's rows are free for the next load."""
+        if self.scheduler.running:
+            self.engine.release(sorted(self.scheduler.running))
 
     def produced(self) -> dict[int, int]:
         """Output tokens per request so far (one per step it took part in)."""

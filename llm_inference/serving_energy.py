@@ -39,6 +39,7 @@ from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rat
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
 from joulebench.request_energy import (
+    SPLIT_SLACK,
     HeldOutWindow,
     RequestEnergyFit,
     RequestParts,
@@ -46,11 +47,14 @@ from joulebench.request_energy import (
     controlled_split_check,
     cross_check,
     fit_with_clock_trial,
+    measured_energy,
     request_parts,
+    work_conditions,
 )
 from joulebench.requests_table import RequestsTable, RequestStatus, StepKind
 from joulebench.segment_fit import counter_knots, window_segments
 from jpwr import JpwrError
+from jpwr.estimator import planned_bound_j
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
 from llm_inference import client_estimate
 
@@ -170,14 +174,51 @@ class JointMaterial:
     finished: set[int]
 
 
+CONTROLLED_WINDOW = "controlled_window"  # the table attribute (and energy block key) describing that window
+CONTROLLED_BOUND_SHARE = 0.5  # each part's planned bound: at most this share of test (c)'s tolerance
+
+
+def controlled_part_seconds(update_period_s: float, window_s: float) -> tuple[float, str]:
+    """How long each part of the controlled-split window runs at least, and why: until its planned bound
+    (jpwr.planned_bound_j: about two counter periods of its power, twice what the H100's stated bounds came to) is at
+    most CONTROLLED_BOUND_SHARE of test (c)'s tolerance (SPLIT_SLACK) of its energy, 80 counter periods (8 s at
+    100 ms); never longer than the rate's own measured window (a CPU run's, or a shorter --steady-seconds)."""
+    fraction = SPLIT_SLACK * CONTROLLED_BOUND_SHARE
+    bound_s = planned_bound_j(1.0, update_period_s) / fraction
+    if bound_s <= window_s:
+        return bound_s, (f"planned bound <= {fraction:.1%} of the part's energy (half the check's {SPLIT_SLACK:.0%}) "
+                         f"with a {update_period_s * 1e3:.0f} ms counter")
+    return window_s, (f"the rate's measured window ({window_s:.3g} s); a planned bound <= {fraction:.1%} needs "
+                      f"{bound_s:.3g} s")
+
+
 @dataclasses.dataclass
 class Controlled:
-    """The controlled-split window: its work, counter and the prefill and decode intervals."""
+    """The controlled-split window: its work, counter and the prefill and decode intervals; `plan`: how its parts'
+    length was chosen (the table's CONTROLLED_WINDOW attribute; empty in a table from before it)."""
 
     log: WorkLog
     knots: list[Knots]
     prefill: tuple[float, float]
     decode: tuple[float, float]
+    plan: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """The window as measured, whatever a fit predicts of it: its plan, and per part its length, steps, counter
+        energy with its own bound, and the card state and step sizes its work ran at (card_state.Conditions)."""
+        segments = window_segments(self.knots, -np.inf, np.inf)
+        parts: dict[str, Any] = {}
+        for name, (t0, t1) in (("prefill", self.prefill), ("decode", self.decode)):
+            part: dict[str, Any] = {"seconds": (t1 - t0) / 1e9,
+                                    "steps": int(np.count_nonzero(self.log.fractions(t0, t1) > 0)),
+                                    **work_conditions([(self.log, t0, t1)]).to_dict()}
+            try:
+                energy, bound = measured_energy(segments, t0, t1)
+                part.update(energy_j=energy, bound_j=bound, bound_fraction=bound / energy if energy > 0 else None)
+            except JpwrError as exc:
+                part["energy_unavailable_reason"] = str(exc)
+            parts[name] = part
+        return {**self.plan, **parts}
 
 
 def controlled_intervals(steps: Mapping[str, np.ndarray]) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -290,7 +331,8 @@ def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[s
     table = rate.table
     if table.controlled_steps:
         sweep.controlled = Controlled(with_card_state(steps_work_log(table.controlled_steps), counter), knots,
-                                      *controlled_intervals(table.controlled_steps))
+                                      *controlled_intervals(table.controlled_steps),
+                                      dict(table.attrs.get(CONTROLLED_WINDOW, {})))
     wl = with_card_state(steps_work_log(table.steps), counter)
     arrival = arrivals_ns(table)
     lifetimes = engine_lifetimes(table.steps, arrival)
@@ -371,6 +413,8 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         "window_unattributed_idle_j": window.unattributed_idle_j,
         "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
         "controlled_split": _controlled(fit, sweep.controlled)}
+    if sweep.controlled is not None:
+        result[CONTROLLED_WINDOW] = sweep.controlled.describe()
     result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
     return result, (whole, span)
@@ -518,5 +562,6 @@ def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[di
     except JpwrError as exc:
         return f"not checked: {exc}"
     return [{"part": p.part, "measured_j": p.measured_j, "measured_bound_j": p.measured_bound_j,
+             "measured_bound_fraction": p.measured_bound_j / abs(p.measured_j) if p.measured_j else None,
              "predicted_j": p.predicted_j, "relative_error": p.relative_error, "passes": p.passes, "reason": p.reason,
              **check_fields(p.conditions, p.passes)} for p in parts]

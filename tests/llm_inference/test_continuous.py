@@ -3,6 +3,8 @@ arrivals and row reuse equal those of the same request generated alone by the st
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,9 @@ from joulebench.requests_table import StepKind
 from llm_inference.arrivals import Request, arrival_times
 from llm_inference.continuous_engine import ContinuousEngine, row_buckets, rows_for
 from llm_inference.engine import build_model, request_prompt
+from llm_inference.load import controlled_requests
 from llm_inference.presets import PRESETS
+from llm_inference.scheduler import ADMIT_DIVISOR, backlog_step_requests
 from llm_inference.serve_loop import ServeLoop
 from llm_inference.static_engine import StaticEngine
 from llm_inference.tasks import Batch
@@ -87,3 +91,33 @@ def test_row_buckets_cover_every_highest_row():
     assert row_buckets(1) == [1] and row_buckets(6) == [1, 2, 4, 6] and row_buckets(8) == [1, 2, 4, 6, 8]
     assert row_buckets(256)[-4:] == [96, 128, 192, 256]
     assert [rows_for(h, 6) for h in range(6)] == [1, 2, 4, 4, 6, 6]
+
+
+def test_the_controlled_window_prefills_before_it_decodes_and_every_request_keeps_its_tokens():
+    """The controlled-split window's requests (llm_inference.load.controlled_requests) through the loop's controlled
+    rules: prefill-only requests, then one per row; every prefill step before the first decode step, each at most a
+    backlog's step; every row decodes together; the rows refilled between prefills still give each request its own
+    tokens."""
+    shape, rows, sequence = PRESETS["tiny"], 2 * ADMIT_DIVISOR, 30
+    source = (Request(i, 0.0, 12, 9) for i in itertools.count())  # one length: every decode ends at once, no move
+    prefill_only = itertools.count()
+    items = list(controlled_requests(source, rows, sequence, lambda: next(prefill_only) >= 5))
+    assert [r.output_tokens for r in items[:5]] == [1] * 5 and len(items) == 5 + rows
+    assert all(r.input_tokens + r.output_tokens == sequence for r in items[5:]) and [r.id for r in items] == \
+        list(range(len(items)))
+    engine = ContinuousEngine.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, SEED), CPU)
+    engine.prepare(rows, sequence)
+    loop = ServeLoop(engine, rows, lambda r: request_prompt(r, shape.vocab_size, SEED), keep_tokens=True,
+                     log=lambda _: None, controlled=True)
+    log = loop.run(iter(items), ArrivalWindow(0.0, np.inf), lambda: None, lambda _: None, lambda: None, None)
+    kinds = list(log.step_kind)
+    first_decode = kinds.index(StepKind.DECODE)
+    assert first_decode > 1 and set(kinds[:first_decode]) == {StepKind.PREFILL}
+    assert set(kinds[first_decode:]) == {StepKind.DECODE}
+    assert max(len(m) for m in log.step_members[:first_decode]) == backlog_step_requests(rows)
+    assert len(log.step_members[first_decode]) == rows and loop.scheduler.moved == 0
+    static = StaticEngine.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, SEED), CPU)
+    assert log.tokens is not None
+    for r in items[::7]:
+        expected = alone(static, request_prompt(r, shape.vocab_size, SEED), r.output_tokens)
+        assert log.tokens[r.id] == expected, f"request {r.id} ({r.input_tokens} in, {r.output_tokens} out)"

@@ -50,6 +50,18 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     later = json.loads((out / "rate_max" / "run_record.json").read_text())["requests"]["energy"]
     assert {(c["fitted_at"], c["predicted"]) for c in later["cross_rate"]} == {("max", "40"), ("40", "max")}
     assert isinstance(later["controlled_split"], list) and len(later["controlled_split"]) == 2
+    # The controlled-split window before the first rate: full-size prefill steps back to back, then every row decoded
+    # together; each part as long as its bound asks, here capped by the 3 s window; its own bound and card state.
+    window = later["controlled_window"]
+    assert window["part_seconds_planned"] == 3 and "measured window" in window["part_length_rule"]
+    assert window["prefill"]["steps"] > 1 and window["prefill"]["seconds"] >= 0.9 * window["part_seconds_planned"]
+    assert window["prefill_step_requests"] == 1 and window["decode_rows"] == 4  # 4 rows: steps of 1 request
+    for part in ("prefill", "decode"):
+        assert window[part]["bound_j"] > 0 and window[part]["sm_clock_mhz"] > 0, window[part]
+        assert window[part]["capped_share"] is not None  # the fake NVML reports the clock event reasons
+    prefill_check = next(c for c in later["controlled_split"] if c["part"] == "prefill")
+    assert prefill_check["measured_bound_j"] == window["prefill"]["bound_j"]
+    assert prefill_check["conditions"]["predicted"]["prefill_step_tokens"] == window["prefill"]["prefill_step_tokens"]
     # the client-side estimate's error, measured on the engine's own requests (llm_inference/client_estimate.py)
     error = later["client_side_estimate_error"]
     assert error["requests"] > 0 and 0 <= error["relative_error_p50"] <= error["relative_error_p90"], error
@@ -64,6 +76,11 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
         assert [h["rate"] for h in term["held_out_rates"]] == ["40", "max"] and joint["rates_left_out"] == {}
         assert term["adopted"] == (term["unadopted_reason"] is None)
         assert all("conditions" in c for c in (*joint["controlled_split"], *joint["cross_rate"]))
+    # The replay script over the sweep's files (benchmarks/joint_fit_replay.py, as for an H100 sweep) reproduces every
+    # record's coefficients and checks, the controlled split's from its stored step log.
+    from benchmarks.joint_fit_replay import differences
+
+    assert differences(out) == []
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 
@@ -164,3 +181,16 @@ def test_sigterm_ends_the_load_with_a_timeout_record_and_its_request_table(fake_
     assert len(table) == record["requests"]["rows"] > 0
     assert not (out / "rate_max").exists()  # the sweep ended
     assert summaries(stdout)[0]["status"] == "TIMEOUT"
+
+
+def test_each_part_of_the_controlled_window_lasts_until_its_planned_bound_is_half_the_checks_tolerance():
+    from joulebench.request_energy import SPLIT_SLACK
+    from jpwr.estimator import planned_bound_j
+    from llm_inference.serving_energy import CONTROLLED_BOUND_SHARE, controlled_part_seconds
+
+    for period in (0.02, 0.1):
+        seconds, rule = controlled_part_seconds(period, 60.0)
+        assert planned_bound_j(1.0, period) / seconds == pytest.approx(SPLIT_SLACK * CONTROLLED_BOUND_SHARE)
+        assert f"{period * 1e3:.0f} ms counter" in rule
+    assert controlled_part_seconds(0.1, 3.0) == (3.0, "the rate's measured window (3 s); a planned bound <= 2.5% "
+                                                      "needs 8 s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from llm_inference import memory
 from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import rows_for
-from llm_inference.scheduler import ADMIT_DIVISOR, Scheduler
+from llm_inference.scheduler import ADMIT_DIVISOR, Scheduler, backlog_step_requests
 from llm_inference.static_engine import attended_length
 
 
@@ -49,7 +49,31 @@ def test_under_a_backlog_admission_waits_for_a_share_of_free_rows():
     admit_all.admit(0.0)
     admit_all.running.pop(0)
     admit_all.free.append(0)
-    assert admit_all.admit(0.0) is not None  # the controlled-split window admits whatever finds a row
+    assert admit_all.admit(0.0) is not None  # a server's client sends whatever finds a row
+
+
+def test_the_controlled_window_prefills_backlog_sized_steps_before_any_decode_and_moves_no_row():
+    rows = 2 * ADMIT_DIVISOR
+    step = backlog_step_requests(rows)
+    scheduler = Scheduler(rows, controlled=True)
+    prefill_only = [request(i, output_tokens=1) for i in range(step + 1)]  # the second step mixes both kinds
+    scheduler.queue.extend([*prefill_only, *(request(step + 1 + i, output_tokens=4) for i in range(rows))])
+    sizes = []
+    while scheduler.queue:
+        assert scheduler.decode() is None  # a queued request could take a free row: no decode yet
+        plan = scheduler.admit(0.0)
+        assert plan is not None
+        sizes.append(len(plan.requests))
+        released = scheduler.release()
+        assert released is None or released.moves == [] or not scheduler.queue  # no cache copy between prefills
+    assert sizes == [step] * (len(sizes) - 1) + [sizes[-1]] and sum(sizes) == len(prefill_only) + rows
+    assert scheduler.moved == 0 and sorted(scheduler.running) == list(range(rows))  # the freed rows refilled
+    plan = scheduler.decode()
+    assert plan is not None and plan.row_count == rows  # then every row decodes together
+    budget = Scheduler(rows, controlled=True)  # a step stays within the token budget
+    budget.queue.extend(request(i, input_tokens=memory.PREFILL_CHUNK_TOKENS // 2 + 1) for i in range(step))
+    plan = budget.admit(0.0)
+    assert plan is not None and len(plan.requests) == 1
 
 
 def test_a_decode_plan_covers_the_running_rows_and_advances_their_mirrors():

@@ -124,7 +124,8 @@ def test_run_and_load_divide_throughput_by_the_devices_that_did_the_work(two_ran
         assert m["output_tokens_per_s_per_device"] == pytest.approx(m["output_tokens_per_s"] / 2), name
         assert "1 metered devices but the run used 2" in str(m["energy_warning"]), name
         assert not [p for p in record_problems(record) if "per_s_per_device" in p], name
-    assert record_problems(record := read_run_record(out / "run" / "run_record.json")) == []
+    record = read_run_record(out / "run" / "run_record.json")
+    assert record_problems(record) == []
     record.metrics["output_tokens_per_s_per_device"] = record.metrics["output_tokens_per_s"]  # by the metered device
     assert [p for p in record_problems(record) if "per device of the 2 named" in p]  # the reader holds the rule too
 

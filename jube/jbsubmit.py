@@ -148,7 +148,8 @@ def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: di
         write_atomic(Path(settings["JB_WORKDIR"]) / JOB_ID_FILE, job_id + "\n")
         # while held: the job cannot have recorded itself yet, so this never replaces its own result
         write_atomic(Path(settings["JB_WORKDIR"]) / RESULT_FILE, provisional_result(
-            "PENDING", f"queued as Slurm job {job_id}; jube continue once it ended", job_id))
+            "PENDING", f"queued as Slurm job {job_id}; jube continue once it ended",
+            "queued: jube continue once it ended", job_id))
         try:
             finalizer_argv = finalizer_command(settings, settings_path, job_id)
         except ValueError as exc:

@@ -119,6 +119,7 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
         "stop_margin_s": _int_or_none(settings.get("JB_STOP_MARGIN_S")),
         "stop_budget_s": _int_or_none(settings.get("JB_STOP_BUDGET_S")),
         "elapsed_s": elapsed_s, "exit_code": EXIT_CODES[status],
+        "tags": settings.get("JB_TAGS", "").split(),  # the `jube run` tags: recommend's apply line repeats them
     }
 
 

@@ -379,7 +379,21 @@ def _outcome(record: RunRecord) -> list[str]:
     domain = headline_domain(record)
     domain_note = f"energy domain: {domain}" if domain and domain != ACCELERATORS else ""
     per_request = "" if outcome else request_energy_note(_request_energy(record))
-    return [part for part in (outcome, domain_note, settings_note, per_request) if part]
+    served = "" if record.status != "OK" or rejected else served_rate_note(record)
+    return [part for part in (outcome, domain_note, settings_note, served, per_request) if part]
+
+
+def served_rate_note(record: RunRecord) -> str:
+    """Why a serving row's requests/s is n/a where its window was measured (a server's load included): it counts
+    the counted requests that finished inside the steady window, from the load's request table."""
+    m = record.metrics
+    if not record.requests or m.get("requests_per_s") is not None or m.get("duration_s") is None:
+        return ""
+    inside, counted = m.get("requests_served_in_window"), m.get("requests_counted")
+    if inside is None:
+        return "requests/s n/a: the load kept no request table (arrival and finish times) to count it from"
+    return (f"requests/s n/a: none of the {counted if counted is not None else 'n/a'} counted requests finished "
+            f"inside the {_num(m.get('duration_s'))} s steady window")
 
 
 def _request_energy(record: RunRecord) -> dict[str, Any]:

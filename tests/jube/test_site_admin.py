@@ -13,6 +13,7 @@ from pathlib import Path
 
 from joulebench.analysis.knobs import apply_lines, knobs_of
 from joulebench.record import RunRecord, write_run_record
+from jpwr import Window
 from tests.jube.test_profile import _fake_tool, jbprofile
 
 jbsettings = sys.modules["jbsettings"]
@@ -97,3 +98,22 @@ def test_a_recorded_target_runs_the_step_without_the_variable(tmp_path, capsys):
     assert jbrecommend.cmd_recommend(argparse.Namespace(target="", rundir=str(rundir), repeats=2)) == 0
     out = capsys.readouterr().out
     assert "no point left a run record" in out and "no target" not in out
+
+
+def test_a_serving_row_s_n_a_requests_per_s_says_why():
+    """A load whose steady window was measured but in which no counted request finished (a server slower than its
+    window): the row's note names why requests/s is n/a, as it does for J/request."""
+    from tests.jube.test_shipped_tables import point_settings
+
+    metrics = {"work_unit": "output_tokens", "duration_s": 2.5, "requests_per_s": None,
+               "requests_served_in_window": 0, "requests_counted": 8}
+    window = Window("steady", 0, 3, 10**9, 10**9 + 2_500_000_000, {"output_tokens": 40.0})
+    record = RunRecord(benchmark="llm_inference", run_id="r", status="OK", metrics=metrics,  # type: ignore[arg-type]
+                       requests={"count": 8}, windows=[window])  # type: ignore[arg-type]
+    note = jbrecord.table_fields(record, point_settings("llm_inference"))["note"]
+    assert "requests/s n/a: none of the 8 counted requests finished inside the 2.5 s steady window" in note
+    metrics.update(requests_served_in_window=None)
+    note = jbrecord.table_fields(record, point_settings("llm_inference"))["note"]
+    assert "requests/s n/a: the load kept no request table" in note
+    metrics.update(requests_per_s=3.2)
+    assert "requests/s n/a" not in jbrecord.table_fields(record, point_settings("llm_inference"))["note"]

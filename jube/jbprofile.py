@@ -356,7 +356,8 @@ def driver_validate(settings: dict[str, str]) -> None:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
     command = "validate-load" if settings.get("JB_DRIVER_COMMAND") == "load" else "validate"
     # the job meters every point with `jpwr serve` (job.sh): the inference run's --objective energy may rely on it
-    sampler = ["--external-sampler"] if command == "validate" and settings["JB_DRIVER"] == "llm_inference" else []
+    flag = WORKLOADS[settings["JB_BENCHMARK"]].validate_external_sampler
+    sampler = [flag] if flag and command == "validate" else []
     run_module(settings, settings["JB_DRIVER"], [command, *shlex.split(settings["JB_VALIDATE_ARGS"]), *sampler],
                (EX_USAGE, ARGPARSE_USAGE))
 

@@ -612,7 +612,7 @@ def point_labels(rundir: Path) -> dict[str, str]:
     coordinate it was not asked for it cannot resolve (its JB_COORD is empty), so that one neither makes a static
     coordinate look swept nor reads `default` beside the others' values. The coordinates with the most values lead.
     Cut at POINT_CHARS, or, where that would make rows of different points read alike, at what the widest Reason
-    leaves of POINT_AND_REASON_CHARS (the default table stays within 160 columns)."""
+    leaves of POINT_AND_REASON_CHARS, at most POINT_MAX_CHARS (every table stays within 160 columns)."""
     coords: dict[str, dict[str, str | None]] = {}
     reasons = [REASON_TITLE]
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status, first_gpus_env, markdown_table  # noqa: E402 (the repository on sys.path)
+from joulebench.analysis.text_width import fitted  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 
 TASK = "chat"
@@ -195,7 +196,7 @@ def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namesp
            "--steady-seconds", str(args.steady_seconds), "--energy-methods", args.energy_methods,
            "--device", args.device,
            "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}-{engine}"]
-    print(f"=== {preset} {engine}: {' '.join(cmd)}", flush=True)
+    print(fitted([f"=== {preset} {engine}: {' '.join(cmd)}"]), flush=True)
     started = time.monotonic()
     try:
         code: int | str = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.timeout_s).returncode
@@ -314,7 +315,10 @@ def main() -> int:
             f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")
     (out_dir / "results.md").write_text(text)
     (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
-    print(f"\n{text}\n{heading}\n{markdown_table(rows, SHORT, digits=4)}{energy_notes(rows)}")
+    # on the terminal within 160 columns: every column of every point is in results.md (a row of them is 199 wide)
+    print(f"\n{fitted([heading])}\n{markdown_table(rows, SHORT, digits=4)}{fitted(energy_notes(rows).split(chr(10)))}\n"
+          f"Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
+          f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\nevery column: {out_dir / 'results.md'}")
     return exit_status(rows) or int(any(c["status"] == "FAILED" for c in checks))
 
 

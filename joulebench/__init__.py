@@ -78,6 +78,7 @@ API: dict[str, dict[str, str]] = {
         "REJECTED": "the word a table cell shows for rejected figures",
         "is_number": "a record value that is a number (not a bool, not text)",
         "MIN_COUNTER_PERIODS": "the fewest energy counter periods a window needs, the rejection's threshold",
+        "work_devices": "the devices that did a run's work: every per-device throughput divides by them",
     },
     "joulebench.reasons": {
         "clip": "a reason cut at a word to a table cell's width",
@@ -171,6 +172,9 @@ API: dict[str, dict[str, str]] = {
         "RequestParts": "each request's energy in parts with intervals",
         "WorkLog": "the engine's step log the fit reads",
         "HeldOutWindow": "another rate's window to test a fit on",
+        "SPLIT_SLACK": "the controlled split check's tolerance, which sets how long its measured parts last",
+        "measured_energy": "the counter energy of one controlled part with its own bound",
+        "work_conditions": "the card state and step sizes of the controlled parts, for the record",
     },
     "joulebench.joint_energy": {
         "fit_joint": "one fit of per-request costs across a sweep's rates",

@@ -55,6 +55,29 @@ def unit_figure(record: RunRecord, name: str) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def work_devices(record: RunRecord) -> int | None:
+    """The devices that did the run's work, as its record names them: what every per-device throughput divides by,
+    one rule for every driver and command (`run` and `load` alike; issue 61). The metrics' `devices` where the
+    driver wrote them, else the config's (a TensorFlow strategy's devices in one process), else a started server's
+    (`--server-devices`), else the job's processes (hardware `devices`: one device each). None where the record
+    names none (a load against a server the client knows no devices of): the per-device figure is then n/a. The
+    metered devices are not the divisor: a meter may count an idle device beside the job (the record's
+    energy_warning says so)."""
+    server = record.config.get("server")
+    named: tuple[Any, ...] = (record.metrics.get("devices"), record.config.get("devices"),
+                              _listed(server.get("devices")) if isinstance(server, dict) else None,
+                              record.hardware.get("devices"))
+    return next((int(value) for value in named if number_problem("devices", value, whole=True) is None
+                 and value is not None), None)
+
+
+def _listed(devices: Any) -> int | None:
+    """How many devices a CUDA_VISIBLE_DEVICES-form list names ("0,1": 2); None for no list."""
+    if not isinstance(devices, str):
+        return None
+    return len([d for d in devices.split(",") if d.strip()]) or None
+
+
 def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -159,6 +182,8 @@ def _consistency(record: RunRecord, unit: str) -> list[str]:
     energy_j = energy.energy_j if energy is not None else None
     work, seconds, steps = window.work.get(unit), window.duration_s, window.steps
     checks = [("energy_wh", _ratio(energy_j, J_PER_WH), "Wh"), (f"{unit}_per_s", _ratio(work, seconds), f"{unit}/s"),
+              (f"{unit}_per_s_per_device", _ratio(_ratio(work, seconds), work_devices(record)),
+               f"{unit}/s per device of the {work_devices(record)} named"),
               (f"{unit}_per_wh", _ratio(work, _ratio(energy_j, J_PER_WH)), f"{unit}/Wh"),
               ("mean_power_w_per_device", energy.mean_power_w_per_device if energy is not None else None, "W"),
               ("duration_s", seconds, "s"), ("time_per_iteration_s", _ratio(seconds, steps), "s")]

@@ -108,12 +108,13 @@ class SteadyMetrics:
     outside_job_energy_j: float | None
 
     @classmethod
-    def from_window(cls, window: Window, work_unit: str, devices: int, flops_per_unit: float | None = None,
+    def from_window(cls, window: Window, work_unit: str, devices: int | None, flops_per_unit: float | None = None,
                     peak_flops_per_device: float | None = None) -> SteadyMetrics:
+        """`devices`: the devices that did the work (joulebench.figures.work_devices); None: per-device figures n/a."""
         work = window.work.get(work_unit)
         duration = window.duration_s
         rate = work / duration if work is not None and duration > 0 else None
-        per_device = rate / devices if rate is not None and devices > 0 else None
+        per_device = rate / devices if rate is not None and devices else None
         flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
         energy, split = window.energy, window.split
         energy_wh = energy.energy_wh if energy else None
@@ -139,7 +140,7 @@ class SteadyMetrics:
             dynamic_energy_wh=split.dynamic_j / J_PER_WH if split and split.dynamic_j is not None else None,
             dynamic_energy_error_bound_j=split.dynamic_bound_j if split else None,
             energy_untrusted_reason=untrusted,
-            partial_mean_power_w_per_device=partial_w / devices if partial_w is not None and devices > 0 else None,
+            partial_mean_power_w_per_device=partial_w / devices if partial_w is not None and devices else None,
             partial_work_per_wh=work / partial_wh if work is not None and partial_wh else None,
             per_device=per_device_figures(energy),
             outside_job_devices=len(energy.outside_job) if energy and energy.outside_job else None,
@@ -166,7 +167,7 @@ def per_device_figures(energy: WindowEnergy | None) -> list[DeviceFigures]:
 def steady_metrics(
     window: Window,
     work_unit: str,
-    devices: int,
+    devices: int | None,
     flops_per_unit: float | None = None,
     peak_flops_per_device: float | None = None,
 ) -> Metrics:
@@ -184,9 +185,9 @@ def settle_status(record: RunRecord) -> None:
         record.status_reason = f"energy of the {record.metrics.get('window', 'steady')} window untrusted: {reason}"
 
 
-def _device_mismatch(energy: WindowEnergy | None, devices: int) -> str | None:
+def _device_mismatch(energy: WindowEnergy | None, devices: int | None) -> str | None:
     """Say so when the sampler metered other devices than the run used (e.g. an idle GPU beside it)."""
-    if energy is None or energy.energy_j is None or energy.devices == devices:
+    if energy is None or energy.energy_j is None or devices is None or energy.devices == devices:
         return None
     if energy.domain and not energy.domain.startswith(ACCELERATORS):  # RAPL counts CPU packages, not the run's
         return None

@@ -190,6 +190,9 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     check_site_names(profile)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(workload, kinds, profile, run_id, value)
+    # what `jube run` was given, kept as the sweep values are: the apply line's tags, the recommend step's target
+    # (on Slurm that step runs at `jube continue`, whose environment may lack JOULEBENCH_RECOMMEND)
+    settings.update(JB_TAGS=" ".join(tags), JB_RECOMMEND=env.get("JOULEBENCH_RECOMMEND", ""))
     settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
     try:
         point_settings(settings, workload, kinds, profile, value)
@@ -258,17 +261,20 @@ def point_settings(settings: dict[str, str], workload: Workload, kinds: dict[str
     steady = number(args.get(steady_key) or profile["min_steady_s"], steady_key, "min_steady_s")
     warning = check_time_limit(limit_s, startup, steady, f"{model} on {profile['system']}", profile["system"])
     settings["JB_NOTE"] = "; ".join(n for n in (settings["JB_NOTE"], warning) if n)
-    shared = cli_args(args)
-    checked = cli_args({**args, "device": validated_device(profile, args.get("device", ""))})
+    # the run as validated: on a GPU system's nodes the GPU, so a job that lands where none is visible fails naming it
+    # (with `auto` it ran on the CPUs and read OK)
+    args = {**args, "device": validated_device(profile, args.get("device", ""))}
+    shared = checked = cli_args(args)
     settings["JB_VALIDATE_ARGS"] = shlex.join(checked if workload.one_device else [
         *checked, "--world-size", str(nodes * per_node), "--nodes", str(nodes), "--devices-per-node", str(per_node)])
     settings["JB_TRAIN_ARGS"] = shlex.join([*shared, "--run-id", settings["JB_RUN_ID"]])
 
 
 def validated_device(profile: dict[str, str], device: str) -> str:
-    """The --device the driver's validate is given: the run's own (validate resolves `auto` on this host, as the
-    run does), except on Slurm, where validate runs on the login node and the run on the nodes: there `auto` is
-    the nodes' device (the profile's vendor), never the login node's."""
+    """The --device the driver's validate and the job's run are given: the profile's (validate resolves `auto` on
+    this host, as the run does), except on Slurm, where validate runs on the login node and the run on the nodes:
+    there `auto` is the nodes' device (the profile's vendor), never the login node's, for validate and run alike (a
+    job of a GPU profile on nodes without a visible GPU fails naming it, not OK on the CPUs)."""
     if profile["launcher"] != "slurm" or device != "auto" or profile["vendor"] not in ("nvidia", "amd", "cpu"):
         return device
     return "cpu" if profile["vendor"] == "cpu" else "cuda"
@@ -349,7 +355,10 @@ def _python_fix(settings: dict[str, str]) -> str:
 def driver_validate(settings: dict[str, str]) -> None:
     """The driver's own `validate` (no device touched): parallel layout, batch divisibility, memory fit."""
     command = "validate-load" if settings.get("JB_DRIVER_COMMAND") == "load" else "validate"
-    run_module(settings, settings["JB_DRIVER"], [command, *shlex.split(settings["JB_VALIDATE_ARGS"])],
+    # the job meters every point with `jpwr serve` (job.sh): the inference run's --objective energy may rely on it
+    flag = WORKLOADS[settings["JB_BENCHMARK"]].validate_external_sampler
+    sampler = [flag] if flag and command == "validate" else []
+    run_module(settings, settings["JB_DRIVER"], [command, *shlex.split(settings["JB_VALIDATE_ARGS"]), *sampler],
                (EX_USAGE, ARGPARSE_USAGE))
 
 

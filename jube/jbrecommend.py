@@ -159,12 +159,34 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         return 0
 
 
+def recorded_target(rundir: Path) -> str:
+    """JOULEBENCH_RECOMMEND as `jube run` had it, recorded in the points' job.env (JB_RECOMMEND) as the sweep values
+    are; empty where no point recorded one."""
+    for env_path in sorted(rundir.glob("*_submit/work/job.env")):
+        try:
+            return read_settings(env_path).get("JB_RECOMMEND", "")
+        except SettingsError:
+            continue
+    return ""
+
+
+def step_target(given: str, rundir: Path) -> str:
+    """The step's target: JOULEBENCH_RECOMMEND where it runs (`jube continue` on Slurm), else the one `jube run` had;
+    where both are set and differ, the later one, said in a line."""
+    recorded = recorded_target(rundir)
+    if given and recorded and given != recorded:
+        print(f"jbprofile: recommend: JOULEBENCH_RECOMMEND={given!r} now, {recorded!r} at `jube run`: the one now "
+              "counts", flush=True)
+    return given or recorded
+
+
 def recommend_step(args: argparse.Namespace) -> int:
-    target = target_options(args.target)
-    if not target:
-        print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND is empty): nothing to recommend")
-        return 0
     rundir = Path(args.rundir).resolve()
+    target = target_options(step_target(args.target, rundir))
+    if not target:
+        print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND was empty at `jube run` and is now): nothing to "
+              "recommend")
+        return 0
     points = finished_points(rundir)
     if not points:
         print("jbprofile: recommend: no point left a run record")

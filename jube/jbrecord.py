@@ -39,6 +39,7 @@ import jbscaling
 import jbslurm
 from jbsettings import JOB_ID_FILE, RESULT_FILE, SETTINGS_FILE, read_settings
 from jbsystems import ConfigError
+from jbtable import read_lines
 from jbworkloads import BY_DRIVER, WORKLOADS, Workload
 
 from joulebench.device_settings import Request
@@ -71,9 +72,13 @@ FIGURE_KEYS = ("iterations", "time_per_iteration_s", "model_tflops_per_device", 
                "mean_power_w_per_device", "energy_coverage", "energy_error_bound_j", "per_gpu", "outside_job")
 # The footprint block's estimates in the full table (jbfootprint.py): rejected with the figures they derive from
 FOOTPRINT_KEYS = ("g_co2e", "g_co2e_error_bound", "g_co2e_per_unit", "cost", "cost_error_bound", "cost_per_unit")
-SHORT_NOTE_CHARS = 48  # the default table's Reason: the heads of the note's reasons; the full table has it in full
+SHORT_NOTE_CHARS = 36  # the default table's Reason: the heads of the note's reasons; the full table has it in full
 POINT_CHARS = 24  # the default table's Point, unless cutting there would make two rows read the same
-POINT_MAX_CHARS = 48  # the most it grows to keep rows apart; the full table has a column per coordinate
+# The default tables' Point and Reason together: their other columns (job id, system, model, the figures, status and
+# the separators) take about 100 of the 160 columns; the Point grows into what the widest Reason leaves
+POINT_AND_REASON_CHARS = 60
+POINT_MAX_CHARS = 48  # the most it grows: the scaling table's Point beside its eleven figures' columns
+REASON_TITLE = "Reason"
 POINT_NAMES = {  # short names in the Point column; the other coordinates go by their own name
     "global_batch_size": "gbs", "micro_batch_size": "mbs", "tensor_parallel": "tp", "pipeline_parallel": "pp",
     "seq_length": "seq", "iterations": "iters", "warmup_iterations": "warmup", "steady_seconds": "steady_s",
@@ -114,6 +119,7 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
         "stop_margin_s": _int_or_none(settings.get("JB_STOP_MARGIN_S")),
         "stop_budget_s": _int_or_none(settings.get("JB_STOP_BUDGET_S")),
         "elapsed_s": elapsed_s, "exit_code": EXIT_CODES[status],
+        "tags": settings.get("JB_TAGS", "").split(),  # the `jube run` tags: recommend's apply line repeats them
     }
 
 
@@ -373,7 +379,21 @@ def _outcome(record: RunRecord) -> list[str]:
     domain = headline_domain(record)
     domain_note = f"energy domain: {domain}" if domain and domain != ACCELERATORS else ""
     per_request = "" if outcome else request_energy_note(_request_energy(record))
-    return [part for part in (outcome, domain_note, settings_note, per_request) if part]
+    served = "" if record.status != "OK" or rejected else served_rate_note(record)
+    return [part for part in (outcome, domain_note, settings_note, served, per_request) if part]
+
+
+def served_rate_note(record: RunRecord) -> str:
+    """Why a serving row's requests/s is n/a where its window was measured (a server's load included): it counts
+    the counted requests that finished inside the steady window, from the load's request table."""
+    m = record.metrics
+    if not record.requests or m.get("requests_per_s") is not None or m.get("duration_s") is None:
+        return ""
+    inside, counted = m.get("requests_served_in_window"), m.get("requests_counted")
+    if inside is None:
+        return "requests/s n/a: the load kept no request table (arrival and finish times) to count it from"
+    return (f"requests/s n/a: none of the {counted if counted is not None else 'n/a'} counted requests finished "
+            f"inside the {_num(m.get('duration_s'))} s steady window")
 
 
 def _request_energy(record: RunRecord) -> dict[str, Any]:
@@ -586,21 +606,31 @@ def compare(rundir: Path) -> dict[str, dict[str, str]]:
 
 
 def point_labels(rundir: Path) -> dict[str, str]:
-    """Per run id, the coordinates in which the rundir's rows differ (`gbs=16 pl=400`), `-` where they all agree: the
-    default table's Point names each row without a column per sweep dimension (the full table has those). Cut at
-    POINT_CHARS, or at POINT_MAX_CHARS where cutting at POINT_CHARS would make rows of different points read alike."""
-    coords: dict[str, dict[str, str]] = {}
+    """Per run id, the swept coordinates, those in which the rundir's rows differ (`gbs=16 pl=400`), `-` where they
+    all agree: the default table's Point names each row without a column per sweep dimension (the full table has
+    those). By the values asked, so a point refused before it ran (INVALID) names its swept coordinates too; a
+    coordinate it was not asked for it cannot resolve (its JB_COORD is empty), so that one neither makes a static
+    coordinate look swept nor reads `default` beside the others' values. The coordinates with the most values lead.
+    Cut at POINT_CHARS, or, where that would make rows of different points read alike, at what the widest Reason
+    leaves of POINT_AND_REASON_CHARS, at most POINT_MAX_CHARS (every table stays within 160 columns)."""
+    coords: dict[str, dict[str, str | None]] = {}
+    reasons = [REASON_TITLE]
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
-        if (env_path.parent / RESULT_FILE).is_file():  # by the values asked: a point refused before it ran cannot
-            settings = read_settings(env_path)  # say which default its driver would have used
+        if (env_path.parent / RESULT_FILE).is_file():
+            settings = read_settings(env_path)
+            refused = settings.get("JB_STATUS") == "INVALID"
             names = [n for n in settings.get("JB_SWEEP", "").split(",") if n]
-            coords[settings["JB_RUN_ID"]] = {n: settings.get(f"JB_COORD_{n.upper()}") or "default" for n in names}
+            coords[settings["JB_RUN_ID"]] = {
+                n: settings.get(f"JB_COORD_{n.upper()}") or (None if refused else "default") for n in names}
+            reasons.append(read_lines(env_path.parent / RESULT_FILE).get("short_note", ""))
     names = list(dict.fromkeys(name for point in coords.values() for name in point))
-    varying = [name for name in names if len({point.get(name) for point in coords.values()}) > 1]
-    labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name, 'n/a')}" for name in varying) or "-"
-              for run_id, point in coords.items()}
+    values = {name: {v for point in coords.values() if (v := point.get(name)) is not None} for name in names}
+    swept = sorted((name for name in names if len(values[name]) > 1), key=lambda name: -len(values[name]))
+    labels = {run_id: " ".join(f"{POINT_NAMES.get(name, name)}={point.get(name) or 'default'}" for name in swept)
+              or "-" for run_id, point in coords.items()}
     apart = len({clip(label, POINT_CHARS) for label in labels.values()}) == len(set(labels.values()))
-    return {run_id: clip(label, POINT_CHARS if apart else POINT_MAX_CHARS) for run_id, label in labels.items()}
+    room = min(POINT_MAX_CHARS, max(POINT_CHARS, POINT_AND_REASON_CHARS - max(map(len, reasons))))
+    return {run_id: clip(label, POINT_CHARS if apart else room) for run_id, label in labels.items()}
 
 
 def write_comparison(rundir: Path) -> Path:

@@ -123,10 +123,11 @@ def bound_env(settings: dict[str, str], *paths: Path) -> dict[str, str]:
     return env
 
 
-def provisional_result(status: str, note: str, job_id: str) -> str:
+def provisional_result(status: str, note: str, short: str, job_id: str) -> str:
     """result.txt for a point whose job is queued (PENDING, jbsubmit.py) or running (RUNNING, job.sh), so that
-    `jube result -a` on a half-finished run names the points still to come; the job's recorder replaces it."""
-    return f"JB status={status}\nJB job_id={job_id}\nJB note={note}\nJB short_note={note}\n"
+    `jube result -a` on a half-finished run names the points still to come; the job's recorder replaces it. `short`:
+    the default table's Reason, within jbrecord.SHORT_NOTE_CHARS (the row's JobID names the job)."""
+    return f"JB status={status}\nJB job_id={job_id}\nJB note={note}\nJB short_note={short}\n"
 
 
 def failed_result(reason: str) -> str:

@@ -83,6 +83,25 @@ def _site_args(settings: dict[str, str]) -> list[str]:
     return site + ([f"--account={settings['JB_ACCOUNT']}"] if settings["JB_ACCOUNT"] else [])
 
 
+# sbatch_args options the finalizer needs as much as its job: without the job's reservation or QOS it pends until the
+# reservation ends (under a partition QOS, for ever), and a point cancelled meanwhile stays PENDING
+FINALIZER_NEEDS = ("--reservation", "--qos", "-q", "--account", "-A")
+
+
+def finalizer_site_options(sbatch_args: str) -> list[str]:
+    """The options of the profile's sbatch_args (words as prepare split them) that the finalizer job takes too: its
+    reservation, QOS and account (FINALIZER_NEEDS), as `--opt=value` or `--opt value`; finalizer_sbatch_args,
+    placed after them, overrides any (sbatch takes an option's last value)."""
+    words, taken = shlex.split(sbatch_args), []
+    for n, word in enumerate(words):
+        name = word.split("=", 1)[0]
+        if name in FINALIZER_NEEDS:
+            taken += [word] if "=" in word or n + 1 == len(words) else [word, words[n + 1]]
+        elif word[:2] in ("-q", "-A") and len(word) > 2 and not word.startswith("--"):
+            taken.append(word)  # -qnormal, -Aproject
+    return taken
+
+
 def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str) -> list[str]:
     """A one-core job that runs once the benchmark job ended, however it ended, and records it if it could not.
     Where its recorder cannot run (setup lines that fail on that partition, a broken interpreter), a plain-sh line
@@ -99,7 +118,7 @@ def finalizer_command(settings: dict[str, str], settings_path: Path, job_id: str
     return ["sbatch", "--parsable", "--job-name=jb-finalize", f"--dependency=afterany:{job_id}",
             "--kill-on-invalid-dep=yes", "--nodes=1", "--ntasks=1", f"--time={limit}",
             f"--output={workdir / 'finalize.out'}", f"--chdir={workdir}", *_site_args(settings),
-            *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
+            *finalizer_site_options(settings["JB_SBATCH_ARGS"]), *shlex.split(settings["JB_FINALIZER_SBATCH_ARGS"]),
             "--wrap", f"{shlex.join(record)}; rc=$?; {fallback}; exit $rc"]
 
 
@@ -148,7 +167,8 @@ def submit_with_finalizer(settings: dict[str, str], settings_path: Path, env: di
         write_atomic(Path(settings["JB_WORKDIR"]) / JOB_ID_FILE, job_id + "\n")
         # while held: the job cannot have recorded itself yet, so this never replaces its own result
         write_atomic(Path(settings["JB_WORKDIR"]) / RESULT_FILE, provisional_result(
-            "PENDING", f"queued as Slurm job {job_id}; jube continue once it ended", job_id))
+            "PENDING", f"queued as Slurm job {job_id}; jube continue once it ended",
+            "queued: jube continue once it ended", job_id))
         try:
             finalizer_argv = finalizer_command(settings, settings_path, job_id)
         except ValueError as exc:

@@ -49,6 +49,9 @@ class Workload:
     # the driver's command that completes a serving record once the job's samplers stopped (`python -m DRIVER
     # COMMAND --run OUT --trace OUT/energy`, jbrecord.py finalize): its per-request fit needs the node's trace
     serving_after_job: str = ""
+    # its point command's validate option saying that a sampler outside the run meters it (every job's `jpwr serve`):
+    # what the driver's checks of a sampler-bound option (inference's --objective energy) count, as the run counts it
+    validate_external_sampler: str = ""
 
     def command_of(self, value: dict[str, str]) -> str:
         """The driver's command for a point: serving where it has a rate and the driver serves."""
@@ -82,6 +85,6 @@ WORKLOADS = {w.name: w for w in (
              arguments=jbarguments.inference_arguments, profile_prefix="inference",
              startup_key="inference_startup_s", default_model_key="inference_preset", work_unit="output_tokens",
              model_tags=INFERENCE_MODEL_TAGS, one_device=True, self_stop=False, table_columns=INFERENCE_COLUMNS,
-             request_shares=True, serving_after_job="request-energy"),
+             request_shares=True, serving_after_job="request-energy", validate_external_sampler="--external-sampler"),
 )}
 BY_DRIVER = {w.driver: w for w in WORKLOADS.values()}

@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(validate_load)
     for checker in (validate, validate_load):
         checker.add_argument("--device-memory-gib", type=GIB, help="device memory for the fit estimate")
+    validate.add_argument("--external-sampler", action="store_true",
+                          help="the run will be metered by a jpwr sampler outside it (`jpwr -- ...`, a JUBE job's "
+                               "`jpwr serve`; JPWR_ADDR set counts as one, as for run): --objective energy or edp "
+                               "needs a sampler, this or --energy-methods")
     energy = commands.add_parser("request-energy", help="fit a load run's per-request energy after it, on the trace "
                                                         "an external sampler wrote (a JUBE job runs this)")
     energy.add_argument("--run", required=True, type=Path, help="the load's --out-dir")
@@ -85,10 +89,17 @@ def _memory_on(cfg: InferenceConfig | LoadConfig, shape: ModelPreset, device_typ
     return precision
 
 
+def _external_sampler() -> bool:
+    """A jpwr sampler outside this process meters the run (`jpwr -- ...` and JUBE jobs set JPWR_ADDR)."""
+    return bool(os.environ.get("JPWR_ADDR"))
+
+
 def _validate(args: argparse.Namespace) -> int:
     from joulebench.torch_device import device_type
+    from llm_inference import validation
 
     cfg, shape = _checked(args)
+    validation.check_objective_sensor(cfg, args.external_sampler or _external_sampler())
     precision = _memory_on(cfg, shape, device_type(args.device, args.device_memory_gib), args.device_memory_gib)
     print(f"OK {shape.name} ({shape.parameter_count() / 1e9:.2f}B parameters, {precision}): tasks "
           f"{', '.join(cfg.tasks)}; batch sizes {', '.join(map(str, cfg.batch_sizes))}; "
@@ -103,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg, shape = _checked(args)
     launch = LaunchEnv.from_env()
-    external_sampler = bool(os.environ.get("JPWR_ADDR"))
+    external_sampler = _external_sampler()
     validation.check_launch(launch.world_size, len(cfg.points), external_sampler, cfg.tensor_parallel, launch.num_nodes)
     validation.check_objective_sensor(cfg, external_sampler)
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
@@ -138,7 +149,7 @@ def _load(args: argparse.Namespace) -> int:
     shape, trace = validation.check_load_config(cfg)
     launch = LaunchEnv.from_env()
     points = len(cfg.rates) or 1
-    validation.check_launch(launch.world_size, points, bool(os.environ.get("JPWR_ADDR")), cfg.tensor_parallel,
+    validation.check_launch(launch.world_size, points, _external_sampler(), cfg.tensor_parallel,
                             launch.num_nodes)
     check_out_dir(cfg.out_dir)  # before importing torch (seconds): refusals are quick
     from joulebench.torch_device import resolve_device

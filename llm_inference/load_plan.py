@@ -200,15 +200,16 @@ def _g(value: Any) -> str:
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
                  times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None,
-                 served: Served | None = None) -> dict[str, Any]:
+                 served: Served | None = None, *, devices: int | None) -> dict[str, Any]:
     """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
     finished (of `counted`, the window's counted requests); `served`: what the served rate and the overload note
-    read (None: those figures are n/a)."""
+    read (None: those figures are n/a); `devices`: the devices that did the work (joulebench.figures.work_devices),
+    as `run` divides by them."""
     result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                               "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or rule is None:
         return result
-    result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=1))
+    result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=devices), devices=devices)
     slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
     slo_tpot = None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3
     rates = _rates(steady, counted, rule, served)

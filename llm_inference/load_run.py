@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
+from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
 from joulebench.record_types import Metrics, RequestsBlock
@@ -150,7 +151,8 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
                   record: RunRecord) -> Metrics:
     """The record's figures of one rate (its metrics callback)."""
     target.describe(record.config)
-    result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome))
+    result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome),
+                          devices=work_devices(record))
     result.update(target.figures(outcome))
     if outcome.table is not None:
         if outcome.steady is None:

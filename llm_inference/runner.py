@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 
+from joulebench.figures import work_devices
 from joulebench.latents import steady_latents
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
@@ -94,9 +95,10 @@ def _flops_per_output_token(shape: ModelPreset, point: PointWindows) -> float | 
 
 def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPreset, precision: str,
                    batch_size: int, device: torch.device, latents: dict[str, dict[str, float]],
-                   latents_reason: str | None, estimate_gib: float, devices: int = 1) -> Metrics:
+                   latents_reason: str | None, estimate_gib: float) -> Metrics:
     # built from the helpers' dicts, checked as Metrics where it leaves (tests/test_record_types.py checks the keys)
     result: dict[str, Any] = {"work_unit": WORK_UNIT}
+    devices = work_devices(record)
     if point is not None:
         peak = peak_flops(str(record.hardware.get("device_name", "")), precision)
         result = dict(steady_metrics(point.steady, work_unit=WORK_UNIT, devices=devices,
@@ -196,8 +198,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
         if not cfg.energy_methods:
             reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"
         record.config["engine_detail"] = model.describe()
-        return _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason, estimate,
-                              cfg.tensor_parallel)
+        return _point_metrics(record, point, shape, precision, spec.batch_size, device, latents, reason, estimate)
 
     with life.run(spec.run_id, spec.out_dir, config, metrics=point_metrics, gather=gather, hardware=hardware,
                   log_to=cfg.log_to) as run:

@@ -145,7 +145,8 @@ def check_objective_sensor(cfg: InferenceConfig, external_sampler: bool) -> None
     if cfg.objective not in (None, "speed") and not (cfg.energy_methods or external_sampler):
         raise ValidationError(f"--objective {cfg.objective} ranks the decode variants by their measured power, and "
                               "this run has no jpwr sampler (it would choose by speed)",
-                              "pass --energy-methods (e.g. nvml), or run under `jpwr -- ...`")
+                              "pass --energy-methods (e.g. nvml), or run under `jpwr -- ...` (validate: "
+                              "--external-sampler)")
 
 
 def check_task_context(task: str, output_length: int | None, shape: ModelPreset) -> None:

@@ -130,8 +130,11 @@ def label(benchmark: str, setting: Setting, varied: Sequence[str]) -> str:
     return " ".join(f"{key}={value}" for key, value in setting if key in varied) or "(the only setting)"
 
 
-def apply_lines(benchmark: str, base: Setting, chosen: Setting, model: str | None) -> list[str]:
-    """How a site applies the chosen setting: the driver options that change, and the JUBE sweep values."""
+def apply_lines(benchmark: str, base: Setting, chosen: Setting, model: str | None,
+                jube_tags: Sequence[str] = ()) -> list[str]:
+    """How a site applies the chosen setting: the driver options that change, and the JUBE sweep values, a line that
+    runs as printed from the repository root: the JUBE run's own tags (`jube_tags`, its records' job.tags), else the
+    model's tag (JUBE reads a bare word after the file as another file: "Benchmark configuration file not found")."""
     changed = changes(benchmark, base, chosen)
     if not changed:
         return ["apply: nothing to change (the default setting)"]
@@ -140,7 +143,8 @@ def apply_lines(benchmark: str, base: Setting, chosen: Setting, model: str | Non
     jube = [f"JOULEBENCH_SWEEP_{k.sweep.upper()}={v}" for k, _, v in changed if k.sweep]
     outside = [k.key for k, _, _ in changed if not k.sweep]
     if jube:
-        tag = f" {model}" if model and benchmark != "resnet50" else ""
+        tags = list(jube_tags) or ([model] if model and benchmark != "resnet50" else [])
+        tag = f" --tag {' '.join(tags)}" if tags else ""
         lines.append(f"apply (JUBE): {' '.join(jube)} jube run {JUBE_WORKFLOWS[benchmark]}{tag}")
     if outside:
         lines.append(f"not a JUBE sweep dimension: {', '.join(outside)} (set it in the driver's options)")

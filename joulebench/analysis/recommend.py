@@ -138,8 +138,10 @@ def recommend(runs: Sequence[Run], target: Target, defaults: Sequence[str] = (),
     if not default.misses:  # a saving inside the bounds is never recommended over the default
         meeting = [r for r in meeting if r is default or (r.saving.fraction > 0 and r.saving.beyond_bounds)]
     model = str(base.runs[0].record.config.get("model") or "") or None
+    tags = base.runs[0].record.job.get("tags")
     return Recommendation(benchmark, unit[:-1] if unit.endswith("s") else unit, target, varied, default, rows,
-                          meeting[0] if meeting else None, left_out, model)
+                          meeting[0] if meeting else None, left_out, model,
+                          tuple(str(t) for t in tags) if isinstance(tags, list) else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +219,7 @@ def summary(rec: Recommendation, label: str = PREDICTED) -> list[str]:
         if rec.chosen.semantic:
             lines.append(f"NOTE: it changes what is computed ({', '.join(rec.chosen.semantic)}): allowed by "
                          "--allow-semantic-changes")
-        lines += knobs.apply_lines(rec.benchmark, base.setting, g.setting, rec.model)
+        lines += knobs.apply_lines(rec.benchmark, base.setting, g.setting, rec.model, rec.jube_tags)
     lines += [f"left out: {reason}" for reason in rec.left_out]
     return lines
 

@@ -125,6 +125,7 @@ class Recommendation:
     chosen: Row | None  # None: no setting meets the target
     left_out: list[str]
     model: str | None
+    jube_tags: tuple[str, ...]  # the tags of the JUBE run that measured the default (its records' job.tags), if any
 
     @property
     def is_default(self) -> bool:

@@ -61,6 +61,7 @@ def test_a_missing_extra_is_one_line_not_a_traceback(tmp_path: Path) -> None:
         "llm_inference: error: torch is not installed (an optional extra this command needs). Fix: pip install "
         "'joulebench[inference]'"], engine.stderr
     assert "| tiny | 2 | static | no record (exit 69) |" in engine.stdout
+    assert max(map(len, engine.stdout.splitlines())) <= 160, engine.stdout  # its command, heading and tables (issue 62)
 
 
 def test_no_rows_or_one_failed_row_is_a_failure() -> None:

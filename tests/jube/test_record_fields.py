@@ -288,7 +288,7 @@ def test_a_long_warning_is_in_full_in_the_note_and_its_head_in_the_short_note(tm
     jbrecord.main(["finalize", "--settings", str(work / "job.env"), "--status", "OK"])
     row = fields(work)
     assert row["note"].count("nvmlInit failed") == 1 and "intel_rapl driver?)" in row["note"]
-    assert row["short_note"] == "energy n/a: no accelerator sensors on node vm +2"
+    assert row["short_note"] == "energy n/a: no accelerator... +2"  # the head, cut at a word, and the two others
     assert len(row["short_note"]) <= jbrecord.SHORT_NOTE_CHARS
 
 

@@ -25,7 +25,17 @@ from pathlib import Path
 import pytest
 
 from joulebench.record import read_run_record
-from tests.jube.conftest import JUBE_DIR, LLM_XML, REPO, RESNET_XML, jube, jube_run, requires_jube, submit_workdirs
+from tests.jube.conftest import (
+    JUBE_DIR,
+    LLM_XML,
+    REPO,
+    RESNET_XML,
+    TABLE_WIDTH,
+    jube,
+    jube_run,
+    requires_jube,
+    submit_workdirs,
+)
 from tests.jube.test_record_fields import jbrecord, jbsettings
 from tests.jube.test_static import _is_number, _typed
 
@@ -105,7 +115,8 @@ def test_a_jube_run_directory_of_shipped_records_gives_the_tables_it_gave(workfl
         assert settings["JB_STATUS"] == "INVALID"  # refused at once: the row is the shipped record's
         (workdir / "result.txt").write_text(jbrecord.render(jbrecord.table_fields(read_run_record(record_path),
                                                                                   settings)))
-    jube("result", str(out), "-a", env=env)
+    shown = jube("result", str(out), "-a", env=env).stdout  # every table JUBE prints, the scaling ones too
+    assert max(map(len, shown.splitlines())) <= TABLE_WIDTH, shown
     for table in tables:
         check_golden(f"{workflow}/{table}.dat", (out / "000000" / "result" / f"{table}.dat").read_text())
     check_golden(f"{workflow}/{workflow}.csv", jbtable.write_full_table(out / "000000", workflow).read_text())

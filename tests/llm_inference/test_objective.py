@@ -80,7 +80,7 @@ def test_objective_is_refused_where_it_would_choose_nothing(args, expected, caps
 
 
 def test_objective_with_auto_tuning_is_taken_and_load_refuses_it(capsys):
-    assert main([*TINY, "--objective", "energy", "--decode-tuning", "auto"]) == ExitCode.OK
+    assert main([*TINY, "--objective", "energy", "--decode-tuning", "auto", "--external-sampler"]) == ExitCode.OK
     capsys.readouterr()
     assert main(["validate-load", "--preset", "tiny", "--device", "cpu", "--rate", "2", "--objective", "energy"]
                 ) == ExitCode.USAGE
@@ -114,3 +114,17 @@ def test_an_energy_objective_without_a_sampler_is_refused_at_the_run_s_start(cap
         err = capsys.readouterr().err
         assert f"--objective {objective} ranks the decode variants by their measured power" in err
         assert "Fix: pass --energy-methods" in err and not (tmp_path / objective).exists()  # refused before any work
+
+
+def test_validate_refuses_an_energy_objective_without_a_sampler_as_the_run_does(capsys, monkeypatch):
+    """Issue 61's case: `validate --objective energy` without a meter said OK, then the run refused it."""
+    monkeypatch.delenv("JPWR_ADDR", raising=False)
+    for objective in ("energy", "edp"):
+        assert main([*TINY, "--objective", objective]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert f"--objective {objective} ranks the decode variants by their measured power" in err
+        assert "Fix: pass --energy-methods" in err and "--external-sampler" in err
+    for sampler in (["--energy-methods", "rapl"], ["--external-sampler"]):  # the run's own sampler, or jpwr's
+        assert main([*TINY, "--objective", "energy", *sampler]) == ExitCode.OK
+    monkeypatch.setenv("JPWR_ADDR", "/tmp/jpwr.sock")  # under `jpwr --`, as the run reads it
+    assert main([*TINY, "--objective", "energy"]) == ExitCode.OK

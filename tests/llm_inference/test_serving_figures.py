@@ -93,7 +93,7 @@ def test_an_overloaded_rate_reports_what_was_served_not_what_arrived():
     finish[5:8] = 3.5 + np.arange(3)  # three after it
     times = [_times(i, float(arrivals[i]), float(finish[i]), 0.05 if i < 2 else 1.0) for i in range(8)]
     m = load_metrics(_cfg(), 40.0, window, times, counted, ArrivalWindow(float(arrivals[0]), float(arrivals[-1])),
-                     Served(start_ns, arrivals, admitted, finish, 0.2))
+                     Served(start_ns, arrivals, admitted, finish, 0.2), devices=1)
     assert m["offered_requests_per_s"] == pytest.approx(40.0) and m["requests_served_in_window"] == 5
     assert m["requests_per_s"] == pytest.approx(5.0) and m["served_window_s"] == pytest.approx(40 / 5.0)
     assert m["slo_attained_share"] == pytest.approx(2 / 40)  # 2 of the 40 counted met the TTFT SLO
@@ -110,7 +110,7 @@ def test_a_rate_that_keeps_up_has_no_overload_note():
     finish = arrivals + 0.25
     times = [_times(i, float(arrivals[i]), float(finish[i]), 0.05) for i in range(8)]
     m = load_metrics(_cfg(), 2.0, window, times, set(range(8)), ArrivalWindow(0.0, 3.5),
-                     Served(start_ns, arrivals, arrivals.copy(), finish, 0.1))
+                     Served(start_ns, arrivals, arrivals.copy(), finish, 0.1), devices=1)
     assert m["queue_drained"] is True and m["overload"] == "none" and m["overload_note"] is None
     assert m["requests_per_s"] == pytest.approx(2.0) and m["offered_requests_per_s"] == pytest.approx(2.0)
     assert m["goodput_requests_per_s"] == pytest.approx(2.0) and m["slo_attained_share"] == 1.0

@@ -21,6 +21,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from joulebench.figures import record_problems, work_devices
+from joulebench.record import read_run_record
 from jpwr import ValidationError
 from llm_inference import validation
 from llm_inference.checkpoint import save_checkpoint
@@ -108,6 +110,24 @@ def test_a_two_rank_load_is_served_by_rank_zero_s_scheduler(two_ranks):
     steady = next(w for w in record["windows"] if w["name"] == "steady")
     assert steady["work"]["output_tokens"] > 0 and steady["energy"]["energy_j"] > 0
     assert record["metrics"]["requests_counted"] > 0 and record["hardware"]["devices"] == 2
+
+
+def test_run_and_load_divide_throughput_by_the_devices_that_did_the_work(two_ranks):
+    """One per-device rule (issue 61): at tensor parallel 2, `run` and `load` both divide by the two ranks' devices,
+    which each record names, not by the metered devices (the fake trace meters one GPU); the reader's check agrees."""
+    out, _ = two_ranks
+    for name in ("run", "load"):
+        record = read_run_record(out / name / "run_record.json")
+        m, steady = record.metrics, record.window("steady")
+        assert steady is not None and steady.energy is not None and steady.energy.devices == 1, name
+        assert work_devices(record) == m["devices"] == record.hardware["devices"] == 2, name
+        assert m["output_tokens_per_s_per_device"] == pytest.approx(m["output_tokens_per_s"] / 2), name
+        assert "1 metered devices but the run used 2" in str(m["energy_warning"]), name
+        assert not [p for p in record_problems(record) if "per_s_per_device" in p], name
+    record = read_run_record(out / "run" / "run_record.json")
+    assert record_problems(record) == []
+    record.metrics["output_tokens_per_s_per_device"] = record.metrics["output_tokens_per_s"]  # by the metered device
+    assert [p for p in record_problems(record) if "per device of the 2 named" in p]  # the reader holds the rule too
 
 
 def test_a_rank_holds_the_parameters_its_estimate_counts():

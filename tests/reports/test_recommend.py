@@ -73,7 +73,7 @@ def test_the_cheaper_variant_is_recommended_with_its_bounded_saving(front, capsy
     assert ("recommended (PREDICTED from the sweep, not re-measured): decode_tuning=auto objective=energy\n"
             f"  0.525 J per output_token, {saving}, time {100 * slowdown:+.2f} % against the default") in out
     assert "apply (driver options): python -m llm_inference ... --objective energy" in out
-    assert "apply (JUBE): JOULEBENCH_SWEEP_OBJECTIVE=energy jube run jube/inference_benchmark.xml llama-1b" in out
+    assert "apply (JUBE): JOULEBENCH_SWEEP_OBJECTIVE=energy jube run jube/inference_benchmark.xml --tag llama-1b" in out
     assert ("default setting: decode_tuning=auto objective=speed: 0.6627 J per output_token (runs default-1, "
             "default-2)") in out
     # what the recommendation must not rest on: named, each with its reason

@@ -21,6 +21,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
+from joulebench.compile_cache import CompileCache, compile_seconds
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, StopRequest
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
@@ -257,7 +258,7 @@ def _all_gather(obj: T) -> list[T]:
     return gathered
 
 
-def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> Metrics:
+def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device, cache: CompileCache | None) -> Metrics:
     steady = record.window("steady")
     params = parameter_count(cfg.shape, cfg.padded_vocab_size)
     flops = model_flops_per_token(params, cfg.num_layers, cfg.hidden_size, cfg.seq_length)
@@ -279,17 +280,22 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> Metri
         "global_batch_size": cfg.global_batch_size, "tokens_per_iteration": cfg.tokens_per_iteration,
         "warmup_iterations": warmup.steps if warmup else 0,
         "warmup_duration_s": warmup.duration_s if warmup else None,
+        "compile_s": compile_seconds(warmup.duration_s if warmup else None, cache is not None),
+        "compile_cache": cache.figures() if cache else None,
         "memory_estimate_gib": memory.estimate_memory(cfg).total_gib,
         "peak_memory_allocated_gib": (torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
     })
     return metrics
 
 
-def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
-    """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
+def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, cache: CompileCache | None = None) -> int:
+    """Train and write the run record (rank 0); returns the process exit code. Config is already validated;
+    `cache`: the checked compile caches where the run compiles (joulebench.compile_cache), None where it does not."""
+    if cache is not None:
+        cache.activate()
     with Lifecycle("llm_training", launch, cfg.exit_duration_mins) as life, contextlib.ExitStack() as stack:
         with life.run(cfg.run_id, Path(cfg.out_dir), cfg.to_dict(), gather=_all_gather,
-                      metrics=lambda record: _metrics(cfg, record, device), log_to=cfg.log_to) as run:
+                      metrics=lambda record: _metrics(cfg, record, device, cache), log_to=cfg.log_to) as run:
             if device.type == "cpu":
                 stack.enter_context(cpu_compat.cpu_mode(device))
             distributed.init_distributed(launch, device, cfg)

@@ -166,6 +166,10 @@ def check_on_device(cfg: TrainConfig, device_type: str, ranks_per_node: int, dev
 
     check_precision(cfg.precision, device_type, cuda_capability, is_rocm)
     check_attention_backend(cfg.attention_backend, device_type)
+    if cfg.compile_cache is not None and not cfg.compiles(device_type):
+        raise ValidationError(f"--compile-cache {cfg.compile_cache} but nothing is compiled on the {device_type} "
+                              "(bias, RoPE and cross-entropy fusions off)",
+                              "drop --compile-cache, or turn a fusion on (e.g. --rope-fusion)")
     if device_type == "cpu":
         memory.check_host(cfg, ranks_per_node, available_gib())
     memory.check_fit(cfg, device_memory_gib)

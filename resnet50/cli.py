@@ -22,6 +22,7 @@ from joulebench.arguments import (
     state_ranges,
 )
 from joulebench.boundary import exit_code_of
+from joulebench.compile_cache import add_compile_cache_argument
 from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
 from joulebench.progress import Heartbeat
@@ -72,6 +73,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--coordinate-descent-tuning", action=argparse.BooleanOptionalAction, default=None,
         help="inductor's per-kernel launch-config tuning of compiled kernels (default: on when compiling on GPUs; "
              f"on the CPU as {CDT_ENV} says)")
+    add_compile_cache_argument(parser)
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
     add("--out-dir", default=None, help="run directory (default runs/resnet50/<run-id>)")

@@ -7,7 +7,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Self, SupportsFloat
 
 from jpwr.output import fmt
 
@@ -81,9 +81,20 @@ def markdown_table(rows: Sequence[Mapping[str, object]], header: Sequence[str], 
     """Rows as a Markdown table; numbers through jpwr.output.fmt, so missing values print as n/a."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [v if isinstance(v, str) else fmt(v, digits) for v in (row.get(label) for label in header)]  # type: ignore[arg-type]
+        cells = [_cell(row.get(label), digits) for label in header]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cell(value: object, digits: int) -> str:
+    """A table cell: a text as it is, a number through fmt (None is n/a), a numpy scalar as its float."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, int | float):
+        return fmt(value, digits)
+    if isinstance(value, SupportsFloat):
+        return fmt(float(value), digits)
+    return str(value)
 
 
 def exit_status(rows: Sequence[Any], ok: Callable[[Any], bool] = lambda row: row.get("status") == "OK") -> int:

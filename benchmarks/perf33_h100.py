@@ -51,6 +51,8 @@ RUNS: dict[str, list[str]] = {
     "continuous-256": ["-m", "llm_inference", "load", "--preset", "llama-8b", "--task", "chat", "--energy-methods",
                        "nvml", "--rate", "max", "--max-concurrency", "256"],
     "resnet50-readme": [*JPWR, "{python}", *README_RESNET],
+    # issue 58's lever: the README command with the batch norms (+ add + ReLU) in our Triton kernels
+    "resnet50-readme-bn-triton": [*JPWR, "{python}", *README_RESNET, "--bn-kernels", "triton"],
     "resnet50-gbs512": [*JPWR, "{python}", *README_RESNET[:-4], "--global-batch-size", "512", "--precision", "bf16"],
     "gpt-800m": [*JPWR, "{python}", "-m", "llm_training", "train", "--model", "800M"],
 }

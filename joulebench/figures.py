@@ -12,7 +12,7 @@ problem: it is n/a, and stays so.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
@@ -55,7 +55,7 @@ def unit_figure(record: RunRecord, name: str) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

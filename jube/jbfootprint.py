@@ -66,8 +66,10 @@ class SiteFootprint:
     def settings(self) -> dict[str, str]:
         """The job.env variables that carry them to the job (each CSV by its absolute path)."""
         def text(rate: Rate | None, fixed_key: str, csv_key: str) -> dict[str, str]:
-            hourly = rate is not None and rate.hourly is not None
-            return {fixed_key: "" if rate is None or hourly else rate.given, csv_key: rate.given if hourly else ""}
+            if rate is None:
+                return {fixed_key: "", csv_key: ""}
+            hourly = rate.hourly is not None
+            return {fixed_key: "" if hourly else rate.given, csv_key: rate.given if hourly else ""}
         return {**text(self.carbon, "JB_CARBON_INTENSITY_G_PER_KWH", "JB_CARBON_INTENSITY_CSV"),
                 **text(self.price, "JB_PRICE_PER_KWH", "JB_PRICE_CSV"),
                 "JB_CURRENCY": self.currency, "JB_PUE": self.pue_text}
@@ -210,17 +212,21 @@ def _hours(start: dt.datetime, end: dt.datetime, phase: dt.timedelta) -> list[tu
     return shares
 
 
+def unavailable(reason: str) -> dict[str, Any]:
+    """A footprint figure that is n/a (null), with the reason."""
+    return {"value": None, "bound": None, "unavailable_reason": reason}
+
+
 def _weighted(rate: Rate | None, pieces: Sequence[tuple[dt.datetime, float, float]], pue: float,
               what: str) -> dict[str, Any]:
     """Sum of facility kWh × the hour's value, and its bound; n/a with the reason for a missing rate or hour."""
     if rate is None:
-        return {"value": None, "bound": None, "unavailable_reason": f"no {what} in the site profile"}
+        return unavailable(f"no {what} in the site profile")
     total = bound = 0.0
     for hour, joules, bound_j in pieces:
         value = rate.at(hour)
         if value is None:
-            return {"value": None, "bound": None,
-                    "unavailable_reason": f"{rate.source} has no value for the hour {hour.isoformat()}"}
+            return unavailable(f"{rate.source} has no value for the hour {hour.isoformat()}")
         total += value * pue * joules / J_PER_KWH
         bound += abs(value) * pue * bound_j / J_PER_KWH
     return {"value": total, "bound": bound}
@@ -257,10 +263,9 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
     }
     for key, rate, what in (("g_co2e", site.carbon, "carbon intensity"), ("cost", site.price, "price")):
         run_pieces, steady = pieces(rate, None), pieces(rate, steady_name)
-        run = _weighted(rate, run_pieces, site.pue, what) if placed else {
-            "value": None, "bound": None, "unavailable_reason": f"no metered energy: {placement}"}
-        per = _weighted(rate, steady, site.pue, what) if steady and work else {
-            "value": None, "bound": None, "unavailable_reason": f"no {steady_name} window with energy and work"}
+        run = _weighted(rate, run_pieces, site.pue, what) if placed else unavailable(f"no metered energy: {placement}")
+        per = (_weighted(rate, steady, site.pue, what) if steady and work
+               else unavailable(f"no {steady_name} window with energy and work"))
         block[key] = run["value"]
         block[f"{key}_error_bound"] = run["bound"]
         block[f"{key}_per_unit"] = None if per["value"] is None else per["value"] / work

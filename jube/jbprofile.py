@@ -194,7 +194,7 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     try:
         point_settings(settings, workload, kinds, profile, value)
     except PointRefused as exc:
-        exc.settings = settings  # type: ignore[attr-defined]
+        exc.settings = settings
         raise
     if "container" in kinds["flag"]:
         settings.update(container_settings(profile, value.get("framework", "pytorch"), env))
@@ -437,7 +437,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         driver_validate(settings)
         probe_device_settings(settings)
     except PointRefused as exc:
-        settings = {**getattr(exc, "settings", settings), "JB_STATUS": "INVALID", "JB_REASON": str(exc)}
+        settings = {**(exc.settings or settings), "JB_STATUS": "INVALID", "JB_REASON": str(exc)}
         print(f"jbprofile: sweep point refused, nothing submitted for it: {exc}", file=sys.stderr)
     try:
         write_settings(Path(args.out), settings)

@@ -656,10 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.finished_by:
             say_finished(settings, record, args.finished_by)
         return EXIT_CODES[record.status]
-    record = finalize_job(settings, args.job_id)
-    if record is not None:
-        sys.stdout.write(write_result(settings, record))
-    say_finished(settings, record, f"jbrecord.py finalize-job after job {args.job_id} ended")
+    finished = finalize_job(settings, args.job_id)  # None: the job recorded its own outcome
+    if finished is not None:
+        sys.stdout.write(write_result(settings, finished))
+    say_finished(settings, finished, f"jbrecord.py finalize-job after job {args.job_id} ended")
     return 0  # the finalizer job itself succeeded, whatever the benchmark job's status
 
 

@@ -76,8 +76,10 @@ def duration_s(text: str) -> int | None:
     match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
     if not match:
         return None
-    days, a, b, c = (int(g) if g else None for g in match.groups())
-    if c is not None:
+    days_text, a_text, b_text, c_text = match.groups()
+    a = int(a_text)  # the one number every form has
+    days, b, c = (int(g) if g else None for g in (days_text, b_text, c_text))
+    if b is not None and c is not None:  # a third number comes only after a second
         seconds = a * 3600 + b * 60 + c
     elif b is not None:
         seconds = a * 3600 + b * 60 if days is not None else a * 60 + b

@@ -40,6 +40,8 @@ class ConfigError(Exception):
 class PointRefused(ConfigError):
     """One sweep point cannot run; it gets an INVALID row, the other points go on."""
 
+    settings: dict[str, str] | None = None  # the row's coordinates, once known (jbprofile.resolve sets them)
+
 
 def check_name(value: str, what: str) -> str:
     """Names that end up in paths and job names: no separators, no `..`, no spaces."""
@@ -57,7 +59,6 @@ def closest(word: str, known: list[str] | set[str]) -> str:
 def _own_keys(path: Path) -> dict[str, dict[str, str]]:
     """Section -> the keys written in that section of one file ([DEFAULT] as a section of its own)."""
     raw = configparser.ConfigParser(interpolation=None, default_section="\0none")
-    raw.optionxform = str.lower  # type: ignore[assignment,method-assign]
     try:
         raw.read_string(path.read_bytes().decode("utf-8"), source=str(path))
     except configparser.Error as exc:
@@ -125,7 +126,6 @@ def _read_profiles(environ: dict[str, str]) -> tuple[configparser.ConfigParser, 
     files = _profile_files(environ)
     known = known_keys()
     parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str.lower  # type: ignore[assignment,method-assign]
     own: dict[str, dict[str, str]] = {}
     for path in files:
         sections = _own_keys(path)

@@ -1,4 +1,9 @@
-"""LLM inference time-and-energy benchmark (ML.ENERGY-style) on Hugging Face transformers generation."""
+"""LLM inference time-and-energy benchmark (ML.ENERGY-style): static batches and an open-loop serving load.
+
+Its own compact model code runs the static engine (static KV cache, CUDA-graph decode steps) and the
+continuous-batching engine of the load; Hugging Face transformers generate is the `hf` baseline engine, and the
+load also drives an HTTP inference server (vLLM, ...) as its target. See docs/llm_inference.md.
+"""
 
 from joulebench.tensorflow_free import tensorboard_without_tensorflow
 

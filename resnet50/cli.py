@@ -30,6 +30,7 @@ from joulebench.sizing import add_window_arguments
 from jpwr import ValidationError
 from jpwr.errors import ArgumentParser, take_debug_flag
 from resnet50.config import (
+    BN_KERNELS,
     CDT_ENV,
     CPU_ITERATIONS,
     DATA_FORMATS,
@@ -74,6 +75,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="inductor's per-kernel launch-config tuning of compiled kernels (default: on when compiling on GPUs; "
              f"on the CPU as {CDT_ENV} says)")
     add_compile_cache_argument(parser)
+    add("--bn-kernels", choices=BN_KERNELS, default="inductor",
+        help="pytorch training-mode batch norm: inductor (torch.compile's fusions; ATen's eager) or triton (our "
+             "kernels with residual add and ReLU fused, CUDA only; docs/resnet50.md) (default inductor)")
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
     add("--out-dir", default=None, help="run directory (default runs/resnet50/<run-id>)")
@@ -136,8 +140,12 @@ def validate(args: argparse.Namespace) -> int:
 def _compiled(config: TrainConfig) -> str:
     if config.framework == "pytorch" and config.compile:
         tuning = ", coordinate-descent tuning" if config.coordinate_descent_tuning else ""
-        return f"torch.compile mode {config.compile_mode}{tuning}"
-    return config.compile_label
+        return f"torch.compile mode {config.compile_mode}{tuning}{_batch_norm(config)}"
+    return config.compile_label + _batch_norm(config)
+
+
+def _batch_norm(config: TrainConfig) -> str:
+    return ", batch norm by own Triton kernels" if config.bn_kernels == "triton" else ""
 
 
 def _measured(config: TrainConfig) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ FRAMEWORKS = ("pytorch", "tensorflow")
 PRECISIONS = ("bf16", "fp16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 DATA_FORMATS = ("jpeg", "tfrecord")
+# who computes the training-mode batch norms of the torch backend: inductor (torch.compile's fusions, or ATen's
+# kernels in eager runs) or our own Triton kernels with the residual add and ReLU fused (resnet50.bn_kernels, CUDA only)
+BN_KERNELS = ("inductor", "triton")
 STRIDE = 32  # ResNet-50's overall stride: its last stage sees 1x1 maps at images up to this size
 MIN_IMAGE_SIZE = 32  # Keras ResNet50 refuses smaller inputs; five stride-2 stages need it anyway
 VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
@@ -64,6 +68,7 @@ class TrainConfig:
     compile_mode: str | None = None  # None: reduce-overhead on CUDA, default on the CPU; eager runs keep None
     coordinate_descent_tuning: bool | None = None  # inductor's; None: on when compiling on CUDA
     compile_cache: str | None = None  # --compile-cache: a directory, "none", or None for the default (compile_cache)
+    bn_kernels: str = "inductor"  # BN_KERNELS
     xla: bool = False
     device: str = "auto"
     out_dir: str | None = None
@@ -170,6 +175,8 @@ def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
         )
     if config.device == "cuda" and device_kind != "cuda":
         raise no_gpu_error()
+    if config.bn_kernels == "triton":
+        _check_triton_batch_norm(device_kind)
     if config.framework == "tensorflow" and device_kind == "cpu" and not config.channels_last:
         raise ValidationError(
             "--no-channels-last with TensorFlow on CPU (TF's CPU convolutions support only NHWC)",
@@ -218,6 +225,16 @@ def _compile_option_given(config: TrainConfig) -> str | None:
     return "--coordinate-descent-tuning" if config.coordinate_descent_tuning is not None else None
 
 
+def _check_triton_batch_norm(device_kind: str) -> None:
+    """Our Triton batch-norm kernels run on CUDA GPUs only, and need Triton (CUDA torch wheels bring it)."""
+    if device_kind != "cuda":
+        raise ValidationError("--bn-kernels triton on the CPU (its Triton kernels need a CUDA GPU)",
+                              "drop --bn-kernels triton (CPU runs keep inductor)")
+    if importlib.util.find_spec("triton") is None:
+        raise ValidationError("--bn-kernels triton but Triton is not installed",
+                              "install torch's CUDA wheel (it brings triton), or pass --bn-kernels inductor")
+
+
 def _positive(flag: str, value: int) -> None:
     if value <= 0:
         raise ValidationError(f"{flag} {value} is not positive", f"pass {flag} 1 or more")
@@ -238,6 +255,9 @@ def _check_framework_options(config: TrainConfig) -> None:
         if given := _compile_option_given(config):
             raise ValidationError(f"{given} with --framework tensorflow (torch.compile options)",
                                   f"drop {given}; use --xla for XLA compilation")
+        if config.bn_kernels != "inductor":
+            raise ValidationError(f"--bn-kernels {config.bn_kernels} with --framework tensorflow (torch backend's "
+                                  "batch norm)", "drop --bn-kernels, or use --framework pytorch")
         if config.replay_phases:
             raise ValidationError("--replay-phases with --framework tensorflow (its step is one compiled function "
                                   "without phase marks)", "use --framework pytorch, or drop --replay-phases")

@@ -38,6 +38,16 @@ def discover(config: TrainConfig, launch: LaunchEnv) -> tuple[int, str]:
     return launch.world_size, "cuda" if use_cuda else "cpu"
 
 
+def build_model(bn_kernels: str) -> torch.nn.Module:
+    """torchvision's ResNet-50 v1.5; with "triton" the same network (same weights for a seed) whose batch norms run
+    our Triton kernels with the residual add and ReLU fused (imported here: it loads Triton)."""
+    if bn_kernels == "triton":
+        from resnet50.fused_bn import fused_resnet50
+
+        return fused_resnet50()
+    return torchvision.models.resnet50(weights=None)
+
+
 def create(config: TrainConfig, launch: LaunchEnv) -> TorchBackend:
     return TorchBackend(config, launch)
 
@@ -57,7 +67,7 @@ class TorchBackend:
             dist.init_process_group("nccl" if cuda else "gloo", device_id=self.device if cuda else None)
         torch.manual_seed(config.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
         memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
-        model = torchvision.models.resnet50(weights=None).to(self.device, memory_format=memory_format)
+        model = build_model(config.bn_kernels).to(self.device, memory_format=memory_format)
         self.optimizer = torch.optim.SGD(
             model.parameters(), lr=config.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, fused=cuda or None
         )

@@ -6,6 +6,7 @@ drivers never import each other or analysis; analysis never imports a driver. Ou
 code (the core, analysis, drivers, workflows, container tooling, GPU scripts) imports only the meter's
 public names: `from jpwr import X` with X in `jpwr.__all__`, or `from jpwr.M import X` with M a public
 submodule (its docstring starts "public: for") and X in its `__all__`; the rest of jpwr is private to it.
+Of the core, drivers and jube/ import only the names joulebench.API declares, and analysis has no import circle.
 Imports inside functions count too (a lazy import is still a dependency), except the framework rule, which
 is about what `import jpwr` loads. tests/ may reach into jpwr's modules: they test the meter's parts.
 """
@@ -15,11 +16,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import re
 import subprocess
 import sys
 from collections.abc import Collection
 from pathlib import Path
 
+import joulebench
 import jpwr
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,7 +121,8 @@ def public_submodules(root: Path = REPO) -> dict[str, frozenset[str]]:
 
 
 def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__),
-               submodules: dict[str, frozenset[str]] | None = None) -> list[str]:
+               submodules: dict[str, frozenset[str]] | None = None,
+               core_api: dict[str, dict[str, str]] = joulebench.API) -> list[str]:
     """Every import that breaks the rule, as 'file:line: module imports target (why)'."""
     submodules = public_submodules() if submodules is None else submodules
     problems = []
@@ -130,7 +134,7 @@ def violations(root: Path, public: Collection[str] = tuple(jpwr.__all__),
             for imp in imports_of(path, root):
                 shared = imp.target in SHARED_PRIVATE and rel.startswith(SHARED_PRIVATE[imp.target])
                 private = None if rel in METER_PROBES or shared else _private(imp, public, submodules)
-                why = _breaks(imp) or private
+                why = _breaks(imp) or private or _undeclared(imp, core_api)
                 if why:
                     problems.append(f"{rel}:{imp.line}: {imp.module} imports {imp.target} ({why})")
     return problems
@@ -150,6 +154,30 @@ def _private(imp: Import, public: Collection[str], submodules: dict[str, frozens
         return None
     return (f"{', '.join(hidden)} not public: import a name of jpwr.__all__ (from jpwr import X) or of a public "
             "submodule's __all__ (from jpwr.trace import Y)")
+
+
+def core_names(imp: Import) -> list[str]:
+    """The core names an import takes, dotted ('joulebench.record.RunRecord'); the core is joulebench outside
+    joulebench.analysis. `import joulebench.M` takes each attribute read through its name (reading a module on the
+    way to a name takes that name only)."""
+    if layer(imp.target) != "core":
+        return []
+    if imp.bound:
+        chains = [".".join([imp.bound, name]) for name in imp.names]
+        return [c for c in chains if not any(other.startswith(f"{c}.") for other in chains)] or [imp.target]
+    return [f"{imp.target}.{name}" for name in imp.names]
+
+
+def _undeclared(imp: Import, core_api: dict[str, dict[str, str]]) -> str | None:
+    """Drivers and jube/ import only the core's declared API (joulebench.API): a name of a declared module."""
+    if layer(imp.module) not in DRIVERS and imp.module.split(".")[0] != "jube":
+        return None
+    hidden = [name for name in core_names(imp)
+              if name.rpartition(".")[2] not in core_api.get(name.rpartition(".")[0], {})]
+    if not hidden:
+        return None
+    return (f"{', '.join(hidden)} not in the core's API: use a name of joulebench.API, or declare it there with the "
+            "reason a driver or jube needs it")
 
 
 def _is_public(path: list[str], public: Collection[str], submodules: dict[str, frozenset[str]]) -> bool:
@@ -176,6 +204,48 @@ def _breaks(imp: Import) -> str | None:
     if source == "analysis" and target in DRIVERS:
         return "analysis reads records, it never imports a driver"
     return None
+
+
+def import_cycles(root: Path, package: str = "joulebench.analysis") -> list[list[str]]:
+    """The package's modules that import one another in a circle (lazy and type-checking imports count: each is a
+    dependency), as the modules of each strongly connected set; `from package import module` names the module."""
+    folder = root.joinpath(*package.split("."))
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in sorted(folder.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for imp in imports_of(path, root):
+            targets = [f"{imp.target}.{name}" for name in imp.names if f"{imp.target}.{name}" in modules]
+            graph[module] |= {t for t in [*targets, imp.target] if t in modules and t != module}
+    reach = {m: _reachable(graph, m) for m in graph}
+    circles = {frozenset(n for n in reach[m] if m in reach[n]) | {m} for m in graph if m in reach[m]}
+    return sorted(sorted(c) for c in circles)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += graph[node]
+    return seen
+
+
+def test_analysis_has_no_import_circle(tmp_path):
+    """Analysis' modules form layers too (issue 57): the run layer (runs) under the verbs, no two importing each
+    other, lazily or not; a planted circle is found."""
+    assert import_cycles(REPO) == []
+    planted = {"a.py": "from joulebench.analysis import b\n",
+               "b.py": "def f():\n    from joulebench.analysis.c import x\n",
+               "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from joulebench.analysis.a import y\n",
+               "d.py": "from joulebench.analysis import a\n"}
+    for name, text in planted.items():
+        path = tmp_path / "joulebench" / "analysis" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert import_cycles(tmp_path) == [["joulebench.analysis.a", "joulebench.analysis.b", "joulebench.analysis.c"]]
 
 
 def test_the_tree_follows_the_import_rule():
@@ -220,6 +290,55 @@ def test_a_forbidden_import_is_caught(tmp_path):
     assert not any("planned_bound_j" in line for line in found)  # in jpwr.estimator.__all__: only its neighbour
 
 
+def test_a_driver_or_jube_importing_an_undeclared_core_name_is_caught(tmp_path):
+    """The core's API rule on planted sources, through the same checker: an undeclared name or module fails, a
+    declared one passes, and analysis (which reads records beside the core) is not held to it."""
+    planted = {
+        "llm_training/bad_name.py": "from joulebench.record import RunRecord, parse_record\n",
+        "resnet50/bad_module.py": "def f():\n    from joulebench.savings import saving\n",
+        "jube/bad_attribute.py": "import joulebench.record\n\njoulebench.record.parse_record\n",
+        "llm_inference/bad_submodule.py": "from joulebench import lifecycle\n",
+        "llm_inference/fine.py": "from joulebench.record import RunRecord\nfrom joulebench.lifecycle import Lifecycle\n"
+                                 "import joulebench.record as rec\n\nrec.RunRecord\n",
+        "jube/fine_attribute.py": "import joulebench.record\n\njoulebench.record.RunRecord\n",
+        "joulebench/analysis/fine_analysis.py": "from joulebench.savings import saving\n",
+    }
+    for rel, text in planted.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    api = {"joulebench.record": {"RunRecord": "the record"}, "joulebench.lifecycle": {"Lifecycle": "the life"}}
+    found = violations(tmp_path, core_api=api)
+    assert {line.split(":")[0] for line in found} == {rel for rel in planted if "bad_" in rel}
+    for hidden in ("joulebench.record.parse_record", "joulebench.savings.saving", "joulebench.lifecycle"):
+        assert any(f"({hidden} not in the core's API" in line for line in found), hidden
+    assert not any("RunRecord" in line for line in found)
+
+
+def test_the_core_api_is_what_drivers_and_jube_use_each_name_with_its_reason():
+    """joulebench.API (issue 57): each declared name loads from its module and states why a driver or jube needs it,
+    and each is imported by a driver or jube today (a name no longer used leaves the declaration)."""
+    used = {name for package in (*DRIVERS, "jube") for path in sorted((REPO / package).rglob("*.py"))
+            for imp in imports_of(path, REPO) for name in core_names(imp)}
+    declared = {f"{module}.{name}" for module, names in joulebench.API.items() for name in names}
+    assert sorted(declared - used) == []
+    for module, names in joulebench.API.items():
+        loaded = importlib.import_module(module)
+        for name, reason in names.items():
+            assert hasattr(loaded, name), f"{module}.{name}"
+            assert len(reason.split()) >= 4, f"joulebench.API[{module!r}][{name!r}] states no reason"
+
+
+def test_the_docs_group_every_module_of_the_core_api():
+    """docs/architecture.md ("The core's API"): its table names exactly the modules joulebench.API declares."""
+    text = (REPO / "docs/architecture.md").read_text()
+    section = text[text.index("## The core's API"):]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line.rsplit("|", 2)[1] for line in section.splitlines() if line.startswith("| ") and "modules" not in line]
+    documented = {f"joulebench.{name}" for row in rows for name in _listed(row, r"[a-z_][\w.]*")}
+    assert documented == set(joulebench.API)
+
+
 def test_the_top_level_api_grows_only_with_a_listed_reason():
     """jpwr.__all__ is what a user of the meter needs (issue 42): a name added without a place in APPROVED_API and
     a reason in jpwr/__init__.py fails here, and the list stays at most MAX_API long."""
@@ -251,13 +370,45 @@ def test_each_public_submodule_says_whom_it_serves_and_each_public_name_has_one_
             homes[name] = module
 
 
-def test_the_docs_show_every_tier_of_the_meter_api():
-    """docs/architecture.md ("The meter's API") names every top-level name and every public submodule."""
+def documented_tiers(section: str) -> dict[str, set[str]]:
+    """The names "The meter's API" lists per tier: 'jpwr' -> tier 1's table, each public submodule -> its row of
+    tier 2's table. A name is listed as a backticked word outside parentheses (inside them are its methods, notes)."""
+    top, submodules = section.split("**2.", 1)
+    tiers = {"jpwr": {name for line in top.splitlines() if line.startswith("| ") for name in _listed(line)}}
+    for line in submodules.splitlines():
+        found = re.match(r"\| `(jpwr\.\w+)` \|", line)
+        if found:
+            tiers[found[1]] = _listed(line.rstrip(" |").rsplit("|", 1)[1])
+    return tiers
+
+
+def _listed(cell: str, name: str = r"[A-Za-z_]\w*") -> set[str]:
+    """The backticked names of a table cell outside its parentheses (`name`: the pattern of one)."""
+    while re.search(r"\([^()]*\)", cell):
+        cell = re.sub(r"\([^()]*\)", "", cell)
+    return set(re.findall(f"`({name})`", cell))
+
+
+def test_the_docs_list_every_tier_of_the_meter_api_as_the_code_does():
+    """docs/architecture.md ("The meter's API"): tier 1's table lists exactly jpwr.__all__ and tier 2's table each
+    public submodule with exactly its `__all__`; a name added to the code and not to the doc fails here."""
     text = (REPO / "docs/architecture.md").read_text()
     section = text[text.index("## The meter's API"):]
     section = section[: section.index("\n## ", 1)]
-    missing = [name for name in [*jpwr.__all__, *public_submodules()] if f"`{name}`" not in section]
-    assert missing == []
+    documented = documented_tiers(section)
+    code = {"jpwr": set(jpwr.__all__), **{m: set(names) for m, names in public_submodules().items()}}
+    assert documented.keys() == code.keys()
+    differ = {tier: {"not in the doc": sorted(code[tier] - documented[tier]),
+                     "not in the code": sorted(documented[tier] - code[tier])}
+              for tier in code if documented[tier] != code[tier]}
+    assert differ == {}
+
+
+def test_the_tier_check_catches_a_missing_name():
+    """The check above on a doc row that misses a name and names one in parentheses only."""
+    row = "| `jpwr.output` | writers | `fmt` (\"n/a\", never 0), `atomic_path` (the writer; `atomic_paths` too) |\n"
+    assert documented_tiers("| | names |\n| x | `Window` |\n**2. ...\n" + row) == {
+        "jpwr": {"Window"}, "jpwr.output": {"fmt", "atomic_path"}}
 
 
 def test_every_public_name_of_the_meter_loads_and_import_jpwr_stays_cheap():

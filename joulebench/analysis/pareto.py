@@ -20,11 +20,13 @@ import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from joulebench.analysis.diagnose import percent, work_unit
 from joulebench.analysis.energy_domain import provenance, require_one_domain
-from joulebench.analysis.report import SERIES_CONFIG_KEYS, Run, load_runs
+from joulebench.analysis.recommend import FrontMarks, front_marks
+from joulebench.analysis.runs import SERIES_CONFIG_KEYS, Run, load_runs
+from joulebench.analysis.sweep import DEFAULT_MIN_COVERAGE, exclusion, parse_fraction
 from joulebench.analysis.text_width import fitted
 from joulebench.analysis.text_width import table as text_table
 from joulebench.arguments import FRACTION, state_ranges
@@ -35,11 +37,7 @@ from jpwr import ExitCode, ValidationError
 from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, readable
 
-if TYPE_CHECKING:  # recommend imports this module: its marks are computed in main, imported there
-    from joulebench.analysis.recommend import FrontMarks
-
 DEFAULT_MAX_SLOWDOWN = 0.01
-DEFAULT_MIN_COVERAGE = 0.99
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -70,35 +68,6 @@ class Baseline:
     energy_per_unit_j: float
     runs: tuple[str, ...]
     energy_bound: float | None = None  # relative; a mean's bound is at most its runs' largest (None: one is n/a)
-
-
-def parse_fraction(text: str) -> float:
-    """'1%' or '0.01'; a bare number of 1 or more is refused, since '1' could mean either."""
-    raw = text.strip()
-    try:
-        value = float(raw.rstrip("%")) / (100 if raw.endswith("%") else 1)
-    except ValueError:
-        raise ValidationError(f"--max-slowdown {text!r} is not a number", "write e.g. 1% or 0.01") from None
-    if not 0 <= value < 1 or (not raw.endswith("%") and value >= 1):
-        raise ValidationError(f"--max-slowdown {text!r} is not a fraction below 1", "write e.g. 1% or 0.01")
-    return value
-
-
-def exclusion(run: Run, min_coverage: float) -> str | None:
-    record, metrics = run.record, run.record.metrics
-    if not run.usable:
-        return f"status {record.status}: {record.status_reason or 'no reason recorded'}"
-    if run.rejected:
-        return run.rejected
-    if run.cost.energy_per_unit_j is None:
-        return run.cost.reason or "energy n/a"
-    coverage = metrics.get("energy_coverage")
-    if coverage is None or coverage < min_coverage:
-        return f"energy coverage {fmt(None if coverage is None else 100 * coverage, 3)} % is below " \
-               f"{fmt(100 * min_coverage, 3)} %"
-    if metrics.get("energy_warning"):
-        return str(metrics["energy_warning"])
-    return None
 
 
 def sweep_points(runs: Sequence[Run], min_coverage: float = DEFAULT_MIN_COVERAGE) -> list[SweepPoint]:
@@ -322,8 +291,6 @@ def main(argv: Sequence[str]) -> int:
     max_slowdown = parse_fraction(args.max_slowdown)
     runs = load_runs(args.paths)
     points = sweep_points(runs, args.min_coverage)
-    from joulebench.analysis.recommend import front_marks  # recommend imports this module
-
     # a software-knob sweep's default and recommended settings (the slowdown limit as the target); None otherwise
     try:
         marks, unmarked = front_marks(runs, max_slowdown, args.default, args.min_coverage), None

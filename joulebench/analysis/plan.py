@@ -42,7 +42,8 @@ from typing import Any
 from joulebench.analysis.energy_domain import provenance, require_one_domain
 from joulebench.analysis.plausible import CLOCK_RANGE_MHZ, clock_check, device_power_problem
 from joulebench.analysis.replay import NOT_REPLAYED
-from joulebench.analysis.report import check_versions, record_paths
+from joulebench.analysis.runs import check_versions, record_paths
+from joulebench.analysis.sweep import parse_fraction
 from joulebench.arguments import SECONDS_OR_ZERO, state_ranges
 from joulebench.figures import number_problem, rejection
 from joulebench.record import RecordShapeError, RunRecord, parse_record, read_record_document
@@ -422,8 +423,6 @@ def summarise(profile: Profile, max_slowdown: float, latency_s: float) -> tuple[
 
 
 def main(argv: Sequence[str]) -> int:
-    from joulebench.analysis.pareto import parse_fraction
-
     parser = ArgumentParser(prog="joulebench plan", description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog=__doc__.split("\n\n", 1)[1])

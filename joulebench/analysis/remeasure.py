@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from joulebench.analysis import knobs
-from joulebench.analysis.recommend import Group, Recommendation, target_misses, untrusted
-from joulebench.analysis.report import Run, load_runs
+from joulebench.analysis.runs import Run, load_runs
+from joulebench.analysis.sweep import Group, Recommendation, target_misses, untrusted
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ValidationError

@@ -37,7 +37,7 @@ from jpwr.output import fmt
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from joulebench.analysis.report import Run
+    from joulebench.analysis.runs import Run
 
 LOAD_BENCHMARK = "llm_inference"
 NO_SLO = "no SLO given: pass --slo-ttft-ms/--slo-tpot-ms to the load"

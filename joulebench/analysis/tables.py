@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from joulebench.analysis.pareto import baseline, saving, slowdown, sweep_points
-from joulebench.analysis.report import load_runs
+from joulebench.analysis.runs import load_runs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,7 @@ def test_fixed_batch_training_writes_record_and_caraml_line(tmp_path: Path, caps
     assert_loss_decreased(record)
     assert RunRecord.from_dict(record).window("steady") is not None  # the shared schema reads it back
     assert record["benchmark"] == "resnet50" and record["status"] == "OK" and record["run_id"] == "t-torch"
+    assert record["config"]["bn_kernels"] == "inductor"  # the default; --bn-kernels triton is refused on the CPU
     assert [w["name"] for w in record["windows"]] == ["warmup", "steady"]
     warmup, steady = record["windows"]
     assert (warmup["first_step"], warmup["last_step"], steady["first_step"], steady["last_step"]) == (0, 1, 1, 6)

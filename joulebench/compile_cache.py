@@ -96,12 +96,14 @@ def _lookups() -> dict[str, int]:
 
 def check(value: str | None) -> CompileCache:
     """Resolve `--compile-cache` (None: the default) and refuse, before any work, a path that cannot hold the caches:
-    a file, or a directory that cannot be created or written. Creates the directory."""
+    a file, or a directory that cannot be created or written. Creates the directory. $JOULEBENCH_COMPILE_CACHE may say
+    `none` too (a JUBE profile's cold run)."""
+    value = value or default_dir()
     if value == NONE:
         root = Path(tempfile.mkdtemp(prefix="joulebench-compile-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
         return CompileCache(None, root)
-    path = Path(value or default_dir()).expanduser().absolute()
+    path = Path(value).expanduser().absolute()
     fix = f"pass --compile-cache with a writable directory (or {NONE} for a fresh one), or set {ENV}"
     if path.exists() and not path.is_dir():
         raise ValidationError(f"--compile-cache {path} is a file, not a directory", fix)

@@ -73,6 +73,9 @@ def test_the_default_is_the_environment_then_the_per_user_cache(tmp_path: Path, 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_dir() == str(tmp_path / "xdg" / "joulebench" / "compile")
     assert check(str(tmp_path / "given")).root == tmp_path / "given"  # the option wins over both
+    monkeypatch.setenv(ENV, NONE)  # a cold run asked for by the environment (a JUBE profile)
+    cold = check(None)
+    assert cold.directory is None and cold.root.is_dir() and not any(cold.root.iterdir())
 
 
 @pytest.mark.parametrize("inside", [False, True])

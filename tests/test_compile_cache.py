@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,7 @@ def test_the_default_is_the_environment_then_the_per_user_cache(tmp_path: Path, 
     monkeypatch.setenv(ENV, NONE)  # a cold run asked for by the environment (a JUBE profile)
     cold = check(None)
     assert cold.directory is None and cold.root.is_dir() and not any(cold.root.iterdir())
+    shutil.rmtree(cold.root)  # at this process's exit otherwise: after the session's check for what tests left behind
 
 
 @pytest.mark.parametrize("inside", [False, True])

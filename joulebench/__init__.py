@@ -49,6 +49,13 @@ API: dict[str, dict[str, str]] = {
     "joulebench.boundary": {"exit_code_of": "every driver's command behind jpwr's error boundary, naming the extras"},
     "joulebench.process_exit": {"exit_after_run": "ends a driver's process once its records are written"},
     "joulebench.out_dir": {"check_out_dir": "refuses an output directory that cannot be written, before any work"},
+    # torch.compile's caches kept between runs, and what the compile cost (the drivers that compile)
+    "joulebench.compile_cache": {
+        "add_compile_cache_argument": "--compile-cache, one option of every driver that torch.compiles",
+        "check": "refuses a cache directory that cannot hold the caches, before any work",
+        "CompileCache": "the checked caches a run activates and reports in its record",
+        "compile_seconds": "the record's compile_s: the warm-up window of a run that compiles",
+    },
     "joulebench.progress": {"Heartbeat": "a line now and then while a long driver phase runs"},
     "joulebench.waits": {
         "wait_until": "every wait of a run, in slices that hear a stop request",

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Required, TypedDict
 
+from joulebench.compile_cache import CompileCacheFigures
+
 # The work units of the drivers' steady windows: SteadyMetrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
 
@@ -85,6 +87,8 @@ class DriverFigures(TypedDict, total=False):
     warmup_duration_s: float | None
     memory_estimate_gib: float
     peak_memory_allocated_gib: float | None
+    compile_s: float | None  # the warm-up window of a compiled run (joulebench.compile_cache.compile_seconds)
+    compile_cache: CompileCacheFigures | None  # where the compile caches were and what this run reused
 
 
 class LossPoint(TypedDict):

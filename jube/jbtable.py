@@ -32,7 +32,8 @@ def training(unit: str, title: str, layout: Column) -> tuple[Column, ...]:
             ("Measured iterations", "iterations"), ("Time/iteration(s)", "time_per_iteration_s"),
             (f"{title}/s", f"{unit}_per_s"), (f"{title}/s/device", f"{unit}_per_s_per_device"),
             ("Model TFLOP/s/device", "model_tflops_per_device"), ("MFU", "mfu"), ("Energy(Wh)", "energy_wh"),
-            ("Power/device(W)", "mean_power_w_per_device"), (f"{title}/Wh", f"{unit}_per_wh"))
+            ("Power/device(W)", "mean_power_w_per_device"), (f"{title}/Wh", f"{unit}_per_wh"),
+            ("Compile(s)", "compile_s"))
 
 
 INFERENCE: tuple[Column, ...] = (

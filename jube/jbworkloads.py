@@ -21,6 +21,8 @@ INFERENCE_COLUMNS = ("requests_per_s", "energy_per_output_token_j", "energy_per_
                      "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
                      "ttft_median_s", "ttft_p90_s", "per_token_latency_median_s", "per_token_latency_p90_s",
                      "goodput_requests_per_s", "energy_per_request_p50_j", "energy_per_request_p90_j")
+# the training workflows' own column: seconds to the first measured step of a compiled run (docs/run-record.md)
+TRAINING_COLUMNS = ("compile_s",)
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,13 @@ WORKLOADS = {w.name: w for w in (
                          "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.llm_arguments, profile_prefix="llm", startup_key="startup_s_{model}",
              default_model_key="default_model", work_unit="tokens", batch_key="gbs_{model}", model_tags=MODEL_TAGS,
-             nodes_by_model=True),
+             nodes_by_model=True, table_columns=TRAINING_COLUMNS),
     Workload(name="resnet50", driver="resnet50", command="train", serving_command="",
              sweep_keys=("framework", "nodes", "devices_per_node", "global_batch_size", "image_size", "precision",
                          "compile_mode", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
              default_model_key="default_model", work_unit="images", batch_key="resnet_gbs",
-             framework_tags=FRAMEWORK_TAGS),
+             framework_tags=FRAMEWORK_TAGS, table_columns=TRAINING_COLUMNS),
     Workload(name="inference", driver="llm_inference", command="run", serving_command="load",
              sweep_keys=("task", "batch_size", "engine", "tensor_parallel", "decode_tuning", "objective", "rate",
                          "max_concurrency", "slo_ttft_ms", "slo_tpot_ms", "min_window_s", "precision", "steady_seconds",

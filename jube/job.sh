@@ -429,6 +429,10 @@ if [ -n "$JB_SETUP" ]; then
     status=OK reason=""
     [ $rc -eq 0 ] || { status=FAILED; reason="profile setup lines failed (exit $rc): $JB_SETUP"; }
 fi
+# torch.compile's caches (joulebench.compile_cache): later jobs on this node load what an earlier one compiled (a
+# cold ResNet-50 compile is minutes). /tmp is node-local; a site whose /tmp lives only as long as the job sets
+# JOULEBENCH_COMPILE_CACHE to a lasting node-local directory in its profile's setup lines (docs/jube.md).
+export JOULEBENCH_COMPILE_CACHE="${JOULEBENCH_COMPILE_CACHE:-/tmp/joulebench-compile-$(id -u)}"
 # The drivers pick their ranks up from Slurm. Rank 0 runs on this (the first) node and listens on
 # MASTER_PORT (TF workers on MASTER_PORT + rank): free right now and below the kernel's ephemeral range (see
 # jbport.py), not one derived from the job id, which collides with whatever else runs on a shared node.

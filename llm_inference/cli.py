@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from joulebench.arguments import GIB, SEED, state_ranges
 from joulebench.boundary import exit_code_of
 from joulebench.host_memory import HOST, available_gib
-from jpwr import ExitCode
+from jpwr import ExitCode, ValidationError
 from jpwr.errors import ArgumentParser, take_debug_flag
 from llm_inference.config import InferenceConfig, add_run_arguments, resolve
 from llm_inference.load_config import LoadConfig, add_load_arguments, rate_label, resolve_load
@@ -94,6 +94,18 @@ def _external_sampler() -> bool:
     return bool(os.environ.get("JPWR_ADDR"))
 
 
+def _use_compile_cache(value: str | None, device_type: str) -> None:
+    """The compiled decode's caches (joulebench.compile_cache), checked and in use before the model is built: the
+    compact engines compile their decode pieces on GPUs only."""
+    from joulebench.compile_cache import check
+
+    if device_type == "cuda":
+        check(value).activate()
+    elif value is not None:
+        raise ValidationError(f"--compile-cache {value} on the {device_type}: the decode is compiled on GPUs only",
+                              "drop --compile-cache")
+
+
 def _validate(args: argparse.Namespace) -> int:
     from joulebench.torch_device import device_type
     from llm_inference import validation
@@ -123,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
 
     device = resolve_device(cfg.device)
     _memory_on(cfg, shape, device.type, None)
+    _use_compile_cache(args.compile_cache, device.type)
     return runner.run(cfg, shape, launch, device)
 
 
@@ -161,6 +174,7 @@ def _load(args: argparse.Namespace) -> int:
         return http_load.run(cfg, shape, trace, launch)
     device = resolve_device(cfg.device)
     _memory_on(cfg, shape, device.type, None, trace)
+    _use_compile_cache(args.compile_cache, device.type)
     return load.run(cfg, shape, trace, launch, device)
 
 

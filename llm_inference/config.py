@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from joulebench.arguments import COUNT, COUNT_OR_ZERO, MINUTES, SEED, SIZE, SameMeaning, comma_list, method_names
+from joulebench.compile_cache import add_compile_cache_argument
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.sizing import add_window_arguments
@@ -92,6 +93,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, engines: bool = True) -
                         "(static engine; the continuous engine runs default), default, coordinate-descent "
                         "(inductor's per-kernel tuning: faster llama batch-1 steps on an H100, at more power), or "
                         "fused (Llama at batch 1 on one GPU: six Triton kernels per layer; other shapes: default)")
+    add_compile_cache_argument(m)
     m.add_argument("--tensor-parallel", type=COUNT, default=1, metavar="N",
                    help="split the model's heads and MLP columns over N GPUs of one node (static and continuous "
                         "engines): start N processes, e.g. torchrun --nproc-per-node N -m llm_inference ...")

@@ -115,8 +115,11 @@ def _train(args: argparse.Namespace) -> int:
         capability = torch.cuda.get_device_capability() if device.type == "cuda" else None
         validation.check_on_device(cfg, device.type, launch.local_world_size, cuda_memory, capability,
                                    is_rocm=torch.version.hip is not None)
+        from joulebench.compile_cache import check
+
+        cache = check(cfg.compile_cache) if cfg.compiles(device.type) else None  # here, not in validate: node-local
         from llm_training import train  # megatron-core: tens of seconds, after every refusal
-    return train.run(cfg, launch, device)
+    return train.run(cfg, launch, device, cache)
 
 
 def _preprocess(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from joulebench.arguments import (
     Number,
     method_names,
 )
+from joulebench.compile_cache import add_compile_cache_argument
 from joulebench.exports.targets import add_log_to
 from joulebench.lifecycle import default_out_dir, new_run_id
 from joulebench.loop import LoopSpec
@@ -41,6 +42,11 @@ CPU_ITERATIONS = 45  # measured iterations of a CPU run without --iterations (50
 RECOMPUTE = ("none", "selective", "full")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+# --cuda-graphs: megatron-core's own ("local") CUDA graphs, no Transformer Engine: each TransformerLayer's forward and
+# backward ("layers", megatron's CudaGraphManager) or the whole forward-backward of a step ("step", megatron's
+# FullCudaGraphWrapper; the optimizer stays outside)
+CUDA_GRAPHS = ("none", "layers", "step")
+CUDA_GRAPH_WARMUP = 2  # eager calls before megatron records the graphs (the first compiles the fused kernels)
 MBS_FROM_OPTION = "--micro-batch-size"
 MBS_FROM_PRESET = "preset"  # the profile's; llm_training.memory.choose_micro_batch may raise it on a GPU
 
@@ -106,6 +112,8 @@ class TrainConfig:
     cross_entropy_fusion: bool | None  # None: on for CUDA (llm_training.cross_entropy, compiled)
     fused_optimizer: bool | None  # None: on for CUDA (torch's fused AdamW kernel instead of foreach)
     replay_phases_s: float = 0.0  # > 0: after training, each phase alone this long (joulebench.phases.replay_phases)
+    compile_cache: str | None = None  # --compile-cache: a directory, "none", or None for the default (compile_cache)
+    cuda_graphs: str = "none"  # CUDA_GRAPHS
 
     @property
     def num_microbatches(self) -> int:
@@ -127,6 +135,12 @@ class TrainConfig:
             self.model, self.num_layers, self.hidden_size, self.num_attention_heads, self.ffn_hidden_size,
             self.seq_length, self.vocab_size, self.eod_token,
         )
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether a fusion that torch.compile builds is on (bias, RoPE, cross-entropy): then the compile caches and
+        the compile seconds apply."""
+        return any(on_for_cuda(choice, device_type)
+                   for choice in (self.bias_fusion, self.rope_fusion, self.cross_entropy_fusion))
 
     def loop_spec(self) -> LoopSpec:
         """What joulebench's shared training loop needs: counts, window sizing, tokens per step (all replicas)."""
@@ -206,7 +220,8 @@ def resolve(args: argparse.Namespace, world_size: int) -> TrainConfig:
         overlap_grad_reduce=args.overlap_grad_reduce, bias_fusion=args.bias_fusion,
         attention_backend=args.attention_backend,
         rope_fusion=args.rope_fusion, cross_entropy_fusion=args.cross_entropy_fusion,
-        fused_optimizer=args.fused_optimizer, replay_phases_s=args.replay_phases,
+        fused_optimizer=args.fused_optimizer, replay_phases_s=args.replay_phases, compile_cache=args.compile_cache,
+        cuda_graphs=args.cuda_graphs,
     )
 
 
@@ -242,6 +257,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: on for CUDA)")
     g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="torch's fused AdamW kernel instead of its foreach one (default: on for CUDA)")
+    add_compile_cache_argument(g)
+    g.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="none",
+                   help="megatron-core's own CUDA graphs (no Transformer Engine; GPUs, --recompute none): layers = "
+                        "each transformer layer's forward and backward, step = the whole forward-backward (the "
+                        "optimizer outside); default none")
     r = parser.add_argument_group("run control")
     r.add_argument("--iterations", type=COUNT, default=None,
                    help="measured iterations, warm-up not included (Megatron's --train-iters = warm-up + this); "

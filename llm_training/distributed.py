@@ -30,7 +30,8 @@ def init_distributed(launch: LaunchEnv, device: torch.device, cfg: TrainConfig) 
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=cfg.tensor_parallel, pipeline_model_parallel_size=cfg.pipeline_parallel
     )
-    tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+    # CUDA graphs replay the dropout of megatron's RNG streams only from graph-safe generator states
+    tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed, use_cudagraphable_rng=cfg.cuda_graphs != "none")
 
 
 def shutdown_distributed() -> None:

@@ -7,7 +7,9 @@ allocator's peak to the last GiB:
 * weights: 2 B/param in bf16/fp16, 4 B in fp32; gradients 4 B/param (reduced in fp32);
   Adam with the distributed optimizer: fp32 master copy (half precision only) + two moments, split over DP;
 * activations per layer and micro-batch: s·b·h·(10 + 24/t) bytes (34/t with sequence parallel),
-  2·s·b·h with full recompute; half again as many bytes in fp32; the first pipeline stage holds
+  2·s·b·h with full recompute; half again as many bytes in fp32; selective recompute counts as none: megatron
+  recomputes only core attention, and Korthikanti's saving there (the 5·a·s/h score-matrix term) is what
+  flash/cuDNN SDPA never stores (SELECTIVE_NOTE); the first pipeline stage holds
   min(PP, micro-batches) micro-batches in flight (1F1B);
 * logits on the last stage: s·b·V/t elements at 8 B (fp32 logits and their gradient);
 * +10 % and 1.5 GiB for the CUDA context, workspaces and fragmentation.
@@ -149,19 +151,44 @@ def _layouts_that_fit(cfg: TrainConfig, device_memory_gib: float) -> list[str]:
     return [text for _, _, text in sorted(fitting)[:LAYOUTS_NAMED]]
 
 
+def _largest_mbs_that_fits(cfg: TrainConfig, device_memory_gib: float) -> TrainConfig | None:
+    """The largest MBS below the asked one that divides the samples per replica (the GBS stays) and fits."""
+    per_replica = cfg.global_batch_size // max(cfg.data_parallel, 1)
+    for mbs in range(cfg.micro_batch_size - 1, 0, -1):
+        smaller = dataclasses.replace(cfg, micro_batch_size=mbs)
+        if per_replica % mbs == 0 and _fits(smaller, device_memory_gib):
+            return smaller
+    return None
+
+
+def _option(cfg: TrainConfig, *flags: str) -> str:
+    return f"{' '.join(flags)} (estimate {estimate_memory(cfg).total_gib:.1f} GiB)"
+
+
+# Why --recompute selective is never offered: megatron recomputes only core attention, and SDPA (flash, cuDNN) keeps
+# no s×s score matrix, so little is saved (its output, ~2·s·b·h bytes per layer, which the estimate does not count).
+SELECTIVE_NOTE = ("--recompute selective recomputes only core attention, whose SDPA kernels store no score matrix: "
+                  "it saves almost nothing here")
+
+
 def fit_fix(cfg: TrainConfig, device_memory_gib: float) -> str:
-    """Only the levers that fit by the estimate: a smaller MBS, full recompute, both, then another TP × PP split of
-    the same devices; none of them: more devices (the weights, gradients and optimizer state alone are too large)."""
-    smaller = dataclasses.replace(cfg, micro_batch_size=1) if cfg.micro_batch_size > 1 else None
+    """The levers that fit by the estimate: the largest smaller MBS (the GBS kept), and full recompute where it makes
+    the asked MBS fit; else the largest MBS that fits with full recompute; else another TP × PP split of the same
+    devices; none of them: more devices (the weights, gradients and optimizer state alone are too large)."""
+    smaller = _largest_mbs_that_fits(cfg, device_memory_gib)
     full = dataclasses.replace(cfg, recompute="full") if cfg.recompute != "full" else None
-    both = dataclasses.replace(smaller, recompute="full") if smaller and full else None
-    for lever, option in ((smaller, "--micro-batch-size 1"), (full, "--recompute full"),
-                          (both, "--micro-batch-size 1 --recompute full")):
-        if lever is not None and _fits(lever, device_memory_gib):
-            return f"use {option} (estimate {estimate_memory(lever).total_gib:.1f} GiB)"
+    levers = [_option(smaller, f"--micro-batch-size {smaller.micro_batch_size}")] if smaller else []
+    if full is not None and _fits(full, device_memory_gib):
+        levers.append(_option(full, "--recompute full") + f" to keep MBS {cfg.micro_batch_size} (slower: every "
+                      "layer's forward runs twice)")
+    elif full is not None and not smaller and (both := _largest_mbs_that_fits(full, device_memory_gib)):
+        levers.append(_option(both, f"--micro-batch-size {both.micro_batch_size}", "--recompute full"))
+    note = f"; {SELECTIVE_NOTE}" if cfg.recompute == "selective" else ""
+    if levers:
+        return "use " + ", or ".join(levers) + note
     layouts = _layouts_that_fit(cfg, device_memory_gib)
     if layouts:
-        return f"no MBS or recompute change fits; on these {cfg.world_size} devices use " + " or ".join(layouts)
+        return f"no MBS or recompute change fits; on these {cfg.world_size} devices use " + " or ".join(layouts) + note
     return (f"no MBS, recompute or TP × PP split of {cfg.world_size} devices fits by the estimate: use more devices "
             "(raise --tensor-parallel/--pipeline-parallel with the world size) or devices with more memory")
 

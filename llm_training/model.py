@@ -27,7 +27,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from llm_training.attention import SDPACoreAttention
-from llm_training.config import TrainConfig, on_for_cuda
+from llm_training.config import CUDA_GRAPH_WARMUP, TrainConfig, on_for_cuda
 from llm_training.cross_entropy import vocab_parallel_cross_entropy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -69,7 +69,17 @@ def transformer_config(cfg: TrainConfig, device_type: str) -> TransformerConfig:
         bias_dropout_fusion=fusion,
         use_cpu_initialization=device_type == "cpu",
         **recompute[cfg.recompute],
+        **cuda_graph_settings(cfg.cuda_graphs),
     )
+
+
+def cuda_graph_settings(choice: str) -> dict[str, Any]:
+    """megatron's TransformerConfig fields of --cuda-graphs: its "local" implementation (no Transformer Engine), the
+    whole layer (an empty scope, megatron's spelling) or the whole forward-backward ("full_iteration")."""
+    if choice == "none":
+        return {}
+    return {"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"] if choice == "step" else [],
+            "cuda_graph_warmup_steps": CUDA_GRAPH_WARMUP}
 
 
 class FusedLossGPTModel(GPTModel):

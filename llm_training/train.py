@@ -16,11 +16,13 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 
+from joulebench.compile_cache import CompileCache, compile_seconds
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, StopRequest
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
@@ -31,7 +33,7 @@ from joulebench.record_types import Metrics
 from joulebench.torch_device import hardware_info
 from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from llm_training import cpu_compat, data, distributed, memory
-from llm_training.config import TrainConfig, on_for_cuda
+from llm_training.config import CUDA_GRAPH_WARMUP, TrainConfig, on_for_cuda
 from llm_training.flops import caraml_nvidia_flops_per_token, model_flops_per_token, parameter_count
 from llm_training.model import build_gpt, compiled_rope_active, transformer_config, use_compiled_rope
 from llm_training.phases import MegatronPhaseTimers
@@ -127,6 +129,9 @@ class Trainer:
             self.config.no_sync_func = self.model.no_sync
             self.config.grad_sync_func = self.model.start_grad_sync
         self.forward_backward = get_forward_backward_func()
+        if cfg.cuda_graphs == "step":  # megatron records forward-backward once, then replays it (static data buffers)
+            self.forward_backward = FullCudaGraphWrapper(self.forward_backward,
+                                                         cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP)
         # A steady window sized by time has no count yet: the stream wraps around the dataset if it runs longer.
         steps = cfg.warmup_iterations + cfg.iterations if cfg.iterations else DATASET_ITERATIONS
         samples = cfg.global_batch_size * (1 if cfg.overfit_batch else steps)
@@ -138,7 +143,8 @@ class Trainer:
     def mark_phases(self, recorder: PhaseRecorder) -> None:
         """Forward, backward, grad_reduce through megatron's timer hooks (llm_training.phases); the optimizer here."""
         self.phases = recorder
-        self.config.timers = MegatronPhaseTimers(recorder, self.cfg.data_parallel)
+        if self.cfg.cuda_graphs != "step":  # one replayed graph has no forward/backward boundary to mark
+            self.config.timers = MegatronPhaseTimers(recorder, self.cfg.data_parallel)
 
     def active_fusions(self) -> dict[str, bool]:
         """Which optional kernels this run really uses, read from the built objects (the options may be unset)."""
@@ -149,6 +155,7 @@ class Trainer:
             "rope_compiled": compiled_rope_active(),
             "cross_entropy": self.fused_cross_entropy,
             "fused_adam": bool(groups) and all(g.get("fused") for g in groups),
+            "cuda_graphs": self.config.cuda_graph_impl == "local",
         }
 
     def _forward_backward(self, forward_only: bool = False, micro_batches: int | None = None
@@ -257,7 +264,7 @@ def _all_gather(obj: T) -> list[T]:
     return gathered
 
 
-def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> Metrics:
+def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device, cache: CompileCache | None) -> Metrics:
     steady = record.window("steady")
     params = parameter_count(cfg.shape, cfg.padded_vocab_size)
     flops = model_flops_per_token(params, cfg.num_layers, cfg.hidden_size, cfg.seq_length)
@@ -279,17 +286,22 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device) -> Metri
         "global_batch_size": cfg.global_batch_size, "tokens_per_iteration": cfg.tokens_per_iteration,
         "warmup_iterations": warmup.steps if warmup else 0,
         "warmup_duration_s": warmup.duration_s if warmup else None,
+        "compile_s": compile_seconds(warmup.duration_s if warmup else None, cache is not None),
+        "compile_cache": cache.figures() if cache else None,
         "memory_estimate_gib": memory.estimate_memory(cfg).total_gib,
         "peak_memory_allocated_gib": (torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
     })
     return metrics
 
 
-def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device) -> int:
-    """Train and write the run record (rank 0); returns the process exit code. Config is already validated."""
+def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, cache: CompileCache | None = None) -> int:
+    """Train and write the run record (rank 0); returns the process exit code. Config is already validated;
+    `cache`: the checked compile caches where the run compiles (joulebench.compile_cache), None where it does not."""
+    if cache is not None:
+        cache.activate()
     with Lifecycle("llm_training", launch, cfg.exit_duration_mins) as life, contextlib.ExitStack() as stack:
         with life.run(cfg.run_id, Path(cfg.out_dir), cfg.to_dict(), gather=_all_gather,
-                      metrics=lambda record: _metrics(cfg, record, device), log_to=cfg.log_to) as run:
+                      metrics=lambda record: _metrics(cfg, record, device, cache), log_to=cfg.log_to) as run:
             if device.type == "cpu":
                 stack.enter_context(cpu_compat.cpu_mode(device))
             distributed.init_distributed(launch, device, cfg)

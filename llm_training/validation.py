@@ -5,11 +5,12 @@ Every failure is a jpwr.errors.ValidationError naming the offending values and a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from joulebench.sizing import check_warmup_for_timing
 from jpwr import ValidationError
-from llm_training.config import TrainConfig
+from llm_training.config import CUDA_GRAPH_WARMUP, TrainConfig
 from llm_training.presets import MODEL_SHAPES
 
 
@@ -99,6 +100,7 @@ def check_config(cfg: TrainConfig) -> None:
             f"--exit-duration-mins {cfg.exit_duration_mins}", "give a positive number of minutes (or omit it)"
         )
     check_optimizer(cfg)
+    check_cuda_graphs(cfg)
     if cfg.data_path is not None:
         check_data_path(cfg.data_path)
 
@@ -121,6 +123,32 @@ def check_optimizer(cfg: TrainConfig) -> None:
         raise ValidationError(f"--lr-warmup-samples {cfg.lr_warmup_samples} is not below --lr-decay-samples "
                               f"{cfg.lr_decay_samples}: the warm-up would never end",
                               "use fewer warm-up samples than decay samples")
+
+
+def check_cuda_graphs(cfg: TrainConfig) -> None:
+    """What megatron-core's own CUDA graphs cannot take (it would assert deep inside the first step): recompute with
+    dropout (graphed layers take no recompute; a graphed step no recomputed attention with attention dropout), too
+    few warm-up iterations to record the graphs before the measured window, and the replays of single phases."""
+    if cfg.cuda_graphs == "none":
+        return
+    flag = f"--cuda-graphs {cfg.cuda_graphs}"
+    if cfg.cuda_graphs == "layers" and cfg.recompute != "none":
+        raise ValidationError(f"{flag} with --recompute {cfg.recompute}: megatron graphs a layer only without "
+                              "recompute (full recompute needs a whole-step graph, selective would recompute graphed "
+                              "attention with dropout)", "use --recompute none, or --cuda-graphs step with --recompute "
+                              "full")
+    if cfg.cuda_graphs == "step" and cfg.recompute == "selective" and cfg.attention_dropout > 0:
+        raise ValidationError(f"{flag} with --recompute selective and --attention-dropout {cfg.attention_dropout:g}: "
+                              "megatron cannot replay recomputed attention's dropout inside a graph",
+                              "use --recompute none or full, or --attention-dropout 0")
+    needed = CUDA_GRAPH_WARMUP + 2  # eager calls, the recording call, one replay: all before the measured window
+    if cfg.warmup_iterations < needed:
+        raise ValidationError(f"{flag} with --warmup-iterations {cfg.warmup_iterations}: megatron runs "
+                              f"{CUDA_GRAPH_WARMUP} eager steps, then records the graphs, which would land in the "
+                              "measured window", f"give --warmup-iterations {needed} or more")
+    if cfg.cuda_graphs == "step" and cfg.replay_phases_s:
+        raise ValidationError(f"{flag} with --replay-phases: the step replays as one graph, so forward, backward "
+                              "and the optimizer cannot run alone", "use --cuda-graphs layers or none to replay phases")
 
 
 def check_data_path(prefix: str) -> None:
@@ -166,6 +194,18 @@ def check_on_device(cfg: TrainConfig, device_type: str, ranks_per_node: int, dev
 
     check_precision(cfg.precision, device_type, cuda_capability, is_rocm)
     check_attention_backend(cfg.attention_backend, device_type)
+    if cfg.cuda_graphs != "none" and device_type != "cuda":
+        raise ValidationError(f"--cuda-graphs {cfg.cuda_graphs} on the {device_type}: CUDA graphs record GPU work",
+                              "use --cuda-graphs none (the default) off GPUs")
+    if cfg.cuda_graphs != "none" and "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
+            and os.environ.get("NCCL_GRAPH_REGISTER") != "0":
+        raise ValidationError(f"--cuda-graphs {cfg.cuda_graphs} with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                              ": megatron refuses it before Blackwell (illegal memory access in NCCL)",
+                              "export NCCL_GRAPH_REGISTER=0, or drop expandable_segments")
+    if cfg.compile_cache is not None and not cfg.compiles(device_type):
+        raise ValidationError(f"--compile-cache {cfg.compile_cache} but nothing is compiled on the {device_type} "
+                              "(bias, RoPE and cross-entropy fusions off)",
+                              "drop --compile-cache, or turn a fusion on (e.g. --rope-fusion)")
     if device_type == "cpu":
         memory.check_host(cfg, ranks_per_node, available_gib())
     memory.check_fit(cfg, device_memory_gib)

@@ -22,6 +22,7 @@ from joulebench.arguments import (
     state_ranges,
 )
 from joulebench.boundary import exit_code_of
+from joulebench.compile_cache import add_compile_cache_argument
 from joulebench.exports.targets import add_log_to
 from joulebench.launch import LaunchEnv
 from joulebench.progress import Heartbeat
@@ -73,6 +74,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     add("--coordinate-descent-tuning", action=argparse.BooleanOptionalAction, default=None,
         help="inductor's per-kernel launch-config tuning of compiled kernels (default: on when compiling on GPUs; "
              f"on the CPU as {CDT_ENV} says)")
+    add_compile_cache_argument(parser)
     add("--bn-kernels", choices=BN_KERNELS, default="inductor",
         help="pytorch training-mode batch norm: inductor (torch.compile's fusions; ATen's eager) or triton (our "
              "kernels with residual add and ReLU fused, CUDA only; docs/resnet50.md) (default inductor)")

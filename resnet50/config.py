@@ -67,6 +67,7 @@ class TrainConfig:
     compile: bool | None = None  # None: auto, on for pytorch on CUDA (resolve_compile)
     compile_mode: str | None = None  # None: reduce-overhead on CUDA, default on the CPU; eager runs keep None
     coordinate_descent_tuning: bool | None = None  # inductor's; None: on when compiling on CUDA
+    compile_cache: str | None = None  # --compile-cache: a directory, "none", or None for the default (compile_cache)
     bn_kernels: str = "inductor"  # BN_KERNELS
     xla: bool = False
     device: str = "auto"
@@ -219,6 +220,8 @@ def _compile_option_given(config: TrainConfig) -> str | None:
     """The first torch.compile option the user set (not left auto), for the refusals where nothing compiles."""
     if config.compile_mode is not None:
         return "--compile-mode"
+    if config.compile_cache is not None:
+        return "--compile-cache"
     return "--coordinate-descent-tuning" if config.coordinate_descent_tuning is not None else None
 
 

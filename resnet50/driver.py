@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from joulebench.compile_cache import CompileCache, check, compile_seconds
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
@@ -36,6 +37,7 @@ def train(config: TrainConfig) -> int:
     module = load_backend(config.framework)
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
+    cache = check(config.compile_cache) if config.compile else None
     out_dir = Path(str(config.out_dir))
     check_out_dir(out_dir)
     spec = config.loop_spec()
@@ -43,9 +45,11 @@ def train(config: TrainConfig) -> int:
     loop: LoopResult | None = None
     with Lifecycle("resnet50", launch, config.exit_duration_mins, started) as life:
         with life.run(str(config.run_id), out_dir, config.to_dict(devices),
-                      metrics=lambda record: _metrics(record, config, loop),
+                      metrics=lambda record: _metrics(record, config, loop, cache),
                       gather=lambda obj: backend.gather(obj) if backend else [obj], log_to=config.log_to) as run:
             meter = run.open_meter(methods=config.energy_methods)
+            if cache is not None:
+                cache.activate()
             backend = module.create(config, launch)
             run.record.hardware = {**backend.hardware(), **gpu_node_facts(backend.device_kind)}
             meter.sync = backend.sync
@@ -72,7 +76,7 @@ def train(config: TrainConfig) -> int:
         return life.exit_code()
 
 
-def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) -> Metrics:
+def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, cache: CompileCache | None) -> Metrics:
     flops = resnet50_flops(config.variant, config.image_size)
     devices = int(record.config["devices"])
     steady = record.window("steady")
@@ -91,6 +95,8 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None) ->
         "compile_mode": config.compile_label,
         "warmup_s": warmup.duration_s if warmup else None,
         "first_step_s": loop.first_step_s if loop else None,
+        "compile_s": compile_seconds(warmup.duration_s if warmup else None, bool(config.compile)),
+        "compile_cache": cache.figures() if cache else None,
         "losses": [list(point) for point in loop.losses] if loop else [],
         "loss_first": loop.losses[0][1] if loop and loop.losses else None,
         "loss_last": loop.losses[-1][1] if loop and loop.losses else None,

@@ -195,7 +195,8 @@ def test_two_processes_reproduce_the_single_process_losses(fake_env, h100_trace_
 def test_fused_cross_entropy_and_fused_adam_reproduce_the_unfused_bf16_losses(fake_env, tmp_path):
     """The CUDA defaults (megatron's native fused cross-entropy, torch's fused AdamW) are the same math."""
     runs = {}
-    for name, flags in {"fused": ["--cross-entropy-fusion", "--fused-optimizer"],
+    for name, flags in {"fused": ["--cross-entropy-fusion", "--fused-optimizer", "--compile-cache",
+                                  str(tmp_path / "cache")],
                         "unfused": ["--no-cross-entropy-fusion", "--no-fused-optimizer"]}.items():
         out = tmp_path / name
         result = run_cmd([*LLM, "train", *TINY, *SAME_PROBLEM, "--precision", "bf16", *flags, "--out-dir", str(out)],
@@ -206,6 +207,12 @@ def test_fused_cross_entropy_and_fused_adam_reproduce_the_unfused_bf16_losses(fa
     assert fused["cross_entropy"] and fused["fused_adam"]
     assert not unfused["cross_entropy"] and not unfused["fused_adam"]
     assert _losses(runs["fused"]) == pytest.approx(_losses(runs["unfused"]), abs=2e-3)
+    # the compiled cross-entropy's compile: the warm-up window, and the caches it filled (joulebench.compile_cache)
+    fused_metrics, unfused_metrics = runs["fused"]["metrics"], runs["unfused"]["metrics"]
+    assert fused_metrics["compile_s"] == fused_metrics["warmup_duration_s"] > 0
+    assert fused_metrics["compile_cache"]["dir"] == str(tmp_path / "cache")
+    assert fused_metrics["compile_cache"]["fx_graph_misses"] >= 1
+    assert unfused_metrics["compile_s"] is None and unfused_metrics["compile_cache"] is None  # nothing compiled
 
 
 def test_sigterm_stops_cleanly_with_status_timeout_and_a_steady_window(fake_env, tmp_path):

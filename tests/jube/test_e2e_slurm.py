@@ -7,6 +7,7 @@ where the cluster has room (2 nodes x 2 fake GPUs), since a 1-minute limit makes
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import subprocess
@@ -275,3 +276,32 @@ def test_failed_rows_say_why_sbatch_refused_or_the_rank_that_failed_first(
     assert (row["Status"], row["Nodes"]) == ("FAILED", "2") and row["Note"].startswith(said), row
     (workdir,) = submit_workdirs(outs["rank"])
     assert _finished_line(workdir) == "FAILED" and said in (workdir / "job.err").read_text().splitlines()[-1]
+
+
+def test_a_reservation_in_sbatch_args_reaches_the_finalizer(
+    slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A site whose benchmark nodes are reserved (every node here): a job cancelled while it waited is recorded by its
+    finalizer job, which must run in the job's reservation too; outside it the finalizer would pend behind the
+    reservation and the row would never come (issue 62 item 7)."""
+    env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_NODES": "1"}
+    name = f"jb-{tmp_path.name}"[:40]
+    subprocess.run(["scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now",
+                    "Duration=180", "Nodes=ALL", f"Users={getpass.getuser()}"], env=env, check=True,
+                   capture_output=True)
+    try:
+        out = tmp_path / "reserved"
+        jube_run(LLM_XML, ["CI", "tiny"], out,
+                 {**env, "JOULEBENCH_SBATCH_ARGS": f"--begin=now+3600 --reservation={name}"})
+        (workdir,) = submit_workdirs(out)
+        subprocess.run(["scancel", (workdir / "job.id").read_text().strip()], env=env, check=True)
+        wait_for_jobs(out, timeout_s=120)
+        (row,) = continue_and_read(out, "llm", env)[1]
+        record = json.loads((workdir / "run" / "run_record.json").read_text())
+    finally:
+        subprocess.run(["scontrol", "delete", f"ReservationName={name}"], env=env, check=False, capture_output=True)
+    assert row["Status"] == record["status"] == "CANCELLED", row
+    assert "recorded by its finalizer job" in record["status_reason"]
+    finalizer = [line for line in (workdir / "stdout").read_text().splitlines()
+                 if line.startswith("submit:") and "jb-finalize" in line]
+    assert len(finalizer) == 1 and f"--reservation={name}" in finalizer[0].split(" --wrap ")[0], finalizer

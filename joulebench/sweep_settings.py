@@ -66,6 +66,7 @@ SETTINGS: dict[str, DriverSettings] = {
         *_gpu(*_WINDOW),
         SweepSetting("compile", "--compile", sweep=False, knob=1, flag=True),
         SweepSetting("channels_last", "--channels-last", "true", sweep=False, knob=3, flag=True),
+        SweepSetting("bn_kernels", "--bn-kernels", "inductor", sweep=False, knob=6),  # the same batch norm, fused
     )),
     "llm_inference": DriverSettings("output_tokens", (
         SweepSetting("task", "--task", mapped=True),

@@ -98,6 +98,13 @@ API: dict[str, dict[str, str]] = {
         "RECORD_KEY": "the record block of the GPU settings a run had",
         "recorded_settings": "the GPU settings a record states, for jube's table",
     },
+    # the sweep settings, declared once (a new one is a row there and its driver option; docs/architecture.md)
+    "joulebench.sweep_settings": {
+        "sweep_keys": "a workflow's sweep dimensions, in its XML's order",
+        "passed_as_given": "the sweep dimensions a point passes to its driver as they are",
+        "settings_of": "the rows jube/jbcolumns.py writes the XML's sweep parameters from",
+        "work_unit": "a workflow's unit where a record names none",
+    },
     # command lines: the same options, types and ranges in every driver
     "joulebench.arguments": {
         "Number": "a numeric option's type with both ends stated (jpwr's)",

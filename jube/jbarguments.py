@@ -4,18 +4,29 @@ Each builder maps the point's workflow parameters, the system profile and the ta
 (name -> text; empty: the driver's default). The inference workflow has two modes, chosen per point by `rate`:
 empty is a static-batch point (`llm_inference run`), a rate or `max` a serving point (`llm_inference load`: open-loop
 arrivals, continuous batching); each mode's own parameters are not driver options in the other and read `-` in the
-table. Standard library only (Python >= 3.10): the login node's validate step runs this.
+table. The dimensions passed as they are come from the core's table (joulebench.sweep_settings). Standard library
+and that table only (Python >= 3.10): the login node's validate step runs this.
 """
 
 from __future__ import annotations
 
+import jbsettings  # noqa: F401  (puts the repository root on sys.path, for the core's table below)
 from jbchecks import devices_per_node
 from jbshell import SERVER_SETTINGS
 from jbsystems import FRAMEWORK_TAGS, PointRefused, override_variable
 
+from joulebench.sweep_settings import passed_as_given
+
 STATIC_ONLY = ("batch_size", "objective")  # objective: how the static engine chooses its decode variant
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
 SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
+
+
+def as_given(driver: str, value: dict[str, str], other_mode: tuple[str, ...] = ()) -> dict[str, str]:
+    """The sweep dimensions a point passes to the driver as they are, empty for the driver's default (the core's
+    table, joulebench.sweep_settings, names them: a new one needs no line here), but those of the point's other
+    mode."""
+    return {key: value.get(key, "") for key in passed_as_given(driver) if key not in other_mode}
 
 
 def common_arguments(profile: dict[str, str], value: dict[str, str]) -> dict[str, str]:
@@ -55,11 +66,10 @@ def llm_arguments(profile: dict[str, str], value: dict[str, str], model: str, fl
         "model": model,
         "tensor_parallel": value.get("tensor_parallel") or profile.get(f"tp_{key}", ""),
         "pipeline_parallel": value.get("pipeline_parallel") or profile.get(f"pp_{key}", ""),
-        "micro_batch_size": value.get("micro_batch_size", ""),
         "global_batch_size": value.get("global_batch_size") or profile.get(f"gbs_{key}", ""),
-        "seq_length": value.get("seq_length", ""),
         "data_path": "" if "synthetic" in flags else profile["llm_data_path"],
         **common_arguments(profile, value), **iteration_arguments(profile, value, prefix),
+        **as_given("llm_training", value),
     }
 
 
@@ -73,11 +83,12 @@ def resnet_arguments(profile: dict[str, str], value: dict[str, str], model: str,
         raise PointRefused(f"compile_mode={value['compile_mode']} with framework={framework}: the compile mode is "
                            "torch.compile's (TensorFlow compiles with XLA)", "sweep compile_mode with --tag pytorch")
     return {
-        "framework": framework, "compile_mode": value.get("compile_mode", ""),
+        "framework": framework,
         "global_batch_size": value.get("global_batch_size") or profile["resnet_gbs"],
         "image_size": value.get("image_size") or profile["resnet_image_size"],
         "data": "synthetic" if "synthetic" in flags or not profile["resnet_data_dir"] else profile["resnet_data_dir"],
         **common_arguments(profile, value), **iteration_arguments(profile, value, prefix),
+        **as_given("resnet50", value),
     }
 
 
@@ -85,18 +96,18 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
                         prefix: str) -> dict[str, str]:
     """llm_inference: a serving point (rate set) or a static-batch point, on tensor_parallel GPUs of one node."""
     shared = {"preset": model, "task": value.get("task") or profile[f"{prefix}_task"],
-              "tensor_parallel": inference_ranks(profile, value), "decode_tuning": value.get("decode_tuning", "")}
+              "tensor_parallel": inference_ranks(profile, value)}
     window = window_argument(profile, value, prefix)
     if value.get("rate"):
         arguments = {**shared, "rate": value["rate"],
                      "max_concurrency": value.get("max_concurrency") or profile[f"{prefix}_max_concurrency"],
                      "slo_ttft_ms": value.get("slo_ttft_ms") or profile[f"{prefix}_slo_ttft_ms"],
                      "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
-                     **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", ""))}
+                     **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", "")),
+                     **as_given("llm_inference", value, (*STATIC_ONLY, "engine"))}  # load's engine: server_arguments
     else:
-        arguments = {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"],
-                     "engine": value.get("engine", ""), "objective": value.get("objective", ""), **window,
-                     **common_arguments(profile, value)}
+        arguments = {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"], **window,
+                     **common_arguments(profile, value), **as_given("llm_inference", value, SERVING_ONLY)}
     return {**arguments, **window}  # the window's steady_seconds over common_arguments', in the same place
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write each workflow's coordinate patterns from its `sweep` parameterset; name the full table's columns of them.
+"""Write each workflow's `sweep` parameters from the core's table and its coordinate patterns from them; name the
+full table's columns of them.
 
     python3 jube/jbcolumns.py            # rewrite the generated regions of jube/*_benchmark.xml
     python3 jube/jbcolumns.py --check    # exit 1 when a region is out of date (the tests run this)
@@ -8,7 +9,9 @@ Why: every row must say which sweep point it is, whatever its status, and a dime
 (power limit, clock, ...) must get its column without anyone remembering to list it. JUBE's tables are static
 XML, so the patterns are derived here from the parameters and written between marker comments; jbrecord.py
 writes a `JB coord_<name>=` line for every sweep parameter from the job's settings, and the full table (jbtable.py)
-has a column for each (coordinate_columns). Standard library only.
+has a column for each (coordinate_columns). The sweep parameters themselves are the driver's rows of the core's
+table (joulebench.sweep_settings: a setting is declared once), but those whose values come from the workflow's tags,
+written by hand before the generated ones. Standard library and that table only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from jbchecks import NUMBERS  # same directory: which sweep parameters are numbers, and of which kind
+from jbworkloads import WORKLOADS
+
+from joulebench.sweep_settings import settings_of
 
 JUBE_DIR = Path(__file__).resolve().parent
 WORKFLOWS = sorted(JUBE_DIR.glob("*_benchmark.xml"))
@@ -45,14 +51,32 @@ COMPARED = (("slowdown", "Slowdown vs default"), ("energy_saving", "Energy savin
 NUMERIC_RESULTS = ("sm_clock_mean_mhz",)
 REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated patterns \(jube/jbcolumns\.py\) -->\n"
                     r".*?[ \t]*<!-- END generated patterns -->\n", re.DOTALL)
+SWEEP_REGION = re.compile(r"(?P<indent>[ \t]*)<!-- BEGIN generated sweep \(jube/jbcolumns\.py\) -->\n"
+                          r".*?[ \t]*<!-- END generated sweep -->\n", re.DOTALL)
 
 
-def sweep_parameters(path: Path) -> list[str]:
+def sweep_parameters(text: str, path: Path) -> list[str]:
     """Names of the `sweep` parameterset in order (a parameter with tag variants counts once)."""
-    sets = [s for s in ET.parse(path).getroot().iter("parameterset") if s.get("name") == SWEEP_SET]
+    sets = [s for s in ET.fromstring(text).iter("parameterset") if s.get("name") == SWEEP_SET]
     if len(sets) != 1:
         raise SystemExit(f"{path}: expected one <parameterset name=\"{SWEEP_SET}\">, found {len(sets)}")
     return list(dict.fromkeys(p.get("name", "") for p in sets[0].iter("parameter")))
+
+
+def sweep_region(driver: str, indent: str) -> str:
+    """The driver's sweep dimensions as JUBE parameters, each set through JOULEBENCH_SWEEP_<NAME> (empty: the
+    profile's value, else the driver's)."""
+    body = [f'<parameter name="{s.key}" mode="shell" export="true">printf %s "${{JOULEBENCH_SWEEP_{s.key.upper()}-}}"'
+            "</parameter>" for s in settings_of(driver) if s.sweep and not s.tagged]
+    lines = ["<!-- BEGIN generated sweep (jube/jbcolumns.py) -->", *body, "<!-- END generated sweep -->"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def benchmark_of(text: str, path: Path) -> str:
+    found = ET.fromstring(text).find("benchmark")
+    if found is None:
+        raise SystemExit(f"{path}: no <benchmark>")
+    return found.get("name", "")
 
 
 def title(name: str) -> str:
@@ -86,7 +110,15 @@ def region(names: list[str], indent: str) -> str:
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
-def generate(text: str, names: list[str]) -> str:
+def generate(text: str, path: Path) -> str:
+    """The workflow's text with both regions written: the sweep from the core's table, the patterns from the sweep."""
+    workload = WORKLOADS[benchmark_of(text, path)]
+    text = SWEEP_REGION.sub(lambda m: sweep_region(workload.driver, m.group("indent")), text)
+    names = sweep_parameters(text, path)
+    if tuple(names) != workload.sweep_keys:
+        raise SystemExit(f"{path}: the sweep parameters {', '.join(names)} are not the core's table's "
+                         f"{', '.join(workload.sweep_keys)}: only a tagged setting is written by hand, before the "
+                         "generated ones (joulebench/sweep_settings.py)")
     return REGION.sub(lambda m: region(names, m.group("indent")), text)
 
 
@@ -97,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for path in WORKFLOWS:
         text = path.read_text()
-        if not REGION.search(text):
-            continue
-        new = generate(text, sweep_parameters(path))
+        new = generate(text, path)
         if new != text:
             stale.append(path.name)
             if not args.check:

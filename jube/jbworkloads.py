@@ -2,8 +2,9 @@
 
 Why a table: what differs between the LLM, ResNet-50 and inference workflows lives in one frozen record per
 workflow, read by jbprofile.py (validate, on the login node) and jbrecord.py (the table row, in the job), instead of
-`benchmark == ...` branches through both. A new workload is a new row here (and its XML), not a new branch.
-Standard library only (Python >= 3.10).
+`benchmark == ...` branches through both. A new workload is a new row here (and its XML), not a new branch. Its
+sweep dimensions and work unit are the driver's row of the core's table (joulebench.sweep_settings), which the XML's
+`sweep` parameters are generated from (jbcolumns.py). Standard library and that table only (Python >= 3.10).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import jbarguments
 from jbsystems import FRAMEWORK_TAGS, INFERENCE_MODEL_TAGS, MODEL_TAGS
 
-# power_limit (W) and sm_clock (MHz) are device settings, not driver options: the job applies them (docs/sweeps.md).
-DEVICE_SETTING_KEYS = ("power_limit", "sm_clock")
+from joulebench.sweep_settings import sweep_keys, work_unit
+
 # llm_inference's own columns (docs/llm_inference.md), after the shared ones
 INFERENCE_COLUMNS = ("requests_per_s", "energy_per_output_token_j", "energy_per_output_token_error_bound_j",
                      "energy_per_request_j", "decode_energy_per_token_j", "decode_energy_per_token_error_bound_j",
@@ -33,13 +34,11 @@ class Workload:
     driver: str  # python -m DRIVER; the run record's `benchmark`
     command: str  # the driver's command for a point
     serving_command: str  # its command for a point with a rate ("" where the driver has no serving mode)
-    sweep_keys: tuple[str, ...]  # the XML's `sweep` parameterset, in its order
     # the driver's options of a point (jbarguments.py): (profile, point values, model, flag tags, profile prefix)
     arguments: Callable[[dict[str, str], dict[str, str], str, list[str], str], dict[str, str]]
     profile_prefix: str  # profile keys <prefix>_iterations, <prefix>_task, ...
     startup_key: str  # profile key of its start-up time; {model}: the model preset, lower case
     default_model_key: str  # profile key naming the model without a model tag
-    work_unit: str  # the unit of the throughput and energy columns where the record names none
     batch_key: str = ""  # profile key of its global batch, scaled with the devices per node (jbchecks.batch_scaling)
     model_tags: tuple[str, ...] = ()
     framework_tags: tuple[str, ...] = ()  # the model is <driver>-<framework>, the framework a sweep dimension
@@ -55,6 +54,16 @@ class Workload:
     # what the driver's checks of a sampler-bound option (inference's --objective energy) count, as the run counts it
     validate_external_sampler: str = ""
 
+    @property
+    def sweep_keys(self) -> tuple[str, ...]:
+        """The XML's `sweep` parameterset, in its order."""
+        return sweep_keys(self.driver)
+
+    @property
+    def work_unit(self) -> str:
+        """The unit of the throughput and energy columns where the record names none."""
+        return work_unit(self.driver)
+
     def command_of(self, value: dict[str, str]) -> str:
         """The driver's command for a point: serving where it has a rate and the driver serves."""
         return self.serving_command if self.serving_command and value.get("rate") else self.command
@@ -68,24 +77,16 @@ class Workload:
 
 WORKLOADS = {w.name: w for w in (
     Workload(name="llm", driver="llm_training", command="train", serving_command="",
-             sweep_keys=("nodes", "devices_per_node", "global_batch_size", "micro_batch_size", "tensor_parallel",
-                         "pipeline_parallel", "seq_length", "precision", "iterations", "warmup_iterations",
-                         "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.llm_arguments, profile_prefix="llm", startup_key="startup_s_{model}",
-             default_model_key="default_model", work_unit="tokens", batch_key="gbs_{model}", model_tags=MODEL_TAGS,
+             default_model_key="default_model", batch_key="gbs_{model}", model_tags=MODEL_TAGS,
              nodes_by_model=True, table_columns=TRAINING_COLUMNS),
     Workload(name="resnet50", driver="resnet50", command="train", serving_command="",
-             sweep_keys=("framework", "nodes", "devices_per_node", "global_batch_size", "image_size", "precision",
-                         "compile_mode", "iterations", "warmup_iterations", "steady_seconds", *DEVICE_SETTING_KEYS),
              arguments=jbarguments.resnet_arguments, profile_prefix="resnet", startup_key="resnet_startup_s",
-             default_model_key="default_model", work_unit="images", batch_key="resnet_gbs",
+             default_model_key="default_model", batch_key="resnet_gbs",
              framework_tags=FRAMEWORK_TAGS, table_columns=TRAINING_COLUMNS),
     Workload(name="inference", driver="llm_inference", command="run", serving_command="load",
-             sweep_keys=("task", "batch_size", "engine", "tensor_parallel", "decode_tuning", "objective", "rate",
-                         "max_concurrency", "slo_ttft_ms", "slo_tpot_ms", "min_window_s", "precision", "steady_seconds",
-                         *DEVICE_SETTING_KEYS),
              arguments=jbarguments.inference_arguments, profile_prefix="inference",
-             startup_key="inference_startup_s", default_model_key="inference_preset", work_unit="output_tokens",
+             startup_key="inference_startup_s", default_model_key="inference_preset",
              model_tags=INFERENCE_MODEL_TAGS, one_device=True, self_stop=False, table_columns=INFERENCE_COLUMNS,
              request_shares=True, serving_after_job="request-energy", validate_external_sampler="--external-sampler"),
 )}

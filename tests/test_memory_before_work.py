@@ -138,7 +138,7 @@ def test_jube_validates_a_slurm_point_of_device_auto_for_its_nodes_not_the_login
     slurm = shlex.split(jbprofile.build_settings("llm", ["H100", "800M"], {}, "run", env)["JB_VALIDATE_ARGS"])
     assert slurm[slurm.index("--device") + 1] == "cuda"  # the nodes' GPUs: validate runs on the login node
     train = shlex.split(jbprofile.build_settings("llm", ["H100", "800M"], {}, "run", env)["JB_TRAIN_ARGS"])
-    assert train[train.index("--device") + 1] == "auto"  # the run resolves it on its node
+    assert train[train.index("--device") + 1] == "cuda"  # a GPU profile's run on CPU nodes fails, never reads OK
 
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -4,8 +4,9 @@ driver option that sets it, the JUBE sweep dimension that varies it, and whether
 A knob that changes what is computed (precision, global batch, model) is *semantic*: a setting that differs from
 the default in one is never offered unless the user allows it (--allow-semantic-changes), and then it is named as
 such. Free knobs (decode variant, objective, batch size of a static inference point, slots of a serving point,
-micro-batch, compile mode, parallel layout) change how the same work is done, not the work. Analysis code imports no
-driver, so the table is data here; the drivers' option names are checked against their parsers by the tests.
+micro-batch, compile mode, parallel layout) change how the same work is done, not the work. The knobs are the core's
+table's (joulebench.sweep_settings, which the JUBE workflows read too); analysis imports no driver, so the drivers'
+option names are checked against their parsers by the tests.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from joulebench.sweep_settings import SETTINGS, SweepSetting, knobs
 from jpwr import ValidationError
 
 
@@ -43,33 +45,14 @@ class Knob:
         return [self.option, value]
 
 
-KNOBS: dict[str, tuple[Knob, ...]] = {
-    "llm_inference": (
-        Knob("decode_tuning", "--decode-tuning", "auto", sweep="decode_tuning"),
-        Knob("objective", "--objective", "speed", sweep="objective"),
-        Knob("batch_size", "--batch-size", sweep="batch_size"),
-        Knob("max_concurrency", "--max-concurrency", sweep="max_concurrency"),
-        Knob("engine", "--engine", "static", sweep="engine"),
-        Knob("precision", "--precision", semantic=True, sweep="precision"),
-        Knob("model", "--preset", semantic=True),
-    ),
-    "llm_training": (
-        Knob("micro_batch_size", "--micro-batch-size", sweep="micro_batch_size"),
-        Knob("recompute", "--recompute"),
-        Knob("tensor_parallel", "--tensor-parallel", "1", sweep="tensor_parallel"),
-        Knob("pipeline_parallel", "--pipeline-parallel", "1", sweep="pipeline_parallel"),
-        Knob("global_batch_size", "--global-batch-size", semantic=True, sweep="global_batch_size"),
-        Knob("precision", "--precision", semantic=True, sweep="precision"),
-        Knob("model", "--model", semantic=True),
-    ),
-    "resnet50": (
-        Knob("compile", "--compile", flag=True),
-        Knob("compile_mode", "--compile-mode", sweep="compile_mode"),
-        Knob("channels_last", "--channels-last", "true", flag=True),
-        Knob("global_batch_size", "--global-batch-size", semantic=True, sweep="global_batch_size"),
-        Knob("precision", "--precision", semantic=True, sweep="precision"),
-    ),
-}
+def knob_of(setting: SweepSetting) -> Knob:
+    """A row of the core's table as recommend reads it."""
+    return Knob(setting.key, setting.option, setting.default, setting.semantic, setting.key if setting.sweep else None,
+                setting.flag)
+
+
+# The knobs as the core's table held them at import (joulebench.sweep_settings); knobs_of reads the table itself.
+KNOBS: dict[str, tuple[Knob, ...]] = {driver: tuple(map(knob_of, knobs(driver))) for driver in SETTINGS}
 # What the work is: records that differ in one of these are different workloads, never settings of one.
 WORKLOAD_KEYS = ("task", "rate", "arrivals", "output_length", "seq_length", "image_size", "data", "framework")
 JUBE_WORKFLOWS = {"llm_inference": "jube/inference_benchmark.xml", "llm_training": "jube/llm_benchmark.xml",
@@ -79,10 +62,10 @@ Setting = tuple[tuple[str, str], ...]  # (knob key, value) for every knob of the
 
 
 def knobs_of(benchmark: str) -> tuple[Knob, ...]:
-    if benchmark not in KNOBS:
+    if benchmark not in SETTINGS:
         raise ValidationError(f"no software settings are known for benchmark {benchmark!r}",
-                              f"pass the run records of one of {', '.join(KNOBS)}")
-    return KNOBS[benchmark]
+                              f"pass the run records of one of {', '.join(SETTINGS)}")
+    return tuple(map(knob_of, knobs(benchmark)))
 
 
 def setting_of(benchmark: str, config: Mapping[str, Any]) -> Setting:

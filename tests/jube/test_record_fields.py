@@ -75,7 +75,8 @@ def test_the_final_status_and_the_exit_code_the_job_script_passes_on(tmp_path: P
     record = read_run_record(work / "run" / "run_record.json")
     assert (rc, record.status, fields(work)["status"]) == (code, final, final)
     assert record.job == {"scheduler": "slurm", "job_id": "4711", "time_limit_s": 60, "stop_margin_s": 10,
-                          "stop_budget_s": 50, "elapsed_s": 52.0, "exit_code": code, "devices": []}  # no sampler ran
+                          "stop_budget_s": 50, "elapsed_s": 52.0, "exit_code": code, "devices": [],  # no sampler ran
+                          "tags": []}  # the JUBE run's tags (JB_TAGS): none in this job.env
     assert (work / "job.done").exists() and fields(work)["job_id"] == "4711"
     if driver and job not in ("OK", driver):
         assert record.status_reason == f"why the job says so (the driver had reported {driver})"

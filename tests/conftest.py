@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -223,6 +224,15 @@ def _scopes(items: list[pytest.Item]) -> dict[str, str]:
         scopes[item.nodeid] = (MACHINE_WIDE_SCOPE if name in machine_wide
                                else unit[(name, shared[0])] if shared else item.nodeid)
     return scopes
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as an interactive shell delivers it: a suite started in the background of a non-interactive shell
+    (`bash tests/run.sh &`) inherits SIGINT ignored, every process it starts would inherit that too, and the tests that
+    press Ctrl-C on a driver would see it run on to exit 0. Python's own handler here; its children start with the
+    default disposition."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -129,15 +129,17 @@ def _finished_line(workdir: Path) -> str:
 def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Five one-node jobs at once. OK: a short job ends under a 1-minute limit. FAILED: CUDA asked for on CPU
-    nodes (passes validate, fails in the ranks). TIMEOUT: endless iterations under a 1-minute limit, stopped by
+    """Five one-node jobs at once. OK: a short job ends under a 1-minute limit. FAILED: a GPU profile's job on CPU
+    nodes (its `auto` device is the profile's GPU: passes validate, fails in the ranks). TIMEOUT: endless iterations under a 1-minute limit, stopped by
     the job's own timer after at least 40 s and held until Slurm's limit. CANCELLED twice: scancel while it
     trains (the job records itself) and while it waits to start (its finalizer job records it)."""
     env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_NODES": "1"}
     endless = {"JOULEBENCH_LLM_ITERATIONS": "1000000"}
     cases = {
         "OK": {"JOULEBENCH_TIME_LIMIT": "0:01:00"},
-        "FAILED": {"JOULEBENCH_DRIVER_DEVICE": "cuda", "JOULEBENCH_SWEEP_GLOBAL_BATCH_SIZE": "4"},
+        # a GPU system's profile (device auto) whose job lands on CPU nodes: FAILED naming it, never OK on the CPUs
+        "FAILED": {"JOULEBENCH_VENDOR": "nvidia", "JOULEBENCH_DRIVER_DEVICE": "auto",
+                   "JOULEBENCH_SWEEP_GLOBAL_BATCH_SIZE": "4"},
         "TIMEOUT": {"JOULEBENCH_TIME_LIMIT": "0:01:00", **endless},
         "CANCELLED": endless,
         "CANCELLED_PENDING": {"JOULEBENCH_SBATCH_ARGS": "--begin=now+3600"},

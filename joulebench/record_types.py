@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Required, TypedDict
 
-# The work units of the drivers' steady windows: SteadyMetrics names four figures after them (tokens_per_s, ...).
+# The work units of the drivers' steady windows: steady_metrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
 
 
@@ -33,7 +33,8 @@ class DeviceFigures(TypedDict):
 
 
 class SteadyFigures(TypedDict, total=False):
-    """joulebench.record.SteadyMetrics.to_dict: the shared headline figures of the steady window."""
+    """The shared headline figures of the steady window, declared once here (joulebench.record.steady_metrics
+    computes them; docs/run-record.md says what each means)."""
 
     window: str
     work_unit: str
@@ -60,7 +61,7 @@ class SteadyFigures(TypedDict, total=False):
     per_device: list[DeviceFigures]  # each device of the headline
     outside_job_devices: int | None  # a whole-node request: the node's devices the job was not bound to
     outside_job_energy_j: float | None  # ... and their energy over the same window, never in the headline
-    # SteadyMetrics' work_per_s, work_per_s_per_device, work_per_wh and partial_work_per_wh, one set per WORK_UNITS
+    # the work rate, per device, per Wh and partial per Wh, named after the work unit: one set per WORK_UNITS
     tokens_per_s: float | None
     tokens_per_s_per_device: float | None
     tokens_per_wh: float | None

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from joulebench import figures
-from joulebench.record import SCHEMA_VERSION, RunRecord, SteadyMetrics, read_run_record
+from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics
+from joulebench.record_shape import RecordShapeError, checked_block
 from joulebench.record_types import WORK_UNITS, MeterBlock, Metrics, RequestsBlock
 from jpwr import Window
 from jpwr.output import write_json_atomic
@@ -103,7 +104,7 @@ def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> Non
 def test_the_steady_figures_of_every_work_unit_are_declared(unit: str) -> None:
     window = Window(name="steady", first_step=0, last_step=2, t_start_ns=0, t_end_ns=2_000_000_000,
                     work={unit: 10.0})
-    keys = set(SteadyMetrics.from_window(window, unit, devices=1).to_dict())
+    keys = set(steady_metrics(window, unit, devices=1))
     assert {f"{unit}_per_s", f"{unit}_per_wh"} <= keys
     assert sorted(keys - _declared(Metrics)) == []
 
@@ -115,3 +116,9 @@ def test_the_figures_analysis_reads_by_name_are_declared() -> None:
              *(key for key, _ in figures.J_PER_UNIT_METRICS)]
     read = {key.format(unit=unit) for key in named for unit in WORK_UNITS}
     assert sorted(read - _declared(Metrics)) == []
+
+
+def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:
+    with pytest.raises(RecordShapeError, match=r"meter\.clock is 'noon', not an object"):
+        checked_block(MeterBlock, {"sampler": True, "clock": "noon"}, "meter")
+    assert checked_block(MeterBlock, {"sampler": True, "newer": 1}, "meter") == {"sampler": True, "newer": 1}

@@ -63,7 +63,7 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from joulebench.record_types import ClockAnchor, Metrics
+from joulebench.record_types import ClockAnchor, HardwareBlock, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
 from jpwr.errors import stop_if_interrupted
@@ -377,13 +377,13 @@ class Lifecycle:
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
             metrics: Callable[[RunRecord], Metrics], gather: Gather | None = None,
-            hardware: Mapping[str, Any] | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
+            hardware: HardwareBlock | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
         """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
         `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
         rank 0 writes the record, also after a failure, and logs its figures to the `log_to` tools (--log-to).
         Exceptions do not propagate: the exit code carries them."""
-        record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config),
-                           launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
+        record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config), launch=self.launch.to_dict(),
+                           hardware=hardware.copy() if hardware else HardwareBlock(), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
         self.runs.append(run)
         run.watch.start()  # never raises: an unreadable check is n/a with its reason

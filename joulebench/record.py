@@ -24,6 +24,9 @@ from joulebench.record_types import (
     HEADLINE_ENERGY_FIGURES,
     TRUSTED_ENERGY_FIGURES,
     DeviceFigures,
+    HardwareBlock,
+    JobBlock,
+    LaunchBlock,
     MeterBlock,
     Metrics,
     RequestsBlock,
@@ -158,13 +161,13 @@ class RunRecord:
     started_at: str = dataclasses.field(default_factory=lambda: utc_now())
     finished_at: str | None = None
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    launch: dict[str, Any] = dataclasses.field(default_factory=dict)
-    hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+    launch: LaunchBlock = dataclasses.field(default_factory=lambda: LaunchBlock())
+    hardware: HardwareBlock = dataclasses.field(default_factory=lambda: HardwareBlock())
     software: dict[str, Any] = dataclasses.field(default_factory=dict)
     windows: list[Window] = dataclasses.field(default_factory=list)
     metrics: Metrics = dataclasses.field(default_factory=lambda: Metrics())
     meter: MeterBlock = dataclasses.field(default_factory=lambda: MeterBlock())  # sampler, methods, idle baseline
-    job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
+    job: JobBlock = dataclasses.field(default_factory=lambda: JobBlock())  # scheduler job: id, time limit, stop budget
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
     # Every warning of the run (driver, meter, record checks), in the order they arose; the JUBE table's Note reads it.
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -214,13 +217,14 @@ class RunRecord:
             benchmark=data["benchmark"], run_id=data["run_id"], status=data["status"],
             status_reason=data.get("status_reason"), started_at=data["started_at"],
             finished_at=data.get("finished_at"), config=_config_of(data.get("config", {}), version),
-            launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
+            launch=checked_block(LaunchBlock, dict(data.get("launch", {})), "launch"),
+            hardware=checked_block(HardwareBlock, dict(data.get("hardware", {})), "hardware"),
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             # the blocks as written: keys outside their TypedDicts (a newer writer's) are kept, not checked
             metrics=checked_block(Metrics, dict(data.get("metrics", {})), "metrics"),
             meter=checked_block(MeterBlock, dict(data.get("meter", {})), "meter"),
-            job=dict(data.get("job") or {}), attribution=data.get("attribution"),
+            job=checked_block(JobBlock, dict(data.get("job") or {}), "job"), attribution=data.get("attribution"),
             warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
             disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),

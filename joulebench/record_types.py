@@ -9,7 +9,8 @@ key of every shipped record is declared here, so the lists cannot drift from wha
 Blocks whose keys belong to another type stay `dict[str, Any]` here: `meter.idle_baseline` (jpwr.IdleBaseline),
 `meter.steady_plan` (joulebench.sizing.SteadyPlan), `meter.steady_seconds` (llm_inference's window rule) and
 `requests.energy` (the per-request fit, docs/attribution.md). Keys named after a work unit are declared for the
-units the drivers use (`WORK_UNITS`); `config`, `hardware`, `launch`, `software` and `job` stay open dicts.
+units the drivers use (`WORK_UNITS`); `config` and `software` stay open dicts. A dict becomes one of these types
+through joulebench.record_shape.checked_block (the reader's shape check), never a cast.
 """
 
 from __future__ import annotations
@@ -247,6 +248,77 @@ HEADLINE_ENERGY_FIGURES = (  # (idle_power_w is the idle baseline's, not the win
     "partial_mean_power_w_per_device", *(f"partial_{unit}_per_wh" for unit in WORK_UNITS))
 
 
+class LaunchBlock(TypedDict, total=False):
+    """The record's `launch` block: the process layout (joulebench.launch.LaunchEnv.to_dict, field for field)."""
+
+    launcher: str  # "torchrun", "slurm" or "single"
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    node_name: str
+    master_addr: str
+    master_port: int
+    job_id: str | None
+
+
+class HardwareBlock(TypedDict, total=False):
+    """The record's `hardware` block: what the run ran on (joulebench.torch_device.hardware_info, resnet50's
+    backends' hardware, the node's GPU facts of joulebench.node_facts); a driver that adds a key declares it here."""
+
+    device_type: str  # torch's device type: "cuda", "cpu", ...
+    device_kind: str  # resnet50's: "cuda" or "cpu"
+    device_name: str
+    device_memory_gib: float | None
+    compute_capability: str
+    devices: int
+    devices_per_node: int
+    nodes: int
+    host_cpu: str
+    gpu_interconnect: str  # "NVLink", "PCIe", "none" or "unknown" (jpwr.Interconnect)
+    gpu_interconnect_detail: str  # ... and what it was read from
+    cpu_count: int | None
+    torch_threads: int
+    cudnn_benchmark: bool
+    cudnn_allow_tf32: bool
+    inductor_coordinate_descent_tuning: bool | None
+    devices_per_worker: int  # resnet50 on TensorFlow: its workers and their strategy
+    workers: int
+    strategy: str
+
+
+class JobDevice(TypedDict):
+    """One accelerator a node's sampler metered as the job's (jpwr.NodeSummary.job_accelerators)."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
+
+
+class JobNode(TypedDict):
+    """Per node: the job's accelerators and the binding that named them (jube/jbrecord.py: job_devices)."""
+
+    node: str
+    binding: str | None
+    devices: list[JobDevice]
+
+
+class JobBlock(TypedDict, total=False):
+    """The record's `job` block: the scheduler job the run was (jube/jbrecord.py: job_facts); empty outside JUBE."""
+
+    scheduler: str | None
+    job_id: str | None
+    time_limit_s: int | None
+    stop_margin_s: int | None
+    stop_budget_s: int | None
+    elapsed_s: float | None
+    exit_code: int
+    tags: list[str]  # the `jube run` tags: recommend's apply line repeats them
+    devices: list[JobNode]
+
+
 class ClockAnchor(TypedDict):
     """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
 
@@ -359,13 +431,13 @@ class RecordDocument(TypedDict, total=False):
     status_reason: str | None
     finished_at: str | None
     config: dict[str, Any]
-    launch: dict[str, Any]
-    hardware: dict[str, Any]
+    launch: LaunchBlock
+    hardware: HardwareBlock
     software: dict[str, Any]
     windows: list[WindowDocument]
     metrics: Metrics
     meter: MeterBlock
-    job: dict[str, Any] | None
+    job: JobBlock | None
     warnings: list[str] | None
     attribution: dict[str, Any] | None
     requests: RequestsBlock | None

@@ -34,7 +34,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.record_types import OutputTokenCounts, RequestFailures, RequestsBlock
+from joulebench.record_types import HardwareBlock, OutputTokenCounts, RequestFailures, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus
 from joulebench.torch_device import resolve_device
 from joulebench.waits import StopCheck, wait_until
@@ -324,7 +324,7 @@ class HttpServerTarget:
                  ) -> None:
         assert cfg.server is not None
         self.cfg, self.server, self.shape, self.device, self.stack = cfg, cfg.server, shape, device, stack
-        self.hardware: dict[str, object] | None = None
+        self.hardware: HardwareBlock | None = None
         self.sweep = Sweep()
         self.started: StartedServer | None = None
         self.client: Target | None = None

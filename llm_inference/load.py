@@ -30,7 +30,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
-from joulebench.record_types import RequestsBlock
+from joulebench.record_types import HardwareBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
@@ -180,10 +180,10 @@ class EngineTarget:
     """The in-process continuous-batching engine as a load target (llm_inference/load_run.py)."""
 
     def __init__(self, cfg: LoadConfig, model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str,
-                 hardware: dict[str, object], trace: list[Request] | None) -> None:
+                 hardware: HardwareBlock, trace: list[Request] | None) -> None:
         self.cfg, self.model, self.shape, self.precision, self.trace = cfg, model, shape, precision, trace
         self.device = model.device
-        self.hardware: dict[str, object] | None = hardware
+        self.hardware: HardwareBlock | None = hardware
         self.sweep = Sweep()
 
     def config(self) -> dict[str, Any]:

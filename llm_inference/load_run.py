@@ -23,7 +23,7 @@ import torch
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
-from joulebench.record_types import Metrics, RequestsBlock
+from joulebench.record_types import HardwareBlock, Metrics, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
@@ -71,7 +71,7 @@ class LoadTarget(Protocol[DetailT]):
     """What differs between serving a load in process and sending it to a server."""
 
     device: torch.device  # picks the warm-up and window defaults, and whether the idle baseline is an accelerator's
-    hardware: dict[str, object] | None  # the record's hardware block where the target knows it
+    hardware: HardwareBlock | None  # the record's hardware block where the target knows it
 
     def config(self) -> dict[str, Any]:
         """The target's entries in the record's config (which engine, its precision)."""

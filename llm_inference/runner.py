@@ -32,7 +32,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import Metrics
+from joulebench.record_types import HardwareBlock, Metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, WindowMeter
@@ -175,7 +175,7 @@ def per_rank(cfg: InferenceConfig, shape: ModelPreset, precision: str, batch_siz
 
 
 def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltModel[Engine], shape: ModelPreset,
-             precision: str, device: torch.device, hardware: dict[str, object],
+             precision: str, device: torch.device, hardware: HardwareBlock,
              idle: IdleBaseline | None, tp: TensorParallel | None) -> tuple[RunRecord, IdleBaseline | None]:
     """One point, one record: the idle baseline is measured before the first point and reused by the others."""
     task = TASKS[spec.task]

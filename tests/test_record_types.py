@@ -4,6 +4,7 @@ so the types cannot drift from what the drivers write (issue 42)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,16 +12,26 @@ from typing import Any
 import pytest
 
 from joulebench import figures
+from joulebench.launch import LaunchEnv
 from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics
 from joulebench.record_shape import RecordShapeError, checked_block
-from joulebench.record_types import WORK_UNITS, MeterBlock, Metrics, RequestsBlock
+from joulebench.record_types import (
+    WORK_UNITS,
+    HardwareBlock,
+    JobBlock,
+    LaunchBlock,
+    MeterBlock,
+    Metrics,
+    RequestsBlock,
+)
 from jpwr import Window
 from jpwr.output import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
 RECORD_KIND = "joulebench.run_record"
-BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock}
+BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
+          "hardware": HardwareBlock, "job": JobBlock}
 # What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
 # blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
 UPGRADED = ("schema_version", "warnings", "job")
@@ -122,3 +133,15 @@ def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:
     with pytest.raises(RecordShapeError, match=r"meter\.clock is 'noon', not an object"):
         checked_block(MeterBlock, {"sampler": True, "clock": "noon"}, "meter")
     assert checked_block(MeterBlock, {"sampler": True, "newer": 1}, "meter") == {"sampler": True, "newer": 1}
+
+
+def test_the_launch_block_declares_the_layout_field_for_field() -> None:
+    """LaunchEnv is the layout, LaunchBlock its record block: the two lists stay one."""
+    assert _declared(LaunchBlock) == {field.name for field in dataclasses.fields(LaunchEnv)}
+    assert list(LaunchEnv.from_env({}).to_dict()) == [field.name for field in dataclasses.fields(LaunchEnv)]
+
+
+def test_a_hardware_block_of_the_wrong_shape_is_refused_at_reading() -> None:
+    shipped = json.loads(SHIPPED[0].read_text())
+    with pytest.raises(RecordShapeError, match=r"hardware\.device_name is 8, not a text"):
+        RunRecord.from_dict({**shipped, "hardware": {**shipped.get("hardware", {}), "device_name": 8}})

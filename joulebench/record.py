@@ -19,11 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from joulebench.record_shape import RecordShapeError, checked_block, record_shape_problems
+from joulebench.record_shape import Block, RecordShapeError, checked_block, record_shape_problems
 from joulebench.record_types import (
     HEADLINE_ENERGY_FIGURES,
     TRUSTED_ENERGY_FIGURES,
     DeviceFigures,
+    DisturbedBlock,
     HardwareBlock,
     JobBlock,
     LaunchBlock,
@@ -175,7 +176,7 @@ class RunRecord:
     # (docs/run-record.md): the per-request table's reference, what disturbed the run, carbon and cost, and the
     # energy domain of the headline figures. Absent (None) until a producer writes them.
     requests: RequestsBlock | None = None
-    disturbed: dict[str, Any] | None = None
+    disturbed: DisturbedBlock | None = None
     footprint: dict[str, Any] | None = None
     energy_domain: str | None = None
 
@@ -226,7 +227,7 @@ class RunRecord:
             meter=checked_block(MeterBlock, dict(data.get("meter", {})), "meter"),
             job=checked_block(JobBlock, dict(data.get("job") or {}), "job"), attribution=data.get("attribution"),
             warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
-            disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
+            disturbed=_optional(DisturbedBlock, data.get("disturbed"), "disturbed"), footprint=data.get("footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
 
@@ -247,16 +248,9 @@ def _typed(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> 
     return value
 
 
-def _disturbed(block: Any) -> dict[str, Any] | None:
-    """The `disturbed` block where its verdict and reasons have the types the tables read (true/false/null, a list
-    of texts); else a TypeError naming the field."""
-    _typed(block, dict, "disturbed", "an object")
-    if block is not None:
-        _typed(block.get("disturbed"), bool, "disturbed.disturbed", "true, false or null")
-        reasons = _typed(block.get("reasons"), list, "disturbed.reasons", "a list")
-        for reason in reasons or []:
-            _typed(reason, str, "disturbed.reasons[]", "a text")
-    return block
+def _optional(kind: type[Block], block: object, field: str) -> Block | None:
+    """An optional block as its type (checked_block), None where the record has none."""
+    return None if block is None else checked_block(kind, block, field)
 
 
 def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:

@@ -319,6 +319,45 @@ class JobBlock(TypedDict, total=False):
     devices: list[JobNode]
 
 
+class OtherProcess(TypedDict):
+    """A process of another job seen on the metered GPUs (joulebench.disturbed's other_processes check)."""
+
+    pid: int
+    node: str
+    name: str | None  # None: its PID is not visible here (another PID namespace)
+    used_memory_bytes: int | None
+    devices: list[str]
+    samples: int
+
+
+class DisturbanceCheck(TypedDict, total=False):
+    """One check of the `disturbed` block: its verdict (None: not judged, with the reason) and what it measured."""
+
+    disturbed: Required[bool | None]
+    unavailable_reason: str | None
+    # the measure: step times' CV, other processes, the share of load samples above the cores, per GPU the share of
+    # samples with each clock reason
+    value: float | list[OtherProcess] | dict[str, dict[str, float]]
+    threshold: float | str
+    samples: int
+    basis: str  # what the step times are (step_time_cv)
+    reason: str  # a disturbed check: why, in words
+    note: str
+    partly_unavailable: list[str]
+    max_load_1min: float
+    cores: int | None
+    counted: list[str]  # the clock reasons counted as held down
+
+
+class DisturbedBlock(TypedDict, total=False):
+    """The record's `disturbed` block (joulebench.disturbed.judge): whether anything else ran beside the window."""
+
+    disturbed: bool | None  # None: not judged
+    reasons: list[str]
+    window: str
+    checks: dict[str, DisturbanceCheck]  # step_time_cv, other_processes, host_load, clock_events
+
+
 class ClockAnchor(TypedDict):
     """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
 
@@ -441,6 +480,6 @@ class RecordDocument(TypedDict, total=False):
     warnings: list[str] | None
     attribution: dict[str, Any] | None
     requests: RequestsBlock | None
-    disturbed: dict[str, Any] | None
+    disturbed: DisturbedBlock | None
     footprint: dict[str, Any] | None
     energy_domain: str | None

@@ -17,6 +17,7 @@ from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady
 from joulebench.record_shape import RecordShapeError, checked_block
 from joulebench.record_types import (
     WORK_UNITS,
+    DisturbedBlock,
     HardwareBlock,
     JobBlock,
     LaunchBlock,
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
 RECORD_KIND = "joulebench.run_record"
 BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
-          "hardware": HardwareBlock, "job": JobBlock}
+          "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock}
 # What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
 # blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
 UPGRADED = ("schema_version", "warnings", "job")

@@ -75,6 +75,7 @@ API: dict[str, dict[str, str]] = {
         "HardwareBlock": "the typed hardware block a driver fills with what it ran on",
         "JobBlock": "the typed job block jube's finalizer fills",
         "JobNode": "one node's accelerators metered as the job's, in the job block",
+        "FootprintBlock": "the typed footprint block jube's finalizer estimates",
     },
     "joulebench.record_shape": {
         "checked_block": "a block built from untyped parts (jpwr's dicts, settings) becomes its typed block, checked",

@@ -25,6 +25,7 @@ from joulebench.record_types import (
     TRUSTED_ENERGY_FIGURES,
     DeviceFigures,
     DisturbedBlock,
+    FootprintBlock,
     HardwareBlock,
     JobBlock,
     LaunchBlock,
@@ -177,7 +178,7 @@ class RunRecord:
     # energy domain of the headline figures. Absent (None) until a producer writes them.
     requests: RequestsBlock | None = None
     disturbed: DisturbedBlock | None = None
-    footprint: dict[str, Any] | None = None
+    footprint: FootprintBlock | None = None
     energy_domain: str | None = None
 
     def __post_init__(self) -> None:
@@ -227,7 +228,8 @@ class RunRecord:
             meter=checked_block(MeterBlock, dict(data.get("meter", {})), "meter"),
             job=checked_block(JobBlock, dict(data.get("job") or {}), "job"), attribution=data.get("attribution"),
             warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
-            disturbed=_optional(DisturbedBlock, data.get("disturbed"), "disturbed"), footprint=data.get("footprint"),
+            disturbed=_optional(DisturbedBlock, data.get("disturbed"), "disturbed"),
+            footprint=_optional(FootprintBlock, data.get("footprint"), "footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
 

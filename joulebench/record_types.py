@@ -358,6 +358,35 @@ class DisturbedBlock(TypedDict, total=False):
     checks: dict[str, DisturbanceCheck]  # step_time_cv, other_processes, host_load, clock_events
 
 
+class FootprintBlock(TypedDict, total=False):
+    """The record's `footprint` block (jube/jbfootprint.py): carbon and cost of the metered energy, an estimate from
+    the site profile, each figure with its bound and n/a (None, with the reason) where the profile gives no value."""
+
+    estimate: str | None  # None: the profile's settings could not be read (unavailable_reason says why)
+    unavailable_reason: str
+    carbon_source: str | None
+    price_source: str | None
+    currency: str | None
+    pue: float
+    pue_source: str
+    energy_basis: str
+    placement: str
+    run_energy_j: float | None
+    run_energy_error_bound_j: float | None
+    work_unit: str | None
+    work: float | None
+    g_co2e: float | None
+    g_co2e_error_bound: float | None
+    g_co2e_per_unit: float | None
+    g_co2e_per_unit_error_bound: float | None
+    g_co2e_unavailable_reason: str
+    cost: float | None
+    cost_error_bound: float | None
+    cost_per_unit: float | None
+    cost_per_unit_error_bound: float | None
+    cost_unavailable_reason: str
+
+
 class ClockAnchor(TypedDict):
     """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
 
@@ -481,5 +510,5 @@ class RecordDocument(TypedDict, total=False):
     attribution: dict[str, Any] | None
     requests: RequestsBlock | None
     disturbed: DisturbedBlock | None
-    footprint: dict[str, Any] | None
+    footprint: FootprintBlock | None
     energy_domain: str | None

@@ -60,7 +60,7 @@ from joulebench.record import (
     write_run_record,
 )
 from joulebench.record_shape import checked_block
-from joulebench.record_types import JobBlock, JobNode
+from joulebench.record_types import FootprintBlock, JobBlock, JobNode
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
@@ -263,7 +263,7 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
     return record
 
 
-def footprint(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
+def footprint(settings: dict[str, str], record: RunRecord) -> FootprintBlock:
     """Carbon and cost from the site profile the job carries; a file changed since validate costs only the block."""
     try:
         return jbfootprint.footprint_block(record, jbfootprint.from_settings(settings))

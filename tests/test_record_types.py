@@ -18,6 +18,7 @@ from joulebench.record_shape import RecordShapeError, checked_block
 from joulebench.record_types import (
     WORK_UNITS,
     DisturbedBlock,
+    FootprintBlock,
     HardwareBlock,
     JobBlock,
     LaunchBlock,
@@ -32,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
 RECORD_KIND = "joulebench.run_record"
 BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
-          "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock}
+          "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock,
+          "footprint": FootprintBlock}
 # What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
 # blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
 UPGRADED = ("schema_version", "warnings", "job")

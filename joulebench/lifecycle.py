@@ -63,7 +63,8 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from joulebench.record_types import ClockAnchor, HardwareBlock, Metrics
+from joulebench.record_shape import checked_block
+from joulebench.record_types import ClockAnchor, HardwareBlock, IdleBaselineBlock, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
 from jpwr.errors import stop_if_interrupted
@@ -269,11 +270,10 @@ class Run:
         self.accelerator = accelerator
         if reuse is not None:
             meter.idle = reuse
-            self.record.meter["idle_baseline"] = {**reuse.to_dict(),
-                                                  "measured": "before the first point of this invocation"}
+            self.record.meter["idle_baseline"] = _idle_block(reuse, "before the first point of this invocation")
             return reuse
         idle = meter.take_idle_baseline(enabled, accelerator, gather, self.stop.local_reason)
-        self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
+        self.record.meter["idle_baseline"] = _idle_block(idle, "before this run's first window")
         return idle
 
     def stopped_early(self, completed: int, planned: int | None, warmup: int = 0, unit: str = "iterations") -> None:
@@ -339,6 +339,11 @@ class Run:
         if self.meter is None:
             raise RuntimeError("open_meter() first: the run has no meter")
         return self.meter
+
+
+def _idle_block(idle: IdleBaseline, measured: str) -> IdleBaselineBlock:
+    """The record's meter.idle_baseline: jpwr's idle baseline and when it was measured."""
+    return checked_block(IdleBaselineBlock, {**idle.to_dict(), "measured": measured}, "meter.idle_baseline")
 
 
 def _close_meter(meter: WindowMeter, record: RunRecord) -> None:

@@ -6,10 +6,10 @@ record of an earlier schema, a run without a steady window (metrics is then `{"w
 own keys) or a failed run lacks keys, and a reader asks with `.get`. tests/test_record_types.py checks that every
 key of every shipped record is declared here, so the lists cannot drift from what the drivers write.
 
-Blocks whose keys belong to another type stay `dict[str, Any]` here: `meter.idle_baseline` (jpwr.IdleBaseline),
-`meter.steady_plan` (joulebench.sizing.SteadyPlan), `meter.steady_seconds` (llm_inference's window rule) and
-`requests.energy` (the per-request fit, docs/attribution.md). Keys named after a work unit are declared for the
-units the drivers use (`WORK_UNITS`); `config` and `software` stay open dicts. A dict becomes one of these types
+A block the code holds as a dataclass (joulebench.launch.LaunchEnv, joulebench.sizing.SteadyPlan and WindowLength,
+jpwr.IdleBaseline) is declared here field for field; tests/test_record_types.py keeps the two alike. Keys named after
+a work unit are declared for the units the drivers use (`WORK_UNITS`); `config`, `software` and `requests.energy`
+(the per-request fit, docs/attribution.md) stay open dicts. A dict becomes one of these types
 through joulebench.record_shape.checked_block (the reader's shape check), never a cast.
 """
 
@@ -394,6 +394,50 @@ class ClockAnchor(TypedDict):
     monotonic_ns: int
 
 
+class IdleBaselineBlock(TypedDict, total=False):
+    """`meter.idle_baseline`: jpwr.IdleBaseline.to_dict, field for field, and when it was measured."""
+
+    power_w: float | None
+    error_bound_w: float | None
+    devices: int
+    duration_s: float | None
+    method: str | None
+    settled: bool | None
+    settle_wait_s: float | None
+    settle_note: str | None
+    unavailable_reason: str | None
+    nodes: list[str]
+    measured: str  # "before this run's first window", or the earlier run of a sweep it was reused from
+
+
+class SteadyPlanBlock(TypedDict, total=False):
+    """`meter.steady_plan`: joulebench.sizing.SteadyPlan.to_dict, field for field (the training drivers)."""
+
+    iterations: int
+    rule: str
+    reason: str
+    seconds: float | None
+    step_s: float | None
+    update_period_s: float | None
+    update_period_source: str | None
+    edge_power_w: float | None
+    mean_power_w: float | None
+    predicted_bound_fraction: float | None
+    aliasing: str | None
+    aliasing_risk: str | None
+
+
+class WindowLengthBlock(TypedDict, total=False):
+    """`meter.steady_seconds`: joulebench.sizing.WindowLength.to_dict, field for field (llm_inference)."""
+
+    seconds: float
+    rule: str
+    update_period_s: float
+    update_period_source: str
+    edge_power_w: float | None
+    mean_power_w: float | None
+
+
 class MeterBlock(TypedDict, total=False):
     """The record's `meter` block: jpwr facts for this run (joulebench.lifecycle and the drivers)."""
 
@@ -401,9 +445,9 @@ class MeterBlock(TypedDict, total=False):
     energy_methods: str | None
     in_process_out_dir: str | None
     clock: ClockAnchor
-    idle_baseline: dict[str, Any]  # jpwr.IdleBaseline.to_dict and `measured` (when it was taken)
-    steady_plan: dict[str, Any] | None  # joulebench.sizing.SteadyPlan.to_dict; the training drivers
-    steady_seconds: dict[str, Any]  # llm_inference: the seconds each window lasts at least, and the rule
+    idle_baseline: IdleBaselineBlock
+    steady_plan: SteadyPlanBlock | None  # the training drivers
+    steady_seconds: WindowLengthBlock  # llm_inference: the seconds each window lasts at least, and the rule
 
 
 class RequestFailure(TypedDict):

@@ -20,13 +20,17 @@ from joulebench.record_types import (
     DisturbedBlock,
     FootprintBlock,
     HardwareBlock,
+    IdleBaselineBlock,
     JobBlock,
     LaunchBlock,
     MeterBlock,
     Metrics,
     RequestsBlock,
+    SteadyPlanBlock,
+    WindowLengthBlock,
 )
-from jpwr import Window
+from joulebench.sizing import SteadyPlan, WindowLength
+from jpwr import IdleBaseline, Window
 from jpwr.output import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,9 +142,16 @@ def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:
     assert checked_block(MeterBlock, {"sampler": True, "newer": 1}, "meter") == {"sampler": True, "newer": 1}
 
 
-def test_the_launch_block_declares_the_layout_field_for_field() -> None:
-    """LaunchEnv is the layout, LaunchBlock its record block: the two lists stay one."""
-    assert _declared(LaunchBlock) == {field.name for field in dataclasses.fields(LaunchEnv)}
+@pytest.mark.parametrize(("block", "kind", "added"), [
+    (LaunchBlock, LaunchEnv, set()), (SteadyPlanBlock, SteadyPlan, set()), (WindowLengthBlock, WindowLength, set()),
+    (IdleBaselineBlock, IdleBaseline, {"measured"})], ids=lambda x: getattr(x, "__name__", ""))
+def test_a_block_written_from_a_dataclass_declares_its_fields_one_for_one(block: Any, kind: Any, added: set[str]
+                                                                          ) -> None:
+    """The dataclass is what the code holds, the TypedDict its record block: the two lists stay one."""
+    assert _declared(block) == {field.name for field in dataclasses.fields(kind)} | added
+
+
+def test_the_launch_block_is_written_in_the_layout_s_order() -> None:
     assert list(LaunchEnv.from_env({}).to_dict()) == [field.name for field in dataclasses.fields(LaunchEnv)]
 
 

@@ -76,6 +76,7 @@ API: dict[str, dict[str, str]] = {
         "JobBlock": "the typed job block jube's finalizer fills",
         "JobNode": "one node's accelerators metered as the job's, in the job block",
         "FootprintBlock": "the typed footprint block jube's finalizer estimates",
+        "RequestEnergyBlock": "the serving record's typed per-request energy block, fitted by llm_inference",
     },
     "joulebench.record_shape": {
         "checked_block": "a block built from untyped parts (jpwr's dicts, settings) becomes its typed block, checked",

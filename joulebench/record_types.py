@@ -477,6 +477,47 @@ OutputTokenCounts = TypedDict("OutputTokenCounts", {
     "rejected by reason": dict[str, int], "rejected first": list[RejectedUsage]}, total=False)
 
 
+class RequestEnergyBlock(TypedDict, total=False):
+    """`requests.energy` (llm_inference/serving_energy.py, docs/attribution.md): the per-request energy fit of one
+    rate, its requests' energy and the model's checks; or {"unavailable_reason": ...}. A check's row carries its
+    card-state fields (joulebench.card_state.check_fields), hence the open rows."""
+
+    unavailable_reason: str
+    estimate: str  # a server's block: "client-side estimate"
+    method: str
+    columns: list[str]
+    coefficients: dict[str, float | None]  # a value the fit could not give (NaN) is written null
+    intervals_95: dict[str, list[float | None]]
+    idle_w: float | None
+    idle_given: bool
+    notes: list[str]
+    vif: dict[str, float | None]
+    prefill_block_vif: float | None
+    separable: bool
+    split_unavailable_reason: str | None
+    segments: int
+    clock_term: dict[str, Any]  # joulebench.clock_term.TermTrial.to_dict
+    fitted_conditions: dict[str, float | None] | None  # joulebench.card_state.Conditions.to_dict
+    held_out_halves: list[dict[str, Any]]  # check (b)
+    fitted_span_s: float
+    share_rule: str
+    requests: int
+    energy_per_request_j: dict[str, float | None]  # p50, p90
+    shares: dict[str, float | None]  # prefill, decode, idle
+    window_remainder_j: float | None
+    window_remainder_bound_j: float | None
+    window_unattributed_idle_j: float | None
+    cross_rate: list[dict[str, Any]]  # check (a)
+    controlled_split: list[dict[str, Any]] | str  # check (c), or why it could not run
+    controlled_window: dict[str, Any]  # the controlled-split window as measured
+    checks_failed: str
+    client_side_estimate_error: dict[str, Any]  # llm_inference.client_estimate.estimate_error
+    joint: RequestEnergyBlock  # the sweep's rates fitted together: this block's keys and the three below
+    rates: list[str]
+    rates_left_out: dict[str, str]
+    joint_segments: int
+
+
 class RequestsBlock(TypedDict, total=False):
     """The record's `requests` block: a serving run's per-request table beside it (requests.h5) and its summary."""
 
@@ -489,7 +530,7 @@ class RequestsBlock(TypedDict, total=False):
     chunks: int  # chunks read from the server's streams (a load sent to a server)
     output_token_counts: OutputTokenCounts
     failures: RequestFailures
-    energy: dict[str, Any]  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}
+    energy: RequestEnergyBlock  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}
 
 
 # ---- the record as a document: the shape joulebench.record_shape checks at load ------------------------------------

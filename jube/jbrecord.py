@@ -60,7 +60,7 @@ from joulebench.record import (
     write_run_record,
 )
 from joulebench.record_shape import checked_block
-from joulebench.record_types import FootprintBlock, JobBlock, JobNode
+from joulebench.record_types import FootprintBlock, JobBlock, JobNode, RequestEnergyBlock
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
@@ -398,13 +398,12 @@ def served_rate_note(record: RunRecord) -> str:
             f"inside the {_num(m.get('duration_s'))} s steady window")
 
 
-def _request_energy(record: RunRecord) -> dict[str, Any]:
+def _request_energy(record: RunRecord) -> RequestEnergyBlock:
     """A serving record's per-request energy block ({} for any other record)."""
-    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
-    return energy if isinstance(energy, dict) else {}
+    return (record.requests or {}).get("energy") or RequestEnergyBlock()
 
 
-def request_energy_note(energy: dict[str, Any]) -> str:
+def request_energy_note(energy: RequestEnergyBlock) -> str:
     """Why a serving row's J/request or shares are n/a, and the per-request model's checks that failed."""
     if energy.get("unavailable_reason"):
         return f"J/request and shares n/a: {energy['unavailable_reason']}"

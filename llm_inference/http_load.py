@@ -34,7 +34,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, OutputTokenCounts, RequestFailures, RequestsBlock
+from joulebench.record_types import HardwareBlock, OutputTokenCounts, RequestEnergyBlock, RequestFailures, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus
 from joulebench.torch_device import resolve_device
 from joulebench.waits import StopCheck, wait_until
@@ -408,7 +408,7 @@ class HttpServerTarget:
             return "an external server (--url) without --server-devices: which devices serve it is not known here"
         return None
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         return client_energy(rate, in_process_counter(rate), self.sweep)
 
     def ends_sweep(self, record: RunRecord) -> bool:

@@ -30,7 +30,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, RequestsBlock
+from joulebench.record_types import HardwareBlock, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
@@ -246,7 +246,7 @@ class EngineTarget:
     def figures(self, outcome: RateOutcome[ServeLog]) -> dict[str, Any]:
         return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail)
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         return serving_energy(rate, in_process_counter(rate), self.sweep)
 
     def energy_unavailable(self) -> str | None:

@@ -23,7 +23,7 @@ import torch
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, Metrics, RequestsBlock
+from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
@@ -106,7 +106,7 @@ class LoadTarget(Protocol[DetailT]):
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         """The record's per-request `energy` block of the rate as it saved itself (fills its table's energy
         columns)."""
         ...
@@ -131,7 +131,7 @@ def _served(outcome: RateOutcome[DetailT]) -> Served | None:
 
 
 def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], record: RunRecord
-                    ) -> dict[str, Any]:
+                    ) -> RequestEnergyBlock:
     """The per-request energy block, fitted only where the window's own energy was measured: a record never
     carries a per-request split of energy its headline calls unmeasured (a run that failed before its energy
     was attached)."""

@@ -25,6 +25,7 @@ from joulebench.record_types import (
     LaunchBlock,
     MeterBlock,
     Metrics,
+    RequestEnergyBlock,
     RequestsBlock,
     SteadyPlanBlock,
     WindowLengthBlock,
@@ -39,6 +40,8 @@ RECORD_KIND = "joulebench.run_record"
 BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
           "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock,
           "footprint": FootprintBlock}
+NESTED = {("meter", "idle_baseline"): IdleBaselineBlock, ("meter", "steady_plan"): SteadyPlanBlock,
+          ("meter", "steady_seconds"): WindowLengthBlock, ("requests", "energy"): RequestEnergyBlock}
 # What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
 # blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
 UPGRADED = ("schema_version", "warnings", "job")
@@ -115,6 +118,9 @@ def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> Non
     for name, block in BLOCKS.items():
         undeclared = sorted(set(shipped.get(name) or {}) - _declared(block))
         assert undeclared == [], f"{name} keys not declared in joulebench.record_types.{block.__name__}"
+    for (name, key), block in NESTED.items():
+        undeclared = sorted(set((shipped.get(name) or {}).get(key) or {}) - _declared(block))
+        assert undeclared == [], f"{name}.{key} keys not declared in joulebench.record_types.{block.__name__}"
     assert shipped["metrics"].get("work_unit", WORK_UNITS[0]) in WORK_UNITS
 
 

@@ -16,13 +16,14 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
+from joulebench.record_shape import checked_block
 from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
@@ -160,7 +161,7 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
         else:
             result.update(attach_energy(record, outcome.table, _request_energy(target, outcome, record)))
         save_requests(outcome.out_dir, outcome.table, record)
-    return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
+    return checked_block(Metrics, result, "metrics")  # load_metrics' and the target's keys (tests/test_record_types.py)
 
 
 def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate: float | None,

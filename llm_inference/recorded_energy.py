@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import cast
 
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RECORD_FILE, RunRecord, read_run_record
-from joulebench.record_types import Metrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_types import RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, RequestsTable, read_requests, save_requests
 from jpwr import ValidationError
 from llm_inference.serving_energy import (
@@ -63,7 +62,7 @@ def _amend(table: RequestsTable | None, energy: RequestEnergyBlock, directory: P
     if table is None:
         record.requests = {**(record.requests or RequestsBlock()), "energy": energy}
         return True
-    record.metrics.update(cast(Metrics, attach_energy(record, table, energy)))  # its two J/request keys
+    record.metrics.update(attach_energy(record, table, energy))  # its two J/request keys
     save_requests(directory, table, record)
     return True
 

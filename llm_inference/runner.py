@@ -22,7 +22,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -32,6 +32,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
+from joulebench.record_shape import checked_block
 from joulebench.record_types import HardwareBlock, Metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
@@ -119,7 +120,7 @@ def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPr
         sm_clock_mhz=None if sm is None else sm / 1e6, memory_estimate_gib=estimate_gib,
         peak_memory_allocated_gib=torch.cuda.max_memory_allocated() / 1024**3 if device.type == "cuda" else None,
     )
-    return cast(Metrics, result)
+    return checked_block(Metrics, result, "metrics")
 
 
 def window_seconds(steady_seconds: float | None, meter: WindowMeter, device: torch.device) -> WindowLength:

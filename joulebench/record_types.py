@@ -81,7 +81,7 @@ class DriverFigures(TypedDict, total=False):
     """Keys more than one driver adds, with one meaning."""
 
     global_batch_size: int
-    devices: int
+    devices: int | None  # None: the record names none (a load against a server without --server-devices)
     parameters: int
     flops_formula: str
     warmup_duration_s: float | None

@@ -34,7 +34,14 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, OutputTokenCounts, RequestEnergyBlock, RequestFailures, RequestsBlock
+from joulebench.record_types import (
+    HardwareBlock,
+    Metrics,
+    OutputTokenCounts,
+    RequestEnergyBlock,
+    RequestFailures,
+    RequestsBlock,
+)
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus
 from joulebench.torch_device import resolve_device
 from joulebench.waits import StopCheck, wait_until
@@ -400,7 +407,7 @@ class HttpServerTarget:
             first = failures["first"][0]["reason"] if failures["first"] else None
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: {first})")
 
-    def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+    def figures(self, outcome: RateOutcome[ClientServed]) -> Metrics:
         return {"engine": self.server.engine}
 
     def energy_unavailable(self) -> str | None:

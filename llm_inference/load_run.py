@@ -23,7 +23,6 @@ import torch
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
-from joulebench.record_shape import checked_block
 from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
@@ -103,7 +102,7 @@ class LoadTarget(Protocol[DetailT]):
         """After the table is written: the target's own reasons why the rate failed (raise) or warnings."""
         ...
 
-    def figures(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
+    def figures(self, outcome: RateOutcome[DetailT]) -> Metrics:
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
@@ -161,7 +160,7 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
         else:
             result.update(attach_energy(record, outcome.table, _request_energy(target, outcome, record)))
         save_requests(outcome.out_dir, outcome.table, record)
-    return checked_block(Metrics, result, "metrics")  # load_metrics' and the target's keys (tests/test_record_types.py)
+    return result
 
 
 def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate: float | None,

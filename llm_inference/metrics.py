@@ -38,7 +38,7 @@ def _quantiles(values: list[float] | tuple[float, ...]) -> tuple[float | None, f
     return float(np.median(values)), float(np.quantile(values, 0.9))
 
 
-def latency_metrics(timings: list[Timing]) -> dict[str, float | None]:
+def latency_metrics(timings: list[Timing]) -> Metrics:
     ttft_median, ttft_p90 = _quantiles([t.ttft_s for t in timings])
     gap_median, gap_p90 = _quantiles([gap for t in timings for gap in t.inter_token_s])
     return {"ttft_median_s": ttft_median, "ttft_p90_s": ttft_p90,
@@ -111,7 +111,7 @@ def _idle_split_metrics(point: PointWindows) -> Metrics:
     return result
 
 
-def rate_metrics(point: PointWindows) -> dict[str, float | None]:
+def rate_metrics(point: PointWindows) -> Metrics:
     steady, prefill = point.steady, point.prefill
     return {
         "requests_per_s": _divide(steady.work.get("requests"), steady.duration_s),

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from joulebench.record_types import DisturbanceCheck, DisturbedBlock, OtherProcess
 from jpwr.device_state import DeviceState, DeviceStateProbe, ProcessFacts, process_facts, reason_names
@@ -41,6 +41,16 @@ WINDOW = "steady"
 GIB = 2**30
 
 
+class Sample(TypedDict):
+    """One sample of a node leader's thread: the host load (or why it could not be read) and the GPUs' state."""
+
+    t_ns: int
+    load: float | str
+    devices: list[DeviceState]
+    error: str | None
+    facts: dict[int, ProcessFacts]  # the processes seen on the GPUs
+
+
 class Watch:
     """This rank's side: its PID, and on a node leader a thread sampling the host load and the GPUs' state."""
 
@@ -48,7 +58,7 @@ class Watch:
         self.leader = leader
         self.every_s = every_s
         self.loadavg = Path(os.environ.get(LOADAVG_ENV) or "/proc/loadavg")
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
         self.probe: DeviceStateProbe | None = None
         self.probe_reason: str | None = None  # why the GPUs cannot be read (no NVML, no GPU selected)
         self.hung_reason: str | None = None  # set when the thread did not end at the stop
@@ -81,7 +91,7 @@ class Watch:
             if self.probe is not None:
                 self.probe.close()
 
-    def _sample(self) -> dict[str, Any]:
+    def _sample(self) -> Sample:
         try:
             load: float | str = float(self.loadavg.read_text().split()[0])
         except (OSError, ValueError, IndexError) as exc:
@@ -124,13 +134,13 @@ class Watch:
         return part
 
 
-def _loads(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _loads(samples: Sequence[Sample]) -> dict[str, Any]:
     loads = [s["load"] for s in samples if isinstance(s["load"], float)]
     errors = [s["load"] for s in samples if isinstance(s["load"], str)]
     return {"loads": loads, "load_unavailable": errors[0] if errors and not loads else None}
 
 
-def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _devices(samples: Sequence[Sample]) -> dict[str, Any]:
     """Per GPU: samples with a reason mask and how many held each reason; per PID seen: facts and memory."""
     clocks: dict[str, dict[str, int]] = {}
     processes: dict[str, dict[str, Any]] = {}

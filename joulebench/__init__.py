@@ -79,6 +79,14 @@ API: dict[str, dict[str, str]] = {
         "RequestFailures": "an HTTP load's failed and timed-out requests in the record",
         "OutputTokenCounts": "an HTTP load's counted output tokens in the record",
         "ResNetFlopsFigures": "ResNet-50's FLOP counts of one image in the record",
+        "HardwareBlock": "the typed hardware block a driver fills with what it ran on",
+        "JobBlock": "the typed job block jube's finalizer fills",
+        "JobNode": "one node's accelerators metered as the job's, in the job block",
+        "FootprintBlock": "the typed footprint block jube's finalizer estimates",
+        "RequestEnergyBlock": "the serving record's typed per-request energy block, fitted by llm_inference",
+    },
+    "joulebench.record_shape": {
+        "checked_block": "a block built from untyped parts (jpwr's dicts, settings) becomes its typed block, checked",
     },
     "joulebench.figures": {
         "rejection": "why a record's figures cannot be used: jube's table flags them as analysis does",

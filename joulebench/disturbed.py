@@ -23,8 +23,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from joulebench.record_types import DisturbanceCheck, DisturbedBlock, OtherProcess
 from jpwr.device_state import DeviceState, DeviceStateProbe, ProcessFacts, process_facts, reason_names
 from jpwr.devices import host_id, node_name
 
@@ -40,6 +41,16 @@ WINDOW = "steady"
 GIB = 2**30
 
 
+class Sample(TypedDict):
+    """One sample of a node leader's thread: the host load (or why it could not be read) and the GPUs' state."""
+
+    t_ns: int
+    load: float | str
+    devices: list[DeviceState]
+    error: str | None
+    facts: dict[int, ProcessFacts]  # the processes seen on the GPUs
+
+
 class Watch:
     """This rank's side: its PID, and on a node leader a thread sampling the host load and the GPUs' state."""
 
@@ -47,7 +58,7 @@ class Watch:
         self.leader = leader
         self.every_s = every_s
         self.loadavg = Path(os.environ.get(LOADAVG_ENV) or "/proc/loadavg")
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
         self.probe: DeviceStateProbe | None = None
         self.probe_reason: str | None = None  # why the GPUs cannot be read (no NVML, no GPU selected)
         self.hung_reason: str | None = None  # set when the thread did not end at the stop
@@ -80,7 +91,7 @@ class Watch:
             if self.probe is not None:
                 self.probe.close()
 
-    def _sample(self) -> dict[str, Any]:
+    def _sample(self) -> Sample:
         try:
             load: float | str = float(self.loadavg.read_text().split()[0])
         except (OSError, ValueError, IndexError) as exc:
@@ -123,13 +134,13 @@ class Watch:
         return part
 
 
-def _loads(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _loads(samples: Sequence[Sample]) -> dict[str, Any]:
     loads = [s["load"] for s in samples if isinstance(s["load"], float)]
     errors = [s["load"] for s in samples if isinstance(s["load"], str)]
     return {"loads": loads, "load_unavailable": errors[0] if errors and not loads else None}
 
 
-def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _devices(samples: Sequence[Sample]) -> dict[str, Any]:
     """Per GPU: samples with a reason mask and how many held each reason; per PID seen: facts and memory."""
     clocks: dict[str, dict[str, int]] = {}
     processes: dict[str, dict[str, Any]] = {}
@@ -162,62 +173,64 @@ def _devices(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str,
-          processes_unjudged: str | None = None) -> dict[str, Any]:
+          processes_unjudged: str | None = None) -> DisturbedBlock:
     """The record's `disturbed` block from every rank's part and rank 0's step times in the window;
     `processes_unjudged`: why the GPUs' processes cannot be told apart (the check is n/a, e.g. an external server)."""
     failed = [str(p["unjudged"]) for p in parts if p.get("unjudged")]
     if failed:
         return unjudged("; ".join(failed))
     leaders = [p for p in parts if p.get("leader") and "samples" in p]
-    checks = {"step_time_cv": _step_check(step_times, basis)}
+    checks: dict[str, DisturbanceCheck] = {"step_time_cv": _step_check(step_times, basis)}
     if not leaders:
-        missing = {"disturbed": None, "unavailable_reason": f"no {WINDOW} window was sampled"}
+        missing: DisturbanceCheck = {"disturbed": None, "unavailable_reason": f"no {WINDOW} window was sampled"}
         checks.update(other_processes=missing, host_load=missing, clock_events=missing)
     else:
         own: dict[str, set[int]] = {}  # by host: node identities of one host see each other's ranks on its GPUs
         for p in parts:
             own.setdefault(p["host"], set()).add(int(p["pid"]))
-        processes = ({"disturbed": None, "unavailable_reason": processes_unjudged} if processes_unjudged
-                     else _process_check(leaders, own))
+        processes: DisturbanceCheck = ({"disturbed": None, "unavailable_reason": processes_unjudged}
+                                       if processes_unjudged else _process_check(leaders, own))
         checks.update(other_processes=processes, host_load=_load_check(leaders), clock_events=_clock_check(leaders))
     reasons = [c["reason"] for c in checks.values() if c.get("disturbed")]
     return {"disturbed": bool(reasons), "reasons": reasons, "window": WINDOW, "checks": checks}
 
 
-def unjudged(reason: str) -> dict[str, Any]:
+def unjudged(reason: str) -> DisturbedBlock:
     """The block of a run whose disturbance could not be judged (a rank's part or the judgement failed): every
     check n/a with `reason`, never a failed run."""
-    missing = {"disturbed": None, "unavailable_reason": reason}
+    missing: DisturbanceCheck = {"disturbed": None, "unavailable_reason": reason}
     return {"disturbed": None, "reasons": [], "window": WINDOW,
             "checks": dict.fromkeys(("step_time_cv", "other_processes", "host_load", "clock_events"), missing)}
 
 
-def _step_check(times: Sequence[float] | None, basis: str) -> dict[str, Any]:
+def _step_check(times: Sequence[float] | None, basis: str) -> DisturbanceCheck:
     if times is None:
         return {"disturbed": None, "unavailable_reason": basis}
     if len(times) < MIN_STEP_TIMES or statistics.fmean(times) <= 0:
         return {"disturbed": None, "samples": len(times), "basis": basis,
                 "unavailable_reason": f"{len(times)} step times in the window, fewer than {MIN_STEP_TIMES}"}
     cv = statistics.pstdev(times) / statistics.fmean(times)
-    check = {"value": cv, "threshold": STEP_CV_MAX, "samples": len(times), "basis": basis,
-             "disturbed": cv > STEP_CV_MAX}
+    check: DisturbanceCheck = {"value": cv, "threshold": STEP_CV_MAX, "samples": len(times), "basis": basis,
+                               "disturbed": cv > STEP_CV_MAX}
     if check["disturbed"]:
         check["reason"] = (f"step-time spread: CV {cv:.0%} over {len(times)} {basis} (threshold "
                            f"{STEP_CV_MAX:.0%})")
     return check
 
 
-def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[int]]) -> dict[str, Any]:
+def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[int]]) -> DisturbanceCheck:
     unavailable = [_unread(p) for p in leaders if not p["process_reads"]]
     if len(unavailable) == len(leaders):
         return {"disturbed": None, "unavailable_reason": "; ".join(unavailable)}
-    others: list[dict[str, Any]] = []
+    others: list[OtherProcess] = []
     notes: list[str] = []
     for part in leaders:
         mine = own.get(part["host"], set())
         ours_seen, hidden = False, []
         for pid, seen in part["processes"].items():
-            shown = {"pid": int(pid), "node": part["node"], **_shown(seen)}
+            shown = OtherProcess(pid=int(pid), node=part["node"], name=seen["name"],
+                                 used_memory_bytes=seen["used_memory_bytes"], devices=seen["devices"],
+                                 samples=seen["samples"])
             if int(pid) in mine or mine.intersection(seen["ancestors"]):
                 ours_seen = True
             elif seen["name"] is None:
@@ -232,7 +245,7 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
             others += hidden if crowded else []
         else:
             others += hidden
-    check: dict[str, Any] = {"value": others, "threshold": "any process of another job", "disturbed": bool(others),
+    check: DisturbanceCheck = {"value": others, "threshold": "any process of another job", "disturbed": bool(others),
                              "samples": sum(p["samples"] for p in leaders)}
     if notes:
         check["note"] = "; ".join(notes)
@@ -248,19 +261,14 @@ def _unread(part: Mapping[str, Any]) -> str:
     return f"{part['node']}: {part.get('probe_unavailable') or '; '.join(part['device_errors']) or 'no GPU read'}"
 
 
-def _shown(seen: Mapping[str, Any]) -> dict[str, Any]:
-    return {"name": seen["name"], "used_memory_bytes": seen["used_memory_bytes"], "devices": seen["devices"],
-            "samples": seen["samples"]}
-
-
-def _process_text(process: Mapping[str, Any]) -> str:
+def _process_text(process: OtherProcess) -> str:
     used = process["used_memory_bytes"]
     memory = "memory n/a" if used is None else f"{used / GIB:.1f} GiB"
     name = process["name"] or "not visible here"
     return f"pid {process['pid']} ({name}, {memory}) on {', '.join(process['devices'])} of {process['node']}"
 
 
-def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _load_check(leaders: Sequence[Mapping[str, Any]]) -> DisturbanceCheck:
     loads = [(load, p["cores"], p["node"]) for p in leaders for load in p["loads"]]
     if not loads:
         reasons = [str(p.get("load_unavailable") or f"{p['node']}: no sample") for p in leaders]
@@ -268,8 +276,8 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     above = [load for load, cores, _ in loads if cores and load > cores]
     fraction = len(above) / len(loads)
     peak = max(loads)
-    check = {"value": fraction, "threshold": LOAD_FRACTION_MAX, "samples": len(loads), "max_load_1min": peak[0],
-             "cores": peak[1], "disturbed": fraction > LOAD_FRACTION_MAX}
+    check: DisturbanceCheck = {"value": fraction, "threshold": LOAD_FRACTION_MAX, "samples": len(loads),
+                               "max_load_1min": peak[0], "cores": peak[1], "disturbed": fraction > LOAD_FRACTION_MAX}
     if check["disturbed"]:
         check["reason"] = (f"host load: 1-minute load (including this run's threads) above the {peak[1]} cores of "
                            f"{peak[2]} in {fraction:.0%} of {len(loads)} samples (max {peak[0]:.1f}; threshold: "
@@ -277,7 +285,7 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return check
 
 
-def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> DisturbanceCheck:
     clocks = {device: counts for p in leaders for device, counts in p["clocks"].items()}
     if not clocks:
         return {"disturbed": None, "unavailable_reason": "; ".join(map(_unread, leaders))}
@@ -286,8 +294,10 @@ def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     worst = [(f, name, device) for device, names in fractions.items() for name, f in names.items()
              if name in COUNTED_CLOCK_REASONS]
     top = max(worst, default=(0.0, None, None))
-    check = {"value": fractions, "threshold": CLOCK_FRACTION_MAX, "counted": list(COUNTED_CLOCK_REASONS),
-             "samples": sum(c["samples"] for c in clocks.values()), "disturbed": top[0] > CLOCK_FRACTION_MAX}
+    check: DisturbanceCheck = {"value": fractions, "threshold": CLOCK_FRACTION_MAX,
+                               "counted": list(COUNTED_CLOCK_REASONS),
+                               "samples": sum(c["samples"] for c in clocks.values()),
+                               "disturbed": top[0] > CLOCK_FRACTION_MAX}
     if check["disturbed"]:
         held = sorted({f"{name} on {device} ({f:.0%})" for f, name, device in worst if f > CLOCK_FRACTION_MAX})
         check["reason"] = (f"clocks held down in more than {CLOCK_FRACTION_MAX:.0%} of the window's samples: "

@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
-from joulebench.record_types import Metrics
+from joulebench.record_types import Metrics, RequestEnergyBlock
 from jpwr import Window
 from jpwr.energy import J_PER_WH
 
@@ -229,7 +229,7 @@ SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a 
 SERVING_FRACTIONS = ("slo_attained_share",)
 
 
-def serving_problems(metrics: Metrics, request_energy: dict[str, Any] | None = None) -> list[str]:
+def serving_problems(metrics: Metrics, request_energy: RequestEnergyBlock | None = None) -> list[str]:
     """The serving figures of a load record that cannot be true: its latency, goodput and SLO figures, and the
     per-request energy block's J/request and prefill/decode/idle shares. Empty when the serving section may use it."""
     problems = [p for key in SERVING_POSITIVE if (p := number_problem(key, metrics.get(key)))]

@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from joulebench.record_shape import checked_block
+from joulebench.record_types import LaunchBlock
 from jpwr import ValidationError
 from jpwr.devices import node_name
 
@@ -52,8 +54,9 @@ class LaunchEnv:
         env["WORLD_SIZE"] = str(self.world_size)
         env["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
 
-    def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> LaunchBlock:
+        """The record's launch block (record_types.LaunchBlock declares it; the check keeps the two alike)."""
+        return checked_block(LaunchBlock, dataclasses.asdict(self), "launch")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:

@@ -63,7 +63,8 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from joulebench.record_types import ClockAnchor, Metrics
+from joulebench.record_shape import checked_block
+from joulebench.record_types import ClockAnchor, HardwareBlock, IdleBaselineBlock, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
 from jpwr.errors import stop_if_interrupted
@@ -269,11 +270,10 @@ class Run:
         self.accelerator = accelerator
         if reuse is not None:
             meter.idle = reuse
-            self.record.meter["idle_baseline"] = {**reuse.to_dict(),
-                                                  "measured": "before the first point of this invocation"}
+            self.record.meter["idle_baseline"] = _idle_block(reuse, "before the first point of this invocation")
             return reuse
         idle = meter.take_idle_baseline(enabled, accelerator, gather, self.stop.local_reason)
-        self.record.meter["idle_baseline"] = {**idle.to_dict(), "measured": "before this run's first window"}
+        self.record.meter["idle_baseline"] = _idle_block(idle, "before this run's first window")
         return idle
 
     def stopped_early(self, completed: int, planned: int | None, warmup: int = 0, unit: str = "iterations") -> None:
@@ -341,6 +341,11 @@ class Run:
         return self.meter
 
 
+def _idle_block(idle: IdleBaseline, measured: str) -> IdleBaselineBlock:
+    """The record's meter.idle_baseline: jpwr's idle baseline and when it was measured."""
+    return checked_block(IdleBaselineBlock, {**idle.to_dict(), "measured": measured}, "meter.idle_baseline")
+
+
 def _close_meter(meter: WindowMeter, record: RunRecord) -> None:
     """Stop the meter; an in-process sampler that cannot write its files (a full disk) costs the record a warning,
     never the record itself: the windows' energy is in memory already."""
@@ -377,13 +382,13 @@ class Lifecycle:
     @contextlib.contextmanager
     def run(self, run_id: str, out_dir: str | Path, config: Mapping[str, Any],
             metrics: Callable[[RunRecord], Metrics], gather: Gather | None = None,
-            hardware: Mapping[str, Any] | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
+            hardware: HardwareBlock | None = None, log_to: Sequence[str] = ()) -> Iterator[Run]:
         """One record: the body runs the windows; afterwards the run's energy is attached (collective, via
         `gather` across ranks), any exception becomes the status, `metrics(record)` fills the figures and global
         rank 0 writes the record, also after a failure, and logs its figures to the `log_to` tools (--log-to).
         Exceptions do not propagate: the exit code carries them."""
-        record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config),
-                           launch=self.launch.to_dict(), hardware=dict(hardware or {}), software=dict(self.software))
+        record = RunRecord(benchmark=self.benchmark, run_id=run_id, config=dict(config), launch=self.launch.to_dict(),
+                           hardware=hardware.copy() if hardware else HardwareBlock(), software=dict(self.software))
         run = Run(record, Path(out_dir), self.launch, self.stop)
         self.runs.append(run)
         run.watch.start()  # never raises: an unreadable check is n/a with its reason

@@ -6,10 +6,12 @@ so that runs on NVLink and PCIe nodes are never compared as if they were the sam
 
 from __future__ import annotations
 
+from joulebench.record_shape import checked_block
+from joulebench.record_types import HardwareBlock
 from jpwr.devices import gpu_interconnect
 
 
-def gpu_node_facts(device_kind: str) -> dict[str, str]:
+def gpu_node_facts(device_kind: str) -> HardwareBlock:
     """`gpu_interconnect` ("NVLink", "PCIe" or "unknown") and where it was read, for a run on GPUs ("cuda"); none
     for a CPU run, which has no GPU interconnect to name."""
-    return gpu_interconnect().to_dict() if device_kind == "cuda" else {}
+    return checked_block(HardwareBlock, gpu_interconnect().to_dict() if device_kind == "cuda" else {}, "hardware")

@@ -19,11 +19,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from joulebench.record_shape import record_shape_problems
+from joulebench.record_shape import Block, RecordShapeError, checked_block, record_shape_problems
 from joulebench.record_types import (
     HEADLINE_ENERGY_FIGURES,
     TRUSTED_ENERGY_FIGURES,
     DeviceFigures,
+    DisturbedBlock,
+    FootprintBlock,
+    HardwareBlock,
+    JobBlock,
+    LaunchBlock,
     MeterBlock,
     Metrics,
     RequestsBlock,
@@ -66,96 +71,6 @@ TRACKED_DISTRIBUTIONS = (
 )
 
 
-@dataclasses.dataclass(kw_only=True)
-class SteadyMetrics:
-    """Headline figures of the steady-state window: rates, FLOP/s, MFU, energy per work.
-
-    One computation for every driver so that tokens/s and images/s, MFU and work/Wh are computed the
-    same way everywhere. FLOPs are model FLOPs (no recompute counted). The work_* fields are per unit
-    of `work_unit` and are named after it in the record (tokens_per_s, images_per_wh, ...).
-    """
-
-    window: str
-    work_unit: str
-    iterations: int
-    duration_s: float
-    time_per_iteration_s: float | None
-    work_per_s: float | None
-    work_per_s_per_device: float | None
-    model_flops_per_unit: float | None
-    model_tflops_per_device: float | None
-    peak_tflops_per_device: float | None
-    mfu: float | None
-    energy_wh: float | None
-    work_per_wh: float | None
-    mean_power_w_per_device: float | None
-    energy_method: str | None
-    energy_coverage: float | None
-    energy_error_bound_j: float | None
-    energy_unavailable_reason: str | None
-    energy_devices: int | None
-    energy_warning: str | None  # the energy covers other devices than the run used
-    idle_power_w: float | None
-    dynamic_energy_wh: float | None
-    dynamic_energy_error_bound_j: float | None
-    # An untrusted window's figures from the time its devices did cover: never headline figures (those are None),
-    # shown only when asked for (`joulebench report --allow-partial`) and labelled partial there.
-    energy_untrusted_reason: str | None
-    partial_mean_power_w_per_device: float | None
-    partial_work_per_wh: float | None
-    per_device: list[DeviceFigures]
-    outside_job_devices: int | None
-    outside_job_energy_j: float | None
-
-    @classmethod
-    def from_window(cls, window: Window, work_unit: str, devices: int | None, flops_per_unit: float | None = None,
-                    peak_flops_per_device: float | None = None) -> SteadyMetrics:
-        """`devices`: the devices that did the work (joulebench.figures.work_devices); None: per-device figures n/a."""
-        work = window.work.get(work_unit)
-        duration = window.duration_s
-        rate = work / duration if work is not None and duration > 0 else None
-        per_device = rate / devices if rate is not None and devices else None
-        flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
-        energy, split = window.energy, window.split
-        energy_wh = energy.energy_wh if energy else None
-        untrusted = energy.untrusted_reason if energy else None
-        partial_w = energy.partial_mean_power_w if energy and untrusted else None
-        partial_wh = partial_w * duration / J_PER_WH if partial_w is not None and duration > 0 else None
-        return cls(
-            window=window.name, work_unit=work_unit, iterations=window.steps, duration_s=duration,
-            time_per_iteration_s=duration / window.steps if window.steps > 0 else None,
-            work_per_s=rate, work_per_s_per_device=per_device, model_flops_per_unit=flops_per_unit,
-            model_tflops_per_device=None if flops_dev is None else flops_dev / 1e12,
-            peak_tflops_per_device=None if peak_flops_per_device is None else peak_flops_per_device / 1e12,
-            mfu=flops_dev / peak_flops_per_device if flops_dev and peak_flops_per_device else None,
-            energy_wh=energy_wh, work_per_wh=work / energy_wh if work is not None and energy_wh else None,
-            mean_power_w_per_device=energy.mean_power_w_per_device if energy else None,
-            energy_method=energy.method if energy else None,
-            energy_coverage=energy.coverage if energy else None,
-            energy_error_bound_j=energy.error_bound_j if energy else None,
-            energy_unavailable_reason=energy.unavailable_reason if energy else "no energy measured",
-            energy_devices=energy.devices if energy else None,
-            energy_warning=_device_mismatch(energy, devices),
-            idle_power_w=split.idle_power_w if split else None,
-            dynamic_energy_wh=split.dynamic_j / J_PER_WH if split and split.dynamic_j is not None else None,
-            dynamic_energy_error_bound_j=split.dynamic_bound_j if split else None,
-            energy_untrusted_reason=untrusted,
-            partial_mean_power_w_per_device=partial_w / devices if partial_w is not None and devices else None,
-            partial_work_per_wh=work / partial_wh if work is not None and partial_wh else None,
-            per_device=per_device_figures(energy),
-            outside_job_devices=len(energy.outside_job) if energy and energy.outside_job else None,
-            outside_job_energy_j=energy.outside_job_energy_j if energy else None,
-        )
-
-    def to_dict(self) -> Metrics:
-        """The record's metrics keys, the work_* ones named after the work unit (tokens_per_s, ...)."""
-        unit = self.work_unit
-        named = {"work_per_s": f"{unit}_per_s", "work_per_s_per_device": f"{unit}_per_s_per_device",
-                 "work_per_wh": f"{unit}_per_wh", "partial_work_per_wh": f"partial_{unit}_per_wh"}
-        # keys built from the unit: Metrics declares them for the drivers' units (record_types.WORK_UNITS)
-        return cast(Metrics, {named.get(key, key): value for key, value in dataclasses.asdict(self).items()})
-
-
 def per_device_figures(energy: WindowEnergy | None) -> list[DeviceFigures]:
     """Each headline device's energy, mean power and utilisation over the window, in the meter's order (node, then
     the vendor's index); none without a window energy. An untrusted device's figures are None, as in the meter."""
@@ -171,9 +86,51 @@ def steady_metrics(
     flops_per_unit: float | None = None,
     peak_flops_per_device: float | None = None,
 ) -> Metrics:
-    """The steady window's figures as the run record's metrics block: the dict each driver extends with its
-    own keys before writing the record (SteadyMetrics.from_window for the typed figures)."""
-    return SteadyMetrics.from_window(window, work_unit, devices, flops_per_unit, peak_flops_per_device).to_dict()
+    """The steady window's headline figures (record_types.SteadyFigures, their one declaration) as the record's
+    metrics block, which each driver extends with its own keys: one computation for every driver, so that rates,
+    MFU and work per Wh are computed the same way everywhere. FLOPs are model FLOPs (no recompute counted); four
+    figures are named after the work unit (tokens_per_s, images_per_wh, ...). `devices`: the devices that did the
+    work (joulebench.figures.work_devices); None: per-device figures n/a."""
+    work = window.work.get(work_unit)
+    duration = window.duration_s
+    rate = work / duration if work is not None and duration > 0 else None
+    per_device = rate / devices if rate is not None and devices else None
+    flops_dev = per_device * flops_per_unit if per_device is not None and flops_per_unit else None
+    energy, split = window.energy, window.split
+    energy_wh = energy.energy_wh if energy else None
+    # An untrusted window's figures from the time its devices did cover: never headline figures (those are None),
+    # shown only when asked for (`joulebench report --allow-partial`) and labelled partial there.
+    untrusted = energy.untrusted_reason if energy else None
+    partial_w = energy.partial_mean_power_w if energy and untrusted else None
+    partial_wh = partial_w * duration / J_PER_WH if partial_w is not None and duration > 0 else None
+    figures: dict[str, object] = {
+        "window": window.name, "work_unit": work_unit, "iterations": window.steps, "duration_s": duration,
+        "time_per_iteration_s": duration / window.steps if window.steps > 0 else None,
+        f"{work_unit}_per_s": rate, f"{work_unit}_per_s_per_device": per_device,
+        "model_flops_per_unit": flops_per_unit,
+        "model_tflops_per_device": None if flops_dev is None else flops_dev / 1e12,
+        "peak_tflops_per_device": None if peak_flops_per_device is None else peak_flops_per_device / 1e12,
+        "mfu": flops_dev / peak_flops_per_device if flops_dev and peak_flops_per_device else None,
+        "energy_wh": energy_wh, f"{work_unit}_per_wh": work / energy_wh if work is not None and energy_wh else None,
+        "mean_power_w_per_device": energy.mean_power_w_per_device if energy else None,
+        "energy_method": energy.method if energy else None,
+        "energy_coverage": energy.coverage if energy else None,
+        "energy_error_bound_j": energy.error_bound_j if energy else None,
+        "energy_unavailable_reason": energy.unavailable_reason if energy else "no energy measured",
+        "energy_devices": energy.devices if energy else None,
+        "energy_warning": _device_mismatch(energy, devices),
+        "idle_power_w": split.idle_power_w if split else None,
+        "dynamic_energy_wh": split.dynamic_j / J_PER_WH if split and split.dynamic_j is not None else None,
+        "dynamic_energy_error_bound_j": split.dynamic_bound_j if split else None,
+        "energy_untrusted_reason": untrusted,
+        "partial_mean_power_w_per_device": partial_w / devices if partial_w is not None and devices else None,
+        f"partial_{work_unit}_per_wh": work / partial_wh if work is not None and partial_wh else None,
+        "per_device": per_device_figures(energy),
+        "outside_job_devices": len(energy.outside_job) if energy and energy.outside_job else None,
+        "outside_job_energy_j": energy.outside_job_energy_j if energy else None,
+    }
+    # keys built from the unit: Metrics declares them for the drivers' units (record_types.WORK_UNITS)
+    return checked_block(Metrics, figures, "metrics")
 
 
 def settle_status(record: RunRecord) -> None:
@@ -206,13 +163,13 @@ class RunRecord:
     started_at: str = dataclasses.field(default_factory=lambda: utc_now())
     finished_at: str | None = None
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    launch: dict[str, Any] = dataclasses.field(default_factory=dict)
-    hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+    launch: LaunchBlock = dataclasses.field(default_factory=lambda: LaunchBlock())
+    hardware: HardwareBlock = dataclasses.field(default_factory=lambda: HardwareBlock())
     software: dict[str, Any] = dataclasses.field(default_factory=dict)
     windows: list[Window] = dataclasses.field(default_factory=list)
     metrics: Metrics = dataclasses.field(default_factory=lambda: Metrics())
     meter: MeterBlock = dataclasses.field(default_factory=lambda: MeterBlock())  # sampler, methods, idle baseline
-    job: dict[str, Any] = dataclasses.field(default_factory=dict)  # scheduler job: id, time limit, stop budget
+    job: JobBlock = dataclasses.field(default_factory=lambda: JobBlock())  # scheduler job: id, time limit, stop budget
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
     # Every warning of the run (driver, meter, record checks), in the order they arose; the JUBE table's Note reads it.
     warnings: list[str] = dataclasses.field(default_factory=list)
@@ -220,8 +177,8 @@ class RunRecord:
     # (docs/run-record.md): the per-request table's reference, what disturbed the run, carbon and cost, and the
     # energy domain of the headline figures. Absent (None) until a producer writes them.
     requests: RequestsBlock | None = None
-    disturbed: dict[str, Any] | None = None
-    footprint: dict[str, Any] | None = None
+    disturbed: DisturbedBlock | None = None
+    footprint: FootprintBlock | None = None
     energy_domain: str | None = None
 
     def __post_init__(self) -> None:
@@ -262,14 +219,17 @@ class RunRecord:
             benchmark=data["benchmark"], run_id=data["run_id"], status=data["status"],
             status_reason=data.get("status_reason"), started_at=data["started_at"],
             finished_at=data.get("finished_at"), config=_config_of(data.get("config", {}), version),
-            launch=dict(data.get("launch", {})), hardware=dict(data.get("hardware", {})),
+            launch=checked_block(LaunchBlock, dict(data.get("launch", {})), "launch"),
+            hardware=checked_block(HardwareBlock, dict(data.get("hardware", {})), "hardware"),
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             # the blocks as written: keys outside their TypedDicts (a newer writer's) are kept, not checked
-            metrics=cast(Metrics, dict(data.get("metrics", {}))), meter=cast(MeterBlock, dict(data.get("meter", {}))),
-            job=dict(data.get("job") or {}), attribution=data.get("attribution"),
+            metrics=checked_block(Metrics, dict(data.get("metrics", {})), "metrics"),
+            meter=checked_block(MeterBlock, dict(data.get("meter", {})), "meter"),
+            job=checked_block(JobBlock, dict(data.get("job") or {}), "job"), attribution=data.get("attribution"),
             warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),
-            disturbed=_disturbed(data.get("disturbed")), footprint=data.get("footprint"),
+            disturbed=_optional(DisturbedBlock, data.get("disturbed"), "disturbed"),
+            footprint=_optional(FootprintBlock, data.get("footprint"), "footprint"),
             energy_domain=_typed(data.get("energy_domain"), str, "energy_domain", "a string"),
         )
 
@@ -290,16 +250,9 @@ def _typed(value: Any, kind: type | tuple[type, ...], field: str, what: str) -> 
     return value
 
 
-def _disturbed(block: Any) -> dict[str, Any] | None:
-    """The `disturbed` block where its verdict and reasons have the types the tables read (true/false/null, a list
-    of texts); else a TypeError naming the field."""
-    _typed(block, dict, "disturbed", "an object")
-    if block is not None:
-        _typed(block.get("disturbed"), bool, "disturbed.disturbed", "true, false or null")
-        reasons = _typed(block.get("reasons"), list, "disturbed.reasons", "a list")
-        for reason in reasons or []:
-            _typed(reason, str, "disturbed.reasons[]", "a text")
-    return block
+def _optional(kind: type[Block], block: object, field: str) -> Block | None:
+    """An optional block as its type (checked_block), None where the record has none."""
+    return None if block is None else checked_block(kind, block, field)
 
 
 def software_versions(extra: Iterable[str] = ()) -> dict[str, str | None]:
@@ -370,10 +323,6 @@ def write_run_record(path: str | os.PathLike[str], record: RunRecord) -> Path:
 
 
 RECORD_FIX = "point at a run_record.json written by a joulebench driver (regenerate it), or leave the damaged one out"
-
-
-class RecordShapeError(ValueError):
-    """A run record document in the wrong shape: the text names the field(s) and what each should be."""
 
 
 def read_record_document(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -13,13 +13,29 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 from joulebench.record_types import RecordDocument
 from jpwr.energy import HEADLINE_DOMAINS
 
 NUMBERS = (int, float)  # figures: judged by joulebench.figures, not here
 SHOWN_CHARS = 40  # how much of a wrong value a problem quotes
+Block = TypeVar("Block")
+
+
+class RecordShapeError(ValueError):
+    """A run record document in the wrong shape: the text names the field(s) and what each should be."""
+
+
+def checked_block(kind: type[Block], value: object, field: str) -> Block:
+    """`value` as the record block `kind` declares (a TypedDict of joulebench.record_types), once its shape is
+    checked: the one way a dict read from a file or built from computed keys becomes a typed block, instead of a
+    cast that would check nothing. A RecordShapeError naming every field in the wrong shape otherwise."""
+    found = problems(value, kind, field)
+    if found:
+        raise RecordShapeError("; ".join(found))
+    checked: Any = value  # its shape is what `kind` declares: the check above, which mypy cannot follow
+    return checked
 
 
 def shown(value: Any) -> str:

@@ -6,10 +6,11 @@ record of an earlier schema, a run without a steady window (metrics is then `{"w
 own keys) or a failed run lacks keys, and a reader asks with `.get`. tests/test_record_types.py checks that every
 key of every shipped record is declared here, so the lists cannot drift from what the drivers write.
 
-Blocks whose keys belong to another type stay `dict[str, Any]` here: `meter.idle_baseline` (jpwr.IdleBaseline),
-`meter.steady_plan` (joulebench.sizing.SteadyPlan), `meter.steady_seconds` (llm_inference's window rule) and
-`requests.energy` (the per-request fit, docs/attribution.md). Keys named after a work unit are declared for the
-units the drivers use (`WORK_UNITS`); `config`, `hardware`, `launch`, `software` and `job` stay open dicts.
+A block the code holds as a dataclass (joulebench.launch.LaunchEnv, joulebench.sizing.SteadyPlan and WindowLength,
+jpwr.IdleBaseline) is declared here field for field; tests/test_record_types.py keeps the two alike. Keys named after
+a work unit are declared for the units the drivers use (`WORK_UNITS`); `config`, `software` and `requests.energy`
+(the per-request fit, docs/attribution.md) stay open dicts. A dict becomes one of these types
+through joulebench.record_shape.checked_block (the reader's shape check), never a cast.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Required, TypedDict
 
 from joulebench.compile_cache import CompileCacheFigures
 
-# The work units of the drivers' steady windows: SteadyMetrics names four figures after them (tokens_per_s, ...).
+# The work units of the drivers' steady windows: steady_metrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
 
 
@@ -35,7 +36,8 @@ class DeviceFigures(TypedDict):
 
 
 class SteadyFigures(TypedDict, total=False):
-    """joulebench.record.SteadyMetrics.to_dict: the shared headline figures of the steady window."""
+    """The shared headline figures of the steady window, declared once here (joulebench.record.steady_metrics
+    computes them; docs/run-record.md says what each means)."""
 
     window: str
     work_unit: str
@@ -62,7 +64,7 @@ class SteadyFigures(TypedDict, total=False):
     per_device: list[DeviceFigures]  # each device of the headline
     outside_job_devices: int | None  # a whole-node request: the node's devices the job was not bound to
     outside_job_energy_j: float | None  # ... and their energy over the same window, never in the headline
-    # SteadyMetrics' work_per_s, work_per_s_per_device, work_per_wh and partial_work_per_wh, one set per WORK_UNITS
+    # the work rate, per device, per Wh and partial per Wh, named after the work unit: one set per WORK_UNITS
     tokens_per_s: float | None
     tokens_per_s_per_device: float | None
     tokens_per_wh: float | None
@@ -81,7 +83,7 @@ class DriverFigures(TypedDict, total=False):
     """Keys more than one driver adds, with one meaning."""
 
     global_batch_size: int
-    devices: int
+    devices: int | None  # None: the record names none (a load against a server without --server-devices)
     parameters: int
     flops_formula: str
     warmup_duration_s: float | None
@@ -250,11 +252,194 @@ HEADLINE_ENERGY_FIGURES = (  # (idle_power_w is the idle baseline's, not the win
     "partial_mean_power_w_per_device", *(f"partial_{unit}_per_wh" for unit in WORK_UNITS))
 
 
+class LaunchBlock(TypedDict, total=False):
+    """The record's `launch` block: the process layout (joulebench.launch.LaunchEnv.to_dict, field for field)."""
+
+    launcher: str  # "torchrun", "slurm" or "single"
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    node_name: str
+    master_addr: str
+    master_port: int
+    job_id: str | None
+
+
+class HardwareBlock(TypedDict, total=False):
+    """The record's `hardware` block: what the run ran on (joulebench.torch_device.hardware_info, resnet50's
+    backends' hardware, the node's GPU facts of joulebench.node_facts); a driver that adds a key declares it here."""
+
+    device_type: str  # torch's device type: "cuda", "cpu", ...
+    device_kind: str  # resnet50's: "cuda" or "cpu"
+    device_name: str
+    device_memory_gib: float | None
+    compute_capability: str
+    devices: int
+    devices_per_node: int
+    nodes: int
+    host_cpu: str
+    gpu_interconnect: str  # "NVLink", "PCIe", "none" or "unknown" (jpwr.Interconnect)
+    gpu_interconnect_detail: str  # ... and what it was read from
+    cpu_count: int | None
+    torch_threads: int
+    cudnn_benchmark: bool
+    cudnn_allow_tf32: bool
+    inductor_coordinate_descent_tuning: bool | None
+    devices_per_worker: int  # resnet50 on TensorFlow: its workers and their strategy
+    workers: int
+    strategy: str
+
+
+class JobDevice(TypedDict):
+    """One accelerator a node's sampler metered as the job's (jpwr.NodeSummary.job_accelerators)."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
+
+
+class JobNode(TypedDict):
+    """Per node: the job's accelerators and the binding that named them (jube/jbrecord.py: job_devices)."""
+
+    node: str
+    binding: str | None
+    devices: list[JobDevice]
+
+
+class JobBlock(TypedDict, total=False):
+    """The record's `job` block: the scheduler job the run was (jube/jbrecord.py: job_facts); empty outside JUBE."""
+
+    scheduler: str | None
+    job_id: str | None
+    time_limit_s: int | None
+    stop_margin_s: int | None
+    stop_budget_s: int | None
+    elapsed_s: float | None
+    exit_code: int
+    tags: list[str]  # the `jube run` tags: recommend's apply line repeats them
+    devices: list[JobNode]
+
+
+class OtherProcess(TypedDict):
+    """A process of another job seen on the metered GPUs (joulebench.disturbed's other_processes check)."""
+
+    pid: int
+    node: str
+    name: str | None  # None: its PID is not visible here (another PID namespace)
+    used_memory_bytes: int | None
+    devices: list[str]
+    samples: int
+
+
+class DisturbanceCheck(TypedDict, total=False):
+    """One check of the `disturbed` block: its verdict (None: not judged, with the reason) and what it measured."""
+
+    disturbed: Required[bool | None]
+    unavailable_reason: str | None
+    # the measure: step times' CV, other processes, the share of load samples above the cores, per GPU the share of
+    # samples with each clock reason
+    value: float | list[OtherProcess] | dict[str, dict[str, float]]
+    threshold: float | str
+    samples: int
+    basis: str  # what the step times are (step_time_cv)
+    reason: str  # a disturbed check: why, in words
+    note: str
+    partly_unavailable: list[str]
+    max_load_1min: float
+    cores: int | None
+    counted: list[str]  # the clock reasons counted as held down
+
+
+class DisturbedBlock(TypedDict, total=False):
+    """The record's `disturbed` block (joulebench.disturbed.judge): whether anything else ran beside the window."""
+
+    disturbed: bool | None  # None: not judged
+    reasons: list[str]
+    window: str
+    checks: dict[str, DisturbanceCheck]  # step_time_cv, other_processes, host_load, clock_events
+
+
+class FootprintBlock(TypedDict, total=False):
+    """The record's `footprint` block (jube/jbfootprint.py): carbon and cost of the metered energy, an estimate from
+    the site profile, each figure with its bound and n/a (None, with the reason) where the profile gives no value."""
+
+    estimate: str | None  # None: the profile's settings could not be read (unavailable_reason says why)
+    unavailable_reason: str
+    carbon_source: str | None
+    price_source: str | None
+    currency: str | None
+    pue: float
+    pue_source: str
+    energy_basis: str
+    placement: str
+    run_energy_j: float | None
+    run_energy_error_bound_j: float | None
+    work_unit: str | None
+    work: float | None
+    g_co2e: float | None
+    g_co2e_error_bound: float | None
+    g_co2e_per_unit: float | None
+    g_co2e_per_unit_error_bound: float | None
+    g_co2e_unavailable_reason: str
+    cost: float | None
+    cost_error_bound: float | None
+    cost_per_unit: float | None
+    cost_per_unit_error_bound: float | None
+    cost_unavailable_reason: str
+
+
 class ClockAnchor(TypedDict):
     """UTC of the windows' monotonic edges (jube/jbfootprint.py weights energy by the hour)."""
 
     wall_ns: int
     monotonic_ns: int
+
+
+class IdleBaselineBlock(TypedDict, total=False):
+    """`meter.idle_baseline`: jpwr.IdleBaseline.to_dict, field for field, and when it was measured."""
+
+    power_w: float | None
+    error_bound_w: float | None
+    devices: int
+    duration_s: float | None
+    method: str | None
+    settled: bool | None
+    settle_wait_s: float | None
+    settle_note: str | None
+    unavailable_reason: str | None
+    nodes: list[str]
+    measured: str  # "before this run's first window", or the earlier run of a sweep it was reused from
+
+
+class SteadyPlanBlock(TypedDict, total=False):
+    """`meter.steady_plan`: joulebench.sizing.SteadyPlan.to_dict, field for field (the training drivers)."""
+
+    iterations: int
+    rule: str
+    reason: str
+    seconds: float | None
+    step_s: float | None
+    update_period_s: float | None
+    update_period_source: str | None
+    edge_power_w: float | None
+    mean_power_w: float | None
+    predicted_bound_fraction: float | None
+    aliasing: str | None
+    aliasing_risk: str | None
+
+
+class WindowLengthBlock(TypedDict, total=False):
+    """`meter.steady_seconds`: joulebench.sizing.WindowLength.to_dict, field for field (llm_inference)."""
+
+    seconds: float
+    rule: str
+    update_period_s: float
+    update_period_source: str
+    edge_power_w: float | None
+    mean_power_w: float | None
 
 
 class MeterBlock(TypedDict, total=False):
@@ -264,9 +449,9 @@ class MeterBlock(TypedDict, total=False):
     energy_methods: str | None
     in_process_out_dir: str | None
     clock: ClockAnchor
-    idle_baseline: dict[str, Any]  # jpwr.IdleBaseline.to_dict and `measured` (when it was taken)
-    steady_plan: dict[str, Any] | None  # joulebench.sizing.SteadyPlan.to_dict; the training drivers
-    steady_seconds: dict[str, Any]  # llm_inference: the seconds each window lasts at least, and the rule
+    idle_baseline: IdleBaselineBlock
+    steady_plan: SteadyPlanBlock | None  # the training drivers
+    steady_seconds: WindowLengthBlock  # llm_inference: the seconds each window lasts at least, and the rule
 
 
 class RequestFailure(TypedDict):
@@ -296,6 +481,47 @@ OutputTokenCounts = TypedDict("OutputTokenCounts", {
     "rejected by reason": dict[str, int], "rejected first": list[RejectedUsage]}, total=False)
 
 
+class RequestEnergyBlock(TypedDict, total=False):
+    """`requests.energy` (llm_inference/serving_energy.py, docs/attribution.md): the per-request energy fit of one
+    rate, its requests' energy and the model's checks; or {"unavailable_reason": ...}. A check's row carries its
+    card-state fields (joulebench.card_state.check_fields), hence the open rows."""
+
+    unavailable_reason: str
+    estimate: str  # a server's block: "client-side estimate"
+    method: str
+    columns: list[str]
+    coefficients: dict[str, float | None]  # a value the fit could not give (NaN) is written null
+    intervals_95: dict[str, list[float | None]]
+    idle_w: float | None
+    idle_given: bool
+    notes: list[str]
+    vif: dict[str, float | None]
+    prefill_block_vif: float | None
+    separable: bool
+    split_unavailable_reason: str | None
+    segments: int
+    clock_term: dict[str, Any]  # joulebench.clock_term.TermTrial.to_dict
+    fitted_conditions: dict[str, float | None] | None  # joulebench.card_state.Conditions.to_dict
+    held_out_halves: list[dict[str, Any]]  # check (b)
+    fitted_span_s: float
+    share_rule: str
+    requests: int
+    energy_per_request_j: dict[str, float | None]  # p50, p90
+    shares: dict[str, float | None]  # prefill, decode, idle
+    window_remainder_j: float | None
+    window_remainder_bound_j: float | None
+    window_unattributed_idle_j: float | None
+    cross_rate: list[dict[str, Any]]  # check (a)
+    controlled_split: list[dict[str, Any]] | str  # check (c), or why it could not run
+    controlled_window: dict[str, Any]  # the controlled-split window as measured
+    checks_failed: str
+    client_side_estimate_error: dict[str, Any]  # llm_inference.client_estimate.estimate_error
+    joint: RequestEnergyBlock  # the sweep's rates fitted together: this block's keys and the three below
+    rates: list[str]
+    rates_left_out: dict[str, str]
+    joint_segments: int
+
+
 class RequestsBlock(TypedDict, total=False):
     """The record's `requests` block: a serving run's per-request table beside it (requests.h5) and its summary."""
 
@@ -308,7 +534,7 @@ class RequestsBlock(TypedDict, total=False):
     chunks: int  # chunks read from the server's streams (a load sent to a server)
     output_token_counts: OutputTokenCounts
     failures: RequestFailures
-    energy: dict[str, Any]  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}
+    energy: RequestEnergyBlock  # the per-request fit or the client-side estimate, or {"unavailable_reason": ...}
 
 
 # ---- the record as a document: the shape joulebench.record_shape checks at load ------------------------------------
@@ -362,16 +588,16 @@ class RecordDocument(TypedDict, total=False):
     status_reason: str | None
     finished_at: str | None
     config: dict[str, Any]
-    launch: dict[str, Any]
-    hardware: dict[str, Any]
+    launch: LaunchBlock
+    hardware: HardwareBlock
     software: dict[str, Any]
     windows: list[WindowDocument]
     metrics: Metrics
     meter: MeterBlock
-    job: dict[str, Any] | None
+    job: JobBlock | None
     warnings: list[str] | None
     attribution: dict[str, Any] | None
     requests: RequestsBlock | None
-    disturbed: dict[str, Any] | None
-    footprint: dict[str, Any] | None
+    disturbed: DisturbedBlock | None
+    footprint: FootprintBlock | None
     energy_domain: str | None

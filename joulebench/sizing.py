@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from joulebench.arguments import SameMeaning
+from joulebench.record_shape import checked_block
+from joulebench.record_types import SteadyPlanBlock, WindowLengthBlock
 from jpwr import NodeLive, ValidationError
 from jpwr.arguments import SECONDS
 from jpwr.estimator import aliasing_warning, planned_bound_j
@@ -70,8 +72,8 @@ class SteadyPlan:
     # for any length), and the remedy; None when every step within STEP_UNCERTAINTY of the warm-up's drifts
     aliasing_risk: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> SteadyPlanBlock:
+        return checked_block(SteadyPlanBlock, dataclasses.asdict(self), "meter.steady_plan")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SteadyPlan:
@@ -105,8 +107,8 @@ class WindowLength:
         """P_edge / P_mean: how much more than average the window's edges may cost (1 when unknown)."""
         return self.edge_power_w / self.mean_power_w if self.edge_power_w and self.mean_power_w else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> WindowLengthBlock:
+        return checked_block(WindowLengthBlock, dataclasses.asdict(self), "meter.steady_seconds")
 
     def bound_fraction(self, seconds: float) -> float:
         """Planned bound over planned energy for a window of `seconds`."""

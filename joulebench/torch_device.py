@@ -11,6 +11,7 @@ from typing import Any
 
 from joulebench.launch import LaunchEnv
 from joulebench.node_facts import gpu_node_facts
+from joulebench.record_types import HardwareBlock
 from jpwr import ValidationError
 
 
@@ -41,18 +42,19 @@ def device_type(requested: str, device_memory_gib: float | None = None) -> str:
     return "cuda" if device_memory_gib is not None else str(resolve_device(requested).type)
 
 
-def hardware_info(device: Any, launch: LaunchEnv) -> dict[str, Any]:
+def hardware_info(device: Any, launch: LaunchEnv) -> HardwareBlock:
     """What the run ran on, as the framework reports it."""
     import torch
 
-    info: dict[str, Any] = {
+    info: HardwareBlock = {
         "device_type": device.type, "devices": launch.world_size, "nodes": launch.num_nodes,
         "devices_per_node": launch.local_world_size, "host_cpu": platform.processor() or platform.machine(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        info.update(device_name=props.name, device_memory_gib=props.total_memory / 1024**3,
-                    compute_capability=f"{props.major}.{props.minor}", **gpu_node_facts(device.type))
+        info.update({"device_name": props.name, "device_memory_gib": props.total_memory / 1024**3,
+                     "compute_capability": f"{props.major}.{props.minor}"})
+        info.update(gpu_node_facts(device.type))
     else:
-        info.update(device_name=f"cpu ({info['host_cpu']})", device_memory_gib=None)
+        info.update({"device_name": f"cpu ({info['host_cpu']})", "device_memory_gib": None})
     return info

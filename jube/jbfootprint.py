@@ -26,6 +26,9 @@ from typing import Any
 
 from jbsystems import ConfigError
 
+from joulebench.record_shape import checked_block
+from joulebench.record_types import FootprintBlock
+
 J_PER_KWH = 3.6e6
 HOUR = dt.timedelta(hours=1)
 # Plausible ranges of the profile's numbers: a typo (g instead of kg, a price in cents) must not pass silently.
@@ -232,7 +235,7 @@ def _weighted(rate: Rate | None, pieces: Sequence[tuple[dt.datetime, float, floa
     return {"value": total, "bound": bound}
 
 
-def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
+def footprint_block(record: Any, site: SiteFootprint) -> FootprintBlock:
     """Schema 3's `footprint`: grams CO2e and cost of the run's metered energy and per unit of the steady window's
     work, each with its bound, labelled an estimate with its sources; n/a (null, with the reason) where the profile
     gives no value."""
@@ -247,7 +250,7 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
 
     unit = record.metrics.get("work_unit")
     work = next((w.work.get(unit) for w in record.windows if w.name == steady_name), None) if unit else None
-    block: dict[str, Any] = {
+    block: dict[str, object] = {  # the figures' keys are built below: checked_block types the block
         "estimate": "estimate: the site profile's carbon intensity and price, not measured",
         "carbon_source": site.carbon.source if site.carbon else None,
         "price_source": site.price.source if site.price else None,
@@ -273,4 +276,4 @@ def footprint_block(record: Any, site: SiteFootprint) -> dict[str, Any]:
         reasons = [r for r in (run.get("unavailable_reason"), per.get("unavailable_reason")) if r]
         if reasons:
             block[f"{key}_unavailable_reason"] = "; ".join(dict.fromkeys(reasons))
-    return block
+    return checked_block(FootprintBlock, block, "footprint")

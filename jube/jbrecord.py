@@ -59,6 +59,8 @@ from joulebench.record import (
     read_run_record,
     write_run_record,
 )
+from joulebench.record_shape import checked_block
+from joulebench.record_types import FootprintBlock, JobBlock, JobNode, RequestEnergyBlock
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
@@ -111,7 +113,7 @@ def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
 
-def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) -> dict[str, Any]:
+def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) -> JobBlock:
     """The record's `job`: where it ran, its time limit and stop budget, how long it took, its exit code."""
     return {
         "scheduler": settings.get("JB_LAUNCHER"), "job_id": job_id(settings),
@@ -123,7 +125,7 @@ def job_facts(settings: dict[str, str], status: str, elapsed_s: float | None) ->
     }
 
 
-def job_devices(settings: dict[str, str]) -> list[dict[str, Any]]:
+def job_devices(settings: dict[str, str]) -> list[JobNode]:
     """Per node, the accelerators its sampler metered as the job's, by UUID, and the binding that named them (Slurm's
     CUDA_VISIBLE_DEVICES, the local launcher's): on a node whose other GPUs the job can see (ConstrainDevices=no), the
     record says which were its own."""
@@ -133,12 +135,12 @@ def job_devices(settings: dict[str, str]) -> list[dict[str, Any]]:
             summary = NodeSummary.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError):  # a damaged summary: combine's warning says so
             continue
-        nodes.append({"node": summary.node, "binding": "; ".join(summary.selections()) or None,
-                      "devices": summary.job_accelerators()})
+        nodes.append(checked_block(JobNode, {"node": summary.node, "binding": "; ".join(summary.selections()) or None,
+                                             "devices": summary.job_accelerators()}, "job.devices"))
     return nodes
 
 
-def allocation_warnings(settings: dict[str, str], nodes: list[dict[str, Any]]) -> list[str]:
+def allocation_warnings(settings: dict[str, str], nodes: list[JobNode]) -> list[str]:
     """A node whose sampler metered another number of accelerators than Slurm allocated to the job there."""
     if settings.get("JB_LAUNCHER") != "slurm" or settings.get("JB_GRES") != "yes":
         return []
@@ -261,7 +263,7 @@ def finalize(settings: dict[str, str], status: str, reason: str, elapsed_s: floa
     return record
 
 
-def footprint(settings: dict[str, str], record: RunRecord) -> dict[str, Any]:
+def footprint(settings: dict[str, str], record: RunRecord) -> FootprintBlock:
     """Carbon and cost from the site profile the job carries; a file changed since validate costs only the block."""
     try:
         return jbfootprint.footprint_block(record, jbfootprint.from_settings(settings))
@@ -396,13 +398,12 @@ def served_rate_note(record: RunRecord) -> str:
             f"inside the {_num(m.get('duration_s'))} s steady window")
 
 
-def _request_energy(record: RunRecord) -> dict[str, Any]:
+def _request_energy(record: RunRecord) -> RequestEnergyBlock:
     """A serving record's per-request energy block ({} for any other record)."""
-    energy = (record.requests or {}).get("energy") if isinstance(record.requests, dict) else None
-    return energy if isinstance(energy, dict) else {}
+    return (record.requests or {}).get("energy") or RequestEnergyBlock()
 
 
-def request_energy_note(energy: dict[str, Any]) -> str:
+def request_energy_note(energy: RequestEnergyBlock) -> str:
     """Why a serving row's J/request or shares are n/a, and the per-request model's checks that failed."""
     if energy.get("unavailable_reason"):
         return f"J/request and shares n/a: {energy['unavailable_reason']}"

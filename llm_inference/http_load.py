@@ -34,7 +34,14 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
-from joulebench.record_types import OutputTokenCounts, RequestFailures, RequestsBlock
+from joulebench.record_types import (
+    HardwareBlock,
+    Metrics,
+    OutputTokenCounts,
+    RequestEnergyBlock,
+    RequestFailures,
+    RequestsBlock,
+)
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus
 from joulebench.torch_device import resolve_device
 from joulebench.waits import StopCheck, wait_until
@@ -324,7 +331,7 @@ class HttpServerTarget:
                  ) -> None:
         assert cfg.server is not None
         self.cfg, self.server, self.shape, self.device, self.stack = cfg, cfg.server, shape, device, stack
-        self.hardware: dict[str, object] | None = None
+        self.hardware: HardwareBlock | None = None
         self.sweep = Sweep()
         self.started: StartedServer | None = None
         self.client: Target | None = None
@@ -400,7 +407,7 @@ class HttpServerTarget:
             first = failures["first"][0]["reason"] if failures["first"] else None
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: {first})")
 
-    def figures(self, outcome: RateOutcome[ClientServed]) -> dict[str, Any]:
+    def figures(self, outcome: RateOutcome[ClientServed]) -> Metrics:
         return {"engine": self.server.engine}
 
     def energy_unavailable(self) -> str | None:
@@ -408,7 +415,7 @@ class HttpServerTarget:
             return "an external server (--url) without --server-devices: which devices serve it is not known here"
         return None
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         return client_energy(rate, in_process_counter(rate), self.sweep)
 
     def ends_sweep(self, record: RunRecord) -> bool:

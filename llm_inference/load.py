@@ -30,7 +30,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
-from joulebench.record_types import RequestsBlock
+from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
@@ -66,7 +66,7 @@ def _log(text: str) -> None:
 
 
 # ---- figures of one rate -----------------------------------------------------------------------------------
-def step_figures(log: ServeLog) -> dict[str, Any]:
+def step_figures(log: ServeLog) -> Metrics:
     """The engine's own figures of the window: its steps and the rows a decode step ran on average."""
     first, last = log.window_steps or (0, 0)
     decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == StepKind.DECODE]
@@ -180,10 +180,10 @@ class EngineTarget:
     """The in-process continuous-batching engine as a load target (llm_inference/load_run.py)."""
 
     def __init__(self, cfg: LoadConfig, model: BuiltModel[ContinuousEngine], shape: ModelPreset, precision: str,
-                 hardware: dict[str, object], trace: list[Request] | None) -> None:
+                 hardware: HardwareBlock, trace: list[Request] | None) -> None:
         self.cfg, self.model, self.shape, self.precision, self.trace = cfg, model, shape, precision, trace
         self.device = model.device
-        self.hardware: dict[str, object] | None = hardware
+        self.hardware: HardwareBlock | None = hardware
         self.sweep = Sweep()
 
     def config(self) -> dict[str, Any]:
@@ -243,10 +243,10 @@ class EngineTarget:
     def check(self, run: Run, outcome: RateOutcome[ServeLog]) -> None:
         """The engine has no reasons of its own: a stop and a missing window are the load run's."""
 
-    def figures(self, outcome: RateOutcome[ServeLog]) -> dict[str, Any]:
+    def figures(self, outcome: RateOutcome[ServeLog]) -> Metrics:
         return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail)
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         return serving_energy(rate, in_process_counter(rate), self.sweep)
 
     def energy_unavailable(self) -> str | None:

@@ -37,6 +37,7 @@ import torch
 
 from joulebench.figures import MIN_COUNTER_PERIODS
 from joulebench.record import RunRecord, steady_metrics
+from joulebench.record_types import Metrics
 from jpwr import Window
 from llm_inference import request_metrics
 from llm_inference.arrivals import Request, arrival_times, draw_requests
@@ -146,7 +147,7 @@ def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1
     return covered < t1_s
 
 
-def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> dict[str, Any]:
+def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> Metrics:
     """Offered and served request rates, the served window and the queue's state (module docstring)."""
     span = rule.arrival_span_s()  # the arrivals' own, not the loop's
     arrivals_window = span is not None and steady.duration_s > 0
@@ -200,16 +201,17 @@ def _g(value: Any) -> str:
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
                  times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None,
-                 served: Served | None = None, *, devices: int | None) -> dict[str, Any]:
+                 served: Served | None = None, *, devices: int | None) -> Metrics:
     """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
     finished (of `counted`, the window's counted requests); `served`: what the served rate and the overload note
     read (None: those figures are n/a); `devices`: the devices that did the work (joulebench.figures.work_devices),
     as `run` divides by them."""
-    result: dict[str, Any] = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
-                              "max_concurrency": cfg.max_concurrency, "task": cfg.task}
+    result: Metrics = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
+                       "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or rule is None:
         return result
-    result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=devices), devices=devices)
+    result.update(steady_metrics(steady, work_unit=WORK_UNIT, devices=devices))
+    result["devices"] = devices
     slo_ttft = None if cfg.slo_ttft_ms is None else cfg.slo_ttft_ms / 1e3
     slo_tpot = None if cfg.slo_tpot_ms is None else cfg.slo_tpot_ms / 1e3
     rates = _rates(steady, counted, rule, served)
@@ -223,13 +225,13 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
     result["window_counter_periods"] = steady.duration_s / period if period else None
     result["overload"] = overload_flags(result)
     result["overload_note"] = overload_note(result, steady.duration_s, period)
-    result.update(
-        requests_counted=len(counted), requests_finished=len(times),
-        energy_per_output_token_j=joules / tokens if joules is not None and tokens else None,
-        energy_per_output_token_error_bound_j=(energy.error_bound_j / tokens
-                                               if energy and energy.error_bound_j is not None and tokens else None),
-        slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms,
-        window_rule=rule.description)
+    result.update({
+        "requests_counted": len(counted), "requests_finished": len(times),
+        "energy_per_output_token_j": joules / tokens if joules is not None and tokens else None,
+        "energy_per_output_token_error_bound_j": (energy.error_bound_j / tokens
+                                                  if energy and energy.error_bound_j is not None and tokens else None),
+        "slo_ttft_ms": cfg.slo_ttft_ms, "slo_tpot_ms": cfg.slo_tpot_ms,
+        "window_rule": rule.description})
     return result
 
 

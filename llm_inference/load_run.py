@@ -16,14 +16,14 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
-from joulebench.record_types import Metrics, RequestsBlock
+from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
@@ -71,7 +71,7 @@ class LoadTarget(Protocol[DetailT]):
     """What differs between serving a load in process and sending it to a server."""
 
     device: torch.device  # picks the warm-up and window defaults, and whether the idle baseline is an accelerator's
-    hardware: dict[str, object] | None  # the record's hardware block where the target knows it
+    hardware: HardwareBlock | None  # the record's hardware block where the target knows it
 
     def config(self) -> dict[str, Any]:
         """The target's entries in the record's config (which engine, its precision)."""
@@ -102,11 +102,11 @@ class LoadTarget(Protocol[DetailT]):
         """After the table is written: the target's own reasons why the rate failed (raise) or warnings."""
         ...
 
-    def figures(self, outcome: RateOutcome[DetailT]) -> dict[str, Any]:
+    def figures(self, outcome: RateOutcome[DetailT]) -> Metrics:
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
-    def energy(self, rate: RecordedRate) -> dict[str, Any]:
+    def energy(self, rate: RecordedRate) -> RequestEnergyBlock:
         """The record's per-request `energy` block of the rate as it saved itself (fills its table's energy
         columns)."""
         ...
@@ -131,7 +131,7 @@ def _served(outcome: RateOutcome[DetailT]) -> Served | None:
 
 
 def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], record: RunRecord
-                    ) -> dict[str, Any]:
+                    ) -> RequestEnergyBlock:
     """The per-request energy block, fitted only where the window's own energy was measured: a record never
     carries a per-request split of energy its headline calls unmeasured (a run that failed before its energy
     was attached)."""
@@ -160,7 +160,7 @@ def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[Detail
         else:
             result.update(attach_energy(record, outcome.table, _request_energy(target, outcome, record)))
         save_requests(outcome.out_dir, outcome.table, record)
-    return cast(Metrics, result)  # load_metrics' and the target's keys (tests/test_record_types.py checks them)
+    return result
 
 
 def run_rate(life: Lifecycle, cfg: LoadConfig, target: LoadTarget[DetailT], rate: float | None,

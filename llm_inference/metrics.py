@@ -21,10 +21,9 @@ static batch arrive together, so no queueing is included) and the per-token gaps
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from joulebench.record_types import Metrics
 from jpwr import WindowEnergy
 from llm_inference.engine import Timing
 from llm_inference.measure import PointWindows
@@ -39,7 +38,7 @@ def _quantiles(values: list[float] | tuple[float, ...]) -> tuple[float | None, f
     return float(np.median(values)), float(np.quantile(values, 0.9))
 
 
-def latency_metrics(timings: list[Timing]) -> dict[str, float | None]:
+def latency_metrics(timings: list[Timing]) -> Metrics:
     ttft_median, ttft_p90 = _quantiles([t.ttft_s for t in timings])
     gap_median, gap_p90 = _quantiles([gap for t in timings for gap in t.inter_token_s])
     return {"ttft_median_s": ttft_median, "ttft_p90_s": ttft_p90,
@@ -50,14 +49,14 @@ def _divide(value: float | None, by: float | None) -> float | None:
     return value / by if value is not None and by else None
 
 
-def energy_metrics(point: PointWindows) -> dict[str, Any]:
+def energy_metrics(point: PointWindows) -> Metrics:
     """Per-request, per-token, prefill and decode energies with bounds; None (n/a) wherever energy is missing."""
     steady, prefill = point.steady, point.prefill
     e_steady: WindowEnergy | None = steady.energy
     e_prefill: WindowEnergy | None = prefill.energy
     joules = e_steady.energy_j if e_steady else None
     bound = e_steady.error_bound_j if e_steady else None
-    metrics: dict[str, Any] = {
+    metrics: Metrics = {
         "energy_j": joules,
         "energy_per_request_j": _divide(joules, steady.work.get("requests")),
         "energy_per_output_token_j": _divide(joules, steady.work.get("output_tokens")),
@@ -78,27 +77,27 @@ def energy_metrics(point: PointWindows) -> dict[str, Any]:
             decode_j = joules - e_prefill.energy_j * ratio
             decode_bound = bound + (e_prefill.error_bound_j or 0.0) * ratio
             tokens = steady.work.get("decode_tokens")
-            metrics.update(decode_energy_j=decode_j, decode_energy_per_token_j=_divide(decode_j, tokens),
-                           decode_energy_per_token_error_bound_j=_divide(decode_bound, tokens))
+            metrics.update({"decode_energy_j": decode_j, "decode_energy_per_token_j": _divide(decode_j, tokens),
+                            "decode_energy_per_token_error_bound_j": _divide(decode_bound, tokens)})
     metrics.update(_idle_split_metrics(point))
     return metrics
 
 
-def _idle_split_metrics(point: PointWindows) -> dict[str, Any]:
+def _idle_split_metrics(point: PointWindows) -> Metrics:
     """The steady window's idle share and the prefill and decode energies above idle; None without a baseline."""
     steady, prefill = point.steady.split, point.prefill.split
     reasons = [split.unavailable_reason if split else "no idle baseline" for split in (steady, prefill)]
     reason = next((r for r in reasons if r), None)
-    result: dict[str, Any] = {"steady_idle_energy_j": None, "steady_dynamic_energy_j": None, "steady_idle_share": None,
-                              "prefill_dynamic_energy_j": None, "decode_dynamic_energy_j": None,
-                              "decode_dynamic_energy_per_token_j": None,
-                              "decode_dynamic_energy_per_token_error_bound_j": None, "idle_split_unavailable_reason":
-                              reason}
+    result: Metrics = {"steady_idle_energy_j": None, "steady_dynamic_energy_j": None, "steady_idle_share": None,
+                       "prefill_dynamic_energy_j": None, "decode_dynamic_energy_j": None,
+                       "decode_dynamic_energy_per_token_j": None, "decode_dynamic_energy_per_token_error_bound_j": None,
+                       "idle_split_unavailable_reason": reason}
     if steady is None or steady.dynamic_j is None or steady.idle_j is None:
         return result
     total = steady.idle_j + steady.dynamic_j
-    result.update(steady_idle_energy_j=steady.idle_j, steady_dynamic_energy_j=steady.dynamic_j,
-                  steady_idle_share=steady.idle_j / total if total > 0 else None, idle_split_unavailable_reason=None)
+    result.update({"steady_idle_energy_j": steady.idle_j, "steady_dynamic_energy_j": steady.dynamic_j,
+                   "steady_idle_share": steady.idle_j / total if total > 0 else None,
+                   "idle_split_unavailable_reason": None})
     if prefill is None or prefill.dynamic_j is None:
         result["idle_split_unavailable_reason"] = f"prefill window: {reason}"
         return result
@@ -106,13 +105,13 @@ def _idle_split_metrics(point: PointWindows) -> dict[str, Any]:
     decode_j = steady.dynamic_j - prefill.dynamic_j * ratio
     bound = (steady.dynamic_bound_j or 0.0) + (prefill.dynamic_bound_j or 0.0) * ratio
     tokens = point.steady.work.get("decode_tokens")
-    result.update(prefill_dynamic_energy_j=prefill.dynamic_j, decode_dynamic_energy_j=decode_j,
-                  decode_dynamic_energy_per_token_j=_divide(decode_j, tokens),
-                  decode_dynamic_energy_per_token_error_bound_j=_divide(bound, tokens))
+    result.update({"prefill_dynamic_energy_j": prefill.dynamic_j, "decode_dynamic_energy_j": decode_j,
+                   "decode_dynamic_energy_per_token_j": _divide(decode_j, tokens),
+                   "decode_dynamic_energy_per_token_error_bound_j": _divide(bound, tokens)})
     return result
 
 
-def rate_metrics(point: PointWindows) -> dict[str, float | None]:
+def rate_metrics(point: PointWindows) -> Metrics:
     steady, prefill = point.steady, point.prefill
     return {
         "requests_per_s": _divide(steady.work.get("requests"), steady.duration_s),

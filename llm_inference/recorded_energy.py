@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
 
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RECORD_FILE, RunRecord, read_run_record
-from joulebench.record_types import Metrics
+from joulebench.record_types import RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, RequestsTable, read_requests, save_requests
 from jpwr import ValidationError
 from llm_inference.serving_energy import (
@@ -58,21 +57,21 @@ def _table(record: RunRecord, directory: Path) -> RequestsTable | str:
         return f"the per-request table {directory / FILE_NAME} cannot be read: {exc}"
 
 
-def _amend(table: RequestsTable | None, energy: dict[str, Any], directory: Path, record: RunRecord) -> bool:
+def _amend(table: RequestsTable | None, energy: RequestEnergyBlock, directory: Path, record: RunRecord) -> bool:
     """The block and its figures into the record, the energy columns into its table (written beside it)."""
     if table is None:
-        record.requests = {**(record.requests or {}), "energy": energy}
+        record.requests = {**(record.requests or RequestsBlock()), "energy": energy}
         return True
-    record.metrics.update(cast(Metrics, attach_energy(record, table, energy)))  # its two J/request keys
+    record.metrics.update(attach_energy(record, table, energy))  # its two J/request keys
     save_requests(directory, table, record)
     return True
 
 
-def fit_rate(directory: Path, record: RunRecord, trace: Path) -> dict[str, Any]:
+def fit_rate(directory: Path, record: RunRecord, trace: Path) -> RequestEnergyBlock:
     """A waiting rate's block, fitted on the trace under `trace` and amended into its record."""
     table = _table(record, directory)
     if isinstance(table, str):
-        energy: dict[str, Any] = {"unavailable_reason": table}
+        energy: RequestEnergyBlock = {"unavailable_reason": table}
         amend_written_record(directory, partial(_amend, None, energy, directory))
         return energy
     rate = RecordedRate.of(record, table, directory)
@@ -83,7 +82,7 @@ def fit_rate(directory: Path, record: RunRecord, trace: Path) -> dict[str, Any]:
     return energy
 
 
-def describe(label: str, energy: dict[str, Any]) -> str:
+def describe(label: str, energy: RequestEnergyBlock) -> str:
     """One line per rate: its J/request quantiles, shares and failed checks, or why it has none."""
     quantiles = energy.get("energy_per_request_j")
     if energy.get("unavailable_reason") or not isinstance(quantiles, dict):

@@ -22,7 +22,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -32,7 +32,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import Metrics
+from joulebench.record_types import HardwareBlock, Metrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, WindowMeter
@@ -96,30 +96,30 @@ def _flops_per_output_token(shape: ModelPreset, point: PointWindows) -> float | 
 def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPreset, precision: str,
                    batch_size: int, device: torch.device, latents: dict[str, dict[str, float]],
                    latents_reason: str | None, estimate_gib: float) -> Metrics:
-    # built from the helpers' dicts, checked as Metrics where it leaves (tests/test_record_types.py checks the keys)
-    result: dict[str, Any] = {"work_unit": WORK_UNIT}
+    result: Metrics = {"work_unit": WORK_UNIT}
     devices = work_devices(record)
     if point is not None:
         peak = peak_flops(str(record.hardware.get("device_name", "")), precision)
-        result = dict(steady_metrics(point.steady, work_unit=WORK_UNIT, devices=devices,
-                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak))
+        result = steady_metrics(point.steady, work_unit=WORK_UNIT, devices=devices,
+                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak)
         result.update(metrics.rate_metrics(point))
         result.update(metrics.latency_metrics(point.timings))
         result.update(metrics.energy_metrics(point))
-        result.update(prefill_passes=point.prefill_passes, steady_passes=point.steady_passes,
-                      warmup_duration_s=point.warmup.duration_s, engine_setup_s=point.setup_s)
+        result.update({"prefill_passes": point.prefill_passes, "steady_passes": point.steady_passes,
+                       "warmup_duration_s": point.warmup.duration_s, "engine_setup_s": point.setup_s})
     steady = latents.get("steady", {})
     used = steady.get("memory_used_bytes")
     sm = steady.get("sm_clock_hz")
-    result.update(
-        batch_size=batch_size, global_batch_size=batch_size, devices=devices, parameters=shape.parameter_count(),
-        flops_formula="2 * parameters * (input + decode tokens) / output tokens (forward only, no attention term)",
-        warmup_note=WARMUP_NOTE, latents=latents or None, latents_unavailable_reason=latents_reason,
-        utilization_gpu=steady.get("utilization_gpu"), memory_used_gib=None if used is None else used / 1024**3,
-        sm_clock_mhz=None if sm is None else sm / 1e6, memory_estimate_gib=estimate_gib,
-        peak_memory_allocated_gib=torch.cuda.max_memory_allocated() / 1024**3 if device.type == "cuda" else None,
-    )
-    return cast(Metrics, result)
+    result.update({
+        "batch_size": batch_size, "global_batch_size": batch_size, "devices": devices,
+        "parameters": shape.parameter_count(),
+        "flops_formula": "2 * parameters * (input + decode tokens) / output tokens (forward only, no attention term)",
+        "warmup_note": WARMUP_NOTE, "latents": latents or None, "latents_unavailable_reason": latents_reason,
+        "utilization_gpu": steady.get("utilization_gpu"), "memory_used_gib": None if used is None else used / 1024**3,
+        "sm_clock_mhz": None if sm is None else sm / 1e6, "memory_estimate_gib": estimate_gib,
+        "peak_memory_allocated_gib": torch.cuda.max_memory_allocated() / 1024**3 if device.type == "cuda" else None,
+    })
+    return result
 
 
 def window_seconds(steady_seconds: float | None, meter: WindowMeter, device: torch.device) -> WindowLength:
@@ -175,7 +175,7 @@ def per_rank(cfg: InferenceConfig, shape: ModelPreset, precision: str, batch_siz
 
 
 def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltModel[Engine], shape: ModelPreset,
-             precision: str, device: torch.device, hardware: dict[str, object],
+             precision: str, device: torch.device, hardware: HardwareBlock,
              idle: IdleBaseline | None, tp: TensorParallel | None) -> tuple[RunRecord, IdleBaseline | None]:
     """One point, one record: the idle baseline is measured before the first point and reused by the others."""
     task = TASKS[spec.task]

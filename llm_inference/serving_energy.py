@@ -38,6 +38,7 @@ from joulebench.clock_term import TermTrial
 from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
+from joulebench.record_types import Metrics, RequestEnergyBlock, RequestsBlock
 from joulebench.request_energy import (
     SPLIT_SLACK,
     HeldOutWindow,
@@ -292,7 +293,7 @@ def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
         table.attrs["energy_split_unavailable_reason"] = parts.split_reason
 
 
-def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial) -> dict[str, Any]:
+def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial) -> RequestEnergyBlock:
     """The fit's coefficients (at the card-state term's reference clock where it was adopted), its card-state term's
     trial, the conditions of its data and its held-out halves with theirs."""
     intervals = fit.intervals
@@ -320,7 +321,7 @@ class Sweep:
     left_out: dict[str, tuple[Path, str]] = dataclasses.field(default_factory=dict)
 
 
-def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[str, Any]:
+def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> RequestEnergyBlock:
     """The engine's `request_energy` block (figures, checks and reasons) of a rate, on `counter` (trace_knots' answer);
     fills the table's energy columns. The first rate's table holds the controlled-split window's step log. It also
     measures the client-side estimate's error on these requests (llm_inference.client_estimate)."""
@@ -351,7 +352,7 @@ def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[s
     return result
 
 
-def client_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[str, Any]:
+def client_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> RequestEnergyBlock:
     """A server's `request_energy` block from its client's view (labelled "client-side estimate")."""
     knots, reason, _ = counter
     if reason:
@@ -366,16 +367,16 @@ def client_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> dict[st
     return {"estimate": "client-side estimate", **result}
 
 
-def request_energy_figures(energy: Mapping[str, Any]) -> dict[str, float | None]:
+def request_energy_figures(energy: RequestEnergyBlock) -> Metrics:
     """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
     quantiles = energy.get("energy_per_request_j") or {}
     return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
 
 
-def attach_energy(record: RunRecord, table: RequestsTable, energy: dict[str, Any]) -> dict[str, float | None]:
+def attach_energy(record: RunRecord, table: RequestsTable, energy: RequestEnergyBlock) -> Metrics:
     """A rate's per-request block into its record and its reason (or none) into its table's attributes; returns the
     record's figures of it (J/request p50/p90)."""
-    record.requests = {**(record.requests or {}), "energy": energy}
+    record.requests = {**(record.requests or RequestsBlock()), "energy": energy}
     if energy.get("unavailable_reason"):
         table.attrs["energy_unavailable_reason"] = energy["unavailable_reason"]
     else:
@@ -384,7 +385,8 @@ def attach_energy(record: RunRecord, table: RequestsTable, energy: dict[str, Any
 
 
 def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finished: set[int], knots: list[Knots],
-                   sweep: Sweep, method: str) -> tuple[dict[str, Any], tuple[RequestParts, tuple[float, float]] | None]:
+                   sweep: Sweep, method: str
+                   ) -> tuple[RequestEnergyBlock, tuple[RequestParts, tuple[float, float]] | None]:
     """The fit over the whole load, each request's parts, the checks; and the requests' parts over the fitted span
     with that span (None if refused)."""
     label, idle_w, table = rate.label, rate.idle_w, rate.table
@@ -404,7 +406,7 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
         return {**_fit_summary(fit, method, trial), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
-    result: dict[str, Any] = {
+    result: RequestEnergyBlock = {
         **_fit_summary(fit, method, trial), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
                       "finished); time with none is unattributed idle",
@@ -414,13 +416,13 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
         "controlled_split": _controlled(fit, sweep.controlled)}
     if sweep.controlled is not None:
-        result[CONTROLLED_WINDOW] = sweep.controlled.describe()
+        result["controlled_window"] = sweep.controlled.describe()
     result["checks_failed"] = failed_checks(result)
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
     return result, (whole, span)
 
 
-def _per_request(whole: RequestParts, finished: set[int]) -> dict[str, Any]:
+def _per_request(whole: RequestParts, finished: set[int]) -> RequestEnergyBlock:
     """The finished requests' count, J/request quantiles and the parts' shares of their energy."""
     done = [k for k, i in enumerate(whole.ids) if int(i) in finished]
     total = whole.total_j[done]
@@ -432,7 +434,7 @@ def _per_request(whole: RequestParts, finished: set[int]) -> dict[str, Any]:
                        for name, value in parts.items()}}
 
 
-def joint_blocks(sweep: Sweep) -> dict[str, dict[str, Any]]:
+def joint_blocks(sweep: Sweep) -> dict[str, RequestEnergyBlock]:
     """Each rate's `joint` block: the sweep's rates fitted together (joulebench.joint_energy) and this rate's
     checks on that fit, (a) leave-one-rate-out, (b) held-out halves, (c) the controlled split; or why this rate has
     none (left out, and for what; or fewer than two rates to fit). {} for a single rate (it keeps its own fit)."""
@@ -458,12 +460,14 @@ def joint_blocks(sweep: Sweep) -> dict[str, dict[str, Any]]:
             reason = f"joint fit refused: {exc}"
     if joint is None:
         return {label: {"unavailable_reason": reason, "rates_left_out": left} for label in _sweep_labels(sweep)}
-    blocks = {label: {"unavailable_reason": f"left out of the joint fit over rates {', '.join(joint.labels)}: {why}",
-                      "rates_left_out": left} for label, why in left.items()}
+    fitted = ", ".join(joint.labels)
+    blocks: dict[str, RequestEnergyBlock] = {
+        label: {"unavailable_reason": f"left out of the joint fit over rates {fitted}: {why}", "rates_left_out": left}
+        for label, why in left.items()}
     for m, window in zip(rates, windows, strict=True):
         assert m.joint is not None
         fit = joint.per_rate[m.label]
-        block: dict[str, Any] = {**_fit_summary(fit, JOINT_METHOD, joint.clock), "rates": list(joint.labels),
+        block: RequestEnergyBlock = {**_fit_summary(fit, JOINT_METHOD, joint.clock), "rates": list(joint.labels),
                                  "rates_left_out": left, "joint_segments": joint.segment_count}
         try:
             block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))
@@ -510,7 +514,7 @@ def write_joint(sweep: Sweep, say: Callable[[str], None]) -> None:
                 "record's requests.energy.joint says why)")
 
 
-def _add_joint(block: dict[str, Any], record: RunRecord) -> bool:
+def _add_joint(block: RequestEnergyBlock, record: RunRecord) -> bool:
     """The joint block beside the rate's own per-request fit; False where the record has none."""
     if record.requests is None or not isinstance(record.requests.get("energy"), dict):
         return False
@@ -518,7 +522,7 @@ def _add_joint(block: dict[str, Any], record: RunRecord) -> bool:
     return True
 
 
-def failed_checks(block: dict[str, Any]) -> str:
+def failed_checks(block: RequestEnergyBlock) -> str:
     """The model's checks that failed, in one line for tables ("none" when all that ran passed): (a) cross-rate
     pairs `fitted->predicted`, (b) held-out halves by number, (c) the controlled split's parts."""
     failed = []

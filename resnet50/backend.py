@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import Replay
+from joulebench.record_types import HardwareBlock
 from jpwr import ValidationError
 from jpwr.phases import PhaseRecorder
 from resnet50.config import TrainConfig
@@ -30,7 +31,7 @@ class Backend(Protocol):
     devices: int  # data-parallel replicas of the whole run
     device_kind: str  # "cuda" or "cpu"
 
-    def hardware(self) -> dict[str, Any]:
+    def hardware(self) -> HardwareBlock:
         """Device names and counts for the run record."""
         ...
 

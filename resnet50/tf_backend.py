@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import Replay
+from joulebench.record_types import HardwareBlock
 from jpwr.phases import PhaseRecorder
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig
 from resnet50.flops import NUM_CLASSES
@@ -124,7 +125,7 @@ class TensorFlowBackend:
         losses = self.strategy.run(self._replica_step, args=(images, labels))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
 
-    def hardware(self) -> dict[str, Any]:
+    def hardware(self) -> HardwareBlock:
         return {
             "device_kind": self.device_kind, "device_name": self.gpu_names[0] if self.gpu_names else "cpu",
             "devices": self.devices, "devices_per_worker": self.devices // self.launch.world_size,

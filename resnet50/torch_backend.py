@@ -19,6 +19,7 @@ import torchvision
 
 from joulebench.launch import LaunchEnv
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, Replay
+from joulebench.record_types import HardwareBlock
 from jpwr import ValidationError
 from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from resnet50.config import MOMENTUM, WEIGHT_DECAY, TrainConfig, resolve_compile
@@ -94,7 +95,7 @@ class TorchBackend:
             self.batches = jpeg_batches(config, batch, self.device, launch.rank, launch.world_size)
         self.phases = PhaseRecorder(enabled=False)
 
-    def hardware(self) -> dict[str, Any]:
+    def hardware(self) -> HardwareBlock:
         name = torch.cuda.get_device_name(self.device) if self.device_kind == "cuda" else "cpu"
         return {
             "device_kind": self.device_kind, "device_name": name, "devices": self.devices,

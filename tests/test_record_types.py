@@ -4,6 +4,7 @@ so the types cannot drift from what the drivers write (issue 42)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,15 +12,36 @@ from typing import Any
 import pytest
 
 from joulebench import figures
-from joulebench.record import SCHEMA_VERSION, RunRecord, SteadyMetrics, read_run_record
-from joulebench.record_types import WORK_UNITS, MeterBlock, Metrics, RequestsBlock
-from jpwr import Window
+from joulebench.launch import LaunchEnv
+from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics
+from joulebench.record_shape import RecordShapeError, checked_block
+from joulebench.record_types import (
+    WORK_UNITS,
+    DisturbedBlock,
+    FootprintBlock,
+    HardwareBlock,
+    IdleBaselineBlock,
+    JobBlock,
+    LaunchBlock,
+    MeterBlock,
+    Metrics,
+    RequestEnergyBlock,
+    RequestsBlock,
+    SteadyPlanBlock,
+    WindowLengthBlock,
+)
+from joulebench.sizing import SteadyPlan, WindowLength
+from jpwr import IdleBaseline, Window
 from jpwr.output import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
 RECORD_KIND = "joulebench.run_record"
-BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock}
+BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
+          "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock,
+          "footprint": FootprintBlock}
+NESTED = {("meter", "idle_baseline"): IdleBaselineBlock, ("meter", "steady_plan"): SteadyPlanBlock,
+          ("meter", "steady_seconds"): WindowLengthBlock, ("requests", "energy"): RequestEnergyBlock}
 # What writing a record of an earlier schema changes (docs/run-record.md, "Versions 1 and 2"): its version, and the
 # blocks it did not have, written empty. `windows` are jpwr's Window: they gain the fields added since (below).
 UPGRADED = ("schema_version", "warnings", "job")
@@ -96,6 +118,9 @@ def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> Non
     for name, block in BLOCKS.items():
         undeclared = sorted(set(shipped.get(name) or {}) - _declared(block))
         assert undeclared == [], f"{name} keys not declared in joulebench.record_types.{block.__name__}"
+    for (name, key), block in NESTED.items():
+        undeclared = sorted(set((shipped.get(name) or {}).get(key) or {}) - _declared(block))
+        assert undeclared == [], f"{name}.{key} keys not declared in joulebench.record_types.{block.__name__}"
     assert shipped["metrics"].get("work_unit", WORK_UNITS[0]) in WORK_UNITS
 
 
@@ -103,7 +128,7 @@ def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> Non
 def test_the_steady_figures_of_every_work_unit_are_declared(unit: str) -> None:
     window = Window(name="steady", first_step=0, last_step=2, t_start_ns=0, t_end_ns=2_000_000_000,
                     work={unit: 10.0})
-    keys = set(SteadyMetrics.from_window(window, unit, devices=1).to_dict())
+    keys = set(steady_metrics(window, unit, devices=1))
     assert {f"{unit}_per_s", f"{unit}_per_wh"} <= keys
     assert sorted(keys - _declared(Metrics)) == []
 
@@ -115,3 +140,28 @@ def test_the_figures_analysis_reads_by_name_are_declared() -> None:
              *(key for key, _ in figures.J_PER_UNIT_METRICS)]
     read = {key.format(unit=unit) for key in named for unit in WORK_UNITS}
     assert sorted(read - _declared(Metrics)) == []
+
+
+def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:
+    with pytest.raises(RecordShapeError, match=r"meter\.clock is 'noon', not an object"):
+        checked_block(MeterBlock, {"sampler": True, "clock": "noon"}, "meter")
+    assert checked_block(MeterBlock, {"sampler": True, "newer": 1}, "meter") == {"sampler": True, "newer": 1}
+
+
+@pytest.mark.parametrize(("block", "kind", "added"), [
+    (LaunchBlock, LaunchEnv, set()), (SteadyPlanBlock, SteadyPlan, set()), (WindowLengthBlock, WindowLength, set()),
+    (IdleBaselineBlock, IdleBaseline, {"measured"})], ids=lambda x: getattr(x, "__name__", ""))
+def test_a_block_written_from_a_dataclass_declares_its_fields_one_for_one(block: Any, kind: Any, added: set[str]
+                                                                          ) -> None:
+    """The dataclass is what the code holds, the TypedDict its record block: the two lists stay one."""
+    assert _declared(block) == {field.name for field in dataclasses.fields(kind)} | added
+
+
+def test_the_launch_block_is_written_in_the_layout_s_order() -> None:
+    assert list(LaunchEnv.from_env({}).to_dict()) == [field.name for field in dataclasses.fields(LaunchEnv)]
+
+
+def test_a_hardware_block_of_the_wrong_shape_is_refused_at_reading() -> None:
+    shipped = json.loads(SHIPPED[0].read_text())
+    with pytest.raises(RecordShapeError, match=r"hardware\.device_name is 8, not a text"):
+        RunRecord.from_dict({**shipped, "hardware": {**shipped.get("hardware", {}), "device_name": 8}})

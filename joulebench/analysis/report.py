@@ -31,6 +31,7 @@ from joulebench.figures import REJECTED, fraction_problem, unit_figure
 from joulebench.out_dir import one_writer
 from joulebench.reasons import Footnotes
 from joulebench.record import RECORD_FILE, RunRecord
+from joulebench.record_types import FootprintBlock
 from jpwr import ExitCode, ValidationError
 from jpwr.errors import ArgumentParser
 from jpwr.output import fmt, printable, readable, utc_now, write_atomic
@@ -87,14 +88,14 @@ def table_rows(runs: Sequence[Run], allow_partial: bool = False) -> list[dict[st
 def footprint_cells(record: RunRecord) -> dict[str, str]:
     """The record's `footprint` (carbon and cost of the run, from the site profile by jube/jbfootprint.py) as
     `value ± bound`, labelled estimate; n/a where the profile gave no value or the record has no block."""
-    block = record.footprint if isinstance(record.footprint, dict) else {}
+    block = record.footprint or FootprintBlock()
     currency = f" {block['currency']}" if block.get("currency") else ""
 
-    def cell(key: str, unit: str) -> str:
-        value, bound = block.get(key), block.get(f"{key}_error_bound")
+    def cell(value: float | None, bound: float | None, unit: str) -> str:
         return "n/a" if value is None else f"{readable(value)} ± {readable(bound)}{unit}"
 
-    return {"g CO2e (estimate)": cell("g_co2e", ""), "cost (estimate)": cell("cost", currency)}
+    return {"g CO2e (estimate)": cell(block.get("g_co2e"), block.get("g_co2e_error_bound"), ""),
+            "cost (estimate)": cell(block.get("cost"), block.get("cost_error_bound"), currency)}
 
 
 def _rejected_row(run: Run) -> dict[str, str]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from joulebench.figures import MAX_RATE, REJECTED, serving_problems
 from joulebench.record import headline_domain
+from joulebench.record_types import RequestEnergyBlock, RequestsBlock
 from jpwr.output import fmt
 
 if TYPE_CHECKING:
@@ -109,8 +110,8 @@ def rate_row(run: Run) -> RateRow:
     """The serving figures of one load record: metrics first, the requests block's energy where metrics lack them."""
     record = run.record
     m = record.metrics
-    energy = _object(record.requests.get("energy") if isinstance(record.requests, dict) else None)
-    per_request, shares = _object(energy.get("energy_per_request_j")), _object(energy.get("shares"))
+    energy = (record.requests or RequestsBlock()).get("energy") or RequestEnergyBlock()  # checked at reading
+    per_request, shares = energy.get("energy_per_request_j") or {}, energy.get("shares") or {}
     rate = str(m.get("rate"))
     rates = {} if run.rejected else served_figures(run)  # a rejected record's window is not computed with
     problems = serving_problems(m, energy)
@@ -177,11 +178,6 @@ def _served_from_table(run: Run) -> float | None:
         return None
     inside = int(((finish >= t0) & (finish < t0 + steady.duration_s)).sum())
     return inside / steady.duration_s if inside else None
-
-
-def _object(value: Any) -> dict[str, Any]:
-    """A block of the record where it is one (a JSON object); else empty, so that its figures read as n/a."""
-    return value if isinstance(value, dict) else {}
 
 
 def _first(value: Any, fallback: Any) -> Any:

@@ -130,9 +130,10 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path
 ) -> None:
     """Five one-node jobs at once. OK: a short job ends under a 1-minute limit. FAILED: a GPU profile's job on CPU
-    nodes (its `auto` device is the profile's GPU: passes validate, fails in the ranks). TIMEOUT: endless iterations under a 1-minute limit, stopped by
-    the job's own timer after at least 40 s and held until Slurm's limit. CANCELLED twice: scancel while it
-    trains (the job records itself) and while it waits to start (its finalizer job records it)."""
+    nodes (its `auto` device is the profile's GPU: passes validate, fails in the ranks). TIMEOUT: endless iterations
+    under a 1-minute limit, stopped by the job's own timer after at least 40 s and held until Slurm's limit. CANCELLED
+    twice: scancel while it trains (the job records itself) and while it waits to start (its finalizer job records
+    it)."""
     env = {**_cluster_env(jube_env, slurm_cluster), "JOULEBENCH_NODES": "1"}
     endless = {"JOULEBENCH_LLM_ITERATIONS": "1000000"}
     cases = {

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jbsettings  # noqa: F401  (puts the repository root on sys.path, for the core's record types below)
 from jbsystems import ConfigError
 
 from joulebench.record_shape import checked_block

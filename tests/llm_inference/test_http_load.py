@@ -188,8 +188,12 @@ def test_a_busy_port_fails_the_run_naming_it(checkpoint, fake_env, tmp_path):
 
 @pytest.mark.slow
 def test_a_server_killed_mid_run_fails_the_rate_with_its_last_log_lines(checkpoint, fake_env, tmp_path):
-    """The server command starts the real server and kills it with SIGKILL a few seconds into the load."""
-    dies = f"sh -c '{SERVE} & pid=$!; sleep 12; echo killing the server; kill -9 $pid; wait $pid'"
+    """The server command starts the real server and kills it with SIGKILL 12 s after its port opened, a few seconds
+    into the load (counted from the start, a loaded machine's slow start let the kill land on the first request)."""
+    port_open = (f'{sys.executable} -c "import socket, sys; '
+                 'socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)" {host} {port}')
+    dies = (f"sh -c '{SERVE} & pid=$!; until {port_open} 2>/dev/null; do sleep 0.5; done; sleep 12; "
+            "echo killing the server; kill -9 $pid; wait $pid'")
     record = _run_failed(["--checkpoint", str(checkpoint), *LOAD, "--rate", "2", "--requests", "80",
                           "--server-command", dies], {**fake_env(), "HF_HUB_OFFLINE": "1"}, tmp_path,
                          tmp_path / "dies")

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -146,13 +147,7 @@ def test_sigterm_while_a_tool_opens_ends_the_run_within_seconds_with_its_record(
             stdout, stderr = proc.communicate(timeout=120)
         finally:
             proc.kill()
-    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
-    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
-    record = read_record(out)
-    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
-    assert "--log-to: mlflow was left out: opening mlflow was given up: SIGTERM received" in " ".join(
-        record["warnings"]), record["warnings"]
-    assert summaries(stdout)[-1]["status"] == "TIMEOUT"
+    _assert_opening_given_up_at_sigterm("mlflow", proc, sent, stdout, stderr, out)
 
 
 @pytest.mark.slow
@@ -410,6 +405,18 @@ def test_a_ctrl_c_that_python_swallows_during_the_imports_still_stops_the_comman
     assert proc.stderr.splitlines()[-1].startswith("llm_training: error: stopped by Ctrl-C (SIGINT) outside a run")
 
 
+def _assert_opening_given_up_at_sigterm(tool: str, proc: subprocess.Popen, sent: float, stdout: str, stderr: str,
+                                        out: Path) -> None:
+    """A SIGTERM while a tracking tool was opening: the run ended in time as TIMEOUT, the tool left out and said why."""
+    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
+    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
+    record = read_record(out)
+    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
+    assert f"--log-to: {tool} was left out: opening {tool} was given up: SIGTERM received" in " ".join(
+        record["warnings"]), record["warnings"]
+    assert summaries(stdout)[-1]["status"] == "TIMEOUT"
+
+
 def _closed_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (a W&B server out of reach: connections refused)."""
     with socket.socket() as probe:
@@ -472,10 +479,4 @@ def test_sigterm_while_wandb_online_opens_against_a_closed_port_ends_the_run_wit
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert time.monotonic() - sent < SIGNAL_TO_END_S, stderr[-3000:]
-    assert proc.returncode == EXIT_CODES["TIMEOUT"], stderr[-3000:]
-    record = read_record(out)
-    assert record["status"] == "TIMEOUT" and "SIGTERM received" in record["status_reason"]
-    assert "--log-to: wandb was left out: opening wandb was given up: SIGTERM received" in " ".join(
-        record["warnings"]), record["warnings"]
-    assert summaries(stdout)[-1]["status"] == "TIMEOUT"
+    _assert_opening_given_up_at_sigterm("wandb", proc, sent, stdout, stderr, out)

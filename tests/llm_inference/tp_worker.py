@@ -65,6 +65,10 @@ def main(out: Path, checkpoints: list[str]) -> int:
                     "--out-dir", str(out / "run"), "--run-id", "inf-tp2"])
     loaded = cli_main(["load", *common, "--task", "tiny", "--rate", "max", "--max-concurrency", "4",
                        "--requests", "12", "--out-dir", str(out / "load"), "--run-id", "load-tp2"])
+    # both ranks done before either leaves the group: a gloo group left to the interpreter's exit aborted rank 0
+    # (SIGABRT) once its peer had gone (CI, 2026-12-06)
+    dist.barrier()
+    dist.destroy_process_group()
     return ran or loaded
 
 

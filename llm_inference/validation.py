@@ -257,7 +257,7 @@ def check_load_config(cfg: LoadConfig) -> tuple[ModelPreset, list[Request] | Non
 
 def check_window_opens(cfg: LoadConfig, trace: list[Request] | None) -> None:
     """Refuse a load whose window can never open, which the run would meet only at its end (FAILED, NO_WINDOW): at
-    `max` the window opens once every slot is busy after the warm-up, so fewer counted requests than slots never
+    `max` the window opens once every row is busy after the warm-up, so fewer counted requests than rows never
     open it; a trace needs a counted request after its warm-up ones."""
     if trace is not None:
         warmup = cfg.warmup_requests or 0
@@ -267,7 +267,7 @@ def check_window_opens(cfg: LoadConfig, trace: list[Request] | None) -> None:
                                   "lower --warmup-requests below the trace's requests, or replay a longer trace")
         return
     if cfg.requests is not None and cfg.requests < cfg.max_concurrency and any(math.isinf(r) for r in cfg.rates):
-        raise ValidationError(f"--requests {cfg.requests} at --rate max never keeps the {cfg.max_concurrency} slots "
+        raise ValidationError(f"--requests {cfg.requests} at --rate max never keeps the {cfg.max_concurrency} rows "
                               "busy at once after the warm-up: the window would never open",
                               f"raise --requests to at least {cfg.max_concurrency}, or lower --max-concurrency to "
                               f"{cfg.requests} or fewer")

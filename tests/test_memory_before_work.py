@@ -143,7 +143,7 @@ def test_jube_validates_a_slurm_point_of_device_auto_for_its_nodes_not_the_login
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["--rate", "max", "--requests", "1", "--max-concurrency", "8"],
-     "--requests 1 at --rate max never keeps the 8 slots busy at once after the warm-up: the window would never open"),
+     "--requests 1 at --rate max never keeps the 8 rows busy at once after the warm-up: the window would never open"),
     (["--trace", "{trace}", "--warmup-requests", "2"],
      "has 2 requests and --warmup-requests 2 takes them all: no counted request opens the window"),
 ])

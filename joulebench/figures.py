@@ -15,8 +15,8 @@ import math
 from typing import Any, TypeGuard
 
 from joulebench.latents import STEADY
-from joulebench.record import RunRecord
-from joulebench.record_types import Metrics, RequestEnergyBlock
+from joulebench.record import RunRecord, driver_metrics
+from joulebench.record_types import LoadMetrics, RequestEnergyBlock
 from jpwr import Window
 from jpwr.energy import J_PER_WH
 
@@ -149,7 +149,7 @@ def record_problems(record: RunRecord) -> list[str]:
     problems += [p for key in WHOLE_METRICS if (p := number_problem(key, metrics.get(key), whole=True))]
     problems += [p for p in (fraction_problem("energy_coverage", metrics.get("energy_coverage")),) if p]
     problems += [p for key in BOUND_METRICS if (p := number_problem(key, metrics.get(key), zero_allowed=True))]
-    problems += [p for p in (rate_problem(metrics.get("rate")),) if p]
+    problems += [p for p in (rate_problem((driver_metrics(record, LoadMetrics) or {}).get("rate")),) if p]
     problems += evidence_problems(record)
     problems += [p for key in WHOLE_CONFIG if (p := number_problem(f"config {key}", record.config.get(key),
                                                                    whole=True))]
@@ -229,7 +229,7 @@ SERVING_ZERO_ALLOWED = ("goodput_requests_per_s",)  # no request met the SLO: a 
 SERVING_FRACTIONS = ("slo_attained_share",)
 
 
-def serving_problems(metrics: Metrics, request_energy: RequestEnergyBlock | None = None) -> list[str]:
+def serving_problems(metrics: LoadMetrics, request_energy: RequestEnergyBlock | None = None) -> list[str]:
     """The serving figures of a load record that cannot be true: its latency, goodput and SLO figures, and the
     per-request energy block's J/request and prefill/decode/idle shares. Empty when the serving section may use it."""
     problems = [p for key in SERVING_POSITIVE if (p := number_problem(key, metrics.get(key)))]
@@ -252,7 +252,7 @@ def evidence_problems(record: RunRecord) -> list[str]:
     counter periods (the record's `window_counter_periods`: its energy figures are within ~20 % at best). Such a
     record is never a figure, OK or not: once a JUBE serving row read OK, 5,151 tokens/s, from a 0.099 s window with
     one decode step and no request counted."""
-    metrics = record.metrics
+    metrics: LoadMetrics = driver_metrics(record, LoadMetrics) or {}  # a load's figures: none elsewhere
     found = []
     counted = metrics.get("requests_counted")
     if counted is not None and is_number(counted) and counted < 1:

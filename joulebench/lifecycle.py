@@ -63,7 +63,7 @@ from joulebench.record import (
     summary_line,
     write_run_record,
 )
-from joulebench.record_shape import checked_block
+from joulebench.record_shape import checked_block, checked_metrics
 from joulebench.record_types import ClockAnchor, HardwareBlock, IdleBaselineBlock, Metrics
 from jpwr import IdleBaseline, JpwrError, WindowEnergy, WindowMeter
 from jpwr.energy import ACCELERATORS, split_energy
@@ -117,14 +117,15 @@ def write_elsewhere(record: RunRecord, wanted: Path, exc: OSError) -> str:
     return "stderr"
 
 
-def merged_metrics(computed: Metrics, body: Metrics) -> Metrics:
+def merged_metrics(benchmark: str, computed: Metrics, body: Metrics) -> Metrics:
     """The record's figures: the metrics callback's and those the run's body set on `record.metrics` (a loss
-    curve). A key both set is a driver bug that once let the body's value win unseen: refused, naming the keys."""
+    curve), as the `benchmark` driver's type. A key both set is a driver bug that once let the body's value win
+    unseen: refused, naming the keys."""
     both = sorted(set(computed) & set(body))
     if both:
         raise ValueError(f"metric(s) {', '.join(both)} set both by the run's body (record.metrics) and by its metrics "
                          "callback: set each figure in one place only")
-    return {**computed, **body}
+    return checked_metrics(benchmark, {**computed, **body})
 
 
 class StopRequest:
@@ -431,7 +432,7 @@ class Lifecycle:
     def _write(self, run: Run, metrics: Callable[[RunRecord], Metrics]) -> None:
         record = run.record
         try:
-            record.metrics = merged_metrics(metrics(record), record.metrics)
+            record.metrics = merged_metrics(record.benchmark, metrics(record), record.metrics)
         except Exception as exc:  # figures that cannot be computed must not cost the record
             traceback.print_exc()
             record.warn(f"metrics could not be computed: {type(exc).__name__}: {exc}")

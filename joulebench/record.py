@@ -17,9 +17,9 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, TypeVar, cast
 
-from joulebench.record_shape import Block, RecordShapeError, checked_block, record_shape_problems
+from joulebench.record_shape import Block, RecordShapeError, checked_block, checked_metrics, record_shape_problems
 from joulebench.record_types import (
     HEADLINE_ENERGY_FIGURES,
     TRUSTED_ENERGY_FIGURES,
@@ -32,6 +32,8 @@ from joulebench.record_types import (
     MeterBlock,
     Metrics,
     RequestsBlock,
+    SteadyFigures,
+    metrics_type,
 )
 from jpwr import ExitCode, FormatError, Window, WindowEnergy
 from jpwr.energy import ACCELERATORS, J_PER_WH
@@ -85,12 +87,12 @@ def steady_metrics(
     devices: int | None,
     flops_per_unit: float | None = None,
     peak_flops_per_device: float | None = None,
-) -> Metrics:
-    """The steady window's headline figures (record_types.SteadyFigures, their one declaration) as the record's
-    metrics block, which each driver extends with its own keys: one computation for every driver, so that rates,
-    MFU and work per Wh are computed the same way everywhere. FLOPs are model FLOPs (no recompute counted); four
-    figures are named after the work unit (tokens_per_s, images_per_wh, ...). `devices`: the devices that did the
-    work (joulebench.figures.work_devices); None: per-device figures n/a."""
+) -> SteadyFigures:
+    """The steady window's headline figures (record_types.SteadyFigures, their one declaration), which each driver
+    extends with its own keys into its record's metrics (its type of record_types.Metrics): one computation for
+    every driver, so that rates, MFU and work per Wh are computed the same way everywhere. FLOPs are model FLOPs (no
+    recompute counted); four figures are named after the work unit (tokens_per_s, images_per_wh, ...). `devices`:
+    the devices that did the work (joulebench.figures.work_devices); None: per-device figures n/a."""
     work = window.work.get(work_unit)
     duration = window.duration_s
     rate = work / duration if work is not None and duration > 0 else None
@@ -129,8 +131,23 @@ def steady_metrics(
         "outside_job_devices": len(energy.outside_job) if energy and energy.outside_job else None,
         "outside_job_energy_j": energy.outside_job_energy_j if energy else None,
     }
-    # keys built from the unit: Metrics declares them for the drivers' units (record_types.WORK_UNITS)
-    return checked_block(Metrics, figures, "metrics")
+    # keys built from the unit: SteadyFigures declares them for the drivers' units (record_types.WORK_UNITS)
+    return checked_block(SteadyFigures, figures, "metrics")
+
+
+Figures = TypeVar("Figures", bound=Mapping[str, object])
+
+
+def driver_metrics(record: RunRecord, kind: type[Figures]) -> Figures | None:
+    """The record's metrics as `kind`, its driver's type (record_types.TrainingMetrics, LoadMetrics, ...), where
+    its driver writes that type, else None: how a reader of a driver's own keys narrows the union first, by the
+    record's benchmark (record_types.metrics_type, the type the block was checked as when it was read)."""
+    metrics = record.metrics
+    return metrics if _written_as(metrics, kind, record.benchmark) else None
+
+
+def _written_as(metrics: Metrics, kind: type[Figures], benchmark: str) -> TypeGuard[Figures]:
+    return metrics_type(benchmark, metrics) is kind
 
 
 def settle_status(record: RunRecord) -> None:
@@ -152,6 +169,11 @@ def _device_mismatch(energy: WindowEnergy | None, devices: int | None) -> str | 
             "devices (CUDA_VISIBLE_DEVICES, Slurm GPU binding) so that idle devices are not counted")
 
 
+def no_figures() -> Metrics:
+    """A record's metrics before its driver's figures are in: empty, as any driver's type."""
+    return {}
+
+
 @dataclasses.dataclass
 class RunRecord:
     """Everything one run produced; written once at the end (and on failure) by global rank 0."""
@@ -167,7 +189,7 @@ class RunRecord:
     hardware: HardwareBlock = dataclasses.field(default_factory=lambda: HardwareBlock())
     software: dict[str, Any] = dataclasses.field(default_factory=dict)
     windows: list[Window] = dataclasses.field(default_factory=list)
-    metrics: Metrics = dataclasses.field(default_factory=lambda: Metrics())
+    metrics: Metrics = dataclasses.field(default_factory=lambda: no_figures())
     meter: MeterBlock = dataclasses.field(default_factory=lambda: MeterBlock())  # sampler, methods, idle baseline
     job: JobBlock = dataclasses.field(default_factory=lambda: JobBlock())  # scheduler job: id, time limit, stop budget
     attribution: dict[str, Any] | None = None  # added by `joulebench attribute` (docs/attribution.md)
@@ -224,7 +246,7 @@ class RunRecord:
             software=dict(data.get("software", {})),
             windows=[Window.from_dict(w) for w in data.get("windows", [])],
             # the blocks as written: keys outside their TypedDicts (a newer writer's) are kept, not checked
-            metrics=checked_block(Metrics, dict(data.get("metrics", {})), "metrics"),
+            metrics=checked_metrics(data["benchmark"], dict(data.get("metrics", {}))),
             meter=checked_block(MeterBlock, dict(data.get("meter", {})), "meter"),
             job=checked_block(JobBlock, dict(data.get("job") or {}), "job"), attribution=data.get("attribution"),
             warnings=[str(w) for w in data.get("warnings") or []], requests=data.get("requests"),

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
 
-from joulebench.record_types import RecordDocument
+from joulebench.record_types import Metrics, RecordDocument, metrics_type
 from jpwr.energy import HEADLINE_DOMAINS
 
 NUMBERS = (int, float)  # figures: judged by joulebench.figures, not here
@@ -36,6 +37,11 @@ def checked_block(kind: type[Block], value: object, field: str) -> Block:
         raise RecordShapeError("; ".join(found))
     checked: Any = value  # its shape is what `kind` declares: the check above, which mypy cannot follow
     return checked
+
+
+def checked_metrics(benchmark: str, block: Mapping[str, object]) -> Metrics:
+    """A record's `metrics` as its driver's type (record_types.metrics_type, by the record's benchmark), checked."""
+    return checked_block(metrics_type(benchmark, block), block, "metrics")
 
 
 def shown(value: Any) -> str:

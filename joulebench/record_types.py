@@ -6,6 +6,11 @@ record of an earlier schema, a run without a steady window (metrics is then `{"w
 own keys) or a failed run lacks keys, and a reader asks with `.get`. tests/test_record_types.py checks that every
 key of every shipped record is declared here, so the lists cannot drift from what the drivers write.
 
+`metrics` is a union, one type per driver (Metrics): the steady figures (SteadyFigures) and the sections of keys
+more than one driver writes are declared once and combined into each driver's type; which type a record's block
+is follows from its benchmark (metrics_type), and a reader of a driver's own key narrows to it first
+(joulebench.record.driver_metrics).
+
 A block the code holds as a dataclass (joulebench.launch.LaunchEnv, joulebench.sizing.SteadyPlan and WindowLength,
 jpwr.IdleBaseline) is declared here field for field; tests/test_record_types.py keeps the two alike. Keys named after
 a work unit are declared for the units the drivers use (`WORK_UNITS`); `config`, `software` and `requests.energy`
@@ -15,7 +20,8 @@ through joulebench.record_shape.checked_block (the reader's shape check), never 
 
 from __future__ import annotations
 
-from typing import Any, Required, TypedDict
+from collections.abc import Mapping
+from typing import Any, Required, TypedDict, final
 
 from joulebench.compile_cache import CompileCacheFigures
 
@@ -79,18 +85,42 @@ class SteadyFigures(TypedDict, total=False):
     partial_output_tokens_per_wh: float | None
 
 
-class DriverFigures(TypedDict, total=False):
-    """Keys more than one driver adds, with one meaning."""
+class BatchFigures(TypedDict, total=False):
+    """The batch a step or generation worked on (llm_training, resnet50, llm_inference run)."""
 
     global_batch_size: int
+
+
+class DeviceCount(TypedDict, total=False):
+    """The devices that did the work (resnet50, llm_inference run and load)."""
+
     devices: int | None  # None: the record names none (a load against a server without --server-devices)
+
+
+class ModelFigures(TypedDict, total=False):
+    """The model's size, FLOP count and memory (llm_training, llm_inference run)."""
+
     parameters: int
     flops_formula: str
     warmup_duration_s: float | None
     memory_estimate_gib: float
     peak_memory_allocated_gib: float | None
+
+
+class CompileFigures(TypedDict, total=False):
+    """What compiling the step cost and reused (llm_training, resnet50)."""
+
     compile_s: float | None  # the warm-up window of a compiled run (joulebench.compile_cache.compile_seconds)
     compile_cache: CompileCacheFigures | None  # where the compile caches were and what this run reused
+
+
+class GenerationFigures(TypedDict, total=False):
+    """An inference run's and a load's common figures (llm_inference)."""
+
+    requests_per_s: float | None  # a load: the served rate
+    ttft_p90_s: float | None
+    energy_per_output_token_j: float | None
+    energy_per_output_token_error_bound_j: float | None
 
 
 class LossPoint(TypedDict):
@@ -98,8 +128,9 @@ class LossPoint(TypedDict):
     loss: float
 
 
-class TrainingFigures(TypedDict, total=False):
-    """llm_training's keys (llm_training/train.py)."""
+@final
+class TrainingMetrics(SteadyFigures, BatchFigures, ModelFigures, CompileFigures, total=False):
+    """llm_training's `metrics` (llm_training/train.py)."""
 
     loss_curve: list[LossPoint]
     skipped_updates: int
@@ -126,8 +157,9 @@ class ResNetFlopsFigures(TypedDict, total=False):
     flops_convention: str
 
 
-class ResNetFigures(ResNetFlopsFigures, total=False):
-    """resnet50's keys (resnet50/driver.py)."""
+@final
+class ResNetMetrics(SteadyFigures, BatchFigures, DeviceCount, CompileFigures, ResNetFlopsFigures, total=False):
+    """resnet50's `metrics` (resnet50/driver.py)."""
 
     per_device_batch_size: int
     precision: str
@@ -142,22 +174,19 @@ class ResNetFigures(ResNetFlopsFigures, total=False):
     iterations_completed: int
 
 
-class InferenceFigures(TypedDict, total=False):
-    """llm_inference run's keys (llm_inference/runner.py, llm_inference/metrics.py)."""
+@final
+class InferenceRunMetrics(SteadyFigures, BatchFigures, DeviceCount, ModelFigures, GenerationFigures, total=False):
+    """llm_inference run's `metrics`: static batches (llm_inference/runner.py, llm_inference/metrics.py)."""
 
     batch_size: int
-    requests_per_s: float | None  # a load record with offered_requests_per_s: the served rate
     input_tokens_per_s: float | None
     prefill_call_s: float | None
     prefill_input_tokens_per_s: float | None
     ttft_median_s: float | None
-    ttft_p90_s: float | None
     per_token_latency_median_s: float | None
     per_token_latency_p90_s: float | None
     energy_j: float | None
     energy_per_request_j: float | None
-    energy_per_output_token_j: float | None
-    energy_per_output_token_error_bound_j: float | None
     mean_power_w: float | None
     prefill_energy_j: float | None
     prefill_energy_error_bound_j: float | None
@@ -187,8 +216,10 @@ class InferenceFigures(TypedDict, total=False):
     sm_clock_mhz: float | None
 
 
-class LoadFigures(TypedDict, total=False):
-    """llm_inference load's keys, engine and server alike (llm_inference/load.py, request_metrics.py)."""
+@final
+class LoadMetrics(SteadyFigures, DeviceCount, GenerationFigures, total=False):
+    """llm_inference load's `metrics`, engine and server alike (llm_inference/load_plan.py, request_metrics.py):
+    one offered rate; `rate` is what tells it from a run's (metrics_type)."""
 
     rate: str
     max_concurrency: int
@@ -196,7 +227,6 @@ class LoadFigures(TypedDict, total=False):
     engine: str
     count: int
     ttft_p50_s: float | None
-    ttft_p90_s: float | None
     ttft_p99_s: float | None
     tpot_p50_s: float | None
     tpot_p90_s: float | None
@@ -228,10 +258,24 @@ class LoadFigures(TypedDict, total=False):
     energy_per_request_p90_j: float | None
 
 
-class Metrics(SteadyFigures, DriverFigures, TrainingFigures, ResNetFigures, InferenceFigures, LoadFigures,
-              total=False):
-    """The record's `metrics` block: the steady figures and every driver's own keys (one record holds those of
-    its driver). A driver that adds a key declares it in its section above."""
+# The record's `metrics` block: the steady figures (SteadyFigures) and the keys its driver adds, one type per driver
+# (a driver's type lists the keys it writes). A reader that reads a driver's own key narrows first
+# (joulebench.record.driver_metrics, by the record's benchmark).
+Metrics = TrainingMetrics | ResNetMetrics | InferenceRunMetrics | LoadMetrics
+METRICS_OF_BENCHMARK: dict[str, type[Metrics]] = {
+    "llm_training": TrainingMetrics, "resnet50": ResNetMetrics, "llm_inference": InferenceRunMetrics}
+METRICS_OF_WORK_UNIT: dict[str, type[Metrics]] = {
+    "tokens": TrainingMetrics, "images": ResNetMetrics, "output_tokens": InferenceRunMetrics}
+
+
+def metrics_type(benchmark: str, metrics: Mapping[str, object]) -> type[Metrics]:
+    """The type of a record's `metrics` block: its driver's (a load's where it names an offered rate); a driver
+    this core does not know (a test's, a replay's) writes the type of its work unit's driver (tokens: training's)."""
+    kind = METRICS_OF_BENCHMARK.get(benchmark)
+    if kind is None:
+        unit = metrics.get("work_unit")
+        kind = METRICS_OF_WORK_UNIT.get(unit, TrainingMetrics) if isinstance(unit, str) else TrainingMetrics
+    return LoadMetrics if kind is InferenceRunMetrics and "rate" in metrics else kind
 
 
 # Metrics figures computed from the headline window's energy: n/a whenever that window has no energy (the reader,

@@ -55,12 +55,13 @@ from joulebench.record import (
     RECORD_NOT_WRITTEN,
     STATUSES,
     RunRecord,
+    driver_metrics,
     headline_domain,
     read_run_record,
     write_run_record,
 )
 from joulebench.record_shape import checked_block
-from joulebench.record_types import FootprintBlock, JobBlock, JobNode, RequestEnergyBlock
+from joulebench.record_types import FootprintBlock, JobBlock, JobNode, LoadMetrics, RequestEnergyBlock, ResNetMetrics
 from jpwr import JpwrError
 from jpwr.energy import ACCELERATORS
 from jpwr.output import fmt, write_atomic
@@ -388,8 +389,8 @@ def _outcome(record: RunRecord) -> list[str]:
 def served_rate_note(record: RunRecord) -> str:
     """Why a serving row's requests/s is n/a where its window was measured (a server's load included): it counts
     the counted requests that finished inside the steady window, from the load's request table."""
-    m = record.metrics
-    if not record.requests or m.get("requests_per_s") is not None or m.get("duration_s") is None:
+    m = driver_metrics(record, LoadMetrics)
+    if m is None or not record.requests or m.get("requests_per_s") is not None or m.get("duration_s") is None:
         return ""
     inside, counted = m.get("requests_served_in_window"), m.get("requests_counted")
     if inside is None:
@@ -452,7 +453,8 @@ def table_fields(record: RunRecord, settings: dict[str, str]) -> dict[str, str]:
         "devices": fmt(devices),
         "model": settings.get("JB_MODEL", "n/a"),
         **coordinates(record, settings),
-        "batch_per_device": _num(_first(c.get("per_device_batch_size"), m.get("per_device_batch_size"))),
+        "batch_per_device": _num(_first(c.get("per_device_batch_size"),
+                                        (driver_metrics(record, ResNetMetrics) or {}).get("per_device_batch_size"))),
         "tp_pp_dp": "/".join(_num(v) for v in (tp, pp, dp)) if dp is not None else f"1/1/{fmt(devices)}",
         "iterations": _num(m.get("iterations")),
         "time_per_iteration_s": _num(m.get("time_per_iteration_s")),

@@ -36,7 +36,7 @@ from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested
 from joulebench.record import RunRecord
 from joulebench.record_types import (
     HardwareBlock,
-    Metrics,
+    LoadMetrics,
     OutputTokenCounts,
     RequestEnergyBlock,
     RequestFailures,
@@ -407,7 +407,7 @@ class HttpServerTarget:
             first = failures["first"][0]["reason"] if failures["first"] else None
             raise RuntimeError(f"no counted request succeeded ({failures['count']} failed; first: {first})")
 
-    def figures(self, outcome: RateOutcome[ClientServed]) -> Metrics:
+    def figures(self, outcome: RateOutcome[ClientServed]) -> LoadMetrics:
         return {"engine": self.server.engine}
 
     def energy_unavailable(self) -> str | None:

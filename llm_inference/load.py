@@ -30,7 +30,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_types import HardwareBlock, LoadMetrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
@@ -66,7 +66,7 @@ def _log(text: str) -> None:
 
 
 # ---- figures of one rate -----------------------------------------------------------------------------------
-def step_figures(log: ServeLog) -> Metrics:
+def step_figures(log: ServeLog) -> LoadMetrics:
     """The engine's own figures of the window: its steps and the rows a decode step ran on average."""
     first, last = log.window_steps or (0, 0)
     decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == StepKind.DECODE]
@@ -243,7 +243,7 @@ class EngineTarget:
     def check(self, run: Run, outcome: RateOutcome[ServeLog]) -> None:
         """The engine has no reasons of its own: a stop and a missing window are the load run's."""
 
-    def figures(self, outcome: RateOutcome[ServeLog]) -> Metrics:
+    def figures(self, outcome: RateOutcome[ServeLog]) -> LoadMetrics:
         return {} if outcome.detail is None or outcome.steady is None else step_figures(outcome.detail)
 
     def energy(self, rate: RecordedRate) -> RequestEnergyBlock:

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from joulebench.figures import MIN_COUNTER_PERIODS
-from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import Metrics
+from joulebench.record import RunRecord, driver_metrics, steady_metrics
+from joulebench.record_types import LoadMetrics
 from jpwr import Window
 from llm_inference import request_metrics
 from llm_inference.arrivals import Request, arrival_times, draw_requests
@@ -147,7 +147,7 @@ def queue_drained(arrival_s: np.ndarray, admitted_s: np.ndarray, t0_s: float, t1
     return covered < t1_s
 
 
-def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> Metrics:
+def _rates(steady: Window, counted: set[int], rule: WindowRule, served: Served | None) -> LoadMetrics:
     """Offered and served request rates, the served window and the queue's state (module docstring)."""
     span = rule.arrival_span_s()  # the arrivals' own, not the loop's
     arrivals_window = span is not None and steady.duration_s > 0
@@ -201,12 +201,12 @@ def _g(value: Any) -> str:
 
 def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
                  times: list[request_metrics.RequestTimes], counted: set[int], rule: WindowRule | None,
-                 served: Served | None = None, *, devices: int | None) -> Metrics:
+                 served: Served | None = None, *, devices: int | None) -> LoadMetrics:
     """The record's figures of one rate, for the engine and a server alike. `times`: the counted requests that
     finished (of `counted`, the window's counted requests); `served`: what the served rate and the overload note
     read (None: those figures are n/a); `devices`: the devices that did the work (joulebench.figures.work_devices),
     as `run` divides by them."""
-    result: Metrics = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
+    result: LoadMetrics = {"work_unit": WORK_UNIT, "rate": "trace" if rate is None else rate_label(rate),
                        "max_concurrency": cfg.max_concurrency, "task": cfg.task}
     if steady is None or rule is None:
         return result
@@ -236,7 +236,7 @@ def load_metrics(cfg: LoadConfig, rate: float | None, steady: Window | None,
 
 
 def progress_line(record: RunRecord) -> str:
-    m = record.metrics
+    m: LoadMetrics = driver_metrics(record, LoadMetrics) or {}  # none: the rate's figures could not be computed
     return (f"rate {m.get('rate')}: {record.status}, {shown(m, 'output_tokens_per_s')} tokens/s, "
             f"{shown(m, 'requests_per_s')} req/s, {shown(m, 'energy_per_output_token_j')} J/token, p90 TTFT "
             f"{shown(m, 'ttft_p90_s', 1e3)} ms, p90 TPOT {shown(m, 'tpot_p90_s', 1e3)} ms, goodput "

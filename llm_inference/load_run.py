@@ -23,7 +23,7 @@ import torch
 from joulebench.figures import work_devices
 from joulebench.lifecycle import Lifecycle, Run, RunFailed, StopRequested, sweep
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, Metrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_types import HardwareBlock, LoadMetrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import RequestsTable, save_requests
 from jpwr import IdleBaseline, Window, WindowMeter
 from llm_inference.arrivals import Request
@@ -102,7 +102,7 @@ class LoadTarget(Protocol[DetailT]):
         """After the table is written: the target's own reasons why the rate failed (raise) or warnings."""
         ...
 
-    def figures(self, outcome: RateOutcome[DetailT]) -> Metrics:
+    def figures(self, outcome: RateOutcome[DetailT]) -> LoadMetrics:
         """The target's own figures (also of a rate that failed: what it knows then)."""
         ...
 
@@ -148,7 +148,7 @@ def _request_energy(target: LoadTarget[DetailT], outcome: RateOutcome[DetailT], 
 
 
 def _rate_metrics(cfg: LoadConfig, rate: float | None, target: LoadTarget[DetailT], outcome: RateOutcome[DetailT],
-                  record: RunRecord) -> Metrics:
+                  record: RunRecord) -> LoadMetrics:
     """The record's figures of one rate (its metrics callback)."""
     target.describe(record.config)
     result = load_metrics(cfg, rate, outcome.steady, outcome.times, outcome.counted, outcome.rule, _served(outcome),

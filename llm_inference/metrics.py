@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from joulebench.record_types import Metrics
+from joulebench.record_types import InferenceRunMetrics
 from jpwr import WindowEnergy
 from llm_inference.engine import Timing
 from llm_inference.measure import PointWindows
@@ -38,7 +38,7 @@ def _quantiles(values: list[float] | tuple[float, ...]) -> tuple[float | None, f
     return float(np.median(values)), float(np.quantile(values, 0.9))
 
 
-def latency_metrics(timings: list[Timing]) -> Metrics:
+def latency_metrics(timings: list[Timing]) -> InferenceRunMetrics:
     ttft_median, ttft_p90 = _quantiles([t.ttft_s for t in timings])
     gap_median, gap_p90 = _quantiles([gap for t in timings for gap in t.inter_token_s])
     return {"ttft_median_s": ttft_median, "ttft_p90_s": ttft_p90,
@@ -49,14 +49,14 @@ def _divide(value: float | None, by: float | None) -> float | None:
     return value / by if value is not None and by else None
 
 
-def energy_metrics(point: PointWindows) -> Metrics:
+def energy_metrics(point: PointWindows) -> InferenceRunMetrics:
     """Per-request, per-token, prefill and decode energies with bounds; None (n/a) wherever energy is missing."""
     steady, prefill = point.steady, point.prefill
     e_steady: WindowEnergy | None = steady.energy
     e_prefill: WindowEnergy | None = prefill.energy
     joules = e_steady.energy_j if e_steady else None
     bound = e_steady.error_bound_j if e_steady else None
-    metrics: Metrics = {
+    metrics: InferenceRunMetrics = {
         "energy_j": joules,
         "energy_per_request_j": _divide(joules, steady.work.get("requests")),
         "energy_per_output_token_j": _divide(joules, steady.work.get("output_tokens")),
@@ -83,15 +83,15 @@ def energy_metrics(point: PointWindows) -> Metrics:
     return metrics
 
 
-def _idle_split_metrics(point: PointWindows) -> Metrics:
+def _idle_split_metrics(point: PointWindows) -> InferenceRunMetrics:
     """The steady window's idle share and the prefill and decode energies above idle; None without a baseline."""
     steady, prefill = point.steady.split, point.prefill.split
     reasons = [split.unavailable_reason if split else "no idle baseline" for split in (steady, prefill)]
     reason = next((r for r in reasons if r), None)
-    result: Metrics = {"steady_idle_energy_j": None, "steady_dynamic_energy_j": None, "steady_idle_share": None,
-                       "prefill_dynamic_energy_j": None, "decode_dynamic_energy_j": None,
-                       "decode_dynamic_energy_per_token_j": None, "decode_dynamic_energy_per_token_error_bound_j": None,
-                       "idle_split_unavailable_reason": reason}
+    result: InferenceRunMetrics = {
+        "steady_idle_energy_j": None, "steady_dynamic_energy_j": None, "steady_idle_share": None,
+        "prefill_dynamic_energy_j": None, "decode_dynamic_energy_j": None, "decode_dynamic_energy_per_token_j": None,
+        "decode_dynamic_energy_per_token_error_bound_j": None, "idle_split_unavailable_reason": reason}
     if steady is None or steady.dynamic_j is None or steady.idle_j is None:
         return result
     total = steady.idle_j + steady.dynamic_j
@@ -111,7 +111,7 @@ def _idle_split_metrics(point: PointWindows) -> Metrics:
     return result
 
 
-def rate_metrics(point: PointWindows) -> Metrics:
+def rate_metrics(point: PointWindows) -> InferenceRunMetrics:
     steady, prefill = point.steady, point.prefill
     return {
         "requests_per_s": _divide(steady.work.get("requests"), steady.duration_s),

@@ -21,8 +21,8 @@ from functools import partial
 from pathlib import Path
 
 from joulebench.lifecycle import amend_written_record
-from joulebench.record import RECORD_FILE, RunRecord, read_run_record
-from joulebench.record_types import RequestEnergyBlock, RequestsBlock
+from joulebench.record import RECORD_FILE, RunRecord, driver_metrics, read_run_record
+from joulebench.record_types import LoadMetrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, RequestsTable, read_requests, save_requests
 from jpwr import ValidationError
 from llm_inference.serving_energy import (
@@ -62,7 +62,10 @@ def _amend(table: RequestsTable | None, energy: RequestEnergyBlock, directory: P
     if table is None:
         record.requests = {**(record.requests or RequestsBlock()), "energy": energy}
         return True
-    record.metrics.update(attach_energy(record, table, energy))  # its two J/request keys
+    figures = attach_energy(record, table, energy)  # its two J/request keys, into a load's figures
+    metrics = driver_metrics(record, LoadMetrics)
+    if metrics is not None:
+        metrics.update(figures)
     save_requests(directory, table, record)
     return True
 

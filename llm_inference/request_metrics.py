@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 
 from joulebench.record_shape import checked_block
-from joulebench.record_types import Metrics
+from joulebench.record_types import LoadMetrics
 
 PERCENTILES = (50, 90, 99)
 METRICS = ("queue", "ttft", "tpot", "e2e")  # summary keys: f"{metric}_p{q}_s"
@@ -66,7 +66,7 @@ def _meets(t: RequestTimes, slo_ttft_s: float | None, slo_tpot_s: float | None) 
 
 
 def latency_summary(times: list[RequestTimes], slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
-                    window_s: float | None = None, counted_total: int | None = None) -> Metrics:
+                    window_s: float | None = None, counted_total: int | None = None) -> LoadMetrics:
     """p50/p90/p99 of each latency over `times` (pass the counted requests that finished: see `counted`), and with
     SLOs the share of requests meeting all of them (over `counted_total`, every counted request: the unfinished
     ones meet none; default len(times)) and goodput (requests/s over `window_s`). None where a value has no sample
@@ -87,4 +87,4 @@ def latency_summary(times: list[RequestTimes], slo_ttft_s: float | None = None, 
             if not window_s > 0:
                 raise ValueError(f"window_s is {window_s}; goodput needs a window longer than 0 s")
             summary["goodput_requests_per_s"] = met / window_s
-    return checked_block(Metrics, summary, "metrics")  # the percentiles' keys are built from PERCENTILES
+    return checked_block(LoadMetrics, summary, "metrics")  # the percentiles' keys are built from PERCENTILES

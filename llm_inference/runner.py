@@ -32,7 +32,7 @@ from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, sweep
 from joulebench.peaks import peak_flops
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import HardwareBlock, Metrics
+from joulebench.record_types import HardwareBlock, InferenceRunMetrics
 from joulebench.sizing import ASSUMED_UPDATE_S, WindowLength, window_length
 from joulebench.torch_device import hardware_info
 from jpwr import IdleBaseline, WindowMeter
@@ -95,13 +95,13 @@ def _flops_per_output_token(shape: ModelPreset, point: PointWindows) -> float | 
 
 def _point_metrics(record: RunRecord, point: PointWindows | None, shape: ModelPreset, precision: str,
                    batch_size: int, device: torch.device, latents: dict[str, dict[str, float]],
-                   latents_reason: str | None, estimate_gib: float) -> Metrics:
-    result: Metrics = {"work_unit": WORK_UNIT}
+                   latents_reason: str | None, estimate_gib: float) -> InferenceRunMetrics:
+    result: InferenceRunMetrics = {"work_unit": WORK_UNIT}
     devices = work_devices(record)
     if point is not None:
         peak = peak_flops(str(record.hardware.get("device_name", "")), precision)
-        result = steady_metrics(point.steady, work_unit=WORK_UNIT, devices=devices,
-                                flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak)
+        result = {**steady_metrics(point.steady, work_unit=WORK_UNIT, devices=devices,
+                                   flops_per_unit=_flops_per_output_token(shape, point), peak_flops_per_device=peak)}
         result.update(metrics.rate_metrics(point))
         result.update(metrics.latency_metrics(point.timings))
         result.update(metrics.energy_metrics(point))
@@ -193,7 +193,7 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
     stop = life.stop.local_reason if tp is None else lambda: tp.any_reason(life.stop.local_reason())
     point: PointWindows | None = None
 
-    def point_metrics(record: RunRecord) -> Metrics:
+    def point_metrics(record: RunRecord) -> InferenceRunMetrics:
         latents, reason = _trace_latents(spec.out_dir / "jpwr") if cfg.energy_methods else ({}, None)
         if not cfg.energy_methods:
             reason = "no in-process sampler; `joulebench report` reads the latents from a trace beside the record"

@@ -38,7 +38,7 @@ from joulebench.clock_term import TermTrial
 from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
-from joulebench.record_types import Metrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_types import LoadMetrics, RequestEnergyBlock, RequestsBlock
 from joulebench.request_energy import (
     SPLIT_SLACK,
     HeldOutWindow,
@@ -367,13 +367,13 @@ def client_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> Request
     return {"estimate": "client-side estimate", **result}
 
 
-def request_energy_figures(energy: RequestEnergyBlock) -> Metrics:
+def request_energy_figures(energy: RequestEnergyBlock) -> LoadMetrics:
     """The record's J/request p50/p90 from its `requests.energy` block (None where the block has none)."""
     quantiles = energy.get("energy_per_request_j") or {}
     return {"energy_per_request_p50_j": quantiles.get("p50"), "energy_per_request_p90_j": quantiles.get("p90")}
 
 
-def attach_energy(record: RunRecord, table: RequestsTable, energy: RequestEnergyBlock) -> Metrics:
+def attach_energy(record: RunRecord, table: RequestsTable, energy: RequestEnergyBlock) -> LoadMetrics:
     """A rate's per-request block into its record and its reason (or none) into its table's attributes; returns the
     record's figures of it (J/request p50/p90)."""
     record.requests = {**(record.requests or RequestsBlock()), "energy": energy}

@@ -29,7 +29,7 @@ from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, 
 from joulebench.peaks import peak_flops
 from joulebench.phases import OPTIMIZER, Replay, replay_phases
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import Metrics
+from joulebench.record_types import SteadyFigures, TrainingMetrics
 from joulebench.torch_device import hardware_info
 from jpwr.phases import DeviceEventStamps, PhaseRecorder
 from llm_training import cpu_compat, data, distributed, memory
@@ -246,8 +246,8 @@ def _train(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, stop: Stop
                     run.intervals(spec.work_unit, spec.work_per_step, cfg.world_size))
     record.meter["steady_plan"] = loop.plan.to_dict() if loop.plan else None
     run.step_times(loop.step_times_s, STEP_TIMES_BASIS)
-    record.metrics["loss_curve"] = [{"iteration": step, "loss": loss} for step, loss in loop.losses]
-    record.metrics["skipped_updates"] = trainer.skipped_updates
+    record.metrics = TrainingMetrics(loss_curve=[{"iteration": step, "loss": loss} for step, loss in loop.losses],
+                                     skipped_updates=trainer.skipped_updates)  # the body's figures: only these
     if loop.stop_reason:
         run.stopped_early(loop.completed, loop.planned, cfg.warmup_iterations)
     elif cfg.replay_phases_s:  # a stopped run has no time to spare
@@ -264,20 +264,20 @@ def _all_gather(obj: T) -> list[T]:
     return gathered
 
 
-def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device, cache: CompileCache | None) -> Metrics:
+def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device, cache: CompileCache | None
+             ) -> TrainingMetrics:
     steady = record.window("steady")
     params = parameter_count(cfg.shape, cfg.padded_vocab_size)
     flops = model_flops_per_token(params, cfg.num_layers, cfg.hidden_size, cfg.seq_length)
     peak = peak_flops(str(record.hardware.get("device_name", "")), cfg.precision)
-    metrics: Metrics = {"work_unit": "tokens"}
-    if steady is not None:
-        metrics = steady_metrics(steady, work_unit="tokens", devices=cfg.world_size, flops_per_unit=flops,
-                                 peak_flops_per_device=peak)
+    headline: SteadyFigures = {"work_unit": "tokens"} if steady is None else steady_metrics(
+        steady, work_unit="tokens", devices=cfg.world_size, flops_per_unit=flops, peak_flops_per_device=peak)
     caraml_flops = caraml_nvidia_flops_per_token(cfg.num_layers, cfg.hidden_size, cfg.seq_length,
                                                  cfg.padded_vocab_size)
-    per_device = metrics.get("tokens_per_s_per_device")
+    per_device = headline.get("tokens_per_s_per_device")
     warmup = record.window("warmup")
-    metrics.update({
+    return {
+        **headline,
         "parameters": params,
         "flops_formula": "6N + 12*L*h*s per token (model FLOPs, recompute not counted)",
         "caraml_x4_flops_per_token": caraml_flops,
@@ -290,8 +290,7 @@ def _metrics(cfg: TrainConfig, record: RunRecord, device: torch.device, cache: C
         "compile_cache": cache.figures() if cache else None,
         "memory_estimate_gib": memory.estimate_memory(cfg).total_gib,
         "peak_memory_allocated_gib": (torch.cuda.max_memory_allocated() / 1024**3) if device.type == "cuda" else None,
-    })
-    return metrics
+    }
 
 
 def run(cfg: TrainConfig, launch: LaunchEnv, device: torch.device, cache: CompileCache | None = None) -> int:

@@ -19,7 +19,7 @@ from joulebench.out_dir import check_out_dir
 from joulebench.peaks import peak_flops
 from joulebench.phases import check_replay_seconds, replay_phases
 from joulebench.record import RunRecord, steady_metrics
-from joulebench.record_types import Metrics
+from joulebench.record_types import ResNetMetrics, SteadyFigures
 from jpwr import ADDR_ENV
 from resnet50.backend import Backend, load_backend
 from resnet50.config import TrainConfig, check_devices, check_static
@@ -76,17 +76,18 @@ def train(config: TrainConfig) -> int:
         return life.exit_code()
 
 
-def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, cache: CompileCache | None) -> Metrics:
+def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, cache: CompileCache | None
+             ) -> ResNetMetrics:
     flops = resnet50_flops(config.variant, config.image_size)
     devices = int(record.config["devices"])
     steady = record.window("steady")
-    metrics: Metrics = {"work_unit": WORK_UNIT}
+    headline: SteadyFigures = {"work_unit": WORK_UNIT}
     if steady is not None and steady.steps > 0:
         peak = peak_flops(str(record.hardware.get("device_name", "")), config.precision)
-        metrics = steady_metrics(steady, WORK_UNIT, devices, flops_per_unit=flops.training, peak_flops_per_device=peak)
+        headline = steady_metrics(steady, WORK_UNIT, devices, flops_per_unit=flops.training, peak_flops_per_device=peak)
     warmup = record.window("warmup")
-    metrics.update(flops.to_dict())
-    metrics.update({
+    return {
+        **headline, **flops.to_dict(),
         "global_batch_size": config.global_batch_size, "per_device_batch_size": config.per_device_batch(devices),
         "devices": devices, "precision": config.precision, "framework": config.framework,
         "warmup_excluded": {"iterations": warmup.steps, "duration_s": warmup.duration_s} if warmup else None,
@@ -101,5 +102,4 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, ca
         "loss_first": loop.losses[0][1] if loop and loop.losses else None,
         "loss_last": loop.losses[-1][1] if loop and loop.losses else None,
         "iterations_completed": loop.completed if loop else 0,
-    })
-    return metrics
+    }

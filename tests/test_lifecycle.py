@@ -198,9 +198,9 @@ def test_the_lifecycle_check_finds_a_planted_direct_call(tmp_path):
 def test_a_figure_set_by_both_the_body_and_the_metrics_callback_is_refused_by_name():
     from joulebench.lifecycle import merged_metrics
 
-    assert merged_metrics({"a": 1}, {"loss_curve": []}) == {"a": 1, "loss_curve": []}
-    with pytest.raises(ValueError, match=r"metric\(s\) a, b set both"):
-        merged_metrics({"a": 1, "b": 2, "c": 3}, {"b": 0, "a": 0})
+    assert merged_metrics("llm_training", {"iterations": 1}, {"loss_curve": []}) == {"iterations": 1, "loss_curve": []}
+    with pytest.raises(ValueError, match=r"metric\(s\) iterations, mfu set both"):
+        merged_metrics("llm_training", {"iterations": 1, "mfu": 0.5}, {"mfu": 0.1, "iterations": 0})
 
 
 def test_a_record_whose_body_and_callback_set_one_figure_says_so(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from joulebench import figures
 from joulebench.launch import LaunchEnv
-from joulebench.record import SCHEMA_VERSION, RunRecord, read_run_record, steady_metrics
+from joulebench.record import SCHEMA_VERSION, RunRecord, driver_metrics, read_run_record, steady_metrics
 from joulebench.record_shape import RecordShapeError, checked_block
 from joulebench.record_types import (
     WORK_UNITS,
@@ -21,14 +22,20 @@ from joulebench.record_types import (
     FootprintBlock,
     HardwareBlock,
     IdleBaselineBlock,
+    InferenceRunMetrics,
     JobBlock,
     LaunchBlock,
+    LoadMetrics,
     MeterBlock,
     Metrics,
     RequestEnergyBlock,
     RequestsBlock,
+    ResNetMetrics,
+    SteadyFigures,
     SteadyPlanBlock,
+    TrainingMetrics,
     WindowLengthBlock,
+    metrics_type,
 )
 from joulebench.sizing import SteadyPlan, WindowLength
 from jpwr import IdleBaseline, Window
@@ -37,7 +44,7 @@ from jpwr.output import write_json_atomic
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
 RECORD_KIND = "joulebench.run_record"
-BLOCKS = {"metrics": Metrics, "meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
+BLOCKS = {"meter": MeterBlock, "requests": RequestsBlock, "launch": LaunchBlock,
           "hardware": HardwareBlock, "job": JobBlock, "disturbed": DisturbedBlock,
           "footprint": FootprintBlock}
 NESTED = {("meter", "idle_baseline"): IdleBaselineBlock, ("meter", "steady_plan"): SteadyPlanBlock,
@@ -115,7 +122,8 @@ def test_a_shipped_record_reads_and_writes_back_to_the_same_json(path: Path, tmp
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> None:
     shipped = json.loads(path.read_text())
-    for name, block in BLOCKS.items():
+    own = metrics_type(shipped["benchmark"], shipped["metrics"])  # the metrics: its driver's type declares each key
+    for name, block in {"metrics": own, **BLOCKS}.items():
         undeclared = sorted(set(shipped.get(name) or {}) - _declared(block))
         assert undeclared == [], f"{name} keys not declared in joulebench.record_types.{block.__name__}"
     for (name, key), block in NESTED.items():
@@ -130,7 +138,7 @@ def test_the_steady_figures_of_every_work_unit_are_declared(unit: str) -> None:
                     work={unit: 10.0})
     keys = set(steady_metrics(window, unit, devices=1))
     assert {f"{unit}_per_s", f"{unit}_per_wh"} <= keys
-    assert sorted(keys - _declared(Metrics)) == []
+    assert sorted(keys - _declared(SteadyFigures)) == []
 
 
 def test_the_figures_analysis_reads_by_name_are_declared() -> None:
@@ -139,7 +147,38 @@ def test_the_figures_analysis_reads_by_name_are_declared() -> None:
              *figures.SERVING_ZERO_ALLOWED, *figures.SERVING_FRACTIONS,
              *(key for key, _ in figures.J_PER_UNIT_METRICS)]
     read = {key.format(unit=unit) for key in named for unit in WORK_UNITS}
-    assert sorted(read - _declared(Metrics)) == []
+    assert sorted(read - set().union(*(_declared(kind) for kind in DRIVERS.values()))) == []
+
+
+DRIVERS = {"llm_training": TrainingMetrics, "resnet50": ResNetMetrics, "llm_inference run": InferenceRunMetrics,
+           "llm_inference load": LoadMetrics}
+
+
+def test_metrics_is_the_union_of_the_drivers_types_each_with_the_steady_figures() -> None:
+    assert set(typing.get_args(Metrics)) == set(DRIVERS.values())
+    assert all(_declared(SteadyFigures) <= _declared(kind) for kind in DRIVERS.values())
+
+
+@pytest.mark.parametrize(("benchmark", "metrics", "kind"), [
+    ("llm_training", {}, TrainingMetrics), ("resnet50", {}, ResNetMetrics), ("llm_inference", {}, InferenceRunMetrics),
+    ("llm_inference", {"rate": "4"}, LoadMetrics), ("synthetic_training", {"work_unit": "images"}, ResNetMetrics),
+    ("some_driver", {}, TrainingMetrics)])
+def test_a_record_s_metrics_read_as_its_driver_s_type(benchmark: str, metrics: dict[str, Any], kind: Any) -> None:
+    """By the record's benchmark (a load by its offered rate); a driver the core does not know by its work unit."""
+    assert metrics_type(benchmark, metrics) is kind
+    shipped = json.loads(SHIPPED[0].read_text())
+    record = RunRecord.from_dict({**shipped, "benchmark": benchmark, "metrics": metrics})
+    assert driver_metrics(record, kind) == metrics
+    assert all(driver_metrics(record, other) is None for other in DRIVERS.values() if other is not kind)
+
+
+def test_a_driver_s_key_in_the_wrong_shape_is_refused_as_its_driver_s() -> None:
+    """A training record's loss curve is checked as training's; the same key in a ResNet record is not its own."""
+    shipped = json.loads(SHIPPED[0].read_text())
+    bad = {**shipped["metrics"], "loss_curve": "falling"}
+    with pytest.raises(RecordShapeError, match=r"metrics\.loss_curve is 'falling', not a list"):
+        RunRecord.from_dict({**shipped, "benchmark": "llm_training", "metrics": bad})
+    assert RunRecord.from_dict({**shipped, "benchmark": "resnet50", "metrics": bad}).metrics["loss_curve"] == "falling"
 
 
 def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:

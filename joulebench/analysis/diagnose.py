@@ -18,7 +18,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from joulebench.figures import number_problem, rejection, work_unit
+from joulebench.figures import is_number, number_problem, rejection, work_unit
 from joulebench.latents import STEADY
 from joulebench.record import RunRecord
 from joulebench.savings import relative_bound, saving
@@ -96,7 +96,7 @@ def batch_size(record: RunRecord) -> float | None:
 
 def device_count(record: RunRecord) -> int | None:
     devices = record.metrics.get("devices", record.config.get("devices", record.hardware.get("devices")))
-    return None if devices is None or number_problem("devices", devices, whole=True) else int(devices)
+    return int(devices) if is_number(devices) and number_problem("devices", devices, whole=True) is None else None
 
 
 def unit_cost(record: RunRecord, label: str) -> UnitCost:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from joulebench.phases import BACKWARD, FORWARD, GRAD_REDUCE, OPTIMIZER, REPLAY_PREFIX
-from joulebench.record import RunRecord
+from joulebench.record import RunRecord, driver_metrics
+from joulebench.record_types import InferenceRunMetrics
 from jpwr import Window
 
 REPLAY_PARTS = ("forward", "forward+backward", "optimizer", "step")
@@ -115,7 +116,7 @@ def add_dynamic(rows: list[dict[str, Any]], idle_w: float, energy_key: str, seco
 
 def inference_estimator(record: RunRecord, idle_power_w: float | None) -> dict[str, Any]:
     """Prefill and decode shares of the steady window (generation), from the driver's own windows and metrics."""
-    m = record.metrics
+    m: InferenceRunMetrics = driver_metrics(record, InferenceRunMetrics) or {}  # a static-batch run's figures
     steady, prefill = record.window("steady"), record.window("prefill")
     total, decode = m.get("energy_j"), m.get("decode_energy_j")
     prefill_j = m.get("prefill_energy_j")

@@ -28,11 +28,11 @@ import dataclasses
 import html
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from joulebench.figures import MAX_RATE, REJECTED, serving_problems
-from joulebench.record import headline_domain
-from joulebench.record_types import RequestEnergyBlock, RequestsBlock
+from joulebench.record import driver_metrics, headline_domain
+from joulebench.record_types import LoadMetrics, RequestEnergyBlock, RequestsBlock
 from jpwr.output import fmt
 
 if TYPE_CHECKING:
@@ -50,9 +50,25 @@ def _number(value: Any) -> float | None:
         and math.isfinite(value) else None
 
 
+def load_metrics(run: Run) -> LoadMetrics:
+    """A load record's metrics as a load's (record_types.metrics_type); empty for any other record."""
+    return driver_metrics(run.record, LoadMetrics) or {}
+
+
 def is_load_record(run: Run) -> bool:
     """An llm_inference `load` record: its metrics carry the offered rate (a static batch has none)."""
-    return run.record.benchmark == LOAD_BENCHMARK and run.record.metrics.get("rate") is not None
+    return run.record.benchmark == LOAD_BENCHMARK and load_metrics(run).get("rate") is not None
+
+
+class ServedRates(TypedDict):
+    """A load record's offered and served rate, goodput and SLO share (requests/s, share; None: n/a), and the
+    overload note (served_figures)."""
+
+    offered: float | None
+    served: float | None
+    goodput: float | None
+    slo_share: float | None
+    overload: str | None
 
 
 @dataclasses.dataclass
@@ -109,13 +125,13 @@ class RateRow:
 def rate_row(run: Run) -> RateRow:
     """The serving figures of one load record: metrics first, the requests block's energy where metrics lack them."""
     record = run.record
-    m = record.metrics
+    m = load_metrics(run)
     energy = (record.requests or RequestsBlock()).get("energy") or RequestEnergyBlock()  # checked at reading
     per_request, shares = energy.get("energy_per_request_j") or {}, energy.get("shares") or {}
     rate = str(m.get("rate"))
-    rates = {} if run.rejected else served_figures(run)  # a rejected record's window is not computed with
+    rates = NOT_COMPUTED if run.rejected else served_figures(run)  # a rejected record's window is not computed with
     problems = serving_problems(m, energy)
-    served, goodput = _number(rates.get("served")), _number(rates.get("goodput"))
+    served, goodput = _number(rates["served"]), _number(rates["goodput"])
     if served is not None and goodput is not None and goodput > served * (1 + 1e-9):
         problems.append(f"goodput {fmt(goodput, 4)} requests/s above the served rate {fmt(served, 4)}")
     rejected = run.rejected or (f"figures rejected: {'; '.join(problems)}" if problems else None)
@@ -126,29 +142,32 @@ def rate_row(run: Run) -> RateRow:
 
     return RateRow(
         run=run, rate=rate, offered=None if rate == MAX_RATE else _number(_float_or_none(rate)),
-        offered_rps=get(rates.get("offered")), served=get(served), overload=rates.get("overload"),
+        offered_rps=get(rates["offered"]), served=get(served), overload=rates["overload"],
         j_per_token=get(m.get("energy_per_output_token_j")),
         j_request_p50=get(_first(m.get("energy_per_request_p50_j"), per_request.get("p50"))),
         j_request_p90=get(_first(m.get("energy_per_request_p90_j"), per_request.get("p90"))),
         ttft_p90_s=get(m.get("ttft_p90_s")), tpot_p90_s=get(m.get("tpot_p90_s")),
-        goodput=get(goodput), slo_attained=get(rates.get("slo_share")),
+        goodput=get(goodput), slo_attained=get(rates["slo_share"]),
         slo_ttft_ms=_number(m.get("slo_ttft_ms")), slo_tpot_ms=_number(m.get("slo_tpot_ms")),
         shares={k: get(shares.get(k)) for k in SHARES},
         checks_failed=str(energy["checks_failed"]) if isinstance(energy.get("checks_failed"), str) else None,
         rejected=rejected)
 
 
-def served_figures(run: Run) -> dict[str, Any]:
+NOT_COMPUTED = ServedRates(offered=None, served=None, goodput=None, slo_share=None, overload=None)
+
+
+def served_figures(run: Run) -> ServedRates:
     """Offered and served rate, goodput, SLO share and overload note of a load record: as recorded where the record
     has the served rate; for an older record recomputed from its request table (module docstring), else n/a."""
-    m = run.record.metrics
+    m = load_metrics(run)
     if "offered_requests_per_s" in m:
         return {"offered": m.get("offered_requests_per_s"), "served": m.get("requests_per_s"),
                 "goodput": m.get("goodput_requests_per_s"), "slo_share": m.get("slo_attained_share"),
                 "overload": m.get("overload_note")}
     offered = m.get("requests_per_s") if m.get("rate") != MAX_RATE else None  # the arrivals' window's own rate
-    older = {"offered": offered, "served": None, "goodput": None, "slo_share": None,
-             "overload": "an older record: its req/s and goodput were over the arrivals' window"}
+    older = ServedRates(offered=offered, served=None, goodput=None, slo_share=None,
+                        overload="an older record: its req/s and goodput were over the arrivals' window")
     served = _served_from_table(run)
     finished, counted, share = (_number(m.get(k)) for k in ("requests_finished", "requests_counted",
                                                               "slo_attained_share"))
@@ -205,7 +224,7 @@ def sweep_of(run: Run) -> str:
 def group_key(run: Run) -> GroupKey:
     """Engine, model, task, max concurrency, the headline's energy domain and the sweep: a CPU and a GPU sweep, or
     two invocations, never share a sentence or a chart line."""
-    config, m = run.record.config, run.record.metrics
+    config, m = run.record.config, load_metrics(run)
     engine = config.get("engine") or "engine n/a"
     model = config.get("model") or config.get("preset") or "model n/a"
     task = config.get("task") or m.get("task") or "task n/a"

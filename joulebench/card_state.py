@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from joulebench.record_types import CardComparison, CardConditions, CardStateCheck
 from joulebench.segment_fit import Segments
 from jpwr.device_state import reason_names
 from jpwr.trace import Domain, TraceData
@@ -108,8 +109,9 @@ class Conditions:
         share = None if capped is None or not weight.sum() else float(np.average(capped, weights=weight))
         return cls(clock, share, _per_step(prefill_tokens, prefill_steps), _per_step(row_steps, decode_steps))
 
-    def to_dict(self) -> dict[str, float | None]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> CardConditions:
+        return {"sm_clock_mhz": self.sm_clock_mhz, "capped_share": self.capped_share,
+                "prefill_step_tokens": self.prefill_step_tokens, "decode_step_rows": self.decode_step_rows}
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
@@ -140,7 +142,7 @@ class Comparison:
     def decode_rows_factor(self) -> float | None:
         return _ratio(self.predicted.decode_step_rows, self.fitted.decode_step_rows)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> CardComparison:
         return {"fitted": self.fitted.to_dict(), "predicted": self.predicted.to_dict(),
                 "prefill_step_factor": self.prefill_step_factor, "decode_rows_factor": self.decode_rows_factor}
 
@@ -153,11 +155,14 @@ class Comparison:
                 f"({_amount(self.predicted.decode_step_rows)} vs {_amount(self.fitted.decode_step_rows)} rows)")
 
 
-def check_fields(comparison: Comparison | None, passes: bool) -> dict[str, object]:
+def check_fields(comparison: Comparison | None, passes: bool) -> CardStateCheck:
     """A check's record fields: its conditions, and where it failed their measured cause."""
     if comparison is None:
         return {}
-    return {"conditions": comparison.to_dict(), **({} if passes else {"measured_cause": comparison.cause()})}
+    fields: CardStateCheck = {"conditions": comparison.to_dict()}
+    if not passes:
+        fields["measured_cause"] = comparison.cause()
+    return fields
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
+from joulebench.record_types import ClockTermTrial, HeldOutRateTrial
 from joulebench.segment_fit import CLOSURE_Z
 from jpwr import ValidationError
 
@@ -106,10 +106,11 @@ class TermTrial:
     def refused(cls, reason: str) -> TermTrial:
         return cls(None, (), reason)
 
-    def to_dict(self) -> dict[str, Any]:
-        held = [{"rate": h.label, "measured_j": h.measured_j, "predicted_without_j": h.without_j,
-                 "predicted_with_j": h.with_j, "error_without": h.error_without, "error_with": h.error_with}
-                for h in self.held_out]
+    def to_dict(self) -> ClockTermTrial:
+        held: list[HeldOutRateTrial] = [
+            {"rate": h.label, "measured_j": h.measured_j, "predicted_without_j": h.without_j,
+             "predicted_with_j": h.with_j, "error_without": h.error_without, "error_with": h.error_with}
+            for h in self.held_out]
         return {"form": FORM, "adopted": self.adopted, "unadopted_reason": self.reason,
                 "alpha": None if self.term is None else self.term.exponent,
                 "reference_clock_mhz": None if self.term is None else self.term.reference_hz / 1e6,

@@ -525,10 +525,136 @@ OutputTokenCounts = TypedDict("OutputTokenCounts", {
     "rejected by reason": dict[str, int], "rejected first": list[RejectedUsage]}, total=False)
 
 
+class CardConditions(TypedDict, total=False):
+    """joulebench.card_state.Conditions.to_dict, field for field: the card state and step sizes some work ran at."""
+
+    sm_clock_mhz: float | None
+    capped_share: float | None
+    prefill_step_tokens: float | None
+    decode_step_rows: float | None
+
+
+class CardComparison(TypedDict, total=False):
+    """joulebench.card_state.Comparison.to_dict: the conditions a fit's data ran at and those it predicts."""
+
+    fitted: CardConditions
+    predicted: CardConditions
+    prefill_step_factor: float | None
+    decode_rows_factor: float | None
+
+
+class CardStateCheck(TypedDict, total=False):
+    """A check's card-state fields (joulebench.card_state.check_fields): its conditions, and a failed one's cause."""
+
+    conditions: CardComparison
+    measured_cause: str
+
+
+class HeldOutHalfCheck(CardStateCheck, total=False):
+    """Check (b): one contiguous half of the window predicted by a fit on the other."""
+
+    measured_j: float
+    predicted_j: float
+    bound_j: float
+    closes: bool
+
+
+class CrossRateCheck(CardStateCheck, total=False):
+    """Check (a): one rate's window energy predicted by the fit at another (or at all but it: the joint fit)."""
+
+    fitted_at: str
+    predicted: str
+    passes: bool
+    reason: str  # why it could not be predicted
+    measured_j: float
+    predicted_j: float
+    bound_j: float
+
+
+class ControlledPartCheck(CardStateCheck, total=False):
+    """Check (c): one part (prefill, decode) of the controlled-split window against the fit's prediction."""
+
+    part: str
+    measured_j: float
+    measured_bound_j: float
+    measured_bound_fraction: float | None
+    predicted_j: float | None
+    relative_error: float | None
+    passes: bool
+    reason: str | None
+
+
+class ControlledPlan(TypedDict, total=False):
+    """How the controlled-split window's parts were planned (llm_inference/load.py; its table's attribute)."""
+
+    part_seconds_planned: float
+    part_length_rule: str
+    prefill_step_requests: int
+    decode_rows: int
+
+
+class ControlledPart(CardConditions, total=False):
+    """One part of the controlled-split window as measured: its length, steps, counter energy and card state."""
+
+    seconds: float
+    steps: int
+    energy_j: float
+    bound_j: float
+    bound_fraction: float | None
+    energy_unavailable_reason: str
+
+
+class ControlledWindowBlock(ControlledPlan, total=False):
+    """The controlled-split window as measured (llm_inference.serving_energy.Controlled.describe)."""
+
+    prefill: ControlledPart
+    decode: ControlledPart
+
+
+class HeldOutRateTrial(TypedDict, total=False):
+    """One held-out rate of the card-state term's trial: its window energy measured and predicted without and
+    with the term."""
+
+    rate: str
+    measured_j: float
+    predicted_without_j: float | None
+    predicted_with_j: float | None
+    error_without: float | None
+    error_with: float | None
+
+
+class ClockTermTrial(TypedDict, total=False):
+    """joulebench.clock_term.TermTrial.to_dict: whether the fit adopted the card-state term, and why (not)."""
+
+    form: str
+    adopted: bool
+    unadopted_reason: str | None
+    alpha: float | None
+    reference_clock_mhz: float | None
+    alpha_likelihood_ratio: float | None
+    alpha_determined_above: float
+    held_out_rates: list[HeldOutRateTrial]
+    rms_error_without: float | None
+    rms_error_with: float | None
+
+
+class ClientEstimateError(TypedDict, total=False):
+    """llm_inference.client_estimate.estimate_error: the client-side estimate's error against the engine's own
+    per-request energy, or why it is n/a."""
+
+    unavailable_reason: str
+    method: str
+    requests: int
+    relative_error_p50: float | None
+    relative_error_p90: float | None
+    relative_error_of_sum: float | None
+    prefill_relative_error_of_sum: float | None
+    decode_relative_error_of_sum: float | None
+
+
 class RequestEnergyBlock(TypedDict, total=False):
     """`requests.energy` (llm_inference/serving_energy.py, docs/attribution.md): the per-request energy fit of one
-    rate, its requests' energy and the model's checks; or {"unavailable_reason": ...}. A check's row carries its
-    card-state fields (joulebench.card_state.check_fields), hence the open rows."""
+    rate, its requests' energy and the model's checks; or {"unavailable_reason": ...}."""
 
     unavailable_reason: str
     estimate: str  # a server's block: "client-side estimate"
@@ -544,9 +670,9 @@ class RequestEnergyBlock(TypedDict, total=False):
     separable: bool
     split_unavailable_reason: str | None
     segments: int
-    clock_term: dict[str, Any]  # joulebench.clock_term.TermTrial.to_dict
-    fitted_conditions: dict[str, float | None] | None  # joulebench.card_state.Conditions.to_dict
-    held_out_halves: list[dict[str, Any]]  # check (b)
+    clock_term: ClockTermTrial
+    fitted_conditions: CardConditions | None
+    held_out_halves: list[HeldOutHalfCheck]
     fitted_span_s: float
     share_rule: str
     requests: int
@@ -555,11 +681,11 @@ class RequestEnergyBlock(TypedDict, total=False):
     window_remainder_j: float | None
     window_remainder_bound_j: float | None
     window_unattributed_idle_j: float | None
-    cross_rate: list[dict[str, Any]]  # check (a)
-    controlled_split: list[dict[str, Any]] | str  # check (c), or why it could not run
-    controlled_window: dict[str, Any]  # the controlled-split window as measured
+    cross_rate: list[CrossRateCheck]
+    controlled_split: list[ControlledPartCheck] | str  # or why it could not run
+    controlled_window: ControlledWindowBlock
     checks_failed: str
-    client_side_estimate_error: dict[str, Any]  # llm_inference.client_estimate.estimate_error
+    client_side_estimate_error: ClientEstimateError
     joint: RequestEnergyBlock  # the sweep's rates fitted together: this block's keys and the three below
     rates: list[str]
     rates_left_out: dict[str, str]

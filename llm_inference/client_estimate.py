@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from joulebench.record_types import ClientEstimateError
 from joulebench.request_energy import RequestParts, WorkLog, fit_request_energy, request_parts
 from jpwr import ValidationError
 from jpwr.trace import Knots
@@ -137,7 +138,7 @@ def engine_streams(log: WorkLog, arrival_ns: dict[int, int], input_tokens: dict[
 
 
 def estimate_error(engine: RequestParts, streams: Sequence[ClientStream], lifetimes: np.ndarray,
-                   knots: Sequence[Knots], idle_w: float | None, span: tuple[float, float]) -> dict[str, Any]:
+                   knots: Sequence[Knots], idle_w: float | None, span: tuple[float, float]) -> ClientEstimateError:
     """Each request's energy over `span` from the engine's own log (`engine`: its fit's parts over `span`, as the
     record has them) and from the rebuilt one, same counter: the client-side estimate's error (relative to the
     engine's figure) as median, p90 and of their sum."""
@@ -145,16 +146,18 @@ def estimate_error(engine: RequestParts, streams: Sequence[ClientStream], lifeti
     rebuilt = request_parts(fit_request_energy(rebuilt_log, knots, idle_w, *span), rebuilt_log, lifetimes, *span)
     done = engine.total_j > 0
     error = (rebuilt.total_j[done] - engine.total_j[done]) / engine.total_j[done]
-    result: dict[str, Any] = {
+    result: ClientEstimateError = {
         "method": "the in-process engine's requests, fitted from its own step stamps and from their client-side "
                   "rebuild (one chunk per token at each step's end, sent at arrival), on the same counter",
         "requests": int(done.sum()),
         "relative_error_p50": float(np.median(np.abs(error))) if len(error) else None,
         "relative_error_p90": float(np.quantile(np.abs(error), 0.9)) if len(error) else None,
         "relative_error_of_sum": float(rebuilt.total_j.sum() / engine.total_j.sum() - 1) if done.any() else None}
-    for part in ("prefill", "decode"):
-        ours, theirs = getattr(engine, f"{part}_j"), getattr(rebuilt, f"{part}_j")
-        result[f"{part}_relative_error_of_sum"] = (float(theirs.sum() / ours.sum() - 1)
-                                                   if ours is not None and theirs is not None and ours.sum() > 0
-                                                   else None)
+    result["prefill_relative_error_of_sum"] = _error_of_sum(engine.prefill_j, rebuilt.prefill_j)
+    result["decode_relative_error_of_sum"] = _error_of_sum(engine.decode_j, rebuilt.decode_j)
     return result
+
+
+def _error_of_sum(ours: np.ndarray | None, theirs: np.ndarray | None) -> float | None:
+    """One part's energy summed over the requests, rebuilt against the engine's: its relative error."""
+    return float(theirs.sum() / ours.sum() - 1) if ours is not None and theirs is not None and ours.sum() > 0 else None

@@ -30,7 +30,7 @@ import torch
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle, Run
 from joulebench.record import RunRecord
-from joulebench.record_types import HardwareBlock, LoadMetrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_types import ControlledPlan, HardwareBlock, LoadMetrics, RequestEnergyBlock, RequestsBlock
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, RequestsTable, RequestStatus, StepKind
 from joulebench.sizing import ASSUMED_UPDATE_S
 from joulebench.torch_device import hardware_info
@@ -95,15 +95,14 @@ def request_rows(log: ServeLog, served: dict[int, Request], counted: set[int]) -
     return rows
 
 
-def requests_table(log: ServeLog, rows: list[RequestRow], controlled: tuple[ServeLog, dict[str, Any]] | None
+def requests_table(log: ServeLog, rows: list[RequestRow], controlled: tuple[ServeLog, ControlledPlan] | None
                    ) -> RequestsTable:
     """The per-request rows (energy columns NaN until the fit fills them), the step log, and the controlled-split
     window's log and plan where this rate ran it."""
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
              "step_kinds": {kind.name.lower(): int(kind) for kind in StepKind},
-             "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens"}
-    if controlled is not None:
-        attrs[CONTROLLED_WINDOW] = controlled[1]
+             "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens",
+             **({} if controlled is None else {CONTROLLED_WINDOW: controlled[1]})}
     return RequestsTable(request_columns(rows, log.start_ns), step_log(log), attrs,
                          {} if controlled is None else step_log(controlled[0]))
 
@@ -140,7 +139,7 @@ class PartClock:
 
 def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowMeter, shape: ModelPreset,
                        trace: list[Request] | None, part: tuple[float, str], stop: StopCheck,
-                       say: Callable[[str], None]) -> tuple[ServeLog, dict[str, Any]]:
+                       say: Callable[[str], None]) -> tuple[ServeLog, ControlledPlan]:
     """Test (c)'s window, before the load (metered as window `controlled`), and its plan for the table: prefill and
     decode at separate times, each part at least `part` seconds long (serving_energy.controlled_part_seconds). Its
     prefill part: full-size prefill steps back to back (the scheduler's controlled rules), prefill-only requests

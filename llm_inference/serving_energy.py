@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,7 +38,17 @@ from joulebench.clock_term import TermTrial
 from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
-from joulebench.record_types import LoadMetrics, RequestEnergyBlock, RequestsBlock
+from joulebench.record_shape import checked_block
+from joulebench.record_types import (
+    ControlledPart,
+    ControlledPartCheck,
+    ControlledPlan,
+    ControlledWindowBlock,
+    CrossRateCheck,
+    LoadMetrics,
+    RequestEnergyBlock,
+    RequestsBlock,
+)
 from joulebench.request_energy import (
     SPLIT_SLACK,
     HeldOutWindow,
@@ -53,7 +63,7 @@ from joulebench.request_energy import (
     work_conditions,
 )
 from joulebench.requests_table import RequestsTable, RequestStatus, StepKind
-from joulebench.segment_fit import counter_knots, window_segments
+from joulebench.segment_fit import Segments, counter_knots, window_segments
 from jpwr import JpwrError
 from jpwr.estimator import planned_bound_j
 from jpwr.trace import SEGMENT_DIR, TRACE_FILE, Knots, accelerator_domains, load_trace
@@ -202,24 +212,27 @@ class Controlled:
     knots: list[Knots]
     prefill: tuple[float, float]
     decode: tuple[float, float]
-    plan: dict[str, Any] = dataclasses.field(default_factory=dict)
+    plan: ControlledPlan = dataclasses.field(default_factory=lambda: ControlledPlan())
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ControlledWindowBlock:
         """The window as measured, whatever a fit predicts of it: its plan, and per part its length, steps, counter
         energy with its own bound, and the card state and step sizes its work ran at (card_state.Conditions)."""
         segments = window_segments(self.knots, -np.inf, np.inf)
-        parts: dict[str, Any] = {}
-        for name, (t0, t1) in (("prefill", self.prefill), ("decode", self.decode)):
-            part: dict[str, Any] = {"seconds": (t1 - t0) / 1e9,
-                                    "steps": int(np.count_nonzero(self.log.fractions(t0, t1) > 0)),
-                                    **work_conditions([(self.log, t0, t1)]).to_dict()}
-            try:
-                energy, bound = measured_energy(segments, t0, t1)
-                part.update(energy_j=energy, bound_j=bound, bound_fraction=bound / energy if energy > 0 else None)
-            except JpwrError as exc:
-                part["energy_unavailable_reason"] = str(exc)
-            parts[name] = part
-        return {**self.plan, **parts}
+        return {**self.plan, "prefill": self._part(segments, *self.prefill),
+                "decode": self._part(segments, *self.decode)}
+
+    def _part(self, segments: Segments, t0: float, t1: float) -> ControlledPart:
+        part: ControlledPart = {"seconds": (t1 - t0) / 1e9,
+                                "steps": int(np.count_nonzero(self.log.fractions(t0, t1) > 0)),
+                                **work_conditions([(self.log, t0, t1)]).to_dict()}
+        try:
+            energy, bound = measured_energy(segments, t0, t1)
+        except JpwrError as exc:
+            part["energy_unavailable_reason"] = str(exc)
+        else:
+            part.update({"energy_j": energy, "bound_j": bound,
+                         "bound_fraction": bound / energy if energy > 0 else None})
+        return part
 
 
 def controlled_intervals(steps: Mapping[str, np.ndarray]) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -333,7 +346,8 @@ def serving_energy(rate: RecordedRate, counter: Counter, sweep: Sweep) -> Reques
     if table.controlled_steps:
         sweep.controlled = Controlled(with_card_state(steps_work_log(table.controlled_steps), counter), knots,
                                       *controlled_intervals(table.controlled_steps),
-                                      dict(table.attrs.get(CONTROLLED_WINDOW, {})))
+                                      checked_block(ControlledPlan, dict(table.attrs.get(CONTROLLED_WINDOW, {})),
+                                                    CONTROLLED_WINDOW))
     wl = with_card_state(steps_work_log(table.steps), counter)
     arrival = arrivals_ns(table)
     lifetimes = engine_lifetimes(table.steps, arrival)
@@ -485,8 +499,8 @@ def _sweep_labels(sweep: Sweep) -> list[str]:
                                                  label not in {m.label for m in sweep.earlier})]
 
 
-def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> dict[str, Any]:
-    row: dict[str, Any] = {"fitted_at": f"all but {window.label}", "predicted": window.label}
+def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> CrossRateCheck:
+    row: CrossRateCheck = {"fitted_at": f"all but {window.label}", "predicted": window.label}
     if isinstance(model, str):
         return {**row, "passes": False, "reason": model}
     try:
@@ -537,15 +551,15 @@ def failed_checks(block: RequestEnergyBlock) -> str:
 
 
 def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knots], t0: float, t1: float,
-                earlier: list[Measured]) -> list[dict[str, Any]]:
+                earlier: list[Measured]) -> list[CrossRateCheck]:
     """Test (a) both ways between this window and every earlier rate's."""
-    checks = []
+    checks: list[CrossRateCheck] = []
     for other in earlier:
         pairs = [(label, other.label, fit, other.log, other.knots, other.t0_ns, other.t1_ns)]
         if other.fit is not None:
             pairs.append((other.label, label, other.fit, wl, knots, t0, t1))
         for fitted_at, predicted, model, log, counter, a, b in pairs:
-            row: dict[str, Any] = {"fitted_at": fitted_at, "predicted": predicted}
+            row: CrossRateCheck = {"fitted_at": fitted_at, "predicted": predicted}
             try:
                 check = cross_check(model, log, counter, a, b)
             except JpwrError as exc:
@@ -557,7 +571,7 @@ def _cross_rate(label: str, fit: RequestEnergyFit, wl: WorkLog, knots: list[Knot
     return checks
 
 
-def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[dict[str, Any]] | str:
+def _controlled(fit: RequestEnergyFit, controlled: Controlled | None) -> list[ControlledPartCheck] | str:
     """Test (c) against the controlled-split window, or why it could not run."""
     if controlled is None:
         return "no controlled-split window in this invocation"

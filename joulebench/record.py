@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar, cast
+from typing import Any, TypeGuard, TypeVar
 
 from joulebench.record_shape import Block, RecordShapeError, checked_block, checked_metrics, record_shape_problems
 from joulebench.record_types import (
@@ -388,19 +388,18 @@ def energy_as_its_window(record: RunRecord) -> None:
         return
     energy = window.energy
     keys = HEADLINE_ENERGY_FIGURES if energy is None else TRUSTED_ENERGY_FIGURES
-    metrics = cast(dict[str, Any], record.metrics)
+    metrics = record.metrics
     if not any(metrics.get(key) is not None for key in keys) and (energy is not None or not metrics.get("per_device")):
         return
-    for key in keys:
-        if key in metrics:
-            metrics[key] = None
+    figures: dict[str, object] = {**metrics, **{key: None for key in keys if key in metrics}}
     if energy is None:
-        metrics["per_device"] = []
+        figures["per_device"] = []
         if isinstance(record.requests, dict) and record.requests.get("energy"):
             record.requests["energy"] = {"unavailable_reason": f"the {window.name} window has no energy"}
     reason = (f"the {window.name} window's energy is missing from the record" if energy is None
               else f"the {window.name} window's energy is n/a ({energy.unavailable_reason or 'energy_j is null'})")
-    metrics["energy_unavailable_reason"] = metrics.get("energy_unavailable_reason") or reason
+    figures["energy_unavailable_reason"] = metrics.get("energy_unavailable_reason") or reason
+    record.metrics = checked_metrics(record.benchmark, figures)  # the keys set: the steady figures, every driver's
 
 
 def record_from_document(path: str | os.PathLike[str], data: Mapping[str, Any]) -> RunRecord:

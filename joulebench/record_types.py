@@ -716,6 +716,29 @@ class DeviceEnergyDocument(TypedDict, total=False):
     name: str | None
 
 
+class FaultDocument(TypedDict, total=False):
+    """A stretch of a device's window data not taken at its word (jpwr.device_energy.Fault, field for field)."""
+
+    device: str | None
+    node: str | None
+    kind: str
+    from_s: float
+    to_s: float
+    error: str | None
+    detail: str
+
+
+class EnergySplitDocument(TypedDict, total=False):
+    """A window's energy as idle plus dynamic (jpwr.EnergySplit, field for field)."""
+
+    idle_j: float | None
+    idle_bound_j: float | None
+    dynamic_j: float | None
+    dynamic_bound_j: float | None
+    idle_power_w: float | None
+    unavailable_reason: str | None
+
+
 class WindowEnergyDocument(TypedDict, total=False):
     """A window's `energy` (jpwr.WindowEnergy.to_dict): its texts and lists; its numbers are figures
     (joulebench.figures judges them)."""
@@ -729,7 +752,7 @@ class WindowEnergyDocument(TypedDict, total=False):
     per_device: list[DeviceEnergyDocument]
     other_domains: list[DeviceEnergyDocument]
     outside_job: list[DeviceEnergyDocument]
-    faults: list[dict[str, Any]]
+    faults: list[FaultDocument]
 
 
 class WindowDocument(TypedDict, total=False):
@@ -742,7 +765,7 @@ class WindowDocument(TypedDict, total=False):
     t_end_ns: Required[int]
     work: dict[str, float]
     energy: WindowEnergyDocument | None
-    energy_split: dict[str, Any] | None
+    energy_split: EnergySplitDocument | None
     end_reason: str | None
 
 

@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 
 from joulebench import figures
+from joulebench.card_state import Conditions
 from joulebench.launch import LaunchEnv
 from joulebench.record import SCHEMA_VERSION, RunRecord, driver_metrics, read_run_record, steady_metrics
 from joulebench.record_shape import RecordShapeError, checked_block
 from joulebench.record_types import (
     WORK_UNITS,
+    CardConditions,
     DisturbedBlock,
+    EnergySplitDocument,
+    FaultDocument,
     FootprintBlock,
     HardwareBlock,
     IdleBaselineBlock,
@@ -39,6 +43,8 @@ from joulebench.record_types import (
 )
 from joulebench.sizing import SteadyPlan, WindowLength
 from jpwr import IdleBaseline, Window
+from jpwr.device_energy import Fault
+from jpwr.energy import EnergySplit
 from jpwr.output import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,7 +195,9 @@ def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:
 
 @pytest.mark.parametrize(("block", "kind", "added"), [
     (LaunchBlock, LaunchEnv, set()), (SteadyPlanBlock, SteadyPlan, set()), (WindowLengthBlock, WindowLength, set()),
-    (IdleBaselineBlock, IdleBaseline, {"measured"})], ids=lambda x: getattr(x, "__name__", ""))
+    (IdleBaselineBlock, IdleBaseline, {"measured"}), (FaultDocument, Fault, set()),
+    (EnergySplitDocument, EnergySplit, set()), (CardConditions, Conditions, set())],
+    ids=lambda x: getattr(x, "__name__", ""))
 def test_a_block_written_from_a_dataclass_declares_its_fields_one_for_one(block: Any, kind: Any, added: set[str]
                                                                           ) -> None:
     """The dataclass is what the code holds, the TypedDict its record block: the two lists stay one."""

@@ -16,8 +16,9 @@ import json
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
+from jpwr.live import NodeLiveDict
 from jpwr.node import node_name
 from jpwr.phases import PhaseBatch
 
@@ -33,6 +34,18 @@ def is_interval_mark(name: str) -> bool:
     return name.startswith(INTERVAL_PREFIX)
 
 
+class MarkDict(TypedDict):
+    """A Mark on the wire and in traces (Mark.to_dict)."""
+
+    name: str
+    edge: str
+    step: int
+    t_ns: int
+    rank: int
+    local_rank: int
+    work: dict[str, float]
+
+
 @dataclasses.dataclass(frozen=True)
 class Mark:
     """One window edge as seen by one rank, on that node's monotonic clock."""
@@ -45,10 +58,9 @@ class Mark:
     local_rank: int = 0
     work: tuple[tuple[str, float], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["work"] = dict(self.work)
-        return data
+    def to_dict(self) -> MarkDict:
+        return {"name": self.name, "edge": self.edge, "step": self.step, "t_ns": self.t_ns, "rank": self.rank,
+                "local_rank": self.local_rank, "work": dict(self.work)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Mark:
@@ -68,7 +80,7 @@ class Channel(Protocol):
 
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]: ...
 
-    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]: ...
+    def query_live(self, span_s: float, timeout_s: float) -> NodeLiveDict: ...
 
     def close(self) -> None: ...
 
@@ -137,9 +149,10 @@ class SocketChannel:
             return {name: {"unavailable_reason": reason, SAMPLER_LOST: True} for name in names}
         return dict(reply.get("windows", {}))
 
-    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]:
+    def query_live(self, span_s: float, timeout_s: float) -> NodeLiveDict:
         try:
-            return dict(self._ask({"type": "live", "span_s": span_s}, timeout_s).get("live", {}))
+            live: NodeLiveDict = self._ask({"type": "live", "span_s": span_s}, timeout_s).get("live", {})  # the JSON
+            return live
         except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
             return {"span_s": span_s, "devices": [], "reason": f"sampler at {self.addr} did not answer: {exc}"}
 

@@ -10,9 +10,32 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from jpwr.domains import Domain, MetricReading, Reading, Sensor, Signal, Status
+
+
+class DeviceLiveDict(TypedDict):
+    """DeviceLive, field for field (NodeLive.to_dict)."""
+
+    domain: str
+    update_period_s: float | None
+    power_w: float | None
+    power_min_w: float | None
+    power_max_w: float | None
+    power_covered_s: float
+    temperature_c: float | None
+    temperature_min_c: float | None
+    temperature_max_c: float | None
+
+
+class NodeLiveDict(TypedDict, total=False):
+    """NodeLive as the sampler answers a live query (NodeLive.to_dict; `node` missing where no sampler answered)."""
+
+    node: str
+    span_s: float
+    reason: str | None
+    devices: list[DeviceLiveDict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +51,12 @@ class DeviceLive:
     temperature_c: float | None  # latest
     temperature_min_c: float | None
     temperature_max_c: float | None
+
+    def to_dict(self) -> DeviceLiveDict:
+        return {"domain": self.domain, "update_period_s": self.update_period_s, "power_w": self.power_w,
+                "power_min_w": self.power_min_w, "power_max_w": self.power_max_w,
+                "power_covered_s": self.power_covered_s, "temperature_c": self.temperature_c,
+                "temperature_min_c": self.temperature_min_c, "temperature_max_c": self.temperature_max_c}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +82,9 @@ class NodeLive:
     def peak_power_w(self) -> float | None:
         return _sum_of_all([d.power_max_w for d in self.devices])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NodeLiveDict:
         return {"node": self.node, "span_s": self.span_s, "reason": self.reason,
-                "devices": [dataclasses.asdict(d) for d in self.devices]}
+                "devices": [d.to_dict() for d in self.devices]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeLive:

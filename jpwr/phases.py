@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from jpwr.clock import SYSTEM_CLOCK, Clock
 
@@ -111,6 +111,22 @@ class DeviceEventStamps:
         self._pool.extend(stamps)
 
 
+class PhaseBatchDict(TypedDict):
+    """A PhaseBatch on the wire and in segments (PhaseBatch.to_dict): its times from `base_ns`, in ns."""
+
+    window: str
+    rank: int
+    local_rank: int
+    clock: str
+    names: list[str]
+    phase: list[int]
+    base_ns: int
+    t0: list[int]
+    t1: list[int]
+    part: int
+    parts: int
+
+
 @dataclasses.dataclass(frozen=True)
 class PhaseBatch:
     """One rank's phase intervals inside one window (or one part of them), on the node's monotonic clock."""
@@ -133,7 +149,7 @@ class PhaseBatch:
         for k, a, b in zip(self.phase, self.t0_ns, self.t1_ns, strict=True):
             yield self.names[k], a, b
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PhaseBatchDict:
         """Wire and segment form: times relative to the first interval's start keep datagrams small."""
         base = self.t0_ns[0] if self.t0_ns else 0
         return {"window": self.window, "rank": self.rank, "local_rank": self.local_rank, "clock": self.clock,
@@ -301,9 +317,21 @@ class PhaseRecorder:
                           tuple(times[a] for _, a, _ in inside), tuple(times[b] for _, _, b in inside))
 
 
-def phase_summary(batches: Sequence[PhaseBatch]) -> list[dict[str, Any]]:
+class PhaseRow(TypedDict, total=False):
+    """One rank's phase in a window (phase_summary): its intervals, their seconds, and whether every part of the
+    rank's batch arrived."""
+
+    rank: int
+    local_rank: int
+    phase: str
+    intervals: int
+    seconds: float
+    complete: bool
+
+
+def phase_summary(batches: Sequence[PhaseBatch]) -> list[PhaseRow]:
     """Per rank and phase of one window: intervals and seconds, and whether every part of the batch arrived."""
-    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    rows: dict[tuple[int, str], PhaseRow] = {}
     parts: dict[int, tuple[set[int], int]] = {}
     for batch in batches:
         seen, expected = parts.get(batch.rank, (set(), batch.parts))
@@ -314,7 +342,7 @@ def phase_summary(batches: Sequence[PhaseBatch]) -> list[dict[str, Any]]:
                                                         "phase": name, "intervals": 0, "seconds": 0.0})
             row["intervals"] += 1
             row["seconds"] += (b - a) / 1e9
-    for row in rows.values():
-        seen, expected = parts[row["rank"]]
+    for (rank, _), row in rows.items():
+        seen, expected = parts[rank]
         row["complete"] = len(seen) == expected
-    return sorted(rows.values(), key=lambda r: (r["rank"], r["phase"]))
+    return [row for _, row in sorted(rows.items(), key=lambda item: item[0])]

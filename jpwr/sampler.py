@@ -26,7 +26,7 @@ from jpwr.clock import SYSTEM_CLOCK, Clock
 from jpwr.domains import Backend, Discovery, Domain, MetricReading, Reading, Sensor, Signal, WindowFollower
 from jpwr.energy import WindowEnergy
 from jpwr.errors import MethodUnavailableError, OutputDirError, os_error_message
-from jpwr.live import NodeLive, node_live
+from jpwr.live import NodeLive, NodeLiveDict, node_live
 from jpwr.node import directory_node_name
 from jpwr.output import utc_now, write_json_atomic
 from jpwr.phases import PhaseBatch, phase_summary
@@ -520,7 +520,7 @@ class LocalChannel:
     def query_energy(self, names: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
         return {k: v.to_dict() for k, v in self.sampler.window_energies(names).items()}
 
-    def query_live(self, span_s: float, timeout_s: float) -> dict[str, Any]:
+    def query_live(self, span_s: float, timeout_s: float) -> NodeLiveDict:
         return self.sampler.live(span_s).to_dict()
 
     def close(self) -> None:

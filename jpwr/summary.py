@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from jpwr.domains import Kind
 from jpwr.energy import WindowEnergy
+from jpwr.phases import PhaseRow
 
 SCHEMA = "jpwr.summary/1"
 SUMMARY_FILE = "summary.json"
@@ -38,7 +39,7 @@ class NodeWindow(SummaryWindow):
 
     t0_ns: int
     t1_ns: int
-    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # jpwr.phases.phase_summary rows
+    phases: list[PhaseRow] = dataclasses.field(default_factory=list)  # jpwr.phases.phase_summary's
 
     def to_dict(self) -> dict[str, Any]:
         return {"t0_ns": self.t0_ns, "t1_ns": self.t1_ns, **super().to_dict(), "phases": self.phases}
@@ -48,6 +49,14 @@ class NodeWindow(SummaryWindow):
         return cls(t0_ns=data["t0_ns"], t1_ns=data["t1_ns"], duration_s=data["duration_s"], steps=data["steps"],
                    work=dict(data["work"]), energy=WindowEnergy.from_dict(data["energy"]),
                    phases=list(data.get("phases", [])))
+
+
+class JobAccelerator(TypedDict):
+    """One accelerator a node's sampler metered for the job (NodeSummary.job_accelerators)."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -83,7 +92,7 @@ class NodeSummary:
                    windows={name: NodeWindow.from_dict(w) for name, w in data["windows"].items()},
                    trace_file=data.get("trace_file"), trace_error=data.get("trace_error"))
 
-    def job_accelerators(self) -> list[dict[str, Any]]:
+    def job_accelerators(self) -> list[JobAccelerator]:
         """The accelerators this node's sampler metered for the job, in the vendor library's order: index, UUID and
         name (a whole-node request's other devices and domains inside another one left out). What a run record names
         as the job's devices."""

@@ -102,11 +102,10 @@ def test_a_rate_that_failed_before_its_load_gets_its_figures_from_either_target(
 
 def test_the_progress_line_gives_figures_for_people() -> None:
     """H200, 2026-12-01: `rate max: OK, 1.369e+04 tokens/s, ... p90 TTFT 1.733e+04 ms`; whole numbers from 100 up."""
-    record = RunRecord.__new__(RunRecord)
-    record.status = "OK"
-    record.metrics = {"rate": "max", "output_tokens_per_s": 13686.5, "requests_per_s": 51.86,
-                      "energy_per_output_token_j": 0.05047, "ttft_p90_s": 17.33, "tpot_p90_s": 0.01844,
-                      "goodput_requests_per_s": 0.0}
+    record = RunRecord(benchmark="llm_inference", run_id="rate-max", status="OK",
+                       metrics={"rate": "max", "output_tokens_per_s": 13686.5, "requests_per_s": 51.86,
+                                "energy_per_output_token_j": 0.05047, "ttft_p90_s": 17.33, "tpot_p90_s": 0.01844,
+                                "goodput_requests_per_s": 0.0})
     line = progress_line(record)
     assert "e+" not in line
     assert "13686 tokens/s, 51.86 req/s, 0.05047 J/token, p90 TTFT 17330 ms, p90 TPOT 18.44 ms, goodput 0 req/s" in line

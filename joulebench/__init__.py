@@ -72,9 +72,20 @@ API: dict[str, dict[str, str]] = {
         "RECORD_NOT_WRITTEN": "the exit code of a record written elsewhere than asked",
         "STATUSES": "the statuses a record may have, checked by the finalizer",
         "headline_domain": "the energy domain a table row's figures are of",
+        "driver_metrics": "a record's metrics as its driver's type, before a driver's own key is read",
     },
     "joulebench.record_types": {
-        "Metrics": "the typed metrics block each driver fills",
+        "SteadyFigures": "the steady window's headline figures each driver's metrics start from",
+        "TrainingMetrics": "llm_training's typed metrics block",
+        "ResNetMetrics": "resnet50's typed metrics block",
+        "InferenceRunMetrics": "an llm_inference run's (static batches) typed metrics block",
+        "LoadMetrics": "an llm_inference load's typed metrics block, one offered rate",
+        "CrossRateCheck": "the per-request model's check (a) row that llm_inference writes",
+        "ControlledPartCheck": "the per-request model's check (c) row that llm_inference writes",
+        "ControlledPlan": "how llm_inference planned the controlled-split window's parts",
+        "ControlledPart": "one part of the controlled-split window as llm_inference measured it",
+        "ControlledWindowBlock": "the controlled-split window in the serving record's energy block",
+        "ClientEstimateError": "the client-side estimate's error llm_inference measures against its engine",
         "RequestsBlock": "the serving record's typed requests block",
         "RequestFailures": "an HTTP load's failed and timed-out requests in the record",
         "OutputTokenCounts": "an HTTP load's counted output tokens in the record",
@@ -212,5 +223,6 @@ API: dict[str, dict[str, str]] = {
     "joulebench.segment_fit": {
         "counter_knots": "the energy counter's knots in a node's trace",
         "window_segments": "the counter segments inside a window",
+        "Segments": "the type of those segments, which llm_inference measures parts of a window on",
     },
 }

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any, Required, TypedDict, final
 
 from joulebench.compile_cache import CompileCacheFigures
-from jpwr.summary import JobAccelerator
 
 # The work units of the drivers' steady windows: steady_metrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
@@ -338,12 +337,21 @@ class HardwareBlock(TypedDict, total=False):
     strategy: str
 
 
+class JobDevice(TypedDict):
+    """One accelerator a node's sampler metered as the job's (jpwr's NodeSummary.job_accelerators, key for key:
+    tests/test_record_types.py keeps the two alike; the meter's own type is private to it)."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
+
+
 class JobNode(TypedDict):
     """Per node: the job's accelerators and the binding that named them (jube/jbrecord.py: job_devices)."""
 
     node: str
     binding: str | None
-    devices: list[JobAccelerator]  # what the node's sampler metered as the job's
+    devices: list[JobDevice]
 
 
 class JobBlock(TypedDict, total=False):

@@ -28,6 +28,7 @@ from joulebench.record_types import (
     IdleBaselineBlock,
     InferenceRunMetrics,
     JobBlock,
+    JobDevice,
     LaunchBlock,
     LoadMetrics,
     MeterBlock,
@@ -46,6 +47,7 @@ from jpwr import IdleBaseline, Window
 from jpwr.device_energy import Fault
 from jpwr.energy import EnergySplit
 from jpwr.output import write_json_atomic
+from jpwr.summary import JobAccelerator
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_UNDER = (REPO / "tests", REPO / "benchmarks" / "results")
@@ -202,6 +204,10 @@ def test_a_block_written_from_a_dataclass_declares_its_fields_one_for_one(block:
                                                                           ) -> None:
     """The dataclass is what the code holds, the TypedDict its record block: the two lists stay one."""
     assert _declared(block) == {field.name for field in dataclasses.fields(kind)} | added
+
+
+def test_the_job_s_devices_are_declared_as_the_meter_writes_them() -> None:
+    assert typing.get_type_hints(JobDevice) == typing.get_type_hints(JobAccelerator)
 
 
 def test_the_launch_block_is_written_in_the_layout_s_order() -> None:

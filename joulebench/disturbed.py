@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from joulebench.record_types import DisturbanceCheck, DisturbedBlock, OtherProcess
 from jpwr.device_state import DeviceState, DeviceStateProbe, ProcessFacts, process_facts, reason_names
@@ -49,6 +49,36 @@ class Sample(TypedDict):
     devices: list[DeviceState]
     error: str | None
     facts: dict[int, ProcessFacts]  # the processes seen on the GPUs
+
+
+class SeenProcess(TypedDict):
+    """A process a node leader saw on the GPUs in the window: its facts, GPUs, peak memory and samples."""
+
+    name: str | None  # None: its PID is not visible here (another PID namespace)
+    ancestors: list[int]
+    devices: list[str]
+    used_memory_bytes: int | None
+    samples: int
+
+
+class RankPart(TypedDict, total=False):
+    """What one rank brings to the judgement (Watch.part; plain JSON, since a gather may travel as JSON): its
+    identity, and on a node leader what it sampled in the window; or why its view failed (`unjudged`)."""
+
+    node: str
+    host: str
+    pid: int
+    leader: bool
+    samples: int
+    cores: int | None
+    loads: list[float]  # the 1-minute load of each sample that read it
+    load_unavailable: str | None
+    clocks: dict[str, dict[str, int]]  # per GPU: samples with a reason mask, and how many held each reason
+    processes: dict[str, SeenProcess]  # by PID
+    process_reads: int
+    device_errors: list[str]
+    probe_unavailable: str | None
+    unjudged: str
 
 
 class Watch:
@@ -118,32 +148,32 @@ class Watch:
             self.hung_reason = f"the GPUs' state call did not return within {timeout:g} s"
         self._thread = None
 
-    def part(self, window: tuple[int, int] | None) -> dict[str, Any]:
+    def part(self, window: tuple[int, int] | None) -> RankPart:
         """What this rank brings to the judgement, reduced to the window (t_start_ns, t_end_ns on this node's
-        clock); plain JSON, since a gather may travel as JSON."""
-        part: dict[str, Any] = {"node": node_name(), "host": host_id(), "pid": os.getpid(), "leader": self.leader}
+        clock)."""
+        part: RankPart = {"node": node_name(), "host": host_id(), "pid": os.getpid(), "leader": self.leader}
         if not self.leader or window is None:
             return part
         samples = list(self.samples)  # a thread left inside a call may still append
         inside = [s for s in samples if window[0] <= s["t_ns"] <= window[1]]
         if not inside and samples:  # a window shorter than the sampling period: the first sample after it
             inside = [min(samples, key=lambda s: (s["t_ns"] < window[0], abs(s["t_ns"] - window[1])))]
-        devices = _devices([] if self.hung_reason else inside)  # a stuck call: no GPU check is judged
-        part.update(samples=len(inside), cores=os.cpu_count(), **_loads(inside), **devices,
-                    probe_unavailable=self.hung_reason or self.probe_reason)
+        part.update({"samples": len(inside), "cores": os.cpu_count(), **_loads(inside),
+                     **_devices([] if self.hung_reason else inside),  # a stuck call: no GPU check is judged
+                     "probe_unavailable": self.hung_reason or self.probe_reason})
         return part
 
 
-def _loads(samples: Sequence[Sample]) -> dict[str, Any]:
+def _loads(samples: Sequence[Sample]) -> RankPart:
     loads = [s["load"] for s in samples if isinstance(s["load"], float)]
     errors = [s["load"] for s in samples if isinstance(s["load"], str)]
     return {"loads": loads, "load_unavailable": errors[0] if errors and not loads else None}
 
 
-def _devices(samples: Sequence[Sample]) -> dict[str, Any]:
+def _devices(samples: Sequence[Sample]) -> RankPart:
     """Per GPU: samples with a reason mask and how many held each reason; per PID seen: facts and memory."""
     clocks: dict[str, dict[str, int]] = {}
-    processes: dict[str, dict[str, Any]] = {}
+    processes: dict[str, SeenProcess] = {}
     errors: list[str] = []
     process_reads = 0
     for sample in samples:
@@ -172,7 +202,7 @@ def _devices(samples: Sequence[Sample]) -> dict[str, Any]:
     return {"clocks": clocks, "processes": processes, "process_reads": process_reads, "device_errors": errors}
 
 
-def judge(parts: Sequence[Mapping[str, Any]], step_times: Sequence[float] | None, basis: str,
+def judge(parts: Sequence[RankPart], step_times: Sequence[float] | None, basis: str,
           processes_unjudged: str | None = None) -> DisturbedBlock:
     """The record's `disturbed` block from every rank's part and rank 0's step times in the window;
     `processes_unjudged`: why the GPUs' processes cannot be told apart (the check is n/a, e.g. an external server)."""
@@ -218,7 +248,7 @@ def _step_check(times: Sequence[float] | None, basis: str) -> DisturbanceCheck:
     return check
 
 
-def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[int]]) -> DisturbanceCheck:
+def _process_check(leaders: Sequence[RankPart], own: Mapping[str, set[int]]) -> DisturbanceCheck:
     unavailable = [_unread(p) for p in leaders if not p["process_reads"]]
     if len(unavailable) == len(leaders):
         return {"disturbed": None, "unavailable_reason": "; ".join(unavailable)}
@@ -256,7 +286,7 @@ def _process_check(leaders: Sequence[Mapping[str, Any]], own: Mapping[str, set[i
     return check
 
 
-def _unread(part: Mapping[str, Any]) -> str:
+def _unread(part: RankPart) -> str:
     """Why a node's GPUs told nothing: no probe (no NVML, no GPU selected), or the calls that failed."""
     return f"{part['node']}: {part.get('probe_unavailable') or '; '.join(part['device_errors']) or 'no GPU read'}"
 
@@ -268,7 +298,7 @@ def _process_text(process: OtherProcess) -> str:
     return f"pid {process['pid']} ({name}, {memory}) on {', '.join(process['devices'])} of {process['node']}"
 
 
-def _load_check(leaders: Sequence[Mapping[str, Any]]) -> DisturbanceCheck:
+def _load_check(leaders: Sequence[RankPart]) -> DisturbanceCheck:
     loads = [(load, p["cores"], p["node"]) for p in leaders for load in p["loads"]]
     if not loads:
         reasons = [str(p.get("load_unavailable") or f"{p['node']}: no sample") for p in leaders]
@@ -285,7 +315,7 @@ def _load_check(leaders: Sequence[Mapping[str, Any]]) -> DisturbanceCheck:
     return check
 
 
-def _clock_check(leaders: Sequence[Mapping[str, Any]]) -> DisturbanceCheck:
+def _clock_check(leaders: Sequence[RankPart]) -> DisturbanceCheck:
     clocks = {device: counts for p in leaders for device, counts in p["clocks"].items()}
     if not clocks:
         return {"disturbed": None, "unavailable_reason": "; ".join(map(_unread, leaders))}

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from joulebench.disturbed import WINDOW, Watch, judge, summary, unjudged
+from joulebench.disturbed import WINDOW, RankPart, Watch, judge, summary, unjudged
 from joulebench.exports.intervals import IntervalLog
 from joulebench.exports.run import Exports
 from joulebench.failures import failure_reason
@@ -214,11 +214,11 @@ class Run:
             part = self.watch.part(None if window is None else (window.t_start_ns, window.t_end_ns))
         except Exception as exc:  # this rank's view fails: it still joins the gather, and every check is n/a
             traceback.print_exc()
-            part = {"unjudged": f"rank {self.launch.rank}'s view failed: {type(exc).__name__}: {exc}"}
+            part = RankPart(unjudged=f"rank {self.launch.rank}'s view failed: {type(exc).__name__}: {exc}")
         try:
             parts = list(gather(part)) if gather is not None and self.launch.world_size > 1 else [part]
-            self.record.disturbed = judge([p for p in parts if isinstance(p, dict)], *self._step_times,
-                                         self._processes_unjudged)
+            views = [checked_block(RankPart, p, f"rank {k}'s view") for k, p in enumerate(parts) if isinstance(p, dict)]
+            self.record.disturbed = judge(views, *self._step_times, self._processes_unjudged)
         except Exception as exc:  # a check that cannot be made must not cost the record
             traceback.print_exc()
             reason = f"whether the run was disturbed could not be judged: {type(exc).__name__}: {exc}"

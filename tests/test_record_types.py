@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from joulebench import figures
 from joulebench.card_state import Conditions
 from joulebench.launch import LaunchEnv
 from joulebench.record import SCHEMA_VERSION, RunRecord, driver_metrics, read_run_record, steady_metrics
-from joulebench.record_shape import RecordShapeError, checked_block
+from joulebench.record_shape import RecordShapeError, checked_block, problems
 from joulebench.record_types import (
     WORK_UNITS,
     CardConditions,
@@ -33,6 +34,7 @@ from joulebench.record_types import (
     LoadMetrics,
     MeterBlock,
     Metrics,
+    RecordDocument,
     RequestEnergyBlock,
     RequestsBlock,
     ResNetMetrics,
@@ -138,6 +140,42 @@ def test_every_key_of_a_shipped_block_is_declared_in_its_type(path: Path) -> Non
         undeclared = sorted(set((shipped.get(name) or {}).get(key) or {}) - _declared(block))
         assert undeclared == [], f"{name}.{key} keys not declared in joulebench.record_types.{block.__name__}"
     assert shipped["metrics"].get("work_unit", WORK_UNITS[0]) in WORK_UNITS
+
+
+def _undeclared(value: Any, annotation: Any, where: str) -> list[str]:
+    """The keys of `value`, at any depth, that the type `annotation` does not declare (of a union: the option that
+    fits its shape and declares the most)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        fits = [_undeclared(value, a, where) for a in typing.get_args(annotation)
+                if a is not type(None) and not problems(value, a, where)]
+        return min(fits, key=len, default=[])
+    if typing.is_typeddict(annotation) and isinstance(value, dict):
+        hints = typing.get_type_hints(annotation)
+        return [f"{where}.{key}" if key not in hints else p for key, entry in value.items()
+                for p in ([None] if key not in hints else _undeclared(entry, hints[key], f"{where}.{key}"))]
+    if origin in (list, dict) and isinstance(value, origin):
+        item = typing.get_args(annotation)[-1]
+        pairs = enumerate(value) if origin is list else value.items()
+        return [p for key, entry in pairs for p in _undeclared(entry, item, f"{where}[{key}]")]
+    return []
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_key_of_a_shipped_record_is_declared_at_every_depth(path: Path) -> None:
+    """Nested blocks too (a check's rows, a window's energy): the document's type declares every key it holds;
+    `config` and `software` are the open blocks, and `windows` declares only what a reader relies on (jpwr.Window
+    is theirs)."""
+    shipped = json.loads(path.read_text())
+    assert _undeclared({k: v for k, v in shipped.items() if k not in ("metrics", "windows")}, RecordDocument, "") == []
+    assert _undeclared(shipped["metrics"], metrics_type(shipped["benchmark"], shipped["metrics"]), "metrics") == []
+
+
+def test_the_depth_check_names_a_nested_key_its_type_lacks() -> None:
+    planted = {"requests": {"energy": {"cross_rate": [{"fitted_at": "1", "bogus": 1}],
+                                       "clock_term": {"adopted": False, "held_out_rates": [{"rate": "2", "x": 0}]}}}}
+    assert _undeclared(planted, RecordDocument, "") == [".requests.energy.cross_rate[0].bogus",
+                                                        ".requests.energy.clock_term.held_out_rates[0].x"]
 
 
 @pytest.mark.parametrize("unit", WORK_UNITS)

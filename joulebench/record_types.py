@@ -552,11 +552,12 @@ class CardStateCheck(TypedDict, total=False):
 
 
 class HeldOutHalfCheck(CardStateCheck, total=False):
-    """Check (b): one contiguous half of the window predicted by a fit on the other."""
+    """Check (b): one contiguous half of the window predicted by a fit on the other. In these checks a figure the
+    fit could not give (NaN) is written null."""
 
-    measured_j: float
-    predicted_j: float
-    bound_j: float
+    measured_j: float | None
+    predicted_j: float | None
+    bound_j: float | None
     closes: bool
 
 
@@ -567,17 +568,17 @@ class CrossRateCheck(CardStateCheck, total=False):
     predicted: str
     passes: bool
     reason: str  # why it could not be predicted
-    measured_j: float
-    predicted_j: float
-    bound_j: float
+    measured_j: float | None
+    predicted_j: float | None
+    bound_j: float | None
 
 
 class ControlledPartCheck(CardStateCheck, total=False):
     """Check (c): one part (prefill, decode) of the controlled-split window against the fit's prediction."""
 
     part: str
-    measured_j: float
-    measured_bound_j: float
+    measured_j: float | None
+    measured_bound_j: float | None
     measured_bound_fraction: float | None
     predicted_j: float | None
     relative_error: float | None
@@ -599,8 +600,8 @@ class ControlledPart(CardConditions, total=False):
 
     seconds: float
     steps: int
-    energy_j: float
-    bound_j: float
+    energy_j: float | None
+    bound_j: float | None
     bound_fraction: float | None
     energy_unavailable_reason: str
 
@@ -617,7 +618,7 @@ class HeldOutRateTrial(TypedDict, total=False):
     with the term."""
 
     rate: str
-    measured_j: float
+    measured_j: float | None
     predicted_without_j: float | None
     predicted_with_j: float | None
     error_without: float | None

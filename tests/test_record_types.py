@@ -16,7 +16,14 @@ import pytest
 from joulebench import figures
 from joulebench.card_state import Conditions
 from joulebench.launch import LaunchEnv
-from joulebench.record import SCHEMA_VERSION, RunRecord, driver_metrics, read_run_record, steady_metrics
+from joulebench.record import (
+    SCHEMA_VERSION,
+    RunRecord,
+    driver_metrics,
+    parse_record,
+    read_run_record,
+    steady_metrics,
+)
 from joulebench.record_shape import RecordShapeError, checked_block, problems
 from joulebench.record_types import (
     WORK_UNITS,
@@ -225,6 +232,18 @@ def test_a_driver_s_key_in_the_wrong_shape_is_refused_as_its_driver_s() -> None:
     with pytest.raises(RecordShapeError, match=r"metrics\.loss_curve is 'falling', not a list"):
         RunRecord.from_dict({**shipped, "benchmark": "llm_training", "metrics": bad})
     assert RunRecord.from_dict({**shipped, "benchmark": "resnet50", "metrics": bad}).metrics["loss_curve"] == "falling"
+
+
+def test_a_check_s_figure_the_fit_could_not_give_reads_as_null() -> None:
+    """A NaN of the per-request fit is written null (a two-rate CPU sweep's cross-rate bound once was): the record
+    still reads."""
+    shipped = json.loads(next(p for p in SHIPPED if "requests" in json.loads(p.read_text())).read_text())
+    row = {"fitted_at": "all but 40", "predicted": "40", "measured_j": None, "predicted_j": None, "bound_j": None,
+           "passes": False}
+    energy = {"cross_rate": [row], "held_out_halves": [{**row, "closes": False}],
+              "controlled_split": [{"part": "prefill", "measured_j": None, "predicted_j": None, "passes": False}]}
+    document = {**shipped, "requests": {**shipped["requests"], "energy": energy}}
+    assert parse_record(document).requests["energy"]["cross_rate"] == [row]
 
 
 def test_a_block_in_the_wrong_shape_is_refused_naming_the_field() -> None:

@@ -39,6 +39,13 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
                                                                      / steady["work"]["output_tokens"])
         assert metrics["requests_counted"] > 0 and metrics["ttft_p90_s"] >= metrics["ttft_p50_s"] > 0
         table = read_requests(out / f"rate_{label}" / FILE_NAME)
+        # the row buckets' waste over the window, from the step log's computed rows (4 rows: buckets 1, 2, 4)
+        waste = metrics["computed_rows_per_occupied_row"]
+        assert 1 <= waste <= 4 / 3
+        assert waste == pytest.approx(metrics["mean_computed_rows"] / metrics["mean_decode_rows"])
+        assert record["config"]["admit_divisor"] == 16 and record["config"]["engine_detail"]["row_buckets"] == [1, 2, 4]
+        decode = table.steps["kind"] == 1
+        assert np.all(table.steps["computed_rows"][decode] >= np.diff(table.steps["member_offsets"])[decode])
         assert set(REQUEST_COLUMNS) <= set(table.requests) and len(table) == record["requests"]["rows"]
         done = table.requests["status"] == STATUSES.index("done")
         assert np.all(table.requests["finish_s"][done] >= table.requests["first_token_s"][done])
@@ -90,6 +97,8 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     (["--rate", "inf"], "--rate"), (["--rates", "1,1"], "--rates"), (["--rates", "1,,x"], "--rates"),
     (["--rate", "1", "--slo-ttft-ms", "0"], "--slo-ttft-ms"), (["--rate", "1", "--slo-tpot-ms", "-5"], "--slo-tpot-ms"),
     (["--rate", "1", "--max-concurrency", "0"], "--max-concurrency"),
+    (["--rate", "1", "--admit-divisor", "0"], "--admit-divisor"),
+    (["--rate", "1", "--admit-divisor", "2", "--url", "http://127.0.0.1:8000"], "--admit-divisor and --url"),
 ])
 @pytest.mark.parametrize("command", ["load", "validate-load"])
 def test_bad_numbers_are_refused_by_the_parser_naming_the_option(command, argv, named, capsys):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.row_waste import window_steps
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, read_requests
 from llm_inference.cli import main
 from tests.llm_inference.conftest import INFER, run_cmd, summaries
@@ -46,6 +47,8 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
         assert record["config"]["admit_divisor"] == 16 and record["config"]["engine_detail"]["row_buckets"] == [1, 2, 4]
         decode = table.steps["kind"] == 1
         assert np.all(table.steps["computed_rows"][decode] >= np.diff(table.steps["member_offsets"])[decode])
+        replayed = window_steps(out / f"rate_{label}")  # benchmarks/row_waste.py, as for an H100 run's files
+        assert replayed["computed"].sum() / replayed["occupied"].sum() == pytest.approx(waste)
         assert set(REQUEST_COLUMNS) <= set(table.requests) and len(table) == record["requests"]["rows"]
         done = table.requests["status"] == STATUSES.index("done")
         assert np.all(table.requests["finish_s"][done] >= table.requests["first_token_s"][done])
@@ -90,6 +93,14 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     assert differences(out) == []
     # At `max` every request arrives at the start: nobody meets a 50 ms TTFT once the queue is long.
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
+
+
+def test_the_row_waste_of_a_record_before_issue_59_is_read_from_its_row_buckets():
+    """A step log without `computed_rows` (the H100 run of main before the finer buckets): every step of its
+    backlog at 256 rows occupied more than 192, the bucket below 256 then, so each computed all 256."""
+    shipped = "benchmarks/results/2026-12-06-wave5-s2/issue57-behaviour/p57b/base/continuous-256/run"
+    steps = window_steps(Path(__file__).resolve().parents[2] / shipped)
+    assert steps["occupied"].min() > 192 and set(steps["computed"]) == {256} and len(steps["ms"]) == len(steps["here"])
 
 
 @pytest.mark.parametrize(("argv", "named"), [

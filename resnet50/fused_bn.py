@@ -53,7 +53,7 @@ class BatchNormAct(nn.BatchNorm2d):
         self.running_var.mul_(1 - factor).add_(var, alpha=factor)
 
 
-def _gemm_shaped(conv: nn.Conv2d) -> bool:
+def gemm_shaped(conv: nn.Conv2d) -> bool:
     """A 1×1 convolution without padding, dilation, groups or bias (any equal stride): a GEMM over (strided) rows."""
     return (conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.dilation == (1, 1) and conv.groups == 1
             and conv.bias is None and conv.stride[0] == conv.stride[1])
@@ -80,7 +80,7 @@ class FusedBottleneck(Bottleneck):
 
     def _conv_norm(self, conv: nn.Conv2d, norm: BatchNormAct, x: torch.Tensor,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.conv_stats and norm.training and _gemm_shaped(conv):
+        if self.conv_stats and norm.training and gemm_shaped(conv):
             y, mean, invstd, var = torch.ops.joulebench.conv1x1_batch_norm_stats(x, conv.weight.to(x.dtype),
                                                                                  conv.stride[0], norm.eps)
             return norm(y, residual, (mean, invstd, var))

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +270,52 @@ def test_kernel_profiles_count_our_kernels_as_batch_norm_and_convolution() -> No
     assert len(launched(kernels)) == 6
     assert {category(name) for name in launched(kernels)} == {"triton (batch-norm fusions)"}
     assert [category(name) for name in launched(conv)] == ["convolution"]
+
+
+def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
+    """The GEMM at the launch configurations ResNet-50's 1x1 convolutions get compiles for sm_90 with Triton's bundled
+    ptxas into Hopper's tensor-core instructions (wgmma), and keeps its accumulator and moments in registers. Per tile
+    width, the heaviest configuration is compiled (the deepest pipeline, the strided row mapping where one has it):
+    the others differ only by fewer stages or less index code (two compiles, about a second each)."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed: nothing to compile")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from resnet50 import conv_stats
+    from resnet50.fused_bn import fused_resnet50, gemm_shaped
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.is_file():
+        pytest.skip("this Triton has no bundled ptxas")
+    with torch.device("meta"):
+        model = fused_resnet50(conv_stats=True)
+    convs = [conv for conv in model.modules() if isinstance(conv, torch.nn.Conv2d) and gemm_shaped(conv)]
+    assert len(convs) == 16 * 2 + 4  # conv1 and conv3 of 16 blocks, 4 downsamples
+    heaviest: dict[int, tuple[int, bool, dict[str, int]]] = {}
+    for conv in convs:
+        config = conv_stats.launch_config(conv.in_channels, conv.out_channels)
+        weight = (config["num_stages"], conv.stride[0] != 1, config)
+        heaviest[config["BLOCK_N"]] = max(heaviest.get(config["BLOCK_N"], weight), weight, key=lambda w: w[:2])
+    assert sorted(heaviest) == [64, 128]
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
+             **dict.fromkeys(("rows", "in_channels", "out_channels", "height", "width", "out_height", "out_width",
+                              "stride", "tiles_per_program"), "i32")}
+    # as Triton's launcher specialises them: pointers and ResNet-50's channel counts divisible by 16
+    aligned = {(index,): [["tt.divisibility", 16]] for index, (name, kind) in enumerate(types.items())
+               if kind.startswith("*") or name.endswith("_channels")}
+    for _stages, strided, config in heaviest.values():
+        constants = {"STRIDED": strided, **{key: value for key, value in config.items() if key.isupper()}}
+        options = {key: value for key, value in config.items() if not key.isupper()}
+        signature = {**types, **dict.fromkeys(constants, "constexpr")}
+        compiled = triton.compile(ASTSource(conv_stats.conv1x1_gemm_with_batch_norm_stats, signature, constants,
+                                            attrs=aligned), target=GPUTarget("cuda", 90, 32), options=options)
+        assert "wgmma" in compiled.asm["ptx"]
+        ptx = Path(os.environ.get("TMPDIR", "/tmp")) / f"conv_stats_{os.getpid()}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        try:
+            report = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", os.devnull],
+                                    capture_output=True, text=True, timeout=120, check=True).stderr
+        finally:
+            ptx.unlink()
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills is not None and spills.groups() == ("0", "0"), (constants, report)

@@ -44,20 +44,32 @@ def merge_moments(mean, m2, count, other_mean, other_m2, other_count):
 
 
 @triton.jit
+def program_channels(axis: tl.constexpr, channels, BLOCK_C: tl.constexpr):
+    """This program's BLOCK_C channel indices (its tile along grid axis `axis`) and which of them exist."""
+    cols = tl.program_id(axis) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return cols, cols < channels
+
+
+@triton.jit
+def _rows_at(first_row, rows, channels, cols, col_ok, BLOCK_M: tl.constexpr):
+    """The mask and the offsets of BLOCK_M rows from first_row × these channels in the (rows, channels) matrix."""
+    row = first_row + tl.arange(0, BLOCK_M).to(tl.int64)
+    return (row < rows)[:, None] & col_ok[None, :], row[:, None] * channels + cols[None, :]
+
+
+@triton.jit
 def triton_batch_norm_stats(x_ptr, partial_ptr, rows, channels, rows_per_program,
                             BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """One slice of rows' per-channel moments about the pivot (row 0's value): its mean − pivot and its squared
     deviations from its mean, from sums of (x − pivot) and (x − pivot)²."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    cols, col_ok = program_channels(0, channels, BLOCK_C)
     pivot = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     total = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     squares = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     start = tl.program_id(1) * rows_per_program
     for offset in range(start, start + rows_per_program, BLOCK_M):
-        row = offset + tl.arange(0, BLOCK_M).to(tl.int64)
-        ok = (row < rows)[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + row[:, None] * channels + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        ok, at = _rows_at(offset, rows, channels, cols, col_ok, BLOCK_M)
+        x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
         shifted = tl.where(ok, x - pivot[None, :], 0.0)
         total += shifted
         squares += shifted * shifted
@@ -75,8 +87,7 @@ def triton_batch_norm_stats_finalize(partial_ptr, x_ptr, mean_ptr, invstd_ptr, v
     """Mean, 1/sqrt(biased var + eps) and the unbiased variance (for running_var) from the slices' moments, merged a
     tile of BLOCK_S slices at a time (a loop over one slice at a time would wait on a thousand loads in a row).
     PIVOT_FROM_X: the slices' means are about x's row 0 (triton_batch_norm_stats), else about 0."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    cols, col_ok = program_channels(0, channels, BLOCK_C)
     mean = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     count = tl.zeros([], dtype=tl.float32)
@@ -101,10 +112,9 @@ def triton_batch_norm_stats_finalize(partial_ptr, x_ptr, mean_ptr, invstd_ptr, v
 @triton.jit
 def _tile(rows, channels, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """This program's tile of an elementwise pass: channel indices, their mask, the tile's mask and its offsets."""
-    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    return cols, col_ok, (row < rows)[:, None] & col_ok[None, :], row[:, None] * channels + cols[None, :]
+    cols, col_ok = program_channels(1, channels, BLOCK_C)
+    ok, at = _rows_at(tl.program_id(0) * BLOCK_M, rows, channels, cols, col_ok, BLOCK_M)
+    return cols, col_ok, ok, at
 
 
 @triton.jit
@@ -149,16 +159,13 @@ def triton_batch_norm_backward_reduce(dy_ptr, x_ptr, y_ptr, partial_ptr, mean_pt
                                       rows, channels, rows_per_program, MASK_FROM_Y: tl.constexpr,
                                       RELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """Partial per-channel sums of dz and dz·x̂ over one slice of rows (dz: dy where the output was not clamped)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    cols, col_ok = program_channels(0, channels, BLOCK_C)
     mean, invstd, scale, shift = _affine(cols, col_ok, mean_ptr, invstd_ptr, weight_ptr, bias_ptr)
     total = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     dot = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     start = tl.program_id(1) * rows_per_program
     for offset in range(start, start + rows_per_program, BLOCK_M):
-        row = offset + tl.arange(0, BLOCK_M).to(tl.int64)
-        ok = (row < rows)[:, None] & col_ok[None, :]
-        at = row[:, None] * channels + cols[None, :]
+        ok, at = _rows_at(offset, rows, channels, cols, col_ok, BLOCK_M)
         x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
         dz = _through_relu(dy_ptr, x, y_ptr, at, ok, scale, shift, MASK_FROM_Y, RELU)
         total += dz
@@ -172,8 +179,7 @@ def triton_batch_norm_backward_reduce(dy_ptr, x_ptr, y_ptr, partial_ptr, mean_pt
 def triton_batch_norm_backward_finalize(partial_ptr, dbias_ptr, dweight_ptr, channels, slices,
                                         BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
     """dbias = Σ dz, dweight = Σ dz·x̂ from the slices' partial sums, a tile of BLOCK_S slices at a time."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    cols, col_ok = program_channels(0, channels, BLOCK_C)
     total = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     dot = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     for offset in range(0, slices, BLOCK_S):

@@ -20,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from resnet50.bn_kernels import as_rows, channel_stats_like, check_rows, finalize_stats, merge_moments, slices
+from resnet50.bn_kernels import (
+    as_rows,
+    channel_stats_like,
+    check_rows,
+    finalize_stats,
+    merge_moments,
+    program_channels,
+    slices,
+)
 
 BLOCK_M = 128  # output rows per tile: the wgmma-friendly height
 MAX_BLOCK_N, MAX_BLOCK_K = 128, 64  # output channels per tile; input channels per step of the GEMM's inner loop
@@ -32,8 +40,7 @@ def conv1x1_gemm_with_batch_norm_stats(x_ptr, w_ptr, y_ptr, partial_ptr, rows, i
                                        STRIDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                        BLOCK_K: tl.constexpr):
     """y = x·wᵀ over BLOCK_M-row tiles; partial[program] = (mean, squared deviations) of its tiles' y per channel."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < out_channels
+    cols, col_ok = program_channels(0, out_channels, BLOCK_N)
     mean = tl.zeros([BLOCK_N], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     count = tl.zeros([], dtype=tl.float32)

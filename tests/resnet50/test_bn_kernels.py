@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +34,7 @@ import torch
 
 from jpwr.errors import ExitCode
 from resnet50.cli import main
+from tests.ptxas import bundled_ptxas, spill_bytes
 from tests.resnet50.conftest import REPO, SMALL
 
 pytest.importorskip("torchvision")
@@ -279,16 +278,14 @@ def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
     ptxas into Hopper's tensor-core instructions (wgmma), and keeps its accumulator and moments in registers. Per tile
     width, the heaviest configuration is compiled (the deepest pipeline, the strided row mapping where one has it):
     the others differ only by fewer stages or less index code (two compiles, about a second each)."""
-    triton = pytest.importorskip("triton", reason="Triton is not installed: nothing to compile")
+    bundled_ptxas()  # skips without Triton or its ptxas
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from resnet50 import conv_stats
     from resnet50.fused_bn import fused_resnet50, gemm_shaped
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.is_file():
-        pytest.skip("this Triton has no bundled ptxas")
     with torch.device("meta"):
         model = fused_resnet50(conv_stats=True)
     convs = [conv for conv in model.modules() if isinstance(conv, torch.nn.Conv2d) and gemm_shaped(conv)]
@@ -312,12 +309,5 @@ def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
         compiled = triton.compile(ASTSource(conv_stats.conv1x1_gemm_with_batch_norm_stats, signature, constants,
                                             attrs=aligned), target=GPUTarget("cuda", 90, 32), options=options)
         assert "wgmma" in compiled.asm["ptx"]
-        ptx = Path(os.environ.get("TMPDIR", "/tmp")) / f"conv_stats_{os.getpid()}.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        try:
-            report = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", os.devnull],
-                                    capture_output=True, text=True, timeout=120, check=True).stderr
-        finally:
-            ptx.unlink()
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-        assert spills is not None and spills.groups() == ("0", "0"), (constants, report)
+        stores, loads, report = spill_bytes(compiled.asm["ptx"])
+        assert (stores, loads) == (0, 0), (constants, report)

@@ -248,6 +248,23 @@ def test_triton_batch_norm_refused_on_the_cpu(capsys: pytest.CaptureFixture, bn_
     assert f"--bn-kernels {bn_kernels} with --framework tensorflow" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bn_kernels", ["triton", "triton-conv"])
+def test_triton_batch_norm_refused_on_a_gpu_without_triton(monkeypatch: pytest.MonkeyPatch, bn_kernels: str) -> None:
+    """A CUDA machine whose torch came without Triton (the import system finds no module `triton`)."""
+    import importlib.util
+
+    from jpwr import ValidationError
+    from resnet50.config import TrainConfig, check_devices
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "triton" else find_spec(
+        name, *rest))
+    with pytest.raises(ValidationError) as refused:
+        check_devices(TrainConfig(framework="pytorch", bn_kernels=bn_kernels), 1, "cuda")
+    assert str(refused.value) == (f"--bn-kernels {bn_kernels} but Triton is not installed. Fix: install torch's CUDA "
+                                  "wheel (it brings triton), or pass --bn-kernels inductor")
+
+
 @pytest.mark.parametrize(("bn_kernels", "label"), [("triton", ", batch norm by own Triton kernels, "), (
     "triton-conv", ", batch norm by own Triton kernels, its statistics in the 1x1 convolutions, ")])
 def test_validate_names_the_triton_batch_norm(capsys: pytest.CaptureFixture, bn_kernels: str, label: str) -> None:

@@ -86,7 +86,7 @@ def test_the_recommend_step_reruns_default_and_recommendation_alternately_on_the
 
 
 def test_without_a_target_the_step_does_nothing(tmp_path: Path, capsys) -> None:
-    assert jbrecommend.cmd_recommend(argparse.Namespace(target="", rundir=str(tmp_path), repeats=2)) == 0
+    assert jbrecommend.cmd_recommend(argparse.Namespace(target="", rundir=str(tmp_path), repeats="")) == 0
     assert "no target (JOULEBENCH_RECOMMEND was empty at `jube run` and is now): nothing" in capsys.readouterr().out
     assert not (tmp_path / "recommend").exists()
 

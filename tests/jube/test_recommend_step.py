@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FAKES_DIR
 from tests.jube.conftest import (
     JUBE_DIR,
     REPO,
@@ -36,7 +37,10 @@ INFERENCE_XML = JUBE_DIR / "inference_benchmark.xml"
 # as a user may write it: one word for --min-coverage (the step passes the target as one --target=... argument);
 # batch_size has no driver default, so the site's current value is named
 TARGET = "--default batch_size=1 --min-coverage=0"
-LOWEST_LIMIT = ("import pynvml; pynvml.nvmlInit(); [pynvml.nvmlDeviceSetPowerManagementLimit("
+# on the fake only: the snippet stops before any set call unless the pynvml it imported is tests/fakes' (a machine
+# with a real GPU and its NVML first on the path would otherwise have its power limit changed)
+LOWEST_LIMIT = (f"import pynvml, sys; pynvml.__file__.startswith({str(FAKES_DIR)!r}) or sys.exit('not the fake NVML'); "
+                "pynvml.nvmlInit(); [pynvml.nvmlDeviceSetPowerManagementLimit("
                 "pynvml.nvmlDeviceGetHandleByIndex(i), 200_000) for i in range(pynvml.nvmlDeviceGetCount())]")
 
 

@@ -54,6 +54,8 @@ RUNS: dict[str, list[str]] = {
     "resnet50-readme": [*JPWR, "{python}", *README_RESNET],
     # issue 58's lever: the README command with the batch norms (+ add + ReLU) in our Triton kernels
     "resnet50-readme-bn-triton": [*JPWR, "{python}", *README_RESNET, "--bn-kernels", "triton"],
+    # ... and the 1x1 convolutions as our GEMM that measures their norms' statistics (no statistics pass for those)
+    "resnet50-readme-bn-triton-conv": [*JPWR, "{python}", *README_RESNET, "--bn-kernels", "triton-conv"],
     "resnet50-gbs512": [*JPWR, "{python}", *README_RESNET[:-4], "--global-batch-size", "512", "--precision", "bf16"],
     "gpt-800m": [*JPWR, "{python}", "-m", "llm_training", "train", "--model", "800M"],
 }

@@ -251,7 +251,10 @@ class LoadMetrics(SteadyFigures, DeviceCount, GenerationFigures, total=False):
     overload: str | None  # queue_never_drained, short_window (comma-joined) or none; None: not judged
     overload_note: str | None  # the queue never drained or the window is short, in words (None: nothing to say)
     window_rule: str
-    mean_decode_rows: float | None
+    mean_decode_rows: float | None  # occupied rows per decode step
+    mean_computed_rows: float | None  # rows a decode step computed (its row bucket)
+    computed_rows_per_occupied_row: float | None  # the row buckets' waste over the window (1.0: none)
+    moved_requests_per_decode_step: float | None  # cache rows copied to lower a step's row bucket
     prefill_steps: int
     decode_steps: int
     energy_per_request_p50_j: float | None

@@ -77,6 +77,7 @@ SETTINGS: dict[str, DriverSettings] = {
         SweepSetting("objective", "--objective", "speed", knob=2),
         SweepSetting("rate", "--rate", mapped=True),
         SweepSetting("max_concurrency", "--max-concurrency", knob=4, mapped=True),
+        SweepSetting("admit_divisor", "--admit-divisor", "16", knob=8),  # a serving point's prefill/decode interleave
         SweepSetting("slo_ttft_ms", "--slo-ttft-ms", mapped=True),
         SweepSetting("slo_tpot_ms", "--slo-tpot-ms", mapped=True),
         SweepSetting("min_window_s", "--min-window-s", mapped=True),

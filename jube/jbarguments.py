@@ -19,7 +19,7 @@ from joulebench.sweep_settings import passed_as_given
 
 STATIC_ONLY = ("batch_size", "objective")  # objective: how the static engine chooses its decode variant
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
-SERVING_ONLY = ("rate", "max_concurrency", "slo_ttft_ms", "slo_tpot_ms")
+SERVING_ONLY = ("rate", "max_concurrency", "admit_divisor", "slo_ttft_ms", "slo_tpot_ms")
 
 
 def as_given(driver: str, value: dict[str, str], other_mode: tuple[str, ...] = ()) -> dict[str, str]:

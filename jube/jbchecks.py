@@ -24,7 +24,7 @@ NUMBERS = {
     "log_interval": (int, 1, True), "steady_seconds": (float, 0.0, False), "min_window_s": (float, 0.0, False),
     "min_steady_s": (float, 0.0, True), "startup_s": (float, 0.0, True), "power_limit": (float, 0.0, False),
     "sm_clock": (int, 1, True), "max_concurrency": (int, 1, True), "slo_ttft_ms": (float, 0.0, False),
-    "slo_tpot_ms": (float, 0.0, False),
+    "slo_tpot_ms": (float, 0.0, False), "admit_divisor": (int, 1, True),
 }
 STOP_MARGIN = (0.10, 10, 300)  # the job stops its run this share of the time limit early, within [10 s, 5 min]
 TIGHT = 1.5  # a stop budget below this many times start-up + minimum steady window is worth a warning

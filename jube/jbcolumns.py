@@ -37,7 +37,7 @@ TITLES = {
     "warmup_iterations": "Warm-up iterations", "steady_seconds": "Steady s asked", "min_window_s": "Min window s",
     "batch_size": "Batch", "power_limit": "Power limit W asked", "sm_clock": "SM MHz asked",
     "rate": "Rate req/s", "max_concurrency": "Slots", "slo_ttft_ms": "SLO TTFT ms", "slo_tpot_ms": "SLO TPOT ms",
-    "devices_per_node": "Devices/node",
+    "devices_per_node": "Devices/node", "admit_divisor": "Admit 1/N",
 }
 # Result columns a sweep dimension brings beside its coordinate (pattern name, title): what the job read back and
 # observed for a GPU setting, and the compare step's figures against the sweep's default-setting row.

@@ -190,9 +190,9 @@ def build_settings(benchmark: str, tags: list[str], overrides: dict[str, str], r
     check_site_names(profile)
     value = {k: v.strip() for k, v in overrides.items() if v.strip() != ""}
     settings = base_settings(workload, kinds, profile, run_id, value)
-    # what `jube run` was given, kept as the sweep values are: the apply line's tags, the recommend step's target
-    # (on Slurm that step runs at `jube continue`, whose environment may lack JOULEBENCH_RECOMMEND)
-    settings.update(JB_TAGS=" ".join(tags), JB_RECOMMEND=env.get("JOULEBENCH_RECOMMEND", ""))
+    # what `jube run` was given, kept as the sweep values are: the apply line's tags, the recommend step's target and
+    # re-runs (on Slurm that step runs at `jube continue`, whose environment may lack them), checked here
+    settings.update(JB_TAGS=" ".join(tags), **jbrecommend.run_settings(env))
     settings.update(jbfootprint.site_footprint(profile).settings())  # a bad CSV is the site's: stops validate
     try:
         point_settings(settings, workload, kinds, profile, value)
@@ -515,8 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     recommend = sub.add_parser("recommend", help="the cheapest setting meeting a target, re-measured on one node")
     recommend.add_argument("--rundir", required=True)
     recommend.add_argument("--target", default="", help="joulebench recommend's target options (empty: skip)")
-    recommend.add_argument("--repeats", type=int, choices=range(2, 101), default=2, metavar="N",
-                           help="re-runs of the default and the recommended setting each (2-100)")
+    recommend.add_argument("--repeats", default="", metavar="N",
+                           help="re-runs of the default and the recommended setting each (2-100; empty: the one "
+                           "`jube run` had, else 2)")
     show = sub.add_parser("show", help="print a system's resolved profile")
     show.add_argument("system")
     args = parser.parse_args(argv)

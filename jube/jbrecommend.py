@@ -3,7 +3,8 @@ setting and the default re-measured as jobs of the same workflow on the node whe
 
 Called through jbprofile.py (`recommend`) once every point has its row. JOULEBENCH_RECOMMEND holds `joulebench
 recommend`'s target options (e.g. `--max-p90-tpot-ms 50`, `--max-slowdown 5% --default batch_size=1`); empty: the
-step says so and does nothing. Then:
+step says so and does nothing. Both it and JOULEBENCH_RECOMMEND_REPEATS are checked and recorded at `jube run` (each
+point's job.env, as the sweep values are): on Slurm the step runs at `jube continue`, where they may be unset. Then:
   1. `joulebench recommend` over the points' run records (the job's Python): PREDICTED, into recommend/predicted.json;
   2. where it recommends another setting than the default, the default point and the recommended point run again,
      alternating (default, recommended, default, ...; JOULEBENCH_RECOMMEND_REPEATS each, default 2), each a copy of
@@ -27,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from jbsettings import SETTINGS_FILE, SettingsError, bound_env, job_python, read_settings, write_settings
+from jbsystems import ConfigError
+
+REPEATS = range(2, 101)  # re-runs per setting: a spread needs two
+DEFAULT_REPEATS = 2
 
 JUBE_DIR = Path(__file__).resolve().parent
 REPO = JUBE_DIR.parent
@@ -92,12 +97,32 @@ def finished_points(rundir: Path) -> list[Point]:
 
 
 def target_options(target: str) -> list[str]:
-    """JOULEBENCH_RECOMMEND's words as the shell splits them; Unreadable for an unclosed quote."""
+    """JOULEBENCH_RECOMMEND's words as the shell splits them; ConfigError for an unclosed quote."""
     try:
         return shlex.split(target)
     except ValueError as exc:
-        raise Unreadable(f"the target {target!r} (JOULEBENCH_RECOMMEND) cannot be split into options ({exc}). "
-                         "Fix: close its quotes, e.g. JOULEBENCH_RECOMMEND=\"--max-slowdown 5%\"") from None
+        raise ConfigError(f"the target {target!r} (JOULEBENCH_RECOMMEND) cannot be split into options ({exc})",
+                          "close its quotes, e.g. JOULEBENCH_RECOMMEND=\"--max-slowdown 5%\"") from None
+
+
+def repeats_count(text: str) -> int:
+    """JOULEBENCH_RECOMMEND_REPEATS as re-runs per setting (empty: the default); ConfigError where it is not one."""
+    if not text:
+        return DEFAULT_REPEATS
+    if not (text.isdigit() and int(text) in REPEATS):
+        raise ConfigError(f"JOULEBENCH_RECOMMEND_REPEATS={text!r} is not a whole number from {REPEATS[0]} to "
+                          f"{REPEATS[-1]}", f"set the re-runs of each setting, e.g. {DEFAULT_REPEATS} (the default), "
+                          "or unset it")
+    return int(text)
+
+
+def run_settings(env: dict[str, str]) -> dict[str, str]:
+    """The step's target and re-runs as `jube run` has them, for each point's job.env; ConfigError (the validate step
+    stops, nothing is submitted) for one the step could not use."""
+    target, repeats = env.get("JOULEBENCH_RECOMMEND", ""), env.get("JOULEBENCH_RECOMMEND_REPEATS", "").strip()
+    target_options(target)
+    repeats_count(repeats)
+    return {"JB_RECOMMEND": target, "JB_RECOMMEND_REPEATS": repeats}
 
 
 def chosen_runs(predicted: dict[str, Any], path: Path) -> tuple[str, str] | None:
@@ -154,35 +179,36 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     with it."""
     try:
         return recommend_step(args)
-    except Unreadable as exc:
+    except (Unreadable, ConfigError) as exc:
         print(f"jbprofile: recommend: {exc}", flush=True)
         return 0
 
 
-def recorded_target(rundir: Path) -> str:
-    """JOULEBENCH_RECOMMEND as `jube run` had it, recorded in the points' job.env (JB_RECOMMEND) as the sweep values
+def recorded(rundir: Path, key: str) -> str:
+    """A value `jube run` recorded in the points' job.env (JB_RECOMMEND, JB_RECOMMEND_REPEATS) as the sweep values
     are; empty where no point recorded one."""
     for env_path in sorted(rundir.glob("*_submit/work/job.env")):
         try:
-            return read_settings(env_path).get("JB_RECOMMEND", "")
+            return read_settings(env_path).get(key, "")
         except SettingsError:
             continue
     return ""
 
 
-def step_target(given: str, rundir: Path) -> str:
-    """The step's target: JOULEBENCH_RECOMMEND where it runs (`jube continue` on Slurm), else the one `jube run` had;
-    where both are set and differ, the later one, said in a line."""
-    recorded = recorded_target(rundir)
-    if given and recorded and given != recorded:
-        print(f"jbprofile: recommend: JOULEBENCH_RECOMMEND={given!r} now, {recorded!r} at `jube run`: the one now "
-              "counts", flush=True)
-    return given or recorded
+def step_value(given: str, rundir: Path, key: str, variable: str) -> str:
+    """A setting of the step: the variable where the step runs (`jube continue` on Slurm), else the one `jube run`
+    recorded under `key`; where both are set and differ, the later one, said in a line."""
+    at_run = recorded(rundir, key)
+    if given and at_run and given != at_run:
+        print(f"jbprofile: recommend: {variable}={given!r} now, {at_run!r} at `jube run`: the one now counts",
+              flush=True)
+    return given or at_run
 
 
 def recommend_step(args: argparse.Namespace) -> int:
     rundir = Path(args.rundir).resolve()
-    target = target_options(step_target(args.target, rundir))
+    target = target_options(step_value(args.target, rundir, "JB_RECOMMEND", "JOULEBENCH_RECOMMEND"))
+    repeats = repeats_count(step_value(args.repeats, rundir, "JB_RECOMMEND_REPEATS", "JOULEBENCH_RECOMMEND_REPEATS"))
     if not target:
         print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND was empty at `jube run` and is now): nothing to "
               "recommend")
@@ -211,7 +237,7 @@ def recommend_step(args: argparse.Namespace) -> int:
         return 0
     node = default.node
     reruns = []
-    for repeat in range(1, args.repeats + 1):
+    for repeat in range(1, repeats + 1):
         for side, point in (("default", default), ("recommended", chosen)):
             run_id = f"{point.settings['JB_RUN_ID']}-{side}-{repeat}"
             print(f"jbprofile: recommend: re-run {repeat} of the {side} setting ({run_id}"

@@ -130,39 +130,40 @@ def decode_pass(model: CompactModel, cache: KVCache, tokens: torch.Tensor, rope:
 
 if triton is not None:
     @triton.jit
-    def _chunk(x, norm, k, size, squares, NORM: tl.constexpr):
-        """The GEMV input at positions k in fp32, times the norm's weights under NORM, and the running sum of x²
-        (the inverse RMS is a common factor of every output row: it scales the sums after the loop)."""
-        inside = k < size
-        value = tl.load(x + k, mask=inside, other=0.0).to(tl.float32)
-        if NORM:
-            squares += value * value
-            value = value * tl.load(norm + k, mask=inside, other=0.0).to(tl.float32)
-        return value, squares
+    def _row_sums(x, norm, first, second, row_in, size, NORM: tl.constexpr, SECOND: tl.constexpr,
+                  BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The loop both kernels stream: each row at `first` (and, under SECOND, at `second`) times u summed over the
+        input, u = x in fp32, times the norm's weights under NORM; and the sum of x² (the inverse RMS is a common
+        factor of every output row: the caller scales the sums by it after the loop). Products are summed per lane
+        and reduced once at the end."""
+        squares = tl.zeros([BLOCK_K], tl.float32)
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
+        acc_second = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
+        for start in range(0, size, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            k_in = k < size
+            u = tl.load(x + k, mask=k_in, other=0.0).to(tl.float32)
+            if NORM:
+                squares += u * u
+                u = u * tl.load(norm + k, mask=k_in, other=0.0).to(tl.float32)
+            inside = row_in[:, None] & k_in[None, :]
+            acc += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
+            if SECOND:
+                acc_second += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
+        return tl.sum(acc, 1), tl.sum(acc_second, 1), tl.sum(squares, 0)
 
     @triton.jit
     def _gemv_kernel(x, norm, weight, residual, out, rows, size, row_stride, eps,
                      NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
                      BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-        """BLOCK_ROWS output rows of `gemv` (its docstring): products summed per lane, reduced once at the end."""
+        """BLOCK_ROWS output rows of `gemv` (its docstring)."""
         row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_in = row < rows
         first = weight + row.to(tl.int64)[:, None] * row_stride  # the LM head's rows × stride pass 2^31 at 70B
         second = first + rows * row_stride  # GLU: the up rows after the gate rows
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        acc = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        acc_up = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        for start in range(0, size, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            u, squares = _chunk(x, norm, k, size, squares, NORM)
-            inside = row_in[:, None] & (k[None, :] < size)
-            acc += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
-            if GLU:
-                acc_up += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
-        total = tl.sum(acc, 1)
-        up = tl.sum(acc_up, 1)
+        total, up, squares = _row_sums(x, norm, first, second, row_in, size, NORM, GLU, BLOCK_ROWS, BLOCK_K)
         if NORM:
-            scale = tl.rsqrt(tl.sum(squares, 0) / size + eps)
+            scale = tl.rsqrt(squares / size + eps)
             total, up = total * scale, up * scale
         if GLU:
             total = total / (1.0 + tl.exp(-total)) * up
@@ -182,17 +183,9 @@ if triton is not None:
         lane_in = lane < HEAD_DIM // 2
         first = weight + (head * HEAD_DIM + lane).to(tl.int64)[:, None] * row_stride
         second = first + (HEAD_DIM // 2) * row_stride
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        acc_first = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        acc_second = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        for start in range(0, size, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            u, squares = _chunk(x, norm, k, size, squares, True)
-            inside = lane_in[:, None] & (k[None, :] < size)
-            acc_first += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
-            acc_second += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
-        scale = tl.rsqrt(tl.sum(squares, 0) / size + eps)  # RMSNorm's inverse RMS
-        low, high = tl.sum(acc_first, 1) * scale, tl.sum(acc_second, 1) * scale
+        low, high, squares = _row_sums(x, norm, first, second, lane_in, size, True, True, BLOCK_ROWS, BLOCK_K)
+        scale = tl.rsqrt(squares / size + eps)  # RMSNorm's inverse RMS
+        low, high = low * scale, high * scale
         length = tl.load(lengths)
         position = length if FROM_ZERO else length - tl.load(starts)
         # RoPE on Q and K heads: the tables hold (cos, cos) and (−sin, sin) per position (CompactModel.rope_tables)

@@ -122,7 +122,7 @@ class HttpLoad:
         with self.cond:
             ended, self.ended = self.ended, []
         if ended:
-            self.scheduler.release(ended)  # a server's rows are no places: the compaction's moves mean nothing here
+            self.scheduler.release(ended)  # the rows freed: a server decodes on its own (no decode plans, no moves)
         return bool(ended)
 
     def idle(self, until_s: float | None, stop: StopCheck) -> None:

@@ -6,8 +6,9 @@ Each row holds its tokens' K/V in positions [start, length) and its next token's
 attends row r to positions start[r]..length[r] once that token is written. Two kinds of row sets, one layout:
 
 * independent rows (the continuous engine, `independent`): each row its own length, from position 0 (`start` is
-  None), and an `active` flag: a row that holds no request computes with the others but does not advance. Rows are
-  occupied after their prefill, released when their request finishes, and moved down (their filled part copied);
+  None), and an `active` flag: a row that holds no request computes with the others but does not advance (its
+  length 0). Rows are occupied after their prefill, released when their request finishes, and moved down (their
+  filled part copied);
   a step over the first rows of the cache runs on `head(rows)`, a view;
 * one set of rows in lockstep (the static engine's batch, `lockstep`): one shared length (every row writes the same
   position, one index_copy_ per layer), and each row's first real position (`start`: left padding as in
@@ -106,19 +107,21 @@ class KVCache:
         self.active.index_fill_(0, rows, 1)
 
     def release(self, rows: torch.Tensor) -> None:
-        """These rows' requests are done: the rows stop advancing until occupied again."""
+        """These rows' requests are done: the rows stop advancing until occupied again, and empty (length 0: a step
+        that still computes them attends to one position, not to the finished request's tokens)."""
         assert self.active is not None, "a lockstep set has no rows of its own to release"
-        self.active.index_fill_(0, rows, 0)
+        for counter in (self.active, self.length):
+            counter.index_fill_(0, rows, 0)
 
     def move(self, source: torch.Tensor, target: torch.Tensor, filled: int) -> None:
         """Rows `source` into rows `target`: their first `filled` positions, lengths and activity; the sources stop
-        advancing. Sources are read before any target is written."""
+        advancing and empty. Sources are read before any target is written (no row is both)."""
         assert self.active is not None, "a lockstep set's rows stay where they are"
         part = self.data[:, :, :, :, :filled]
         part.index_copy_(2, target, part.index_select(2, source))
         for counter in (self.length, self.active):
             counter.index_copy_(0, target, counter.index_select(0, source))
-        self.active.index_fill_(0, source, 0)
+        self.release(source)
 
     def clear(self) -> None:
         """Every row empty (after set-up steps that really ran: their writes stay inside the buffers)."""

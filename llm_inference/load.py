@@ -67,19 +67,27 @@ def _log(text: str) -> None:
 
 # ---- figures of one rate -----------------------------------------------------------------------------------
 def step_figures(log: ServeLog) -> LoadMetrics:
-    """The engine's own figures of the window: its steps and the rows a decode step ran on average."""
+    """The engine's own figures of the window: its steps, the rows a decode step occupied and computed on average
+    (its row bucket: the empty rows below its top computed too), and the requests moved down per decode step."""
     first, last = log.window_steps or (0, 0)
-    decode_rows = [len(log.step_members[k]) for k in range(first, last) if log.step_kind[k] == StepKind.DECODE]
-    return {"mean_decode_rows": float(np.mean(decode_rows)) if decode_rows else None,
+    decode = [k for k in range(first, last) if log.step_kind[k] == StepKind.DECODE]
+    occupied = sum(len(log.step_members[k]) for k in decode)
+    computed = int(log.step_computed_rows[decode].sum())
+    return {"mean_decode_rows": occupied / len(decode) if decode else None,
+            "mean_computed_rows": computed / len(decode) if decode else None,
+            "computed_rows_per_occupied_row": computed / occupied if occupied else None,
+            "moved_requests_per_decode_step": int(log.step_moved[decode].sum()) / len(decode) if decode else None,
             "prefill_steps": sum(1 for k in range(first, last) if log.step_kind[k] == StepKind.PREFILL),
-            "decode_steps": len(decode_rows)}
+            "decode_steps": len(decode)}
 
 
 def step_log(log: ServeLog) -> dict[str, np.ndarray]:
-    """The loop's steps in the request table's form: stamps, kind and the members as CSR."""
+    """The loop's steps in the request table's form: stamps, kind, the rows computed, the requests moved before the
+    step, and the members as CSR."""
     offsets, members, amounts = log.members()
     return {"t0_ns": log.step_t0_ns, "t1_ns": log.step_t1_ns, "kind": log.step_kind, "member_offsets": offsets,
-            "member_request": members, "member_amount": amounts}
+            "member_request": members, "member_amount": amounts, "computed_rows": log.step_computed_rows,
+            "moved_requests": log.step_moved}
 
 
 def request_rows(log: ServeLog, served: dict[int, Request], counted: set[int]) -> list[RequestRow]:
@@ -102,6 +110,8 @@ def requests_table(log: ServeLog, rows: list[RequestRow], controlled: tuple[Serv
     attrs = {"start_ns": log.start_ns, "window_ns": list(log.window) if log.window else None,
              "step_kinds": {kind.name.lower(): int(kind) for kind in StepKind},
              "member_amount": "prefill: the request's prompt tokens; decode: its attended KV tokens",
+             "computed_rows": "decode: the rows the step computed (its row bucket); prefill: its requests",
+             "moved_requests": "requests moved down (a cache row's filled part copied) right before the step",
              **({} if controlled is None else {CONTROLLED_WINDOW: controlled[1]})}
     return RequestsTable(request_columns(rows, log.start_ns), step_log(log), attrs,
                          {} if controlled is None else step_log(controlled[0]))
@@ -156,7 +166,7 @@ def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowM
         return prefill.over()
 
     loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, shape.vocab_size, cfg.seed + 1),
-                     log=say, controlled=True)
+                     log=say, controlled=True, admit_divisor=cfg.admit_divisor)
 
     def decode_over() -> str | None:
         if loop.steps and loop.steps[-1].kind is StepKind.DECODE:
@@ -168,7 +178,7 @@ def _controlled_window(cfg: LoadConfig, engine: ContinuousEngine, meter: WindowM
                    lambda tokens: meter.end("controlled", len(loop.steps), {WORK_UNIT: tokens}), decode_over, None)
     loop.leave()
     prefill_steps = int(np.count_nonzero(log.step_kind == StepKind.PREFILL))
-    step = backlog_step_requests(cfg.max_concurrency)
+    step = backlog_step_requests(cfg.max_concurrency, cfg.admit_divisor)
     say(f"controlled-split window: {prefill_steps} prefill steps (<= {step} requests each), then "
         f"{len(log.step_kind) - prefill_steps} decode steps of {cfg.max_concurrency} rows; parts >= {part[0]:.3g} s")
     return log, {"part_seconds_planned": part[0], "part_length_rule": part[1], "prefill_step_requests": step,
@@ -213,7 +223,7 @@ class EngineTarget:
             controlled = _controlled_window(cfg, engine, meter, self.shape, self.trace, part, run.stop.local_reason,
                                             say)
         loop = ServeLoop(engine, cfg.max_concurrency, lambda r: request_prompt(r, self.shape.vocab_size, cfg.seed),
-                         log=say)
+                         log=say, admit_divisor=cfg.admit_divisor)
 
         begun: list[int] = []  # the steps run before the window opened: its step count is the steps inside it
 

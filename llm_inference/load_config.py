@@ -21,6 +21,7 @@ from llm_inference.http_client import APIS, parse_url
 from llm_inference.tasks import TASKS
 
 DEFAULT_CONCURRENCY = 64
+ADMIT_DIVISOR = 16  # --admit-divisor's default: under a backlog, admit once 1/16 of the rows are free
 WARMUP_ARRIVAL_S = 10.0  # finite rates: warm-up requests arrive for this long (GPU) before the counted ones
 
 
@@ -105,6 +106,7 @@ class LoadConfig:
     server: ServerTarget | None = None  # an OpenAI-compatible server instead of the in-process engine
     log_to: tuple[str, ...] = ()  # --log-to: tools the record's window figures go to (joulebench.exports)
     tensor_parallel: int = 1  # ranks the in-process engine is split over (llm_inference.config --tensor-parallel)
+    admit_divisor: int = ADMIT_DIVISOR  # the engine admits under a backlog once rows // this are free (scheduler.py)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -127,6 +129,10 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                                    "output_tokens per line) instead of --rate")
     w.add_argument("--max-concurrency", type=SIZE, default=DEFAULT_CONCURRENCY,
                    help="rows: requests decoded together at most (a server: requests in flight at most)")
+    w.add_argument("--admit-divisor", type=SIZE, default=ADMIT_DIVISOR, excludes=("--url", "--server-command"),
+                   help="the in-process engine's prefill/decode interleave: under a backlog, waiting requests are "
+                        "prefilled once 1/N of the rows are free (at least one row; N >= the rows: as soon as one is "
+                        "free). Larger: more, smaller prefill steps and fewer empty rows")
     w.add_argument("--requests", type=COUNT, excludes=("--trace",),
                    help="counted requests per rate (default: enough for the window; a --trace's are its own)")
     w.add_argument("--warmup-requests", type=COUNT_OR_ZERO,
@@ -177,7 +183,7 @@ def resolve_load(args: argparse.Namespace) -> LoadConfig:
         exit_duration_mins=args.exit_duration_mins, device=args.device, seed=args.seed,
         out_dir=args.out_dir or default_out_dir("llm_inference", run_id), run_id=run_id,
         energy_methods=args.energy_methods, decode_tuning=args.decode_tuning, server=_server(args),
-        log_to=args.log_to, tensor_parallel=args.tensor_parallel)
+        log_to=args.log_to, tensor_parallel=args.tensor_parallel, admit_divisor=args.admit_divisor)
 
 
 def _server(args: argparse.Namespace) -> ServerTarget | None:

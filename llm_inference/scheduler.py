@@ -9,20 +9,24 @@ llm_inference/continuous_engine.py).
 
 * admission: arrived requests (arrival <= now) take the lowest free rows, up to PREFILL_CHUNK_TOKENS prompt tokens
   per prefill step. Under a backlog (more requests waiting than rows free) they are admitted only once
-  1/ADMIT_DIVISOR of the rows are free: a prefill pass reads every weight once whatever its size, and one pass per
-  finished request (about one per step at 256 rows) would double the cost of a step; a row stays empty for half
-  that many steps on average (3 % of the rows at ADMIT_DIVISOR = 16). Without a backlog every arrival is admitted
-  at once;
-* decode: one step over every occupied row (the rows up to the highest occupied row's bucket);
-* release: finished requests leave their rows, and the highest running requests move down into the freed rows
-  (compaction: a decode step computes every row up to the highest occupied one; a server's client has no places
-  to move and ignores the moves).
+  1/`admit_divisor` of the rows are free (`--admit-divisor`, ADMIT_DIVISOR by default): a prefill pass reads every
+  weight once whatever its size, and one pass per finished request (about one per step at 256 rows) would double the
+  cost of a step; a row stays empty for half that many steps on average (3 % of the rows at 16), and an empty row
+  inside the step's row bucket is computed all the same. The divisor is the prefill/decode interleave: larger, more
+  and smaller prefill steps interrupt decoding and fewer rows wait empty; smaller, the reverse (a sweep's knob,
+  chosen by energy per token). Without a backlog every arrival is admitted at once;
+* decode: one step over every occupied row: the rows up to the highest occupied row's bucket
+  (continuous_engine.row_buckets). Before it, running requests move down into free rows where that lowers the
+  step's bucket (`_compact`), and only there: a move copies a cache row's filled part (~45 MB at llama-8b's 128 KiB
+  per position and a chat request's ~350), and it pays only for the rows it stops computing. Under a backlog the
+  freed rows are refilled by the next admission, so nothing moves; a drain or a light load moves its requests
+  down as the occupied rows shrink;
+* release: finished requests leave their rows (a server's client has no places to move: it only releases).
 
 The controlled-split window (`controlled`, llm_inference/load.py) runs prefill and decode at separate times: its
-prefill steps are of the size a backlog makes (`backlog_step_requests`: rows // ADMIT_DIVISOR requests, within the
+prefill steps are of the size a backlog makes (`backlog_step_requests`: rows // admit_divisor requests, within the
 token budget: the steps the rates' fits see at full load), back to back; no decode step runs while a queued request
-could take a free row; and no row moves while requests wait (the next prefill steps refill the freed rows, so no
-cache copy runs between prefill steps).
+could take a free row (so no row moves between prefill steps: the next ones refill the freed rows).
 """
 
 from __future__ import annotations
@@ -34,9 +38,8 @@ from collections.abc import Collection
 
 from llm_inference import memory
 from llm_inference.arrivals import Request
-from llm_inference.continuous_engine import step_shape
-
-ADMIT_DIVISOR = 16  # under a backlog, admit once this fraction of the rows is free
+from llm_inference.continuous_engine import rows_for, step_shape
+from llm_inference.load_config import ADMIT_DIVISOR
 
 
 @dataclasses.dataclass
@@ -59,9 +62,11 @@ class PrefillPlan:
 
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
-    """One decode step: `row_count` rows (a bucket) attending to `attended` cache positions; per running request its
-    id, its row and the cache positions it attends to."""
+    """One decode step: first the moves (from row, to row, filled cache positions) per moved request, then
+    `row_count` rows (a bucket) attending to `attended` cache positions; per running request its id, its row (after
+    the moves) and the cache positions it attends to."""
 
+    moves: list[tuple[int, int, int]]
     row_count: int
     attended: int
     members: list[int]
@@ -69,34 +74,28 @@ class DecodePlan:
     amounts: list[int]
 
 
-@dataclasses.dataclass(frozen=True)
-class ReleasePlan:
-    """Rows whose requests finished, and the moves that keep the running requests in the lowest rows:
-    (from row, to row, filled cache positions) per moved request."""
-
-    finished: list[int]
-    moves: list[tuple[int, int, int]]
-
-
-def backlog_step_requests(rows: int) -> int:
+def backlog_step_requests(rows: int, admit_divisor: int = ADMIT_DIVISOR) -> int:
     """Requests a prefill step admits under a backlog (at least this many rows free): the controlled window's step."""
-    return max(1, rows // ADMIT_DIVISOR)
+    return max(1, rows // admit_divisor)
 
 
 class Scheduler:
     """The queue, the free rows and the running requests of one load; see the module docstring.
     `admit_all`: every arrived request that finds a row is admitted (no token budget, no backlog rule: a server's
-    client). `controlled`: the controlled-split window's rules (the module docstring's last paragraph)."""
+    client). `controlled`: the controlled-split window's rules (the module docstring's last paragraph).
+    `admit_divisor`: under a backlog, admit once rows // admit_divisor rows are free."""
 
-    def __init__(self, rows: int, admit_all: bool = False, controlled: bool = False) -> None:
+    def __init__(self, rows: int, admit_all: bool = False, controlled: bool = False,
+                 admit_divisor: int = ADMIT_DIVISOR) -> None:
         self.rows, self.admit_all, self.controlled = rows, admit_all, controlled
+        self.backlog_step = backlog_step_requests(rows, admit_divisor)
         self.free: list[int] = list(range(rows))  # a heap: the lowest free row first
         self.running: dict[int, Running] = {}  # by row
         self.queue: deque[Request] = deque()
         self.exhausted = False  # every request of the source has arrived
         self.warmups_left = 0
         self.done = 0
-        self.moved = 0  # requests moved down to keep the occupied rows at the bottom
+        self.moved = 0  # requests moved down to lower a step's row bucket
 
     @property
     def free_rows(self) -> int:
@@ -114,7 +113,7 @@ class Scheduler:
     def admit(self, now_s: float) -> PrefillPlan | None:
         """The arrived requests to prefill now, each in its row (taken), or None."""
         backlog = len(self.queue) > len(self.free)
-        step = backlog_step_requests(self.rows)
+        step = self.backlog_step
         if backlog and self.running and len(self.free) < step and not (self.admit_all or self.controlled):
             return None
         admitted: list[Request] = []
@@ -135,43 +134,42 @@ class Scheduler:
         return PrefillPlan(admitted, rows)
 
     def decode(self) -> DecodePlan | None:
-        """The next decode step over every running request (their mirrors advance by its token), or None."""
+        """The next decode step over every running request, after the moves that lower its row bucket (their
+        mirrors advance by its token), or None."""
         if not self.running or (self.controlled and self.queue and self.free):
             return None
+        moves = self._compact()
         running = list(self.running.values())
         row_count, attended = step_shape([r.length for r in running], max(self.running), self.rows)
-        plan = DecodePlan(row_count, attended, [r.request.id for r in running], [r.row for r in running],
+        plan = DecodePlan(moves, row_count, attended, [r.request.id for r in running], [r.row for r in running],
                           [r.length + 1 for r in running])
         for r in running:
             r.length += 1
             r.produced += 1
         return plan
 
-    def release(self, ended: Collection[int] | None = None) -> ReleasePlan | None:
-        """The finished requests' rows, freed, and the compaction's moves; None when nothing finished. `ended`: the ids
-        of requests that ended outside the host's view (a server's finished streams); None: those that produced
-        their output length (the engine's host mirrors)."""
+    def release(self, ended: Collection[int] | None = None) -> list[int]:
+        """The finished requests' rows, freed (empty: nothing finished). `ended`: the ids of requests that ended
+        outside the host's view (a server's finished streams); None: those that produced their output length (the
+        engine's host mirrors)."""
         finished = [row for row, r in self.running.items()
                     if (r.produced >= r.request.output_tokens if ended is None else r.request.id in ended)]
-        if not finished:
-            return None
         for row in finished:
             request = self.running.pop(row).request
             heapq.heappush(self.free, row)
             self.done += 1
             if request.warmup:
                 self.warmups_left -= 1
-        return ReleasePlan(finished, [] if self.controlled and self.queue else self._compact())
+        return finished
 
     def _compact(self) -> list[tuple[int, int, int]]:
-        """Keep the running requests in the lowest rows: the highest one moves into each free row below it.
-
-        A decode step computes every row up to the highest occupied one (its row bucket), so without this a drain
-        or a light load would keep computing rows long freed (on the H100 a 256-row drain ran at full step cost
-        with 30 requests left). A move copies one cache row's filled part (at most ~0.1 GB at 8B/896 rows)."""
+        """Where the running requests, packed into the lowest rows, would run a smaller row bucket than the highest
+        one's: the highest ones move into the lowest free rows until every one lies below that bucket. Elsewhere
+        nothing moves (the module docstring: a move pays only for the rows it stops computing)."""
         moves: list[tuple[int, int, int]] = []
-        while self.free and self.running and self.free[0] < (high := max(self.running)):
-            low = heapq.heapreplace(self.free, high)
+        packed = rows_for(len(self.running) - 1, self.rows)
+        while (high := max(self.running)) >= packed:
+            low = heapq.heapreplace(self.free, high)  # below `packed`: fewer than `packed` rows run
             running = self.running.pop(high)
             running.row = low
             self.running[low] = running

@@ -3,8 +3,9 @@ carried out on the continuous engine as a step, stamped and logged.
 
 * admission: arrived requests take free rows and are prefilled together as one step (prefill and decode interleave
   at step granularity: the running requests wait for that prefill, as in a server without chunked prefill); the
-  requests that finished leave their rows and the highest running ones move down;
-* advance: one decode step over every occupied row, then again the finished requests leave;
+  requests that finished leave their rows;
+* advance: the moves that lower the step's row bucket (the scheduler's), one decode step over every occupied row,
+  then again the finished requests leave;
 * a window edge, and an iteration where nothing ran, sync the device (an anchor for its stamps); with nothing to
   run the host waits for the next arrival (the device idles), asking the stop request at least every
   joulebench.waits.SLICE_S: a very low rate's gaps are long.
@@ -12,7 +13,8 @@ The host admits before every decode step. It stays at most LOOKAHEAD steps ahead
 the end of the step that many steps back), so admission decisions are at most that many steps late.
 
 Every step is stamped at its start and end (CUDA events on GPUs, the monotonic clock on CPUs) and logged with
-its work: prefill tokens, decoded rows, attended cache positions, and which requests took part. The stamps become
+its work: prefill tokens, decoded rows, the rows it computed (a decode step's row bucket), the requests moved down
+before it, attended cache positions, and which requests took part. The stamps become
 the node's monotonic time at the end, through synced edges (jpwr.DeviceEventStamps), so steps, request times
 and the energy counter share one clock.
 """
@@ -32,6 +34,7 @@ from joulebench.waits import StopCheck, wait_until
 from jpwr.phases import DeviceEventStamps, HostStamps
 from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import ContinuousEngine
+from llm_inference.load_config import ADMIT_DIVISOR
 from llm_inference.load_loop import LoadEnd, run_load
 from llm_inference.scheduler import DecodePlan, PrefillPlan, Scheduler
 from llm_inference.window_rules import WindowRule
@@ -46,6 +49,8 @@ class StepEntry:
     end: int
     members: list[int]  # request ids
     amounts: list[int]  # per member: prefill tokens (prefill) or attended KV tokens (decode)
+    computed_rows: int  # a decode step's row bucket (occupied rows and empty ones below its top); a prefill's requests
+    moved: int = 0  # requests moved down (their cache rows copied) right before this step
 
 
 @dataclasses.dataclass
@@ -57,6 +62,8 @@ class ServeLog:
     step_t1_ns: np.ndarray
     step_members: list[list[int]]
     step_amounts: list[list[int]]
+    step_computed_rows: np.ndarray
+    step_moved: np.ndarray
     arrival_ns: dict[int, int]
     admitted_ns: dict[int, int]
     first_token_ns: dict[int, int]
@@ -115,11 +122,13 @@ class ServeLoop:
     """One load run on the engine: the load loop with this engine as its executor (see the module docstring)."""
 
     def __init__(self, engine: ContinuousEngine, rows: int, prompt: Callable[[Request], torch.Tensor],
-                 keep_tokens: bool = False, log: Callable[[str], None] = print, controlled: bool = False) -> None:
+                 keep_tokens: bool = False, log: Callable[[str], None] = print, controlled: bool = False,
+                 admit_divisor: int = ADMIT_DIVISOR) -> None:
         """`controlled`: the controlled-split window, where prefill and decode must not interleave (the scheduler's
-        rules for it: full-size prefill steps back to back before the first decode step)."""
+        rules for it: full-size prefill steps back to back before the first decode step); `admit_divisor`: the
+        scheduler's interleave under a backlog."""
         self.engine, self.prompt, self.log = engine, prompt, log
-        self.scheduler = Scheduler(rows, controlled=controlled)
+        self.scheduler = Scheduler(rows, controlled=controlled, admit_divisor=admit_divisor)
         self.clock = StepClock(engine)
         self.steps: list[StepEntry] = []
         self.keep_tokens = keep_tokens
@@ -143,7 +152,7 @@ class ServeLoop:
         self.engine.admit(plan.rows, [self.prompt(r) for r in plan.requests])
         end = self.clock.stamp()
         self.steps.append(StepEntry(StepKind.PREFILL, begin, end, [r.id for r in plan.requests],
-                                    [r.input_tokens for r in plan.requests]))
+                                    [r.input_tokens for r in plan.requests], len(plan.requests)))
         host_now = time.monotonic_ns()
         for request in plan.requests:
             self.first_token_host[request.id] = host_now
@@ -171,10 +180,13 @@ class ServeLoop:
 
     # ---- steps -------------------------------------------------------------------------------------------
     def _decode(self, plan: DecodePlan) -> None:
+        if plan.moves:
+            self.engine.move(plan.moves)
         begin = self.clock.stamp()
         self.engine.step(plan.row_count, plan.attended)
         end = self.clock.stamp()
-        self.steps.append(StepEntry(StepKind.DECODE, begin, end, plan.members, plan.amounts))
+        self.steps.append(StepEntry(StepKind.DECODE, begin, end, plan.members, plan.amounts, plan.row_count,
+                                    len(plan.moves)))
         self._collect_tokens(plan.rows, plan.members)
         self._release()
         if len(self.steps) > LOOKAHEAD:
@@ -188,12 +200,9 @@ class ServeLoop:
             self.tokens.setdefault(member, []).append(tokens[row])
 
     def _release(self) -> None:
-        plan = self.scheduler.release()
-        if plan is None:
-            return
-        self.engine.release(plan.finished)
-        if plan.moves:
-            self.engine.move(plan.moves)
+        finished = self.scheduler.release()
+        if finished:
+            self.engine.release(finished)
 
     def leave(self) -> None:
         """The requests still running leave their rows (a load that ended by a stop, such as the controlled window's
@@ -224,6 +233,8 @@ class ServeLoop:
         return ServeLog(
             step_kind=np.array([s.kind for s in self.steps], dtype=np.int8), step_t0_ns=t0, step_t1_ns=t1,
             step_members=[s.members for s in self.steps], step_amounts=[s.amounts for s in self.steps],
+            step_computed_rows=np.array([s.computed_rows for s in self.steps], dtype=np.int64),
+            step_moved=np.array([s.moved for s in self.steps], dtype=np.int64),
             arrival_ns=end.arrival_ns, admitted_ns=admitted, first_token_ns=first, finish_ns=finish,
             start_ns=end.start_ns, window=end.window, window_steps=end.window_steps,
             window_tokens=int(end.window_tokens), produced=self.produced(), stop_reason=end.stop_reason,

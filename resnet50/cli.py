@@ -76,8 +76,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
              f"on the CPU as {CDT_ENV} says)")
     add_compile_cache_argument(parser)
     add("--bn-kernels", choices=BN_KERNELS, default="inductor",
-        help="pytorch training-mode batch norm: inductor (torch.compile's fusions; ATen's eager) or triton (our "
-             "kernels with residual add and ReLU fused, CUDA only; docs/resnet50.md) (default inductor)")
+        help="pytorch training-mode batch norm: inductor (torch.compile's fusions; ATen's eager), triton (our "
+             "kernels with residual add and ReLU fused, CUDA only; docs/resnet50.md) or triton-conv (triton, and the "
+             "1x1 convolutions as our GEMM that also measures the batch statistics) (default inductor)")
     add("--xla", action="store_true", help="XLA-compile the training step (tensorflow)")
     add("--device", choices=DEVICES, default="auto")
     add("--out-dir", default=None, help="run directory (default runs/resnet50/<run-id>)")
@@ -144,8 +145,12 @@ def _compiled(config: TrainConfig) -> str:
     return config.compile_label + _batch_norm(config)
 
 
+BATCH_NORM_LABELS = {"triton": ", batch norm by own Triton kernels",
+                     "triton-conv": ", batch norm by own Triton kernels, its statistics in the 1x1 convolutions"}
+
+
 def _batch_norm(config: TrainConfig) -> str:
-    return ", batch norm by own Triton kernels" if config.bn_kernels == "triton" else ""
+    return BATCH_NORM_LABELS.get(config.bn_kernels, "")
 
 
 def _measured(config: TrainConfig) -> str:

@@ -27,8 +27,9 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 DEVICES = ("auto", "cuda", "cpu")
 DATA_FORMATS = ("jpeg", "tfrecord")
 # who computes the training-mode batch norms of the torch backend: inductor (torch.compile's fusions, or ATen's
-# kernels in eager runs) or our own Triton kernels with the residual add and ReLU fused (resnet50.bn_kernels, CUDA only)
-BN_KERNELS = ("inductor", "triton")
+# kernels in eager runs) or our own Triton kernels with the residual add and ReLU fused (resnet50.bn_kernels, CUDA
+# only), with triton-conv also the 1x1 convolutions as our GEMM that measures the batch statistics (resnet50.conv_stats)
+BN_KERNELS = ("inductor", "triton", "triton-conv")
 STRIDE = 32  # ResNet-50's overall stride: its last stage sees 1x1 maps at images up to this size
 MIN_IMAGE_SIZE = 32  # Keras ResNet50 refuses smaller inputs; five stride-2 stages need it anyway
 VARIANT_OF = {"tensorflow": "v1", "pytorch": "v1.5"}
@@ -175,8 +176,8 @@ def check_devices(config: TrainConfig, devices: int, device_kind: str) -> None:
         )
     if config.device == "cuda" and device_kind != "cuda":
         raise no_gpu_error()
-    if config.bn_kernels == "triton":
-        _check_triton_batch_norm(device_kind)
+    if config.bn_kernels != "inductor":
+        _check_triton_batch_norm(config.bn_kernels, device_kind)
     if config.framework == "tensorflow" and device_kind == "cpu" and not config.channels_last:
         raise ValidationError(
             "--no-channels-last with TensorFlow on CPU (TF's CPU convolutions support only NHWC)",
@@ -225,13 +226,13 @@ def _compile_option_given(config: TrainConfig) -> str | None:
     return "--coordinate-descent-tuning" if config.coordinate_descent_tuning is not None else None
 
 
-def _check_triton_batch_norm(device_kind: str) -> None:
+def _check_triton_batch_norm(bn_kernels: str, device_kind: str) -> None:
     """Our Triton batch-norm kernels run on CUDA GPUs only, and need Triton (CUDA torch wheels bring it)."""
     if device_kind != "cuda":
-        raise ValidationError("--bn-kernels triton on the CPU (its Triton kernels need a CUDA GPU)",
-                              "drop --bn-kernels triton (CPU runs keep inductor)")
+        raise ValidationError(f"--bn-kernels {bn_kernels} on the CPU (its Triton kernels need a CUDA GPU)",
+                              f"drop --bn-kernels {bn_kernels} (CPU runs keep inductor)")
     if importlib.util.find_spec("triton") is None:
-        raise ValidationError("--bn-kernels triton but Triton is not installed",
+        raise ValidationError(f"--bn-kernels {bn_kernels} but Triton is not installed",
                               "install torch's CUDA wheel (it brings triton), or pass --bn-kernels inductor")
 
 

@@ -41,11 +41,12 @@ def discover(config: TrainConfig, launch: LaunchEnv) -> tuple[int, str]:
 
 def build_model(bn_kernels: str) -> torch.nn.Module:
     """torchvision's ResNet-50 v1.5; with "triton" the same network (same weights for a seed) whose batch norms run
-    our Triton kernels with the residual add and ReLU fused (imported here: it loads Triton)."""
-    if bn_kernels == "triton":
+    our Triton kernels with the residual add and ReLU fused, with "triton-conv" also its 1x1 convolutions as our GEMM
+    that measures their norms' statistics (imported here: it loads Triton)."""
+    if bn_kernels != "inductor":
         from resnet50.fused_bn import fused_resnet50
 
-        return fused_resnet50()
+        return fused_resnet50(conv_stats=bn_kernels == "triton-conv")
     return torchvision.models.resnet50(weights=None)
 
 

@@ -78,3 +78,27 @@ def test_a_new_setting_is_one_row_and_reaches_jube_and_recommend(monkeypatch, tm
     assert "default setting: attention=sdpa:" in out
     assert "apply (driver options): python -m llm_inference ... --attention eager" in out
     assert "apply (JUBE): JOULEBENCH_SWEEP_ATTENTION=eager jube run jube/inference_benchmark.xml" in out
+
+
+def test_the_admission_divisor_is_a_serving_knob_jube_sweeps_and_recommend_chooses(tmp_path, capsys) -> None:
+    """Issue 59: `load --admit-divisor`, the engine's prefill/decode interleave, is its row of the table: a sweep
+    dimension of serving points only (a static point's `run` has no such option), checked as a whole number >= 1
+    before any job, and a free knob recommend reads back and applies (16 where a record predates it)."""
+    assert "admit_divisor" in jbworkloads.WORKLOADS["inference"].sweep_keys
+    assert "^JB coord_admit_divisor=(\\S+)" in INFERENCE_XML.read_text()
+    serving = jbprofile.build_settings("inference", [], {"rate": "max", "admit_divisor": "32"}, "r", CLEAN_ENV)
+    args = shlex.split(serving["JB_TRAIN_ARGS"])
+    assert args[args.index("--admit-divisor") + 1] == "32" and serving["JB_COORD_ADMIT_DIVISOR"] == "32"
+    static = jbprofile.build_settings("inference", [], {"batch_size": "8"}, "r", CLEAN_ENV)
+    assert "--admit-divisor" not in static["JB_TRAIN_ARGS"] and static["JB_COORD_ADMIT_DIVISOR"] == "-"
+    with pytest.raises(jbprofile.PointRefused, match="admit_divisor=0 is out of range"):
+        jbprofile.build_settings("inference", [], {"rate": "max", "admit_divisor": "0"}, "r", CLEAN_ENV)
+
+    serving_point = {"rate": "max", "engine": "continuous", "max_concurrency": 256}
+    write_point(tmp_path, "default", {**DEFAULT, **serving_point}, FASTER)  # no admit_divisor: 16, the default
+    write_point(tmp_path, "every-4", {**DEFAULT, **serving_point, "admit_divisor": 64}, CHEAPER)
+    out = run_recommend(capsys, str(tmp_path), "--max-slowdown", "15%")
+    assert "recommended (PREDICTED from the sweep, not re-measured): admit_divisor=64\n" in out
+    assert "default setting: admit_divisor=16:" in out
+    assert "apply (driver options): python -m llm_inference ... --admit-divisor 64" in out
+    assert "apply (JUBE): JOULEBENCH_SWEEP_ADMIT_DIVISOR=64 jube run jube/inference_benchmark.xml" in out

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
+
+import pytest
 
 from joulebench.analysis.knobs import apply_lines, knobs_of
 from joulebench.record import RunRecord, write_run_record
@@ -26,7 +29,7 @@ from tests.jube.test_record_fields import jbrecord  # noqa: E402
 def _slurm_point(tmp_path: Path, tags: list[str], **profile: str) -> dict[str, str]:
     """A point of the CI system as prepare writes it, with the profile keys given (their override variables)."""
     env = {**_fake_tool(tmp_path, "sbatch", ""), **{f"JOULEBENCH_CI_{k.upper()}": v for k, v in profile.items()}}
-    env["JOULEBENCH_RECOMMEND"] = "--max-slowdown 5%"
+    env.update(JOULEBENCH_RECOMMEND="--max-slowdown 5%", JOULEBENCH_RECOMMEND_REPEATS="3")
     settings = jbprofile.build_settings("llm", ["CI", *tags], {}, "r", env)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -49,12 +52,19 @@ def test_the_finalizer_takes_the_job_s_reservation_qos_and_account(tmp_path):
 def test_the_recommend_target_and_the_tags_are_recorded_at_jube_run(tmp_path, capsys):
     settings = _slurm_point(tmp_path, ["tiny"])
     assert settings["JB_RECOMMEND"] == "--max-slowdown 5%" and settings["JB_TAGS"].split() == ["CI", "tiny"]
+    assert settings["JB_RECOMMEND_REPEATS"] == "3"
     rundir = tmp_path / "rundir"
     (rundir / "000001_submit" / "work").mkdir(parents=True)
     jbsettings.write_settings(rundir / "000001_submit" / "work" / "job.env", settings)
-    assert jbrecommend.step_target("", rundir) == "--max-slowdown 5%"  # `jube continue` without the variable
-    assert jbrecommend.step_target("--max-slowdown 9%", rundir) == "--max-slowdown 9%"
-    assert "now, '--max-slowdown 5%' at `jube run`: the one now counts" in capsys.readouterr().out
+    target = ("JB_RECOMMEND", "JOULEBENCH_RECOMMEND")
+    assert jbrecommend.step_value("", rundir, *target) == "--max-slowdown 5%"  # `jube continue` without it
+    assert jbrecommend.step_value("--max-slowdown 9%", rundir, *target) == "--max-slowdown 9%"
+    assert "RECOMMEND='--max-slowdown 9%' now, '--max-slowdown 5%' at `jube run`: the one now counts" \
+        in capsys.readouterr().out
+    repeats = ("JB_RECOMMEND_REPEATS", "JOULEBENCH_RECOMMEND_REPEATS")
+    assert jbrecommend.repeats_count(jbrecommend.step_value("", rundir, *repeats)) == 3  # as for the target
+    assert jbrecommend.repeats_count(jbrecommend.step_value("4", rundir, *repeats)) == 4
+    assert "JOULEBENCH_RECOMMEND_REPEATS='4' now, '3' at `jube run`" in capsys.readouterr().out
     facts = jbrecord.job_facts(settings, "OK", 1.0)
     assert facts["tags"] == ["CI", "tiny"]  # the record carries them to recommend's apply line
 
@@ -88,6 +98,26 @@ def test_a_gpu_profile_s_job_runs_on_the_gpu_not_silently_on_the_cpus(tmp_path):
     assert words[words.index("--device") + 1] == "cpu"
 
 
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("JOULEBENCH_RECOMMEND_REPEATS", "1", "JOULEBENCH_RECOMMEND_REPEATS='1' is not a whole number from 2 to 100."),
+    ("JOULEBENCH_RECOMMEND_REPEATS", "two", "JOULEBENCH_RECOMMEND_REPEATS='two' is not a whole number from 2 to 100"),
+    ("JOULEBENCH_RECOMMEND", "--default 'batch_size=1", "(JOULEBENCH_RECOMMEND) cannot be split into options"),
+])
+def test_a_recommend_setting_the_step_could_not_use_stops_jube_run_before_submission(tmp_path, capsys, variable, value,
+                                                                                    said):
+    """Checked where it is recorded, at `jube run` (the validate step), not found at `jube continue` once the sweep
+    ran; the same value given only at the step is said there in one line and the workflow is not failed."""
+    env = {**_fake_tool(tmp_path, "sbatch", ""), variable: value}
+    with pytest.raises(jbsettings.ConfigError, match=re.escape(said)) as refused:
+        jbprofile.build_settings("inference", ["CI"], {}, "r", env)
+    assert "Fix: " in str(refused.value)
+    given = {"target": "--max-slowdown 5%", "repeats": "", "rundir": str(tmp_path)}
+    given["target" if variable == "JOULEBENCH_RECOMMEND" else "repeats"] = value
+    assert jbrecommend.cmd_recommend(argparse.Namespace(**given)) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("jbprofile: recommend: ") and said in line and ". Fix: " in line
+
+
 def test_a_recorded_target_runs_the_step_without_the_variable(tmp_path, capsys):
     """The step with an empty target at `jube continue` reads the one `jube run` recorded (here a point without a
     record: it says that no point left one, not that there is no target)."""
@@ -95,7 +125,7 @@ def test_a_recorded_target_runs_the_step_without_the_variable(tmp_path, capsys):
     rundir = tmp_path / "rundir"
     (rundir / "000001_submit" / "work").mkdir(parents=True)
     jbsettings.write_settings(rundir / "000001_submit" / "work" / "job.env", settings)
-    assert jbrecommend.cmd_recommend(argparse.Namespace(target="", rundir=str(rundir), repeats=2)) == 0
+    assert jbrecommend.cmd_recommend(argparse.Namespace(target="", rundir=str(rundir), repeats="")) == 0
     out = capsys.readouterr().out
     assert "no point left a run record" in out and "no target" not in out
 

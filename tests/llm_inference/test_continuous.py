@@ -68,7 +68,12 @@ def test_every_request_gets_the_tokens_it_gets_alone(name, rate):
     # Rows were reused: more requests than rows, and every row is free again at the end; requests were moved
     # down into freed rows (the compaction) and still produced their own tokens.
     assert len(items) > rows and sorted(loop.scheduler.free) == list(range(rows)) and not loop.scheduler.running
-    assert loop.scheduler.moved > 0
+    assert loop.scheduler.moved > 0 and log.step_moved.sum() == loop.scheduler.moved
+    # The step log's computed rows: each decode step's bucket, which covers its occupied rows.
+    decode = log.step_kind == StepKind.DECODE
+    occupied = np.array([len(m) for m in log.step_members])
+    assert np.all(log.step_computed_rows[decode] >= occupied[decode])
+    assert np.all(log.step_computed_rows[~decode] == occupied[~decode])  # a prefill's: its requests
 
 
 def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
@@ -87,10 +92,19 @@ def test_the_log_accounts_for_every_token_and_keeps_time_in_order():
     assert max(len(m) for k, m in zip(log.step_kind, log.step_members, strict=True) if k == StepKind.DECODE) <= 3
 
 
-def test_row_buckets_cover_every_highest_row():
-    assert row_buckets(1) == [1] and row_buckets(6) == [1, 2, 4, 6] and row_buckets(8) == [1, 2, 4, 6, 8]
-    assert row_buckets(256)[-4:] == [96, 128, 192, 256]
+def test_row_buckets_cover_every_occupancy_with_at_most_an_eighth_more_rows_from_8_rows_up():
+    assert row_buckets(1) == (1,) and row_buckets(6) == (1, 2, 4, 6) and row_buckets(8) == (1, 2, 4, 8)
+    assert row_buckets(256)[-5:] == (192, 208, 224, 240, 256) and len(row_buckets(256)) == 44  # 15 before
     assert [rows_for(h, 6) for h in range(6)] == [1, 2, 4, 4, 6, 6]
+    for rows in (1, 3, 8, 17, 100, 256, 512, 1000):
+        buckets = row_buckets(rows)
+        assert buckets[-1] == rows and list(buckets) == sorted(set(buckets))
+        assert len(buckets) <= 4 + 8 * max(0, (rows - 1).bit_length() - 3)  # eight per doubling from 8
+        for occupied in range(1, rows + 1):
+            computed = rows_for(occupied - 1, rows)  # rows [0, occupied) packed at the bottom
+            assert computed in buckets and computed >= occupied
+            assert buckets.index(computed) == 0 or buckets[buckets.index(computed) - 1] < occupied  # the smallest
+            assert occupied < 8 or computed <= occupied * 9 / 8, (rows, occupied, computed)
 
 
 def test_the_controlled_window_prefills_before_it_decodes_and_every_request_keeps_its_tokens():

@@ -18,7 +18,6 @@ one line, and the GEMV sweep script without a GPU.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -29,6 +28,7 @@ import pytest
 from benchmarks.inference_engine_h100 import FP32_FLOOR
 from jpwr.errors import ExitCode
 from llm_inference.cli import main
+from tests.ptxas import bundled_ptxas, spill_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 FP32_RELATIVE = FP32_FLOOR  # the logits check's fp32 bound, relative to the largest value compared
@@ -131,15 +131,13 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
     Triton's bundled ptxas, and keeps its accumulators in registers (a spill would turn the weight stream into
     local-memory traffic)."""
     triton = pytest.importorskip("triton", reason="Triton is not installed: nothing to compile")
+    bundled_ptxas()  # skipped where this Triton has none
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from llm_inference import fused_decode
     from llm_inference.presets import PRESETS
 
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.is_file():
-        pytest.skip("this Triton has no bundled ptxas")
     shape = PRESETS[preset]
     half = shape.head_dim // 2
     gemv_types = {"x": "*bf16", "norm": "*bf16", "weight": "*bf16", "residual": "*bf16", "out": "*bf16",
@@ -167,15 +165,8 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
         compiled = triton.compile(ASTSource(kernel, signature, constants, attrs=aligned),
                                   target=GPUTarget("cuda", 90, 32))
         assert "ld.global.v4" in compiled.asm["ptx"]  # the weight stream in 16-byte loads
-        ptx = Path(os.environ.get("TMPDIR", "/tmp")) / f"fused_{os.getpid()}.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        try:
-            report = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", os.devnull],
-                                    capture_output=True, text=True, timeout=120, check=True).stderr
-        finally:
-            ptx.unlink()
-        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-        assert spills is not None and spills.groups() == ("0", "0"), (constants, report)
+        stores, loads, report = spill_bytes(compiled.asm["ptx"])
+        assert (stores, loads) == (0, 0), (constants, report)
 
 
 def test_block_rows_give_every_sm_programs() -> None:

@@ -43,10 +43,10 @@ def test_independent_rows_write_at_their_own_lengths_move_down_and_release(model
     assert cache.length.tolist() == [0, 6, 0, 3]  # inactive rows stay put
     assert head.token_positions().data_ptr() == cache.length.data_ptr()  # from position 0: the lengths themselves
     cache.move(torch.tensor([3]), torch.tensor([0]), 3)
-    assert cache.length.tolist()[0] == 3 and cache.active.tolist() == [1, 1, 0, 0]
+    assert cache.length.tolist() == [3, 6, 0, 0] and cache.active.tolist() == [1, 1, 0, 0]  # the source emptied
     assert torch.equal(cache.keys(0)[0, :, :3], cache.keys(0)[3, :, :3])
     cache.release(torch.tensor([1]))
-    assert cache.active.tolist() == [1, 0, 0, 0]
+    assert cache.active.tolist() == [1, 0, 0, 0] and cache.length.tolist() == [3, 0, 0, 0]  # attends to 1 position
     assert cache.head(2).data.data_ptr() == cache.data.data_ptr()  # a row bucket is a view, no copy
     cache.clear()
     assert not cache.length.any() and not cache.active.any()

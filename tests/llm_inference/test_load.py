@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.row_waste import window_steps
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, STATUSES, read_requests
 from llm_inference.cli import main
 from tests.llm_inference.conftest import INFER, run_cmd, summaries
@@ -39,6 +40,15 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
                                                                      / steady["work"]["output_tokens"])
         assert metrics["requests_counted"] > 0 and metrics["ttft_p90_s"] >= metrics["ttft_p50_s"] > 0
         table = read_requests(out / f"rate_{label}" / FILE_NAME)
+        # the row buckets' waste over the window, from the step log's computed rows (4 rows: buckets 1, 2, 4)
+        waste = metrics["computed_rows_per_occupied_row"]
+        assert 1 <= waste <= 4 / 3
+        assert waste == pytest.approx(metrics["mean_computed_rows"] / metrics["mean_decode_rows"])
+        assert record["config"]["admit_divisor"] == 16 and record["config"]["engine_detail"]["row_buckets"] == [1, 2, 4]
+        decode = table.steps["kind"] == 1
+        assert np.all(table.steps["computed_rows"][decode] >= np.diff(table.steps["member_offsets"])[decode])
+        replayed = window_steps(out / f"rate_{label}")  # benchmarks/row_waste.py, as for an H100 run's files
+        assert replayed["computed"].sum() / replayed["occupied"].sum() == pytest.approx(waste)
         assert set(REQUEST_COLUMNS) <= set(table.requests) and len(table) == record["requests"]["rows"]
         done = table.requests["status"] == STATUSES.index("done")
         assert np.all(table.requests["finish_s"][done] >= table.requests["first_token_s"][done])
@@ -85,11 +95,21 @@ def test_a_two_rate_sweep_writes_a_record_and_a_request_table_per_rate(fake_env,
     assert json.loads((out / "rate_max" / "run_record.json").read_text())["metrics"]["slo_attained_share"] < 1
 
 
+def test_the_row_waste_of_a_record_before_issue_59_is_read_from_its_row_buckets():
+    """A step log without `computed_rows` (the H100 run of main before the finer buckets): every step of its
+    backlog at 256 rows occupied more than 192, the bucket below 256 then, so each computed all 256."""
+    shipped = "benchmarks/results/2026-12-06-wave5-s2/issue57-behaviour/p57b/base/continuous-256/run"
+    steps = window_steps(Path(__file__).resolve().parents[2] / shipped)
+    assert steps["occupied"].min() > 192 and set(steps["computed"]) == {256} and len(steps["ms"]) == len(steps["here"])
+
+
 @pytest.mark.parametrize(("argv", "named"), [
     (["--rate", "0"], "--rate"), (["--rate", "-2"], "--rate"), (["--rate", "nan"], "--rate"),
     (["--rate", "inf"], "--rate"), (["--rates", "1,1"], "--rates"), (["--rates", "1,,x"], "--rates"),
     (["--rate", "1", "--slo-ttft-ms", "0"], "--slo-ttft-ms"), (["--rate", "1", "--slo-tpot-ms", "-5"], "--slo-tpot-ms"),
     (["--rate", "1", "--max-concurrency", "0"], "--max-concurrency"),
+    (["--rate", "1", "--admit-divisor", "0"], "--admit-divisor"),
+    (["--rate", "1", "--admit-divisor", "2", "--url", "http://127.0.0.1:8000"], "--admit-divisor and --url"),
 ])
 @pytest.mark.parametrize("command", ["load", "validate-load"])
 def test_bad_numbers_are_refused_by_the_parser_naming_the_option(command, argv, named, capsys):

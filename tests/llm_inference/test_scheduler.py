@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from llm_inference import memory
 from llm_inference.arrivals import Request
 from llm_inference.continuous_engine import rows_for
-from llm_inference.scheduler import ADMIT_DIVISOR, Scheduler, backlog_step_requests
+from llm_inference.scheduler import ADMIT_DIVISOR, DecodePlan, Scheduler, backlog_step_requests
 from llm_inference.static_engine import attended_length
 
 
@@ -41,9 +43,12 @@ def test_under_a_backlog_admission_waits_for_a_share_of_free_rows():
     scheduler.queue.extend(request(i, output_tokens=1 + i) for i in range(rows))
     assert scheduler.admit(0.0) is not None and scheduler.free_rows == 0
     scheduler.queue.extend(request(rows + i) for i in range(rows))  # the backlog
-    released = scheduler.release()  # request 0 makes one token, the prefill's: done already
-    assert released is not None and released.finished == [0] and scheduler.free_rows == 1
+    assert scheduler.release() == [0] and scheduler.free_rows == 1  # request 0's one token: the prefill's
     assert scheduler.admit(0.0) is None  # one free row < rows / ADMIT_DIVISOR under a backlog
+    eager = Scheduler(rows, admit_divisor=rows)  # the knob at its top: admit as soon as one row is free
+    eager.queue.extend(request(i, output_tokens=1 + i) for i in range(2 * rows))
+    eager.admit(0.0)
+    assert eager.release() == [0] and eager.admit(0.0) is not None
     admit_all = Scheduler(rows, admit_all=True)
     admit_all.queue.extend(request(i, output_tokens=5) for i in range(rows + 1))
     admit_all.admit(0.0)
@@ -64,8 +69,7 @@ def test_the_controlled_window_prefills_backlog_sized_steps_before_any_decode_an
         plan = scheduler.admit(0.0)
         assert plan is not None
         sizes.append(len(plan.requests))
-        released = scheduler.release()
-        assert released is None or released.moves == [] or not scheduler.queue  # no cache copy between prefills
+        scheduler.release()
     assert sizes == [step] * (len(sizes) - 1) + [sizes[-1]] and sum(sizes) == len(prefill_only) + rows
     assert scheduler.moved == 0 and sorted(scheduler.running) == list(range(rows))  # the freed rows refilled
     plan = scheduler.decode()
@@ -89,23 +93,54 @@ def test_a_decode_plan_covers_the_running_rows_and_advances_their_mirrors():
     assert Scheduler(3).decode() is None
 
 
-def test_release_frees_finished_rows_and_moves_the_highest_running_requests_down():
+def test_running_requests_move_down_before_a_decode_step_where_that_lowers_its_row_bucket():
     scheduler = Scheduler(4)
     scheduler.queue.extend([request(0, output_tokens=2, warmup=True), request(1, output_tokens=9),
                             request(2, output_tokens=2), request(3, output_tokens=9)])
     scheduler.warmups_left = 1
     scheduler.admit(0.0)
     scheduler.decode()
-    plan = scheduler.release()
-    assert plan is not None and plan.finished == [0, 2]
-    # request 3 (row 3) moves into row 0 with its 8 + 1 filled positions; request 1 stays in row 1
-    assert plan.moves == [(3, 0, 9)]
-    assert {row: r.request.id for row, r in scheduler.running.items()} == {0: 3, 1: 1}
-    assert scheduler.running[0].row == 0 and sorted(scheduler.free) == [2, 3]
-    assert scheduler.done == 2 and scheduler.moved == 1 and not scheduler.warming_up
-    assert scheduler.release() is None  # nothing else finished
+    assert scheduler.release() == [0, 2] and scheduler.moved == 0  # releasing moves nothing
+    assert scheduler.done == 2 and not scheduler.warming_up and scheduler.release() == []
+    # two running requests in rows 1 and 3 would run bucket 4; packed they run bucket 2: request 3 (row 3) moves into
+    # row 0 with its 8 + 1 filled positions, request 1 stays in row 1
+    plan = scheduler.decode()
+    assert plan is not None and plan.moves == [(3, 0, 9)] and plan.row_count == 2
+    assert dict(zip(plan.members, plan.rows, strict=True)) == {3: 0, 1: 1} and plan.amounts == [10, 10]
+    assert scheduler.running[0].row == 0 and sorted(scheduler.free) == [2, 3] and scheduler.moved == 1
 
 
+def _serve(scheduler: Scheduler, steps: int) -> list[DecodePlan]:
+    """Up to `steps` iterations of the load loop on the host: admit, decode, release."""
+    plans = []
+    for _ in range(steps):
+        scheduler.admit(0.0)
+        plan = scheduler.decode()
+        if plan is None:
+            break
+        plans.append(plan)
+        scheduler.release()
+    return plans
+
+
+def test_under_a_backlog_nothing_moves_and_a_drain_computes_at_most_an_eighth_more_rows_than_it_occupies():
+    """A backlog refills the freed rows at its next admission: no cache row is copied (a move per finished request
+    was the rule before). Once the queue closes, the running requests move down as they thin out, so every step of
+    the drain runs the smallest bucket of its occupied rows: at most 12.5 % more rows from 8 rows up."""
+    rows, rng = 64, np.random.default_rng(7)
+    scheduler = Scheduler(rows)
+    scheduler.queue.extend(request(i, output_tokens=int(rng.integers(20, 60))) for i in range(2000))
+    backlog = _serve(scheduler, 400)
+    assert len(backlog) == 400 and scheduler.queue and scheduler.done > 300
+    assert scheduler.moved == 0 and all(not p.moves for p in backlog)
+    occupied = np.array([len(p.members) for p in backlog[100:]])  # after the first requests' common start
+    assert occupied.min() > rows - backlog_step_requests(rows)  # admitted before each step: under 1/16 empty
+    scheduler.close_queue()
+    drain = _serve(scheduler, 1000)
+    assert scheduler.idle and scheduler.moved > 0
+    for plan in drain:
+        assert max(plan.rows) < plan.row_count == rows_for(len(plan.members) - 1, rows)
+        assert len(plan.members) < 8 or plan.row_count <= len(plan.members) * 9 / 8
 def test_closing_the_queue_leaves_the_running_requests():
     scheduler = Scheduler(1)
     scheduler.queue.extend([request(0), request(1)])

@@ -375,7 +375,8 @@ def _outcome(record: RunRecord) -> list[str]:
     elif rejected:
         outcome = rejected
     elif m.get("energy_wh") is None:
-        outcome = f"energy n/a: {m.get('energy_unavailable_reason')}"
+        reason = m.get("energy_unavailable_reason")
+        outcome = f"energy n/a: {reason}" if reason else "energy n/a (the record gives no reason)"
     else:
         outcome = ""
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})

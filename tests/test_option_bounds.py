@@ -132,7 +132,7 @@ RUNS = (
     Run("load-smallest", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", *SHORTEST_WINDOW, "--out-dir",
                                                      "{tmp}/run"),
         ("--max-concurrency", "--requests", "--warmup-requests", "--output-length", "--slo-ttft-ms", "--slo-tpot-ms",
-         "--seed", "--tensor-parallel"),
+         "--seed", "--tensor-parallel", "--admit-divisor"),
         codes=(0, 1)),  # 1: FAILED naming the fix where one request cannot open the load's window
     Run("load-stops-at-once", "python -m llm_inference", ("load", *TINY_INF, "--rate", "max", "--out-dir",
         "{tmp}/run"), ("--exit-duration-mins",), codes=(124,)),

@@ -135,7 +135,7 @@ def test_a_serving_row_s_n_a_requests_per_s_says_why():
     window): the row's note names why requests/s is n/a, as it does for J/request."""
     from tests.jube.test_shipped_tables import point_settings
 
-    metrics = {"work_unit": "output_tokens", "duration_s": 2.5, "requests_per_s": None,
+    metrics = {"work_unit": "output_tokens", "duration_s": 2.5, "rate": 4.0, "requests_per_s": None,
                "requests_served_in_window": 0, "requests_counted": 8}
     window = Window("steady", 0, 3, 10**9, 10**9 + 2_500_000_000, {"output_tokens": 40.0})
     record = RunRecord(benchmark="llm_inference", run_id="r", status="OK", metrics=metrics,  # type: ignore[arg-type]

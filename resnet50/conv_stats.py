@@ -32,6 +32,9 @@ from resnet50.bn_kernels import (
 
 BLOCK_M = 128  # output rows per tile: the wgmma-friendly height
 MAX_BLOCK_N, MAX_BLOCK_K = 128, 64  # output channels per tile; input channels per step of the GEMM's inner loop
+# Shared memory the pipeline's stages may take (an H100 block has 227 KiB; the rest is left for the epilogue's
+# layout conversion): fp32 tiles (--precision fp32) are twice bf16's, so they get half the stages
+PIPELINE_SHARED_BYTES = 192 * 1024
 
 
 @triton.jit
@@ -76,13 +79,16 @@ def conv1x1_gemm_with_batch_norm_stats(x_ptr, w_ptr, y_ptr, partial_ptr, rows, i
     tl.store(out + out_channels, m2, mask=col_ok)
 
 
-def launch_config(in_channels: int, out_channels: int) -> dict[str, int]:
+def launch_config(in_channels: int, out_channels: int, element_bytes: int) -> dict[str, int]:
     """Tile and launch parameters: the widest tiles these channel counts fill (tl.dot needs 16 or more), 8 warps for
-    the 128 × 128 accumulator (64 fp32 registers a thread), pipeline stages only as deep as the K loop."""
+    the 128 × 128 accumulator (64 fp32 registers a thread), pipeline stages only as deep as the K loop and as
+    PIPELINE_SHARED_BYTES holds for tiles of this element size."""
     block_n = max(16, min(MAX_BLOCK_N, triton.next_power_of_2(out_channels)))
     block_k = max(16, min(MAX_BLOCK_K, triton.next_power_of_2(in_channels)))
+    stage_bytes = (BLOCK_M + block_n) * block_k * element_bytes  # one stage: an x tile and a weight tile
+    stages = min(4, triton.cdiv(in_channels, block_k), PIPELINE_SHARED_BYTES // stage_bytes)
     return {"BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 8 if block_n == 128 else 4,
-            "num_stages": max(2, min(4, triton.cdiv(in_channels, block_k)))}
+            "num_stages": max(2, stages)}
 
 
 @torch.library.custom_op("joulebench::conv1x1_batch_norm_stats", mutates_args=())
@@ -98,7 +104,7 @@ def conv1x1_batch_norm_stats(x: torch.Tensor, weight: torch.Tensor, stride: int,
     check_rows(rows, (batch, out_channels, out_height, out_width))
     y = torch.empty((batch, out_channels, out_height, out_width), dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last)
-    config = launch_config(in_channels, out_channels)
+    config = launch_config(in_channels, out_channels, x.element_size())
     channel_blocks = triton.cdiv(out_channels, config["BLOCK_N"])
     slice_count, per_slice = slices(rows, channel_blocks, BLOCK_M)
     partial = x.new_empty((slice_count, 2, out_channels), dtype=torch.float32)

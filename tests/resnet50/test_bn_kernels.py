@@ -178,6 +178,8 @@ def interpreted() -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = json.loads(done.stdout.split("RESULTS ", 1)[1])
     return results
 
+H100_SHARED_BYTES_PER_BLOCK = 227 * 1024  # the most shared memory one block may take on sm_90
+
 
 def test_kernels_match_torch_batch_norm_add_relu(interpreted: dict[str, dict[str, float]]) -> None:
     cases = {name: errors for name, errors in interpreted.items() if name.split("-")[0] in TOLERANCE}
@@ -296,8 +298,9 @@ def test_kernel_profiles_count_our_kernels_as_batch_norm_and_convolution() -> No
 def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
     """The GEMM at the launch configurations ResNet-50's 1x1 convolutions get compiles for sm_90 with Triton's bundled
     ptxas into Hopper's tensor-core instructions (wgmma), and keeps its accumulator and moments in registers. Per tile
-    width, the heaviest configuration is compiled (the deepest pipeline, the strided row mapping where one has it):
-    the others differ only by fewer stages or less index code (two compiles, about a second each)."""
+    width and element type (bf16, and fp32 for --precision fp32), the heaviest configuration is compiled (the deepest
+    pipeline, the strided row mapping where one has it) and its shared memory fits an H100 block (227 KiB): the
+    others differ only by fewer stages or less index code (four compiles, about a second each)."""
     bundled_ptxas()  # skips without Triton or its ptxas
     import triton
     from triton.backends.compiler import GPUTarget
@@ -310,24 +313,27 @@ def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
         model = fused_resnet50(conv_stats=True)
     convs = [conv for conv in model.modules() if isinstance(conv, torch.nn.Conv2d) and gemm_shaped(conv)]
     assert len(convs) == 16 * 2 + 4  # conv1 and conv3 of 16 blocks, 4 downsamples
-    heaviest: dict[int, tuple[int, bool, dict[str, int]]] = {}
+    heaviest: dict[tuple[str, int], tuple[int, bool, dict[str, int]]] = {}
     for conv in convs:
-        config = conv_stats.launch_config(conv.in_channels, conv.out_channels)
-        weight = (config["num_stages"], conv.stride[0] != 1, config)
-        heaviest[config["BLOCK_N"]] = max(heaviest.get(config["BLOCK_N"], weight), weight, key=lambda w: w[:2])
-    assert sorted(heaviest) == [64, 128]
-    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-             **dict.fromkeys(("rows", "in_channels", "out_channels", "height", "width", "out_height", "out_width",
-                              "stride", "tiles_per_program"), "i32")}
-    # as Triton's launcher specialises them: pointers and ResNet-50's channel counts divisible by 16
-    aligned = {(index,): [["tt.divisibility", 16]] for index, (name, kind) in enumerate(types.items())
-               if kind.startswith("*") or name.endswith("_channels")}
-    for _stages, strided, config in heaviest.values():
+        for element, size in (("bf16", 2), ("fp32", 4)):
+            config = conv_stats.launch_config(conv.in_channels, conv.out_channels, size)
+            weight = (config["num_stages"], conv.stride[0] != 1, config)
+            key = (element, config["BLOCK_N"])
+            heaviest[key] = max(heaviest.get(key, weight), weight, key=lambda w: w[:2])
+    assert sorted(heaviest) == [("bf16", 64), ("bf16", 128), ("fp32", 64), ("fp32", 128)]
+    for (element, _), (_stages, strided, config) in heaviest.items():
+        types = {"x_ptr": f"*{element}", "w_ptr": f"*{element}", "y_ptr": f"*{element}", "partial_ptr": "*fp32",
+                 **dict.fromkeys(("rows", "in_channels", "out_channels", "height", "width", "out_height",
+                                  "out_width", "stride", "tiles_per_program"), "i32")}
+        # as Triton's launcher specialises them: pointers and ResNet-50's channel counts divisible by 16
+        aligned = {(index,): [["tt.divisibility", 16]] for index, (name, kind) in enumerate(types.items())
+                   if kind.startswith("*") or name.endswith("_channels")}
         constants = {"STRIDED": strided, **{key: value for key, value in config.items() if key.isupper()}}
         options = {key: value for key, value in config.items() if not key.isupper()}
         signature = {**types, **dict.fromkeys(constants, "constexpr")}
         compiled = triton.compile(ASTSource(conv_stats.conv1x1_gemm_with_batch_norm_stats, signature, constants,
                                             attrs=aligned), target=GPUTarget("cuda", 90, 32), options=options)
-        assert "wgmma" in compiled.asm["ptx"]
+        assert "wgmma" in compiled.asm["ptx"], element
+        assert compiled.metadata.shared <= H100_SHARED_BYTES_PER_BLOCK, (element, config, compiled.metadata.shared)
         stores, loads, report = spill_bytes(compiled.asm["ptx"])
-        assert (stores, loads) == (0, 0), (constants, report)
+        assert (stores, loads) == (0, 0), (element, constants, report)

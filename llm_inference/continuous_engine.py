@@ -121,6 +121,14 @@ class ContinuousEngine(CompactForward):
                 "capture_s": None if state is None or not self.capture else round(state.capture_s, 3)}
 
     # ---- set-up, outside every window -------------------------------------------------------------------
+    def setup_plan(self, rows: int, sequence: int) -> str:
+        """What `prepare` will do, for the line a user reads before it (on a GPU it takes minutes at 256 rows)."""
+        if not self.capture:
+            return f"a cache of {rows} rows × {memory.cache_positions(sequence)} positions"
+        buckets, lengths = len(row_buckets(rows)), memory.cache_positions(sequence) // memory.POSITION_BUCKET
+        return (f"{buckets} row buckets compiled, {buckets} × {lengths} attended lengths = {buckets * lengths} CUDA "
+                "graphs captured (a warm --compile-cache shortens the compiles)")
+
     @torch.inference_mode()
     def prepare(self, rows: int, sequence: int) -> float:
         """Cache for `rows` requests of up to `sequence` positions; on CUDA every decode step captured.
@@ -148,7 +156,8 @@ class ContinuousEngine(CompactForward):
         import torch._dynamo
 
         buckets = row_buckets(state.rows)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(buckets))
+        for limit in ("cache_size_limit", "accumulated_recompile_limit"):  # one compile per bucket, never eager
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(buckets)))
         lengths = range(memory.POSITION_BUCKET, state.cache_positions + 1, memory.POSITION_BUCKET)
         for count in buckets:
             started = time.monotonic()

@@ -215,7 +215,9 @@ class EngineTarget:
         cfg, engine = self.cfg, self.model.get()
         _, sequence = validation.load_lengths(cfg, self.trace)
         if engine.state is None or engine.state.rows != cfg.max_concurrency or engine.state.cache_positions < sequence:
+            say(f"engine set-up: {engine.setup_plan(cfg.max_concurrency, sequence)} (outside every window)")
             run.record.config["engine_setup_s"] = engine.prepare(cfg.max_concurrency, sequence)
+            say(f"engine set-up done in {run.record.config['engine_setup_s']:.1f} s")
         controlled = None
         if not self.sweep.earlier and self.sweep.controlled is None:
             part = controlled_part_seconds(outcome.update_period_s or ASSUMED_UPDATE_S,

@@ -20,6 +20,12 @@ from joulebench.sweep_settings import passed_as_given
 STATIC_ONLY = ("batch_size", "objective")  # objective: how the static engine chooses its decode variant
 STATIC_ENGINES = ("static", "hf")  # engine of a static-batch point; a serving point's: continuous or a server
 SERVING_ONLY = ("rate", "max_concurrency", "admit_divisor", "slo_ttft_ms", "slo_tpot_ms")
+ENGINE_ONLY = ("admit_divisor",)  # the in-process engine's scheduling: a server schedules its own requests
+
+
+def runs_a_server(value: dict[str, str]) -> bool:
+    """A serving point whose engine is a server of the profile, not the in-process engine."""
+    return value.get("engine", "") not in ("", "continuous")
 
 
 def as_given(driver: str, value: dict[str, str], other_mode: tuple[str, ...] = ()) -> dict[str, str]:
@@ -104,7 +110,9 @@ def inference_arguments(profile: dict[str, str], value: dict[str, str], model: s
                      "slo_ttft_ms": value.get("slo_ttft_ms") or profile[f"{prefix}_slo_ttft_ms"],
                      "slo_tpot_ms": value.get("slo_tpot_ms") or profile[f"{prefix}_slo_tpot_ms"],
                      **window, **common_arguments(profile, value), **server_arguments(profile, value.get("engine", "")),
-                     **as_given("llm_inference", value, (*STATIC_ONLY, "engine"))}  # load's engine: server_arguments
+                     # load's engine: server_arguments; a server takes none of the engine's own options
+                     **as_given("llm_inference", value,
+                                (*STATIC_ONLY, "engine", *(ENGINE_ONLY if runs_a_server(value) else ())))}
     else:
         arguments = {**shared, "batch_size": value.get("batch_size") or profile[f"{prefix}_batch_size"], **window,
                      **common_arguments(profile, value), **as_given("llm_inference", value, SERVING_ONLY)}
@@ -165,13 +173,19 @@ def serving_mode(settings: dict[str, str], value: dict[str, str], serving: bool)
     """Mark the other mode's parameters `-` in the point's coordinates; the engine of a serving point, and whether
     it is a server; which explicit values the point's mode ignores (the note)."""
     other = STATIC_ONLY if serving else SERVING_ONLY
-    settings.update({f"JB_COORD_{key.upper()}": "-" for key in other})
+    server = serving and runs_a_server(value)
+    settings.update({f"JB_COORD_{key.upper()}": "-" for key in (*other, *(ENGINE_ONLY if server else ()))})
     if serving:
         settings["JB_COORD_ENGINE"] = value.get("engine") or "continuous"
-        settings["JB_SERVER"] = "" if settings["JB_COORD_ENGINE"] == "continuous" else "yes"
+        settings["JB_SERVER"] = "yes" if server else ""
     ignored = [f"{key}={value[key]}" for key in other if value.get(key) and key != "engine"]
     mode = "a serving point (rate set)" if serving else "a static-batch point (rate empty)"
-    return f"{', '.join(ignored)} ignored: {mode}" if ignored else ""
+    notes = [f"{', '.join(ignored)} ignored: {mode}"] if ignored else []
+    by_server = [f"{key}={value[key]}" for key in ENGINE_ONLY if server and value.get(key)]
+    if by_server:
+        notes.append(f"{', '.join(by_server)} ignored: the in-process engine's option, and {value['engine']} is a "
+                     "server")
+    return "; ".join(notes)
 
 
 def cli_args(values: dict[str, str]) -> list[str]:

@@ -107,6 +107,7 @@ def target_options(target: str) -> list[str]:
 
 def repeats_count(text: str) -> int:
     """JOULEBENCH_RECOMMEND_REPEATS as re-runs per setting (empty: the default); ConfigError where it is not one."""
+    text = text.strip()
     if not text:
         return DEFAULT_REPEATS
     if not (text.isdigit() and int(text) in REPEATS):
@@ -208,7 +209,8 @@ def step_value(given: str, rundir: Path, key: str, variable: str) -> str:
 def recommend_step(args: argparse.Namespace) -> int:
     rundir = Path(args.rundir).resolve()
     target = target_options(step_value(args.target, rundir, "JB_RECOMMEND", "JOULEBENCH_RECOMMEND"))
-    repeats = repeats_count(step_value(args.repeats, rundir, "JB_RECOMMEND_REPEATS", "JOULEBENCH_RECOMMEND_REPEATS"))
+    repeats = repeats_count(step_value(args.repeats.strip(), rundir, "JB_RECOMMEND_REPEATS",
+                                       "JOULEBENCH_RECOMMEND_REPEATS"))  # stripped as run_settings recorded it
     if not target:
         print("jbprofile: recommend: no target (JOULEBENCH_RECOMMEND was empty at `jube run` and is now): nothing to "
               "recommend")

@@ -65,6 +65,7 @@ def test_the_recommend_target_and_the_tags_are_recorded_at_jube_run(tmp_path, ca
     assert jbrecommend.repeats_count(jbrecommend.step_value("", rundir, *repeats)) == 3  # as for the target
     assert jbrecommend.repeats_count(jbrecommend.step_value("4", rundir, *repeats)) == 4
     assert "JOULEBENCH_RECOMMEND_REPEATS='4' now, '3' at `jube run`" in capsys.readouterr().out
+    assert jbrecommend.repeats_count(" 3 ") == 3  # spaces around the number, at the step as at `jube run`
     facts = jbrecord.job_facts(settings, "OK", 1.0)
     assert facts["tags"] == ["CI", "tiny"]  # the record carries them to recommend's apply line
 

@@ -46,3 +46,15 @@ def test_the_compile_mode_reaches_a_pytorch_point_and_a_tensorflow_point_is_refu
     with pytest.raises(jbprofile.PointRefused, match=re.escape(why)):
         jbprofile.build_settings("resnet50", [], {"framework": "tensorflow", "compile_mode": "default"}, "r",
                                  CLEAN_ENV)
+
+
+def test_a_server_point_takes_no_admit_divisor_and_says_so(tmp_path) -> None:
+    """The prefill/decode interleave (--admit-divisor) is the in-process engine's: a server's point leaves it out, its
+    coordinate `-` and a note, where the engine's point passes it (a sweep over both engines must not fail there)."""
+    env = {**CLEAN_ENV, "JOULEBENCH_INFERENCE_CHECKPOINT": str(tmp_path)}
+    engine = jbprofile.build_settings("inference", [], {"rate": "2", "admit_divisor": "8"}, "r", env)
+    assert _args(engine)[_args(engine).index("--admit-divisor") + 1] == "8" and engine["JB_COORD_ADMIT_DIVISOR"] == "8"
+    server = jbprofile.build_settings("inference", [], {"rate": "2", "admit_divisor": "8", "engine": "vllm"}, "r", env)
+    assert "--admit-divisor" not in _args(server) and "--server-command" in _args(server)
+    assert server["JB_COORD_ADMIT_DIVISOR"] == "-"
+    assert "admit_divisor=8 ignored: the in-process engine's option, and vllm is a server" in server["JB_NOTE"]

@@ -28,10 +28,13 @@ from joulebench.requests_table import FILE_NAME, StepKind, read_requests  # noqa
 from llm_inference.continuous_engine import rows_for  # noqa: E402
 
 
-def window_steps(run: Path) -> dict[str, np.ndarray]:
-    """The decode steps inside the run's measured window: occupied rows, computed rows, this tree's rows, ms."""
+def window_steps(run: Path) -> dict[str, np.ndarray] | None:
+    """The decode steps inside the run's measured window: occupied rows, computed rows, this tree's rows, ms; None
+    where the window never opened."""
     record = json.loads((run / "run_record.json").read_text())
     table = read_requests(run / FILE_NAME)
+    if table.attrs.get("window_ns") is None:
+        return None
     steps, (begin, end) = table.steps, table.attrs["window_ns"]
     decode = (steps["kind"] == StepKind.DECODE) & (steps["t0_ns"] >= begin) & (steps["t1_ns"] <= end)
     occupied = np.diff(steps["member_offsets"])[decode]
@@ -56,10 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     fitted = []
     for run in args.runs:
         s = window_steps(run)
+        if s is None:
+            print(f"| {run} | n/a: its measured window never opened | | | | | |")
+            continue
         occupied = s["occupied"].sum()
+        moves = "n/a" if np.isnan(s["moved"]).all() else f"{np.mean(s['moved']):.2f}"  # a log from before issue 59
         print(f"| {run} | {len(s['occupied'])} | {s['occupied'].mean():.1f} | {s['computed'].sum() / occupied:.3f} | "
-              f"{s['here'].sum() / occupied:.3f} | {np.mean(s['moved']):.2f} | {s['ms'].mean():.2f} |")
+              f"{s['here'].sum() / occupied:.3f} | {moves} | {s['ms'].mean():.2f} |")
         fitted.append(s)
+    if not fitted:
+        return 1
     computed = np.concatenate([s["computed"] for s in fitted]).astype(float)
     ms = np.concatenate([s["ms"] for s in fitted])
     if len(set(computed)) > 1:

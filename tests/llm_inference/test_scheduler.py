@@ -141,6 +141,8 @@ def test_under_a_backlog_nothing_moves_and_a_drain_computes_at_most_an_eighth_mo
     for plan in drain:
         assert max(plan.rows) < plan.row_count == rows_for(len(plan.members) - 1, rows)
         assert len(plan.members) < 8 or plan.row_count <= len(plan.members) * 9 / 8
+
+
 def test_closing_the_queue_leaves_the_running_requests():
     scheduler = Scheduler(1)
     scheduler.queue.extend([request(0), request(1)])

@@ -92,8 +92,9 @@ def test_on_slurm_the_step_runs_at_jube_continue_with_the_target_jube_run_had_an
         slurm_cluster: Path, jube_env: dict[str, str], tmp_path: Path) -> None:
     env = _capped_gpus(with_fake_nvml({**jube_env, "SLURM_CONF": str(slurm_cluster)}), tmp_path)
     sweep = {"JOULEBENCH_SWEEP_BATCH_SIZE": "1,16", "JOULEBENCH_SWEEP_STEADY_SECONDS": "1"}
-    # the target is set at `jube run` only, as docs/jube.md shows it: the step runs at `jube continue`
-    jube_run(INFERENCE_XML, ["CI", "tiny"], tmp_path / "runs", {**env, **sweep, "JOULEBENCH_RECOMMEND": TARGET})
+    # the target and the re-runs are set at `jube run` only, as docs/jube.md shows it: the step runs at `jube continue`
+    at_run = {"JOULEBENCH_RECOMMEND": TARGET, "JOULEBENCH_RECOMMEND_REPEATS": " 2"}  # spaces as a user may type them
+    jube_run(INFERENCE_XML, ["CI", "tiny"], tmp_path / "runs", {**env, **sweep, **at_run})
     wait_for_jobs(tmp_path / "runs")
     (rundir,) = (tmp_path / "runs").glob("000000")
     # A 2-core machine running the test suite disturbs the runs (their step times spread), and recommend leaves
@@ -103,8 +104,9 @@ def test_on_slurm_the_step_runs_at_jube_continue_with_the_target_jube_run_had_an
     for name, record in points.items():
         record["disturbed"] = {**record.get("disturbed", {}), "disturbed": False, "reasons": []}
         (rundir / name / "work" / "run" / "run_record.json").write_text(json.dumps(record))
-    assert "JOULEBENCH_RECOMMEND" not in env and all(
-        read_settings(w / "job.env")["JB_RECOMMEND"] == TARGET for w in submit_workdirs(tmp_path / "runs"))
+    assert not at_run.keys() & env.keys()
+    recorded = [read_settings(w / "job.env") for w in submit_workdirs(tmp_path / "runs")]
+    assert recorded and all((r["JB_RECOMMEND"], r["JB_RECOMMEND_REPEATS"]) == (TARGET, "2") for r in recorded)
     with open(tmp_path / "continue.out", "w") as log:
         step = subprocess.Popen(["jube", "continue", str(rundir.parent), "-a", "-r", "--hide-animation"], env=env,
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)

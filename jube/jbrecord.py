@@ -376,7 +376,7 @@ def _outcome(record: RunRecord) -> list[str]:
         outcome = rejected
     elif m.get("energy_wh") is None:
         reason = m.get("energy_unavailable_reason")
-        outcome = f"energy n/a: {reason}" if reason else "energy n/a (the record gives no reason)"
+        outcome = f"energy n/a: {reason}" if reason else "energy n/a"
     else:
         outcome = ""
     settings_note = "" if record.status == "INVALID" else settings_problem(record.config.get(RECORD_KEY) or {})

@@ -65,6 +65,11 @@ def row_buckets(rows: int) -> tuple[int, ...]:
     return (*sorted(buckets), rows)
 
 
+def captured_lengths(cache_positions: int) -> range:
+    """The attended lengths a row bucket's steps are captured for: each multiple of POSITION_BUCKET in the cache."""
+    return range(memory.POSITION_BUCKET, cache_positions + 1, memory.POSITION_BUCKET)
+
+
 def rows_for(highest_row: int, rows: int) -> int:
     """The smallest row bucket covering rows [0, highest_row]."""
     buckets = row_buckets(rows)
@@ -125,7 +130,7 @@ class ContinuousEngine(CompactForward):
         """What `prepare` will do, for the line a user reads before it (on a GPU it takes minutes at 256 rows)."""
         if not self.capture:
             return f"a cache of {rows} rows × {memory.cache_positions(sequence)} positions"
-        buckets, lengths = len(row_buckets(rows)), memory.cache_positions(sequence) // memory.POSITION_BUCKET
+        buckets, lengths = len(row_buckets(rows)), len(captured_lengths(memory.cache_positions(sequence)))
         return (f"{buckets} row buckets compiled, {buckets} × {lengths} attended lengths = {buckets * lengths} CUDA "
                 "graphs captured (a warm --compile-cache shortens the compiles)")
 
@@ -158,7 +163,7 @@ class ContinuousEngine(CompactForward):
         buckets = row_buckets(state.rows)
         for limit in ("cache_size_limit", "accumulated_recompile_limit"):  # one compile per bucket, never eager
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 4 * len(buckets)))
-        lengths = range(memory.POSITION_BUCKET, state.cache_positions + 1, memory.POSITION_BUCKET)
+        lengths = captured_lengths(state.cache_positions)
         for count in buckets:
             started = time.monotonic()
             self.warm_up(functools.partial(self._step, state, count, lengths[-1]))  # compiles for this row count

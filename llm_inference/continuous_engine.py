@@ -94,8 +94,8 @@ class ContinuousEngine(CompactForward):
 
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
                  tuning: str = "auto") -> None:
-        # "auto" runs the first variant (default): choosing per row bucket would compile every bucket twice
-        super().__init__(model, device, compile_decode, dynamic=False, tuning=tuning)
+        # "auto" runs the default variant: choosing per row bucket would compile every bucket once per variant
+        super().__init__(model, device, compile_decode, dynamic=False, tuning="default" if tuning == "auto" else tuning)
         self.state: RowState | None = None
         self.announce: Callable[[tuple[str, tuple[Any, ...]] | None], object] | None = None  # rank 0 of a split model
 

@@ -36,7 +36,9 @@ class DecodeVariant:
 DECODE_TUNINGS: dict[str, DecodeVariant] = {
     "default": DecodeVariant({}),
     "coordinate-descent": DecodeVariant({"coordinate_descent_tuning": True}),
-    "fused": DecodeVariant({}, fused=True, auto=False),
+    # measured on an H100 (docs/BENCHMARKS.md, issue 59): at batch 1 faster than both others for llama-1b and -8b,
+    # and cheaper per token than coordinate-descent, which `auto` picked before
+    "fused": DecodeVariant({}, fused=True),
 }
 DEFAULT_OBJECTIVE = "speed"  # the faster variant, as before --objective existed (docs/llm_inference.md says why)
 POWER_REPLAY_S = 2.0  # seconds of replays per variant when its power is metered (set-up time, outside every window)

@@ -36,8 +36,11 @@ from llm_inference.compact_model import CompactModel, Layer
 from llm_inference.decode_attention import heads_supported, split_decode_attention
 from llm_inference.kv_cache import KVCache
 
-PROGRAMS_PER_SM = 2  # GEMV programs aimed for per SM: enough loads in flight to stream a matrix at full bandwidth
-MAX_BLOCK_ROWS = 16  # output rows per program at most (the LM head's 128k rows: 30 programs per SM)
+# GEMV programs aimed for per SM: enough loads in flight to stream a matrix at full bandwidth. 4, not 2: measured on
+# an H100 (docs/perf-notes.md, issue 59), the short-input GEMVs (the output and down projections) stream 7-29 % faster
+# with twice the programs, the others within 3 %.
+PROGRAMS_PER_SM = 4
+MAX_BLOCK_ROWS = 16  # output rows per program at most (the LM head's 128k rows: about 61 programs per SM)
 MIN_BLOCK_ROWS = 2
 # Weight elements per loop step and accumulator of a program (rows × input columns; 8 KB in bf16). ptxas for sm_90
 # (Triton's own, run here, 16-byte loads as the launcher specialises aligned shapes): 4,096 keeps two accumulators
@@ -91,6 +94,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, sms: int, norm: torch.Tensor | N
     return out
 
 
+def qkv_block_rows(heads: int, half: int, sms: int) -> int:
+    """Rotary-half rows per Q/K/V program: as block_rows, but never under 4, since its two accumulators (the RoPE
+    halves) over a 2,048-wide tile spill in sm_90's ptxas (llama-1b's 48 heads at 4 programs per SM)."""
+    return min(half, max(4, block_rows(heads * half, sms)))
+
+
 def qkv_into_cache(model: CompactModel, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                    cache: KVCache, index: int, sms: int) -> torch.Tensor:
     """Layer `index`'s query (heads · head dim,), RoPE applied; its key (RoPE applied) and value written into
@@ -100,7 +109,7 @@ def qkv_into_cache(model: CompactModel, layer: Layer, x: torch.Tensor, rope: tup
     query = torch.empty(model.heads * model.head_dim, dtype=x.dtype, device=x.device)
     keys, values = cache.keys(index)[0], cache.values(index)[0]  # (KV heads, positions, head dim)
     heads = model.heads + 2 * model.kv_heads
-    block = min(half, block_rows(heads * half, sms))
+    block = qkv_block_rows(heads, half, sms)
     cos, sin = rope
     _qkv_kernel[(heads, triton.cdiv(half, block))](
         x, layer.norm1.weight, layer.qkv.weight, cos, sin, cache.length, cache.length if cache.start is None

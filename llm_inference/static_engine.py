@@ -64,6 +64,7 @@ from llm_inference.tasks import Batch
 
 TUNING_REPLAYS = 20  # replays timed per variant (a step of llama-8b at batch 512 takes ~15 ms: 0.3 s per variant)
 MIN_TUNING_REPLAYS = 8  # fewer (outputs below 10 tokens leave no room in the buffers): no choice, the default runs
+FUSED_PINNED = "fused Triton kernels at batch 1, compiled pieces at larger batches"  # the record's engine detail
 
 
 def attended_length(filled: int) -> int:
@@ -128,10 +129,13 @@ class CompactForward:
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
         tunings = ({name: v for name, v in DECODE_TUNINGS.items() if v.auto} if tuning == "auto"
                    else {tuning: DECODE_TUNINGS[tuning]})
+        self.fused_variants, self.fused_detail = self._fused(tuning, tunings)
+        # `auto` drops a fused variant whose kernels cannot run here: it would only time the default pieces again
+        tunings = {name: v for name, v in tunings.items() if tuning != "auto" or not v.fused
+                   or name in self.fused_variants}
         self.decode_variants = ({name: tuple(torch.compile(p, dynamic=dynamic, options=v.options) for p in pieces)
                                  for name, v in tunings.items()} if self.compile_decode
                                 else {"eager": pieces})
-        self.fused_variants, self.fused_detail = self._fused(tuning, tunings)
         self.decode_tuning = next(iter(self.decode_variants))  # what the next decode pass runs (see choose_tuning)
         self.objective = DEFAULT_OBJECTIVE  # how choose_tuning ranks the variants (--objective)
         self.power_probe: PowerProbe | None = None  # the run's meter, set per run; None: every power n/a
@@ -150,11 +154,13 @@ class CompactForward:
             return frozenset(), None
         from llm_inference import fused_decode  # its kernels need Triton: imported where a variant asks for them
 
+        pinned = tuning in asked
         reason = fused_decode.unsupported(self.model, self.device)
-        if reason is not None:
-            return frozenset(), f"compiled pieces at every batch: {reason}"
-        names = asked if self.compile_decode else {"eager"} if tuning in asked else set()
-        return frozenset(names), "fused Triton kernels at batch 1, compiled pieces at larger batches"
+        if reason is not None:  # pinned: the record says why; `auto`: simply no candidate
+            return frozenset(), f"compiled pieces at every batch: {reason}" if pinned else None
+        if not self.compile_decode:  # one eager variant: `auto` has nothing to choose from
+            return (frozenset({"eager"}), FUSED_PINNED) if pinned else (frozenset(), None)
+        return frozenset(asked), FUSED_PINNED if pinned else "fused Triton kernels at batch 1 where `auto` chose them"
 
     @property
     def decode_attention_kind(self) -> str:
@@ -242,17 +248,19 @@ class CompactForward:
         torch.cuda.current_stream().wait_stream(side)
 
     def choose_tuning(self, step: Callable[[], None], reset: Callable[[], None], replays: int, pool: Any,
-                      keep: list[torch.cuda.CUDAGraph]) -> Choice:
+                      keep: list[torch.cuda.CUDAGraph], rows: int) -> Choice:
         """Per batch shape, the compiled variant (DECODE_TUNINGS) that the objective prefers (decode_choice): by its
         replayed step time, and by its mean power where a meter is given: inductor's coordinate-descent tuning
         made llama-1b's batch-1 step 9 % faster and llama-8b's 11 % slower, so neither is right for every shape.
         Set-up time, outside every window; `reset` undoes the replays' counter moves. The timed graphs go to
         `keep`: a memory pool dies with its last graph, and the shape's real graphs are captured into the same
         pool afterwards."""
-        if len(self.decode_variants) == 1 or replays < MIN_TUNING_REPLAYS:  # too few to time: the first variant
+        candidates = self.tuning_candidates(rows)
+        if len(candidates) == 1 or replays < MIN_TUNING_REPLAYS:  # too few to time: the first variant
+            self.decode_tuning = candidates[0]
             return Choice(self.decode_tuning, {}, {}, "one variant (pinned, eager or too few replays to time)")
         timings, powers = {}, {}
-        for name in self.decode_variants:
+        for name in candidates:
             self.decode_tuning = name
             self.warm_up(step)
             graph = torch.cuda.CUDAGraph()
@@ -275,6 +283,12 @@ class CompactForward:
             choice = self.model.tp.from_rank_zero(choice)
         self.decode_tuning = choice.variant
         return choice
+
+    def tuning_candidates(self, rows: int) -> list[str]:
+        """The variants a shape of `rows` rows chooses from: a fused variant only at one row, since elsewhere it runs
+        the default pieces and timing the same kernels twice would only let noise name the variant."""
+        return ([name for name in self.decode_variants if rows == 1 or name not in self.fused_variants]
+                or list(self.decode_variants))  # a pinned fused variant: its only one
 
     def _replay_power(self, graph: torch.cuda.CUDAGraph, reset: Callable[[], None], replays: int) -> float | None:
         """Mean power over the last POWER_SPAN_S of POWER_REPLAY_S seconds of this graph's replays (in rounds of
@@ -362,7 +376,7 @@ class StaticEngine(CompactForward):
         reset()
         if state.tuning is None:  # replays advance the counters: at most outputs - 2 of them stay in the buffers
             choice = self.choose_tuning(step, reset, min(TUNING_REPLAYS, state.outputs - 2), state.pool,
-                                        state.tuning_graphs)
+                                        state.tuning_graphs, state.out.shape[0])
             state.tuning, state.tuning_ms = choice.variant, choice.step_ms
             state.tuning_power_w, state.tuning_basis = choice.power_w, choice.basis
         self.decode_tuning = state.tuning

@@ -106,6 +106,11 @@ CHILD = textwrap.dedent("""
                                tuning="fused")
     print("DETAIL", fused.describe()["decode_fused"], "|", gpt2_engine.describe()["decode_fused"], "|",
           sorted(fused.fused_variants), sorted(gpt2_engine.fused_variants))
+    auto = StaticEngine(model, cpu, compile_decode=True)  # compiled lazily: nothing compiles here
+    pinned = StaticEngine(model, cpu, compile_decode=True, tuning="fused")
+    print("AUTO", " ".join(",".join(names) for names in (auto.decode_variants, auto.tuning_candidates(1),
+                                                         auto.tuning_candidates(8), pinned.tuning_candidates(8))),
+          "|", auto.describe()["decode_fused"])
     print("WORST", " ".join(f"{name.replace(' ', '_')}={value:.3e}" for name, value in worst.items()))
 """)
 
@@ -123,6 +128,32 @@ def test_fused_path_matches_todays_path_in_tritons_interpreter() -> None:
     assert detail.split("|")[0].strip() == "fused Triton kernels at batch 1, compiled pieces at larger batches"
     assert "compiled pieces at every batch: the fused kernels compute Llama layers" in detail.split("|")[1]
     assert detail.split("|")[2].split() == ["['eager']", "[]"]
+    # `auto` times the fused variant at one row only (elsewhere it runs the default pieces); pinned, it is the one
+    variants, one_row, eight_rows, pinned = done.stdout.split("AUTO")[1].split("|")[0].split()
+    assert variants == one_row == "default,coordinate-descent,fused"
+    assert (eight_rows, pinned) == ("default,coordinate-descent", "fused")
+    assert done.stdout.split("AUTO")[1].split("|")[1].splitlines()[0].strip() == (
+        "fused Triton kernels at batch 1 where `auto` chose them")
+
+
+def test_auto_leaves_out_a_fused_variant_that_cannot_run() -> None:
+    """Without a GPU (and outside Triton's interpreter) `auto` has no fused candidate, and the record says nothing
+    of one; pinned, the variant stays and the record says why its kernels do not run."""
+    import torch
+
+    from llm_inference.compact_model import CompactModel
+    from llm_inference.engine import build_model
+    from llm_inference.presets import PRESETS
+    from llm_inference.static_engine import StaticEngine
+
+    cpu = torch.device("cpu")
+    model = CompactModel.from_transformers(build_model(PRESETS["tiny"], None, "fp32", "sdpa", cpu, 3))
+    auto = StaticEngine(model, cpu, compile_decode=True)
+    assert list(auto.decode_variants) == auto.tuning_candidates(1) == ["default", "coordinate-descent"]
+    assert auto.describe()["decode_fused"] is None
+    pinned = StaticEngine(model, cpu, compile_decode=True, tuning="fused")
+    assert list(pinned.decode_variants) == pinned.tuning_candidates(1) == ["fused"]
+    assert str(pinned.describe()["decode_fused"]).startswith("compiled pieces at every batch: ")
 
 
 @pytest.mark.parametrize(("preset", "sms"), [("llama-1b", 132), ("llama-8b", 132)])
@@ -146,8 +177,7 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
                  "starts": "*i64", "query": "*bf16", "keys": "*bf16", "values": "*bf16",
                  **{name: "i32" for name in ("size", "row_stride", "rope_stride", "k_head", "k_position", "v_head",
                                              "v_position")}, "eps": "fp32"}
-    qkv_block = min(half, fused_decode.block_rows((shape.num_attention_heads + 2 * shape.num_key_value_heads)
-                                                  * half, sms))
+    qkv_block = fused_decode.qkv_block_rows(shape.num_attention_heads + 2 * shape.num_key_value_heads, half, sms)
     kernels = [(fused_decode._qkv_kernel, qkv_types, {
         "HEADS": shape.num_attention_heads, "KV_HEADS": shape.num_key_value_heads, "HEAD_DIM": shape.head_dim,
         "FROM_ZERO": False, "BLOCK_ROWS": qkv_block})]
@@ -173,7 +203,7 @@ def test_block_rows_give_every_sm_programs() -> None:
     from llm_inference.fused_decode import MAX_BLOCK_ROWS, MIN_BLOCK_ROWS, PROGRAMS_PER_SM, block_rows
 
     assert block_rows(128256, 132) == MAX_BLOCK_ROWS  # the LM head: as wide as a program gets
-    assert block_rows(2048, 132) == 4 and PROGRAMS_PER_SM * 132 <= 2048 // 4  # llama-1b's hidden rows
+    assert block_rows(2048, 132) == 2 and PROGRAMS_PER_SM * 132 <= 2048 // 2  # llama-1b's hidden rows
     assert block_rows(8, 132) == MIN_BLOCK_ROWS  # fewer rows than SMs: the narrowest tile, never zero
 
 

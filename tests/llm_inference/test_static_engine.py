@@ -87,7 +87,7 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
     assert static.describe() == {"engine": "static", "cuda_graphs": False, "compiled_decode": False,
                                  "decode_attention": "sdpa (masked)", "tensor_parallel": 1,
                                  "rank_heads": shape.num_attention_heads, "rank_kv_heads": shape.num_key_value_heads,
-                                 "decode_fused": None,  # no fused variant asked for
+                                 "decode_fused": None,  # `auto` on the CPU: no fused candidate
                                  "decode_tuning": "eager", "decode_tuning_ms": {},
                                  "decode_tuning_power_w": {}, "decode_objective": "speed",
                                  "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a

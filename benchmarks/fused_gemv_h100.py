@@ -11,7 +11,10 @@ two rows per lane): the fused kernel (its RMSNorm, SiLU·up or residual inside) 
 compiled path's GEMV alone; its norm and epilogue are further kernels there, not counted). Each is captured
 REPEATS times in one CUDA graph over enough copies of the matrix that no copy stays in L2 between its reads, and
 replayed; time by CUDA events, GB/s = the matrix's bytes / the mean call. A config is PROGRAMS_PER_SM x TILE, set
-on the module for its rows. Writes results.md / results.json under --out.
+on the module for its rows. Then, per preset, a whole fused decode step (llm_inference.fused_decode.decode_pass,
+random weights, one row attending to PASS_POSITIONS positions) with programmatic dependent launch off and on
+(fused_decode.PDL), at the module's own block settings: REPEATS steps in one graph, ms per step. Writes results.md /
+results.json under --out.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from joulebench.boundary import exit_code_of  # noqa: E402
 REPEATS = 50
 ROTATE_BYTES = 512 * 2**20  # the matrices one graph cycles through: ten times an H100's 50 MB L2
 HEADER = ("preset", "gemv", "shape", "config", "status", "fused µs", "fused GB/s", "cuBLAS µs", "cuBLAS GB/s")
+PASS_HEADER = ("preset", "step", "PDL", "status", "ms per step", "weights GB/s")
+PASS_POSITIONS = 384  # the static engine's cache at batch 1 in chat (docs/BENCHMARKS.md): attended positions
 
 
 def forms(preset: str) -> list[tuple[str, int, int, dict[str, bool]]]:
@@ -108,12 +113,46 @@ def measure_form(preset: str, name: str, rows: int, size: int, options: dict[str
     return measured
 
 
+def measure_passes(preset: str) -> list[dict[str, Any]]:
+    """One preset's fused decode step, PDL off and on (the module's other constants as they stand)."""
+    import torch
+
+    from llm_inference import fused_decode
+    from llm_inference.compact_model import CompactModel
+    from llm_inference.engine import build_model
+    from llm_inference.kv_cache import KVCache
+    from llm_inference.presets import PRESETS
+
+    device = torch.device("cuda")
+    model = CompactModel.from_transformers(build_model(PRESETS[preset], None, "bf16", "sdpa", device, 0))
+    # what a step streams: every layer's matrices and the LM head (the embedding: one row)
+    weight_bytes = model.lm_head.nbytes + sum(layer.qkv.weight.nbytes + layer.out.weight.nbytes
+                                              + layer.up.weight.nbytes + layer.down.weight.nbytes
+                                              for layer in model.layers)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cache = KVCache.independent(model, 1, PASS_POSITIONS, device)
+    cache.occupy(torch.tensor([0], device=device), torch.tensor([PASS_POSITIONS - 1], device=device))
+    rope = model.rope_tables(PASS_POSITIONS, model.embed.dtype)
+    assert rope is not None  # a Llama preset
+    tokens = torch.tensor([1], device=device)
+    rows = []
+    for pdl in (False, True):
+        fused_decode.PDL = pdl
+        ms = timed_us(lambda _: fused_decode.decode_pass(model, cache, tokens, rope, PASS_POSITIONS, sms), 1) / 1e3
+        rows.append({"preset": preset, "step": "fused decode_pass, batch 1", "PDL": "on" if pdl else "off",
+                     "status": "OK", "ms per step": ms, "weights GB/s": weight_bytes / ms / 1e6})
+        print("PASS " + json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="llama-1b,llama-8b")
     parser.add_argument("--configs", default="2x4096,4x4096,1x4096,2x8192",
                         help="PROGRAMS_PER_SM x TILE settings of llm_inference/fused_decode.py, comma-separated")
     parser.add_argument("--out", default="fused_gemv_out")
+    parser.add_argument("--no-passes", dest="passes", action="store_false",
+                        help="only the GEMVs: leave out the whole decode steps with PDL off and on")
     args = parser.parse_args()
     import torch
 
@@ -123,14 +162,17 @@ def main() -> int:
         raise ValidationError("no CUDA GPU here: the fused kernels and cuBLAS are timed on one",
                               "run it on a GPU machine")
     configs = [(int(a), int(b)) for a, b in (item.split("x") for item in args.configs.split(","))]
-    rows = [row for preset in args.presets.split(",") for row in measure(preset, configs)]
+    presets = args.presets.split(",")
+    rows = [row for preset in presets for row in measure(preset, configs)]
+    torch.cuda.empty_cache()
+    passes = [row for preset in presets for row in measure_passes(preset)] if args.passes else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(rows, HEADER, digits=4)
+    table = markdown_table(rows, HEADER, digits=4) + "\n\n" + markdown_table(passes, PASS_HEADER, digits=4)
     (out / "results.md").write_text(f"Fused decode GEMVs vs cuBLAS on {torch.cuda.get_device_name(0)}\n\n{table}\n")
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps({"gemv": rows, "passes": passes}, indent=2) + "\n")
     print(table)
-    return exit_status(rows)
+    return exit_status(rows + passes)
 
 
 if __name__ == "__main__":

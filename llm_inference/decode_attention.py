@@ -24,6 +24,7 @@ INTERPRETER_SMS = 4  # what grids are sized for off a GPU (Triton's interpreter 
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # Triton >= 3.4 (torch >= 2.8)
 except ImportError:  # CPU-only torch wheels come without Triton: the SDPA path serves
     triton = None
 
@@ -82,12 +83,14 @@ def sm_count(device: torch.device) -> int:
 
 
 def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor | None,
-                           last: torch.Tensor, length: int, sms: int) -> torch.Tensor:
+                           last: torch.Tensor, length: int, sms: int, pdl: bool = False) -> torch.Tensor:
     """Attention of one query token per row, by the two Triton kernels (where triton_supported says so; no device
     check here: the tests run them in Triton's interpreter on the CPU). query (rows, KV heads, groups, head dim);
     keys and values (rows, KV heads, cache positions, head dim) with unit stride along the head dim; row b sees
     positions first[b]..last[b] below `length` (first None: from 0; last (rows,) or (1,) for all rows; a row with
-    nothing visible gets zeros). Returns (rows, KV heads, groups, head dim)."""
+    nothing visible gets zeros). Returns (rows, KV heads, groups, head dim). `pdl`: both kernels launched as
+    programmatic dependents (sm_90+; llm_inference/fused_decode.py says why), each waiting for its predecessor's
+    writes before its first load."""
     rows, kv_heads, groups, head_dim = query.shape
     block_groups = max(16, triton.next_power_of_2(groups))  # tl.dot tiles are at least 16 wide
     per_piece = piece_positions(rows * kv_heads, length, sms)
@@ -103,22 +106,38 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
         1.0 / math.sqrt(head_dim), per_piece, pieces, length,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_POSITIONS=SPLIT_BLOCK,
         FROM_ZERO=first is None,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32")  # tf32: Triton's default, unused in bf16
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # tf32: Triton's default, unused in bf16
+        PDL=pdl, **launch_options(pdl))
     _combine_kernel[(rows * kv_heads,)](
         partial, maxima, sums, out, *out.stride()[:3], pieces,
-        KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups)
+        KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, PDL=pdl, **launch_options(pdl))
     return out
 
 
+def launch_options(pdl: bool) -> dict[str, bool]:
+    """Triton's launch option for a programmatic dependent launch; none otherwise (Triton's interpreter, the CPU
+    tests' path, takes no such option)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 if triton is not None:
+    @triton.jit
+    def wait_for_predecessor():
+        """A programmatic dependent's start: let the next kernel's programs launch as this one's finish (they too
+        wait here), then wait until the previous kernel has finished and its writes are visible."""
+        gdc_launch_dependents()
+        gdc_wait()
+
     @triton.jit(do_not_specialize=["last_stride", "piece_positions", "pieces", "length"])
     def _pieces_kernel(query, keys, values, firsts, lasts, partial, maxima, sums,
                        q_row, q_head, q_group, k_row, k_head, k_position, v_row, v_head, v_position, last_stride,
                        scale, piece_positions, pieces, length,
                        KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_GROUPS: tl.constexpr, BLOCK_POSITIONS: tl.constexpr, FROM_ZERO: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
         """One piece of one (row, KV head): its softmax maximum, sum and unnormalised output per query row."""
+        if PDL:  # everything it reads (query, lengths, the K/V just written) comes from its predecessor
+            wait_for_predecessor()
         row_head = tl.program_id(0)
         piece = tl.program_id(1)
         row = (row_head // KV_HEADS).to(tl.int64)  # row × row stride can pass 2^31 in a large cache
@@ -157,8 +176,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["pieces"])
     def _combine_kernel(partial, maxima, sums, out, o_row, o_head, o_group, pieces,
                         KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                        BLOCK_GROUPS: tl.constexpr):
+                        BLOCK_GROUPS: tl.constexpr, PDL: tl.constexpr):
         """The pieces of one (row, KV head) merged by their maxima (an online softmax over pieces)."""
+        if PDL:
+            wait_for_predecessor()
         row_head = tl.program_id(0)
         row = (row_head // KV_HEADS).to(tl.int64)
         head = row_head % KV_HEADS

@@ -12,7 +12,9 @@ element-wise work folded into its prologue or epilogue:
 5. RMSNorm (MLP) + the gate/up GEMV + SiLU(gate)·up;
 6. the down projection + the residual add;
 
-and the step ends with the final RMSNorm + LM-head GEMV. Every program reads the whole input vector anyway, so it sums
+and the step ends with the final RMSNorm + LM-head GEMV. On sm_90 and later every kernel of the step launches as a
+programmatic dependent of the one before (PDL): it starts while its predecessor's last programs run, loads its first
+weight tile and then waits for the predecessor's writes. Every program reads the whole input vector anyway, so it sums
 the squares of the norm's input on the way and scales its sums by the inverse RMS at the end (a common factor of
 every output row): no separate norm kernel, no extra pass. A GEMV gives each program a few output rows over the
 whole input (no split-K: nothing to combine), sized so that every SM gets PROGRAMS_PER_SM of them, in tiles of
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from llm_inference.compact_model import CompactModel, Layer
-from llm_inference.decode_attention import heads_supported, split_decode_attention
+from llm_inference.decode_attention import heads_supported, launch_options, split_decode_attention
 from llm_inference.kv_cache import KVCache
 
 # GEMV programs aimed for per SM: enough loads in flight to stream a matrix at full bandwidth. 4, not 2: measured on
@@ -46,6 +48,10 @@ MIN_BLOCK_ROWS = 2
 # (Triton's own, run here, 16-byte loads as the launcher specialises aligned shapes): 4,096 keeps two accumulators
 # (gate/up, the two RoPE halves) in 96–126 registers of 4 warps, so four programs fit an SM; 8,192 needs 250.
 TILE = 4096
+# Programmatic dependent launch (sm_90+): each kernel of the step may start while the previous one finishes, loads its
+# first weight tile (weights never change within a step) and only then waits for the previous kernel's writes, so a
+# kernel's launch and its first loads overlap the previous one's last programs instead of following them.
+PDL = True
 
 try:
     import triton
@@ -79,18 +85,24 @@ def block_rows(rows: int, sms: int) -> int:
     return max(MIN_BLOCK_ROWS, min(MAX_BLOCK_ROWS, 1 << (per_program.bit_length() - 1)))
 
 
+def uses_pdl(device: torch.device) -> bool:
+    """Whether the step's kernels launch as programmatic dependents here: PDL set and a CUDA GPU of sm_90 or later
+    (Triton's interpreter, the CPU tests' path, has no grid dependency control)."""
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, sms: int, norm: torch.Tensor | None = None, eps: float = 0.0,
-         residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+         residual: torch.Tensor | None = None, glu: bool = False, pdl: bool = False) -> torch.Tensor:
     """weight · u for one input vector x (hidden,), u = x, or RMSNorm(x)·norm with `norm`; `glu`: the weight's rows
     are [gate; up], the result silu(gate·u)·(up·u); `residual`: added to the result. Returns the result's rows in
-    x's dtype."""
+    x's dtype. `pdl`: launched as a programmatic dependent (uses_pdl)."""
     rows = weight.shape[0] // 2 if glu else weight.shape[0]
     out = torch.empty(rows, dtype=x.dtype, device=x.device)
     block = block_rows(rows, sms)
     _gemv_kernel[(triton.cdiv(rows, block),)](
         x, x if norm is None else norm, weight, x if residual is None else residual, out, rows, weight.shape[1],
         weight.stride(0), eps, NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, BLOCK_ROWS=block,
-        BLOCK_K=TILE // block)
+        BLOCK_K=TILE // block, PDL=pdl, **launch_options(pdl))
     return out
 
 
@@ -101,7 +113,7 @@ def qkv_block_rows(heads: int, half: int, sms: int) -> int:
 
 
 def qkv_into_cache(model: CompactModel, layer: Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                   cache: KVCache, index: int, sms: int) -> torch.Tensor:
+                   cache: KVCache, index: int, sms: int, pdl: bool = False) -> torch.Tensor:
     """Layer `index`'s query (heads · head dim,), RoPE applied; its key (RoPE applied) and value written into
     cache row 0 at the row's length, as KVCache.write_token does. rope: the (cos, signed sin) tables per position
     (CompactModel.rope_tables)."""
@@ -116,7 +128,7 @@ def qkv_into_cache(model: CompactModel, layer: Layer, x: torch.Tensor, rope: tup
         else cache.start, query, keys, values, x.shape[0], layer.qkv.weight.stride(0), cos.stride(0),
         *keys.stride()[:2], *values.stride()[:2], model.norm_eps,
         HEADS=model.heads, KV_HEADS=model.kv_heads, HEAD_DIM=model.head_dim, FROM_ZERO=cache.start is None,
-        BLOCK_ROWS=block, BLOCK_K=TILE // block)
+        BLOCK_ROWS=block, BLOCK_K=TILE // block, PDL=pdl, **launch_options(pdl))
     return query
 
 
@@ -126,51 +138,78 @@ def decode_pass(model: CompactModel, cache: KVCache, tokens: torch.Tensor, rope:
     CompactForward._decode_pass computes, in the kernels of the module docstring (each layer's K/V written at
     the row's length; the cache's length does not move)."""
     x = F.embedding(tokens, model.embed)[0]
+    pdl = uses_pdl(x.device)
     for index, layer in enumerate(model.layers):
-        query = qkv_into_cache(model, layer, x, rope, cache, index, sms)
+        query = qkv_into_cache(model, layer, x, rope, cache, index, sms, pdl)
         attention = split_decode_attention(query.view(1, model.kv_heads, model.groups, model.head_dim),
                                            cache.keys(index), cache.values(index), cache.start, cache.length,
-                                           length, sms)
-        x = gemv(attention.view(-1), layer.out.weight, sms, residual=x)
-        hidden = gemv(x, layer.up.weight, sms, norm=layer.norm2.weight, eps=model.norm_eps, glu=True)
-        x = gemv(hidden, layer.down.weight, sms, residual=x)
-    return gemv(x, model.lm_head, sms, norm=model.final_norm.weight, eps=model.norm_eps)[None]
+                                           length, sms, pdl)
+        x = gemv(attention.view(-1), layer.out.weight, sms, residual=x, pdl=pdl)
+        hidden = gemv(x, layer.up.weight, sms, norm=layer.norm2.weight, eps=model.norm_eps, glu=True, pdl=pdl)
+        x = gemv(hidden, layer.down.weight, sms, residual=x, pdl=pdl)
+    return gemv(x, model.lm_head, sms, norm=model.final_norm.weight, eps=model.norm_eps, pdl=pdl)[None]
 
 
 if triton is not None:
+    from llm_inference.decode_attention import wait_for_predecessor
+
+    @triton.jit
+    def _weight_tile(first, second, row_in, start, size, SECOND: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One loop step's input columns and weight tiles (rows at `first`, and at `second` under SECOND)."""
+        k = start + tl.arange(0, BLOCK_K)
+        k_in = k < size
+        inside = row_in[:, None] & k_in[None, :]
+        weights = tl.load(first + k[None, :], mask=inside, other=0.0)
+        weights_second = weights
+        if SECOND:
+            weights_second = tl.load(second + k[None, :], mask=inside, other=0.0)
+        return k, k_in, weights, weights_second
+
+    @triton.jit
+    def _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k, k_in, NORM: tl.constexpr,
+                    SECOND: tl.constexpr):
+        """One loop step of _row_sums on tiles _weight_tile loaded."""
+        u = tl.load(x + k, mask=k_in, other=0.0).to(tl.float32)
+        if NORM:
+            squares += u * u
+            u = u * tl.load(norm + k, mask=k_in, other=0.0).to(tl.float32)
+        acc += weights.to(tl.float32) * u[None, :]
+        if SECOND:
+            acc_second += weights_second.to(tl.float32) * u[None, :]
+        return acc, acc_second, squares
+
     @triton.jit
     def _row_sums(x, norm, first, second, row_in, size, NORM: tl.constexpr, SECOND: tl.constexpr,
-                  BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """The loop both kernels stream: each row at `first` (and, under SECOND, at `second`) times u summed over the
         input, u = x in fp32, times the norm's weights under NORM; and the sum of x² (the inverse RMS is a common
         factor of every output row: the caller scales the sums by it after the loop). Products are summed per lane
-        and reduced once at the end."""
+        and reduced once at the end. Under PDL the first weight tiles are loaded before the wait for the previous
+        kernel (x, the norm's input, is its output)."""
         squares = tl.zeros([BLOCK_K], tl.float32)
         acc = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         acc_second = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        for start in range(0, size, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            k_in = k < size
-            u = tl.load(x + k, mask=k_in, other=0.0).to(tl.float32)
-            if NORM:
-                squares += u * u
-                u = u * tl.load(norm + k, mask=k_in, other=0.0).to(tl.float32)
-            inside = row_in[:, None] & k_in[None, :]
-            acc += tl.load(first + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
-            if SECOND:
-                acc_second += tl.load(second + k[None, :], mask=inside, other=0.0).to(tl.float32) * u[None, :]
+        k, k_in, weights, weights_second = _weight_tile(first, second, row_in, 0, size, SECOND, BLOCK_K)
+        if PDL:
+            wait_for_predecessor()
+        acc, acc_second, squares = _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k, k_in,
+                                               NORM, SECOND)
+        for start in range(BLOCK_K, size, BLOCK_K):
+            k, k_in, weights, weights_second = _weight_tile(first, second, row_in, start, size, SECOND, BLOCK_K)
+            acc, acc_second, squares = _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k,
+                                                   k_in, NORM, SECOND)
         return tl.sum(acc, 1), tl.sum(acc_second, 1), tl.sum(squares, 0)
 
     @triton.jit
     def _gemv_kernel(x, norm, weight, residual, out, rows, size, row_stride, eps,
                      NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                     BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """BLOCK_ROWS output rows of `gemv` (its docstring)."""
         row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_in = row < rows
         first = weight + row.to(tl.int64)[:, None] * row_stride  # the LM head's rows × stride pass 2^31 at 70B
         second = first + rows * row_stride  # GLU: the up rows after the gate rows
-        total, up, squares = _row_sums(x, norm, first, second, row_in, size, NORM, GLU, BLOCK_ROWS, BLOCK_K)
+        total, up, squares = _row_sums(x, norm, first, second, row_in, size, NORM, GLU, BLOCK_ROWS, BLOCK_K, PDL)
         if NORM:
             scale = tl.rsqrt(squares / size + eps)
             total, up = total * scale, up * scale
@@ -184,7 +223,7 @@ if triton is not None:
     def _qkv_kernel(x, norm, weight, cos, sin, lengths, starts, query, keys, values, size, row_stride, rope_stride,
                     k_head, k_position, v_head, v_position, eps,
                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, FROM_ZERO: tl.constexpr,
-                    BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """BLOCK_ROWS lanes j of one Q, K or V head (program axis 0: Q heads, then K, then V): its rows j and
         j + HEAD_DIM/2 together, so RoPE (x₁·cos − x₂·sin, x₂·cos + x₁·sin) needs no other program's rows."""
         head = tl.program_id(0)
@@ -192,7 +231,8 @@ if triton is not None:
         lane_in = lane < HEAD_DIM // 2
         first = weight + (head * HEAD_DIM + lane).to(tl.int64)[:, None] * row_stride
         second = first + (HEAD_DIM // 2) * row_stride
-        low, high, squares = _row_sums(x, norm, first, second, lane_in, size, True, True, BLOCK_ROWS, BLOCK_K)
+        low, high, squares = _row_sums(x, norm, first, second, lane_in, size, True, True, BLOCK_ROWS, BLOCK_K,
+                                       PDL)
         scale = tl.rsqrt(squares / size + eps)  # RMSNorm's inverse RMS
         low, high = low * scale, high * scale
         length = tl.load(lengths)

@@ -180,12 +180,13 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
     qkv_block = fused_decode.qkv_block_rows(shape.num_attention_heads + 2 * shape.num_key_value_heads, half, sms)
     kernels = [(fused_decode._qkv_kernel, qkv_types, {
         "HEADS": shape.num_attention_heads, "KV_HEADS": shape.num_key_value_heads, "HEAD_DIM": shape.head_dim,
-        "FROM_ZERO": False, "BLOCK_ROWS": qkv_block})]
+        "FROM_ZERO": False, "BLOCK_ROWS": qkv_block, "PDL": True})]
     for rows, norm, glu, residual in [(shape.hidden_size, False, False, True), (shape.intermediate_size, True, True,
                                                                                 False), (shape.vocab_size, True,
                                                                                          False, False)]:
         kernels.append((fused_decode._gemv_kernel, gemv_types, {"NORM": norm, "GLU": glu, "RESIDUAL": residual,
-                                                                 "BLOCK_ROWS": fused_decode.block_rows(rows, sms)}))
+                                                                 "BLOCK_ROWS": fused_decode.block_rows(rows, sms),
+                                                                 "PDL": True}))
     for kernel, types, constants in kernels:
         constants["BLOCK_K"] = fused_decode.TILE // constants["BLOCK_ROWS"]
         signature = {**types, **{name: "constexpr" for name in constants}}
@@ -194,7 +195,11 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
         aligned = {(index,): [["tt.divisibility", 16]] for index, kind in enumerate(types.values()) if kind != "fp32"}
         compiled = triton.compile(ASTSource(kernel, signature, constants, attrs=aligned),
                                   target=GPUTarget("cuda", 90, 32))
-        assert "ld.global.v4" in compiled.asm["ptx"]  # the weight stream in 16-byte loads
+        ptx = compiled.asm["ptx"]
+        assert "ld.global.v4" in ptx  # the weight stream in 16-byte loads
+        # as a programmatic dependent: the first weight tile is loaded before the wait for the previous kernel
+        assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
+        assert ptx.index("ld.global.v4") < ptx.index("griddepcontrol.wait")
         stores, loads, report = spill_bytes(compiled.asm["ptx"])
         assert (stores, loads) == (0, 0), (constants, report)
 
@@ -230,3 +235,31 @@ def test_gemv_benchmark_refuses_without_a_gpu(tmp_path: Path) -> None:
     assert done.returncode == ExitCode.USAGE and done.stderr.strip() == (
         "benchmarks/fused_gemv_h100.py: error: no CUDA GPU here: the fused kernels and cuBLAS are timed on one. Fix: "
         "run it on a GPU machine")
+
+
+def test_attention_kernels_wait_for_their_predecessor_as_dependents() -> None:
+    """Launched as programmatic dependents (the fused step on sm_90), both split-attention kernels wait for the
+    previous kernel before their first global load: the query and the K/V they read are its writes."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed: nothing to compile")
+    bundled_ptxas()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llm_inference import decode_attention
+
+    pointers = ("query", "keys", "values", "firsts", "lasts", "partial", "maxima", "sums")
+    pieces_types = {**{name: "*fp32" if name in ("partial", "maxima", "sums") else "*i64" if name.endswith("sts")
+                       else "*bf16" for name in pointers},
+                    **{name: "i32" for name in ("q_row", "q_head", "q_group", "k_row", "k_head", "k_position", "v_row",
+                                                "v_head", "v_position", "last_stride")},
+                    "scale": "fp32", "piece_positions": "i32", "pieces": "i32", "length": "i32"}
+    combine_types = {"partial": "*fp32", "maxima": "*fp32", "sums": "*fp32", "out": "*bf16", "o_row": "i32",
+                     "o_head": "i32", "o_group": "i32", "pieces": "i32"}
+    shape = {"KV_HEADS": 8, "GROUPS": 4, "HEAD_DIM": 128, "BLOCK_GROUPS": 16, "PDL": True}
+    for kernel, types, constants in [
+            (decode_attention._pieces_kernel, pieces_types, {**shape, "BLOCK_POSITIONS": decode_attention.SPLIT_BLOCK,
+                                                             "FROM_ZERO": False, "DOT_PRECISION": "tf32"}),
+            (decode_attention._combine_kernel, combine_types, shape)]:
+        signature = {**types, **{name: "constexpr" for name in constants}}
+        ptx = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

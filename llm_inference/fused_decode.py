@@ -12,15 +12,16 @@ element-wise work folded into its prologue or epilogue:
 5. RMSNorm (MLP) + the gate/up GEMV + SiLU(gate)·up;
 6. the down projection + the residual add;
 
-and the step ends with the final RMSNorm + LM-head GEMV. On sm_90 and later every kernel of the step launches as a
-programmatic dependent of the one before (PDL): it starts while its predecessor's last programs run, loads its first
-weight tile and then waits for the predecessor's writes. Every program reads the whole input vector anyway, so it sums
-the squares of the norm's input on the way and scales its sums by the inverse RMS at the end (a common factor of
-every output row): no separate norm kernel, no extra pass. A GEMV gives each program a few output rows over the
-whole input (no split-K: nothing to combine), sized so that every SM gets PROGRAMS_PER_SM of them, in tiles of
-TILE weights per loop step. Sums and the element-wise tail run in fp32, rounded once to the
-model's dtype (the compiled path rounds after each op: bf16 logits differ by rounding, checked by
-benchmarks/inference_engine_h100.py).
+and the step ends with the final RMSNorm + LM-head GEMV. With PDL set, on sm_90 and later every kernel of the step
+launches as a programmatic dependent of the one before: it starts while its predecessor's last programs run, loads
+its first weight tile and then waits for the predecessor's writes.
+
+Every program reads the whole input vector anyway, so it sums the squares of the norm's input on the way and scales
+its sums by the inverse RMS at the end (a common factor of every output row): no separate norm kernel, no extra
+pass. A GEMV gives each program a few output rows over the whole input (no split-K: nothing to combine), sized so
+that every SM gets PROGRAMS_PER_SM of them, in tiles of TILE weights per loop step. Sums and the element-wise tail
+run in fp32, rounded once to the model's dtype (the compiled path rounds after each op: bf16 logits differ by
+rounding, checked by benchmarks/inference_engine_h100.py).
 
 Covered: the Llama family without biases, one device, one row (the static engine's batch 1, the continuous engine's
 one-row bucket); anything else runs the compiled path (`unsupported` says why). The kernels need Triton and a CUDA
@@ -50,8 +51,10 @@ MIN_BLOCK_ROWS = 2
 TILE = 4096
 # Programmatic dependent launch (sm_90+): each kernel of the step may start while the previous one finishes, loads its
 # first weight tile (weights never change within a step) and only then waits for the previous kernel's writes, so a
-# kernel's launch and its first loads overlap the previous one's last programs instead of following them.
-PDL = True
+# kernel's launch and its first loads overlap the previous one's last programs instead of following them. Off until
+# measured on an H100 (benchmarks/fused_gemv_h100.py times whole steps both ways; docs/perf-notes.md, issue 59):
+# `auto` runs the fused step, so an unmeasured launch mode must not become every batch-1 run's.
+PDL = False
 
 try:
     import triton

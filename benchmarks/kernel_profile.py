@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Where training time goes on one GPU: torch.profiler over a few iterations, kernels grouped.
+"""Where training (and inference) time goes on one GPU: torch.profiler over a few iterations, kernels grouped.
 
     PYTHONPATH=. python benchmarks/kernel_profile.py --workload llm --out prof.txt -- --model 800M [train options]
     PYTHONPATH=. python benchmarks/kernel_profile.py --workload resnet50 --out prof_resnet.txt -- \\
         --compile --global-batch-size 256 --precision bf16 [python -m resnet50 train options]
+    PYTHONPATH=. python benchmarks/kernel_profile.py --workload inference --out prof_llama8b_512.txt --warmup 1 \
+        --steps 1 -- --preset llama-8b --task chat --batch-sizes 512 [python -m llm_inference run options]
 
 Options after `--` are the workload's own: `python -m llm_training train` builds the GPT Trainer,
 `python -m resnet50 train` the torchvision ResNet-50 torch backend (--framework pytorch is implied;
-the profiler only sees torch). Both get --device cuda. The script runs --warmup steps, then
+the profiler only sees torch), `python -m llm_inference run` one generate call of the static engine per step
+(prefill and decode of one batch). All get --device cuda. The script runs --warmup steps, then
 profiles --steps steps and writes: the device time per category, the top kernels by total device
 time, and the idle share of the profiled span. One process, no jpwr sampler: this explains a
 throughput number, it does not replace the metered runs of llm_h100.py / resnet50_h100.py.
@@ -111,7 +114,47 @@ def build_resnet50(argv: Sequence[str]) -> Workload:
                     backend.mark_phases)
 
 
-WORKLOADS: dict[str, Callable[[Sequence[str]], Workload]] = {"llm": build_llm, "resnet50": build_resnet50}
+def build_inference(argv: Sequence[str]) -> Workload:
+    """One batch of `python -m llm_inference run --device cuda ARGV` per step, the static engine made as the driver
+    makes it: its prefill and every decode step of one generate call (the first task and batch size; issue 59's
+    question is where a decode step's time goes at the batch that costs least per token)."""
+    import torch
+
+    from llm_inference.cli import build_parser
+    from llm_inference.config import resolve
+    from llm_inference.engine import build_model, make_inputs
+    from llm_inference.runner import compact_engine
+    from llm_inference.static_engine import StaticEngine
+    from llm_inference.tasks import TASKS, draw_batches
+    from llm_inference.validation import check_config, resolve_precision
+
+    cfg = resolve(build_parser().parse_args(unless_given(["run", "--device", "cuda"], argv)))
+    require_cuda(cfg.device)
+    if cfg.engine != "static" or cfg.tensor_parallel != 1:
+        raise ValidationError(f"--engine {cfg.engine} --tensor-parallel {cfg.tensor_parallel}: the profile runs the "
+                              "static engine on one GPU", "leave --engine and --tensor-parallel out")
+    shape = check_config(cfg)
+    if not torch.cuda.is_available():
+        raise ValidationError("--device cuda: no CUDA GPU is visible here", "run it on a GPU machine")
+    device = torch.device("cuda")
+    precision = resolve_precision(cfg.precision, "cuda")
+    batch = draw_batches(TASKS[cfg.tasks[0]], cfg.batch_sizes[0], 1, cfg.seed, cfg.output_length)[0]
+    engine = compact_engine(StaticEngine, build_model(shape, cfg.checkpoint, precision, cfg.attention, device,
+                                                      cfg.seed), device, cfg.decode_tuning)
+    engine.prepare([batch])
+    inputs = make_inputs(batch, shape.vocab_size, cfg.seed, device)
+
+    def step() -> None:
+        engine.generate(inputs, batch.output_length)
+        engine.sync()
+
+    return Workload(step, lambda: None, f"preset={shape.name} task={cfg.tasks[0]} batch={batch.size} "
+                    f"output_length={batch.output_length} {precision} decode_tuning={cfg.decode_tuning}",
+                    lambda phases: None)
+
+
+WORKLOADS: dict[str, Callable[[Sequence[str]], Workload]] = {"llm": build_llm, "resnet50": build_resnet50,
+                                                             "inference": build_inference}
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

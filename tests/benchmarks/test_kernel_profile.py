@@ -113,6 +113,22 @@ def test_resnet50_workload_without_a_gpu_stops_before_device_work() -> None:
         kernel_profile.build_resnet50(["--global-batch-size", "8"])
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_inference_workload_is_the_static_engine_on_a_gpu() -> None:
+    """The driver's own options and refusals; anything but the static engine on one GPU is refused by name."""
+    import torch
+
+    for argv, named in ((["--device", "cpu"], "--device cpu"), (["--engine", "hf"], "--engine hf")):
+        with pytest.raises(ValidationError, match=named):
+            kernel_profile.build_inference(argv)
+    with pytest.raises(SystemExit) as ended:  # the driver's parser: a batch of at least 1
+        kernel_profile.build_inference(["--batch-sizes", "0"])
+    assert ended.value.code == 2
+    if not torch.cuda.is_available():
+        with pytest.raises(ValidationError, match="no CUDA GPU"):
+            kernel_profile.build_inference(["--preset", "tiny"])
+
+
 def test_importing_the_script_does_not_import_torch() -> None:
     code = (f"import importlib.util, sys; s = importlib.util.spec_from_file_location('kp', {str(SCRIPT)!r}); "
             "m = sys.modules['kp'] = importlib.util.module_from_spec(s); s.loader.exec_module(m); "

@@ -218,7 +218,9 @@ def controlled_window(window: dict[str, Any]) -> list[str]:
         if not part:
             continue
         size = (f"{part['prefill_step_tokens']:.0f} tokens" if name == "prefill" else
-                f"{part['decode_step_rows']:.0f} rows") + " per step (weighted)"
+                f"{part['decode_step_rows']:.0f} rows") + " per step (weighted)" + \
+            ("" if part.get("decode_row_positions") is None else
+             f", {part['decode_row_positions']:.0f} KV positions attended per row")
         energy = part.get("energy_unavailable_reason") or \
             f"measured {part['energy_j']:.1f} J ± {part['bound_j']:.1f} J ({part['bound_fraction']:.1%})"
         clock = "n/a" if part["sm_clock_mhz"] is None else f"{part['sm_clock_mhz']:.0f} MHz"
@@ -316,7 +318,8 @@ def causes(replayed: Replay, joint: JointFit, parts: dict[str, RecoveredPart] | 
             steps = part.amounts[1] if name == "prefill" else part.amounts[0]
             size = part.amounts[0] / steps if name == "prefill" else part.amounts[1] / steps
             recovered = Conditions(part.clock_hz / 1e6, part.capped, size if name == "prefill" else None,
-                                   size if name == "decode" else None)
+                                   size if name == "decode" else None,
+                                   part.amounts[2] / part.amounts[1] if name == "decode" else None)
             lines.append(f"- every rate, c {name} (recovered): {Comparison(fit.fitted, recovered).cause()}")
     for label, block in replayed.joint.items():
         for key, name in (("held_out_halves", "b half"), ("cross_rate", "a"), ("controlled_split", "c")):

@@ -98,20 +98,24 @@ class Conditions:
     capped_share: float | None  # share of the steps' time with the power-cap reason set
     prefill_step_tokens: float | None  # tokens per prefill step, token-weighted (the step the mean token ran in)
     decode_step_rows: float | None  # rows per decode step, row-weighted
+    decode_row_positions: float | None  # attended KV positions per decoded row (what a decode row reads)
 
     @classmethod
     def of_steps(cls, seconds: np.ndarray, clock_hz: np.ndarray | None, capped: np.ndarray | None,
                  prefill_tokens: np.ndarray, prefill_steps: np.ndarray, row_steps: np.ndarray,
-                 decode_steps: np.ndarray) -> Conditions:
+                 decode_steps: np.ndarray, kv_tokens: np.ndarray) -> Conditions:
         """From the steps (or their in-window shares: amounts and seconds scaled alike) of the windows."""
         weight = np.asarray(seconds, float)
         clock = None if clock_hz is None or not weight.sum() else _weighted_median(clock_hz, weight) / 1e6
         share = None if capped is None or not weight.sum() else float(np.average(capped, weights=weight))
-        return cls(clock, share, _per_step(prefill_tokens, prefill_steps), _per_step(row_steps, decode_steps))
+        rows = float(np.sum(row_steps))
+        return cls(clock, share, _per_step(prefill_tokens, prefill_steps), _per_step(row_steps, decode_steps),
+                   float(np.sum(kv_tokens)) / rows if rows > 0 else None)
 
     def to_dict(self) -> CardConditions:
         return {"sm_clock_mhz": self.sm_clock_mhz, "capped_share": self.capped_share,
-                "prefill_step_tokens": self.prefill_step_tokens, "decode_step_rows": self.decode_step_rows}
+                "prefill_step_tokens": self.prefill_step_tokens, "decode_step_rows": self.decode_step_rows,
+                "decode_row_positions": self.decode_row_positions}
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
@@ -142,9 +146,15 @@ class Comparison:
     def decode_rows_factor(self) -> float | None:
         return _ratio(self.predicted.decode_step_rows, self.fitted.decode_step_rows)
 
+    @property
+    def decode_positions_factor(self) -> float | None:
+        """The decode's extrapolation in attended length: a decode row's KV positions, predicted over fitted."""
+        return _ratio(self.predicted.decode_row_positions, self.fitted.decode_row_positions)
+
     def to_dict(self) -> CardComparison:
         return {"fitted": self.fitted.to_dict(), "predicted": self.predicted.to_dict(),
-                "prefill_step_factor": self.prefill_step_factor, "decode_rows_factor": self.decode_rows_factor}
+                "prefill_step_factor": self.prefill_step_factor, "decode_rows_factor": self.decode_rows_factor,
+                "decode_positions_factor": self.decode_positions_factor}
 
     def cause(self) -> str:
         """A failing check's measured cause in one line: the card-state difference and the step-size
@@ -152,7 +162,9 @@ class Comparison:
         return (f"card state fitted {_state(self.fitted)}, predicted {_state(self.predicted)}; step size predicted/"
                 f"fitted: prefill {_times(self.prefill_step_factor)} ({_amount(self.predicted.prefill_step_tokens)} "
                 f"vs {_amount(self.fitted.prefill_step_tokens)} tokens), decode {_times(self.decode_rows_factor)} "
-                f"({_amount(self.predicted.decode_step_rows)} vs {_amount(self.fitted.decode_step_rows)} rows)")
+                f"({_amount(self.predicted.decode_step_rows)} vs {_amount(self.fitted.decode_step_rows)} rows) "
+                f"attending {_times(self.decode_positions_factor)} ({_amount(self.predicted.decode_row_positions)} "
+                f"vs {_amount(self.fitted.decode_row_positions)} KV positions a row)")
 
 
 def check_fields(comparison: Comparison | None, passes: bool) -> CardStateCheck:

@@ -536,6 +536,7 @@ class CardConditions(TypedDict, total=False):
     capped_share: float | None
     prefill_step_tokens: float | None
     decode_step_rows: float | None
+    decode_row_positions: float | None
 
 
 class CardComparison(TypedDict, total=False):
@@ -545,6 +546,7 @@ class CardComparison(TypedDict, total=False):
     predicted: CardConditions
     prefill_step_factor: float | None
     decode_rows_factor: float | None
+    decode_positions_factor: float | None
 
 
 class CardStateCheck(TypedDict, total=False):

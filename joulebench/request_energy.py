@@ -401,7 +401,8 @@ def work_conditions(windows: Sequence[tuple[WorkLog, float, float]]) -> Conditio
         return np.concatenate([np.asarray(getattr(log, name), float) * share for log, share in parts] or [np.zeros(0)])
 
     return Conditions.of_steps(scaled("seconds"), joined("sm_clock_hz"), joined("capped"), scaled("prefill_tokens"),
-                               scaled("prefill_steps"), scaled("row_steps"), scaled("decode_steps"))
+                               scaled("prefill_steps"), scaled("row_steps"), scaled("decode_steps"),
+                               scaled("kv_tokens"))
 
 
 def variance_inflation(x: np.ndarray) -> np.ndarray:

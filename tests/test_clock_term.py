@@ -5,7 +5,8 @@ Planted: three loads of 3, 7 and 20 requests/s into 64 slots (tests/serving_run.
 pynvml and the real sampler) whose SM clock alternates between 1980 and 1600 MHz every 1.5 s; each step's work
 energy is the planted costs times (f / 1980 MHz)^alpha. With alpha 2 the fits find it and adopt the term (it
 predicts the rates left out better); with alpha 0 (the clock moves, the energy does not follow) they do not.
-Recorded: the card state per counter segment is the median of the trace's own readings inside it.
+Recorded: the card state per counter segment is the median of the trace's own readings inside it; a check's
+conditions name the decode's attended length (the 2026-12-06 H100 run whose controlled decode failed).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from joulebench.request_energy import (
     fit_with_clock_trial,
     work_conditions,
 )
+from joulebench.requests_table import StepKind, read_requests
 from joulebench.segment_fit import window_segments
-from llm_inference.serving_energy import trace_knots
+from llm_inference.serving_energy import controlled_intervals, steps_work_log, trace_knots
 from tests import serving_run
 from tests.serving_run import COSTS, F_MAX, IDLE_W
 
 SWEEP = Path(__file__).parent.parent / "benchmarks/results/2026-11-25-session10/serving-compact/sweep"
+P59R = Path(__file__).parent.parent / ("benchmarks/results/2026-12-06-wave5-s4/issue59/serving-256/p59r/branch/"
+                                       "continuous-256/run")
 DRAWS = 40
 PLANTED = 2.0
 PLANS = ((1, 3.0, 60), (6, 7.0, 140), (3, 20.0, 300))  # seed, requests/s, requests
@@ -156,11 +160,42 @@ def test_a_failing_check_names_the_state_and_step_sizes_of_its_two_sides() -> No
     large = large.with_state(np.full(len(large.t0_ns), 1.6e9), np.ones(len(large.t0_ns)))
     sides = Comparison(work_conditions([(small, 0.0, np.inf)]), work_conditions([(large, 0.0, np.inf)]))
     assert sides.decode_rows_factor == pytest.approx(8.0) and sides.prefill_step_factor == pytest.approx(2.0)
+    # decode step j of a batch attends prompt + j positions a row: prompt + (decodes - 1) / 2 on average
+    assert sides.decode_positions_factor == pytest.approx((16 + 29 / 2) / (64 + 59 / 2))
     fields = check_fields(sides, passes=False)
     assert fields["conditions"] == sides.to_dict() and "measured_cause" not in check_fields(sides, passes=True)
     assert fields["measured_cause"] == ("card state fitted 1980 MHz, 0% capped, predicted 1600 MHz, 100% capped; "
                                         "step size predicted/fitted: prefill 2x (1024 vs 512 tokens), decode 8x "
-                                        "(64 vs 8 rows)")
+                                        "(64 vs 8 rows) attending 0.33x (30 vs 94 KV positions a row)")
+
+
+def test_a_decode_check_names_the_attended_length_it_extrapolates_to() -> None:
+    """The H100 run of 2026-12-06 (llama-8b, 256 rows, rate max; its controlled decode failed by +10.5 %): its
+    controlled decode attended longer rows than the serving window's decode, which the rows per step (251 vs 249)
+    do not show. Each side's positions a row are the step log's own: its decode members' attended KV tokens over
+    their count."""
+    with h5py.File(P59R / "requests.h5", "r") as h5:
+        own = {name: {key: h5[f"{name}/{key}"][()] for key in ("kind", "member_offsets", "member_amount", "t0_ns",
+                                                                  "t1_ns")} for name in ("steps", "controlled_steps")}
+
+    def positions(steps: dict[str, np.ndarray], inside: np.ndarray) -> float:
+        decode = (steps["kind"] == StepKind.DECODE) & inside
+        member = np.repeat(decode, np.diff(steps["member_offsets"]))
+        return float(steps["member_amount"][member].sum() / member.sum())
+
+    table = read_requests(P59R / "requests.h5")
+    window = tuple(float(t) for t in table.attrs["window_ns"])  # the serving window's edges
+    serving, controlled = steps_work_log(table.steps), steps_work_log(table.controlled_steps)
+    decode = controlled_intervals(table.controlled_steps)[1]
+    sides = Comparison(work_conditions([(serving, *window)]), work_conditions([(controlled, *decode)]))
+    steps = own["steps"]
+    assert sides.fitted.decode_row_positions == pytest.approx(
+        positions(steps, (steps["t0_ns"] >= window[0]) & (steps["t1_ns"] <= window[1])))
+    assert sides.predicted.decode_row_positions == pytest.approx(
+        positions(own["controlled_steps"], np.ones(len(own["controlled_steps"]["kind"]), bool)))
+    factor = sides.decode_positions_factor
+    assert factor is not None and factor > 1.3 and sides.decode_rows_factor == pytest.approx(1.0, abs=0.02)
+    assert f"attending {factor:.2g}x" in sides.cause()
 
 
 def test_each_segment_gets_the_median_clock_and_capped_share_of_its_readings() -> None:

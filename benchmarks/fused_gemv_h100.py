@@ -102,14 +102,19 @@ def measure_form(preset: str, name: str, rows: int, size: int, options: dict[str
                 if options.get("residual") else None)
     cublas_us = timed_us(lambda i: F.linear(x, weights[i]), copies)
     measured = []
-    for programs, tile in configs:
-        fused_decode.PROGRAMS_PER_SM, fused_decode.TILE = programs, tile
-        fused_us = timed_us(lambda i: fused_decode.gemv(x, weights[i], sms, norm=norm, eps=1e-5, residual=residual,
-                                                        glu=glu), copies)
-        measured.append({"preset": preset, "gemv": name, "shape": f"{rows}x{size}", "config": f"{programs}x{tile}",
-                         "status": "OK", "fused µs": fused_us, "fused GB/s": nbytes / fused_us / 1e3,
-                         "cuBLAS µs": cublas_us, "cuBLAS GB/s": nbytes / cublas_us / 1e3})
-        print("GEMV " + json.dumps(measured[-1]), flush=True)
+    module_settings = fused_decode.PROGRAMS_PER_SM, fused_decode.TILE
+    try:
+        for programs, tile in configs:
+            fused_decode.PROGRAMS_PER_SM, fused_decode.TILE = programs, tile
+            fused_us = timed_us(lambda i: fused_decode.gemv(x, weights[i], sms, norm=norm, eps=1e-5,
+                                                            residual=residual, glu=glu), copies)
+            measured.append({"preset": preset, "gemv": name, "shape": f"{rows}x{size}",
+                             "config": f"{programs}x{tile}", "status": "OK", "fused µs": fused_us,
+                             "fused GB/s": nbytes / fused_us / 1e3, "cuBLAS µs": cublas_us,
+                             "cuBLAS GB/s": nbytes / cublas_us / 1e3})
+            print("GEMV " + json.dumps(measured[-1]), flush=True)
+    finally:  # the whole steps below run at the module's own settings
+        fused_decode.PROGRAMS_PER_SM, fused_decode.TILE = module_settings
     return measured
 
 
@@ -135,13 +140,23 @@ def measure_passes(preset: str) -> list[dict[str, Any]]:
     rope = model.rope_tables(PASS_POSITIONS, model.embed.dtype)
     assert rope is not None  # a Llama preset
     tokens = torch.tensor([1], device=device)
-    rows = []
-    for pdl in (False, True):
-        fused_decode.PDL = pdl
-        ms = timed_us(lambda _: fused_decode.decode_pass(model, cache, tokens, rope, PASS_POSITIONS, sms), 1) / 1e3
-        rows.append({"preset": preset, "step": "fused decode_pass, batch 1", "PDL": "on" if pdl else "off",
-                     "status": "OK", "ms per step": ms, "weights GB/s": weight_bytes / ms / 1e6})
-        print("PASS " + json.dumps(rows[-1]), flush=True)
+    rows: list[dict[str, Any]] = []
+    module_pdl = fused_decode.PDL
+    try:
+        for pdl in (False, True):
+            fused_decode.PDL = pdl
+            row: dict[str, Any] = {"preset": preset, "step": "fused decode_pass, batch 1",
+                                   "PDL": "on" if pdl else "off"}
+            try:
+                ms = timed_us(lambda _: fused_decode.decode_pass(model, cache, tokens, rope, PASS_POSITIONS, sms),
+                              1) / 1e3
+                row.update({"status": "OK", "ms per step": ms, "weights GB/s": weight_bytes / ms / 1e6})
+            except (RuntimeError, ValueError) as exc:  # e.g. a capture that refuses dependent launches: a row says so
+                row["status"] = f"failed: {type(exc).__name__}: {' '.join(str(exc).splitlines()[:1])}"
+            rows.append(row)
+            print("PASS " + json.dumps(row), flush=True)
+    finally:
+        fused_decode.PDL = module_pdl
     return rows
 
 
@@ -163,16 +178,27 @@ def main() -> int:
                               "run it on a GPU machine")
     configs = [(int(a), int(b)) for a, b in (item.split("x") for item in args.configs.split(","))]
     presets = args.presets.split(",")
-    rows = [row for preset in presets for row in measure(preset, configs)]
-    torch.cuda.empty_cache()
-    passes = [row for preset in presets for row in measure_passes(preset)] if args.passes else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(rows, HEADER, digits=4) + "\n\n" + markdown_table(passes, PASS_HEADER, digits=4)
-    (out / "results.md").write_text(f"Fused decode GEMVs vs cuBLAS on {torch.cuda.get_device_name(0)}\n\n{table}\n")
-    (out / "results.json").write_text(json.dumps({"gemv": rows, "passes": passes}, indent=2) + "\n")
-    print(table)
+    rows = [row for preset in presets for row in measure(preset, configs)]
+    write_results(out, rows, [])  # kept should a whole step end the process
+    torch.cuda.empty_cache()
+    passes = [row for preset in presets for row in measure_passes(preset)] if args.passes else []
+    print(write_results(out, rows, passes))
     return exit_status(rows + passes)
+
+
+def write_results(out: Path, rows: list[dict[str, Any]], passes: list[dict[str, Any]]) -> str:
+    """results.md and results.json under `out`; returns the tables."""
+    import torch
+
+    tables = markdown_table(rows, HEADER, digits=4)
+    if passes:
+        tables += "\n\nWhole steps (weights GB/s: the step's matrices over the whole step, attention and gaps " \
+                  "included)\n\n" + markdown_table(passes, PASS_HEADER, digits=4)
+    (out / "results.md").write_text(f"Fused decode GEMVs vs cuBLAS on {torch.cuda.get_device_name(0)}\n\n{tables}\n")
+    (out / "results.json").write_text(json.dumps({"gemv": rows, "passes": passes}, indent=2) + "\n")
+    return tables
 
 
 if __name__ == "__main__":

@@ -116,15 +116,15 @@ def build_resnet50(argv: Sequence[str]) -> Workload:
 
 def build_inference(argv: Sequence[str]) -> Workload:
     """One batch of `python -m llm_inference run --device cuda ARGV` per step, the static engine made as the driver
-    makes it: its prefill and every decode step of one generate call (the first task and batch size; issue 59's
-    question is where a decode step's time goes at the batch that costs least per token)."""
+    makes it (llm_inference.runner.make_engine): its prefill and every decode step of one generate call (issue 59's
+    question is where a decode step's time goes at the batch that costs least per token). One task, one batch size,
+    and no objective that needs a sampler (none runs here)."""
     import torch
 
     from llm_inference.cli import build_parser
     from llm_inference.config import resolve
-    from llm_inference.engine import build_model, make_inputs
-    from llm_inference.runner import compact_engine
-    from llm_inference.static_engine import StaticEngine
+    from llm_inference.engine import make_inputs
+    from llm_inference.runner import make_engine
     from llm_inference.tasks import TASKS, draw_batches
     from llm_inference.validation import check_config, resolve_precision
 
@@ -133,14 +133,19 @@ def build_inference(argv: Sequence[str]) -> Workload:
     if cfg.engine != "static" or cfg.tensor_parallel != 1:
         raise ValidationError(f"--engine {cfg.engine} --tensor-parallel {cfg.tensor_parallel}: the profile runs the "
                               "static engine on one GPU", "leave --engine and --tensor-parallel out")
+    if len(cfg.tasks) > 1 or len(cfg.batch_sizes) > 1:
+        raise ValidationError(f"tasks {', '.join(cfg.tasks)} and batch sizes {', '.join(map(str, cfg.batch_sizes))}: "
+                              "a profile is of one batch shape", "pass one --task and one --batch-sizes value")
+    if cfg.objective not in (None, "speed"):
+        raise ValidationError(f"--objective {cfg.objective} without a sampler (the profile meters nothing)",
+                              "leave --objective out, or pin the variant with --decode-tuning")
     shape = check_config(cfg)
     if not torch.cuda.is_available():
         raise ValidationError("--device cuda: no CUDA GPU is visible here", "run it on a GPU machine")
     device = torch.device("cuda")
     precision = resolve_precision(cfg.precision, "cuda")
     batch = draw_batches(TASKS[cfg.tasks[0]], cfg.batch_sizes[0], 1, cfg.seed, cfg.output_length)[0]
-    engine = compact_engine(StaticEngine, build_model(shape, cfg.checkpoint, precision, cfg.attention, device,
-                                                      cfg.seed), device, cfg.decode_tuning)
+    engine = make_engine(cfg, shape, precision, device, None)
     engine.prepare([batch])
     inputs = make_inputs(batch, shape.vocab_size, cfg.seed, device)
 

@@ -24,9 +24,13 @@ INTERPRETER_SMS = 4  # what grids are sized for off a GPU (Triton's interpreter 
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # Triton >= 3.4 (torch >= 2.8)
 except ImportError:  # CPU-only torch wheels come without Triton: the SDPA path serves
     triton = None
+try:  # grid dependency control, for programmatic dependent launch: Triton >= 3.4 (torch >= 2.8)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    GRID_DEPENDENCY_CONTROL = True
+except ImportError:  # an older Triton (or none): every kernel launches as before (fused_decode.uses_pdl)
+    GRID_DEPENDENCY_CONTROL = False
 
 
 def triton_supported(device: torch.device, head_dim: int, dtype: torch.dtype) -> bool:

@@ -11,7 +11,7 @@ an energy or edp objective falls back to speed, saying so in the record.
 
 The variants themselves are declared here (DECODE_TUNINGS, torch-free: `--decode-tuning`'s choices come from it):
 inductor's options for the compiled pieces, whether a variant runs the fused batch-1 kernels
-(llm_inference/fused_decode.py), and whether `auto` times it (a new variant only once measured on an H100).
+(llm_inference/fused_decode.py). `auto` times every one (a new variant joins only once measured on an H100).
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ class DecodeVariant:
 
     options: dict[str, Any]  # inductor options of its compiled pieces (every shape the fused kernels do not cover)
     fused: bool = False  # Llama at batch 1 on one device: the fused Triton kernels (llm_inference/fused_decode.py)
-    auto: bool = True  # `--decode-tuning auto` times it at set-up (False: pinned only, until measured on an H100)
 
 
 DECODE_TUNINGS: dict[str, DecodeVariant] = {
     "default": DecodeVariant({}),
     "coordinate-descent": DecodeVariant({"coordinate_descent_tuning": True}),
-    # measured on an H100 (docs/BENCHMARKS.md, issue 59): at batch 1 faster than both others for llama-1b and -8b,
-    # and cheaper per token than coordinate-descent, which `auto` picked before
+    # timed by `auto` at batch 1 since measured on an H100 (docs/BENCHMARKS.md, issue 59): faster than both others
+    # for llama-1b and -8b, and cheaper per token than coordinate-descent, which `auto` picked before
     "fused": DecodeVariant({}, fused=True),
 }
 DEFAULT_OBJECTIVE = "speed"  # the faster variant, as before --objective existed (docs/llm_inference.md says why)

@@ -36,7 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from llm_inference.compact_model import CompactModel, Layer
-from llm_inference.decode_attention import heads_supported, launch_options, split_decode_attention
+from llm_inference.decode_attention import (
+    GRID_DEPENDENCY_CONTROL,
+    heads_supported,
+    launch_options,
+    split_decode_attention,
+)
 from llm_inference.kv_cache import KVCache
 
 # GEMV programs aimed for per SM: enough loads in flight to stream a matrix at full bandwidth. 4, not 2: measured on
@@ -47,7 +52,8 @@ MAX_BLOCK_ROWS = 16  # output rows per program at most (the LM head's 128k rows:
 MIN_BLOCK_ROWS = 2
 # Weight elements per loop step and accumulator of a program (rows × input columns; 8 KB in bf16). ptxas for sm_90
 # (Triton's own, run here, 16-byte loads as the launcher specialises aligned shapes): 4,096 keeps two accumulators
-# (gate/up, the two RoPE halves) in 96–126 registers of 4 warps, so four programs fit an SM; 8,192 needs 250.
+# (gate/up, the two RoPE halves) within 128 registers of 4 warps (96–128; the test checks), so four programs fit an
+# SM; 8,192 needs 250.
 TILE = 4096
 # Programmatic dependent launch (sm_90+): each kernel of the step may start while the previous one finishes, loads its
 # first weight tile (weights never change within a step) and only then waits for the previous kernel's writes, so a
@@ -89,9 +95,10 @@ def block_rows(rows: int, sms: int) -> int:
 
 
 def uses_pdl(device: torch.device) -> bool:
-    """Whether the step's kernels launch as programmatic dependents here: PDL set and a CUDA GPU of sm_90 or later
-    (Triton's interpreter, the CPU tests' path, has no grid dependency control)."""
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Whether the step's kernels launch as programmatic dependents here: PDL set, a Triton with grid dependency
+    control and a CUDA GPU of sm_90 or later (Triton's interpreter, the CPU tests' path, has none)."""
+    return (PDL and GRID_DEPENDENCY_CONTROL and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, sms: int, norm: torch.Tensor | None = None, eps: float = 0.0,
@@ -157,29 +164,18 @@ if triton is not None:
     from llm_inference.decode_attention import wait_for_predecessor
 
     @triton.jit
-    def _weight_tile(first, second, row_in, start, size, SECOND: tl.constexpr, BLOCK_K: tl.constexpr):
-        """One loop step's input columns and weight tiles (rows at `first`, and at `second` under SECOND)."""
-        k = start + tl.arange(0, BLOCK_K)
-        k_in = k < size
-        inside = row_in[:, None] & k_in[None, :]
-        weights = tl.load(first + k[None, :], mask=inside, other=0.0)
-        weights_second = weights
-        if SECOND:
-            weights_second = tl.load(second + k[None, :], mask=inside, other=0.0)
-        return k, k_in, weights, weights_second
-
-    @triton.jit
-    def _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k, k_in, NORM: tl.constexpr,
-                    SECOND: tl.constexpr):
-        """One loop step of _row_sums on tiles _weight_tile loaded."""
+    def _input(x, norm, squares, k, k_in, NORM: tl.constexpr):
+        """One loop step's u (x in fp32, times the norm's weights under NORM) and the running sum of x²."""
         u = tl.load(x + k, mask=k_in, other=0.0).to(tl.float32)
         if NORM:
             squares += u * u
             u = u * tl.load(norm + k, mask=k_in, other=0.0).to(tl.float32)
-        acc += weights.to(tl.float32) * u[None, :]
-        if SECOND:
-            acc_second += weights_second.to(tl.float32) * u[None, :]
-        return acc, acc_second, squares
+        return u, squares
+
+    @triton.jit
+    def _weight_tile(rows_at, row_in, k, k_in):
+        """One loop step's weights of the rows at `rows_at`."""
+        return tl.load(rows_at + k[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
 
     @triton.jit
     def _row_sums(x, norm, first, second, row_in, size, NORM: tl.constexpr, SECOND: tl.constexpr,
@@ -187,20 +183,33 @@ if triton is not None:
         """The loop both kernels stream: each row at `first` (and, under SECOND, at `second`) times u summed over the
         input, u = x in fp32, times the norm's weights under NORM; and the sum of x² (the inverse RMS is a common
         factor of every output row: the caller scales the sums by it after the loop). Products are summed per lane
-        and reduced once at the end. Under PDL the first weight tiles are loaded before the wait for the previous
-        kernel (x, the norm's input, is its output)."""
+        and reduced once at the end. Under PDL the first step's weight tiles are loaded before the wait for the
+        previous kernel (x is its output). The loop loads u, then one tile at a time into its sum: that order keeps
+        the kernels within 128 registers, four programs an SM (ptxas for sm_90, checked by the tests)."""
         squares = tl.zeros([BLOCK_K], tl.float32)
         acc = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
         acc_second = tl.zeros([BLOCK_ROWS, BLOCK_K], tl.float32)
-        k, k_in, weights, weights_second = _weight_tile(first, second, row_in, 0, size, SECOND, BLOCK_K)
+        begin = 0
         if PDL:
+            k = tl.arange(0, BLOCK_K)
+            k_in = k < size
+            weights = _weight_tile(first, row_in, k, k_in)
+            weights_second = weights
+            if SECOND:
+                weights_second = _weight_tile(second, row_in, k, k_in)
             wait_for_predecessor()
-        acc, acc_second, squares = _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k, k_in,
-                                               NORM, SECOND)
-        for start in range(BLOCK_K, size, BLOCK_K):
-            k, k_in, weights, weights_second = _weight_tile(first, second, row_in, start, size, SECOND, BLOCK_K)
-            acc, acc_second, squares = _accumulate(acc, acc_second, squares, weights, weights_second, x, norm, k,
-                                                   k_in, NORM, SECOND)
+            u, squares = _input(x, norm, squares, k, k_in, NORM)
+            acc += weights.to(tl.float32) * u[None, :]
+            if SECOND:
+                acc_second += weights_second.to(tl.float32) * u[None, :]
+            begin = BLOCK_K
+        for start in range(begin, size, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            k_in = k < size
+            u, squares = _input(x, norm, squares, k, k_in, NORM)
+            acc += _weight_tile(first, row_in, k, k_in).to(tl.float32) * u[None, :]
+            if SECOND:
+                acc_second += _weight_tile(second, row_in, k, k_in).to(tl.float32) * u[None, :]
         return tl.sum(acc, 1), tl.sum(acc_second, 1), tl.sum(squares, 0)
 
     @triton.jit

@@ -218,8 +218,8 @@ def _run_one(life: Lifecycle, cfg: InferenceConfig, spec: Point, model: BuiltMod
     return run.record, idle
 
 
-def _make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device,
-                 tp: TensorParallel | None) -> Engine:
+def make_engine(cfg: InferenceConfig, shape: ModelPreset, precision: str, device: torch.device,
+                tp: TensorParallel | None) -> Engine:
     """The transformers model, used by `hf` as it is and by `static` as the source of its weights; split over
     ranks, the static engine on this rank's part, built directly on its GPU."""
     if tp is not None:
@@ -297,7 +297,7 @@ def _sweep(cfg: InferenceConfig, shape: ModelPreset, launch: LaunchEnv, device: 
     validation.check_memory(cfg, shape, precision, hardware.get("device_memory_gib"),
                             "the device" if tp is None else "each rank's device")
     with Lifecycle("llm_inference", launch, cfg.exit_duration_mins, software_extra=("transformers",)) as life:
-        model = BuiltModel(lambda: _make_engine(cfg, shape, precision, device, tp), shape, precision, device,
+        model = BuiltModel(lambda: make_engine(cfg, shape, precision, device, tp), shape, precision, device,
                            cfg.checkpoint)
 
         def one(spec: Point, idle: IdleBaseline | None, _say: Callable[[str], None]

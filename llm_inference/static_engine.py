@@ -127,8 +127,7 @@ class CompactForward:
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
-        tunings = ({name: v for name, v in DECODE_TUNINGS.items() if v.auto} if tuning == "auto"
-                   else {tuning: DECODE_TUNINGS[tuning]})
+        tunings = dict(DECODE_TUNINGS) if tuning == "auto" else {tuning: DECODE_TUNINGS[tuning]}
         self.fused_variants, self.fused_detail = self._fused(tuning, tunings)
         # `auto` drops a fused variant whose kernels cannot run here: it would only time the default pieces again
         tunings = {name: v for name, v in tunings.items() if tuning != "auto" or not v.fused

@@ -118,7 +118,9 @@ def test_inference_workload_is_the_static_engine_on_a_gpu() -> None:
     """The driver's own options and refusals; anything but the static engine on one GPU is refused by name."""
     import torch
 
-    for argv, named in ((["--device", "cpu"], "--device cpu"), (["--engine", "hf"], "--engine hf")):
+    for argv, named in ((["--device", "cpu"], "--device cpu"), (["--engine", "hf"], "--engine hf"),
+                        (["--batch-sizes", "1,8"], "batch sizes 1, 8"),
+                        (["--objective", "energy"], "without a sampler")):
         with pytest.raises(ValidationError, match=named):
             kernel_profile.build_inference(argv)
     with pytest.raises(SystemExit) as ended:  # the driver's parser: a batch of at least 1

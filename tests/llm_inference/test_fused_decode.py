@@ -18,6 +18,7 @@ one line, and the GEMV sweep script without a GPU.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -154,15 +155,25 @@ def test_auto_leaves_out_a_fused_variant_that_cannot_run() -> None:
     pinned = StaticEngine(model, cpu, compile_decode=True, tuning="fused")
     assert list(pinned.decode_variants) == pinned.tuning_candidates(1) == ["fused"]
     assert str(pinned.describe()["decode_fused"]).startswith("compiled pieces at every batch: ")
+    # too few replays to time (no device work): the first candidate, not what an earlier shape chose
+    auto.decode_tuning = "coordinate-descent"
+    choice = auto.choose_tuning(lambda: None, lambda: None, 2, None, [], rows=1)
+    assert choice.variant == auto.decode_tuning == "default" and choice.step_ms == {}
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize(("preset", "sms"), [("llama-1b", 132), ("llama-8b", 132)])
-def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> None:
+def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int, pdl: bool) -> None:
     """Each fused kernel at the block sizes this preset's GEMVs get on an H100's 132 SMs compiles for sm_90 with
-    Triton's bundled ptxas, and keeps its accumulators in registers (a spill would turn the weight stream into
-    local-memory traffic)."""
+    Triton's bundled ptxas, keeps its accumulators in registers (a spill would turn the weight stream into
+    local-memory traffic) and within 128 of them (four programs of 4 warps an SM: PROGRAMS_PER_SM); launched as a
+    programmatic dependent (PDL), it loads its first weights before waiting for the previous kernel."""
     triton = pytest.importorskip("triton", reason="Triton is not installed: nothing to compile")
     bundled_ptxas()  # skipped where this Triton has none
+    from llm_inference.decode_attention import GRID_DEPENDENCY_CONTROL
+
+    if pdl and not GRID_DEPENDENCY_CONTROL:
+        pytest.skip("this Triton has no grid dependency control (Triton < 3.4): PDL is never used with it")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -180,13 +191,13 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
     qkv_block = fused_decode.qkv_block_rows(shape.num_attention_heads + 2 * shape.num_key_value_heads, half, sms)
     kernels = [(fused_decode._qkv_kernel, qkv_types, {
         "HEADS": shape.num_attention_heads, "KV_HEADS": shape.num_key_value_heads, "HEAD_DIM": shape.head_dim,
-        "FROM_ZERO": False, "BLOCK_ROWS": qkv_block, "PDL": True})]
+        "FROM_ZERO": False, "BLOCK_ROWS": qkv_block, "PDL": pdl})]
     for rows, norm, glu, residual in [(shape.hidden_size, False, False, True), (shape.intermediate_size, True, True,
                                                                                 False), (shape.vocab_size, True,
                                                                                          False, False)]:
         kernels.append((fused_decode._gemv_kernel, gemv_types, {"NORM": norm, "GLU": glu, "RESIDUAL": residual,
                                                                  "BLOCK_ROWS": fused_decode.block_rows(rows, sms),
-                                                                 "PDL": True}))
+                                                                 "PDL": pdl}))
     for kernel, types, constants in kernels:
         constants["BLOCK_K"] = fused_decode.TILE // constants["BLOCK_ROWS"]
         signature = {**types, **{name: "constexpr" for name in constants}}
@@ -197,11 +208,13 @@ def test_kernels_compile_for_an_h100_without_spills(preset: str, sms: int) -> No
                                   target=GPUTarget("cuda", 90, 32))
         ptx = compiled.asm["ptx"]
         assert "ld.global.v4" in ptx  # the weight stream in 16-byte loads
-        # as a programmatic dependent: the first weight tile is loaded before the wait for the previous kernel
-        assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
-        assert ptx.index("ld.global.v4") < ptx.index("griddepcontrol.wait")
-        stores, loads, report = spill_bytes(compiled.asm["ptx"])
+        assert ("griddepcontrol.wait" in ptx) == pdl
+        if pdl:  # the first weight tile is loaded before the wait for the previous kernel
+            assert ptx.index("ld.global.v4") < ptx.index("griddepcontrol.wait")
+        stores, loads, report = spill_bytes(ptx)
         assert (stores, loads) == (0, 0), (constants, report)
+        registers = re.search(r"Used (\d+) registers", report)
+        assert registers is not None and int(registers[1]) <= 128, (constants, report)
 
 
 def test_block_rows_give_every_sm_programs() -> None:
@@ -246,6 +259,9 @@ def test_attention_kernels_wait_for_their_predecessor_as_dependents() -> None:
     from triton.compiler import ASTSource
 
     from llm_inference import decode_attention
+
+    if not decode_attention.GRID_DEPENDENCY_CONTROL:
+        pytest.skip("this Triton has no grid dependency control (Triton < 3.4): PDL is never used with it")
 
     pointers = ("query", "keys", "values", "firsts", "lasts", "partial", "maxima", "sums")
     pieces_types = {**{name: "*fp32" if name in ("partial", "maxima", "sums") else "*i64" if name.endswith("sts")

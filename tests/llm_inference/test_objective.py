@@ -93,11 +93,11 @@ def test_the_run_s_objective_reaches_the_engine_and_its_record_detail():
     from llm_inference.cli import build_parser
     from llm_inference.config import resolve
     from llm_inference.presets import PRESETS
-    from llm_inference.runner import _make_engine
+    from llm_inference.runner import make_engine
 
     def engine_for(*extra: str):
         cfg = resolve(build_parser().parse_args(["run", "--preset", "tiny", "--device", "cpu", *extra]))
-        return cfg, _make_engine(cfg, PRESETS["tiny"], "fp32", torch.device("cpu"), None)
+        return cfg, make_engine(cfg, PRESETS["tiny"], "fp32", torch.device("cpu"), None)
 
     cfg, engine = engine_for("--objective", "edp")
     assert cfg.to_dict()["objective"] == "edp" and engine.describe()["decode_objective"] == "edp"

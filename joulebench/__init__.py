@@ -216,6 +216,7 @@ API: dict[str, dict[str, str]] = {
         "MIN_RATES": "the fewest rates a joint fit needs",
     },
     "joulebench.clock_term": {"TermTrial": "the card-state term as fitted and as it predicted held-out rates"},
+    "joulebench.cap_term": {"CapTrial": "the power-cap term as fitted, its checks and held-out rates"},
     "joulebench.card_state": {
         "CardState": "one device's clock readings the card-state term uses",
         "check_fields": "a check's record fields, with a failure's measured cause",

@@ -101,14 +101,17 @@ def replay(sweep_dir: Path, card_state: bool = True) -> Replay:
     the trace's card state stripped (no clock term can be tried: the model before issue 60)."""
     sweep, blocks = Sweep(), {}
     for directory in rate_dirs(sweep_dir):
-        record = read_run_record(directory / RECORD_FILE)
-        table = read_requests(directory / FILE_NAME)
-        for column in set(REQUEST_COLUMNS) - set(table.requests):  # a table older than its column (NaN: none)
-            table.requests[column] = np.full(len(table), np.nan)
-        rate = RecordedRate.of(record, table, directory)
-        counter = _counter(directory)
+        rate, counter = recorded_rate(directory)
         blocks[rate.label] = serving_energy(rate, counter if card_state else counter._replace(state=None), sweep)
     return Replay(blocks, joint_blocks(sweep), sweep)
+
+
+def recorded_rate(directory: Path) -> tuple[RecordedRate, Counter]:
+    """One rate as the driver saved it (its record, its table, its in-process trace's counter and card state)."""
+    table = read_requests(directory / FILE_NAME)
+    for column in set(REQUEST_COLUMNS) - set(table.requests):  # a table older than its column (NaN: none)
+        table.requests[column] = np.full(len(table), np.nan)
+    return RecordedRate.of(read_run_record(directory / RECORD_FILE), table, directory), _counter(directory)
 
 
 # ---- --check: the records reproduced ---------------------------------------------------------------------
@@ -144,9 +147,10 @@ def _block_differences(where: str, recorded: dict[str, Any], replayed: dict[str,
         ours, theirs = [c[verdict] for c in recorded.get(key) or []], [c[verdict] for c in replayed.get(key) or []]
         if ours != theirs:
             found.append(f"{where}: {name} {ours}, replayed {theirs}")
-    if "clock_term" in recorded and recorded["clock_term"]["adopted"] != replayed["clock_term"]["adopted"]:
-        found.append(f"{where}: clock term adopted {recorded['clock_term']['adopted']}, replayed "
-                     f"{replayed['clock_term']['adopted']}")
+    for term in ("clock_term", "cap_term"):
+        if term in recorded and recorded[term]["adopted"] != replayed[term]["adopted"]:
+            found.append(f"{where}: {term.replace('_', ' ')} adopted {recorded[term]['adopted']}, replayed "
+                         f"{replayed[term]['adopted']}")
     return found
 
 

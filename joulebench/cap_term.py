@@ -84,7 +84,7 @@ class CapTrial:
     held_out: tuple[HeldOutRate, ...]
     reason: str | None
     model: RequestEnergyFit | None = None  # the fit with the term, adopted or not
-    checks: RequestEnergyBlock | None = None  # that fit's checks: its held-out halves and controlled split
+    checks: tuple[RequestEnergyBlock, RequestEnergyBlock] | None = None  # the checks without and with the term
 
     @property
     def adopted(self) -> bool:
@@ -94,8 +94,8 @@ class CapTrial:
     def refused(cls, reason: str) -> CapTrial:
         return cls(None, None, (), reason)
 
-    def with_checks(self, checks: RequestEnergyBlock) -> CapTrial:
-        return dataclasses.replace(self, checks=checks)
+    def with_checks(self, without: RequestEnergyBlock, with_term: RequestEnergyBlock) -> CapTrial:
+        return dataclasses.replace(self, checks=(without, with_term))
 
     def to_dict(self, columns: Sequence[str]) -> CapTermTrial:
         """The record's `cap_term` (`columns`: request_energy's COLUMNS, the law's units)."""
@@ -106,7 +106,9 @@ class CapTrial:
         return {"form": FORM, "adopted": self.adopted, "unadopted_reason": self.reason,
                 "adoption_rests_on": ADOPTION_RESTS_ON, "step_time_law_s": law, "capped_power_w": powers,
                 "held_out_rates": held, "rms_error_without": rms_error(self.held_out, False),
-                "rms_error_with": rms_error(self.held_out, True), "checks_with_term": self.checks or {}}
+                "rms_error_with": rms_error(self.held_out, True),
+                "checks_without_term": self.checks[0] if self.checks else {},
+                "checks_with_term": self.checks[1] if self.checks else {}}
 
 
 def judged(term: CapTerm, powers_w: tuple[float, float], held_out: Sequence[HeldOutRate], model: RequestEnergyFit

@@ -658,7 +658,8 @@ class CapTermTrial(TypedDict, total=False):
     held_out_rates: list[HeldOutRateTrial]
     rms_error_without: float | None
     rms_error_with: float | None
-    checks_with_term: RequestEnergyBlock  # held_out_halves, controlled_split, checks_failed
+    checks_without_term: RequestEnergyBlock  # held_out_halves, cross_rate, controlled_split, checks_failed
+    checks_with_term: RequestEnergyBlock
 
 
 class ClientEstimateError(TypedDict, total=False):

@@ -335,14 +335,15 @@ def _halves(fit: RequestEnergyFit) -> list[HeldOutHalfCheck]:
              **check_fields(side, f.closes)} for f, side in zip(fit.folds, sides, strict=True)]
 
 
-def _with_cap_checks(trial: CapTrial, controlled: Controlled | None) -> CapTrial:
-    """The trial with the checks of its fit with the term (held-out halves, controlled split), adopted or not: the
-    term's effect on each check, beside the block's own."""
+def _with_cap_checks(trial: CapTrial, without: RequestEnergyFit,
+                     checks: Callable[[RequestEnergyFit], RequestEnergyBlock]) -> CapTrial:
+    """The trial with every check of the fits without and with the term (`checks`), adopted or not: the term's
+    effect on each check."""
     if trial.model is None:
         return trial
-    checks: RequestEnergyBlock = {"held_out_halves": _halves(trial.model),
-                                  "controlled_split": _controlled(trial.model, controlled)}
-    return trial.with_checks({**checks, "checks_failed": failed_checks(checks)})
+    before, after = checks(without), checks(trial.model)
+    before["checks_failed"], after["checks_failed"] = failed_checks(before), failed_checks(after)
+    return trial.with_checks(before, after)
 
 
 @dataclasses.dataclass
@@ -430,8 +431,8 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
     held_out = [HeldOutWindow(m.label, m.log, m.knots, m.t0_ns, m.t1_ns) for m in sweep.earlier]
     try:
-        fit, trial = fit_with_clock_trial(wl, knots, idle_w, *span, held_out)
-        fit, cap = fit_with_cap_trial(wl, knots, idle_w, *span, held_out, fit, trial)
+        base, trial = fit_with_clock_trial(wl, knots, idle_w, *span, held_out)
+        fit, cap = fit_with_cap_trial(wl, knots, idle_w, *span, held_out, base, trial)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}, None
@@ -442,7 +443,12 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
         return {**_fit_summary(fit, method, trial, cap), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
-    cap = _with_cap_checks(cap, sweep.controlled)
+    def checks(model: RequestEnergyFit) -> RequestEnergyBlock:
+        return {"held_out_halves": _halves(model), "cross_rate": _cross_rate(label, model, wl, knots, t0, t1,
+                                                                              sweep.earlier),
+                "controlled_split": _controlled(model, sweep.controlled)}
+
+    cap = _with_cap_checks(cap, base, checks)
     result: RequestEnergyBlock = {
         **_fit_summary(fit, method, trial, cap), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.joint_fit_replay import recorded_rate
-from joulebench.cap_term import ADOPTION_RESTS_ON, CAPPED_COLUMNS, FORM
+from joulebench.cap_term import ADOPTION_RESTS_ON, CAPPED_COLUMNS, FORM, NEVER_CAPPED
 from joulebench.clock_term import NO_HELD_OUT
 from joulebench.record import read_run_record
 from joulebench.record_shape import checked_block
@@ -75,6 +75,16 @@ def test_one_rate_tries_the_term_and_does_not_adopt_it(p59r: dict) -> None:
     assert block["form"] == FORM and block["adoption_rests_on"] == ADOPTION_RESTS_ON and not block["adopted"]
     assert block["held_out_rates"] == [] and block["rms_error_with"] is None
     assert block["step_time_law_s"] == dict(zip(COLUMNS, map(float, model.cap.seconds_per_unit), strict=True))
+
+
+def test_a_card_never_capped_leaves_no_term_to_fit(p59r: dict) -> None:
+    log, fit = p59r["log"], p59r["fit"]
+    free = log.with_state(log.sm_clock_hz, np.zeros(len(log.t0_ns)))
+    span = (float(fit.segments.t0_ns.min()), float(fit.segments.t1_ns.max()))
+    _, clock = fit_with_clock_trial(free, p59r["knots"], p59r["idle_w"], *span, [], draws=DRAWS)
+    chosen, trial = fit_with_cap_trial(free, p59r["knots"], p59r["idle_w"], *span, [], fit, clock, draws=DRAWS)
+    assert chosen is fit and trial.term is None and trial.reason == NEVER_CAPPED
+    assert trial.to_dict(COLUMNS)["checks_with_term"] == {}
 
 
 def test_the_law_and_the_capped_power_are_the_cards_own(p59r: dict) -> None:

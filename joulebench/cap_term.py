@@ -13,8 +13,9 @@ positions), fitted by non-negative least squares on the device-stamped steps, ea
 Why it does not feed a window's power back into its own prediction (the temperature column's fault): the cap share
 only decides which of two fixed costs a step's work gets (both fitted on the data fitted, never on the window
 predicted), and a window without work gets nothing from it. Like the clock term (joulebench.clock_term) it is
-adopted only where it predicts a rate it was not fitted on better, by the root mean square of the relative errors
-of the held-out rates' window energies (`judged`); held-out halves and the controlled split do not decide it, and
+adopted only where the data fitted determine it (its likelihood ratio against the fit without it over 1 s blocks,
+as α's against α = 0) and it predicts a rate it was not fitted on better, by the root mean square of the relative
+errors of the held-out rates' window energies (`judged`); held-out halves and the controlled split do not decide it, and
 a fit with no other rate to test it on records the term as tried, with its checks, unadopted.
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from joulebench.clock_term import HeldOutRate, held_out_verdict, rms_error
 from joulebench.record_types import CapTermTrial, HeldOutRateTrial, RequestEnergyBlock
-from joulebench.segment_fit import nnls
+from joulebench.segment_fit import CLOSURE_Z, nnls
 from jpwr import ValidationError
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 FORM = ("a step of capped share k counts (1 - k) of its work at the per-unit costs (which hold uncapped) and k of its "
         "device time at the capped dynamic power (prefill's, decode's); device time = the step-time law tau . amounts, "
         "fitted on the device-stamped steps weighted by k")
-ADOPTION_RESTS_ON = ("the held-out rates' window energies (root mean square relative error with the term against "
-                     "without): held-out halves and the controlled split do not decide it")
+ADOPTION_RESTS_ON = ("the data fitted determining it (likelihood ratio against the fit without it) and the held-out "
+                     "rates' window energies (root mean square relative error with the term against without): held-out "
+                     "halves and the controlled split do not decide it")
 CAPPED_COLUMNS = ("capped_prefill_s", "capped_decode_s")  # device seconds under the cap; their costs are powers (W)
 NO_CAP_STATE = "the work log carries no power-cap share (only NVML reports the power-cap reason)"
 NEVER_CAPPED = "the card was never power-capped in the data fitted: the term has nothing to carry"
@@ -83,6 +85,7 @@ class CapTrial:
     powers_w: tuple[float, float] | None  # the capped dynamic power of prefill and of decode
     held_out: tuple[HeldOutRate, ...]
     reason: str | None
+    likelihood_ratio: float | None = None  # of the fit with the term against the fit without it, over 1 s blocks
     model: RequestEnergyFit | None = None  # the fit with the term, adopted or not
     checks: tuple[RequestEnergyBlock, RequestEnergyBlock] | None = None  # the checks without and with the term
 
@@ -93,6 +96,10 @@ class CapTrial:
     @classmethod
     def refused(cls, reason: str) -> CapTrial:
         return cls(None, None, (), reason)
+
+    @property
+    def determined(self) -> bool:
+        return self.likelihood_ratio is not None and self.likelihood_ratio > CLOSURE_Z ** 2
 
     def with_checks(self, without: RequestEnergyBlock, with_term: RequestEnergyBlock) -> CapTrial:
         return dataclasses.replace(self, checks=(without, with_term))
@@ -105,14 +112,21 @@ class CapTrial:
         powers = None if self.powers_w is None else {"prefill": self.powers_w[0], "decode": self.powers_w[1]}
         return {"form": FORM, "adopted": self.adopted, "unadopted_reason": self.reason,
                 "adoption_rests_on": ADOPTION_RESTS_ON, "step_time_law_s": law, "capped_power_w": powers,
+                "likelihood_ratio": self.likelihood_ratio, "determined_above": CLOSURE_Z ** 2,
                 "held_out_rates": held, "rms_error_without": rms_error(self.held_out, False),
                 "rms_error_with": rms_error(self.held_out, True),
                 "checks_without_term": self.checks[0] if self.checks else {},
                 "checks_with_term": self.checks[1] if self.checks else {}}
 
 
-def judged(term: CapTerm, powers_w: tuple[float, float], held_out: Sequence[HeldOutRate], model: RequestEnergyFit
-           ) -> CapTrial:
-    """Adopt the term where the held-out rates' window energies come out closer with it (the clock term's rule,
-    clock_term.held_out_verdict), else say why not with the figures."""
-    return CapTrial(term, powers_w, tuple(held_out), held_out_verdict(held_out), model)
+def judged(term: CapTerm, powers_w: tuple[float, float], ratio: float, held_out: Sequence[HeldOutRate],
+           model: RequestEnergyFit) -> CapTrial:
+    """The clock term's rule (clock_term.judged): adopt the term where the data fitted determine it (its likelihood
+    ratio against the fit without it over 1 s blocks above CLOSURE_Z², 99 %) and the held-out rates' window energies
+    come out closer with it (clock_term.held_out_verdict), else say why not with the figures."""
+    held = tuple(held_out)
+    if ratio <= CLOSURE_Z ** 2:
+        return CapTrial(term, powers_w, held, f"the term is not determined by the data fitted: its likelihood ratio "
+                                              f"against the fit without it over 1 s blocks is {ratio:.1f}, not above "
+                                              f"{CLOSURE_Z ** 2:.1f} (99 %)", ratio, model)
+    return CapTrial(term, powers_w, held, held_out_verdict(held), ratio, model)

@@ -165,13 +165,20 @@ def best_exponent(residuals: Callable[[float], np.ndarray], blocks: np.ndarray, 
     residuals' sums per block (`blocks`: each segment's; `parameters`: the fit's columns, α not counted)."""
     fitted = [residuals(alpha) for alpha in EXPONENTS]
     best = int(np.argmin([float(r @ r) for r in fitted]))
+    return Profile(EXPONENTS[best], likelihood_ratio(fitted[0], fitted[best], blocks, parameters + 1))
+
+
+def likelihood_ratio(without: np.ndarray, with_term: np.ndarray, blocks: np.ndarray, parameters: int) -> float:
+    """A term's likelihood ratio against the fit without it, over the residuals' sums per 1 s block (`blocks`:
+    each segment's; `parameters`: the fit's with the term): the drop in the block error over its variance per
+    free block (0 where the term fits no better)."""
     ids = np.unique(blocks, return_inverse=True)[1]
 
     def block_error(r: np.ndarray) -> float:
         sums = np.bincount(ids, weights=r)
         return float(sums @ sums)
 
-    free = max(int(ids.max()) + 1 - parameters - 1, 1)
-    at_best = block_error(fitted[best])
-    ratio = (block_error(fitted[0]) - at_best) / (at_best / free) if at_best > 0 else 0.0
-    return Profile(EXPONENTS[best], max(ratio, 0.0))
+    free = max(int(ids.max()) + 1 - parameters, 1)
+    at_term = block_error(with_term)
+    ratio = (block_error(without) - at_term) / (at_term / free) if at_term > 0 else 0.0
+    return max(ratio, 0.0)

@@ -655,6 +655,8 @@ class CapTermTrial(TypedDict, total=False):
     adoption_rests_on: str
     step_time_law_s: dict[str, float] | None  # seconds per unit of each column
     capped_power_w: dict[str, float] | None  # prefill, decode
+    likelihood_ratio: float | None  # against the fit without it, over 1 s blocks
+    determined_above: float
     held_out_rates: list[HeldOutRateTrial]
     rms_error_without: float | None
     rms_error_with: float | None

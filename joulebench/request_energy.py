@@ -43,6 +43,7 @@ from joulebench.clock_term import (
     TermTrial,
     best_exponent,
     judged,
+    likelihood_ratio,
     reference_clock,
 )
 from joulebench.segment_fit import (
@@ -304,6 +305,12 @@ class RequestEnergyFit:
             return x
         return np.column_stack([x, (np.asarray(b_ns, float) - np.asarray(a_ns, float)) / 1e9])
 
+    def residuals(self, log: WorkLog) -> np.ndarray:
+        """The fit's residuals on its segments (their energy less the given idle power's and the model's)."""
+        offset = (self.given_idle_w or 0.0) * self.segments.seconds
+        return self.segments.energy_j - offset - self.design(log, self.segments.t0_ns, self.segments.t1_ns) @ \
+            self.coefficients
+
     def predict(self, log: WorkLog, t0_ns: float, t1_ns: float) -> tuple[float, float]:
         """Energy of [t0, t1] predicted from the log, and its bound (Z·(coefficient spread ⊕ block noise), 99 %)."""
         x = self.design(log, np.array([t0_ns]), np.array([t1_ns]))[0]
@@ -415,9 +422,11 @@ def fit_with_cap_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, cap=term)
     powers = (float(with_term.coefficients[CAP_PREFILL.stop - 1]), float(with_term.coefficients[CAP_DECODE.stop - 1]))
     usable = [(w, _measured_or_none(w)) for w in held_out if w.log.capped is not None]
-    trial = cap_judged(term, powers, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
-                                                  with_term.predict(w.log, w.t0_ns, w.t1_ns)[0])
-                                      for w, m in usable if m is not None], with_term)
+    ratio = likelihood_ratio(fit.residuals(log), with_term.residuals(log), blocks_of(fit.segments, BLOCK_S),
+                             len(with_term.columns))
+    trial = cap_judged(term, powers, ratio, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
+                                                         with_term.predict(w.log, w.t0_ns, w.t1_ns)[0])
+                                             for w, m in usable if m is not None], with_term)
     return (with_term if trial.adopted else fit), trial
 
 

@@ -101,14 +101,17 @@ def replay(sweep_dir: Path, card_state: bool = True) -> Replay:
     the trace's card state stripped (no clock term can be tried: the model before issue 60)."""
     sweep, blocks = Sweep(), {}
     for directory in rate_dirs(sweep_dir):
-        record = read_run_record(directory / RECORD_FILE)
-        table = read_requests(directory / FILE_NAME)
-        for column in set(REQUEST_COLUMNS) - set(table.requests):  # a table older than its column (NaN: none)
-            table.requests[column] = np.full(len(table), np.nan)
-        rate = RecordedRate.of(record, table, directory)
-        counter = _counter(directory)
+        rate, counter = recorded_rate(directory)
         blocks[rate.label] = serving_energy(rate, counter if card_state else counter._replace(state=None), sweep)
     return Replay(blocks, joint_blocks(sweep), sweep)
+
+
+def recorded_rate(directory: Path) -> tuple[RecordedRate, Counter]:
+    """One rate as the driver saved it (its record, its table, its in-process trace's counter and card state)."""
+    table = read_requests(directory / FILE_NAME)
+    for column in set(REQUEST_COLUMNS) - set(table.requests):  # a table older than its column (NaN: none)
+        table.requests[column] = np.full(len(table), np.nan)
+    return RecordedRate.of(read_run_record(directory / RECORD_FILE), table, directory), _counter(directory)
 
 
 # ---- --check: the records reproduced ---------------------------------------------------------------------
@@ -144,9 +147,10 @@ def _block_differences(where: str, recorded: dict[str, Any], replayed: dict[str,
         ours, theirs = [c[verdict] for c in recorded.get(key) or []], [c[verdict] for c in replayed.get(key) or []]
         if ours != theirs:
             found.append(f"{where}: {name} {ours}, replayed {theirs}")
-    if "clock_term" in recorded and recorded["clock_term"]["adopted"] != replayed["clock_term"]["adopted"]:
-        found.append(f"{where}: clock term adopted {recorded['clock_term']['adopted']}, replayed "
-                     f"{replayed['clock_term']['adopted']}")
+    for term in ("clock_term", "cap_term"):
+        if term in recorded and recorded[term]["adopted"] != replayed[term]["adopted"]:
+            found.append(f"{where}: {term.replace('_', ' ')} adopted {recorded[term]['adopted']}, replayed "
+                         f"{replayed[term]['adopted']}")
     return found
 
 
@@ -232,11 +236,21 @@ def controlled_window(window: dict[str, Any]) -> list[str]:
 
 
 def split_checks(fit: RequestEnergyFit, parts: dict[str, RecoveredPart]) -> list[PartCheck]:
-    """Test (c) on the recovered amounts (counted at their interval's median clock where the fit has the term)."""
+    """Test (c) on the recovered amounts (counted at their interval's median clock where the fit has the clock
+    term; where it has the power-cap term, their uncapped share at the costs and their capped share's device time
+    by its law at the capped power, the share their interval's)."""
     out = []
     for name, part in parts.items():
-        factor = 1.0 if fit.clock is None else float(fit.clock.multipliers(np.array([part.clock_hz]))[0])
-        predicted = None if fit.reason else float(part.amounts * factor @ fit.coefficients[PARTS[name]])
+        own = PARTS[name]
+        if fit.cap is None:
+            factor = 1.0 if fit.clock is None else float(fit.clock.multipliers(np.array([part.clock_hz]))[0])
+            amounts, cost = part.amounts * factor, fit.coefficients[own]
+        else:
+            assert part.capped is not None, "a power-cap term is fitted only where the trace has the cap's share"
+            amounts = np.append((1 - part.capped) * part.amounts,
+                                part.capped * part.amounts @ fit.cap.seconds_per_unit[own])
+            cost = fit.coefficients[fit.prefill if name == "prefill" else fit.decode]
+        predicted = None if fit.reason else float(amounts @ cost)
         out.append(PartCheck(name, part.measured_j, part.bound_j, predicted, fit.reason))
     return out
 
@@ -277,26 +291,40 @@ def _term(trial: dict[str, Any]) -> str:
             f"(without->with): {held or 'none'}")
 
 
+def _cap(trial: dict[str, Any]) -> str:
+    """The power-cap term: its capped powers, adoption, held-out rates and the checks that fail without and with."""
+    if trial["capped_power_w"] is None:
+        return f"not fitted ({trial['unadopted_reason']})"
+    powers = trial["capped_power_w"]
+    held = ", ".join(f"{h['rate']} {h['error_without']:+.1%}->{h['error_with']:+.1%}" for h in trial["held_out_rates"])
+    verdict = "ADOPTED" if trial["adopted"] else "not adopted"
+    return (f"{powers['prefill']:.0f} / {powers['decode']:.0f} W {verdict}; held out: {held or 'none'}; failed "
+            f"without: {trial['checks_without_term']['checks_failed']}, with: "
+            f"{trial['checks_with_term']['checks_failed']}")
+
+
 def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],
                parts: dict[str, RecoveredPart] | None) -> str:
     """Checks per rate, per-rate and joint, without and with the card state."""
     lines = ["| rate | fit | card state | b halves | c prefill / decode | a cross-rate | clock term (held-out "
-             "rates' error) |", "|---|---|---|---|---|---|---|"]
+             "rates' error) | power-cap term |", "|---|---|---|---|---|---|---|---|"]
     fits = [{m.label: m.fit for m in r.sweep.earlier} for r in (before, after)]
     for label in before.blocks:
         for name, replayed, own in (("per-rate", before, fits[0]), ("per-rate + term", after, fits[1])):
             block, fit = replayed.blocks[label], own[label]
             if fit is None:
                 continue
+            term = name.endswith("term")
             lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | {_split(fit, parts, block)} | "
-                         f"{_cross(block)} | {_term(block['clock_term']) if name.endswith('term') else '—'} |")
+                         f"{_cross(block)} | {_term(block['clock_term']) if term else '—'} | "
+                         f"{_cap(block['cap_term']) if term else '—'} |")
         for name, replayed, joint in (("joint", before, joints[0]), ("joint + term", after, joints[1])):
             block = replayed.joint.get(label)
             if block is None or "coefficients" not in block:
                 continue
             lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | "
                          f"{_split(joint.per_rate[label], parts, block)} | {_cross(block)} | "
-                         f"{_term(block['clock_term']) if name.endswith('term') else '—'} |")
+                         f"{_term(block['clock_term']) if name.endswith('term') else '—'} | — |")
     return "\n".join(lines)
 
 

@@ -75,6 +75,7 @@ API: dict[str, dict[str, str]] = {
         "driver_metrics": "a record's metrics as its driver's type, before a driver's own key is read",
     },
     "joulebench.record_types": {
+        "HeldOutHalfCheck": "a held-out half's typed check, recorded without and with the power-cap term",
         "SteadyFigures": "the steady window's headline figures each driver's metrics start from",
         "TrainingMetrics": "llm_training's typed metrics block",
         "ResNetMetrics": "resnet50's typed metrics block",
@@ -198,6 +199,8 @@ API: dict[str, dict[str, str]] = {
     "joulebench.request_energy": {
         "fit_request_energy": "fits per-request energy on the counter segments of a window",
         "fit_with_clock_trial": "the fit with and without the card-state term",
+        "fit_with_cap_trial": "the fit with and without the power-cap term, beside the clock term's",
+        "COLUMNS": "the work columns the power-cap term's step-time law is recorded over",
         "request_parts": "splits a window's energy over its requests",
         "cross_check": "tests a fit on another rate's measured window",
         "controlled_split_check": "tests a fit on a window of separate prefill and decode",
@@ -216,6 +219,7 @@ API: dict[str, dict[str, str]] = {
         "MIN_RATES": "the fewest rates a joint fit needs",
     },
     "joulebench.clock_term": {"TermTrial": "the card-state term as fitted and as it predicted held-out rates"},
+    "joulebench.cap_term": {"CapTrial": "the power-cap term as fitted, its checks and held-out rates"},
     "joulebench.card_state": {
         "CardState": "one device's clock readings the card-state term uses",
         "check_fields": "a check's record fields, with a failure's measured cause",

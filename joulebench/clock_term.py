@@ -87,6 +87,10 @@ class HeldOutRate:
     def error_with(self) -> float:
         return (self.with_j - self.measured_j) / self.measured_j
 
+    def to_dict(self) -> HeldOutRateTrial:
+        return {"rate": self.label, "measured_j": self.measured_j, "predicted_without_j": self.without_j,
+                "predicted_with_j": self.with_j, "error_without": self.error_without, "error_with": self.error_with}
+
 
 @dataclasses.dataclass(frozen=True)
 class TermTrial:
@@ -107,16 +111,13 @@ class TermTrial:
         return cls(None, (), reason)
 
     def to_dict(self) -> ClockTermTrial:
-        held: list[HeldOutRateTrial] = [
-            {"rate": h.label, "measured_j": h.measured_j, "predicted_without_j": h.without_j,
-             "predicted_with_j": h.with_j, "error_without": h.error_without, "error_with": h.error_with}
-            for h in self.held_out]
+        held: list[HeldOutRateTrial] = [h.to_dict() for h in self.held_out]
         return {"form": FORM, "adopted": self.adopted, "unadopted_reason": self.reason,
                 "alpha": None if self.term is None else self.term.exponent,
                 "reference_clock_mhz": None if self.term is None else self.term.reference_hz / 1e6,
                 "alpha_likelihood_ratio": self.likelihood_ratio, "alpha_determined_above": CLOSURE_Z ** 2,
-                "held_out_rates": held, "rms_error_without": _rms(self.held_out, False),
-                "rms_error_with": _rms(self.held_out, True)}
+                "held_out_rates": held, "rms_error_without": rms_error(self.held_out, False),
+                "rms_error_with": rms_error(self.held_out, True)}
 
 
 def judged(reference_hz: float, profile: Profile, held_out: Sequence[HeldOutRate]) -> TermTrial:
@@ -127,17 +128,24 @@ def judged(reference_hz: float, profile: Profile, held_out: Sequence[HeldOutRate
         return TermTrial(term, held, f"alpha {profile.alpha:.1f} is not determined by the data fitted: its likelihood "
                                      f"ratio against alpha 0 over 1 s blocks is {ratio:.1f}, not above "
                                      f"{CLOSURE_Z ** 2:.1f} (99 %)", ratio)
+    verdict = held_out_verdict(held)
+    return TermTrial(term, () if verdict == NO_HELD_OUT else held, verdict, ratio)
+
+
+def held_out_verdict(held_out: Sequence[HeldOutRate]) -> str | None:
+    """A card-state term's adoption rule: None (adopt) where the held-out rates' window energies come out closer
+    with it (root mean square of the relative errors), else why not with the figures."""
     if not held_out:
-        return TermTrial(term, (), NO_HELD_OUT, ratio)
-    without, with_term = _rms(held_out, False), _rms(held_out, True)
+        return NO_HELD_OUT
+    without, with_term = rms_error(held_out, False), rms_error(held_out, True)
     assert without is not None and with_term is not None
     if with_term < without:
-        return TermTrial(term, held, None, ratio)
-    return TermTrial(term, held, f"it does not predict the held-out rates better: root mean square relative error "
-                                 f"{with_term:.2%} with it, {without:.2%} without", ratio)
+        return None
+    return (f"it does not predict the held-out rates better: root mean square relative error {with_term:.2%} with "
+            f"it, {without:.2%} without")
 
 
-def _rms(held_out: Sequence[HeldOutRate], with_term: bool) -> float | None:
+def rms_error(held_out: Sequence[HeldOutRate], with_term: bool) -> float | None:
     if not held_out:
         return None
     return math.sqrt(float(np.mean([(h.error_with if with_term else h.error_without) ** 2 for h in held_out])))
@@ -157,13 +165,20 @@ def best_exponent(residuals: Callable[[float], np.ndarray], blocks: np.ndarray, 
     residuals' sums per block (`blocks`: each segment's; `parameters`: the fit's columns, α not counted)."""
     fitted = [residuals(alpha) for alpha in EXPONENTS]
     best = int(np.argmin([float(r @ r) for r in fitted]))
+    return Profile(EXPONENTS[best], likelihood_ratio(fitted[0], fitted[best], blocks, parameters + 1))
+
+
+def likelihood_ratio(without: np.ndarray, with_term: np.ndarray, blocks: np.ndarray, parameters: int) -> float:
+    """A term's likelihood ratio against the fit without it, over the residuals' sums per 1 s block (`blocks`:
+    each segment's; `parameters`: the fit's with the term): the drop in the block error over its variance per
+    free block (0 where the term fits no better)."""
     ids = np.unique(blocks, return_inverse=True)[1]
 
     def block_error(r: np.ndarray) -> float:
         sums = np.bincount(ids, weights=r)
         return float(sums @ sums)
 
-    free = max(int(ids.max()) + 1 - parameters - 1, 1)
-    at_best = block_error(fitted[best])
-    ratio = (block_error(fitted[0]) - at_best) / (at_best / free) if at_best > 0 else 0.0
-    return Profile(EXPONENTS[best], max(ratio, 0.0))
+    free = max(int(ids.max()) + 1 - parameters, 1)
+    at_term = block_error(with_term)
+    ratio = (block_error(without) - at_term) / (at_term / free) if at_term > 0 else 0.0
+    return max(ratio, 0.0)

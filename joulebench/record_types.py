@@ -645,6 +645,25 @@ class ClockTermTrial(TypedDict, total=False):
     rms_error_with: float | None
 
 
+class CapTermTrial(TypedDict, total=False):
+    """joulebench.cap_term.CapTrial.to_dict: the power-cap term's law and powers, whether the fit adopted it and
+    why (not), and the checks of the fit with it."""
+
+    form: str
+    adopted: bool
+    unadopted_reason: str | None
+    adoption_rests_on: str
+    step_time_law_s: dict[str, float] | None  # seconds per unit of each column
+    capped_power_w: dict[str, float] | None  # prefill, decode
+    likelihood_ratio: float | None  # against the fit without it, over 1 s blocks
+    determined_above: float
+    held_out_rates: list[HeldOutRateTrial]
+    rms_error_without: float | None
+    rms_error_with: float | None
+    checks_without_term: RequestEnergyBlock  # held_out_halves, cross_rate, controlled_split, checks_failed
+    checks_with_term: RequestEnergyBlock
+
+
 class ClientEstimateError(TypedDict, total=False):
     """llm_inference.client_estimate.estimate_error: the client-side estimate's error against the engine's own
     per-request energy, or why it is n/a."""
@@ -678,6 +697,7 @@ class RequestEnergyBlock(TypedDict, total=False):
     split_unavailable_reason: str | None
     segments: int
     clock_term: ClockTermTrial
+    cap_term: CapTermTrial
     fitted_conditions: CardConditions | None
     held_out_halves: list[HeldOutHalfCheck]
     fitted_span_s: float

@@ -29,10 +29,12 @@ measured cause.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from joulebench.cap_term import CAPPED_COLUMNS, CLOCK_ADOPTED, CapTerm, CapTrial
+from joulebench.cap_term import judged as cap_judged
 from joulebench.card_state import Comparison, Conditions
 from joulebench.clock_term import (
     NO_HELD_OUT,
@@ -41,6 +43,7 @@ from joulebench.clock_term import (
     TermTrial,
     best_exponent,
     judged,
+    likelihood_ratio,
     reference_clock,
 )
 from joulebench.segment_fit import (
@@ -63,7 +66,9 @@ DECODE_COLUMNS = ("decode_steps", "row_steps", "kv_tokens")  # the decode part
 COLUMNS = (*PREFILL_COLUMNS, *DECODE_COLUMNS)
 PREFILL = slice(0, len(PREFILL_COLUMNS))  # where each part's columns sit in COLUMNS (and in a fit's columns)
 DECODE = slice(PREFILL.stop, PREFILL.stop + len(DECODE_COLUMNS))
-WORK = slice(0, len(COLUMNS))
+CAP_COLUMNS = (*PREFILL_COLUMNS, CAPPED_COLUMNS[0], *DECODE_COLUMNS, CAPPED_COLUMNS[1])  # with the power-cap term
+CAP_PREFILL = slice(0, PREFILL.stop + 1)
+CAP_DECODE = slice(CAP_PREFILL.stop, len(CAP_COLUMNS))
 IDLE_COLUMN = "idle_w"  # the last column (seconds) when no idle power is given
 MAX_PREFILL_VIF = 10.0  # above it some prefill work is (nearly) a combination of the other columns: no split
 CROSS_RATE_SLACK = 0.03  # test (a): |measured − predicted| ≤ both bounds + 3 % of the measured energy
@@ -180,9 +185,10 @@ class WorkLog:
     def counted(self, term: ClockTerm | None) -> WorkLog:
         """The log as a fit with `term` counts it: every amount of each step (and of its members) times the
         step's (f / f_ref)^α."""
-        if term is None:
-            return self
-        factor = term.multipliers(self.sm_clock_hz)
+        return self if term is None else self.scaled(term.multipliers(self.sm_clock_hz))
+
+    def scaled(self, factor: np.ndarray) -> WorkLog:
+        """The log with every amount of each step (and of its members) times the step's `factor`."""
         member = np.repeat(factor, np.diff(self.member_offsets))
         return dataclasses.replace(
             self, prefill_tokens=self.prefill_tokens * factor, prefill_steps=self.prefill_steps * factor,
@@ -244,10 +250,25 @@ class RequestEnergyFit:
     clock: ClockTerm | None = None  # the card-state term the costs hold with (None: costs whatever the clock)
     fitted: Conditions | None = None  # the conditions of the data fitted
     fold_conditions: tuple[Comparison, ...] = ()  # each fold's: its training data against its held-out data
+    cap: CapTerm | None = None  # the power-cap term's step-time law (None: per-unit costs whatever the cap)
 
-    def counted(self, log: WorkLog) -> WorkLog:
-        """`log` as this fit counts its work (scaled by the clock term, if any)."""
-        return log.counted(self.clock)
+    def work(self, log: WorkLog, amounts: Callable[[WorkLog], np.ndarray]) -> np.ndarray:
+        """[n, work columns]: `amounts` (over COLUMNS) of `log` as this fit counts its work (the clock term's
+        multipliers, or the power-cap term's uncapped amounts and capped seconds)."""
+        return counted_work(log, self.clock, self.cap, amounts)
+
+    @property
+    def prefill(self) -> slice:
+        """Where the prefill part's columns sit in the fit's columns (and decode's, and all the work's, below)."""
+        return CAP_PREFILL if self.cap else PREFILL
+
+    @property
+    def decode(self) -> slice:
+        return CAP_DECODE if self.cap else DECODE
+
+    @property
+    def work_columns(self) -> slice:
+        return slice(0, self.decode.stop)
 
     def against(self, log: WorkLog, t0_ns: float, t1_ns: float) -> Comparison | None:
         """The conditions of the data fitted against those of [t0, t1] of `log` (a check's two sides)."""
@@ -279,10 +300,16 @@ class RequestEnergyFit:
 
     def design(self, log: WorkLog, a_ns: np.ndarray, b_ns: np.ndarray) -> np.ndarray:
         """[n, columns]: the fit's columns in each [a, b] (seconds appended when idle power is a column)."""
-        x = self.counted(log).amounts(a_ns, b_ns)
+        x = self.work(log, amounts_in(a_ns, b_ns))
         if self.given_idle_w is not None:
             return x
         return np.column_stack([x, (np.asarray(b_ns, float) - np.asarray(a_ns, float)) / 1e9])
+
+    def residuals(self, log: WorkLog) -> np.ndarray:
+        """The fit's residuals on its segments (their energy less the given idle power's and the model's)."""
+        offset = (self.given_idle_w or 0.0) * self.segments.seconds
+        return self.segments.energy_j - offset - self.design(log, self.segments.t0_ns, self.segments.t1_ns) @ \
+            self.coefficients
 
     def predict(self, log: WorkLog, t0_ns: float, t1_ns: float) -> tuple[float, float]:
         """Energy of [t0, t1] predicted from the log, and its bound (Z·(coefficient spread ⊕ block noise), 99 %)."""
@@ -294,12 +321,14 @@ class RequestEnergyFit:
 
 
 def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | None, t0_ns: float, t1_ns: float,
-                       draws: int = 200, seed: int = 0, clock: ClockTerm | None = None) -> RequestEnergyFit:
+                       draws: int = 200, seed: int = 0, clock: ClockTerm | None = None, cap: CapTerm | None = None
+                       ) -> RequestEnergyFit:
     """Fit the per-segment model on the counter segments wholly inside [t0, t1] (with the card-state term
-    `clock`, if given: its α fixed, the costs fitted at its reference clock)."""
+    `clock`, if given: its α fixed, the costs fitted at its reference clock; or with the power-cap term `cap`, its
+    step-time law fixed, the uncapped costs and the capped powers fitted)."""
     segments = _fitted_segments(knots, t0_ns, t1_ns)
     rng = np.random.default_rng(seed)
-    x, rate0, rate1, columns, offset = _segment_design(log.counted(clock), segments, idle_w)
+    x, rate0, rate1, columns, offset = _segment_design(log, segments, idle_w, clock, cap)
     energy = segments.energy_j - offset
     noise, coef = calibrated_fit(x, energy, segments, rate0, rate1, idle_w or 0.0)
     blocks = blocks_of(segments, BLOCK_S)
@@ -307,13 +336,26 @@ def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     folds = held_out_halves(x, noise, segments, draws, rng, offset)
     block_sums = np.bincount(blocks, weights=energy - x @ coef)
     vif = variance_inflation(x)
-    reason = split_reason(x, vif, float(np.median(segments.seconds)))
+    prefill, decode = (CAP_PREFILL, CAP_DECODE) if cap else (PREFILL, DECODE)
+    reason = split_reason(x, vif, float(np.median(segments.seconds)), prefill, decode)
     span = (float(segments.t0_ns.min()), float(segments.t1_ns.max()))
     return RequestEnergyFit(columns, coef, draws_c, idle_w, vif, reason is None, reason, segments,
-                            _counter_segments(knots), folds, float(np.var(block_sums)), block_inflation(x, PREFILL),
+                            _counter_segments(knots), folds, float(np.var(block_sums)), block_inflation(x, prefill),
                             clock, work_conditions([(log, *span)]),
                             tuple(Comparison(work_conditions([(log, span[0], f.t0_ns), (log, f.t1_ns, span[1])]),
-                                             work_conditions([(log, f.t0_ns, f.t1_ns)])) for f in folds))
+                                             work_conditions([(log, f.t0_ns, f.t1_ns)])) for f in folds), cap)
+
+
+def counted_work(log: WorkLog, clock: ClockTerm | None, cap: CapTerm | None,
+                 amounts: Callable[[WorkLog], np.ndarray]) -> np.ndarray:
+    """`amounts` (over COLUMNS) of `log` counted with the clock term, or expanded by the power-cap term (its
+    uncapped amounts and capped device seconds: CAP_COLUMNS)."""
+    return amounts(log.counted(clock)) if cap is None else cap.expand(log, amounts, PREFILL, DECODE)
+
+
+def amounts_in(a_ns: np.ndarray, b_ns: np.ndarray) -> Callable[[WorkLog], np.ndarray]:
+    """A log's amounts of COLUMNS in each [a, b] (WorkLog.amounts), as counted_work takes them."""
+    return lambda log: log.amounts(a_ns, b_ns)
 
 
 def _fitted_segments(knots: Sequence[Knots], t0_ns: float, t1_ns: float) -> Segments:
@@ -324,12 +366,15 @@ def _fitted_segments(knots: Sequence[Knots], t0_ns: float, t1_ns: float) -> Segm
     return segments
 
 
-def _segment_design(log: WorkLog, segments: Segments, idle_w: float | None
+def _segment_design(log: WorkLog, segments: Segments, idle_w: float | None, clock: ClockTerm | None = None,
+                    cap: CapTerm | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
-    """The amounts of each segment, the columns' rates at its knots, the columns, and the given idle energy."""
-    x = log.amounts(segments.t0_ns, segments.t1_ns)
-    rate0, rate1 = log.rates_at(segments.t0_ns), log.rates_at(segments.t1_ns)
-    columns: tuple[str, ...] = COLUMNS
+    """The amounts of each segment (the log counted with `clock` or `cap`), the columns' rates at its knots, the
+    columns, and the given idle energy."""
+    x = counted_work(log, clock, cap, amounts_in(segments.t0_ns, segments.t1_ns))
+    rate0 = counted_work(log, clock, cap, lambda counted: counted.rates_at(segments.t0_ns))
+    rate1 = counted_work(log, clock, cap, lambda counted: counted.rates_at(segments.t1_ns))
+    columns: tuple[str, ...] = CAP_COLUMNS if cap else COLUMNS
     if idle_w is None:
         x = np.column_stack([x, segments.seconds])
         rate0, rate1 = (np.column_stack([r, np.ones(len(r))]) for r in (rate0, rate1))
@@ -358,6 +403,30 @@ def fit_with_clock_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | N
     with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, ClockTerm(profile.alpha, reference))
     trial = judged(reference, profile, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
                                                     with_term.predict(w.log, w.t0_ns, w.t1_ns)[0]) for w, m in usable])
+    return (with_term if trial.adopted else fit), trial
+
+
+def fit_with_cap_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | None, t0_ns: float, t1_ns: float,
+                       held_out: Sequence[HeldOutWindow], fit: RequestEnergyFit, clock: TermTrial, draws: int = 200,
+                       seed: int = 0) -> tuple[RequestEnergyFit, CapTrial]:
+    """The power-cap term (joulebench.cap_term) tried beside the clock term's trial (`fit`: the fit that trial
+    chose): its step-time law fitted on the steps of [t0, t1], the costs and capped powers on its segments; its
+    fit is returned where it predicts the `held_out` windows (other rates, never fitted here) better (the clock
+    term's rule), else `fit`. The trial holds the fit with the term either way (its checks go into the record)."""
+    if clock.adopted:
+        return fit, CapTrial.refused(CLOCK_ADOPTED)
+    try:
+        term = CapTerm.of_steps(log, log.fractions(t0_ns, t1_ns))
+    except ValidationError as exc:
+        return fit, CapTrial.refused(exc.problem)
+    with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, cap=term)
+    powers = (float(with_term.coefficients[CAP_PREFILL.stop - 1]), float(with_term.coefficients[CAP_DECODE.stop - 1]))
+    usable = [(w, _measured_or_none(w)) for w in held_out if w.log.capped is not None]
+    ratio = likelihood_ratio(fit.residuals(log), with_term.residuals(log), blocks_of(fit.segments, BLOCK_S),
+                             len(with_term.columns))
+    trial = cap_judged(term, powers, ratio, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
+                                                         with_term.predict(w.log, w.t0_ns, w.t1_ns)[0])
+                                             for w, m in usable if m is not None], with_term)
     return (with_term if trial.adopted else fit), trial
 
 
@@ -452,20 +521,22 @@ def _span(x: np.ndarray) -> np.ndarray:
     return u[:, s > 1e-9 * s.max()]
 
 
-def split_reason(x: np.ndarray, vif: np.ndarray, segment_s: float) -> str | None:
+def split_reason(x: np.ndarray, vif: np.ndarray, segment_s: float, prefill: slice = PREFILL,
+                 decode: slice = DECODE) -> str | None:
     """Why prefill cannot be told from decode in this window (None: it can).
 
     The test is the prefill block's VIF (`block_inflation`: its worst-determined combination against the decode
     and idle columns), not the largest of the prefill columns' own VIFs, which also count prefill tokens against
     prefill steps (collinear whenever prefill steps are of similar size) and would refuse a split that is there.
     """
-    if not np.any(x[:, PREFILL] > 0):
+    if not np.any(x[:, prefill] > 0):
         return "no prefill in the fitted window"
-    if not np.any(x[:, DECODE] > 0):
+    if not np.any(x[:, decode] > 0):
         return "no decode in the fitted window"
-    block = block_inflation(x, PREFILL)
+    block = block_inflation(x, prefill)
     if block > MAX_PREFILL_VIF:
-        own = ", ".join(f"{c} {min(v, 9.99e9):.3g}" for c, v in zip(PREFILL_COLUMNS, vif[PREFILL], strict=True))
+        names = (*PREFILL_COLUMNS, CAPPED_COLUMNS[0])
+        own = ", ".join(f"{c} {min(v, 9.99e9):.3g}" for c, v in zip(names, vif[prefill], strict=False))
         return (f"the prefill columns' variance inflation factor (as a block) is {min(block, 9.99e9):.3g} (max "
                 f"{MAX_PREFILL_VIF:g}; each column's own: {own}): prefill and decode come in a nearly constant mix "
                 f"in every {segment_s * 1e3:.0f} ms counter period, so any split between them fits as well")
@@ -566,10 +637,10 @@ def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple
     order = np.argsort(life[:, 0], kind="stable")
     life = life[order]
     ids = life[:, 0].astype(np.int64)
-    per_request = _request_amounts(fit.counted(log), ids, t0_ns, t1_ns)  # [n, COLUMNS]
-    cost = fit.coefficients[WORK]
-    prefill = per_request[:, PREFILL] @ fit.draws[:, PREFILL].T  # [n, draws]
-    decode = per_request[:, DECODE] @ fit.draws[:, DECODE].T
+    per_request = fit.work(log, lambda counted: _request_amounts(counted, ids, t0_ns, t1_ns))  # [n, work columns]
+    cost, own_prefill, own_decode = fit.coefficients[fit.work_columns], fit.prefill, fit.decode
+    prefill = per_request[:, own_prefill] @ fit.draws[:, own_prefill].T  # [n, draws]
+    decode = per_request[:, own_decode] @ fit.draws[:, own_decode].T
     shared_s, empty_s = _idle_shares(life[:, 1], life[:, 2], t0_ns, t1_ns)
     idle_draws = shared_s[:, None] * fit.idle_draws_w[None, :]
     work_j = per_request @ cost
@@ -581,8 +652,8 @@ def request_parts(fit: RequestEnergyFit, log: WorkLog, lifetimes: Sequence[tuple
     split = fit.reason is None
     return RequestParts(
         ids, work_j, _interval(prefill + decode),
-        per_request[:, PREFILL] @ cost[PREFILL] if split else None, _interval(prefill) if split else None,
-        per_request[:, DECODE] @ cost[DECODE] if split else None, _interval(decode) if split else None,
+        per_request[:, own_prefill] @ cost[own_prefill] if split else None, _interval(prefill) if split else None,
+        per_request[:, own_decode] @ cost[own_decode] if split else None, _interval(decode) if split else None,
         idle_j, _interval(idle_draws), fit.reason, float(unattributed), measured, measured_bound, float(remainder),
         measured_bound + predicted_bound)
 
@@ -664,9 +735,9 @@ def controlled_split_check(fit: RequestEnergyFit, log: WorkLog, knots: Sequence[
     prefill part (decode part) predicts the counter's energy of its interval, less idle, within SPLIT_SLACK."""
     segments = _counter_segments(knots)
     out = []
-    for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, PREFILL, DECODE),
-                                     ("decode", decode_t0, decode_t1, DECODE, PREFILL)):
-        amounts = fit.counted(log).amounts(np.array([t0]), np.array([t1]))[0]
+    for part, t0, t1, own, other in (("prefill", prefill_t0, prefill_t1, fit.prefill, fit.decode),
+                                     ("decode", decode_t0, decode_t1, fit.decode, fit.prefill)):
+        amounts = fit.work(log, amounts_in(np.array([t0]), np.array([t1])))[0]
         if np.any(amounts[other] > 0):
             raise ValidationError(f"the {part} interval holds {'decode' if part == 'prefill' else 'prefill'} "
                                   "work", "pass intervals where only that part ran (a controlled-split run: all "

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from joulebench.cap_term import CapTrial
 from joulebench.card_state import CardState, check_fields
 from joulebench.clock_term import TermTrial
 from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
@@ -45,11 +46,13 @@ from joulebench.record_types import (
     ControlledPlan,
     ControlledWindowBlock,
     CrossRateCheck,
+    HeldOutHalfCheck,
     LoadMetrics,
     RequestEnergyBlock,
     RequestsBlock,
 )
 from joulebench.request_energy import (
+    COLUMNS,
     SPLIT_SLACK,
     HeldOutWindow,
     RequestEnergyFit,
@@ -57,6 +60,7 @@ from joulebench.request_energy import (
     WorkLog,
     controlled_split_check,
     cross_check,
+    fit_with_cap_trial,
     fit_with_clock_trial,
     measured_energy,
     request_parts,
@@ -75,6 +79,7 @@ JOINT_METHOD = ("the same model fitted over every rate of the sweep at once, a..
                 "drawn per rate (joulebench.joint_energy)")
 NO_TRACE = ("no in-process trace beside the record: under an external sampler the trace is written when it stops, "
             "after the driver; `python -m llm_inference request-energy --run DIR` fits it then (JUBE jobs do)")
+JOINT_CAP = "not tried in the joint fit: it tries the clock term only (the power-cap term is tried per rate)"
 STEADY = "steady"  # the rate's measured window
 IN_PROCESS_TRACE = "jpwr"  # beside the record: the in-process sampler's <node>/trace.h5 (joulebench.lifecycle)
 
@@ -306,11 +311,11 @@ def _fill_table(table: RequestsTable, parts: RequestParts) -> None:
         table.attrs["energy_split_unavailable_reason"] = parts.split_reason
 
 
-def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial) -> RequestEnergyBlock:
-    """The fit's coefficients (at the card-state term's reference clock where it was adopted), its card-state term's
-    trial, the conditions of its data and its held-out halves with theirs."""
+def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial, cap: CapTrial) -> RequestEnergyBlock:
+    """The fit's coefficients (at the card-state term's reference clock where it was adopted; uncapped costs and
+    capped powers where the power-cap term was), its card-state terms' trials, the conditions of its data and its
+    held-out halves with theirs."""
     intervals = fit.intervals
-    sides = list(fit.fold_conditions) + [None] * (len(fit.folds) - len(fit.fold_conditions))
     return {"method": method, "columns": list(fit.columns),
             "coefficients": {c: float(v) for c, v in zip(fit.columns, fit.coefficients, strict=True)},
             "intervals_95": {c: [float(a), float(b)] for c, (a, b) in zip(fit.columns, intervals, strict=True)},
@@ -318,10 +323,27 @@ def _fit_summary(fit: RequestEnergyFit, method: str, trial: TermTrial) -> Reques
             "vif": {c: float(v) for c, v in zip(fit.columns, fit.vif, strict=True)},
             "prefill_block_vif": float(fit.prefill_vif), "separable": fit.separable,
             "split_unavailable_reason": fit.reason, "segments": fit.segment_count, "clock_term": trial.to_dict(),
+            "cap_term": cap.to_dict(COLUMNS),
             "fitted_conditions": None if fit.fitted is None else fit.fitted.to_dict(),
-            "held_out_halves": [{"measured_j": f.measured_j, "predicted_j": f.predicted_j, "bound_j": f.bound_j,
-                                 "closes": f.closes, **check_fields(side, f.closes)}
-                                for f, side in zip(fit.folds, sides, strict=True)]}
+            "held_out_halves": _halves(fit)}
+
+
+def _halves(fit: RequestEnergyFit) -> list[HeldOutHalfCheck]:
+    """Test (b): the fit's held-out halves, each with its two sides' conditions."""
+    sides = list(fit.fold_conditions) + [None] * (len(fit.folds) - len(fit.fold_conditions))
+    return [{"measured_j": f.measured_j, "predicted_j": f.predicted_j, "bound_j": f.bound_j, "closes": f.closes,
+             **check_fields(side, f.closes)} for f, side in zip(fit.folds, sides, strict=True)]
+
+
+def _with_cap_checks(trial: CapTrial, without: RequestEnergyFit,
+                     checks: Callable[[RequestEnergyFit], RequestEnergyBlock]) -> CapTrial:
+    """The trial with every check of the fits without and with the term (`checks`), adopted or not: the term's
+    effect on each check."""
+    if trial.model is None:
+        return trial
+    before, after = checks(without), checks(trial.model)
+    before["checks_failed"], after["checks_failed"] = failed_checks(before), failed_checks(after)
+    return trial.with_checks(before, after)
 
 
 @dataclasses.dataclass
@@ -409,7 +431,8 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
     span = (max(float(wl.t0_ns.min()), covered[0]), min(float(wl.t1_ns.max()), covered[1]))  # where the counter is
     held_out = [HeldOutWindow(m.label, m.log, m.knots, m.t0_ns, m.t1_ns) for m in sweep.earlier]
     try:
-        fit, trial = fit_with_clock_trial(wl, knots, idle_w, *span, held_out)
+        base, trial = fit_with_clock_trial(wl, knots, idle_w, *span, held_out)
+        fit, cap = fit_with_cap_trial(wl, knots, idle_w, *span, held_out, base, trial)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, None))
         return {"unavailable_reason": f"fit refused: {exc}"}, None
@@ -418,10 +441,16 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         window = request_parts(fit, wl, lifetimes, t0, t1)
     except JpwrError as exc:
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
-        return {**_fit_summary(fit, method, trial), "unavailable_reason": f"request parts refused: {exc}"}, None
+        return {**_fit_summary(fit, method, trial, cap), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
+    def checks(model: RequestEnergyFit) -> RequestEnergyBlock:
+        return {"held_out_halves": _halves(model), "cross_rate": _cross_rate(label, model, wl, knots, t0, t1,
+                                                                              sweep.earlier),
+                "controlled_split": _controlled(model, sweep.controlled)}
+
+    cap = _with_cap_checks(cap, base, checks)
     result: RequestEnergyBlock = {
-        **_fit_summary(fit, method, trial), "fitted_span_s": (span[1] - span[0]) / 1e9,
+        **_fit_summary(fit, method, trial, cap), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
                       "finished); time with none is unattributed idle",
         **_per_request(whole, finished),
@@ -481,7 +510,8 @@ def joint_blocks(sweep: Sweep) -> dict[str, RequestEnergyBlock]:
     for m, window in zip(rates, windows, strict=True):
         assert m.joint is not None
         fit = joint.per_rate[m.label]
-        block: RequestEnergyBlock = {**_fit_summary(fit, JOINT_METHOD, joint.clock), "rates": list(joint.labels),
+        block: RequestEnergyBlock = {**_fit_summary(fit, JOINT_METHOD, joint.clock, CapTrial.refused(JOINT_CAP)),
+                                     "rates": list(joint.labels),
                                  "rates_left_out": left, "joint_segments": joint.segment_count}
         try:
             block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))

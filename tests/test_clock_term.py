@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
+from joulebench.cap_term import CLOCK_ADOPTED, NO_CAP_STATE
 from joulebench.card_state import Comparison, check_fields
 from joulebench.clock_term import NO_CLOCK, NO_HELD_OUT, ONE_CLOCK
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
@@ -25,6 +26,7 @@ from joulebench.request_energy import (
     HeldOutWindow,
     cross_check,
     fit_request_energy,
+    fit_with_cap_trial,
     fit_with_clock_trial,
     work_conditions,
 )
@@ -138,6 +140,9 @@ def test_the_per_rate_fit_tries_the_term_on_earlier_rates(clocked: list[RateWind
     assert trial.term is not None and trial.term.exponent == pytest.approx(PLANTED, abs=0.5)
     assert trial.adopted == (trial.to_dict()["rms_error_with"] < trial.to_dict()["rms_error_without"])
     assert (fit.clock is not None) == trial.adopted
+    chosen, cap = fit_with_cap_trial(second.log, second.knots, IDLE_W, *second.span, held, fit, trial, draws=DRAWS)
+    assert chosen is fit and cap.term is None  # the power-cap term: tried only where the clock term is not adopted
+    assert cap.reason == (CLOCK_ADOPTED if trial.adopted else NO_CAP_STATE)  # (no cap share planted: n/a)
 
 
 def test_a_check_records_the_conditions_of_its_two_sides(clocked: list[RateWindow]) -> None:

@@ -57,12 +57,20 @@ class CapTerm:
     def of_steps(cls, log: WorkLog, share: np.ndarray) -> CapTerm:
         """The law fitted on `log`'s steps, each weighted by its capped share and by `share` (the share of it in
         the data fitted): NNLS on the steps' device seconds."""
-        if log.capped is None:
+        return cls.of_logs([(log, share)])
+
+    @classmethod
+    def of_logs(cls, parts: Sequence[tuple[WorkLog, np.ndarray]]) -> CapTerm:
+        """The law fitted on the steps of several logs together (a joint fit's rates), each (log, share) as
+        of_steps takes it."""
+        if any(log.capped is None for log, _ in parts):
             raise ValidationError(NO_CAP_STATE, "meter through NVML, or fit without the power-cap term")
-        if not np.any(log.capped * share > 0):
+        weights = [np.sqrt(np.asarray(log.capped) * share) for log, share in parts]
+        if not any(np.any(w > 0) for w in weights):
             raise ValidationError(NEVER_CAPPED, "fit without the power-cap term")
-        weight = np.sqrt(log.capped * share)
-        return cls(nnls(log.columns() * weight[:, None], log.seconds * weight))
+        x = np.vstack([log.columns() * w[:, None] for (log, _), w in zip(parts, weights, strict=True)])
+        y = np.concatenate([log.seconds * w for (log, _), w in zip(parts, weights, strict=True)])
+        return cls(nnls(x, y))
 
     def expand(self, log: WorkLog, amounts: Callable[[WorkLog], np.ndarray], prefill: slice, decode: slice
                ) -> np.ndarray:
@@ -120,10 +128,11 @@ class CapTrial:
 
 
 def judged(term: CapTerm, powers_w: tuple[float, float], ratio: float, held_out: Sequence[HeldOutRate],
-           model: RequestEnergyFit) -> CapTrial:
+           model: RequestEnergyFit | None = None) -> CapTrial:
     """The clock term's rule (clock_term.judged): adopt the term where the data fitted determine it (its likelihood
     ratio against the fit without it over 1 s blocks above CLOSURE_Z², 99 %) and the held-out rates' window energies
-    come out closer with it (clock_term.held_out_verdict), else say why not with the figures."""
+    come out closer with it (clock_term.held_out_verdict), else say why not with the figures (`model`: the fit
+    with the term, where one fit carries it; a joint fit keeps its own, JointFit.cap_fits)."""
     held = tuple(held_out)
     if ratio <= CLOSURE_Z ** 2:
         return CapTrial(term, powers_w, held, f"the term is not determined by the data fitted: its likelihood ratio "

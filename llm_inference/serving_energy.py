@@ -547,7 +547,7 @@ def _left_out_check(model: RequestEnergyFit | str, window: RateWindow) -> CrossR
     except JpwrError as exc:
         return {**row, "passes": False, "reason": str(exc)}
     return {**row, "measured_j": check.measured_j, "predicted_j": check.predicted_j, "bound_j": check.bound_j,
-            "passes": check.passes, **check_fields(check.conditions, check.passes)}
+            "passes": bool(check.passes), **check_fields(check.conditions, check.passes)}
 
 
 def write_joint(sweep: Sweep, say: Callable[[str], None]) -> None:

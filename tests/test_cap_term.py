@@ -3,7 +3,8 @@
 One rate (the 2026-12-06 run: llama-8b, 256 rows, rate max, its multi-step controlled split): the term is tried,
 its effect on each check is computed, and with no other rate to test it on it is not adopted. Three rates (the
 2026-11-25 sweep, 4, 8 and 32 requests/s): each rate's fit tries it on the earlier rates' windows it never saw and
-adopts it only where the data fitted determine it and it predicts those windows better, as the driver does.
+adopts it only where the data fitted determine it and it predicts those windows better, as the driver does; the
+joint fit over them tries it with each rate left out, as does the joint fit over 8, 16 and 32 requests/s.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.joint_fit_replay import recorded_rate
-from joulebench.cap_term import ADOPTION_RESTS_ON, CAPPED_COLUMNS, FORM, NEVER_CAPPED
-from joulebench.clock_term import NO_HELD_OUT
+from benchmarks.joint_fit_replay import load_rate, recorded_rate
+from joulebench.cap_term import ADOPTION_RESTS_ON, CAPPED_COLUMNS, FORM, NEVER_CAPPED, CapTerm
+from joulebench.clock_term import NO_HELD_OUT, rms_error
+from joulebench.joint_energy import RateWindow, fit_joint
 from joulebench.record import read_run_record
 from joulebench.record_shape import checked_block
 from joulebench.record_types import CapTermTrial
@@ -34,6 +36,7 @@ from llm_inference.serving_energy import (
     Sweep,
     controlled_intervals,
     in_process_counter,
+    joint_blocks,
     serving_energy,
     steps_work_log,
     with_card_state,
@@ -121,12 +124,19 @@ def test_its_effect_on_each_check(p59r: dict) -> None:
     assert [f.closes for f in model.folds] == [f.closes for f in fit.folds] == [True, False]
 
 
-def test_a_later_rate_adopts_it_where_it_is_determined_and_predicts_the_earlier_rates_better() -> None:
-    """The driver's own path over three rates of the 2026-11-25 sweep, in order: at 8/s the term predicts 4/s a
-    little better but the data fitted do not determine it (not adopted: the clock term's rule, not weakened); at
-    32/s (capped most of the time) they do and it predicts 4 and 8/s better (adopted)."""
+@pytest.fixture(scope="module")
+def final_sweep() -> tuple[Sweep, dict]:
+    """The driver's own path over three rates of the 2026-11-25 sweep, in order: each rate's block, and the sweep."""
     sweep = Sweep()
-    blocks = {label: serving_energy(*recorded_rate(FINAL / f"rate_{label}"), sweep) for label in ("4", "8", "32")}
+    return sweep, {label: serving_energy(*recorded_rate(FINAL / f"rate_{label}"), sweep) for label in ("4", "8", "32")}
+
+
+def test_a_later_rate_adopts_it_where_it_is_determined_and_predicts_the_earlier_rates_better(
+        final_sweep: tuple[Sweep, dict]) -> None:
+    """At 8/s the term predicts 4/s a little better but the data fitted do not determine it (not adopted: the clock
+    term's rule, not weakened); at 32/s (capped most of the time) they do and it predicts 4 and 8/s better
+    (adopted)."""
+    blocks = final_sweep[1]
     terms = {label: block["cap_term"] for label, block in blocks.items()}
     for label, term in terms.items():
         assert term["adopted"] == (term["likelihood_ratio"] > term["determined_above"] and term["held_out_rates"] != []
@@ -150,3 +160,56 @@ def test_a_later_rate_adopts_it_where_it_is_determined_and_predicts_the_earlier_
 
 def _order(label: str) -> float:
     return float(label)
+
+
+def test_the_joint_fit_tries_it_with_each_rate_left_out(final_sweep: tuple[Sweep, dict]) -> None:
+    """The same three rates fitted jointly (the driver's joint_blocks): the clock term is not adopted, so the power-cap
+    term is tried; each rate is predicted by the other two rates' fits without and with it (the law, costs and powers
+    refitted without it: the rows are the cross-rate checks' own), and the rule decides. Here the term is determined
+    but predicts the rates worse (32/s from the barely capped 4 and 8/s: the capped power far off), so it is not
+    adopted and each block's checks are those of the fit without it."""
+    blocks = joint_blocks(final_sweep[0])
+    for label, block in blocks.items():
+        assert not block["clock_term"]["adopted"]
+        term = checked_block(CapTermTrial, block["cap_term"], "cap_term")
+        assert term["form"] == FORM and term["adoption_rests_on"] == ADOPTION_RESTS_ON
+        assert [h["rate"] for h in term["held_out_rates"]] == ["4", "8", "32"]
+        assert term["adopted"] == (term["likelihood_ratio"] > term["determined_above"]
+                                   and term["rms_error_with"] < term["rms_error_without"])
+        assert not term["adopted"] and term["likelihood_ratio"] > term["determined_above"]
+        assert term["unadopted_reason"].startswith("it does not predict the held-out rates better")
+        assert list(term["step_time_law_s"]) == list(COLUMNS) and min(term["capped_power_w"].values()) > 0
+        held = next(h for h in term["held_out_rates"] if h["rate"] == label)
+        for side, key in (("checks_without_term", "predicted_without_j"), ("checks_with_term", "predicted_with_j")):
+            (cross,) = term[side]["cross_rate"]
+            assert cross["fitted_at"] == f"all but {label}"
+            assert cross["predicted_j"] == held[key] and cross["measured_j"] == held["measured_j"]
+        for key in ("held_out_halves", "cross_rate", "controlled_split", "checks_failed"):  # the fit without it
+            assert term["checks_without_term"][key] == block[key], key
+        assert block["columns"] == list(COLUMNS)
+    assert len({json.dumps(b["cap_term"]["held_out_rates"]) for b in blocks.values()}) == 1  # one trial, shared
+
+
+def test_the_joint_fit_adopts_it_never_fitting_the_rate_it_predicts() -> None:
+    """Rates 8, 16 and 32 of the sweep: the term is determined and predicts each rate left out better (adopted); the
+    law each left-out model carries is the one the other rates' steps give (each weighted by its capped share over
+    its fitted segments), not the law of all three."""
+    runs = [load_rate(FINAL / f"rate_{label}")[0] for label in ("8", "16", "32")]
+    joint = fit_joint(runs, draws=DRAWS)
+    trial = joint.cap
+    assert trial.term is not None and trial.determined and joint.cap_fits is not None
+    with_term, without = rms_error(trial.held_out, True), rms_error(trial.held_out, False)
+    assert with_term is not None and without is not None and trial.adopted == (with_term < without)
+    assert trial.adopted and joint.columns == CAP_COLUMNS and joint.cap_fits[1].coefficients is joint.coefficients
+    for k, run in enumerate(runs):
+        model = joint.left_out[run.label]
+        assert not isinstance(model, str) and model.cap is not None
+        others = [(r.log, r.log.fractions(*_fitted(r))) for j, r in enumerate(runs) if j != k]
+        np.testing.assert_allclose(model.cap.seconds_per_unit, CapTerm.of_logs(others).seconds_per_unit, rtol=1e-12)
+        assert not np.allclose(model.cap.seconds_per_unit, trial.term.seconds_per_unit, rtol=1e-6)
+
+
+def _fitted(run: RateWindow) -> tuple[float, float]:
+    """From the first counter segment a joint fit takes of the run to its last."""
+    segments = window_segments(run.knots, *run.span)
+    return float(segments.t0_ns[0]), float(segments.t1_ns[-1])

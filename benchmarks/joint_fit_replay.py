@@ -41,9 +41,10 @@ import numpy as np
 from joulebench.card_state import Comparison, Conditions
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
 from joulebench.record import RECORD_FILE, read_run_record
+from joulebench.record_types import CapTermTrial, ClockTermTrial
 from joulebench.request_energy import COLUMNS, DECODE, PREFILL, PartCheck, RequestEnergyFit, measured_energy
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, read_requests
-from joulebench.segment_fit import window_segments
+from joulebench.segment_fit import CLOSURE_Z, window_segments
 from llm_inference.serving_energy import (
     IN_PROCESS_TRACE,
     Counter,
@@ -303,6 +304,28 @@ def _cap(trial: dict[str, Any]) -> str:
             f"{trial['checks_with_term']['checks_failed']}")
 
 
+def _rms(trial: ClockTermTrial | CapTermTrial) -> str:
+    without, with_term = trial.get("rms_error_without"), trial.get("rms_error_with")
+    if without is None or with_term is None:
+        return "no held-out rate"
+    return f"root mean square of the held-out rates' errors {without:.2%} without, {with_term:.2%} with"
+
+
+def _cap_fit(trial: CapTermTrial) -> list[str]:
+    """The joint fit's power-cap term: its capped powers, law, likelihood ratio, held-out rates and decision (each
+    rate's checks without and with it are in the table's rows)."""
+    law, ratio, powers = trial.get("step_time_law_s"), trial.get("likelihood_ratio"), trial.get("capped_power_w")
+    if law is None or ratio is None or powers is None:
+        return [f"not fitted ({trial.get('unadopted_reason')})"]
+    seconds = ", ".join(f"{c} {v:.3g}" for c, v in law.items())
+    held = ", ".join(f"{h['rate']} {h['error_without']:+.1%}->{h['error_with']:+.1%}"
+                     for h in trial.get("held_out_rates", []))
+    return [f"{trial.get('unadopted_reason') or 'ADOPTED'}",
+            f"capped power {powers['prefill']:.0f} W prefill, {powers['decode']:.0f} W decode; likelihood ratio "
+            f"{ratio:.1f} (determined above {CLOSURE_Z ** 2:.1f})", f"step-time law (s per unit): {seconds}",
+            f"held out (without->with): {held or 'none'}"]
+
+
 def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],
                parts: dict[str, RecoveredPart] | None) -> str:
     """Checks per rate, per-rate and joint, without and with the card state."""
@@ -322,9 +345,11 @@ def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],
             block = replayed.joint.get(label)
             if block is None or "coefficients" not in block:
                 continue
+            term = name.endswith("term")
             lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | "
                          f"{_split(joint.per_rate[label], parts, block)} | {_cross(block)} | "
-                         f"{_term(block['clock_term']) if name.endswith('term') else '—'} | — |")
+                         f"{_term(block['clock_term']) if term else '—'} | "
+                         f"{_cap(block['cap_term']) if term else '—'} |")
     return "\n".join(lines)
 
 
@@ -359,8 +384,9 @@ def causes(replayed: Replay, joint: JointFit, parts: dict[str, RecoveredPart] | 
 
 
 def coefficients(fit: RequestEnergyFit) -> str:
+    """The fit's work columns' costs (with the power-cap term: the uncapped costs and the capped powers, in W)."""
     term = "" if fit.clock is None else f" at {fit.clock.reference_hz / 1e6:.0f} MHz, alpha {fit.clock.exponent:.1f}"
-    return " ".join(f"{v:.3g}" for v in fit.coefficients[:len(COLUMNS)]) + term
+    return " ".join(f"{v:.3g}" for v in fit.coefficients[fit.work_columns]) + term
 
 
 def work_mix(run: RateWindow, buckets: list[int]) -> str:
@@ -430,10 +456,11 @@ def report(sweep_dir: Path, draws: int) -> str:
     out += ["", "### Checks per rate, without and with the card state (the driver's code: per rate in order, then "
                 "joint)", "", comparison(before, after, joints, parts), ""]
     for name, joint in (("joint", joints[0]), ("joint + term", joints[1])):
-        out.append(f"{name} coefficients ({', '.join(COLUMNS)}): {coefficients(joint.per_rate[runs[0].label])}")
-    trial = joints[1].clock
-    out += [f"joint clock term: {_term(trial.to_dict())}; root mean square of the held-out rates' errors "
-            f"{trial.to_dict()['rms_error_without']:.2%} without, {trial.to_dict()['rms_error_with']:.2%} with",
+        fit = joint.per_rate[runs[0].label]
+        out.append(f"{name} coefficients ({', '.join(fit.columns[fit.work_columns])}): {coefficients(fit)}")
+    trial, cap = joints[1].clock.to_dict(), joints[1].cap.to_dict(COLUMNS)
+    out += [f"joint clock term: {_term(trial)}; {_rms(trial)}",
+            "joint power-cap term:", *(f"- {part}" for part in _cap_fit(cap)), f"- {_rms(cap)}",
             "", "### Failing checks' measured causes (joint fit as adopted)", "", causes(after, joints[1], parts), "",
             "### Diagnostic: joint fit, each rate's idle power fitted (no term)", "", per_rate_power(runs, draws)]
     return "\n".join(out)

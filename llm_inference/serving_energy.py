@@ -36,7 +36,7 @@ import numpy as np
 from joulebench.cap_term import CapTrial
 from joulebench.card_state import CardState, check_fields
 from joulebench.clock_term import TermTrial
-from joulebench.joint_energy import MIN_RATES, JointFit, RateWindow, fit_joint, fitted_rates
+from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
 from joulebench.record_shape import checked_block
@@ -509,25 +509,24 @@ def joint_blocks(sweep: Sweep) -> dict[str, RequestEnergyBlock]:
     for m, window in zip(rates, windows, strict=True):
         assert m.joint is not None
         fit = joint.per_rate[m.label]
-        cap = joint.cap if joint.cap_fits is None else joint.cap.with_checks(
-            *(_joint_checks(f, window, sweep.controlled) for f in joint.cap_fits))
+        cap = joint.cap if joint.cap_fits is None else joint.cap.with_checks(*(
+            _joint_checks(f.per_rate[m.label], f.left_out[m.label], window, sweep.controlled) for f in joint.cap_fits))
         block: RequestEnergyBlock = {**_fit_summary(fit, JOINT_METHOD, joint.clock, cap), "rates": list(joint.labels),
                                      "rates_left_out": left, "joint_segments": joint.segment_count}
         try:
             block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))
         except JpwrError as exc:
             block["unavailable_reason"] = f"request parts refused: {exc}"
-        block.update(_joint_checks(joint, window, sweep.controlled))
+        block.update(_joint_checks(fit, joint.left_out[m.label], window, sweep.controlled))
         blocks[m.label] = block
     return blocks
 
 
-def _joint_checks(joint: JointFit, window: RateWindow, controlled: Controlled | None) -> RequestEnergyBlock:
-    """A rate's checks on a joint fit: (b) its held-out halves, (a) its leave-one-rate-out, (c) the controlled
-    split, and which failed."""
-    fit = joint.per_rate[window.label]
-    checks: RequestEnergyBlock = {"held_out_halves": _halves(fit),
-                                  "cross_rate": [_left_out_check(joint.left_out[window.label], window)],
+def _joint_checks(fit: RequestEnergyFit, left_out: RequestEnergyFit | str, window: RateWindow,
+                  controlled: Controlled | None) -> RequestEnergyBlock:
+    """A rate's checks on a joint fit (`fit`: its view of it; `left_out`: the fit on the other rates, or why none):
+    (b) its held-out halves, (a) its leave-one-rate-out, (c) the controlled split, and which failed."""
+    checks: RequestEnergyBlock = {"held_out_halves": _halves(fit), "cross_rate": [_left_out_check(left_out, window)],
                                   "controlled_split": _controlled(fit, controlled)}
     checks["checks_failed"] = failed_checks(checks)
     return checks

@@ -154,10 +154,15 @@ def fit_joint(runs: Sequence[RateWindow], draws: int = 200, seed: int = 0, clock
         return _fit(designs, runs, trial.term.exponent, draws, seed, trial, CapTrial.refused(CLOCK_ADOPTED))
     base = dataclasses.replace(base, clock=trial)
     try:
-        with_cap = _fit(designs, runs, designs.cap_law(designs.everything), draws, seed, trial, base.cap)
-    except ValidationError as exc:  # never capped, no cap state, or not capped in some check's training data
+        law = designs.cap_law(designs.everything)
+    except ValidationError as exc:  # no cap state, or never capped
         return dataclasses.replace(base, cap=CapTrial.refused(exc.problem))
-    cap = _cap_trial(designs, runs, base, with_cap)
+    try:
+        with_cap = _fit(designs, runs, law, draws, seed, trial, base.cap)
+    except ValidationError as exc:  # the law refitted for a check: its training data never capped
+        return dataclasses.replace(base, cap=CapTrial.refused(f"a check's training data (the other rates, or a rate "
+                                                              f"but its held-out half): {exc.problem}"))
+    cap = _cap_trial(designs, runs, law, base, with_cap)
     chosen = with_cap if cap.adopted else base
     return dataclasses.replace(chosen, cap=cap, cap_fits=(base, with_cap))
 
@@ -314,11 +319,11 @@ def _trial(designs: _Designs, runs: Sequence[RateWindow], base: JointFit) -> Ter
     return judged(reference, designs.profile(designs.everything), held)
 
 
-def _cap_trial(designs: _Designs, runs: Sequence[RateWindow], base: JointFit, with_cap: JointFit) -> CapTrial:
+def _cap_trial(designs: _Designs, runs: Sequence[RateWindow], law: CapTerm, base: JointFit, with_cap: JointFit
+               ) -> CapTrial:
     """The power-cap term judged: its likelihood ratio on every row against the fit without it, and each rate with
     an idle baseline predicted by the other rates' fits without it and with it (law, costs and powers fitted on
-    those rates only: the fits' leave-one-out models)."""
-    law = designs.cap_law(designs.everything)
+    those rates only: the fits' leave-one-out models); `law`: the one fitted on every row."""
     without, with_term = designs.at(None), designs.at(law)
     ratio = likelihood_ratio(without.energy - without.x @ designs.calibrated(None)[1],
                              with_term.energy - with_term.x @ designs.calibrated(law)[1], without.blocks,

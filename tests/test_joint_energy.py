@@ -9,6 +9,7 @@ Recorded: the replay rebuilds the driver's per-rate fit exactly, and a sweep's r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks.joint_fit_replay import differences, load_rate
+from joulebench.cap_term import NEVER_CAPPED
 from joulebench.clock_term import FORM
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
 from joulebench.record import read_run_record, write_run_record
@@ -247,3 +249,17 @@ def test_the_joint_block_names_its_clock_term_and_each_checks_conditions(
             assert check["conditions"]["fitted"] and check["conditions"]["predicted"]
             passes = check.get("closes", check.get("passes"))
             assert ("measured_cause" in check) == (not passes), (label, check)
+
+
+def test_the_power_cap_term_is_not_tried_where_a_check_would_fit_its_law_on_no_capped_step(
+        recorded: dict[str, tuple[RateWindow, dict]]) -> None:
+    """Rate 4's steps marked never capped: the law fitted on every rate exists (rate 8's capped steps), but predicting
+    rate 8 from rate 4 alone would need a law from steps never capped, so the term is refused, naming that."""
+    slow, fast = (recorded[label][0] for label in RATES)
+    free = dataclasses.replace(slow, log=slow.log.with_state(slow.log.sm_clock_hz, np.zeros(len(slow.log.t0_ns))))
+    joint = fit_joint([free, fast], draws=DRAWS)
+    assert fast.log.capped is not None and np.any(fast.log.capped > 0)
+    assert not joint.cap.adopted and joint.cap.term is None and joint.cap_fits is None
+    assert joint.cap.reason == (f"a check's training data (the other rates, or a rate but its held-out half): "
+                                f"{NEVER_CAPPED}")
+    assert joint.columns == COLUMNS

@@ -378,7 +378,7 @@ def _segment_design(log: WorkLog, segments: Segments, idle_w: float | None, cloc
     if idle_w is None:
         x = np.column_stack([x, segments.seconds])
         rate0, rate1 = (np.column_stack([r, np.ones(len(r))]) for r in (rate0, rate1))
-        columns = (*COLUMNS, IDLE_COLUMN)
+        columns = (*columns, IDLE_COLUMN)
     offset = np.zeros(len(segments)) if idle_w is None else idle_w * segments.seconds
     return x, rate0, rate1, columns, offset
 

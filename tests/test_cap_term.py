@@ -25,6 +25,7 @@ from joulebench.record_types import CapTermTrial
 from joulebench.request_energy import (
     CAP_COLUMNS,
     COLUMNS,
+    IDLE_COLUMN,
     controlled_split_check,
     fit_with_cap_trial,
     fit_with_clock_trial,
@@ -89,6 +90,18 @@ def test_a_card_never_capped_leaves_no_term_to_fit(p59r: dict) -> None:
     chosen, trial = fit_with_cap_trial(free, p59r["knots"], p59r["idle_w"], *span, [], fit, clock, draws=DRAWS)
     assert chosen is fit and trial.term is None and trial.reason == NEVER_CAPPED
     assert trial.to_dict(COLUMNS)["checks_with_term"] == {}
+
+
+def test_without_an_idle_baseline_the_idle_power_is_a_column_after_the_capped_ones(p59r: dict) -> None:
+    """No idle power given: the fit with the term names its columns as it fits them (its capped seconds included,
+    then the idle column), not as the fit without it."""
+    log, fit = p59r["log"], p59r["fit"]
+    span = (float(fit.segments.t0_ns.min()), float(fit.segments.t1_ns.max()))
+    untermed, clock = fit_with_clock_trial(log, p59r["knots"], None, *span, [], draws=DRAWS)
+    _, trial = fit_with_cap_trial(log, p59r["knots"], None, *span, [], untermed, clock, draws=DRAWS)
+    assert untermed.columns == (*COLUMNS, IDLE_COLUMN)
+    assert trial.model is not None and trial.model.columns == (*CAP_COLUMNS, IDLE_COLUMN)
+    assert len(trial.model.coefficients) == len(CAP_COLUMNS) + 1
 
 
 def test_the_law_and_the_capped_power_are_the_cards_own(p59r: dict) -> None:

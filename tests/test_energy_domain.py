@@ -31,13 +31,15 @@ ZONES = {"intel-rapl:0": ("package-0", 1_000_000, 262_143_328_850),
 
 @pytest.fixture(scope="module")
 def rapl_run(tmp_path_factory, fake_env) -> Path:
-    """The tiny GPT trained on the CPU with `--energy-methods auto`: only the fake RAPL tree can be read."""
+    """The tiny GPT trained on the CPU with `--energy-methods auto`: only the fake RAPL tree can be read. A window of
+    1.5 s, not six iterations (0.11 s): one late write of the fake's counters on a loaded machine took a window that
+    short below the meter's 99 % coverage (PARTIAL, once in a full run, 2026-12-06)."""
     base = tmp_path_factory.mktemp("rapl")
     root = sysfs_trees.powercap(base / "sys", ZONES)
     out = base / "run"
     env = fake_env(JPWR_SYSFS_ROOT=str(root), OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu",
-               "--iterations", "6", "--warmup-iterations", "1", "--out-dir", str(out), "--run-id", "rapl-1",
+               "--steady-seconds", "1.5", "--warmup-iterations", "1", "--out-dir", str(out), "--run-id", "rapl-1",
                "--energy-methods", "auto"]
     with sysfs_trees.drawing(root, {"intel-rapl:0": PACKAGE_W, "intel-rapl:0:0": CORE_W,
                                     "intel-rapl:0:1": DRAM_W}):

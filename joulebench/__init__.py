@@ -216,6 +216,7 @@ API: dict[str, dict[str, str]] = {
         "fit_joint": "one fit of per-request costs across a sweep's rates",
         "fitted_rates": "the rates a joint fit can take, and why others are left out",
         "RateWindow": "one rate's steps, counter and span for the joint fit",
+        "JointFit": "the joint fit's per-rate views, whose checks each rate's record carries",
         "MIN_RATES": "the fewest rates a joint fit needs",
     },
     "joulebench.clock_term": {"TermTrial": "the card-state term as fitted and as it predicted held-out rates"},

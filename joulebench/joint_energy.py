@@ -49,19 +49,17 @@ from joulebench.clock_term import (
 )
 from joulebench.request_energy import (
     CAP_COLUMNS,
-    CAP_DECODE,
-    CAP_PREFILL,
     COLUMNS,
-    DECODE,
     IDLE_COLUMN,
     PERCENTILES,
-    PREFILL,
     RequestEnergyFit,
     WorkLog,
     amounts_in,
     block_inflation,
+    capped_powers,
     counted_work,
     measured_energy,
+    part_columns,
     split_reason,
     variance_inflation,
     work_conditions,
@@ -195,7 +193,7 @@ class _Design:
     @property
     def parts(self) -> tuple[slice, slice]:
         """Where prefill's and decode's columns sit."""
-        return (CAP_PREFILL, CAP_DECODE) if self.cap else (PREFILL, DECODE)
+        return part_columns(self.cap)
 
     def calibrated(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The knot noise and the fit of `rows` (request_energy's calibrated fit)."""
@@ -339,7 +337,7 @@ def _cap_trial(designs: _Designs, runs: Sequence[RateWindow], law: CapTerm, base
             continue  # its window is not on its counter: its own (a) check says so
         held.append(HeldOutRate(run.label, measured, plain.predict(run.log, *run.window)[0],
                                 capped.predict(run.log, *run.window)[0]))
-    powers = (float(with_cap.coefficients[CAP_PREFILL.stop - 1]), float(with_cap.coefficients[CAP_DECODE.stop - 1]))
+    powers = capped_powers(with_cap.coefficients)
     return cap_judged(law, powers, ratio, held)
 
 

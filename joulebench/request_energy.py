@@ -260,11 +260,11 @@ class RequestEnergyFit:
     @property
     def prefill(self) -> slice:
         """Where the prefill part's columns sit in the fit's columns (and decode's, and all the work's, below)."""
-        return CAP_PREFILL if self.cap else PREFILL
+        return part_columns(self.cap)[0]
 
     @property
     def decode(self) -> slice:
-        return CAP_DECODE if self.cap else DECODE
+        return part_columns(self.cap)[1]
 
     @property
     def work_columns(self) -> slice:
@@ -336,7 +336,7 @@ def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     folds = held_out_halves(x, noise, segments, draws, rng, offset)
     block_sums = np.bincount(blocks, weights=energy - x @ coef)
     vif = variance_inflation(x)
-    prefill, decode = (CAP_PREFILL, CAP_DECODE) if cap else (PREFILL, DECODE)
+    prefill, decode = part_columns(cap)
     reason = split_reason(x, vif, float(np.median(segments.seconds)), prefill, decode)
     span = (float(segments.t0_ns.min()), float(segments.t1_ns.max()))
     return RequestEnergyFit(columns, coef, draws_c, idle_w, vif, reason is None, reason, segments,
@@ -344,6 +344,17 @@ def fit_request_energy(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
                             clock, work_conditions([(log, *span)]),
                             tuple(Comparison(work_conditions([(log, span[0], f.t0_ns), (log, f.t1_ns, span[1])]),
                                              work_conditions([(log, f.t0_ns, f.t1_ns)])) for f in folds), cap)
+
+
+def part_columns(cap: CapTerm | None) -> tuple[slice, slice]:
+    """Where the prefill and the decode part's columns sit in a fit's columns, with or without the power-cap term."""
+    return (CAP_PREFILL, CAP_DECODE) if cap else (PREFILL, DECODE)
+
+
+def capped_powers(coefficients: np.ndarray) -> tuple[float, float]:
+    """A fit with the power-cap term: its capped dynamic power of prefill and of decode (W), each the last column
+    of its part."""
+    return float(coefficients[CAP_PREFILL.stop - 1]), float(coefficients[CAP_DECODE.stop - 1])
 
 
 def counted_work(log: WorkLog, clock: ClockTerm | None, cap: CapTerm | None,
@@ -401,8 +412,7 @@ def fit_with_clock_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | N
     profile = best_exponent(lambda alpha: _residuals(log.counted(ClockTerm(alpha, reference)), segments, idle_w),
                             blocks_of(segments, BLOCK_S), len(fit.columns))
     with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, ClockTerm(profile.alpha, reference))
-    trial = judged(reference, profile, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
-                                                    with_term.predict(w.log, w.t0_ns, w.t1_ns)[0]) for w, m in usable])
+    trial = judged(reference, profile, _held_out_rates(usable, fit, with_term))
     return (with_term if trial.adopted else fit), trial
 
 
@@ -420,13 +430,12 @@ def fit_with_cap_trial(log: WorkLog, knots: Sequence[Knots], idle_w: float | Non
     except ValidationError as exc:
         return fit, CapTrial.refused(exc.problem)
     with_term = fit_request_energy(log, knots, idle_w, t0_ns, t1_ns, draws, seed, cap=term)
-    powers = (float(with_term.coefficients[CAP_PREFILL.stop - 1]), float(with_term.coefficients[CAP_DECODE.stop - 1]))
+    powers = capped_powers(with_term.coefficients)
     usable = [(w, _measured_or_none(w)) for w in held_out if w.log.capped is not None]
     ratio = likelihood_ratio(fit.residuals(log), with_term.residuals(log), blocks_of(fit.segments, BLOCK_S),
                              len(with_term.columns))
-    trial = cap_judged(term, powers, ratio, [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0],
-                                                         with_term.predict(w.log, w.t0_ns, w.t1_ns)[0])
-                                             for w, m in usable if m is not None], with_term)
+    trial = cap_judged(term, powers, ratio, _held_out_rates([(w, m) for w, m in usable if m is not None], fit,
+                                                            with_term), with_term)
     return (with_term if trial.adopted else fit), trial
 
 
@@ -439,6 +448,14 @@ class HeldOutWindow:
     knots: Sequence[Knots]
     t0_ns: float
     t1_ns: float
+
+
+def _held_out_rates(measured: Sequence[tuple[HeldOutWindow, float]], fit: RequestEnergyFit,
+                    with_term: RequestEnergyFit) -> list[HeldOutRate]:
+    """Each held-out window's measured energy beside its predictions by the fits without and with a term."""
+    return [HeldOutRate(w.label, m, fit.predict(w.log, w.t0_ns, w.t1_ns)[0], with_term.predict(w.log, w.t0_ns,
+                                                                                              w.t1_ns)[0])
+            for w, m in measured]
 
 
 def _measured_or_none(window: HeldOutWindow) -> float | None:

@@ -25,18 +25,19 @@ same block from the same files and trace.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
 from joulebench.cap_term import CapTrial
 from joulebench.card_state import CardState, check_fields
 from joulebench.clock_term import TermTrial
-from joulebench.joint_energy import MIN_RATES, RateWindow, fit_joint, fitted_rates
+from joulebench.joint_energy import MIN_RATES, JointFit, RateWindow, fit_joint, fitted_rates
 from joulebench.lifecycle import amend_written_record
 from joulebench.record import RunRecord
 from joulebench.record_shape import checked_block
@@ -334,15 +335,26 @@ def _halves(fit: RequestEnergyFit) -> list[HeldOutHalfCheck]:
              **check_fields(side, f.closes)} for f, side in zip(fit.folds, sides, strict=True)]
 
 
-def _with_cap_checks(trial: CapTrial, without: RequestEnergyFit,
-                     checks: Callable[[RequestEnergyFit], RequestEnergyBlock]) -> CapTrial:
-    """The trial with every check of the fits without and with the term (`checks`), adopted or not: the term's
-    effect on each check."""
-    if trial.model is None:
-        return trial
-    before, after = checks(without), checks(trial.model)
-    before["checks_failed"], after["checks_failed"] = failed_checks(before), failed_checks(after)
-    return trial.with_checks(before, after)
+def _checks(fit: RequestEnergyFit, cross_rate: list[CrossRateCheck], controlled: Controlled | None
+            ) -> RequestEnergyBlock:
+    """A fit's checks: (b) its held-out halves, (a) `cross_rate`, (c) the controlled split, and which failed."""
+    checks: RequestEnergyBlock = {"held_out_halves": _halves(fit), "cross_rate": cross_rate,
+                                  "controlled_split": _controlled(fit, controlled)}
+    checks["checks_failed"] = failed_checks(checks)
+    return checks
+
+
+FitT = TypeVar("FitT")
+
+
+def _own_and_cap_checks(cap: CapTrial, without: FitT, with_term: FitT | None,
+                        checks: Callable[[FitT], RequestEnergyBlock]) -> tuple[RequestEnergyBlock, CapTrial]:
+    """The chosen fit's checks, and the power-cap trial with the checks of the fits without and with the term (its
+    effect on each), each computed once: the chosen fit is one of the two, the one with the term where adopted."""
+    if with_term is None:
+        return checks(without), cap
+    both = checks(without), checks(with_term)
+    return both[cap.adopted], cap.with_checks(*both)
 
 
 @dataclasses.dataclass
@@ -442,12 +454,8 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
         return {**_fit_summary(fit, method, trial, cap), "unavailable_reason": f"request parts refused: {exc}"}, None
     _fill_table(table, whole)
-    def checks(model: RequestEnergyFit) -> RequestEnergyBlock:
-        return {"held_out_halves": _halves(model), "cross_rate": _cross_rate(label, model, wl, knots, t0, t1,
-                                                                              sweep.earlier),
-                "controlled_split": _controlled(model, sweep.controlled)}
-
-    cap = _with_cap_checks(cap, base, checks)
+    own, cap = _own_and_cap_checks(cap, base, cap.model, lambda model: _checks(
+        model, _cross_rate(label, model, wl, knots, t0, t1, sweep.earlier), sweep.controlled))
     result: RequestEnergyBlock = {
         **_fit_summary(fit, method, trial, cap), "fitted_span_s": (span[1] - span[0]) / 1e9,
         "share_rule": "idle power at each instant shared equally by the requests in the system (arrived, not "
@@ -455,11 +463,10 @@ def _fit_and_split(rate: RecordedRate, wl: WorkLog, lifetimes: np.ndarray, finis
         **_per_request(whole, finished),
         "window_remainder_j": window.remainder_j, "window_remainder_bound_j": window.remainder_bound_j,
         "window_unattributed_idle_j": window.unattributed_idle_j,
-        "cross_rate": _cross_rate(label, fit, wl, knots, t0, t1, sweep.earlier),
-        "controlled_split": _controlled(fit, sweep.controlled)}
+        "cross_rate": own["cross_rate"], "controlled_split": own["controlled_split"]}
     if sweep.controlled is not None:
         result["controlled_window"] = sweep.controlled.describe()
-    result["checks_failed"] = failed_checks(result)
+    result["checks_failed"] = own["checks_failed"]
     sweep.earlier.append(Measured(label, wl, knots, t0, t1, fit))
     return result, (whole, span)
 
@@ -509,27 +516,25 @@ def joint_blocks(sweep: Sweep) -> dict[str, RequestEnergyBlock]:
     for m, window in zip(rates, windows, strict=True):
         assert m.joint is not None
         fit = joint.per_rate[m.label]
-        cap = joint.cap if joint.cap_fits is None else joint.cap.with_checks(*(
-            _joint_checks(f.per_rate[m.label], f.left_out[m.label], window, sweep.controlled) for f in joint.cap_fits))
+        without, with_term = joint.cap_fits if joint.cap_fits is not None else (joint, None)
+        own, cap = _own_and_cap_checks(joint.cap, without, with_term,
+                                       functools.partial(_joint_checks, m.label, window, sweep.controlled))
         block: RequestEnergyBlock = {**_fit_summary(fit, JOINT_METHOD, joint.clock, cap), "rates": list(joint.labels),
                                      "rates_left_out": left, "joint_segments": joint.segment_count}
         try:
             block.update(_per_request(request_parts(fit, m.log, m.joint.lifetimes, *m.joint.span), m.joint.finished))
         except JpwrError as exc:
             block["unavailable_reason"] = f"request parts refused: {exc}"
-        block.update(_joint_checks(fit, joint.left_out[m.label], window, sweep.controlled))
+        block.update(own)
         blocks[m.label] = block
     return blocks
 
 
-def _joint_checks(fit: RequestEnergyFit, left_out: RequestEnergyFit | str, window: RateWindow,
-                  controlled: Controlled | None) -> RequestEnergyBlock:
-    """A rate's checks on a joint fit (`fit`: its view of it; `left_out`: the fit on the other rates, or why none):
-    (b) its held-out halves, (a) its leave-one-rate-out, (c) the controlled split, and which failed."""
-    checks: RequestEnergyBlock = {"held_out_halves": _halves(fit), "cross_rate": [_left_out_check(left_out, window)],
-                                  "controlled_split": _controlled(fit, controlled)}
-    checks["checks_failed"] = failed_checks(checks)
-    return checks
+def _joint_checks(label: str, window: RateWindow, controlled: Controlled | None, joint: JointFit
+                  ) -> RequestEnergyBlock:
+    """A rate's checks on a joint fit: (b) its view's held-out halves, (a) its leave-one-rate-out, (c) the
+    controlled split, and which failed."""
+    return _checks(joint.per_rate[label], [_left_out_check(joint.left_out[label], window)], controlled)
 
 
 def _sweep_labels(sweep: Sweep) -> list[str]:

@@ -57,12 +57,22 @@ def build_train_dataset(cfg: TrainConfig, num_samples: int) -> GPTDataset:
     return datasets[0]
 
 
+def batch_device(cfg: TrainConfig, device: torch.device) -> torch.device:
+    """Where a micro-batch is handed to megatron. With `--cuda-graphs step` megatron's StaticBufferLoader copies it
+    into the graph's static buffers on a stream of its own that does not wait for the compute stream, so a batch
+    this iterator had already sent to the GPU could still be in flight there (seen on an H100: the embedding's
+    gather read token ids out of range, a device-side assert, only without CUDA_LAUNCH_BLOCKING). It gets the
+    pinned host batch instead and makes the copy itself, ordered on its stream."""
+    return torch.device("cpu") if cfg.cuda_graphs == "step" else device
+
+
 def micro_batches(dataset: GPTDataset, cfg: TrainConfig, dp_rank: int, device: torch.device) -> Iterator[dict]:
     """Endless stream of this replica's micro-batches, global batch after global batch."""
     per_replica = cfg.global_batch_size // cfg.data_parallel
     # A copy from pageable host memory makes CUDA wait for the stream first; pinned memory keeps
     # the copy asynchronous, so the host can queue the next micro-batch while the GPU computes.
     pin = device.type == "cuda"
+    target = batch_device(cfg, device)
     step = 0
     while True:
         first = (0 if cfg.overfit_batch else step) * cfg.global_batch_size + dp_rank * per_replica
@@ -70,5 +80,5 @@ def micro_batches(dataset: GPTDataset, cfg: TrainConfig, dp_rank: int, device: t
             start = first + k * cfg.micro_batch_size
             items = [dataset[(start + i) % len(dataset)] for i in range(cfg.micro_batch_size)]
             batch = {key: torch.stack([torch.as_tensor(item[key]) for item in items]) for key in BATCH_KEYS}
-            yield {key: (t.pin_memory() if pin else t).to(device, non_blocking=True) for key, t in batch.items()}
+            yield {key: (t.pin_memory() if pin else t).to(target, non_blocking=True) for key, t in batch.items()}
         step += 1

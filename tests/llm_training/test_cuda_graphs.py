@@ -78,3 +78,14 @@ def test_graphed_configurations_megatron_takes_pass_validate(capsys: pytest.Capt
     for args in (["--cuda-graphs", "layers"], ["--cuda-graphs", "step", "--recompute", "full"]):
         assert main(["validate", "--model", "tiny", "--device", "cuda", *args]) == ExitCode.OK, capsys.readouterr()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(("choice", "where"), [("none", "cuda"), ("layers", "cuda"), ("step", "cpu")])
+def test_step_graphs_get_host_batches_that_megatron_copies_on_its_own_stream(choice: str, where: str) -> None:
+    """Seen on an H100: with --cuda-graphs step and batches already sent to the GPU, megatron's StaticBufferLoader
+    copied them on its own stream before our copy had landed (the embedding's gather read token ids out of range)."""
+    import torch
+
+    from llm_training.data import batch_device
+
+    assert batch_device(_config("--cuda-graphs", choice), torch.device("cuda")).type == where

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Required, TypedDict, final
 
-from joulebench.compile_cache import CompileCacheFigures
+from joulebench.compile_cache import CompileAutotune, CompileCacheFigures, CompilePhases
 
 # The work units of the drivers' steady windows: steady_metrics names four figures after them (tokens_per_s, ...).
 WORK_UNITS = ("tokens", "images", "output_tokens")
@@ -168,6 +168,8 @@ class ResNetMetrics(SteadyFigures, BatchFigures, DeviceCount, CompileFigures, Re
     compile_mode: str
     warmup_s: float | None
     first_step_s: float | None
+    compile_phases_s: CompilePhases | None  # first_step_s by torch's compile timers (joulebench.compile_cache)
+    compile_autotune: CompileAutotune | None  # the first step's Triton autotuning (null on the CPU)
     losses: list[list[float]]  # [step, loss] pairs
     loss_first: float | None
     loss_last: float | None

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from joulebench.compile_cache import CompileCache, check, compile_seconds
+from joulebench.compile_cache import CompileCache, FirstStepCompile, check, compile_seconds
 from joulebench.launch import LaunchEnv
 from joulebench.lifecycle import Lifecycle
 from joulebench.loop import STEP_TIMES_BASIS, LoopResult, Progress, TrainSteps, run_loop
@@ -38,6 +38,7 @@ def train(config: TrainConfig) -> int:
     devices, device_kind = module.discover(config, launch)
     check_devices(config, devices, device_kind)
     cache = check(config.compile_cache) if config.compile else None
+    first = FirstStepCompile(triton=device_kind == "cuda") if cache else None  # torch's timers of the compile
     out_dir = Path(str(config.out_dir))
     check_out_dir(out_dir)
     spec = config.loop_spec()
@@ -45,7 +46,7 @@ def train(config: TrainConfig) -> int:
     loop: LoopResult | None = None
     with Lifecycle("resnet50", launch, config.exit_duration_mins, started) as life:
         with life.run(str(config.run_id), out_dir, config.to_dict(devices),
-                      metrics=lambda record: _metrics(record, config, loop, cache),
+                      metrics=lambda record: _metrics(record, config, loop, cache, first),
                       gather=lambda obj: backend.gather(obj) if backend else [obj], log_to=config.log_to) as run:
             meter = run.open_meter(methods=config.energy_methods)
             if cache is not None:
@@ -55,7 +56,8 @@ def train(config: TrainConfig) -> int:
             meter.sync = backend.sync
             run.idle_baseline(config.idle_baseline, backend.device_kind == "cuda", backend.gather)
             backend.mark_phases(meter.phases)
-            steps = TrainSteps(step=backend.train_step, loss=backend.loss_value, any_rank=backend.any_rank,
+            step = first.wrap(backend.train_step) if first else backend.train_step
+            steps = TrainSteps(step=step, loss=backend.loss_value, any_rank=backend.any_rank,
                                gather=backend.gather, sync=backend.sync)
             loop = run_loop(steps, meter, spec, life.stop, backend.device_kind,
                             Progress("resnet50", spec, launch.is_global_zero),
@@ -76,8 +78,8 @@ def train(config: TrainConfig) -> int:
         return life.exit_code()
 
 
-def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, cache: CompileCache | None
-             ) -> ResNetMetrics:
+def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, cache: CompileCache | None,
+             first: FirstStepCompile | None) -> ResNetMetrics:
     flops = resnet50_flops(config.variant, config.image_size)
     devices = int(record.config["devices"])
     steady = record.window("steady")
@@ -98,6 +100,9 @@ def _metrics(record: RunRecord, config: TrainConfig, loop: LoopResult | None, ca
         "first_step_s": loop.first_step_s if loop else None,
         "compile_s": compile_seconds(warmup.duration_s if warmup else None, bool(config.compile)),
         "compile_cache": cache.figures() if cache else None,
+        # where the first step's seconds went, by torch's own timers, and the Triton autotuning in it
+        "compile_phases_s": first.phases(loop.first_step_s if loop else None) if first else None,
+        "compile_autotune": first.autotune() if first else None,
         "losses": [list(point) for point in loop.losses] if loop else [],
         "loss_first": loop.losses[0][1] if loop and loop.losses else None,
         "loss_last": loop.losses[-1][1] if loop and loop.losses else None,

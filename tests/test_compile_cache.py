@@ -1,8 +1,9 @@
 """The compile caches (joulebench.compile_cache): a second process reuses the first one's compile, `none` leaves
 nothing behind, and a directory that cannot hold the caches is refused by the drivers before any work.
 
-The reuse test compiles a small model on the CPU in two processes (inductor's C++ backend: no Triton kernels on a
-CPU, so only DIR/inductor fills) and reads inductor's own hit and miss counters from each.
+The reuse test compiles a small model's training step (forward and backward) on the CPU in two processes
+(inductor's C++ backend: no Triton kernels on a CPU, so only DIR/inductor fills) and reads inductor's own hit and miss
+counters from each, and torch's compile timers around that first step (FirstStepCompile): where the seconds went.
 """
 
 from __future__ import annotations
@@ -21,18 +22,23 @@ from jpwr import ValidationError
 from jpwr.errors import ExitCode
 
 REPO = Path(__file__).resolve().parent.parent
-# One process: the caches of DIR, a small model compiled and called once, its cache lookups and the call's seconds.
+# One process: the caches of DIR, a small model's training step compiled and run once, then again; its cache lookups,
+# the first step's seconds and torch's split of them.
 COMPILE_ONCE = """
 import json, sys, time
-from joulebench.compile_cache import check
+from joulebench.compile_cache import FirstStepCompile, check
 cache = check(sys.argv[1])
 cache.activate()
 import torch
 model = torch.compile(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+first = FirstStepCompile(triton=False)
+step = first.wrap(lambda: model(torch.randn(4, 16)).sum().backward())
 start = time.perf_counter()
-with torch.no_grad():
-    model(torch.randn(4, 16))
-print(json.dumps({**cache.figures(), "first_call_s": time.perf_counter() - start}))
+step()
+first_step_s = time.perf_counter() - start
+step()  # not the first step: outside the split
+print(json.dumps({**cache.figures(), "first_call_s": first_step_s, "phases": first.phases(first_step_s),
+                  "autotune": first.autotune()}))
 """
 
 
@@ -53,6 +59,18 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path: Path) -> None:
     assert warm["fx_graph_hits"] == cold["fx_graph_misses"] and warm["fx_graph_misses"] == 0, (warm, timing)
     assert warm["autograd_hits"] >= 1 and warm["autograd_misses"] == 0, (warm, timing)
     assert any((tmp_path / "cache" / "inductor").iterdir())  # what the first process left for the second
+    for figures in (cold, warm):  # the split: torch's disjoint phases and the rest, the first step's seconds in all
+        phases = figures["phases"]
+        assert phases["triton_autotune"] is None and figures["autotune"] is None, figures  # no Triton on a CPU
+        timed = [phases[name] for name in ("dynamo", "aot_autograd", "inductor", "cache_load")]
+        assert min(timed) >= 0 and phases["rest"] >= 0, (phases, timing)
+        assert sum(timed) + phases["rest"] == pytest.approx(figures["first_call_s"], abs=5e-3), (phases, timing)
+        assert phases["dynamo"] > 0 and phases["aot_autograd"] > 0, (phases, timing)  # traced in both processes
+    # cold: inductor compiled both graphs (the forward's, the backward's at the first backward), nothing was loaded;
+    # warm: inductor did not run, the graphs came from the cache, and most of the cold first step was inductor's
+    assert cold["phases"]["inductor"] > cold["phases"]["aot_autograd"] and cold["phases"]["cache_load"] == 0, cold
+    assert warm["phases"]["inductor"] == 0 and warm["phases"]["cache_load"] > 0, (warm, timing)
+    assert warm["first_call_s"] < cold["first_call_s"] - cold["phases"]["inductor"] / 2, timing
 
 
 def test_none_is_a_fresh_directory_gone_at_the_process_exit(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -277,7 +278,7 @@ class Probe:
             finally:
                 build_s += time.perf_counter() - began
             built += 1
-            workspace = torch.empty(graph.get_workspace_size(), device=self.device, dtype=torch.uint8)
+            workspace = torch.empty(max(graph.get_workspace_size(), 1), device=self.device, dtype=torch.uint8)
 
             def run(workspace: Any = workspace) -> None:
                 graph.execute(pack, workspace, handle=self.handle)
@@ -402,7 +403,8 @@ def summary(rows: Sequence[dict[str, Any]], shapes: Sequence[ConvShape]) -> list
              f"{totals['cuDNN conv']:.2f} ms"] if covered else ["Forward per iteration: no shape has every case "
                                                                 "the sums need"]
     if missing:
-        lines.append(f"- not counted (a needed case failed or was skipped): {', '.join(missing)}")
+        lines += textwrap.wrap(f"- not counted (a needed case failed or was skipped): {', '.join(missing)}",
+                               width=158, subsequent_indent="  ")
     return lines
 
 

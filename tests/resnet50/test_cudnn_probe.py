@@ -39,6 +39,21 @@ def test_shapes_are_picked_by_label_or_kernel_group() -> None:
     assert (args.shapes, args.batch, args.dtype, args.plans) == ("all", 256, "bf16", 2)
 
 
+def test_the_summary_fuses_the_apply_only_where_a_bn_relu_output_is_read() -> None:
+    shape = probe.SHAPES[0]  # 1x1/64-256@56: 4 convolutions, 3 of them conv3 (after bn2 + ReLU), 1 downsample
+    micros = {probe.TORCH_CONV: 100, probe.TORCH_STATS: 150, probe.TORCH_SBR: 260, probe.INDUCTOR_STATS: 140,
+              probe.INDUCTOR_SBR: 200, probe.CUDNN_CONV: 110, probe.CUDNN_STATS: 115, probe.CUDNN_SBR: 125}
+    rows = [{"shape": shape.label, "case": case, "status": "OK", "µs": us} for case, us in micros.items()]
+    rows.append({"shape": probe.SHAPES[1].label, "case": probe.TORCH_CONV, "status": "unsupported: no"})
+    lines = probe.summary(rows, probe.SHAPES[:2])
+    assert lines[0].startswith("Forward per iteration over 4 of ResNet-50's 53 convolutions")
+    assert lines[1].endswith("statistics): 0.74 ms")  # 140 + 3 x 200 µs
+    # 115 + 3 x 125 µs
+    assert lines[2].startswith("- cuDNN fused ((c) after a BN-ReLU, (b) elsewhere): 0.49 ms; saved 0.25 ms")
+    assert lines[3] == "- the convolutions alone: torch 0.40 ms, cuDNN graph (a) 0.44 ms"
+    assert lines[4] == "- not counted (a needed case failed or was skipped): 1x1/256-64@56"
+
+
 def test_an_unknown_shape_is_refused_naming_the_label_form(capsys: pytest.CaptureFixture[str]) -> None:
     assert probe.main(["--out", "unused", "--shapes", "1x1/64-256@55"]) == ExitCode.USAGE
     error = capsys.readouterr().err.strip()

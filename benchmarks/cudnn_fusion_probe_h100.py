@@ -174,13 +174,13 @@ def lower(graph: Any) -> None:
 
 
 def why(error: BaseException, width: int = 110) -> str:
-    """An error in a table cell: where cuDNN lists each engine's decline, its distinct reasons that say a condition
-    (not the bare call sites: "finalize_internal()", "status"), else the message's start."""
+    """An error in a table cell (its pipes escaped): where cuDNN lists each engine's decline, its distinct reasons
+    that say a condition (not the bare call sites: "finalize_internal()", "status"), else the message's start."""
     text = " ".join(str(error).split())
     reasons = re.findall(r"Reason: (.*?)(?= Warning: | \{\"engineId| \)$|$)", text)
     telling = [reason for reason in dict.fromkeys(reasons) if not CALL_SITE.fullmatch(reason)]
     said = "; ".join(telling) if telling else f"{type(error).__name__}: {text}"
-    return said[:width] + ("…" if len(said) > width else "")
+    return (said[:width] + ("…" if len(said) > width else "")).replace("|", "\\|")  # a cell of results.md
 
 
 class Probe:

@@ -309,9 +309,14 @@ signal_step() {
 stop_samplers() {
     [ -n "$sampler_pid" ] || return 0
     if [ "$JB_LAUNCHER" = slurm ]; then signal_step jpwr-serve; else kill -TERM "$sampler_pid" 2>/dev/null; fi
-    wait_gone "$sampler_pid" "$stop_wait_s" || { log "samplers did not stop within $stop_wait_s s"; kill -KILL "$sampler_pid"; }
+    local killed=""
+    wait_gone "$sampler_pid" "$stop_wait_s" || {
+        log "samplers did not stop within $stop_wait_s s"; kill -KILL "$sampler_pid"; killed=1; }
     wait "$sampler_pid" 2>/dev/null
     sampler_pid=""
+    # A sampler killed before it unlinked its socket leaves it behind: this node's (a node's own /tmp) goes here
+    # shellcheck disable=SC2086  # the glob is wanted: {node} stands for any node name
+    if [ -n "$killed" ]; then rm -f ${JPWR_ADDR//\{node\}/*}; fi
     "${py[@]}" -m jpwr combine "$energy_dir" --run-id "$JB_RUN_ID" --expected-nodes "$JB_NODES" \
         >> "$out/jpwr-serve.log" 2>&1 \
         || log "jpwr combine failed, see $out/jpwr-serve.log"

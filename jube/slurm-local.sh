@@ -245,7 +245,7 @@ ReturnToService=2
 DependencyParameters=kill_invalid_depend
 SlurmdParameters=config_overrides
 SlurmdTimeout=30
-KillWait=30
+KillWait=5
 GresTypes=gpu
 $(node_line)
 $partitions

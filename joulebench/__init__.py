@@ -55,6 +55,7 @@ API: dict[str, dict[str, str]] = {
         "check": "refuses a cache directory that cannot hold the caches, before any work",
         "CompileCache": "the checked caches a run activates and reports in its record",
         "compile_seconds": "the record's compile_s: the warm-up window of a run that compiles",
+        "FirstStepCompile": "the record's split of the first step by torch's own compile timers",
     },
     "joulebench.progress": {"Heartbeat": "a line now and then while a long driver phase runs"},
     "joulebench.waits": {

@@ -32,10 +32,13 @@ SHAPES = [(64, 64, 56, 1, 1), (256, 64, 56, 1, 2), (64, 256, 56, 1, 4), (256, 12
           (128, 512, 28, 1, 4), (256, 512, 56, 2, 1), (512, 256, 28, 1, 1), (1024, 256, 14, 1, 5),
           (256, 1024, 14, 1, 6), (512, 1024, 28, 2, 1), (1024, 512, 14, 1, 1), (2048, 512, 7, 1, 2),
           (512, 2048, 7, 1, 3), (1024, 2048, 14, 2, 1)]
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, tiles per slice or 0 for the module's slicing)
-SETTINGS = [(128, 128, 64, 8, 3, 0), (128, 128, 64, 8, 3, 1), (128, 64, 64, 4, 3, 1), (128, 64, 64, 8, 3, 1),
-            (64, 128, 64, 4, 3, 1), (64, 64, 64, 4, 3, 1), (128, 256, 64, 8, 3, 1), (128, 128, 32, 8, 4, 1),
-            (64, 256, 64, 8, 3, 1), (128, 128, 64, 4, 3, 1)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, tiles per slice or 0 for the module's slicing, FLATTEN: the
+# tile and K loops pipelined as one, which only a slice of several tiles can use)
+SETTINGS = [(128, 128, 64, 8, 3, 0, False), (128, 128, 64, 8, 3, 0, True), (128, 64, 64, 4, 3, 0, True),
+            (64, 64, 64, 4, 3, 0, True), (128, 128, 64, 8, 3, 1, False), (128, 64, 64, 4, 3, 1, False),
+            (128, 64, 64, 8, 3, 1, False), (64, 128, 64, 4, 3, 1, False), (64, 64, 64, 4, 3, 1, False),
+            (128, 256, 64, 8, 3, 1, False), (128, 128, 32, 8, 4, 1, False), (64, 256, 64, 8, 3, 1, False),
+            (128, 128, 64, 4, 3, 1, False)]
 HEADER = ("shape", "count", "setting", "status", "µs", "GB/s", "max rel diff")
 
 
@@ -75,8 +78,8 @@ def sweep_shape(cin: int, cout: int, side: int, stride: int) -> list[tuple[str, 
         ("cuDNN conv", "OK", timed(lambda: F.conv2d(x, weight, stride=stride)), 0.0),
         ("cuDNN conv + var_mean", "OK", timed(lambda: torch.var_mean(
             F.conv2d(x, weight, stride=stride).float(), dim=(0, 2, 3))), 0.0)]
-    for block_m, block_n, block_k, warps, stages, tiles in SETTINGS:
-        label = f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}"
+    for block_m, block_n, block_k, warps, stages, tiles, flatten in SETTINGS:
+        label = f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}{' flat' if flatten else ''}"
         block_n, block_k = min(block_n, max(16, triton.next_power_of_2(cout))), min(block_k, cin)
         channel_blocks = triton.cdiv(cout, block_n)
         per_slice = tiles * block_m if tiles else slices(rows, channel_blocks, block_m)[1]
@@ -88,10 +91,10 @@ def sweep_shape(cin: int, cout: int, side: int, stride: int) -> list[tuple[str, 
         def call(y: torch.Tensor = y, partial: torch.Tensor = partial, bm: int = block_m, bn: int = block_n,
                  bk: int = block_k, w: int = warps, s: int = stages, grid: tuple[int, int] = (channel_blocks,
                                                                                               slice_count),
-                 tiles_per: int = per_slice // block_m) -> None:
+                 tiles_per: int = per_slice // block_m, flat: bool = flatten) -> None:
             conv_stats.conv1x1_gemm_with_batch_norm_stats[grid](
                 x, w2, y, partial, rows, cin, cout, side, side, out_side, out_side, stride, tiles_per,
-                STRIDED=stride != 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
+                STRIDED=stride != 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FLATTEN=flat, num_warps=w, num_stages=s)
         try:
             seconds = timed(call)
             diff = ((y.float() - reference.float()).abs().max().item()) / scale

@@ -41,14 +41,16 @@ PIPELINE_SHARED_BYTES = 192 * 1024
 def conv1x1_gemm_with_batch_norm_stats(x_ptr, w_ptr, y_ptr, partial_ptr, rows, in_channels, out_channels, height,
                                        width, out_height, out_width, stride, tiles_per_program,
                                        STRIDED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                       BLOCK_K: tl.constexpr):
-    """y = x·wᵀ over BLOCK_M-row tiles; partial[program] = (mean, squared deviations) of its tiles' y per channel."""
+                                       BLOCK_K: tl.constexpr, FLATTEN: tl.constexpr = False):
+    """y = x·wᵀ over BLOCK_M-row tiles; partial[program] = (mean, squared deviations) of its tiles' y per channel.
+    FLATTEN: Triton pipelines the tile and K loops as one, so the next tile's loads are in flight during a tile's
+    epilogue (a 1x1 convolution's K loop is one to eight steps; issue 58's sweep measures it)."""
     cols, col_ok = program_channels(0, out_channels, BLOCK_N)
     mean = tl.zeros([BLOCK_N], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     count = tl.zeros([], dtype=tl.float32)
     first = tl.program_id(1) * tiles_per_program
-    for tile in range(first, tl.minimum(first + tiles_per_program, tl.cdiv(rows, BLOCK_M))):
+    for tile in tl.range(first, tl.minimum(first + tiles_per_program, tl.cdiv(rows, BLOCK_M)), flatten=FLATTEN):
         row = tile * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
         row_ok = row < rows
         source = row

@@ -99,6 +99,10 @@ class Conditions:
     prefill_step_tokens: float | None  # tokens per prefill step, token-weighted (the step the mean token ran in)
     decode_step_rows: float | None  # rows per decode step, row-weighted
     decode_row_positions: float | None  # attended KV positions per decoded row (what a decode row reads)
+    # rows per decode step at its 5th and 95th percentile, step-weighted: the mean hides a drain's few-row steps,
+    # whose fixed cost per step a fit on full steps alone cannot tell from its cost per row
+    decode_rows_p5: float | None = None
+    decode_rows_p95: float | None = None
 
     @classmethod
     def of_steps(cls, seconds: np.ndarray, clock_hz: np.ndarray | None, capped: np.ndarray | None,
@@ -109,19 +113,30 @@ class Conditions:
         clock = None if clock_hz is None or not weight.sum() else _weighted_median(clock_hz, weight) / 1e6
         share = None if capped is None or not weight.sum() else float(np.average(capped, weights=weight))
         rows = float(np.sum(row_steps))
+        decoding = np.asarray(decode_steps, float) > 0
+        per_step = np.asarray(row_steps, float)[decoding] / np.asarray(decode_steps, float)[decoding]
+        steps = np.asarray(decode_steps, float)[decoding]
+        p5, p95 = ((None, None) if not len(steps) else
+                   (_weighted_quantile(per_step, steps, 0.05), _weighted_quantile(per_step, steps, 0.95)))
         return cls(clock, share, _per_step(prefill_tokens, prefill_steps), _per_step(row_steps, decode_steps),
-                   float(np.sum(kv_tokens)) / rows if rows > 0 else None)
+                   float(np.sum(kv_tokens)) / rows if rows > 0 else None, p5, p95)
 
     def to_dict(self) -> CardConditions:
         return {"sm_clock_mhz": self.sm_clock_mhz, "capped_share": self.capped_share,
                 "prefill_step_tokens": self.prefill_step_tokens, "decode_step_rows": self.decode_step_rows,
-                "decode_row_positions": self.decode_row_positions}
+                "decode_row_positions": self.decode_row_positions, "decode_rows_p5": self.decode_rows_p5,
+                "decode_rows_p95": self.decode_rows_p95}
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    return _weighted_quantile(values, weights, 0.5)
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The value below which a share q of the weight lies (the lower one at a tie)."""
     order = np.argsort(values, kind="stable")
     cumulative = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] * q)])
 
 
 def _per_step(amount: np.ndarray, steps: np.ndarray) -> float | None:
@@ -164,7 +179,8 @@ class Comparison:
                 f"vs {_amount(self.fitted.prefill_step_tokens)} tokens), decode {_times(self.decode_rows_factor)} "
                 f"({_amount(self.predicted.decode_step_rows)} vs {_amount(self.fitted.decode_step_rows)} rows) "
                 f"attending {_times(self.decode_positions_factor)} ({_amount(self.predicted.decode_row_positions)} "
-                f"vs {_amount(self.fitted.decode_row_positions)} KV positions a row)")
+                f"vs {_amount(self.fitted.decode_row_positions)} KV positions a row), decode rows p5-p95 "
+                f"{_range(self.predicted)} vs {_range(self.fitted)}")
 
 
 def check_fields(comparison: Comparison | None, passes: bool) -> CardStateCheck:
@@ -193,4 +209,8 @@ def _times(factor: float | None) -> str:
 
 def _amount(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
+
+
+def _range(c: Conditions) -> str:
+    return f"{_amount(c.decode_rows_p5)}-{_amount(c.decode_rows_p95)}"
 

@@ -539,6 +539,8 @@ class CardConditions(TypedDict, total=False):
     prefill_step_tokens: float | None
     decode_step_rows: float | None
     decode_row_positions: float | None
+    decode_rows_p5: float | None
+    decode_rows_p95: float | None
 
 
 class CardComparison(TypedDict, total=False):

@@ -171,7 +171,8 @@ def test_a_failing_check_names_the_state_and_step_sizes_of_its_two_sides() -> No
     assert fields["conditions"] == sides.to_dict() and "measured_cause" not in check_fields(sides, passes=True)
     assert fields["measured_cause"] == ("card state fitted 1980 MHz, 0% capped, predicted 1600 MHz, 100% capped; "
                                         "step size predicted/fitted: prefill 2x (1024 vs 512 tokens), decode 8x "
-                                        "(64 vs 8 rows) attending 0.33x (30 vs 94 KV positions a row)")
+                                        "(64 vs 8 rows) attending 0.33x (30 vs 94 KV positions a row), decode rows "
+                                        "p5-p95 64-64 vs 8-8")
 
 
 def test_a_decode_check_names_the_attended_length_it_extrapolates_to() -> None:
@@ -221,3 +222,24 @@ def test_each_segment_gets_the_median_clock_and_capped_share_of_its_readings() -
             assert clock[k] == np.median(readings)
             assert capped[k] == np.mean((reasons & 0x4) > 0)  # NVML's SW power cap bit
     assert 0 < capped.mean() < 1 and clock.min() < clock.max()
+
+
+def test_a_failing_checks_cause_names_the_range_of_rows_per_decode_step() -> None:
+    """2026-12-06's held-out half 2 at rate max (docs/BENCHMARKS.md, "Why the held-out second half fails"): its mean
+    rows per step are near half 1's, but its drain's few-row steps are outside anything half 1 holds; the cause names
+    both sides' 5th-95th percentile of rows per decode step (step-weighted, from the step log)."""
+    table = read_requests(P59R / "requests.h5")
+    steps = table.steps
+    log = steps_work_log(steps)
+    start, end = float(table.attrs["window_ns"][0]), float(np.max(steps["t1_ns"]))
+    middle = (start + end) / 2
+    sides = Comparison(work_conditions([(log, start, middle)]), work_conditions([(log, middle, end)]))
+    decode = np.asarray(steps["kind"]) == StepKind.DECODE
+    rows = np.diff(steps["member_offsets"])[decode]
+    late = rows[np.asarray(steps["t0_ns"])[decode] >= middle]
+    assert sides.predicted.decode_rows_p5 == pytest.approx(np.quantile(late, 0.05), abs=1)  # whole steps: exact
+    fitted, predicted = sides.fitted, sides.predicted
+    assert fitted.decode_rows_p5 is not None and predicted.decode_rows_p5 is not None
+    assert predicted.decode_rows_p5 < fitted.decode_rows_p5 / 2  # the drain: far below anything fitted
+    assert f"decode rows p5-p95 {predicted.decode_rows_p5:.0f}-{predicted.decode_rows_p95:.0f} vs " \
+           f"{fitted.decode_rows_p5:.0f}-{fitted.decode_rows_p95:.0f}" in sides.cause()

@@ -97,6 +97,28 @@ def _cell(value: object, digits: int) -> str:
     return str(value)
 
 
+QUEUE_AHEAD_CYCLES = 20_000_000  # the GPU spins ~10 ms before timed calls while the host queues them
+
+
+def queued_seconds(call: Callable[[], object], repeats: int, warmup: int) -> float:
+    """Mean seconds of one GPU call: `warmup` calls, then `repeats` queued behind a spinning kernel and timed by CUDA
+    events, so the host's launch cost (a Triton launch from Python: tens of µs) is not counted as the kernels'
+    (a CUDA graph replays the training step: launches are not the kernels' time there)."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+    start.record()
+    for _ in range(repeats):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats
+
+
 def exit_status(rows: Sequence[Any], ok: Callable[[Any], bool] = lambda row: row.get("status") == "OK") -> int:
     """The script's exit code: 0 when it has rows and every one succeeded (`ok`), else 1, so that a sweep whose only
     row failed does not end 0 (a shell's `&&`, gpu_pool.py and CI read the code; the table says which row)."""

@@ -6,16 +6,24 @@ settings, the metered runs are benchmarks/perf33_h100.py's).
 
     python3 benchmarks/conv_stats_sweep_h100.py --out $OUT/convsweep
 
-Per shape and setting: the kernel as conv_stats launches it (grid: channel blocks × row slices), each slice
-TILES tiles of BLOCK_M rows ("module": the module's own slicing), mean of REPEATS calls by CUDA events after a
-warm-up, GB/s = (input read + output written) / time; the output is checked against cuDNN's (largest difference
-relative to the output's largest value). Writes results.md / results.json under --out.
+Per shape: cuDNN's convolution (F.conv2d, cudnn.benchmark on as the resnet50 driver sets it) alone and followed
+by the statistics pass `--bn-kernels triton` runs (joulebench::batch_norm_stats: what the GEMM's epilogue
+replaces); the module's own op (joulebench::conv1x1_batch_norm_stats, its launch_config and the finalize
+included); then the kernel alone at each SETTING (grid: channel blocks × row slices, each slice TILES tiles of
+BLOCK_M rows, "module": the module's slicing; the label gives the effective block sizes, clamped to the channels as
+launch_config clamps them). Time: benchmarks.common.queued_seconds (REPEATS calls queued behind a spinning
+kernel: no launch costs). GB/s = (input read + output written) / time. Every Triton row is checked against cuDNN:
+the output (its buffer NaN before the call: a kernel that writes nothing fails) within 2e-2 of the largest value,
+and the statistics (finalize of the kernel's moments) against torch's of cuDNN's output within 1e-3 relative;
+a row off by more is WRONG and left out of the sums. results.md / results.json under --out are rewritten after
+every shape.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import markdown_table, queued_seconds  # noqa: E402
+from jpwr.output import write_atomic, write_json_atomic  # noqa: E402
 
 BATCH = 256
 REPEATS = 20
@@ -39,54 +48,71 @@ SETTINGS = [(128, 128, 64, 8, 3, 0, False), (128, 128, 64, 8, 3, 0, True), (128,
             (128, 64, 64, 8, 3, 1, False), (64, 128, 64, 4, 3, 1, False), (64, 64, 64, 4, 3, 1, False),
             (128, 256, 64, 8, 3, 1, False), (128, 128, 32, 8, 4, 1, False), (64, 256, 64, 8, 3, 1, False),
             (128, 128, 64, 4, 3, 1, False)]
-HEADER = ("shape", "count", "setting", "status", "µs", "GB/s", "max rel diff")
+HEADER = ("shape", "count", "setting", "status", "µs", "GB/s", "output diff", "stats diff")
+WARMUP = 3
+OUTPUT_MATCH, STATS_MATCH = 2e-2, 1e-3  # bf16 outputs: 2^-8 of a value; fp32 moments of those values
+EPS = 1e-5
+CUDNN, CUDNN_STATS, MODULE_OP = "cuDNN conv", "cuDNN conv + batch_norm_stats", "module op (launch_config, finalize)"
 
 
-def timed(fn: Any) -> float:
-    """Mean seconds of one call over REPEATS after three warm-up calls."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(REPEATS):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / REPEATS
+def _verdict(output_diff: float, stats_diff: float | None) -> str:
+    worst = max(output_diff, stats_diff if stats_diff is not None else 0.0)
+    if not math.isfinite(worst) or output_diff > OUTPUT_MATCH or (stats_diff or 0.0) > STATS_MATCH:
+        return f"WRONG: output {output_diff:.1e}, stats {stats_diff if stats_diff is None else f'{stats_diff:.1e}'}"
+    return "OK"
 
 
-def sweep_shape(cin: int, cout: int, side: int, stride: int) -> list[tuple[str, str, float | None, float | None]]:
-    """(setting, status, seconds, max relative difference) for cuDNN, cuDNN + statistics, and each SETTING."""
+def sweep_shape(cin: int, cout: int, side: int, stride: int) -> list[dict[str, Any]]:
+    """Rows (setting, status, seconds, output diff, stats diff) of the references and each SETTING on one shape."""
     import torch
     import torch.nn.functional as F
     import triton
 
     from resnet50 import conv_stats
-    from resnet50.bn_kernels import slices
+    from resnet50.bn_kernels import finalize_stats, slices
 
+    torch.manual_seed(58)
     x = torch.randn(BATCH, cin, side, side, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    weight = (torch.randn(cout, cin, 1, 1, device="cuda", dtype=torch.bfloat16) / cin ** 0.5)
-    reference = F.conv2d(x, weight.to(memory_format=torch.channels_last), stride=stride)
+    weight = torch.randn(cout, cin, 1, 1, device="cuda", dtype=torch.bfloat16) / cin ** 0.5
+    reference = F.conv2d(x, weight, stride=stride)
+    var, mean = torch.var_mean(reference.double(), dim=(0, 2, 3), correction=1)
     scale = reference.abs().max().item()
     out_side = (side - 1) // stride + 1
     rows = BATCH * out_side * out_side
     w2 = weight.reshape(cout, cin).contiguous()
-    results: list[tuple[str, str, float | None, float | None]] = [
-        ("cuDNN conv", "OK", timed(lambda: F.conv2d(x, weight, stride=stride)), 0.0),
-        ("cuDNN conv + var_mean", "OK", timed(lambda: torch.var_mean(
-            F.conv2d(x, weight, stride=stride).float(), dim=(0, 2, 3))), 0.0)]
+
+    def output_diff(y: torch.Tensor) -> float:
+        return float(((y.float() - reference.float()).abs().max().item()) / scale)
+
+    def stats_diff(got_mean: torch.Tensor, got_var: torch.Tensor) -> float:
+        spread = var.sqrt().clamp_min(1e-30)
+        return float(max(((got_mean.double() - mean).abs() / spread).max().item(),
+                         ((got_var.double() - var).abs() / var.clamp_min(1e-30)).max().item()))
+
+    results: list[dict[str, Any]] = [
+        {"setting": CUDNN, "status": "OK", "seconds": queued_seconds(
+            lambda: F.conv2d(x, weight, stride=stride), REPEATS, WARMUP)},
+        {"setting": CUDNN_STATS, "status": "OK", "seconds": queued_seconds(
+            lambda: torch.ops.joulebench.batch_norm_stats(F.conv2d(x, weight, stride=stride), EPS), REPEATS, WARMUP)}]
+    try:
+        y, got_mean, _invstd, got_var = torch.ops.joulebench.conv1x1_batch_norm_stats(x, weight, stride, EPS)
+        diffs = output_diff(y), stats_diff(got_mean, got_var)
+        seconds = queued_seconds(lambda: torch.ops.joulebench.conv1x1_batch_norm_stats(x, weight, stride, EPS),
+                                 REPEATS, WARMUP)
+        results.append({"setting": MODULE_OP, "status": _verdict(*diffs), "seconds": seconds, "output diff": diffs[0],
+                        "stats diff": diffs[1]})
+    except Exception as error:  # a row, not the end of the sweep
+        results.append({"setting": MODULE_OP, "status": f"failed: {type(error).__name__}: {str(error)[:80]}"})
     for block_m, block_n, block_k, warps, stages, tiles, flatten in SETTINGS:
-        label = f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}{' flat' if flatten else ''}"
-        block_n, block_k = min(block_n, max(16, triton.next_power_of_2(cout))), min(block_k, cin)
+        block_n, block_k = min(block_n, max(16, triton.next_power_of_2(cout))), min(block_k, max(16, cin))
         channel_blocks = triton.cdiv(cout, block_n)
         per_slice = tiles * block_m if tiles else slices(rows, channel_blocks, block_m)[1]
         slice_count = triton.cdiv(rows, per_slice)
-        y = torch.empty(BATCH, cout, out_side, out_side, device="cuda", dtype=torch.bfloat16,
-                        memory_format=torch.channels_last)
-        partial = torch.empty(slice_count, 2, cout, device="cuda", dtype=torch.float32)
+        label = (f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}"
+                 f"{' flat' if flatten else ''}")
+        y = torch.full((BATCH, cout, out_side, out_side), float("nan"), device="cuda", dtype=torch.bfloat16
+                       ).to(memory_format=torch.channels_last)
+        partial = torch.full((slice_count, 2, cout), float("nan"), device="cuda", dtype=torch.float32)
 
         def call(y: torch.Tensor = y, partial: torch.Tensor = partial, bm: int = block_m, bn: int = block_n,
                  bk: int = block_k, w: int = warps, s: int = stages, grid: tuple[int, int] = (channel_blocks,
@@ -96,43 +122,79 @@ def sweep_shape(cin: int, cout: int, side: int, stride: int) -> list[tuple[str, 
                 x, w2, y, partial, rows, cin, cout, side, side, out_side, out_side, stride, tiles_per,
                 STRIDED=stride != 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FLATTEN=flat, num_warps=w, num_stages=s)
         try:
-            seconds = timed(call)
-            diff = ((y.float() - reference.float()).abs().max().item()) / scale
-            results.append((label, "OK", seconds, diff))
+            call()
+            got_mean, _invstd, got_var = finalize_stats(partial, rows, per_slice, EPS)
+            diffs = output_diff(y), stats_diff(got_mean, got_var)
+            results.append({"setting": label, "status": _verdict(*diffs),
+                            "seconds": queued_seconds(call, REPEATS, WARMUP), "output diff": diffs[0],
+                            "stats diff": diffs[1]})
         except Exception as error:  # a setting that does not compile or launch is a row, not the end
-            results.append((label, f"failed: {type(error).__name__}: {str(error)[:80]}", None, None))
+            results.append({"setting": label, "status": f"failed: {type(error).__name__}: {str(error)[:80]}"})
     return results
 
 
+def summary(rows: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """Per setting, its time over the 36 convolutions (n/a where it is not OK on every shape, with how many not), and
+    the best OK Triton setting per shape summed."""
+    shapes = {r["shape"]: r["count"] for r in rows}
+    settings = dict.fromkeys(r["setting"] for r in rows)
+    lines, totals = [], {}
+    for setting in settings:
+        ok = {r["shape"]: r["µs"] for r in rows if r["setting"] == setting and r["status"] == "OK"}
+        missing = len(shapes) - len(ok)
+        total = sum(ok[shape] * count for shape, count in shapes.items()) / 1e3 if not missing else None
+        totals[setting] = total
+        lines.append(f"- {setting}: " + (f"{total:.2f} ms per iteration (36 convolutions)" if total is not None
+                                         else f"n/a ({missing} of {len(shapes)} shapes not OK)"))
+    best, unreached = 0.0, []
+    for shape, count in shapes.items():
+        triton_rows = [r["µs"] for r in rows if r["shape"] == shape and r["status"] == "OK" and r["setting"] not in
+                       (CUDNN, CUDNN_STATS)]
+        if triton_rows:
+            best += min(triton_rows) * count / 1e3
+        else:
+            unreached.append(shape)
+    lines.append(f"- best OK Triton setting per shape: {best:.2f} ms per iteration"
+                 + (f" (no OK setting on {', '.join(unreached)})" if unreached else ""))
+    return lines, {"totals_ms": totals, "best_ms": best, "no_ok_setting": unreached}
+
+
+def write_results(out: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """results.md and results.json, each written whole (a later shape's failure loses nothing)."""
+    lines, figures = summary(rows)
+    write_atomic(out / "results.md", markdown_table(rows, HEADER, digits=4) + "\n\n" + "\n".join(lines) + "\n")
+    write_json_atomic(out / "results.json", {"rows": rows, **figures})
+    return lines
+
+
 def main() -> int:
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="directory for results.md / results.json")
     out = Path(parser.parse_args().out)
+    if not torch.cuda.is_available():
+        print(f"{sys.argv[0]}: no CUDA GPU is visible here. Fix: run it on the GPU machine (device tool)",
+              file=sys.stderr)
+        return 64
     out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cudnn.benchmark = True  # as the resnet50 driver runs cuDNN
+    import resnet50.conv_stats  # noqa: F401  (registers the joulebench ops)
+
     rows: list[dict[str, Any]] = []
-    totals: dict[str, float] = {}
+    lines: list[str] = []
     for cin, cout, side, stride, count in SHAPES:
         out_side = (side - 1) // stride + 1
-        moved = 2 * BATCH * (cin * out_side * out_side + cout * out_side * out_side)  # bytes read + written
-        for label, status, seconds, diff in sweep_shape(cin, cout, side, stride):
-            row = {"shape": f"{cin}->{cout} @{side} s{stride}", "count": count, "setting": label, "status": status,
-                   "µs": None if seconds is None else round(seconds * 1e6, 1),
-                   "GB/s": None if seconds is None else round(moved / seconds / 1e9),
-                   "max rel diff": None if diff is None else f"{diff:.1e}"}
+        moved = 2 * BATCH * (cin * side * side // (stride * stride) + cout * out_side * out_side)  # read + written
+        for result in sweep_shape(cin, cout, side, stride):
+            seconds = result.pop("seconds", None)
+            row = {"shape": f"{cin}->{cout} @{side} s{stride}", "count": count, **result,
+                   "µs": None if seconds is None else seconds * 1e6,
+                   "GB/s": None if seconds is None else moved / seconds / 1e9}
             rows.append(row)
             print("CONVSWEEP", json.dumps(row), flush=True)
-            if seconds is not None:
-                totals[label] = totals.get(label, 0.0) + seconds * count
-    best = sum(min(r["µs"] for r in rows if r["shape"] == shape and r["µs"] is not None and not
-                   r["setting"].startswith("cuDNN")) * next(r["count"] for r in rows if r["shape"] == shape)
-               for shape in dict.fromkeys(r["shape"] for r in rows))
-    summary = [f"- {label}: {total * 1e3:.2f} ms per iteration (36 convolutions)" for label, total in totals.items()]
-    summary.append(f"- best setting per shape: {best / 1e3:.2f} ms per iteration")
-    text = markdown_table(rows, HEADER) + "\n\n" + "\n".join(summary) + "\n"
-    (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({"rows": rows, "totals_ms": {k: v * 1e3 for k, v in totals.items()},
-                                                  "best_ms": best / 1e3}, indent=1))
-    print("\n".join(summary))
+        lines = write_results(out, rows)
+    print("\n".join(lines))
     return 0
 
 

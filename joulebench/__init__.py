@@ -47,7 +47,9 @@ API: dict[str, dict[str, str]] = {
         "tasks_on_node": "Slurm's tasks per node for TensorFlow's cluster spec",
     },
     "joulebench.boundary": {"exit_code_of": "every driver's command behind jpwr's error boundary, naming the extras"},
-    "joulebench.process_exit": {"exit_after_run": "ends a driver's process once its records are written"},
+    "joulebench.process_exit": {"run_driver": "a driver's `python -m`: its command line run behind the error "
+                                              "boundary, imports included, and its process ended once its records "
+                                              "are written"},
     "joulebench.out_dir": {"check_out_dir": "refuses an output directory that cannot be written, before any work"},
     # torch.compile's caches kept between runs, and what the compile cost (the drivers that compile)
     "joulebench.compile_cache": {

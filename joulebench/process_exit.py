@@ -11,6 +11,7 @@ file of a run is written and closed before this is called. A tool's client still
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 from typing import NoReturn
@@ -29,3 +30,14 @@ def exit_after_run(code: int | None) -> NoReturn:
         os._exit(code or 0)
     gc.freeze()
     sys.exit(code)
+
+
+def run_driver(prog: str, torch_extra: str) -> NoReturn:
+    """`python -m <prog>`: its command line (`<prog>.cli.main`) imported and run behind the drivers' error boundary,
+    then exit_after_run. Why the import too: a Ctrl-C while the command line's own modules load (seconds on a loaded
+    machine) must end with the boundary's one line and 130, as one during a driver's later imports does, not with a
+    traceback; a library missing there is named with its extra (`torch_extra` for torch)."""
+    from joulebench.boundary import exit_code_of
+
+    exit_after_run(exit_code_of(prog, lambda: importlib.import_module(f"{prog}.cli").main() or 0,
+                                torch_extra=torch_extra))

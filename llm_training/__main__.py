@@ -1,6 +1,5 @@
 """Entry point: `python -m llm_training {train,validate,preprocess} ...` (also under torchrun and srun)."""
 
-from joulebench.process_exit import exit_after_run
-from llm_training.cli import main
+from joulebench.process_exit import run_driver
 
-exit_after_run(main())
+run_driver("llm_training", "llm")

@@ -1,6 +1,5 @@
 """Entry point of `python -m resnet50`."""
 
-from joulebench.process_exit import exit_after_run
-from resnet50.cli import main
+from joulebench.process_exit import run_driver
 
-exit_after_run(main())
+run_driver("resnet50", "resnet-pytorch")

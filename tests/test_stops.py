@@ -350,7 +350,8 @@ def test_sigterm_during_a_drivers_phase_replays_ends_it_within_seconds_with_its_
 
 def test_ctrl_c_while_a_driver_imports_its_framework_is_one_line_and_exit_130(fake_env, tmp_path):
     """torch and megatron-core take seconds to import, before any run installs its handlers: Ctrl-C there ends the
-    process with one line (once a traceback through the imports)."""
+    process with one line (once a traceback through the imports; under load, the command line's own imports were
+    still running at 1.5 s and gave one too: `python -m` now imports them behind the boundary as well)."""
     cmd = [sys.executable, "-m", "llm_training", "train", "--model", "tiny", "--device", "cpu",
            "--out-dir", str(tmp_path / "run")]
     proc = subprocess.Popen(cmd, env=fake_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

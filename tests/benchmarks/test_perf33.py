@@ -29,3 +29,16 @@ def test_both_trees_are_measured_and_checked_against_the_independent_read(fake_e
         allowed = row["record_energy_j"] * row["bound %"] / 100 + row["independent_uncertainty_j"]
         assert abs(row["record_energy_j"] - row["independent_j"]) <= allowed, row
     assert result.returncode == 0 and "| llama-8b-512 | branch | OK |" in (tmp_path / "results.md").read_text()
+
+
+def test_the_loss_column_gives_each_compared_iteration_the_run_reached() -> None:
+    """Issue 58's accuracy check compares the loss at steps 50, 100 and 200 (ResNet-50's `losses` pairs, GPT's
+    `loss_curve` points); a run that stopped earlier gives the ones it reached."""
+    from benchmarks.perf33_h100 import loss_at
+
+    resnet = {"workload": "resnet50", "metrics": {"losses": [[i, 7.0 - i / 100] for i in range(1, 151)]}}
+    assert loss_at(resnet) == "it 50: 6.5000, it 100: 6.0000"
+    gpt = {"benchmark": "llm_training", "metrics": {"loss_curve": [{"iteration": i, "loss": 11 - i / 10}
+                                                                   for i in (5, 10, 15, 18)]}}
+    assert loss_at(gpt) == "it 5: 10.5000, it 10: 10.0000, it 15: 9.5000"
+    assert loss_at({"workload": "llm_inference", "metrics": {}}) == ""

@@ -246,6 +246,7 @@ DependencyParameters=kill_invalid_depend
 SlurmdParameters=config_overrides
 SlurmdTimeout=30
 KillWait=5
+SchedulerParameters=bf_interval=5,sched_interval=5
 GresTypes=gpu
 $(node_line)
 $partitions

@@ -7,9 +7,10 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Self, SupportsFloat
 
-from jpwr.output import fmt
+from jpwr.output import fmt, write_atomic, write_json_atomic
 
 
 def first_gpus_env(processes: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -117,6 +118,13 @@ def queued_seconds(call: Callable[[], object], repeats: int, warmup: int) -> flo
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / repeats
+
+
+def write_results(out: Path, markdown: str, payload: Mapping[str, object]) -> None:
+    """results.md and results.json under `out`, each written whole by an atomic rename: a script that rewrites them
+    after every step loses nothing already written when a later step fails."""
+    write_atomic(out / "results.md", markdown)
+    write_json_atomic(out / "results.json", payload)
 
 
 def exit_status(rows: Sequence[Any], ok: Callable[[Any], bool] = lambda row: row.get("status") == "OK") -> int:

@@ -33,17 +33,16 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, markdown_table, queued_seconds  # noqa: E402
+from benchmarks.common import exit_status, markdown_table, queued_seconds, write_results  # noqa: E402
+from benchmarks.resnet50_convs import SHAPES, ConvShape  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 from jpwr import ValidationError  # noqa: E402
-from jpwr.output import write_atomic, write_json_atomic  # noqa: E402
 
 PROG = "benchmarks/cudnn_fusion_probe_h100.py"
 REPEATS = 20
@@ -65,49 +64,6 @@ HEADER = ("shape", "convs", "after BN-ReLU", "case", "status", "µs", "GB/s", "o
           "build s", "note")
 
 
-@dataclass(frozen=True)
-class ConvShape:
-    """One convolution shape of ResNet-50 v1.5 and how often it occurs: `count` in the network, `after_bn_relu`
-    of them reading a batch norm + ReLU output (conv2 and conv3 of a bottleneck: MLPerf folds that apply into the
-    convolution, case (c)); the others read the max-pool or a block's output (residual add + ReLU), case (b)."""
-
-    cin: int
-    cout: int
-    side: int  # input height = width
-    kernel: int
-    stride: int
-    count: int
-    after_bn_relu: int
-
-    @property
-    def label(self) -> str:
-        k = self.kernel
-        return f"{k}x{k}/{self.cin}-{self.cout}@{self.side}" + ("" if self.stride == 1 else f"/s{self.stride}")
-
-    @property
-    def padding(self) -> int:
-        return self.kernel // 2
-
-    @property
-    def out_side(self) -> int:
-        return (self.side + 2 * self.padding - self.kernel) // self.stride + 1
-
-    def bytes_moved(self, batch: int, itemsize: int) -> int:
-        """Input, weights and output, each once: what the fused form must move at least."""
-        return itemsize * (batch * self.cin * self.side ** 2 + self.cout * self.cin * self.kernel ** 2
-                           + batch * self.cout * self.out_side ** 2)
-
-
-# ResNet-50 v1.5 (stride in the 3x3), all 53 convolutions; the issue's twelve first, as the budget may cut the tail.
-SHAPES = (
-    ConvShape(64, 256, 56, 1, 1, 4, 3), ConvShape(256, 64, 56, 1, 1, 2, 0), ConvShape(512, 128, 28, 1, 1, 3, 0),
-    ConvShape(128, 512, 28, 1, 1, 4, 4), ConvShape(1024, 256, 14, 1, 1, 5, 0), ConvShape(256, 1024, 14, 1, 1, 6, 6),
-    ConvShape(2048, 512, 7, 1, 1, 2, 0), ConvShape(512, 2048, 7, 1, 1, 3, 3), ConvShape(64, 64, 56, 3, 1, 3, 3),
-    ConvShape(128, 128, 28, 3, 1, 3, 3), ConvShape(256, 256, 14, 3, 1, 5, 5), ConvShape(512, 512, 7, 3, 1, 2, 2),
-    ConvShape(64, 64, 56, 1, 1, 1, 0), ConvShape(256, 128, 56, 1, 1, 1, 0), ConvShape(512, 256, 28, 1, 1, 1, 0),
-    ConvShape(1024, 512, 14, 1, 1, 1, 0), ConvShape(128, 128, 56, 3, 2, 1, 1), ConvShape(256, 256, 28, 3, 2, 1, 1),
-    ConvShape(512, 512, 14, 3, 2, 1, 1), ConvShape(256, 512, 56, 1, 2, 1, 0), ConvShape(512, 1024, 28, 1, 2, 1, 0),
-    ConvShape(1024, 2048, 14, 1, 2, 1, 0), ConvShape(3, 64, 224, 7, 2, 1, 0))
 KERNEL_GROUPS = ("1x1", "3x3", "7x7")
 
 
@@ -228,7 +184,7 @@ class Probe:
 
     def torch_rows(self, shape: ConvShape, data: dict[str, Any]) -> list[tuple[str, Callable[[], object]]]:
         """What torch runs today for each comparison, as calls on the same tensors."""
-        torch, F = self.torch, self.torch.nn.functional
+        F = self.torch.nn.functional
         x, w, scale, bias = data["x"], data["w"], data["scale"], data["bias"]
 
         def conv(image: Any) -> Any:
@@ -236,7 +192,7 @@ class Probe:
 
         return [(TORCH_CONV, lambda: conv(x)),
                 (TORCH_STATS, lambda: channel_stats(conv(x))),
-                (TORCH_SBR, lambda: channel_stats(conv(torch.relu(x * scale + bias)))),
+                (TORCH_SBR, lambda: channel_stats(conv(sbr(x, scale, bias)))),
                 (INDUCTOR_STATS, lambda: self.compiled_stats(conv(x))),
                 (INDUCTOR_SBR, lambda: self.compiled_stats(conv(self.compiled_sbr(x, scale, bias))))]
 
@@ -403,11 +359,11 @@ def summary(rows: Sequence[dict[str, Any]], shapes: Sequence[ConvShape]) -> list
     return lines
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], lines: list[str], title: str, versions: dict) -> None:
-    """results.md and results.json under `out`, each written whole (a later shape's failure loses nothing)."""
+def save_tables(out: Path, rows: list[dict[str, Any]], lines: list[str], title: str, versions: dict) -> None:
+    """The table and its summary as results.md, the rows as results.json (benchmarks.common.write_results)."""
     table = markdown_table(rows, HEADER, digits=4)
-    write_atomic(out / "results.md", f"{title}\n\n{table}\n\n" + "\n".join(lines) + "\n")
-    write_json_atomic(out / "results.json", {"versions": versions, "rows": rows, "summary": lines})
+    write_results(out, f"{title}\n\n{table}\n\n" + "\n".join(lines) + "\n",
+                  {"versions": versions, "rows": rows, "summary": lines})
 
 
 def gpu_modules() -> tuple[Any, Any]:
@@ -449,7 +405,7 @@ def probe_main(argv: Sequence[str] | None) -> int:
         else:
             rows += measure_shape(probe, shape)
             torch.cuda.empty_cache()  # this shape's tensors are gone: the next one's fit
-        write_results(out, rows, summary(rows, shapes), title, versions)
+        save_tables(out, rows, summary(rows, shapes), title, versions)
     lines = summary(rows, shapes)
     print("\n".join(lines))
     return exit_status(rows)

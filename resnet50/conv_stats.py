@@ -81,12 +81,16 @@ def conv1x1_gemm_with_batch_norm_stats(x_ptr, w_ptr, y_ptr, partial_ptr, rows, i
     tl.store(out + out_channels, m2, mask=col_ok)
 
 
+def tile_width(widest: int, channels: int) -> int:
+    """The widest tile of at most `widest` that these channels fill (a power of two; tl.dot needs 16 or more)."""
+    return max(16, min(widest, triton.next_power_of_2(channels)))
+
+
 def launch_config(in_channels: int, out_channels: int, element_bytes: int) -> dict[str, int]:
     """Tile and launch parameters: the widest tiles these channel counts fill (tl.dot needs 16 or more), 8 warps for
     the 128 × 128 accumulator (64 fp32 registers a thread), pipeline stages only as deep as the K loop and as
     PIPELINE_SHARED_BYTES holds for tiles of this element size."""
-    block_n = max(16, min(MAX_BLOCK_N, triton.next_power_of_2(out_channels)))
-    block_k = max(16, min(MAX_BLOCK_K, triton.next_power_of_2(in_channels)))
+    block_n, block_k = tile_width(MAX_BLOCK_N, out_channels), tile_width(MAX_BLOCK_K, in_channels)
     stage_bytes = (BLOCK_M + block_n) * block_k * element_bytes  # one stage: an x tile and a weight tile
     stages = min(4, triton.cdiv(in_channels, block_k), PIPELINE_SHARED_BYTES // stage_bytes)
     return {"BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 8 if block_n == 128 else 4,

@@ -323,9 +323,9 @@ def test_conv_gemm_compiles_for_an_h100_without_spills() -> None:
             heaviest[key] = max(heaviest.get(key, weight), weight, key=lambda w: w[:2])
     assert sorted(heaviest) == [("bf16", 64), ("bf16", 128), ("fp32", 64), ("fp32", 128)]
     # and the bf16 128-wide tile with its tile and K loops pipelined as one (FLATTEN, the sweep's option)
-    flattened = [((element, width), (*weight[:2], {**weight[2], "FLATTEN": width == 128 and element == "bf16"}))
-                 for (element, width), weight in heaviest.items()]
-    for (element, _), (_stages, strided, config) in [*heaviest.items(), *[f for f in flattened if f[1][2]["FLATTEN"]]]:
+    stages, strided, config = heaviest[("bf16", 128)]
+    cases = [*heaviest.items(), (("bf16", 128), (stages, strided, {**config, "FLATTEN": True}))]
+    for (element, _), (_stages, strided, config) in cases:
         types = {"x_ptr": f"*{element}", "w_ptr": f"*{element}", "y_ptr": f"*{element}", "partial_ptr": "*fp32",
                  **dict.fromkeys(("rows", "in_channels", "out_channels", "height", "width", "out_height",
                                   "out_width", "stride", "tiles_per_program"), "i32")}

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 SPLIT_BLOCK = 64  # cache positions per loop step of a piece; pieces are multiples of it
 PIECES_PER_SM = 2  # pieces in flight per SM aimed for when rows × KV heads alone cannot fill the GPU
+PIECE_WARPS, PIECE_STAGES = 4, 3  # the pieces kernel's launch (Triton's defaults; benchmarks/decode_parts_h100.py)
 INTERPRETER_SMS = 4  # what grids are sized for off a GPU (Triton's interpreter in the tests): a few programs each
 
 try:
@@ -111,7 +112,7 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, BLOCK_POSITIONS=SPLIT_BLOCK,
         FROM_ZERO=first is None,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # tf32: Triton's default, unused in bf16
-        PDL=pdl, **launch_options(pdl))
+        PDL=pdl, num_warps=PIECE_WARPS, num_stages=PIECE_STAGES, **launch_options(pdl))
     _combine_kernel[(rows * kv_heads,)](
         partial, maxima, sums, out, *out.stride()[:3], pieces,
         KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, BLOCK_GROUPS=block_groups, PDL=pdl, **launch_options(pdl))

@@ -9,7 +9,8 @@ At batch 512 a decode step took 21.5 ms (docs/BENCHMARKS.md), counted as ≈ 7.7
 read in series. Per row count (--rows):
 1. Each GEMM of a layer and the LM head by F.linear (cuBLAS, as the compiled step calls it): ms and TFLOP/s at the
    step's rows, and at REFERENCE_ROWS rows (the card's GEMM rate on the same matrix under the same power cap);
-   weights cycle through copies that L2 does not hold.
+   weights cycle through copies that L2 does not hold. With --autotune also inductor's max-autotune choice at the
+   step's rows (would a decode variant with that option run faster GEMMs).
 2. The split decode attention (llm_inference/decode_attention.py) with every row attending to --positions
    positions, per launch setting BLOCKxWARPSxSTAGES (SPLIT_BLOCK, PIECE_WARPS, PIECE_STAGES): ms and GB/s of K/V
    read; each setting's output checked against the module's own setting's.
@@ -38,7 +39,8 @@ REFERENCE_ROWS = 8192
 ROTATE_BYTES = 512 * 2**20  # weights one timing cycles through: ten times an H100's 50 MB L2
 REPEATS, WARMUP = 20, 3
 COPY_BYTES = 2 * 2**30
-GEMM_HEADER = ("rows", "GEMM", "shape", "ms", "TFLOP/s", f"TFLOP/s at {REFERENCE_ROWS} rows", "of reference")
+GEMM_HEADER = ("rows", "GEMM", "shape", "ms", "TFLOP/s", f"TFLOP/s at {REFERENCE_ROWS} rows", "of reference",
+               "autotuned ms", "autotuned / cuBLAS")
 ATTENTION_HEADER = ("rows", "setting", "status", "ms", "K/V GB/s", "of copy rate")
 STEP_HEADER = ("rows", "GEMMs ms", "GEMMs ms at reference rate", "attention ms (module's setting)",
                "attention ms at copy rate", "best setting", "attention ms (best)", "sum ms")
@@ -56,19 +58,25 @@ def gemms(preset: str) -> list[tuple[str, int, int, int]]:
             ("down", hidden, inner, layers), ("LM head", shape.vocab_size, hidden, 1)]
 
 
-def gemm_ms(rows: int, outputs: int, inputs: int) -> float:
-    """Mean ms of F.linear((rows, inputs) @ weights.T), cycling through enough weight copies that L2 holds none."""
+def gemm_ms(rows: int, outputs: int, inputs: int, autotuned: bool = False) -> float:
+    """Mean ms of F.linear((rows, inputs) @ weights.T), cycling through enough weight copies that L2 holds none;
+    `autotuned`: the same compiled by inductor with max-autotune (its Triton GEMM templates timed against cuBLAS at
+    this shape, the best kept), what a decode variant with inductor's max_autotune option would run."""
     import torch
     import torch.nn.functional as F
 
+    linear: Any = F.linear
+    if autotuned:
+        torch._dynamo.reset()  # one shape per compile: no recompile limit, no earlier shape's choice
+        linear = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
     copies = max(1, math.ceil(ROTATE_BYTES / (outputs * inputs * 2)))
     weights = [torch.randn(outputs, inputs, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(rows, inputs, device="cuda", dtype=torch.bfloat16)
     turn = itertools.cycle(weights)
-    return queued_seconds(lambda: F.linear(x, next(turn)), REPEATS, WARMUP) * 1e3
+    return queued_seconds(lambda: linear(x, next(turn)), REPEATS, WARMUP) * 1e3
 
 
-def measure_gemms(rows: int) -> list[dict[str, Any]]:
+def measure_gemms(rows: int, autotune: bool) -> list[dict[str, Any]]:
     import torch
 
     measured = []
@@ -80,6 +88,10 @@ def measure_gemms(rows: int) -> list[dict[str, Any]]:
         measured.append({"rows": rows, "GEMM": name, "shape": f"{outputs}x{inputs}", "calls": calls, "ms": ms,
                          "TFLOP/s": rate, f"TFLOP/s at {REFERENCE_ROWS} rows": reference_rate,
                          "of reference": rate / reference_rate, "status": "OK"})
+        if autotune:
+            autotuned_ms = gemm_ms(rows, outputs, inputs, autotuned=True)
+            measured[-1].update({"autotuned ms": autotuned_ms, "autotuned / cuBLAS": autotuned_ms / ms})
+            torch.cuda.empty_cache()
         print("GEMM", measured[-1], flush=True)
     return measured
 
@@ -182,6 +194,8 @@ def main() -> int:
     parser.add_argument("--settings", default=",".join(f"{b}x{w}x{s}" for b in (32, 64, 128) for w in (4, 8)
                                                        for s in (2, 3, 4)),
                         help="attention launch settings BLOCKxWARPSxSTAGES, comma-separated")
+    parser.add_argument("--autotune", action="store_true",
+                        help="also each GEMM at the step's rows compiled with inductor's max-autotune (minutes)")
     parser.add_argument("--out", default="decode_parts_out")
     args = parser.parse_args()
     settings = parse_settings(args.settings)
@@ -203,7 +217,7 @@ def main() -> int:
     attention_rows: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     for rows in row_counts:
-        these_gemms = measure_gemms(rows)
+        these_gemms = measure_gemms(rows, args.autotune)
         these_attention = measure_attention(rows, args.positions, settings, sms, copy)
         torch.cuda.empty_cache()
         gemm_rows += these_gemms

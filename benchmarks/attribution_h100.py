@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status, first_gpus_env  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
-from jpwr.output import fmt  # noqa: E402
+from jpwr.output import fmt, write_atomic  # noqa: E402
 
 # torch.compile mode default without CUDA graphs or kernel tuning, as measured before the GPU default became
 # reduce-overhead + coordinate-descent tuning (issue 33): phase marks and replays stay the eager graph's
@@ -173,7 +173,7 @@ def main() -> int:
     for name in names:
         table += summary_rows(name, args.out / name)
     text = "\n".join(table)
-    (args.out / "results.md").write_text(text + "\n")
+    write_atomic(args.out / "results.md", text + "\n")  # results.md alone: the figures are in the run records
     print("\n" + text, flush=True)
     return exit_status(attributed, bool) if not args.overhead_only else 0
 

@@ -120,9 +120,11 @@ def queued_seconds(call: Callable[[], object], repeats: int, warmup: int) -> flo
     return start.elapsed_time(end) / 1e3 / repeats
 
 
-def write_results(out: Path, markdown: str, payload: Mapping[str, object]) -> None:
+def write_results(out: Path, markdown: str, payload: Mapping[str, object] | Sequence[object]) -> None:
     """results.md and results.json under `out`, each written whole by an atomic rename: a script that rewrites them
-    after every step loses nothing already written when a later step fails."""
+    after every step loses nothing already written when a later step fails. The payload is the script's own JSON: an
+    object, or the list of its rows where that is what results.json holds (benchmarks/scaling_h200x2.py reads
+    llm_h100's as a list)."""
     write_atomic(out / "results.md", markdown)
     write_json_atomic(out / "results.json", payload)
 

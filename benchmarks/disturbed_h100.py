@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import first_gpus_env, markdown_table, write_results  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
 
 GIB = 2**30
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):  # the finally below and atexit run on these too
         signal.signal(signum, lambda s, _f: sys.exit(128 + s))
     rows = [row("alone", out, run_driver("alone", out, env, args.timeout_s), None)]
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")  # kept if the second run cannot start
+    write_results(out, markdown_table(rows, HEADER, digits=5) + "\n", rows)  # kept if the second run cannot start
     competitor = Competitor(env, seconds=args.timeout_s + 30)
     try:
         print(f"=== competitor pid {competitor.proc.pid}: {competitor.ready}", flush=True)
@@ -147,9 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         competitor.stop()
     rows.append(row("beside-matmul", out, code, competitor.proc.pid))
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     text = markdown_table(rows, HEADER, digits=5)
-    (out / "results.md").write_text(text + "\n")
+    write_results(out, text + "\n", rows)
     print(text)
     expected = rows[0].get("disturbed") == "False" and rows[1].get("competitor named", "no") != "no"
     print(f"DISTURBED_CHECK {'met' if expected else 'NOT met'}", flush=True)

@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, markdown_table  # noqa: E402
+from benchmarks.common import exit_status, markdown_table, write_results  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 
 REPEATS = 50
@@ -181,23 +181,23 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for preset in presets for row in measure(preset, configs)]
-    write_results(out, rows, [])  # kept should a whole step end the process
+    write_tables(out, rows, [])  # kept should a whole step end the process
     torch.cuda.empty_cache()
     passes = [row for preset in presets for row in measure_passes(preset)] if args.passes else []
-    print(write_results(out, rows, passes))
+    print(write_tables(out, rows, passes))
     return exit_status(rows + passes)
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], passes: list[dict[str, Any]]) -> str:
-    """results.md and results.json under `out`; returns the tables."""
+def write_tables(out: Path, rows: list[dict[str, Any]], passes: list[dict[str, Any]]) -> str:
+    """results.md and results.json under `out` (benchmarks.common.write_results); returns the tables."""
     import torch
 
     tables = markdown_table(rows, HEADER, digits=4)
     if passes:
         tables += "\n\nWhole steps (weights GB/s: the step's matrices over the whole step, attention and gaps " \
                   "included)\n\n" + markdown_table(passes, PASS_HEADER, digits=4)
-    (out / "results.md").write_text(f"Fused decode GEMVs vs cuBLAS on {torch.cuda.get_device_name(0)}\n\n{tables}\n")
-    (out / "results.json").write_text(json.dumps({"gemv": rows, "passes": passes}, indent=2) + "\n")
+    write_results(out, f"Fused decode GEMVs vs cuBLAS on {torch.cuda.get_device_name(0)}\n\n{tables}\n",
+                  {"gemv": rows, "passes": passes})
     return tables
 
 

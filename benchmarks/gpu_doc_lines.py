@@ -34,9 +34,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import CounterPoller, markdown_table, steady_against_counter  # noqa: E402
+from benchmarks.common import CounterPoller, markdown_table, steady_against_counter, write_results  # noqa: E402
 from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python  # noqa: E402
-from jpwr.output import write_atomic  # noqa: E402
 
 # Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
 EXCLUDED: tuple[tuple[str, str], ...] = (
@@ -133,16 +132,16 @@ def same_run(line: DocLine, first: dict[str, Any]) -> dict[str, Any]:
     return {**first, "line": line.where, "wall s": 0.0, "same as": first["line"]}
 
 
-def write_results(rows: list[dict[str, Any]], out: Path) -> str:
-    """results.json and results.md (one row per record), written whole each time: a stopped run keeps its lines."""
+def write_tables(rows: list[dict[str, Any]], out: Path) -> str:
+    """results.json and results.md (one row per record), written whole each time (benchmarks.common.write_results):
+    a stopped run keeps its lines. Returns the table."""
     flat = [{"line": r["line"], "same run as": r.get("same as", ""), "gpu": r["gpu"][:12], "result": r["result"],
              "exit": str(r["exit"]), "wall s": r["wall s"], **{k: d.get(k) for k in RECORD_COLUMNS}}
             for r in rows for d in (r["detail"] or [{}])]
     table = markdown_table(flat, ["line", "same run as", "gpu", "result", "exit", "wall s", *RECORD_COLUMNS], digits=4)
     table += f"\n\nlines: {len(rows)}, passed: {sum(r['result'] == 'pass' for r in rows)}; wall s summed (one GPU " \
              f"running them in turn): {sum(r['wall s'] for r in rows):.0f}\n"
-    write_atomic(out / "results.json", json.dumps(rows, indent=1, default=str))
-    write_atomic(out / "results.md", table)
+    write_results(out, table, rows)
     return table
 
 
@@ -177,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             first = ran.get(line.command)
             rows.append(same_run(line, first) if first else run_line(line, out, args.timeout_s, poller))
             ran.setdefault(line.command, rows[-1])
-            write_results(rows, out)
-    print(write_results(rows, out))
+            write_tables(rows, out)
+    print(write_tables(rows, out))
     return 0 if all(r["result"] == "pass" for r in rows) else 1
 
 

@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, first_gpus_env, markdown_table  # noqa: E402 (the repository on sys.path)
+from benchmarks.common import exit_status, first_gpus_env, markdown_table, write_results  # noqa: E402 (on sys.path)
 from joulebench.analysis.text_width import fitted  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 
@@ -247,6 +247,22 @@ def energy_notes(rows: list[dict[str, Any]]) -> str:
     return "".join(f"\nEnergy n/a: {reason}\n" for reason in reasons)
 
 
+def write_tables(out_dir: Path, rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    """results.md (every column of every point, then the logits check) and results.json, written whole after each
+    engine's points and at the end (benchmarks.common.write_results); returns the heading."""
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    precisions = sorted({str(r.get("precision")) for r in rows if r.get("precision")})
+    heading = (f"llm_inference engines on {', '.join(devices) or 'n/a'}, task {TASK}, "
+               f"{', '.join(precisions) or 'n/a'}, random weights, static batches; J/output token = steady-window "
+               "energy / output tokens (ML.ENERGY's definition, prefill included); decode J/token = (steady − "
+               "prefill energy) / decode tokens")
+    text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n{energy_notes(rows)}\n"
+            "Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
+            f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")
+    write_results(out_dir, text, {"logits": checks, "points": rows})
+    return heading
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="llama-1b,llama-8b")
@@ -301,20 +317,10 @@ def main() -> int:
         for engine in args.engines.split(","):
             code = run_engine(preset, engine, sizes, args, env)
             rows += [point_row(preset, engine, size, code, out_dir / preset / engine) for size in sizes]
-            (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
+            write_tables(out_dir, rows, checks)
     rows.sort(key=lambda r: (str(r["preset"]), r["batch"] if isinstance(r["batch"], int) else 1 << 30,
                              str(r.get("engine"))))
-    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
-    precisions = sorted({str(r.get("precision")) for r in rows if r.get("precision")})
-    heading = (f"llm_inference engines on {', '.join(devices) or 'n/a'}, task {TASK}, "
-               f"{', '.join(precisions) or 'n/a'}, random weights, static batches; J/output token = steady-window "
-               "energy / output tokens (ML.ENERGY's definition, prefill included); decode J/token = (steady − "
-               "prefill energy) / decode tokens")
-    text = (f"{heading}\n\n{markdown_table(rows, [label for label, _ in COLUMNS], digits=4)}\n{energy_notes(rows)}\n"
-            "Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"
-            f"{markdown_table(checks, CHECK_COLUMNS, digits=4)}\n")
-    (out_dir / "results.md").write_text(text)
-    (out_dir / "results.json").write_text(json.dumps({"logits": checks, "points": rows}, indent=2) + "\n")
+    heading = write_tables(out_dir, rows, checks)
     # on the terminal within 160 columns: every column of every point is in results.md (a row of them is 199 wide)
     print(f"\n{fitted([heading])}\n{markdown_table(rows, SHORT, digits=4)}{fitted(energy_notes(rows).split(chr(10)))}\n"
           f"Logits: static engine and transformers (bf16) against the same weights in fp32:\n\n"

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, markdown_table  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import exit_status, markdown_table, write_results  # noqa: E402 (the repository on sys.path)
 
 COLUMNS = [
     ("preset", None), ("task", None), ("batch", "batch_size"), ("status", None),
@@ -70,8 +70,17 @@ def rows_of(preset: str, run_dir: Path, returncode: int) -> list[dict[str, objec
     return rows
 
 
-def table(rows: list[dict[str, object]]) -> str:
-    return markdown_table(rows, [label for label, _ in COLUMNS], digits=4)
+def write_tables(out_dir: Path, rows: list[dict[str, object]]) -> tuple[str, str]:
+    """results.md (a heading and the table) and results.json (the rows), written whole after each preset and at the
+    end (benchmarks.common.write_results); returns the heading and the table."""
+    text = markdown_table(rows, [label for label, _ in COLUMNS], digits=4)
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    precisions = sorted({str(r.get("precision")) for r in rows if r.get("precision")})
+    heading = (f"llm_inference on {', '.join(devices) or 'n/a'}: random weights, {', '.join(precisions) or 'n/a'}, "
+               "forced output lengths; "
+               f"steady window = full generations (warm-up excluded); decode J/token = steady minus prefill window")
+    write_results(out_dir, f"{heading}\n\n{text}\n", rows)
+    return heading, text
 
 
 def main() -> int:
@@ -102,14 +111,8 @@ def main() -> int:
             code = -1
         print(f"=== {preset}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
         rows += rows_of(preset, run_dir, code)
-        (out_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    text = table(rows)
-    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
-    precisions = sorted({str(r.get("precision")) for r in rows if r.get("precision")})
-    heading = (f"llm_inference on {', '.join(devices) or 'n/a'}: random weights, {', '.join(precisions) or 'n/a'}, "
-               "forced output lengths; "
-               f"steady window = full generations (warm-up excluded); decode J/token = steady minus prefill window")
-    (out_dir / "results.md").write_text(f"{heading}\n\n{text}\n")
+        write_tables(out_dir, rows)
+    heading, text = write_tables(out_dir, rows)
     print(f"\n{heading}\n{text}")
     return exit_status(rows)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, first_gpus_env, markdown_table  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import exit_status, first_gpus_env, markdown_table, write_results  # noqa: E402 (on sys.path)
 
 # name -> extra `llm_training train` options. 800M preset defaults: bf16, GBS 64 per replica, MBS chosen by device
 # memory (16 where the estimate fits, e.g. an 80 GB H100; else 8). The bf16-mbs8* rows pin MBS 8, the default before
@@ -110,8 +110,15 @@ def row(name: str, run_dir: Path, returncode: int) -> dict[str, object]:
     return out
 
 
-def table(rows: list[dict[str, object]]) -> str:
-    return markdown_table(rows, [label for label, _ in COLUMNS], digits=6)
+def write_tables(out_dir: Path, rows: list[dict[str, object]], args: argparse.Namespace) -> tuple[str, str]:
+    """results.md (a heading and the table) and results.json (the rows), written whole after each configuration and
+    at the end (benchmarks.common.write_results); returns the heading and the table."""
+    text = markdown_table(rows, [label for label, _ in COLUMNS], digits=6)
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    heading = (f"{args.model}, {args.nproc} device(s) {', '.join(devices)}; {args.iterations} iterations, "
+               f"{args.warmup_iterations} warm-up excluded; model FLOPs 6N + 12·L·h·s")
+    write_results(out_dir, f"{heading}\n\n{text}\n", rows)
+    return heading, text
 
 
 def main() -> int:
@@ -154,12 +161,8 @@ def main() -> int:
             code = -1
         print(f"=== {name}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
         rows.append(row(name, run_dir, code))
-        (out_dir / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    text = table(rows)
-    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
-    heading = (f"{args.model}, {args.nproc} device(s) {', '.join(devices)}; {args.iterations} iterations, "
-               f"{args.warmup_iterations} warm-up excluded; model FLOPs 6N + 12·L·h·s")
-    (out_dir / "results.md").write_text(f"{heading}\n\n{text}\n")
+        write_tables(out_dir, rows, args)
+    heading, text = write_tables(out_dir, rows, args)
     print(f"\n{heading}\n{text}")
     return exit_status(rows)
 

@@ -35,6 +35,7 @@ from benchmarks.common import (  # noqa: E402
     markdown_table,
     split_at_double_dash,
     unless_given,
+    write_results,
 )
 
 INFERENCE = ["-m", "llm_inference", "run", "--task", "chat", "--num-batches", "1", "--energy-methods", "nvml"]
@@ -167,6 +168,14 @@ def window_row(record: dict[str, Any], poller: CounterPoller, uuid: str) -> dict
     }
 
 
+def write_table(out: Path, rows: list[dict[str, Any]]) -> str:
+    """results.md (the table) and results.json (the rows), written whole after each run and tree and at the end
+    (benchmarks.common.write_results); returns the table."""
+    table = markdown_table(rows, HEADER, digits=4)
+    write_results(out, table + "\n", rows)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="perf33_out")
@@ -191,10 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             for tree_name, tree in trees:
                 if only in ("", tree_name):
                     rows += run_one(name, tree_name, tree, out, uuid, poller, args)
-                (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
-    table = markdown_table(rows, HEADER, digits=4)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
+                write_table(out, rows)
+    print(write_table(out, rows))
     return exit_status(rows)
 
 

@@ -30,8 +30,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, first_gpu_uuid, markdown_table, steady_against_counter  # noqa: E402
-from jpwr.output import write_atomic  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CounterPoller,
+    first_gpu_uuid,
+    markdown_table,
+    steady_against_counter,
+    write_results,
+)
 
 
 @dataclass(frozen=True)
@@ -178,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += record_rows(out / name, name, poller)
             table = markdown_table(rows, ["workload", "run", "status", "steady s", "energy J", "bound %",
                                           "deviation %"], digits=4)
-            write_atomic(out / "results.json", json.dumps({"runs": rows, "workloads": results}, indent=1, default=str))
-            write_atomic(out / "results.md", table + "\n")
+            write_results(out, table + "\n", {"runs": rows, "workloads": results})
     print(table)
     for name in names:
         print(f"\n--- {name}\n" + (out / f"{name}.log").read_text().split("joulebench recommend")[-1][-3000:])

@@ -56,8 +56,8 @@ from benchmarks.common import (  # noqa: E402
     exit_status,
     markdown_table,
     steady_against_counter,
+    write_results,
 )
-from jpwr.output import write_atomic  # noqa: E402
 
 TAG = "SLURMGPU"
 XML = {"llm": REPO / "jube" / "llm_benchmark.xml", "resnet50": REPO / "jube" / "resnet50_benchmark.xml",
@@ -379,11 +379,6 @@ def _text(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], facts: dict[str, Any]) -> None:
-    write_atomic(out / "results.json", json.dumps({"rows": rows, "facts": facts}, indent=1, default=str))
-    write_atomic(out / "results.md", markdown_table(rows, HEADER) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="JUBE run directories, results.md and results.json")
@@ -431,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
                     rows.append({"part": name, "status": "not run to its end", "check": f"{type(exc).__name__}: {exc}"})
                 parts.facts.setdefault("seconds", {})[name] = round(time.monotonic() - begun, 1)
-                write_results(args.out, rows, parts.facts)
+                write_results(args.out, markdown_table(rows, HEADER) + "\n", {"rows": rows, "facts": parts.facts})
                 print(f"part {name}: {parts.facts['seconds'][name]} s", flush=True)
     finally:
         stopped = cluster("stop", env)

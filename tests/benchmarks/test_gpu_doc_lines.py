@@ -60,6 +60,8 @@ def test_a_command_shown_in_several_docs_runs_once(tmp_path: Path, capsys: pytes
     again = script.same_run(script.DocLine("docs/llm_training.md:23", "jpwr ...", "GPU only"), first)
     assert (again["line"], again["same as"], again["wall s"], again["result"]) == ("docs/llm_training.md:23",
                                                                                  "README.md:58", 0.0, "pass")
-    table = script.write_results([first, again], tmp_path)
+    table = script.write_tables([first, again], tmp_path)
+    assert (tmp_path / "results.md").read_text() == table  # the rows as written: the table, the JSON list of rows
+    assert json.loads((tmp_path / "results.json").read_text()) == [first, again]
     assert "| docs/llm_training.md:23 | README.md:58 |" in table
     assert "wall s summed (one GPU running them in turn): 190" in table  # the run counted once

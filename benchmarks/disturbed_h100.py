@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import first_gpus_env, markdown_table, write_results  # noqa: E402 (after the repository is on sys.path)
+from benchmarks.common import first_gpus_env, markdown_table, write_results  # noqa: E402 (the repository on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
 
 GIB = 2**30

@@ -120,6 +120,18 @@ def queued_seconds(call: Callable[[], object], repeats: int, warmup: int) -> flo
     return start.elapsed_time(end) / 1e3 / repeats
 
 
+ROTATE_BYTES = 512 * 2**20  # matrices a timing cycles through: ten times an H100's 50 MB L2
+
+
+def weight_copies(rows: int, columns: int) -> list[Any]:
+    """Random bf16 (rows, columns) matrices on the GPU, enough of them (ROTATE_BYTES) that a timing cycling through
+    them finds none in L2 from its previous read: a weight read is then timed from memory, as in a model's step."""
+    import torch
+
+    copies = max(1, -(-ROTATE_BYTES // (rows * columns * 2)))
+    return [torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+
 def write_results(out: Path, markdown: str, payload: Mapping[str, object] | Sequence[object]) -> None:
     """results.md and results.json under `out`, each written whole by an atomic rename: a script that rewrites them
     after every step loses nothing already written when a later step fails. The payload is the script's own JSON: an

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, markdown_table, queued_seconds, write_results  # noqa: E402
+from benchmarks.common import exit_status, markdown_table, queued_seconds, weight_copies, write_results  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 
 PRESET = "llama-8b"
 REFERENCE_ROWS = 8192
-ROTATE_BYTES = 512 * 2**20  # weights one timing cycles through: ten times an H100's 50 MB L2
 REPEATS, WARMUP = 20, 3
 COPY_BYTES = 2 * 2**30
 GEMM_HEADER = ("rows", "GEMM", "shape", "ms", "TFLOP/s", f"TFLOP/s at {REFERENCE_ROWS} rows", "of reference",
@@ -69,8 +67,7 @@ def gemm_ms(rows: int, outputs: int, inputs: int, autotuned: bool = False) -> fl
     if autotuned:
         torch._dynamo.reset()  # one shape per compile: no recompile limit, no earlier shape's choice
         linear = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
-    copies = max(1, math.ceil(ROTATE_BYTES / (outputs * inputs * 2)))
-    weights = [torch.randn(outputs, inputs, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    weights = weight_copies(outputs, inputs)
     x = torch.randn(rows, inputs, device="cuda", dtype=torch.bfloat16)
     turn = itertools.cycle(weights)
     return queued_seconds(lambda: linear(x, next(turn)), REPEATS, WARMUP) * 1e3
@@ -160,18 +157,17 @@ def measure_attention(rows: int, positions: int, settings: list[tuple[int, int, 
     return measured
 
 
-def step_row(rows: int, gemm_rows: list[dict[str, Any]], attention_rows: list[dict[str, Any]], copy: float,
-             layers: int) -> dict[str, Any]:
+def step_row(rows: int, gemm_rows: list[dict[str, Any]], attention_rows: list[dict[str, Any]], layers: int
+             ) -> dict[str, Any]:
     """The step counted from its parts: each GEMM times its calls, attention (one layer's) times the layers."""
     gemm = sum(r["ms"] * r["calls"] for r in gemm_rows)
     floor = sum(r["ms"] * r["of reference"] * r["calls"] for r in gemm_rows)
     timed = [r for r in attention_rows if r["status"] == "OK"]
     own = next((r for r in timed if r["module's"]), None)
     best = min(timed, key=lambda r: r["ms"], default=None)
-    kv_gb = own["K/V GB/s"] * own["ms"] / 1e3 if own else None
     return {"rows": rows, "GEMMs ms": gemm, "GEMMs ms at reference rate": floor,
             "attention ms (module's setting)": own["ms"] * layers if own else None,
-            "attention ms at copy rate": kv_gb / copy * 1e12 * layers if kv_gb is not None else None,
+            "attention ms at copy rate": own["ms"] * own["of copy rate"] * layers if own else None,
             "best setting": best["setting"] if best else None,
             "attention ms (best)": best["ms"] * layers if best else None,
             "sum ms": gemm + own["ms"] * layers if own else None}
@@ -222,7 +218,7 @@ def main() -> int:
         torch.cuda.empty_cache()
         gemm_rows += these_gemms
         attention_rows += these_attention
-        steps.append(step_row(rows, these_gemms, these_attention, copy, PRESETS[PRESET].num_layers))
+        steps.append(step_row(rows, these_gemms, these_attention, PRESETS[PRESET].num_layers))
         markdown = tables(copy, gemm_rows, attention_rows, steps, device)
         write_results(out, markdown, {"device": device, "copy_bytes_per_s": copy, "positions": args.positions,
                                       "gemms": gemm_rows, "attention": attention_rows, "steps": steps})

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import exit_status, markdown_table, write_results  # noqa: E402
+from benchmarks.common import exit_status, markdown_table, weight_copies, write_results  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
 
 REPEATS = 50
-ROTATE_BYTES = 512 * 2**20  # the matrices one graph cycles through: ten times an H100's 50 MB L2
 HEADER = ("preset", "gemv", "shape", "config", "status", "fused µs", "fused GB/s", "cuBLAS µs", "cuBLAS GB/s")
 PASS_HEADER = ("preset", "step", "PDL", "status", "ms per step", "weights GB/s")
 PASS_POSITIONS = 384  # the static engine's cache at batch 1 in chat (docs/BENCHMARKS.md): attended positions
@@ -93,8 +91,8 @@ def measure_form(preset: str, name: str, rows: int, size: int, options: dict[str
     from llm_inference import fused_decode
 
     nbytes = rows * size * 2
-    copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
-    weights = [torch.randn(rows, size, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    weights = weight_copies(rows, size)
+    copies = len(weights)
     x = torch.randn(size, device="cuda", dtype=torch.bfloat16)
     norm = torch.ones(size, device="cuda", dtype=torch.bfloat16) if options.get("norm") else None
     glu = bool(options.get("glu"))

@@ -113,9 +113,10 @@ class Conditions:
         clock = None if clock_hz is None or not weight.sum() else _weighted_median(clock_hz, weight) / 1e6
         share = None if capped is None or not weight.sum() else float(np.average(capped, weights=weight))
         rows = float(np.sum(row_steps))
-        decoding = np.asarray(decode_steps, float) > 0
-        per_step = np.asarray(row_steps, float)[decoding] / np.asarray(decode_steps, float)[decoding]
-        steps = np.asarray(decode_steps, float)[decoding]
+        all_steps = np.asarray(decode_steps, float)
+        decoding = all_steps > 0
+        steps = all_steps[decoding]
+        per_step = np.asarray(row_steps, float)[decoding] / steps
         p5, p95 = ((None, None) if not len(steps) else
                    (_weighted_quantile(per_step, steps, 0.05), _weighted_quantile(per_step, steps, 0.95)))
         return cls(clock, share, _per_step(prefill_tokens, prefill_steps), _per_step(row_steps, decode_steps),

@@ -78,11 +78,12 @@ def main() -> int:
     _run([*llm, "--nproc", "2", "--out-dir", str(out / "llm_dp2"), "--tag", "scaling-dp2"], 450)
     _run([py, str(REPO / "benchmarks" / "resnet50_h100.py"), "--out", str(out / "resnet"), "--only", "compile",
           "ddp2-compile", "--iterations", str(args.resnet_iterations)], 700)
-    rates = [_llm_rate(out / "llm_1gpu"), _llm_rate(out / "llm_dp2"), _resnet_rate(out / "resnet" / "compile"),
-             _resnet_rate(out / "resnet" / "ddp2-compile")]
+    gpt_one, gpt_two = _llm_rate(out / "llm_1gpu"), _llm_rate(out / "llm_dp2")
+    resnet_one, resnet_two = _resnet_rate(out / "resnet" / "compile"), _resnet_rate(out / "resnet" / "ddp2-compile")
+    rates = [gpt_one, gpt_two, resnet_one, resnet_two]
     lines = ["| workload | unit | 1 GPU | 2 GPUs | efficiency | target |", "|---|---|---|---|---|---|",
-             _row("GPT-800M (MBS 8, GBS 64/GPU)", "tokens/s", *rates[:2], TARGET_EFFICIENCY),
-             _row("ResNet-50 compiled (GBS 256/GPU)", "img/s", *rates[2:], None)]
+             _row("GPT-800M (MBS 8, GBS 64/GPU)", "tokens/s", gpt_one, gpt_two, TARGET_EFFICIENCY),
+             _row("ResNet-50 compiled (GBS 256/GPU)", "img/s", resnet_one, resnet_two, None)]
     text = "\n".join(lines)
     (out / "scaling.md").write_text(text + "\n")
     print(text)

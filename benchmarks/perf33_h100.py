@@ -61,7 +61,8 @@ RUNS: dict[str, list[str]] = {
     "gpt-800m": [*JPWR, "{python}", "-m", "llm_training", "train", "--model", "800M"],
 }
 # The best public figure for the same work (issue 33's table), by the record's workload and point.
-ANCHORS = {
+AnchorKey = tuple[str, int] | str  # (preset, batch or slots) of an inference record, else the workload
+ANCHORS: dict[AnchorKey, str] = {
     ("llama-1b", 1): "< 1.0 ms/token (megakernel); SGLang ~1.4; target 1.20",
     ("llama-8b", 1): "weight-read limit 4.8 ms/token; target 6.0",
     ("llama-8b", 256): "ML.ENERGY vLLM 0.0766 J/token at 256",
@@ -86,7 +87,7 @@ def loss_at(record: dict[str, Any]) -> str:
     return ", ".join(f"it {it}: {points[it]:.4f}" for it in LOSS_AT.get(str(workload), ()) if it in points)
 
 
-def figures(record: dict[str, Any]) -> tuple[str, str, Any]:
+def figures(record: dict[str, Any]) -> tuple[tuple[str, str, str], AnchorKey]:
     """(point, headline figure, energy figure) of one record, as text, and the anchor key."""
     m, config = record.get("metrics", {}), record.get("config", {})
     workload = record.get("workload") or record.get("benchmark")
@@ -118,8 +119,8 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [part.format(run=run_dir, python=sys.executable) for part in RUNS[name]]
     command = [sys.executable, *unless_given(argv, args.driver_args), "--out-dir", str(run_dir / "run")]
-    path = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
-    env = first_gpus_env(1, {**os.environ, "PYTHONPATH": path})
+    pythonpath = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
+    env = first_gpus_env(1, {**os.environ, "PYTHONPATH": pythonpath})
     env["CUDA_VISIBLE_DEVICES"] = uuid
     print(f"=== {tree_name} {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()

@@ -28,6 +28,7 @@ A point that fails is a row with its error; the sweep goes on. results.md / resu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -105,7 +106,7 @@ def check_logits(preset: str, seed: int, device_name: str, variants: list[str]) 
         steps: dict[str, Any] = {}
         for variant in variants:
             engine = StaticEngine.from_transformers(model, device, variant)
-            detail = engine.describe()["decode_fused"]
+            detail = engine.fused_detail  # the record's `decode_fused`
             if detail is not None and not detail.startswith("fused"):
                 steps[variant] = f"not run: {detail}"  # the fused variant's kernels cannot run here
                 continue
@@ -166,7 +167,7 @@ def run_child_check(preset: str, args: argparse.Namespace, env: dict[str, str]) 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--check-logits", preset, "--out-dir", args.out_dir,
            "--device", args.device, "--decode-tunings", args.decode_tunings]
     try:
-        code = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.check_timeout_s).returncode
+        code: int | str = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.check_timeout_s).returncode
     except subprocess.TimeoutExpired:
         code = "timeout"
     if out.is_file():
@@ -185,7 +186,7 @@ def max_batch(preset: str, memory_gib: float, seed: int) -> int:
         extent = batches_extent(draw_batches(TASKS[TASK], size, 1, seed))
         return memory.estimate_memory(PRESETS[preset], "bf16", size, *extent, engine).total_gib
 
-    return min(memory.largest_fitting_batch(lambda size, engine=engine: estimate_gib(size, engine), memory_gib)
+    return min(memory.largest_fitting_batch(functools.partial(estimate_gib, engine=engine), memory_gib)
                for engine in memory.ENGINES)
 
 

@@ -92,7 +92,7 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes),
                                 start_new_session=True)
         try:
-            code = proc.wait(timeout=args.timeout)
+            code: int | str = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -48,7 +48,8 @@ def slice_means(run_dir: Path, window: str, slices: int) -> list[str]:
             for name in ("sm_clock_hz", "temperature_c"):
                 rows = [(m.t_ns, m.value) for m in trace.metrics if m.domain_id == domain.id and m.name == name]
                 if rows:
-                    columns[name] = tuple(np.array(v, dtype=float) for v in zip(*rows, strict=True))
+                    times, values = zip(*rows, strict=True)
+                    columns[name] = (np.array(times, dtype=float), np.array(values, dtype=float))
             header = ["slice s", "W (counter)"] + [unit for name, unit, _ in METRICS if name in columns]
             lines.append(f"{source.relative_to(run_dir)} {domain.id}: {window} window in {slices} slices")
             lines.append("  " + " | ".join(header))

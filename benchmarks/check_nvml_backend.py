@@ -52,7 +52,7 @@ def main() -> int:
         for reading in backend.read(disc.sensors):
             statuses[reading.sensor_id][reading.status.value] += 1
             latency[reading.sensor_id].append((reading.t_after_ns - reading.t_before_ns) / 1e6)
-            if reading.status is Status.OK:
+            if reading.status is Status.OK and reading.value is not None:
                 values[reading.sensor_id].append(reading.value)
                 sensor = next(s for s in disc.sensors if s.id == reading.sensor_id)
                 if sensor.signal is Signal.ENERGY_COUNTER and sensor.domain_id in handles:

@@ -17,6 +17,7 @@ import gzip
 import json
 import multiprocessing as mp
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 # The columns of trace.csv.gz, what the fake pynvml (tests/fakes/pynvml) replays; synthetic traces use them too.
@@ -34,7 +35,7 @@ PHASES = [  # (name, seconds, period_s or None for steady, on-fraction)
 ]
 
 
-def load_process(ready: mp.Event, go: mp.Event, marks: mp.Queue) -> None:
+def load_process(ready: Event, go: Event, marks: mp.Queue) -> None:
     import torch
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

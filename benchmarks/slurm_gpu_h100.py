@@ -303,7 +303,8 @@ class Parts:
         jube_run("resnet50", ["pytorch", "wait"], outpath, self.env)
         rows = point_rows("resnet50 (cold compile)", outpath, "resnet50", self.counter, expect_ok)
         for row, workdir in zip(rows, workdirs(outpath), strict=False):
-            warmup = next((w for w in (record_of(workdir) or {}).get("windows") or [] if w["name"] == "warmup"), {})
+            windows = (record_of(workdir) or {}).get("windows") or []
+            warmup: dict[str, Any] = next((w for w in windows if w["name"] == "warmup"), {})
             row["note"] = f"warm-up window (compile) {warmup.get('duration_s')} s; {row.get('note', '')}"
         return rows
 
@@ -325,8 +326,8 @@ class Parts:
                         *shlex.split(settings["JB_TRAIN_ARGS"]), "--energy-methods", "nvml", "--out-dir", str(out_dir)],
                        env=self.env, cwd=REPO, timeout=400)
         jube_side = ((record_of(workdir) or {}).get("requests") or {}).get("energy") or {}
-        record = json.loads((out_dir / "run_record.json").read_text()) if (out_dir / "run_record.json").is_file() \
-            else {"status": "no record"}
+        saved = out_dir / "run_record.json"
+        record: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {"status": "no record"}
         own = (record.get("requests") or {}).get("energy") or {}
         quantiles = {side: request_quantiles(path) for side, path in
                      (("jube", workdir / "run" / "requests.h5"), ("in_process", out_dir / "requests.h5"))}

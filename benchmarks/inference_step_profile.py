@@ -37,7 +37,7 @@ from llm_inference.compact_model import CompactModel  # noqa: E402
 from llm_inference.engine import PAD_TOKEN, StepClock, build_model, make_inputs  # noqa: E402
 from llm_inference.hf_engine import HFEngine  # noqa: E402
 from llm_inference.presets import PRESETS  # noqa: E402
-from llm_inference.static_engine import StaticEngine  # noqa: E402
+from llm_inference.static_engine import DecodeState, StaticEngine  # noqa: E402
 from llm_inference.tasks import TASKS, Batch, draw_batches  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -103,25 +103,28 @@ def hf_variants(new_tokens: int, repeats: int) -> dict[str, Any]:
     return result
 
 
-def compile_whole_step(engine: StaticEngine) -> None:
+class WholeStepCompiled(StaticEngine):
     """Experiment: the whole decode step (embedding, every layer, cache writes, logits) compiled by inductor, one
     specialisation per attended length, each compiled before its capture (dynamo must not compile inside one)."""
-    torch._dynamo.config.cache_size_limit = 64
-    engine.decode_logits = torch.compile(engine.decode_logits, dynamic=False)
-    capture = engine._capture
 
-    def compile_then_capture(state: Any, lengths: set[int]) -> None:
+    def __init__(self, model: CompactModel, device: torch.device) -> None:
+        super().__init__(model, device, compile_decode=False)
+        torch._dynamo.config.cache_size_limit = 64
+        self._whole_step = torch.compile(super().decode_logits, dynamic=False)
+
+    def decode_logits(self, state: DecodeState, length: int) -> torch.Tensor:
+        return self._whole_step(state, length)
+
+    def _capture(self, state: DecodeState, lengths: set[int]) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for length in sorted(lengths):
                 state.cache.clear()
                 state.step.zero_()
-                engine._decode(state, length)
+                self._decode(state, length)
         torch.cuda.current_stream().wait_stream(side)
-        capture(state, lengths)
-
-    engine._capture = compile_then_capture
+        super()._capture(state, lengths)
 
 
 def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -> list[dict[str, Any]]:
@@ -130,10 +133,9 @@ def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -
     shape = PRESETS[preset]
     started = time.monotonic()
     model = CompactModel.from_transformers(build_model(shape, None, "bf16", "sdpa", CUDA, seed=1))
-    engine = StaticEngine(model, CUDA, compile_decode=variant == "static")
+    engine = (WholeStepCompiled(model, CUDA) if variant == "compiled-step"
+              else StaticEngine(model, CUDA, compile_decode=variant == "static"))
     torch.cuda.empty_cache()
-    if variant == "compiled-step":
-        compile_whole_step(engine)
     build_s = time.monotonic() - started
     rows = []
     task = TASKS["chat"]
@@ -155,7 +157,7 @@ def static_speed(preset: str, sizes: list[int], new_tokens: int, variant: str) -
                 engine.sync()
                 wall.append(time.perf_counter() - begun)
             timing = engine.timing()
-            row.update(prompt=batch.padded_length, new_tokens=new_tokens, graphs=len(engine.state.graphs),
+            row.update(prompt=batch.padded_length, new_tokens=new_tokens, graphs=engine.describe()["captured_graphs"],
                        ttft_ms=timing.ttft_s * 1e3, ms_per_token=statistics.median(timing.inter_token_s) * 1e3,
                        output_tokens_per_s=size * new_tokens / min(wall),
                        peak_memory_gib=torch.cuda.max_memory_allocated() / 1024**3,

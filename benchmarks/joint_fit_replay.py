@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ import numpy as np
 from joulebench.card_state import Comparison, Conditions
 from joulebench.joint_energy import JointFit, RateWindow, fit_joint
 from joulebench.record import RECORD_FILE, read_run_record
-from joulebench.record_types import CapTermTrial, ClockTermTrial
+from joulebench.record_types import CapTermTrial, ClockTermTrial, RequestEnergyBlock
 from joulebench.request_energy import COLUMNS, DECODE, PREFILL, PartCheck, RequestEnergyFit, measured_energy
 from joulebench.requests_table import FILE_NAME, REQUEST_COLUMNS, read_requests
 from joulebench.segment_fit import CLOSURE_Z, window_segments
@@ -92,15 +93,16 @@ def _counter(rate_dir: Path) -> Counter:
 class Replay:
     """The driver's blocks of every rate (its own and the joint one) and the sweep they were fitted in."""
 
-    blocks: dict[str, dict[str, Any]]
-    joint: dict[str, dict[str, Any]]
+    blocks: dict[str, RequestEnergyBlock]
+    joint: dict[str, RequestEnergyBlock]
     sweep: Sweep
 
 
 def replay(sweep_dir: Path, card_state: bool = True) -> Replay:
     """Every rate fitted as the driver fits it, in the sweep's order, then the joint blocks; `card_state` False:
     the trace's card state stripped (no clock term can be tried: the model before issue 60)."""
-    sweep, blocks = Sweep(), {}
+    sweep = Sweep()
+    blocks: dict[str, RequestEnergyBlock] = {}
     for directory in rate_dirs(sweep_dir):
         rate, counter = recorded_rate(directory)
         blocks[rate.label] = serving_energy(rate, counter if card_state else counter._replace(state=None), sweep)
@@ -131,7 +133,7 @@ def differences(sweep_dir: Path) -> list[str]:
     return found
 
 
-def _block_differences(where: str, recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+def _block_differences(where: str, recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> list[str]:
     if recorded.get("unavailable_reason") or replayed.get("unavailable_reason"):
         same = recorded.get("unavailable_reason") == replayed.get("unavailable_reason")
         return [] if same else [f"{where}: n/a {recorded.get('unavailable_reason')!r}, replayed "
@@ -186,7 +188,7 @@ def controlled_parts(sweep_dir: Path, records: list[dict[str, Any]]) -> dict[str
             rows.append([energy["coefficients"][c] for c in COLUMNS[columns]])
             predicted.append(check["predicted_j"])
             measured.add((check["measured_j"], check["measured_bound_j"]))
-        amounts = np.linalg.lstsq(np.array(rows), np.array(predicted), rcond=None)[0]
+        amounts: np.ndarray = np.linalg.lstsq(np.array(rows), np.array(predicted), rcond=None)[0]
         misfit = np.abs(np.array(rows) @ amounts - np.array(predicted)).max()
         if misfit > 1e-6 * max(predicted) or len(measured) != 1:
             raise SystemExit(f"the {part} part's recorded checks do not determine its amounts (misfit {misfit:.3g} J)")
@@ -214,7 +216,7 @@ def _prefill_start(segments: Any, end_ns: float, idle_w: float, energy_j: float)
     return (low + high) / 2
 
 
-def controlled_window(window: dict[str, Any]) -> list[str]:
+def controlled_window(window: Mapping[str, Any]) -> list[str]:
     """The stored controlled split as measured (serving_energy.Controlled.describe): per part its length, steps, step
     size, counter energy with its own bound and the card state it ran at."""
     lines = []
@@ -261,12 +263,12 @@ def _verdict(passes: bool, error: float, bound: float | None = None) -> str:
     return f"{'pass' if passes else 'FAIL'} {error:+.1%}" + ("" if bound is None else f" (bound {bound:.1%})")
 
 
-def _halves(block: dict[str, Any]) -> str:
+def _halves(block: Mapping[str, Any]) -> str:
     return ", ".join(_verdict(f["closes"], (f["predicted_j"] - f["measured_j"]) / f["measured_j"],
                               f["bound_j"] / f["measured_j"]) for f in block.get("held_out_halves", []))
 
 
-def _cross(block: dict[str, Any]) -> str:
+def _cross(block: Mapping[str, Any]) -> str:
     rows = block.get("cross_rate") or []
     failed = [f"{c['fitted_at']}->{c['predicted']}" for c in rows if not c["passes"]]
     if len(rows) == 1 and "measured_j" in rows[0]:  # the joint fit's leave-one-rate-out
@@ -276,14 +278,14 @@ def _cross(block: dict[str, Any]) -> str:
     return "—" if not rows else (f"FAIL {', '.join(failed)}" if failed else "pass")
 
 
-def _split(fit: RequestEnergyFit, parts: dict[str, RecoveredPart] | None, block: dict[str, Any]) -> str:
+def _split(fit: RequestEnergyFit, parts: dict[str, RecoveredPart] | None, block: Mapping[str, Any]) -> str:
     checks = split_checks(fit, parts) if parts else [
         PartCheck(c["part"], c["measured_j"], c["measured_bound_j"], c["predicted_j"], c["reason"])
         for c in block["controlled_split"]] if isinstance(block.get("controlled_split"), list) else []
     return " / ".join("n/a" if c.relative_error is None else _verdict(c.passes, c.relative_error) for c in checks)
 
 
-def _term(trial: dict[str, Any]) -> str:
+def _term(trial: ClockTermTrial) -> str:
     if trial["alpha"] is None:
         return f"not fitted ({trial['unadopted_reason']})"
     held = ", ".join(f"{h['rate']} {h['error_without']:+.1%}->{h['error_with']:+.1%}" for h in trial["held_out_rates"])
@@ -292,7 +294,7 @@ def _term(trial: dict[str, Any]) -> str:
             f"(without->with): {held or 'none'}")
 
 
-def _cap(trial: dict[str, Any]) -> str:
+def _cap(trial: CapTermTrial) -> str:
     """The power-cap term: its capped powers, adoption, held-out rates and the checks that fail without and with."""
     if trial["capped_power_w"] is None:
         return f"not fitted ({trial['unadopted_reason']})"
@@ -342,18 +344,18 @@ def comparison(before: Replay, after: Replay, joints: tuple[JointFit, JointFit],
                          f"{_cross(block)} | {_term(block['clock_term']) if term else '—'} | "
                          f"{_cap(block['cap_term']) if term else '—'} |")
         for name, replayed, joint in (("joint", before, joints[0]), ("joint + term", after, joints[1])):
-            block = replayed.joint.get(label)
-            if block is None or "coefficients" not in block:
+            joint_block = replayed.joint.get(label)
+            if joint_block is None or "coefficients" not in joint_block:
                 continue
             term = name.endswith("term")
-            lines.append(f"| {label} | {name} | {_state(block)} | {_halves(block)} | "
-                         f"{_split(joint.per_rate[label], parts, block)} | {_cross(block)} | "
-                         f"{_term(block['clock_term']) if term else '—'} | "
-                         f"{_cap(block['cap_term']) if term else '—'} |")
+            lines.append(f"| {label} | {name} | {_state(joint_block)} | {_halves(joint_block)} | "
+                         f"{_split(joint.per_rate[label], parts, joint_block)} | {_cross(joint_block)} | "
+                         f"{_term(joint_block['clock_term']) if term else '—'} | "
+                         f"{_cap(joint_block['cap_term']) if term else '—'} |")
     return "\n".join(lines)
 
 
-def _state(block: dict[str, Any]) -> str:
+def _state(block: Mapping[str, Any]) -> str:
     c = block.get("fitted_conditions") or {}
     if c.get("sm_clock_mhz") is None:
         return "n/a"

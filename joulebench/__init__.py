@@ -58,6 +58,7 @@ API: dict[str, dict[str, str]] = {
         "CompileCache": "the checked caches a run activates and reports in its record",
         "compile_seconds": "the record's compile_s: the warm-up window of a run that compiles",
         "FirstStepCompile": "the record's split of the first step by torch's own compile timers",
+        "frame_compiles": "dynamo's compiles so far: counted after a set-up, it shows whether a window compiled",
     },
     "joulebench.progress": {"Heartbeat": "a line now and then while a long driver phase runs"},
     "joulebench.waits": {

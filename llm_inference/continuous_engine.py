@@ -93,9 +93,10 @@ class ContinuousEngine(CompactForward):
     name = "continuous"
 
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
-                 tuning: str = "auto") -> None:
+                 tuning: str = "auto", compile_prefill: bool | None = None) -> None:
         # "auto" runs the default variant: choosing per row bucket would compile every bucket once per variant
-        super().__init__(model, device, compile_decode, dynamic=False, tuning="default" if tuning == "auto" else tuning)
+        super().__init__(model, device, compile_decode, dynamic=False, tuning="default" if tuning == "auto" else tuning,
+                         compile_prefill=compile_prefill)
         self.state: RowState | None = None
         self.announce: Callable[[tuple[str, tuple[Any, ...]] | None], object] | None = None  # rank 0 of a split model
 
@@ -123,7 +124,8 @@ class ContinuousEngine(CompactForward):
                 "row_buckets": None if state is None else list(row_buckets(state.rows)),
                 "captured_graphs": None if state is None else len(state.graphs),
                 "compile_s": None if state is None or not self.capture else round(state.compile_s, 3),
-                "capture_s": None if state is None or not self.capture else round(state.capture_s, 3)}
+                "capture_s": None if state is None or not self.capture else round(state.capture_s, 3),
+                **self.prefill_detail()}
 
     # ---- set-up, outside every window -------------------------------------------------------------------
     def setup_plan(self, rows: int, sequence: int) -> str:
@@ -152,6 +154,7 @@ class ContinuousEngine(CompactForward):
             pool=torch.cuda.graph_pool_handle() if self.capture else None)
         if self.capture:
             self._capture_all(state)
+        self.finish_setup()
         self.sync()
         return time.monotonic() - started
 

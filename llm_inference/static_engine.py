@@ -38,7 +38,8 @@ from typing import Any, Self
 import torch
 import torch.nn.functional as F
 
-from llm_inference import memory
+from joulebench.compile_cache import frame_compiles
+from llm_inference import memory, prefill_pieces
 from llm_inference.compact_model import CompactModel
 from llm_inference.decode_attention import (
     additive_mask,
@@ -60,6 +61,7 @@ from llm_inference.decode_choice import (
 )
 from llm_inference.engine import StepClock, Timing
 from llm_inference.kv_cache import KVCache
+from llm_inference.prefill_pieces import PrefillPieces
 from llm_inference.tasks import Batch
 
 TUNING_REPLAYS = 20  # replays timed per variant (a step of llama-8b at batch 512 takes ~15 ms: 0.3 s per variant)
@@ -121,11 +123,14 @@ class CompactForward:
     prefill of some rows into a cache and the decode pass over a cache (each engine keeps its own state)."""
 
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
-                 dynamic: bool | None = None, tuning: str = "auto") -> None:
+                 dynamic: bool | None = None, tuning: str = "auto", compile_prefill: bool | None = None) -> None:
         self.model = model
         self.device = device
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
+        self.prefill_pieces = PrefillPieces.build(
+            self.capture and prefill_pieces.COMPILED if compile_prefill is None else compile_prefill)
+        self.setup_compiles: int | None = None  # dynamo's frame compiles at the end of the last set-up
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
         tunings = dict(DECODE_TUNINGS) if tuning == "auto" else {tuning: DECODE_TUNINGS[tuning]}
         self.fused_variants, self.fused_detail = self._fused(tuning, tunings)
@@ -172,6 +177,15 @@ class CompactForward:
         return {"tensor_parallel": 1 if model.tp is None else model.tp.size, "rank_heads": model.heads,
                 "rank_kv_heads": model.kv_heads, "decode_fused": self.fused_detail}
 
+    def prefill_detail(self) -> dict[str, object]:
+        return prefill_pieces.detail(self.prefill_pieces, self.setup_compiles)
+
+    def finish_setup(self) -> None:
+        """The end of a set-up: the prefill's pieces compiled for every case (once per engine), then dynamo's compile
+        count noted, which the engine detail's `compiles_after_setup` counts from."""
+        self.prefill_pieces.warm(self.model)
+        self.setup_compiles = frame_compiles()
+
     @classmethod
     def from_transformers(cls, model: torch.nn.Module, device: torch.device, tuning: str = "auto") -> Self:
         """The engine on a transformers model's weights (fused copies where the compact code fuses them); tuning:
@@ -199,14 +213,15 @@ class CompactForward:
         visible = causal[None] & ((columns[None, None, :] >= start[:, None, None]) | own[None])
         mask = additive_mask(visible, model.embed.dtype)[:, None]  # once per pass, not per layer
         x = model.embed_tokens(ids, positions)
+        pieces = self.prefill_pieces
         for index, layer in enumerate(model.layers):
-            q, kv = model.attention_inputs(layer, x, rope)
+            q, kv = pieces.attention_inputs(model, layer, x, rope)
             cache.write_prompt(index, rows, offset, kv)
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(model.groups, dim=1), v.repeat_interleave(model.groups, dim=1),
                 attn_mask=mask)
-            x = model.attention_output_and_mlp(layer, x, attention.transpose(1, 2).reshape(count, width, -1))
+            x = pieces.attention_output_and_mlp(model, layer, x, attention.transpose(1, 2).reshape(count, width, -1))
         return model.logits(x[:, -1] if last is None else x[torch.arange(count, device=x.device), last])
 
     def _decode_pass(self, cache: KVCache, tokens: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
@@ -309,8 +324,8 @@ class StaticEngine(CompactForward):
     name = "static"
 
     def __init__(self, model: CompactModel, device: torch.device, compile_decode: bool | None = None,
-                 tuning: str = "auto") -> None:
-        super().__init__(model, device, compile_decode, tuning=tuning)
+                 tuning: str = "auto", compile_prefill: bool | None = None) -> None:
+        super().__init__(model, device, compile_decode, tuning=tuning, compile_prefill=compile_prefill)
         self.state: DecodeState | None = None
 
     def describe(self) -> dict[str, object]:
@@ -326,7 +341,7 @@ class StaticEngine(CompactForward):
                 "position_bucket": memory.POSITION_BUCKET,
                 "cache_positions": None if state is None else state.cache_positions,
                 "captured_graphs": None if state is None else len(state.graphs),
-                "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
+                "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS, **self.prefill_detail()}
 
     # ---- shapes -----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -336,6 +351,7 @@ class StaticEngine(CompactForward):
         lengths = set().union(*(decode_lengths(b.padded_length, b.output_length) for b in batches))
         self._ensure(batches[0].size, max(b.padded_length + b.output_length for b in batches),
                      max(b.output_length for b in batches), lengths)
+        self.finish_setup()
         self.sync()
         return time.monotonic() - started
 

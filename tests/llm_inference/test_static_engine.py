@@ -12,10 +12,12 @@ import random
 import pytest
 import torch
 
+from joulebench.compile_cache import frame_compiles
 from llm_inference import memory
 from llm_inference.compact_model import CompactModel
 from llm_inference.engine import build_model, make_inputs
 from llm_inference.hf_engine import HFEngine
+from llm_inference.prefill_pieces import WARM_SHAPES
 from llm_inference.presets import PRESETS
 from llm_inference.static_engine import StaticEngine, attended_length, decode_lengths
 from llm_inference.tasks import TASKS, Batch, draw_batches
@@ -93,7 +95,8 @@ def test_cache_graphs_and_counters_have_the_batch_shapes():
                                  "decode_tuning_basis": None,  # nothing chosen on the CPU: n/a
                                  "position_bucket": memory.POSITION_BUCKET,
                                  "cache_positions": positions, "captured_graphs": 0,
-                                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS}
+                                 "prefill_chunk_tokens": memory.PREFILL_CHUNK_TOKENS, "compiled_prefill": False,
+                                 "prefill_compile_s": None, "compiles_after_setup": 0}
     # Attended lengths: the filled positions rounded up to the bucket, never the whole cache.
     assert decode_lengths(11, 9) == {64} and decode_lengths(60, 10) == {64, 128} and decode_lengths(8, 1) == set()
     assert [attended_length(n) for n in (1, 64, 65)] == [64, 64, 128]
@@ -197,3 +200,26 @@ def test_the_compiled_decode_pieces_give_the_eager_tokens():
         results.append(engine.generate(inputs, batch.output_length))
         assert engine.describe()["compiled_decode"] is compiled
     assert torch.equal(*results)
+
+
+def test_the_compiled_prefill_gives_the_eager_tokens_and_compiles_only_in_the_set_up():
+    """The prefill's pieces compiled with dynamic rows and width (llm_inference/prefill_pieces.py): the set-up compiles
+    every case, so prompt groups of other rows and widths than the set-up's, 1 included, compile nothing later, and
+    their tokens equal the eager prefill's (CPU, fp32)."""
+    shape = PRESETS["tiny"]
+    batches = [Batch((5, 11, 8), 6), Batch((7,), 4), Batch((1,), 3), Batch((1, 1), 3)]  # groups of 3×11, 1×7, 1×1, 2×1
+    results = {}
+    torch._dynamo.reset()  # no compiled code of an earlier test reused: the set-up's compiles are counted below
+    for compiled in (False, True):
+        model = CompactModel.from_transformers(build_model(shape, None, "fp32", "sdpa", CPU, 7))
+        engine = StaticEngine(model, CPU, compile_prefill=compiled)
+        before = frame_compiles()
+        engine.prepare(batches[:1])
+        assert frame_compiles() - before == (2 * len(WARM_SHAPES) if compiled else 0)  # each piece, each case
+        results[compiled] = [engine.generate(make_inputs(batch, shape.vocab_size, seed=3, device=CPU),
+                                             batch.output_length) for batch in batches]
+        detail = engine.describe()
+        assert detail["compiled_prefill"] is compiled and detail["compiles_after_setup"] == 0
+        assert (detail["prefill_compile_s"] is not None) is compiled
+    for eager, compiled_tokens in zip(results[False], results[True], strict=True):
+        assert torch.equal(eager, compiled_tokens)

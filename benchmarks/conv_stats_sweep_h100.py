@@ -50,6 +50,13 @@ EPS = 1e-5
 CUDNN, CUDNN_STATS, MODULE_OP = "cuDNN conv", "cuDNN conv + batch_norm_stats", "module op (launch_config, finalize)"
 
 
+def setting_label(setting: tuple[int, int, int, int, int, int, bool]) -> str:
+    """A SETTINGS entry's name in the tables, BLOCK_MxBLOCK_NxBLOCK_K, warps, stages, tiles per program (or the
+    module's count), flat: the setting as asked, before a shape clamps its tile widths (`conv_stats.tile_width`)."""
+    block_m, block_n, block_k, warps, stages, tiles, flatten = setting
+    return f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}{' flat' if flatten else ''}"
+
+
 def _verdict(output_diff: float, stats_diff: float) -> str:
     """OK within both tolerances (a NaN, from a buffer the kernel left unwritten, is not)."""
     if output_diff <= OUTPUT_MATCH and stats_diff <= STATS_MATCH:
@@ -107,13 +114,13 @@ def sweep_shape(shape: ConvShape) -> list[dict[str, Any]]:
     results.append(checked(
         MODULE_OP, lambda: module_op.append(torch.ops.joulebench.conv1x1_batch_norm_stats(x, weight, stride, EPS)),
         lambda: (module_op[0][0], module_op[0][1], module_op[0][3])))
-    for block_m, block_n, block_k, warps, stages, tiles, flatten in SETTINGS:
+    for setting in SETTINGS:
+        block_m, block_n, block_k, warps, stages, tiles, flatten = setting
+        label = setting_label(setting)  # as asked: the shape's clamped tiles would make two settings one label
         block_n, block_k = conv_stats.tile_width(block_n, cout), conv_stats.tile_width(block_k, cin)
         channel_blocks = triton.cdiv(cout, block_n)
         per_slice = tiles * block_m if tiles else slices(rows, channel_blocks, block_m)[1]
         slice_count = triton.cdiv(rows, per_slice)
-        label = (f"{block_m}x{block_n}x{block_k} w{warps} s{stages} t{tiles or 'module'}"
-                 f"{' flat' if flatten else ''}")
         y = torch.full((BATCH, cout, out_side, out_side), float("nan"), device="cuda", dtype=torch.bfloat16
                        ).to(memory_format=torch.channels_last)
         partial = torch.full((slice_count, 2, cout), float("nan"), device="cuda", dtype=torch.float32)

@@ -114,13 +114,13 @@ AUTOTUNE = (BENCHMARK_ALL, COORDESC, "CachingAutotuner.combo_sequential_autotune
 TIMED = (FRAME, BACKEND, BACKWARD, INDUCTOR, CACHE_LOAD, *AUTOTUNE)
 
 
-
 def frame_compiles() -> int:
     """Frames dynamo compiled in this process so far (every compile, any caller's): read at the end of a set-up and
     again later, the difference says whether anything compiled inside a window."""
     from torch._dynamo.utils import compilation_time_metrics
 
     return len(compilation_time_metrics.get(FRAME, []))
+
 
 class CompilePhases(TypedDict):
     """The record's `metrics.compile_phases_s`: the first step's seconds by what torch timed (docs/run-record.md);

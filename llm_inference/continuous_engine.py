@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from llm_inference import memory
+from llm_inference import memory, prefill_pieces
 from llm_inference.compact_model import CompactModel
 from llm_inference.engine import SHAPE_FREE_ATTENTION
 from llm_inference.kv_cache import KVCache
@@ -133,8 +133,10 @@ class ContinuousEngine(CompactForward):
         if not self.capture:
             return f"a cache of {rows} rows × {memory.cache_positions(sequence)} positions"
         buckets, lengths = len(row_buckets(rows)), len(captured_lengths(memory.cache_positions(sequence)))
+        prefill = (f", the prefill's pieces compiled ({len(prefill_pieces.WARM_SHAPES)} shape cases)"
+                   if self.prefill_pieces.compiled else "")
         return (f"{buckets} row buckets compiled, {buckets} × {lengths} attended lengths = {buckets * lengths} CUDA "
-                "graphs captured (a warm --compile-cache shortens the compiles)")
+                f"graphs captured{prefill} (a warm --compile-cache shortens the compiles)")
 
     @torch.inference_mode()
     def prepare(self, rows: int, sequence: int) -> float:

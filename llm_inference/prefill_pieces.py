@@ -1,13 +1,14 @@
 """The prefill's layer pieces, compiled by inductor with the prompt group's rows and width as dynamic dimensions.
 
 Why (issue 59): the decode step's pieces were compiled, the prefill's were not. In llama-8b chat at batch 512 on an H100
-the prefill takes 3.3 s of each 9.3 s batch and its eager element-wise kernels (the RMS norms, RoPE's multiply, roll
-and multiply-add, the K/V concatenation, SiLU·up, the residual adds) ≈ 0.7 s of that (benchmarks/kernel_profile.py,
+the prefill takes 3.3 s of each 9.3 s batch and its eager element-wise kernels (the RMS norms, RoPE's multiplies, roll
+and multiply-add, SiLU and its product with up, the residual adds) ≈ 0.7 s of that (benchmarks/kernel_profile.py,
 2026-12-07, docs/perf-notes.md): inductor fuses them as it fuses the decode step's.
 
 Prompt groups come in every shape (rows × width), so each piece compiles once with both dimensions dynamic. torch
 specialises a dimension of size 1, so the set-up (`warm`) compiles the four cases, rows and width each 1 or more,
-before any window; the engine detail's `compiles_after_setup` counts every compile after the set-up (0 expected).
+before any window (an engine used without a set-up, as the logits checks use one, warms at its first prefill); the
+engine detail's `compiles_after_setup` counts every compile after the set-up (0 expected).
 The pieces are functions of their own rather than the model's methods: dynamo keeps compiled code per function, so
 the prefill's few dynamic entries never share a cache with the decode variants' per-shape ones.
 
@@ -28,6 +29,8 @@ from llm_inference.compact_model import CompactModel, Layer
 
 COMPILED = False  # on CUDA, compile the prefill's pieces (engines' default; `compile_prefill` overrides it)
 WARM_SHAPES = ((2, 3), (1, 3), (2, 1), (1, 1))  # (rows, width): every case of torch's size-1 specialisation
+BACKEND = "inductor"  # torch.compile's backend (the CPU test of the shape cases takes "aot_eager": dynamo's same
+                      # graphs and guards without inductor's minutes of C++ compiles on two cores)
 Rope = tuple[torch.Tensor, torch.Tensor] | None
 
 
@@ -57,7 +60,8 @@ class PrefillPieces:
     def build(cls, compiled: bool) -> PrefillPieces:
         if not compiled:
             return cls(attention_inputs, attention_output_and_mlp, False)
-        return cls(torch.compile(attention_inputs), torch.compile(attention_output_and_mlp), True)
+        return cls(torch.compile(attention_inputs, backend=BACKEND),
+                   torch.compile(attention_output_and_mlp, backend=BACKEND), True)
 
     def warm(self, model: CompactModel) -> None:
         """Compile every case of WARM_SHAPES once (set-up, outside every window), on zeros through the first layer."""
@@ -66,9 +70,11 @@ class PrefillPieces:
         started = time.monotonic()
         layer, dtype, device = model.layers[0], model.embed.dtype, model.embed.device
         for rows, width in WARM_SHAPES:
-            x, attention, cos, sin = (torch.zeros(rows, width, size, dtype=dtype, device=device) for size in (
-                model.embed.shape[1], model.heads * model.head_dim, model.head_dim, model.head_dim))
-            rope = None if model.inv_freq is None else (cos, sin)
+            def zeros(size: int, rows: int = rows, width: int = width) -> torch.Tensor:
+                return torch.zeros(rows, width, size, dtype=dtype, device=device)
+
+            x, attention = zeros(model.embed.shape[1]), zeros(model.heads * model.head_dim)
+            rope = None if model.inv_freq is None else (zeros(model.head_dim), zeros(model.head_dim))
             for tensor in (x, attention, *(rope or ())):
                 _dynamic_rows_and_width(tensor)
             self.attention_inputs(model, layer, x, rope)

@@ -61,7 +61,6 @@ from llm_inference.decode_choice import (
 )
 from llm_inference.engine import StepClock, Timing
 from llm_inference.kv_cache import KVCache
-from llm_inference.prefill_pieces import PrefillPieces
 from llm_inference.tasks import Batch
 
 TUNING_REPLAYS = 20  # replays timed per variant (a step of llama-8b at batch 512 takes ~15 ms: 0.3 s per variant)
@@ -128,7 +127,7 @@ class CompactForward:
         self.device = device
         self.capture = device.type == "cuda"
         self.compile_decode = self.capture if compile_decode is None else compile_decode
-        self.prefill_pieces = PrefillPieces.build(
+        self.prefill_pieces = prefill_pieces.PrefillPieces.build(
             self.capture and prefill_pieces.COMPILED if compile_prefill is None else compile_prefill)
         self.setup_compiles: int | None = None  # dynamo's frame compiles at the end of the last set-up
         pieces = (model.step_inputs, model.attention_inputs, model.attention_output_and_mlp, model.logits)
@@ -178,6 +177,8 @@ class CompactForward:
                 "rank_kv_heads": model.kv_heads, "decode_fused": self.fused_detail}
 
     def prefill_detail(self) -> dict[str, object]:
+        """The engine detail's prefill entries (llm_inference/prefill_pieces.py): compiled or not, compile seconds,
+        compiles since the last set-up."""
         return prefill_pieces.detail(self.prefill_pieces, self.setup_compiles)
 
     def finish_setup(self) -> None:
@@ -203,6 +204,7 @@ class CompactForward:
         their K/V into the cache; the logits at position `last` of each row (default: the last column). `ids`
         and `start` count from cache position `offset`."""
         model = self.model
+        self.prefill_pieces.warm(model)  # a no-op after the set-up's; an engine used without one warms here
         count, width = ids.shape
         columns = position_index[:width]
         positions = (columns[None, :] - start[:, None]).clamp(min=0)

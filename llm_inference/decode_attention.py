@@ -103,8 +103,9 @@ def split_decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     partial = torch.empty((rows * kv_heads, pieces, block_groups, head_dim), dtype=torch.float32, device=query.device)
     maxima = torch.empty((rows * kv_heads, pieces, block_groups), dtype=torch.float32, device=query.device)
     sums = torch.empty_like(maxima)
-    query = query.contiguous()  # the kernels read and write the head dim with unit stride
-    out = torch.empty_like(query)
+    if query.stride(-1) != 1:  # the kernels read the head dim with unit stride; rows, heads and groups by their strides
+        query = query.contiguous()  # (the engines' Q, a slice of each row's Q/K/V, is read in place: no copy per layer)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     _pieces_kernel[(rows * kv_heads, pieces)](
         query, keys, values, last if first is None else first, last, partial, maxima, sums,
         *query.stride()[:3], *keys.stride()[:3], *values.stride()[:3], last.stride(0) if last.shape[0] > 1 else 0,

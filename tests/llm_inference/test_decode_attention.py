@@ -4,7 +4,8 @@ The Triton kernels run here in Triton's interpreter (TRITON_INTERPRET=1, CPU ten
 products), in a child process because the interpreter is chosen when Triton is imported. What is checked: rows
 with left padding (first > 0) and without (first None), one `last` for all rows and one per row, lengths that
 are not multiples of the piece size, pieces that are wholly padding or wholly beyond `last` (empty pieces),
-grouped-query heads and head sizes 16/64/128, a permuted (non-contiguous) query, a `last` past the attended
+grouped-query heads and head sizes 16/64/128, a permuted (non-contiguous) query, the engines' query (a slice of
+each row's Q/K/V, read in place), one whose head dim is not unit-strided, a `last` past the attended
 length, and a row with nothing visible (zeros, not NaN). On a GPU, benchmarks/inference_engine_h100.py checks the
 engine's bf16 logits against fp32 weights.
 """
@@ -50,6 +51,18 @@ CHILD = textwrap.dedent("""
     cache = torch.randn(2, 2, 3, 96, 16)
     got = split_decode_attention(q, cache[0], cache[1], None, torch.tensor([40, 95]), 64, 4)
     want = sdpa_decode_attention(q, cache[0], cache[1], None, torch.tensor([40, 63]), 64)
+    worst = max(worst, (got - want).abs().max().item())
+    # the engines' layout: Q a slice of each row's Q/K/V (rows, Q+K+V heads, head dim), read in place; and a query
+    # whose head dim is not unit-strided (copied first)
+    qkv = torch.randn(3, 2 * 4 + 2 * 2, 16)
+    q = qkv[:, :8].view(3, 2, 4, 16)
+    cache = torch.randn(2, 3, 2, 80, 16)
+    got = split_decode_attention(q, cache[0], cache[1], None, torch.tensor([70]), 64, 4)
+    want = sdpa_decode_attention(q, cache[0], cache[1], None, torch.tensor([63]), 64)
+    worst = max(worst, (got - want).abs().max().item())
+    q = torch.randn(3, 2, 16, 4).transpose(2, 3)
+    got = split_decode_attention(q, cache[0], cache[1], None, torch.tensor([50]), 64, 4)
+    want = sdpa_decode_attention(q, cache[0], cache[1], None, torch.tensor([50]), 64)
     worst = max(worst, (got - want).abs().max().item())
     print(f"WORST {worst:.3e}")
     # a row with nothing visible (first after last): zeros, never NaN

@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
-from benchmarks.common import CounterPoller, markdown_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.common import CounterPoller, markdown_table, write_results  # noqa: E402 (needs REPO on sys.path)
 
 CASES = {  # profile overrides per case; single also hides GPU 1 from the job
     "single": {"JOULEBENCH_NODES": "1"},
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = {"case": case, "error": f"{type(exc).__name__}: {exc}", "checks": {"ran": False}}
             results.append(result)
             print("TWO_NODE " + json.dumps(result), flush=True)
+            write_results(Path(args.out), table(results), results)  # each case kept as it ends
     by_case = {r["case"]: r for r in results}
     single, dp2 = by_case.get("single", {}), by_case.get("dp2", {})
     if single.get("tokens_per_s_per_device") and dp2.get("tokens_per_s_per_device"):
@@ -123,11 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         dp2["checks"]["scaling_per_gpu"] = dp2["scaling_vs_single"] >= args.scaling
     for r in results:
         r["ok"] = all(r["checks"].values())
-    print(markdown_table(results, ["case", "gpus", "nodes", "status", "steady_s", "tokens_per_s_per_device",
-                                   "scaling_vs_single", "record_energy_j", "record_bound_j", "combine_energy_j",
-                                   "independent_j", "deviation", "ok"]))
-    Path(args.out, "results.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+    write_results(Path(args.out), table(results), results)
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    return markdown_table(results, ["case", "gpus", "nodes", "status", "steady_s", "tokens_per_s_per_device",
+                                    "scaling_vs_single", "record_energy_j", "record_bound_j", "combine_energy_j",
+                                    "independent_j", "deviation", "ok"])
 
 
 if __name__ == "__main__":

@@ -202,14 +202,15 @@ def test_the_compiled_decode_pieces_give_the_eager_tokens():
     assert torch.equal(*results)
 
 
-def test_the_compiled_prefill_gives_the_eager_tokens_and_compiles_only_in_the_set_up(monkeypatch):
+@pytest.mark.parametrize("name", list(CASES))  # Llama (RoPE) and GPT-2 (none)
+def test_the_compiled_prefill_gives_the_eager_tokens_and_compiles_only_in_the_set_up(monkeypatch, name):
     """The prefill's pieces compiled with dynamic rows and width (llm_inference/prefill_pieces.py): the set-up compiles
     every case, so prompt groups of other rows and widths than the set-up's, 1 included, compile nothing later, and
     their tokens equal the eager prefill's (CPU, fp32). Dynamo's graphs and guards decide what recompiles, whatever
     the backend: the test takes "aot_eager" (seconds, not inductor's C++ compiles); inductor's kernels are checked on
     a GPU by benchmarks/inference_engine_h100.py's logits check."""
     monkeypatch.setattr(prefill_pieces, "BACKEND", "aot_eager")
-    shape = PRESETS["tiny"]
+    shape = PRESETS[name]
     batches = [Batch((5, 11, 8), 6), Batch((7,), 4), Batch((1,), 3), Batch((1, 1), 3)]  # groups of 3×11, 1×7, 1×1, 2×1
     results = {}
     torch._dynamo.reset()  # no compiled code of an earlier test reused: the set-up's compiles are counted below

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         dp2["checks"]["scaling_per_gpu"] = dp2["scaling_vs_single"] >= args.scaling
     for r in results:
         r["ok"] = all(r["checks"].values())
-    print(table(results))
-    write_results(Path(args.out), table(results), results)
+    text = table(results)
+    print(text)
+    write_results(Path(args.out), text, results)
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -127,13 +127,13 @@ def differences(sweep_dir: Path) -> list[str]:
     found = []
     for label, record in records.items():
         energy = record["requests"]["energy"]
-        found += _block_differences(f"rate {label}", energy, replayed.blocks[label])
+        found += block_differences(f"rate {label}", energy, replayed.blocks[label])
         if "joint" in energy:
-            found += _block_differences(f"rate {label} joint", energy["joint"], replayed.joint.get(label, {}))
+            found += block_differences(f"rate {label} joint", energy["joint"], replayed.joint.get(label, {}))
     return found
 
 
-def _block_differences(where: str, recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> list[str]:
+def block_differences(where: str, recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> list[str]:
     if recorded.get("unavailable_reason") or replayed.get("unavailable_reason"):
         same = recorded.get("unavailable_reason") == replayed.get("unavailable_reason")
         return [] if same else [f"{where}: n/a {recorded.get('unavailable_reason')!r}, replayed "

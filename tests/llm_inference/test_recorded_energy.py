@@ -147,3 +147,22 @@ def test_a_serving_row_not_fitted_after_the_job_says_why(in_process: Path, tmp_p
                                after_job=True)
     assert record.requests["energy"] == {"unavailable_reason": NO_TRACE}
     assert any(w.startswith(f"per-request energy not fitted after the job: {why}") for w in record.warnings)
+
+
+def test_the_fit_after_a_jube_job_gets_the_h100_sweeps_coefficients_from_its_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 60: a JUBE serving row uses the driver's model. The first rate of the H100 sweep (it holds the
+    controlled split's steps), left as a job's driver leaves it, fitted after the job: the same coefficients (to the
+    replay's 1e-9: the GPU machine's BLAS differs in the last bits), checks and per-request figures as its record."""
+    from benchmarks.joint_fit_replay import block_differences
+    from tests.test_h100_sweep_replay import SWEEP
+
+    run = as_a_jube_job_leaves_it(SWEEP / "rate_4", tmp_path / "run")
+    assert main(["request-energy", "--run", str(run)]) == 0
+    own, replayed = (json.loads((d / RECORD_FILE).read_text())["requests"]["energy"] for d in (SWEEP / "rate_4", run))
+    p50, p90 = own["energy_per_request_j"]["p50"], own["energy_per_request_j"]["p90"]
+    assert f"rate 4: J/request p50 {p50:.4g}, p90 {p90:.4g}" in capsys.readouterr().out
+    assert block_differences("rate 4", own, replayed) == []
+    assert replayed["checks_failed"] == own["checks_failed"] and "joint" not in replayed  # one job: one rate
+    for key in ("energy_per_request_j", "shares"):
+        assert replayed[key] == pytest.approx(own[key], rel=1e-9)

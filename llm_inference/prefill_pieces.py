@@ -12,7 +12,9 @@ engine detail's `compiles_after_setup` counts every compile after the set-up (0 
 The pieces are functions of their own rather than the model's methods: dynamo keeps compiled code per function, so
 the prefill's few dynamic entries never share a cache with the decode variants' per-shape ones.
 
-Off by default (`COMPILED`) until an H100 run shows the prefill faster with it, as fused_decode.PDL was kept off.
+On by default on CUDA since one H100 measured it (2026-12-07, docs/perf-notes.md "Issue 59, fourth lever"): llama-8b
+chat at batch 512 0.0470 -> 0.0454 J per output token, serving at 256 slots 0.0559 -> 0.0541, the logits check passes,
+no compile after the set-up.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from joulebench.compile_cache import frame_compiles
 from llm_inference.compact_model import CompactModel, Layer
 
-COMPILED = False  # on CUDA, compile the prefill's pieces (engines' default; `compile_prefill` overrides it)
+COMPILED = True  # on CUDA, compile the prefill's pieces (engines' default; `compile_prefill` overrides it)
 WARM_SHAPES = ((2, 3), (1, 3), (2, 1), (1, 1))  # (rows, width): every case of torch's size-1 specialisation
 BACKEND = "inductor"  # torch.compile's backend (the CPU test of the shape cases takes "aot_eager": dynamo's same
                       # graphs and guards without inductor's minutes of C++ compiles on two cores)

@@ -44,6 +44,8 @@ README_RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-
 JPWR = ["-m", "jpwr", "--methods", "nvml", "--out", "{run}/jpwr", "--"]
 RUNS: dict[str, list[str]] = {
     "llama-1b-bs1": [*INFERENCE, "--preset", "llama-1b", "--batch-sizes", "1"],
+    "llama-8b-bs1": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1"],  # the default decode tuning (`auto`)
+    "llama-8b-8-64": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "8,64"],
     "llama-8b": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "1,256"],
     "llama-8b-512": [*INFERENCE, "--preset", "llama-8b", "--batch-sizes", "512"],
     # batch 1 with each decode variant pinned: speed against power (a variant newer than the baseline: NAME@branch)

@@ -103,8 +103,7 @@ def client_work_log(streams: Sequence[ClientStream]) -> WorkLog:
     share = np.where(length > 0, overlap / np.where(length > 0, length, 1), 1.0 / counts[piece])
     # one member per (cell, request): a request's two intervals meeting in a cell add up
     requests = pieces[piece, 0].astype(np.int64)
-    keys, member = np.unique(np.column_stack([cells, requests]), axis=0, return_inverse=True)
-    member = member.reshape(-1)
+    keys, member = _cell_request_members(cells, requests)
 
     def per_member(values: np.ndarray) -> np.ndarray:
         return np.bincount(member, weights=values * share, minlength=len(keys))
@@ -124,6 +123,16 @@ def client_work_log(streams: Sequence[ClientStream]) -> WorkLog:
     t1 = np.round(origin + (step_cells + 1) * cell).astype(np.int64)
     return WorkLog(t0, t1, per_step(m_prefill), per_step(m_pass, np.maximum), per_step(m_rows, np.maximum),
                    per_step(m_rows), per_step(m_kv), offsets, keys[:, 1], m_prefill, m_rows, m_kv)
+
+
+def _cell_request_members(cells: np.ndarray, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (cell, request) pairs, sorted by cell then request, and each piece's index among them. One int64
+    key per pair (cell * span + request - lowest): a one-dimensional unique, where `np.unique(axis=0)` on the pairs
+    sorted millions of rows as raw bytes (half of a sweep's replay time)."""
+    low = int(requests.min())
+    span = int(requests.max()) - low + 1
+    keys, member = np.unique(cells * span + (requests - low), return_inverse=True)
+    return np.column_stack([keys // span, keys % span + low]), member.reshape(-1)
 
 
 def engine_streams(log: WorkLog, arrival_ns: dict[int, int], input_tokens: dict[int, int]) -> list[ClientStream]:

@@ -176,7 +176,11 @@ def test_slurm_the_job_log_the_record_and_the_table_agree_in_every_state(
     ok, timeout = (json.loads((work[n] / "run" / "run_record.json").read_text()) for n in ("OK", "TIMEOUT"))
     assert ok["job"]["time_limit_s"] == 60
     assert timeout["job"]["elapsed_s"] >= 40 and timeout["job"]["stop_budget_s"] == 50
-    assert "stop budget reached" in timeout["status_reason"] and "stopped cleanly" in timeout["status_reason"]
+    # the job's own timer and Slurm's warning (USR1 at the same margin; Slurm may send it early) both stop the run at
+    # its deadline: whichever the job heard first is named, and either way the driver stopped cleanly
+    reason = timeout["status_reason"]
+    assert ("stop budget reached" in reason or reason.startswith("Slurm's time-limit warning after")), reason
+    assert "stopped cleanly" in reason, reason
     assert any(w["name"] == "steady" and w["steps"] > 0 for w in timeout["windows"])  # a readable measurement
     assert (work["TIMEOUT"] / "run" / "energy" / "n1" / "trace.h5").exists() or \
         (work["TIMEOUT"] / "run" / "energy" / "n2" / "trace.h5").exists()

@@ -147,7 +147,6 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
         with _interrupts_heard():
             return int(command())
     except KeyboardInterrupt:  # Ctrl-C outside a run's own handler (imports, tools opening before it): one line
-        _forget_unhandled_interrupt()
         return _report(prog, "stopped by Ctrl-C (SIGINT) outside a run: no run was going on (a run that had begun "
                              "wrote its record)", INTERRUPTED, debug)
     except ModuleNotFoundError as exc:
@@ -165,13 +164,16 @@ def exit_code_of(prog: str, command: Callable[[], int], debug: bool = False,
                              "failed)", int(ExitCode.DATA), debug)
     except Exception as exc:
         return _internal(prog, exc, debug)
+    finally:  # every Ctrl-C that reached this point was handled, here or by the command (a run's second-Ctrl-C one)
+        _forget_unhandled_interrupt()
 
 
 def _forget_unhandled_interrupt() -> None:
     """A KeyboardInterrupt that left code run from a string (`exec`/`eval` of source: dataclasses and namedtuple build
     their methods so, at import) sets CPython's "unhandled Ctrl-C" flag, and `python -m`/`python FILE` then ends the
-    process by SIGINT after finalizing (exit -2, not the 130 this boundary chose), even once the exception was
-    handled: seen once under load, Ctrl-C landing in a driver's imports. Running an empty source string resets it."""
+    process by SIGINT after finalizing (exit -2, not the exit code chosen), even once the exception was handled, by
+    this boundary or inside the command: seen once under load, Ctrl-C landing in a driver's imports. Running an empty
+    source string resets it."""
     exec("", {})  # no input: CPython clears the flag before each evaluation of source
 
 

@@ -66,9 +66,13 @@ def test_every_request_gets_the_tokens_it_gets_alone(name, rate):
         assert log.tokens[r.id] == expected, f"request {r.id} ({r.input_tokens} in, {r.output_tokens} out)"
     assert edges[0] == "begin" and edges[1].startswith("end")
     # Rows were reused: more requests than rows, and every row is free again at the end; requests were moved
-    # down into freed rows (the compaction) and still produced their own tokens.
+    # down into freed rows (the compaction) and still produced their own tokens. Whether a move happens at a finite
+    # rate depends on this CPU's pace (which requests have arrived when rows free up: none moved once on a loaded CI
+    # machine); with every request queued at the start the schedule is the same on any machine, and it moves some.
     assert len(items) > rows and sorted(loop.scheduler.free) == list(range(rows)) and not loop.scheduler.running
-    assert loop.scheduler.moved > 0 and log.step_moved.sum() == loop.scheduler.moved
+    assert log.step_moved.sum() == loop.scheduler.moved
+    if rate == float("inf"):
+        assert loop.scheduler.moved > 0
     # The step log's computed rows: each decode step's bucket, which covers its occupied rows.
     decode = log.step_kind == StepKind.DECODE
     occupied = np.array([len(m) for m in log.step_members])

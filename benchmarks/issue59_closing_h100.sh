@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 59's closing rows on one warm H100: main at the issue's start (8e6ef02) against this tree, side by side through
+# benchmarks/perf33_h100.py, in three calls that fit a 10-minute device command each (docs/perf-notes.md "Issue 59, the
+# closing table on one machine"). Kept in the repository because ignored helper files do not survive a session.
+#
+#   bash benchmarks/issue59_closing_h100.sh prepare      # here, once: the base tree into .carry/base (ignored by git)
+#   bash benchmarks/issue59_closing_h100.sh f59i         # on the device, carry [".carry/base"]; likewise f59j, f59k
+#
+# f59i: the fused decode kernels' logits check (llama-1b, llama-8b) and llama-1b batch 1 base/final (≈ 7 min);
+# f59j: llama-8b batch 512 base/final, batch 1 fused and coordinate-descent pinned on the final (≈ 9 min);
+# f59k: llama-8b batch 8 and 64 base/final (≈ 7 min).
+# Each call writes $OUT/CALL.tgz (the harness's tables, records and log; no megatron data cache) and prints the
+# harness's results.md at the end.
+set -euo pipefail
+BASE_COMMIT=8e6ef02
+CALL=${1:?prepare, f59i, f59j or f59k}
+
+if [ "$CALL" = prepare ]; then
+    grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo /.carry/ >>.git/info/exclude
+    rm -rf .carry/base && mkdir -p .carry/base
+    git archive "$BASE_COMMIT" -- . ':!benchmarks/results' ':!docs' ':!tests' | tar -x -C .carry/base
+    du -sb .carry/base
+    exit 0
+fi
+
+: "${OUT:?set by the device tool}"
+case "$CALL" in f59i | f59j | f59k) ;; *) echo "unknown call $CALL: prepare, f59i, f59j or f59k" >&2; exit 2 ;; esac
+[ -d .carry/base ] || { echo "no .carry/base: run '$0 prepare' here and carry .carry/base" >&2; exit 2; }
+export PYTHONUNBUFFERED=1
+O=/tmp/$CALL
+rm -rf "$O" && mkdir -p "$O"
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv >"$O/gpu.txt" 2>&1 || true
+perf33=(python3 benchmarks/perf33_h100.py --out "$O/p" --trees base=.carry/base,final=.)
+status=0
+case "$CALL" in
+    f59i)
+        timeout 220 python3 benchmarks/inference_engine_h100.py --presets llama-1b,llama-8b --engines static \
+            --batch-sizes 1 --decode-tunings fused --steady-seconds 2 --out-dir "$O/logits-fused" \
+            >"$O/logits.log" 2>&1 || status=$?
+        timeout 320 "${perf33[@]}" --runs llama-1b-bs1 --timeout-s 150 >"$O/perf33.log" 2>&1 || status=$?
+        ;;
+    f59j)
+        timeout 560 "${perf33[@]}" --runs llama-8b-512,llama-8b-bs1-fused@final,llama-8b-bs1-coordinate-descent@final \
+            --timeout-s 200 >"$O/perf33.log" 2>&1 || status=$?
+        ;;
+    f59k)
+        timeout 560 "${perf33[@]}" --runs llama-8b-8-64 --timeout-s 270 >"$O/perf33.log" 2>&1 || status=$?
+        ;;
+esac
+(cd /tmp && find "$CALL" -name data_cache -prune -o -type f -print | tar czf "$OUT/$CALL.tgz" -T -)
+tail -n 40 "$O"/*.log
+cat "$O/p/results.md" 2>/dev/null || true
+exit "$status"

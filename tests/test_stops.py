@@ -302,10 +302,11 @@ def test_a_stop_in_the_warm_up_says_the_run_stopped_before_the_steady_window(tmp
     assert [w["name"] for w in record["windows"]] == ["warmup"]
 
 
-def test_a_stop_inside_a_phase_replay_window_ends_the_run_within_a_second_keeping_what_was_closed(tmp_path):
+def test_a_stop_inside_a_phase_replay_window_ends_the_run_at_its_next_check_keeping_what_was_closed(tmp_path):
     """Each phase replayed for at least 60 s; SIGTERM at the 96th invocation inside the first's window (after the four
-    that time it): the window closes at its next check (about once a second) with the invocations done, the second
-    phase never starts, and the run ends TIMEOUT saying where it stopped."""
+    that time it): the window closes at its next check (about once a second, counted in invocations timed before the
+    window: a loaded machine's later ones can take twice as long) with the invocations done, the second phase never
+    starts, and the run ends TIMEOUT saying where it stopped."""
     replays = [Replay("forward", _signal_at(100, signal.SIGTERM)), Replay("backward", lambda: time.sleep(0.002))]
     with (Lifecycle("llm_training", LaunchEnv.from_env({})) as life,
           life.run("r", tmp_path, {}, metrics=lambda record: {}) as run):
@@ -314,7 +315,7 @@ def test_a_stop_inside_a_phase_replay_window_ends_the_run_within_a_second_keepin
         meter.end("steady", 1, work={"tokens": 1.0})
         started = time.monotonic()
         replay_phases(meter, replays, 60.0, stop_reason=life.stop.local_reason)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 5.0  # a check or two, not the phase's 60 s
     assert life.exit_code() == EXIT_CODES["TIMEOUT"]
     record = read_record(tmp_path)
     assert record["status"] == "TIMEOUT", record["status_reason"]

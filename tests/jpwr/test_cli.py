@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from jpwr.errors import ExitCode
+from jpwr.trace_io import SEGMENT_DIR, TraceData, load_trace, read_segments
 
 JPWR = [sys.executable, "-m", "jpwr"]
 
@@ -137,6 +139,19 @@ def _serve(env, out: Path, cwd: Path, node: str) -> subprocess.Popen:
     return proc
 
 
+def _wait_on_disk(node_dir: Path, holds: Callable[[TraceData], bool], timeout_s: float = 60.0) -> None:
+    """Until the sampler's segments on disk hold what `holds` asks for: it flushes them about once a second, later on
+    a loaded machine, and a SIGKILL then leaves only what was flushed."""
+    deadline = time.monotonic() + timeout_s
+    while not ((node_dir / SEGMENT_DIR).is_dir() and holds(read_segments(node_dir))):
+        assert time.monotonic() < deadline, f"the sampler flushed nothing that holds it to {node_dir} in {timeout_s} s"
+        time.sleep(0.1)
+
+
+def _has_mark(name: str, edge: str) -> Callable[[TraceData], bool]:
+    return lambda trace: any(m.name == name and m.edge == edge for m in trace.marks)
+
+
 RANK_SCRIPT = """
 import os, sys, time
 from joulebench.launch import LaunchEnv
@@ -152,11 +167,12 @@ print("RANK", launch.rank, launch.local_rank, energy["steady"].energy_j if energ
 
 
 def test_legacy_power_table_leaves_a_failed_stretch_empty(fake_env, h100_trace_dir, tmp_path):
-    """jpwr 0.0.10's power.csv: rows whose instant power read failed stay empty; no line is drawn across them."""
+    """jpwr 0.0.10's power.csv: rows whose instant power read failed stay empty; no line is drawn across them. The
+    failed stretch counts from the fake's import in jpwr, just before it samples (counted from this process, a slow
+    start on a loaded machine could reach into the stretch before the first row)."""
     fails = json.dumps({"fails": [{"target": "field:186", "code": 999, "from_ns": 1_400_000_000,
                                    "until_ns": 2_000_000_000}]})
-    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_FAULTS=fails,
-                   JPWR_FAKE_NVML_ORIGIN_NS=str(time.monotonic_ns()))
+    env = fake_env(JPWR_FAKE_NVML_TRACE=str(h100_trace_dir), JPWR_FAKE_NVML_FAULTS=fails)
     result = run(["--methods", "nvml", "--interval", "50", "--out", "o", "--df-out", "df", "--", "sleep", "3"],
                  env, tmp_path)
     assert result.returncode == 0, result.stderr
@@ -245,8 +261,6 @@ def test_combine_two_nodes_sums_and_counts_shared_devices_once(h100_env, tmp_pat
 
 
 def test_sigterm_and_sigkill_leave_readable_traces(h100_env, tmp_path):
-    from jpwr.trace_io import load_trace, read_segments
-
     out = tmp_path / "o"
     proc = _serve(h100_env, out, tmp_path, "n1")
     time.sleep(1.5)
@@ -256,7 +270,7 @@ def test_sigterm_and_sigkill_leave_readable_traces(h100_env, tmp_path):
 
     out2 = tmp_path / "o2"
     proc = _serve(h100_env, out2, tmp_path, "n2")
-    time.sleep(2.5)  # segments are flushed every second
+    _wait_on_disk(out2 / "n2", lambda trace: sum(len(v) for v in trace.readings.values()) > 10)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     trace = read_segments(out2 / "n2")
@@ -326,7 +340,7 @@ def test_combine_recovers_a_killed_node_and_refuses_a_partial_sum(h100_env, tmp_
     for node in nodes:
         env = dict(h100_env, JPWR_ADDR=str(tmp_path / "s-{node}.sock"), JPWR_NODE_NAME=node)
         subprocess.run([sys.executable, "-c", RANK_SCRIPT], env=env, check=True, timeout=120, capture_output=True)
-    time.sleep(1.2)  # segments are flushed every second
+    _wait_on_disk(out / "n2", _has_mark("steady", "end"))
     nodes["n1"].send_signal(signal.SIGTERM)
     nodes["n1"].wait(timeout=60)
     os.kill(nodes["n2"].pid, signal.SIGKILL)  # n2 leaves segments and no summary

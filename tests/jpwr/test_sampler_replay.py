@@ -6,6 +6,8 @@ the sampler, backend and estimator are the production code, driven on a virtual 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -138,15 +140,13 @@ def test_slow_reads_keep_absolute_deadlines(fake_pynvml, h100_trace_dir, tmp_pat
     fake_pynvml.configure(h100_trace_dir, clock, faults=fake_pynvml.Faults(slow_ms={"nvmlDeviceGetFieldValues": 250.0}))
     backends, discoveries = open_backends(["nvml"], clock)
     sampler = Sampler(backends, discoveries, tmp_path, 0.1, 1.0, clock=clock, node="n1")
-    import threading
-
-    stopper = threading.Timer(0.2, sampler._stop.set)  # the virtual clock runs the loop fast; stop it soon
-    stopper.start()
     sampler.start(measure_costs=False)
-    sampler._thread.join(timeout=30)
-    stopper.cancel()
-    sampler._stop.set()
     field_reads = sampler.readings[next(s.id for s in sampler.sensors if s.signal.value == "power_instant")]
+    deadline = time.monotonic() + 30  # the virtual clock runs the loop fast: until slow reads have skipped ticks
+    while (sampler.missed_ticks == 0 or len(field_reads) < 4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler._stop.set()
+    sampler._thread.join(timeout=30)
     gaps = np.diff([r.t_before_ns for r in field_reads])
     assert sampler.missed_ticks > 0
     assert (gaps >= 0.25e9).all()  # never two reads closer than the slow read itself

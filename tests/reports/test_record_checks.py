@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +157,18 @@ def _report_process(paths: list[Path], out: Path) -> subprocess.Popen[str]:
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def _stderr_until(proc: subprocess.Popen[str], text: str) -> str:
+    """What the process wrote to stderr up to and including the first line holding `text` (all of it, should it end
+    first)."""
+    assert proc.stderr is not None
+    lines = []
+    while line := proc.stderr.readline():
+        lines.append(line)
+        if text in line:
+            break
+    return "".join(lines)
+
+
 def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_path) -> None:
     """Four reports of different runs into one OUTDIR at once (once two reports' files mixed): each waits for the
     one writing, and the directory ends holding one report's table, page and charts, all of the same runs."""
@@ -166,15 +177,16 @@ def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_pa
     drivers = sorted(TRAINING.parents[2].glob("*/run/run_record.json"))  # three drivers' records
     sets = [drivers[:1], drivers[1:2], drivers[2:], drivers]
     out = tmp_path / "out"
+    waiting = "joulebench report: waiting for another joulebench report writing to"
     with one_writer(out, "test"):  # a report that is writing: the others must wait, not write beside it
         procs = [_report_process(paths, out) for paths in sets]
-        time.sleep(3.0)
+        said = [_stderr_until(p, waiting) for p in procs]  # each says it waits (however slowly the four start)
+        assert all(waiting in text for text in said), said
         assert [p.poll() for p in procs] == [None] * 4 and sorted(os.listdir(out)) == [".joulebench.lock"]
     results = [p.communicate(timeout=240) for p in procs]
     for proc, (stdout, stderr) in zip(procs, results, strict=True):
         assert proc.returncode == 0 and "Traceback" not in stderr, stderr
         assert f"joulebench report: wrote {out / 'index.html'}\nnext: " in stdout  # then the next command
-        assert "joulebench report: waiting for another joulebench report writing to" in stderr
     rows = json.loads((out / "runs.json").read_text())["rows"]
     page = (out / "index.html").read_text()
     ids = {row["run_id"] for row in rows}

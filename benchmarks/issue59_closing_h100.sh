@@ -9,8 +9,8 @@
 # f59i: the fused decode kernels' logits check (llama-1b, llama-8b) and llama-1b batch 1 base/final (≈ 7 min);
 # f59j: llama-8b batch 512 base/final, batch 1 fused and coordinate-descent pinned on the final (≈ 9 min);
 # f59k: llama-8b batch 8 and 64 base/final (≈ 7 min).
-# Each call writes $OUT/CALL.tgz (the harness's tables, records and log; no megatron data cache) and prints the
-# harness's results.md at the end.
+# Each call writes its logs straight to $OUT (they come back even if the call is stopped at its limit), then
+# $OUT/CALL.tgz (the harness's tables and records; no megatron data cache), and prints the harness's results.md.
 set -euo pipefail
 BASE_COMMIT=8e6ef02
 CALL=${1:?prepare, f59i, f59j or f59k}
@@ -29,25 +29,38 @@ case "$CALL" in f59i | f59j | f59k) ;; *) echo "unknown call $CALL: prepare, f59
 export PYTHONUNBUFFERED=1
 O=/tmp/$CALL
 rm -rf "$O" && mkdir -p "$O"
-nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv >"$O/gpu.txt" 2>&1 || true
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,driver_version --format=csv >"$OUT/$CALL-gpu.txt" 2>&1 || true
+
+# A driver stopped by `timeout` finishes its record after SIGTERM: the next measurement waits for the GPU to be free.
+gpu_free() {
+    local waited=0
+    while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && [ $waited -lt 60 ]; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+}
+
 perf33=(python3 benchmarks/perf33_h100.py --out "$O/p" --trees base=.carry/base,final=.)
 status=0
 case "$CALL" in
     f59i)
-        timeout 220 python3 benchmarks/inference_engine_h100.py --presets llama-1b,llama-8b --engines static \
+        # llama-8b first: its logits check is the one a late timeout would cut
+        timeout 220 python3 benchmarks/inference_engine_h100.py --presets llama-8b,llama-1b --engines static \
             --batch-sizes 1 --decode-tunings fused --steady-seconds 2 --out-dir "$O/logits-fused" \
-            >"$O/logits.log" 2>&1 || status=$?
-        timeout 320 "${perf33[@]}" --runs llama-1b-bs1 --timeout-s 150 >"$O/perf33.log" 2>&1 || status=$?
+            >"$OUT/$CALL-logits.log" 2>&1 || status=$?
+        gpu_free
+        timeout 320 "${perf33[@]}" --runs llama-1b-bs1 --timeout-s 150 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
         ;;
     f59j)
         timeout 560 "${perf33[@]}" --runs llama-8b-512,llama-8b-bs1-fused@final,llama-8b-bs1-coordinate-descent@final \
-            --timeout-s 200 >"$O/perf33.log" 2>&1 || status=$?
+            --timeout-s 200 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
         ;;
     f59k)
-        timeout 560 "${perf33[@]}" --runs llama-8b-8-64 --timeout-s 270 >"$O/perf33.log" 2>&1 || status=$?
+        timeout 560 "${perf33[@]}" --runs llama-8b-8-64 --timeout-s 270 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
         ;;
 esac
+gpu_free
 (cd /tmp && find "$CALL" -name data_cache -prune -o -type f -print | tar czf "$OUT/$CALL.tgz" -T -)
-tail -n 40 "$O"/*.log
+tail -n 30 "$OUT/$CALL"-*.log
 cat "$O/p/results.md" 2>/dev/null || true
 exit "$status"

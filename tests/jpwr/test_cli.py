@@ -149,7 +149,12 @@ def _wait_on_disk(node_dir: Path, holds: Callable[[TraceData], bool], timeout_s:
 
 
 def _has_mark(name: str, edge: str) -> Callable[[TraceData], bool]:
-    return lambda trace: any(m.name == name and m.edge == edge for m in trace.marks)
+    """The mark on disk, and a later reading of every sensor read so far: the window's edge lies between readings
+    (the mark may be the last line a flush wrote)."""
+    def holds(trace: TraceData) -> bool:
+        mark = next((m for m in trace.marks if m.name == name and m.edge == edge), None)
+        return mark is not None and all(rows[-1].t_before_ns > mark.t_ns for rows in trace.readings.values() if rows)
+    return holds
 
 
 RANK_SCRIPT = """

@@ -184,8 +184,8 @@ def test_reports_into_one_directory_write_one_at_a_time_and_each_is_whole(tmp_pa
         assert all(waiting in text for text in said), said
         assert [p.poll() for p in procs] == [None] * 4 and sorted(os.listdir(out)) == [".joulebench.lock"]
     results = [p.communicate(timeout=240) for p in procs]
-    for proc, (stdout, stderr) in zip(procs, results, strict=True):
-        assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    for proc, before, (stdout, stderr) in zip(procs, said, results, strict=True):
+        assert proc.returncode == 0 and "Traceback" not in before + stderr, before + stderr
         assert f"joulebench report: wrote {out / 'index.html'}\nnext: " in stdout  # then the next command
     rows = json.loads((out / "runs.json").read_text())["rows"]
     page = (out / "index.html").read_text()

@@ -3,7 +3,7 @@
 # benchmarks/perf33_h100.py, in three calls that fit a 10-minute device command each (docs/perf-notes.md "Issue 59, the
 # closing table on one machine"). Kept in the repository because ignored helper files do not survive a session.
 #
-#   bash benchmarks/issue59_closing_h100.sh prepare      # here, once: the base tree into .carry/base (ignored by git)
+#   bash benchmarks/issue59_closing_h100.sh prepare      # here, once: the base tree into .carry/base (.gitignore has it)
 #   bash benchmarks/issue59_closing_h100.sh f59i         # on the device, carry [".carry/base"]; likewise f59j, f59k
 #
 # f59i: the fused decode kernels' logits check (llama-1b, llama-8b) and llama-1b batch 1 base/final (≈ 7 min);
@@ -16,7 +16,6 @@ BASE_COMMIT=8e6ef02
 CALL=${1:?prepare, f59i, f59j or f59k}
 
 if [ "$CALL" = prepare ]; then
-    grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo /.carry/ >>.git/info/exclude
     rm -rf .carry/base && mkdir -p .carry/base
     git archive "$BASE_COMMIT" -- . ':!benchmarks/results' ':!docs' ':!tests' | tar -x -C .carry/base
     du -sb .carry/base

@@ -18,7 +18,6 @@ import argparse
 import atexit
 import ctypes
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import first_gpus_env, markdown_table, write_results  # noqa: E402 (the repository on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 GIB = 2**30
 COMPETITOR_GIB = 10  # the loop's memory cap (its two 8192² bf16 operands and product take 0.4 GiB)
@@ -75,8 +75,8 @@ class Competitor:
         self.proc.wait()
 
 
-def run_driver(name: str, out: Path, env: dict[str, str], timeout_s: float) -> int:
-    """One `jpwr -- python -m llm_training train --model 800M` in its own session (killed whole on a timeout)."""
+def run_driver(name: str, out: Path, env: dict[str, str], timeout_s: float) -> int | str:
+    """One `jpwr -- python -m llm_training train --model 800M` in its own session (stopped whole on a timeout)."""
     run_dir = out / name
     cmd = [sys.executable, "-m", "jpwr", "--methods", "nvml", "--out", str(run_dir / "jpwr"), "--run-id", name, "--",
            sys.executable, "-m", "llm_training", "train", "--model", "800M", "--out-dir", str(run_dir),
@@ -84,20 +84,12 @@ def run_driver(name: str, out: Path, env: dict[str, str], timeout_s: float) -> i
     print(f"=== {name}: {' '.join(cmd)}", flush=True)
     started = time.monotonic()
     with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        code = run_bounded(cmd, timeout_s, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     print(f"=== {name}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
     return code
 
 
-def row(name: str, out: Path, code: int, competitor_pid: int | None) -> dict[str, Any]:
+def row(name: str, out: Path, code: int | str, competitor_pid: int | None) -> dict[str, Any]:
     path = out / name / "run_record.json"
     if not path.is_file():
         return {"run": name, "status": f"no record (exit {code})"}

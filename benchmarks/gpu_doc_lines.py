@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import CounterPoller, markdown_table, steady_against_counter, write_results  # noqa: E402
 from benchmarks.doc_lines import GPU_ONLY, documented_commands, with_this_python  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 # Why a GPU line is not run by this script, by a part of the command or its comment (first match wins).
 EXCLUDED: tuple[tuple[str, str], ...] = (
@@ -110,11 +111,7 @@ def run_line(line: DocLine, out: Path, timeout_s: float, poller: CounterPoller |
     print(f"=== {line.where}: {shlex.join(argv)}", flush=True)
     started = time.time()
     with open(log, "w") as sink:
-        try:
-            code: int | str = subprocess.run(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                                             timeout=timeout_s, check=False).returncode
-        except subprocess.TimeoutExpired:
-            code = f"timeout after {timeout_s:.0f} s"
+        code = run_bounded(argv, timeout_s, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
     wall = time.time() - started
     records = [record_row(p, poller) for p in _records_since(started, [REPO, out])]
     ok = code == 0 and all(r["ok"] for r in records)

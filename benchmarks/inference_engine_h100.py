@@ -31,7 +31,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import exit_status, first_gpus_env, markdown_table, write_results  # noqa: E402 (on sys.path)
 from joulebench.analysis.text_width import fitted  # noqa: E402
 from joulebench.boundary import exit_code_of  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 TASK = "chat"
 COLUMNS = [
@@ -166,10 +166,7 @@ def run_child_check(preset: str, args: argparse.Namespace, env: dict[str, str]) 
     out = Path(args.out_dir) / f"logits_{preset}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--check-logits", preset, "--out-dir", args.out_dir,
            "--device", args.device, "--decode-tunings", args.decode_tunings]
-    try:
-        code: int | str = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.check_timeout_s).returncode
-    except subprocess.TimeoutExpired:
-        code = "timeout"
+    code = run_bounded(cmd, args.check_timeout_s, cwd=REPO, env=env)
     if out.is_file():
         return json.loads(out.read_text())
     return {"error": f"logits check exited {code} without a result"}
@@ -199,10 +196,7 @@ def run_engine(preset: str, engine: str, sizes: list[int], args: argparse.Namesp
            "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}-{engine}"]
     print(fitted([f"=== {preset} {engine}: {' '.join(cmd)}"]), flush=True)
     started = time.monotonic()
-    try:
-        code: int | str = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.timeout_s).returncode
-    except subprocess.TimeoutExpired:
-        code = f"timeout after {args.timeout_s:.0f} s"
+    code = run_bounded(cmd, args.timeout_s, cwd=REPO, env=env)
     print(f"=== {preset} {engine}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
     return code
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status, markdown_table, write_results  # noqa: E402 (the repository on sys.path)
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 COLUMNS = [
     ("preset", None), ("task", None), ("batch", "batch_size"), ("status", None),
@@ -48,7 +48,7 @@ def command(preset: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
             "--out-dir", str(run_dir), "--run-id", f"{args.tag}-{preset}"]
 
 
-def rows_of(preset: str, run_dir: Path, returncode: int) -> list[dict[str, object]]:
+def rows_of(preset: str, run_dir: Path, returncode: int | str) -> list[dict[str, object]]:
     paths = sorted(run_dir.glob("*/run_record.json"), key=lambda p: (p.parent.name.split("_bs")[0],
                                                                     int(p.parent.name.split("_bs")[1])))
     if not paths:
@@ -105,10 +105,7 @@ def main() -> int:
         cmd = command(preset, args, run_dir)
         print(f"=== {preset}: {' '.join(cmd)}", flush=True)
         started = time.monotonic()
-        try:
-            code = subprocess.run(cmd, cwd=REPO, env=env, timeout=args.timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            code = -1
+        code = run_bounded(cmd, args.timeout_s, cwd=REPO, env=env)
         print(f"=== {preset}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
         rows += rows_of(preset, run_dir, code)
         write_tables(out_dir, rows)

@@ -19,7 +19,6 @@ import argparse
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status, first_gpus_env, markdown_table, write_results  # noqa: E402 (on sys.path)
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 # name -> extra `llm_training train` options. 800M preset defaults: bf16, GBS 64 per replica, MBS chosen by device
 # memory (16 where the estimate fits, e.g. an 80 GB H100; else 8). The bf16-mbs8* rows pin MBS 8, the default before
@@ -97,7 +97,7 @@ def command(name: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
     return [*jpwr, *launcher, *train]
 
 
-def row(name: str, run_dir: Path, returncode: int) -> dict[str, object]:
+def row(name: str, run_dir: Path, returncode: int | str) -> dict[str, object]:
     path = run_dir / "run_record.json"
     if not path.is_file():
         return {"config": name, "status": f"no record (exit {returncode})"}
@@ -150,15 +150,9 @@ def main() -> int:
         cmd = command(name, args, run_dir)
         print(f"=== {name}: {' '.join(cmd)}", flush=True)
         started = time.monotonic()
-        # Own process group: on a timeout the training process under jpwr/torchrun is stopped too,
-        # instead of living on and holding GPU memory during the next configuration.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=first_gpus_env(args.nproc, env), start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = -1
+        # On a timeout the training process under jpwr/torchrun is stopped too (its group), instead of living on and
+        # holding GPU memory during the next configuration.
+        code = run_bounded(cmd, args.timeout_s, cwd=REPO, env=first_gpus_env(args.nproc, env))
         print(f"=== {name}: exit {code} after {time.monotonic() - started:.0f} s", flush=True)
         rows.append(row(name, run_dir, code))
         write_tables(out_dir, rows, args)

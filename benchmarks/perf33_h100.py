@@ -37,6 +37,7 @@ from benchmarks.common import (  # noqa: E402
     unless_given,
     write_results,
 )
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 INFERENCE = ["-m", "llm_inference", "run", "--task", "chat", "--num-batches", "1", "--energy-methods", "nvml"]
 README_RESNET = ["-m", "resnet50", "train", "--framework", "pytorch", "--global-batch-size", "256", "--precision",
@@ -127,11 +128,7 @@ def run_one(name: str, tree_name: str, tree: Path, out: Path, uuid: str, poller:
     print(f"=== {tree_name} {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()
     with open(run_dir / "log.txt", "w") as log:
-        try:
-            code: int | str = subprocess.run(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                             timeout=args.timeout_s, check=False).returncode
-        except subprocess.TimeoutExpired:
-            code = f"timeout after {args.timeout_s:.0f} s"
+        code = run_bounded(command, args.timeout_s, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - started
     print(f"=== {tree_name} {name}: exit {code} after {wall:.0f} s", flush=True)
     rows = []

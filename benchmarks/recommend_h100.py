@@ -37,6 +37,7 @@ from benchmarks.common import (  # noqa: E402
     steady_against_counter,
     write_results,
 )
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,7 @@ def run(argv: list[str], log: Path, timeout_s: float) -> int | str:
     with open(log, "a") as sink:
         sink.write("+ " + " ".join(argv) + "\n")
         sink.flush()
-        try:
-            return subprocess.run(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  check=False).returncode
-        except subprocess.TimeoutExpired:
-            return f"timeout after {timeout_s:.0f} s"
+        return run_bounded(argv, timeout_s, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
 
 
 def knob_key(work: Workload) -> str:

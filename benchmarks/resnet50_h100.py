@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import exit_status, first_gpus_env
 from joulebench.boundary import exit_code_of
+from joulebench.bounded_run import run_bounded
 from joulebench.progress import Heartbeat
 
 TARGET_README_IMAGES_PER_S = 6000.0  # the README command on one H100, GBS 256 bf16 (issue 33)
@@ -87,16 +86,9 @@ def run_one(name: str, processes: int, extra: list[str], args: argparse.Namespac
     started = time.monotonic()
     with open(args.out / f"{name}.log", "w") as log, Heartbeat(lambda text: print(f"   {text}", flush=True)) as beat:
         beat.begin(f"{name}: running, its output in {log.name}")  # a line every 10 s while it runs (compiles: minutes)
-        # Own process group: on a timeout the training process under jpwr is stopped too, and the
-        # remaining configurations still run (a slow torch.compile mode must not end the sweep).
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes),
-                                start_new_session=True)
-        try:
-            code: int | str = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = f"timeout ({args.timeout:.0f} s)"
+        # On a timeout the training process under jpwr is stopped too (its group), and the remaining configurations
+        # still run (a slow torch.compile mode must not end the sweep).
+        code = run_bounded(cmd, args.timeout, stdout=log, stderr=subprocess.STDOUT, env=first_gpus_env(processes))
     print(f"   exit {code} after {time.monotonic() - started:.0f} s (log: {args.out / f'{name}.log'})", flush=True)
     record_path = run_dir / "run_record.json"
     return json.loads(record_path.read_text()) if record_path.exists() else None

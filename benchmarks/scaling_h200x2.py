@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,16 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status  # noqa: E402 (after the repository is on sys.path)
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 TARGET_EFFICIENCY = 0.95  # GPT-800M, issue 7
 
 
-def _run(cmd: list[str], timeout_s: float) -> int:
+def _run(cmd: list[str], timeout_s: float) -> int | str:
     print("$ " + " ".join(cmd), flush=True)
-    try:
-        return subprocess.run(cmd, cwd=REPO, timeout=timeout_s).returncode
-    except subprocess.TimeoutExpired:
-        return -1
+    return run_bounded(cmd, timeout_s, cwd=REPO)
 
 
 def _llm_rate(out_dir: Path) -> float | None:

@@ -39,6 +39,7 @@ from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
     first_gpus_env,
     markdown_table,
 )
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 MODEL = ["--preset", "llama-8b", "--task", "chat", "--energy-methods", "nvml"]  # + --steady-seconds (--window-s)
 ROWS_FILE, READS_FILE = "serving_rows.jsonl", "independent_counter.npz"
@@ -165,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**first_gpus_env(1), "CUDA_VISIBLE_DEVICES": uuid, "PYTHONUNBUFFERED": "1"}
                 command = [sys.executable, *table[name], "--out-dir", str(out / name)]
                 with open(out / f"{name}.log", "w") as log:
-                    try:
-                        subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                       timeout=args.timeout_s, check=False)
-                    except subprocess.TimeoutExpired:  # killed: the records it finished are still compared
-                        print(f"{name}: stopped at --timeout-s {args.timeout_s:g}", flush=True)
+                    code = run_bounded(command, args.timeout_s, env=env, cwd=REPO, stdout=log,
+                                       stderr=subprocess.STDOUT)
+                if isinstance(code, str):  # stopped: the records it finished are still compared
+                    print(f"{name}: {code} (--timeout-s)", flush=True)
                 found = rows_of(name, out / name, uuid, poller) or [{"run": name, "status": "no record"}]
                 for row in found:
                     row["command"] = " ".join(command)

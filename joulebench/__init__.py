@@ -65,6 +65,8 @@ API: dict[str, dict[str, str]] = {
         "wait_until": "every wait of a run, in slices that hear a stop request",
         "StopCheck": "the type of the stop question a wait asks",
     },
+    "joulebench.bounded_run": {"stop_group": "a process group the driver started (a serving run's server) ended "
+                                             "as Slurm ends a job: SIGTERM, a grace period, SIGKILL"},
     # the run record: written by the drivers, finalized and tabled by jube/
     "joulebench.record": {
         "RunRecord": "the one record every driver writes and jube reads",

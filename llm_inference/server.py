@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import http.client
-import os
 import shlex
 import signal
 import socket
@@ -24,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from joulebench.bounded_run import stop_group
 from joulebench.lifecycle import RunFailed, StopRequested
 from joulebench.waits import wait_until
 from jpwr import ValidationError
@@ -143,22 +143,8 @@ class Server:
             wait_until(time.monotonic() + READY_POLL_S, stop)
 
     def stop(self) -> str:
-        """SIGTERM to the group, STOP_GRACE_S, then SIGKILL to the group (also where the server itself had exited:
-        its workers may hold the devices); returns how it ended."""
-        if self.process.poll() is not None:
-            how = f"had exited with code {self.process.returncode}"
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(STOP_GRACE_S)
-                how = f"stopped by SIGTERM (exit code {self.process.returncode})"
-            except subprocess.TimeoutExpired:
-                how = f"killed (SIGKILL) after {STOP_GRACE_S:g} s without exiting on SIGTERM"
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # what the server left running in its group
-        self.process.wait()
-        return how
+        """SIGTERM to the group, STOP_GRACE_S, then SIGKILL to the group; returns how it ended."""
+        return stop_group(self.process, STOP_GRACE_S)
 
 
 def _end_with_parent() -> None:

@@ -21,6 +21,7 @@ import dataclasses
 import datetime
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from joulebench.analysis import knobs
 from joulebench.analysis.runs import Run, load_runs
 from joulebench.analysis.sweep import Group, Recommendation, target_misses, untrusted
+from joulebench.bounded_run import run_bounded
 from joulebench.savings import Saving
 from joulebench.savings import saving as bounded_saving
 from jpwr import ValidationError
@@ -148,14 +150,16 @@ class Remeasured:
 
 
 def run_driver(command: list[str], out_dir: Path) -> Run | str:
-    """One re-run: its record, or why there is none."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return f"{out_dir.name}: no record within {RUN_TIMEOUT_S} s"
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return f"{out_dir.name}: exit {done.returncode}: {tail[0]}"
+    """One re-run: its record, or why there is none (a re-run stopped at RUN_TIMEOUT_S gets SIGTERM first: the record
+    it then writes stays in `out_dir`, though it does not count)."""
+    with tempfile.TemporaryFile("w+") as output:
+        code = run_bounded(command, RUN_TIMEOUT_S, stdout=output, stderr=subprocess.STDOUT)
+        output.seek(0)
+        tail = output.read().strip().splitlines()[-1:] or ["no output"]
+    if isinstance(code, str):
+        return f"{out_dir.name}: no complete record: {code}"
+    if code != 0:
+        return f"{out_dir.name}: exit {code}: {tail[0]}"
     return load_runs([out_dir])[0]
 
 

@@ -1,0 +1,52 @@
+"""A child process with a time limit, ended the way Slurm ends a job: SIGTERM to its process group, a grace period,
+then SIGKILL to the group.
+
+Why: `subprocess.run(timeout=...)` kills the child at once with SIGKILL, so a driver stopped at a harness's limit left
+no run record at all (issue 59, session 11: llama-1b batch 1 at perf33's 150 s), although every driver ends its point
+as TIMEOUT and writes its record within seconds of a SIGTERM (the same call's llama-8b run, stopped by `timeout`'s
+SIGTERM, did). The group, not the process: a driver under jpwr or torchrun is several processes, and one left behind
+holds the GPU during the next measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+GRACE_S = 60.0  # a driver's stop after SIGTERM: the point's next call boundary, then its record (seconds, not minutes)
+
+
+def stop_group(process: subprocess.Popen[Any], grace_s: float) -> str:
+    """SIGTERM to the group of `process` (started with start_new_session=True), `grace_s`, then SIGKILL to the group
+    (also where the leader had exited: what it started may hold the devices); returns how it ended."""
+    if process.poll() is not None:
+        how = f"had exited with code {process.returncode}"
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+            how = f"stopped by SIGTERM (exit code {process.returncode})"
+        except subprocess.TimeoutExpired:
+            how = f"killed (SIGKILL) after {grace_s:g} s without exiting on SIGTERM"
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # what the leader left running in its group
+    process.wait()
+    return how
+
+
+def run_bounded(argv: Sequence[str], timeout_s: float, grace_s: float = GRACE_S, **popen: Any) -> int | str:
+    """Run `argv` (Popen's keyword arguments in `popen`) for at most `timeout_s`: its exit code, or, where the limit
+    stopped it, "timeout after N s (how it ended)"; what it wrote before and after the SIGTERM stays."""
+    with subprocess.Popen(list(argv), start_new_session=True, **popen) as process:
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timeout after {timeout_s:.0f} s ({stop_group(process, grace_s)})"
+        except BaseException:  # Ctrl-C or an error here: the child's group must not outlive the caller
+            stop_group(process, grace_s)
+            raise

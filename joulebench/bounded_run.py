@@ -14,7 +14,8 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 GRACE_S = 60.0  # a driver's stop after SIGTERM: the point's next call boundary, then its record (seconds, not minutes)
@@ -41,12 +42,34 @@ def stop_group(process: subprocess.Popen[Any], grace_s: float) -> str:
 
 def run_bounded(argv: Sequence[str], timeout_s: float, grace_s: float = GRACE_S, **popen: Any) -> int | str:
     """Run `argv` (Popen's keyword arguments in `popen`) for at most `timeout_s`: its exit code, or, where the limit
-    stopped it, "timeout after N s (how it ended)"; what it wrote before and after the SIGTERM stays."""
-    with subprocess.Popen(list(argv), start_new_session=True, **popen) as process:
+    stopped it, "timeout after N s (how it ended)"; what it wrote before and after the SIGTERM stays.
+
+    The child has its own group, so a SIGTERM meant for the caller (`timeout`, Slurm, scancel) would not reach it: while
+    it runs, a SIGTERM to the caller (in its main thread) stops the child's group the same way, then ends the caller
+    with SystemExit(143)."""
+    with _sigterm_as_exit(), subprocess.Popen(list(argv), start_new_session=True, **popen) as process:
         try:
             return process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return f"timeout after {timeout_s:.0f} s ({stop_group(process, grace_s)})"
-        except BaseException:  # Ctrl-C or an error here: the child's group must not outlive the caller
+        except BaseException:  # SIGTERM, Ctrl-C or an error here: the child's group must not outlive the caller
             stop_group(process, grace_s)
             raise
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) inside the block (only the main thread may set a handler; elsewhere: as it
+    was)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: set outside Python

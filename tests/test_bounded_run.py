@@ -3,10 +3,15 @@ whole group goes, and one that ignores SIGTERM is killed after the grace period.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from joulebench.bounded_run import run_bounded
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Installs its handler first thing: bash starts in milliseconds, far inside the limits below.
 STOPS_ON_TERM = ("trap 'echo stopped > stopped.txt; exit 3' TERM; sleep 1000 & echo $! > grandchild.pid; "
@@ -44,3 +49,18 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     code = run_bounded(["bash", "-c", IGNORES_TERM], 1.0, grace_s=0.5, cwd=tmp_path)
     assert code == "timeout after 1 s (killed (SIGKILL) after 0.5 s without exiting on SIGTERM)"
     assert time.monotonic() - started < 30
+
+
+def test_a_sigterm_to_the_caller_stops_the_child_s_group_the_same_way(tmp_path):
+    """`timeout`, Slurm or scancel signal the harness; its child has its own group and would run on, orphaned."""
+    harness = ("import sys; from joulebench.bounded_run import run_bounded; "
+               f"run_bounded(['bash', '-c', {STOPS_ON_TERM!r}], 600, grace_s=30, cwd={str(tmp_path)!r})")
+    caller = subprocess.Popen([sys.executable, "-c", harness], cwd=REPO)
+    pid_file = tmp_path / "grandchild.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    caller.send_signal(signal.SIGTERM)
+    assert caller.wait(60) == 143
+    assert (tmp_path / "stopped.txt").read_text() == "stopped\n"
+    assert _gone(int(pid_file.read_text()))

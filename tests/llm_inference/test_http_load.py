@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -97,15 +98,24 @@ def test_a_started_server_is_loaded_metered_and_stopped(checkpoint, fake_env, h1
     assert "Ignoring unsupported fields" in log or "Request received" in log
 
 
-def _load_through_proxy(checkpoint: Path, env: dict[str, str], tmp_path: Path, faults: tuple[str, ...],
-                        requests: int) -> tuple[subprocess.CompletedProcess, Path]:
-    """A `transformers serve` of the checkpoint behind a FaultProxy with `faults`, loaded at 20 req/s through
-    /v1/completions; the load's result and its out-dir."""
+@pytest.fixture(scope="class")
+def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """One `transformers serve` of the checkpoint for the tests of TestFaultsOnTheWire (each puts its own FaultProxy
+    in front of it: the faults are the proxy's, the server only answers); its port. Stopped after the class's
+    tests, not left idle through the rest of the file."""
     port = server.free_port("127.0.0.1")
     argv = server.render(SERVE, {"model": str(checkpoint), "host": "127.0.0.1", "port": str(port),
                                  "concurrency": "8", "devices": ""})
-    with server.started(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, tmp_path / "server.log", "127.0.0.1", port,
-                        120), FaultProxy(port, faults) as proxy:
+    log = tmp_path_factory.mktemp("served") / "server.log"
+    with server.started(argv, {**os.environ, "HF_HUB_OFFLINE": "1"}, log, "127.0.0.1", port, 120):
+        yield port
+
+
+def _load_through_proxy(checkpoint: Path, port: int, env: dict[str, str], tmp_path: Path, faults: tuple[str, ...],
+                        requests: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """The server on `port` behind a new FaultProxy with `faults`, loaded at 20 req/s through /v1/completions; the
+    load's result and its out-dir."""
+    with FaultProxy(port, faults) as proxy:
         out = tmp_path / "load"
         result = run_cmd([*INFER, "load", "--checkpoint", str(checkpoint), *LOAD, "--rate", "20", "--requests",
                           str(requests), "--url", proxy.url, "--api", "completions", "--out-dir", str(out)], env,
@@ -113,51 +123,54 @@ def _load_through_proxy(checkpoint: Path, env: dict[str, str], tmp_path: Path, f
     return result, out
 
 
-@pytest.mark.slow
-def test_faults_on_the_wire_are_counted_and_named(checkpoint, fake_env, h100_trace_dir, tmp_path):
-    """/v1/completions through the proxy: 503 answers, a malformed event-stream line, a reset mid-stream: failed
-    requests, each named; a stream without `usage`: its tokens counted from the stream. The run itself stays OK
-    (most requests succeed)."""
-    result, out = _load_through_proxy(checkpoint, _env(fake_env, h100_trace_dir), tmp_path, FAULTS, 20)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    record = _record(out)
-    failures = record["requests"]["failures"]
-    reasons = " ".join(failures["by_reason"])
-    assert "HTTP 503" in reasons and "malformed event-stream line" in reasons and "connection lost" in reasons
-    assert failures["count"] >= 3 and all(f["reason"] for f in failures["first"])
-    assert any("failed or timed out" in w for w in record["warnings"])
-    assert record["requests"]["output_token_counts"]["counted from the stream"] >= 1
-    table = read_requests(out / FILE_NAME)
-    assert int((table.requests["status"] == STATUSES.index("failed")).sum()) == failures["count"]
-    # an external server without --server-devices: energy n/a with the reason, never a number
-    assert "without --server-devices" in record["requests"]["energy"]["unavailable_reason"]
-    # an external server is no child of the run: its processes on the GPUs are not judged, said why
-    assert record["disturbed"]["checks"]["other_processes"] == {"disturbed": None,
-                                                                "unavailable_reason": EXTERNAL_SERVER}
+class TestFaultsOnTheWire:
+    """/v1/completions through a FaultProxy in front of one real server (the `served` fixture, started once)."""
 
+    @pytest.mark.slow
+    def test_faults_on_the_wire_are_counted_and_named(self, checkpoint, served, fake_env, h100_trace_dir, tmp_path):
+        """/v1/completions through the proxy: 503 answers, a malformed event-stream line, a reset mid-stream: failed
+        requests, each named; a stream without `usage`: its tokens counted from the stream. The run itself stays OK
+        (most requests succeed)."""
+        result, out = _load_through_proxy(checkpoint, served, _env(fake_env, h100_trace_dir), tmp_path, FAULTS, 20)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        record = _record(out)
+        failures = record["requests"]["failures"]
+        reasons = " ".join(failures["by_reason"])
+        assert "HTTP 503" in reasons and "malformed event-stream line" in reasons and "connection lost" in reasons
+        assert failures["count"] >= 3 and all(f["reason"] for f in failures["first"])
+        assert any("failed or timed out" in w for w in record["warnings"])
+        assert record["requests"]["output_token_counts"]["counted from the stream"] >= 1
+        table = read_requests(out / FILE_NAME)
+        assert int((table.requests["status"] == STATUSES.index("failed")).sum()) == failures["count"]
+        # an external server without --server-devices: energy n/a with the reason, never a number
+        assert "without --server-devices" in record["requests"]["energy"]["unavailable_reason"]
+        # an external server is no child of the run: its processes on the GPUs are not judged, said why
+        assert record["disturbed"]["checks"]["other_processes"] == {"disturbed": None,
+                                                                    "unavailable_reason": EXTERNAL_SERVER}
 
-@pytest.mark.slow
-def test_implausible_usage_counts_are_replaced_by_the_stream_s_count(checkpoint, fake_env, h100_trace_dir, tmp_path):
-    """The proxy replaces `usage.completion_tokens` by counts that cannot be true (negative, zero, 4e12, below the
-    12 chunks of text, a string): each such request is counted from its stream, and the record says which and why
-    (issue 47: an OK record with negative tokens/s or 4e12 tokens/s)."""
-    result, out = _load_through_proxy(checkpoint, _env(fake_env, h100_trace_dir), tmp_path, ("pass", *USAGE_FAULTS),
-                                      12)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    record = _record(out)
-    counts = record["requests"]["output_token_counts"]
-    assert counts["from usage"] + counts["counted from the stream"] == 14  # 2 warm-up and 12 counted, all done
-    assert counts["usage rejected"] == counts["counted from the stream"] >= len(USAGE_FAULTS)
-    assert set(counts["rejected by reason"]) == {"not positive", "above the request's max_tokens",
-                                                 "below the chunks that carried text", "not a whole number"}
-    assert {r["reported"] for r in counts["rejected first"]} == set(USAGE_FAULTS.values())
-    assert any("implausible usage.completion_tokens" in w for w in record["warnings"])
-    table = read_requests(out / FILE_NAME)
-    rejected = np.isin(table.requests["id"], [r["id"] for r in counts["rejected first"]])
-    assert np.all(table.requests["tokens_from_usage"][rejected] == 0)
-    assert np.all(table.requests["tokens_from_usage"][~rejected] == 1)
-    assert np.all(table.requests["output_tokens"] == 12)  # the stream's count where the server's was rejected
-    assert 0 < record["metrics"]["output_tokens_per_s"] < 1e4
+    @pytest.mark.slow
+    def test_implausible_usage_counts_are_replaced_by_the_stream_s_count(self, checkpoint, served, fake_env,
+                                                                         h100_trace_dir, tmp_path):
+        """The proxy replaces `usage.completion_tokens` by counts that cannot be true (negative, zero, 4e12, below the
+        12 chunks of text, a string): each such request is counted from its stream, and the record says which and why
+        (issue 47: an OK record with negative tokens/s or 4e12 tokens/s)."""
+        result, out = _load_through_proxy(checkpoint, served, _env(fake_env, h100_trace_dir), tmp_path,
+                                          ("pass", *USAGE_FAULTS), 12)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        record = _record(out)
+        counts = record["requests"]["output_token_counts"]
+        assert counts["from usage"] + counts["counted from the stream"] == 14  # 2 warm-up and 12 counted, all done
+        assert counts["usage rejected"] == counts["counted from the stream"] >= len(USAGE_FAULTS)
+        assert set(counts["rejected by reason"]) == {"not positive", "above the request's max_tokens",
+                                                     "below the chunks that carried text", "not a whole number"}
+        assert {r["reported"] for r in counts["rejected first"]} == set(USAGE_FAULTS.values())
+        assert any("implausible usage.completion_tokens" in w for w in record["warnings"])
+        table = read_requests(out / FILE_NAME)
+        rejected = np.isin(table.requests["id"], [r["id"] for r in counts["rejected first"]])
+        assert np.all(table.requests["tokens_from_usage"][rejected] == 0)
+        assert np.all(table.requests["tokens_from_usage"][~rejected] == 1)
+        assert np.all(table.requests["output_tokens"] == 12)  # the stream's count where the server's was rejected
+        assert 0 < record["metrics"]["output_tokens_per_s"] < 1e4
 
 
 def _run_failed(argv: list[str], env: dict[str, str], cwd: Path, out: Path) -> dict:

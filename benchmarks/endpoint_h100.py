@@ -34,6 +34,7 @@ from benchmarks.common import (  # noqa: E402 (needs REPO on sys.path)
     markdown_table,
 )
 from benchmarks.serving_h100 import rows_of  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 SERVE = "transformers serve {model} --device cuda --host {host} --port {port} --continuous-batching"
 VERSION = "python3 -c 'import importlib.metadata as m; print(m.version(\"transformers\"))'"
@@ -80,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             command = [*runs[name], "--out-dir", str(out / name)]
             with open(out / f"{name}.log", "w") as log:
-                subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=args.timeout_s, check=False)
+                run_bounded(command, args.timeout_s, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
             found = rows_of(name, out / name, uuid, poller) or [{"run": name, "status": "no record"}]
             for row in found:
                 _extra(row)

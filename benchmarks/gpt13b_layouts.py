@@ -35,6 +35,7 @@ from benchmarks.common import (  # noqa: E402
     split_at_double_dash,
     unless_given,
 )
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 MODEL = "13B"
 ARGPARSE_USAGE = 2  # validate could not parse the options: no estimate either
@@ -132,9 +133,8 @@ def run_layout(tp: int, pp: int, args: argparse.Namespace, energy: CounterPoller
     memory.reset()
     started = time.monotonic()
     with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.timeout_s, check=False)
-    row.update({"exit": proc.returncode, "wall_s": time.monotonic() - started, "command": " ".join(command),
+        code = run_bounded(command, args.timeout_s, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    row.update({"exit": code, "wall_s": time.monotonic() - started, "command": " ".join(command),
                 "peak used GiB per GPU": " / ".join(f"{memory.peak_gib.get(u, float('nan')):.1f}" for u in uuids)})
     paths = sorted((run_dir / "run").rglob("run_record.json"))
     if not paths:

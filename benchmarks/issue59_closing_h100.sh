@@ -5,19 +5,22 @@
 #
 #   bash benchmarks/issue59_closing_h100.sh prepare      # here, once: the base tree into .carry/base (.gitignore has it)
 #   bash benchmarks/issue59_closing_h100.sh f59i         # on the device, carry [".carry/base"]; likewise f59j, f59k
-#   bash benchmarks/issue59_closing_h100.sh f59n         # on the device, no carry needed: what session 11 left
+#   bash benchmarks/issue59_closing_h100.sh f59n         # what session 11 left: f59n, then f59o on the same warm
+#                                                        # machine, each with carry [".carry/base"]
 #
 # f59i: the fused decode kernels' logits check (llama-1b, llama-8b) and llama-1b batch 1 base/final (≈ 7 min);
 # f59j: llama-8b batch 512 base/final, batch 1 fused and coordinate-descent pinned on the final (≈ 9 min);
 # f59k: llama-8b batch 8 and 64 base/final (≈ 7 min).
-# f59n: what session 11's run of the three left (docs/BENCHMARKS.md "Wave 5, session 11"): the fused kernels' logits
-# check on llama-1b (its llama-8b check passed), llama-1b batch 1 under `auto` and llama-8b batch 1 coordinate-descent
-# pinned, both on this tree only (their baselines ran on one machine in sessions 9 and 11; ≈ 7 min).
+# f59n, f59o: what session 11's run of the three left (docs/BENCHMARKS.md "Wave 5, session 11"). f59n: the fused
+# kernels' logits check on llama-1b (its llama-8b check passed) and llama-1b batch 1 under `auto` on this tree (≈ 5
+# min); f59o: llama-1b batch 1 on the base (the same card's baseline) and llama-8b batch 1 coordinate-descent pinned on
+# this tree (≈ 5 min). Each step's limit plus the harness's grace after SIGTERM (joulebench.bounded_run, 60 s) fits
+# the device's 600 s.
 # Each call writes its logs straight to $OUT (they come back even if the call is stopped at its limit), then
 # $OUT/CALL.tgz (the harness's tables and records; no megatron data cache), and prints the harness's results.md.
 set -euo pipefail
 BASE_COMMIT=8e6ef02
-CALL=${1:?prepare, f59i, f59j, f59k or f59n}
+CALL=${1:?prepare, f59i, f59j, f59k, f59n or f59o}
 
 if [ "$CALL" = prepare ]; then
     rm -rf .carry/base && mkdir -p .carry/base
@@ -27,8 +30,8 @@ if [ "$CALL" = prepare ]; then
 fi
 
 : "${OUT:?set by the device tool}"
-case "$CALL" in f59i | f59j | f59k | f59n) ;; *) echo "unknown call $CALL: prepare, f59i, f59j, f59k or f59n" >&2; exit 2 ;; esac
-[ "$CALL" = f59n ] || [ -d .carry/base ] || { echo "no .carry/base: run '$0 prepare' here and carry .carry/base" >&2; exit 2; }
+case "$CALL" in f59i | f59j | f59k | f59n | f59o) ;; *) echo "unknown call $CALL: prepare, f59i, f59j, f59k, f59n or f59o" >&2; exit 2 ;; esac
+[ -d .carry/base ] || { echo "no .carry/base: run '$0 prepare' here and carry .carry/base" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 O=/tmp/$CALL
 rm -rf "$O" && mkdir -p "$O"
@@ -62,13 +65,16 @@ case "$CALL" in
         timeout 560 "${perf33[@]}" --runs llama-8b-8-64 --timeout-s 270 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
         ;;
     f59n)
-        timeout 180 python3 benchmarks/inference_engine_h100.py --presets llama-1b --engines static \
+        timeout 150 python3 benchmarks/inference_engine_h100.py --presets llama-1b --engines static \
             --batch-sizes 1 --decode-tunings fused --steady-seconds 2 --out-dir "$O/logits-fused" \
             >"$OUT/$CALL-logits.log" 2>&1 || status=$?
         gpu_free
         # `auto` at llama-1b batch 1 times three variants: 150 s did not hold it in session 11
-        timeout 380 python3 benchmarks/perf33_h100.py --out "$O/p" --trees final=. \
-            --runs llama-1b-bs1,llama-8b-bs1-coordinate-descent --timeout-s 220 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
+        timeout 300 "${perf33[@]}" --runs llama-1b-bs1@final --timeout-s 230 >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
+        ;;
+    f59o)
+        timeout 560 "${perf33[@]}" --runs llama-1b-bs1@base,llama-8b-bs1-coordinate-descent@final --timeout-s 215 \
+            >"$OUT/$CALL-perf33.log" 2>&1 || status=$?
         ;;
 esac
 gpu_free

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from benchmarks.common import CounterPoller, first_gpu_uuid, first_gpus_env, markdown_table  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 TRAIN = ["-m", "llm_training", "train", "--model", "800M", "--no-idle-baseline"]
 LOG_TO = ["--log-to", "tensorboard,mlflow"]
@@ -47,8 +48,7 @@ def run_one(name: str, logged: bool, out: Path, uuid: str, args: argparse.Namesp
     env = {**first_gpus_env(1), "CUDA_VISIBLE_DEVICES": uuid}
     with open(out / f"{name}.log", "w") as log:
         print(" ".join(command), file=log, flush=True)
-        subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s,
-                       check=False)
+        run_bounded(command, args.timeout_s, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     return json.loads((run_dir / "run" / "run_record.json").read_text())
 
 

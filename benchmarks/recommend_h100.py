@@ -37,7 +37,7 @@ from benchmarks.common import (  # noqa: E402
     steady_against_counter,
     write_results,
 )
-from joulebench.bounded_run import run_bounded  # noqa: E402
+from joulebench.bounded_run import GRACE_S, NESTED_GRACE_S, run_bounded  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ def argv_of(work: Workload, value: str, out_dir: Path, args: argparse.Namespace)
             "--no-idle-baseline", "--out-dir", str(out_dir)]
 
 
-def run(argv: list[str], log: Path, timeout_s: float) -> int | str:
+def run(argv: list[str], log: Path, timeout_s: float, grace_s: float = GRACE_S) -> int | str:
     print("+", " ".join(argv), flush=True)
     with open(log, "a") as sink:
         sink.write("+ " + " ".join(argv) + "\n")
         sink.flush()
-        return run_bounded(argv, timeout_s, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        return run_bounded(argv, timeout_s, grace_s, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
 
 
 def knob_key(work: Workload) -> str:
@@ -101,7 +101,7 @@ def default_named(work: Workload, default_dir: Path) -> list[str]:
 def recommend(records: list[Path], work: Workload, extra: list[str], json_out: Path, log: Path) -> dict[str, Any]:
     """joulebench recommend's result (its JSON), its printed lines kept in the log."""
     run([sys.executable, "-m", "joulebench", "recommend", *map(str, records), *work.target, *extra, "--json",
-         str(json_out)], log, 3600)
+         str(json_out)], log, 3600, NESTED_GRACE_S)  # its re-runs are its own children: they stop first
     return json.loads(json_out.read_text()) if json_out.exists() else {}
 
 

@@ -23,14 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status  # noqa: E402 (after the repository is on sys.path)
-from joulebench.bounded_run import run_bounded  # noqa: E402
+from joulebench.bounded_run import NESTED_GRACE_S, run_bounded  # noqa: E402
 
 TARGET_EFFICIENCY = 0.95  # GPT-800M, issue 7
 
 
 def _run(cmd: list[str], timeout_s: float) -> int | str:
     print("$ " + " ".join(cmd), flush=True)
-    return run_bounded(cmd, timeout_s, cwd=REPO)
+    return run_bounded(cmd, timeout_s, grace_s=NESTED_GRACE_S, cwd=REPO)  # a harness: its drivers stop first
 
 
 def _llm_rate(out_dir: Path) -> float | None:

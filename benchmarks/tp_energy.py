@@ -31,6 +31,7 @@ from benchmarks.common import (  # noqa: E402
     split_at_double_dash,
     unless_given,
 )
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 HEADER = ("point", "status", "ms/token p50", "J/output token", "record J", "independent J", "deviation %",
           "bound %", "W per GPU")
@@ -54,9 +55,8 @@ def run_point(tp: int, batch: int, args: argparse.Namespace, poller: CounterPoll
     started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.timeout_s, check=False)
-    row: dict[str, Any] = {"point": name, "exit": proc.returncode, "wall_s": time.monotonic() - started,
+        code = run_bounded(command, args.timeout_s, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    row: dict[str, Any] = {"point": name, "exit": code, "wall_s": time.monotonic() - started,
                            "command": " ".join(command)}
     paths = sorted(run_dir.rglob("run_record.json"))
     if not paths:

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout
 
 from benchmarks.common import CounterPoller, markdown_table, write_results  # noqa: E402 (needs REPO on sys.path)
+from joulebench.bounded_run import run_bounded  # noqa: E402
 
 CASES = {  # profile overrides per case; single also hides GPU 1 from the job
     "single": {"JOULEBENCH_NODES": "1"},
@@ -50,8 +51,7 @@ def run_case(case: str, uuids: list[str], args: argparse.Namespace, poller: Coun
     command = [args.jube, "run", "jube/llm_benchmark.xml", "--outpath", str(out), "-e"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"{case}.log", "w") as log:
-        subprocess.run(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s,
-                       check=False)
+        run_bounded(command, args.timeout_s, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     (record_path,) = out.rglob("run_record.json")
     record = json.loads(record_path.read_text())
     summary = json.loads((record_path.parent / "energy" / "summary.json").read_text())

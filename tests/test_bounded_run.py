@@ -1,5 +1,8 @@
 """joulebench.bounded_run: a child stopped at its time limit gets SIGTERM first (a driver writes its record then), its
-whole group goes, and one that ignores SIGTERM is killed after the grace period. Real processes (bash), no fakes."""
+whole group goes, and one that ignores SIGTERM is killed after the grace period. Real processes, no fakes.
+
+No race with the machine's pace: each child starts with SIGTERM blocked or ignored (set before exec), so a limit that
+passes before the child is ready leaves the signal pending until its handler is in place."""
 
 from __future__ import annotations
 
@@ -12,20 +15,37 @@ from pathlib import Path
 from joulebench.bounded_run import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
+# A driver's shape: a handler that writes what was measured and exits 3, a grandchild in its group, then SIGTERM
+# unblocked (a TERM that came early is handled now).
+STOPS_ON_TERM = """
+import pathlib, signal, subprocess, sys, time
+def stop(signum, frame):
+    pathlib.Path("stopped.txt").write_text("stopped\\n")
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+grandchild = subprocess.Popen(["sleep", "1000"])
+pathlib.Path("grandchild.pid").write_text(str(grandchild.pid))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+while True:
+    time.sleep(0.05)
+"""
+IGNORES_TERM = "while :; do sleep 0.05; done"
 
-# Installs its handler first thing: bash starts in milliseconds, far inside the limits below.
-STOPS_ON_TERM = ("trap 'echo stopped > stopped.txt; exit 3' TERM; sleep 1000 & echo $! > grandchild.pid; "
-                 "while :; do sleep 0.05; done")
-IGNORES_TERM = "trap '' TERM; while :; do sleep 0.05; done"
+
+def _block_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
     """The process has exited (gone, or a zombie waiting for its reaper)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        stat = Path(f"/proc/{pid}/stat")
         try:
-            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return True
         except (FileNotFoundError, ProcessLookupError):
             return True
@@ -38,29 +58,68 @@ def test_a_finished_child_gives_its_exit_code(tmp_path):
 
 
 def test_the_limit_sends_sigterm_to_the_whole_group_before_any_kill(tmp_path):
-    code = run_bounded(["bash", "-c", STOPS_ON_TERM], 2.0, grace_s=30, cwd=tmp_path)
-    assert code == "timeout after 2 s (stopped by SIGTERM (exit code 3))"
+    code = run_bounded([sys.executable, "-c", STOPS_ON_TERM], 1.0, grace_s=60, cwd=tmp_path,
+                       preexec_fn=_block_sigterm)
+    assert code == "timeout after 1 s (stopped by SIGTERM (exit code 3))"
     assert (tmp_path / "stopped.txt").read_text() == "stopped\n"  # what a driver writes on SIGTERM stays
     assert _gone(int((tmp_path / "grandchild.pid").read_text()))  # the group, not only the leader
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     started = time.monotonic()
-    code = run_bounded(["bash", "-c", IGNORES_TERM], 1.0, grace_s=0.5, cwd=tmp_path)
+    code = run_bounded(["bash", "-c", IGNORES_TERM], 1.0, grace_s=0.5, cwd=tmp_path, preexec_fn=_ignore_sigterm)
     assert code == "timeout after 1 s (killed (SIGKILL) after 0.5 s without exiting on SIGTERM)"
     assert time.monotonic() - started < 30
 
 
 def test_a_sigterm_to_the_caller_stops_the_child_s_group_the_same_way(tmp_path):
     """`timeout`, Slurm or scancel signal the harness; its child has its own group and would run on, orphaned."""
-    harness = ("import sys; from joulebench.bounded_run import run_bounded; "
-               f"run_bounded(['bash', '-c', {STOPS_ON_TERM!r}], 600, grace_s=30, cwd={str(tmp_path)!r})")
+    harness = ("import signal, sys; from joulebench.bounded_run import run_bounded; "
+               f"run_bounded([sys.executable, '-c', {STOPS_ON_TERM!r}], 600, grace_s=60, cwd={str(tmp_path)!r}, "
+               "preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))")
     caller = subprocess.Popen([sys.executable, "-c", harness], cwd=REPO)
-    pid_file = tmp_path / "grandchild.pid"
-    deadline = time.monotonic() + 60
-    while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+    try:
+        grandchild = int(_wait_for(tmp_path / "grandchild.pid"))
+        caller.send_signal(signal.SIGTERM)
+        assert caller.wait(120) == 143
+        assert (tmp_path / "stopped.txt").read_text() == "stopped\n"
+        assert _gone(grandchild)
+    finally:
+        caller.kill()
+        caller.wait()
+
+
+# Keeps running on SIGTERM (saying so): only the SIGKILL after the grace ends it.
+OUTLIVES_TERM = """
+import os, pathlib, signal, time
+signal.signal(signal.SIGTERM, lambda signum, frame: pathlib.Path("got-term").write_text("1"))
+pathlib.Path("ready").write_text(str(os.getpid()))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _wait_for(path: Path, within_s: float = 120) -> str:
+    deadline = time.monotonic() + within_s
+    while not (path.is_file() and path.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    caller.send_signal(signal.SIGTERM)
-    assert caller.wait(60) == 143
-    assert (tmp_path / "stopped.txt").read_text() == "stopped\n"
-    assert _gone(int(pid_file.read_text()))
+    return path.read_text()
+
+
+def test_a_second_sigterm_during_the_grace_kills_the_group_at_once(tmp_path):
+    """Slurm or a nested harness may signal again: the caller must not wait out the grace, nor leave the child."""
+    harness = ("import signal, sys; from joulebench.bounded_run import run_bounded; "
+               f"run_bounded([sys.executable, '-c', {OUTLIVES_TERM!r}], 600, grace_s=600, cwd={str(tmp_path)!r}, "
+               "preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))")
+    caller = subprocess.Popen([sys.executable, "-c", harness], cwd=REPO)
+    try:
+        child = int(_wait_for(tmp_path / "ready"))
+        caller.send_signal(signal.SIGTERM)
+        _wait_for(tmp_path / "got-term")  # the grace has begun
+        caller.send_signal(signal.SIGTERM)
+        assert caller.wait(60) == 143
+        assert _gone(child)
+    finally:
+        caller.kill()
+        caller.wait()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -152,10 +151,11 @@ class Remeasured:
 def run_driver(command: list[str], out_dir: Path) -> Run | str:
     """One re-run: its record, or why there is none (a re-run stopped at RUN_TIMEOUT_S gets SIGTERM first: the record
     it then writes stays in `out_dir`, though it does not count)."""
-    with tempfile.TemporaryFile("w+") as output:
-        code = run_bounded(command, RUN_TIMEOUT_S, stdout=output, stderr=subprocess.STDOUT)
-        output.seek(0)
-        tail = output.read().strip().splitlines()[-1:] or ["no output"]
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        code = run_bounded(command, RUN_TIMEOUT_S, stdout=out, stderr=err)
+        out.seek(0)
+        err.seek(0)
+        tail = (err.read().strip() or out.read().strip()).splitlines()[-1:] or ["no output"]
     if isinstance(code, str):
         return f"{out_dir.name}: no complete record: {code}"
     if code != 0:

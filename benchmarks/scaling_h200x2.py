@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status  # noqa: E402 (after the repository is on sys.path)
-from joulebench.bounded_run import NESTED_GRACE_S, run_bounded  # noqa: E402
+from joulebench.bounded_run import GRACE_S, NESTED_GRACE_S, run_bounded  # noqa: E402
 
 TARGET_EFFICIENCY = 0.95  # GPT-800M, issue 7
 
@@ -71,10 +71,11 @@ def main() -> int:
            str(args.llm_iterations), "--warmup-iterations", str(args.llm_warmup), "--timeout-s", "400"]
     if args.wheel:
         llm += ["--wheel", args.wheel]
-    _run([*llm, "--nproc", "1", "--out-dir", str(out / "llm_1gpu"), "--tag", "scaling-1gpu"], 450)
-    _run([*llm, "--nproc", "2", "--out-dir", str(out / "llm_dp2"), "--tag", "scaling-dp2"], 450)
+    # each harness's own limits and graces end inside the limit given it here (joulebench.bounded_run)
+    _run([*llm, "--nproc", "1", "--out-dir", str(out / "llm_1gpu"), "--tag", "scaling-1gpu"], 400 + GRACE_S + 30)
+    _run([*llm, "--nproc", "2", "--out-dir", str(out / "llm_dp2"), "--tag", "scaling-dp2"], 400 + GRACE_S + 30)
     _run([py, str(REPO / "benchmarks" / "resnet50_h100.py"), "--out", str(out / "resnet"), "--only", "compile",
-          "ddp2-compile", "--iterations", str(args.resnet_iterations)], 700)
+          "ddp2-compile", "--iterations", str(args.resnet_iterations), "--timeout", "300"], 2 * (300 + GRACE_S) + 30)
     gpt_one, gpt_two = _llm_rate(out / "llm_1gpu"), _llm_rate(out / "llm_dp2")
     resnet_one, resnet_two = _resnet_rate(out / "resnet" / "compile"), _resnet_rate(out / "resnet" / "ddp2-compile")
     rates = [gpt_one, gpt_two, resnet_one, resnet_two]

@@ -6,10 +6,12 @@ passes before the child is ready leaves the signal pending until its handler is 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from joulebench.bounded_run import run_bounded
@@ -30,6 +32,15 @@ while True:
     time.sleep(0.05)
 """
 IGNORES_TERM = "while :; do sleep 0.05; done"
+# Keeps running on SIGTERM (saying so): only the SIGKILL after the grace ends it.
+OUTLIVES_TERM = """
+import os, pathlib, signal, time
+signal.signal(signal.SIGTERM, lambda signum, frame: pathlib.Path("got-term").write_text("1"))
+pathlib.Path("ready").write_text(str(os.getpid()))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+while True:
+    time.sleep(0.05)
+"""
 
 
 def _block_sigterm() -> None:
@@ -53,6 +64,28 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
     return False
 
 
+def _wait_for(path: Path, within_s: float = 120) -> str:
+    deadline = time.monotonic() + within_s
+    while not (path.is_file() and path.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text()
+
+
+@contextlib.contextmanager
+def _harness(child_source: str, grace_s: float, cwd: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A harness process bounding `child_source` (a Python child started with SIGTERM blocked) at 600 s with
+    `grace_s`; killed at the end, whatever the test's outcome."""
+    source = ("import signal, sys; from joulebench.bounded_run import run_bounded; "
+              f"run_bounded([sys.executable, '-c', {child_source!r}], 600, grace_s={grace_s!r}, cwd={str(cwd)!r}, "
+              "preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))")
+    caller = subprocess.Popen([sys.executable, "-c", source], cwd=REPO)
+    try:
+        yield caller
+    finally:
+        caller.kill()
+        caller.wait()
+
+
 def test_a_finished_child_gives_its_exit_code(tmp_path):
     assert run_bounded(["bash", "-c", "exit 7"], 60, cwd=tmp_path) == 7
 
@@ -74,52 +107,20 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
 
 def test_a_sigterm_to_the_caller_stops_the_child_s_group_the_same_way(tmp_path):
     """`timeout`, Slurm or scancel signal the harness; its child has its own group and would run on, orphaned."""
-    harness = ("import signal, sys; from joulebench.bounded_run import run_bounded; "
-               f"run_bounded([sys.executable, '-c', {STOPS_ON_TERM!r}], 600, grace_s=60, cwd={str(tmp_path)!r}, "
-               "preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))")
-    caller = subprocess.Popen([sys.executable, "-c", harness], cwd=REPO)
-    try:
+    with _harness(STOPS_ON_TERM, 60, tmp_path) as caller:
         grandchild = int(_wait_for(tmp_path / "grandchild.pid"))
         caller.send_signal(signal.SIGTERM)
         assert caller.wait(120) == 143
         assert (tmp_path / "stopped.txt").read_text() == "stopped\n"
         assert _gone(grandchild)
-    finally:
-        caller.kill()
-        caller.wait()
-
-
-# Keeps running on SIGTERM (saying so): only the SIGKILL after the grace ends it.
-OUTLIVES_TERM = """
-import os, pathlib, signal, time
-signal.signal(signal.SIGTERM, lambda signum, frame: pathlib.Path("got-term").write_text("1"))
-pathlib.Path("ready").write_text(str(os.getpid()))
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-while True:
-    time.sleep(0.05)
-"""
-
-
-def _wait_for(path: Path, within_s: float = 120) -> str:
-    deadline = time.monotonic() + within_s
-    while not (path.is_file() and path.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return path.read_text()
 
 
 def test_a_second_sigterm_during_the_grace_kills_the_group_at_once(tmp_path):
     """Slurm or a nested harness may signal again: the caller must not wait out the grace, nor leave the child."""
-    harness = ("import signal, sys; from joulebench.bounded_run import run_bounded; "
-               f"run_bounded([sys.executable, '-c', {OUTLIVES_TERM!r}], 600, grace_s=600, cwd={str(tmp_path)!r}, "
-               "preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))")
-    caller = subprocess.Popen([sys.executable, "-c", harness], cwd=REPO)
-    try:
+    with _harness(OUTLIVES_TERM, 600, tmp_path) as caller:
         child = int(_wait_for(tmp_path / "ready"))
         caller.send_signal(signal.SIGTERM)
         _wait_for(tmp_path / "got-term")  # the grace has begun
         caller.send_signal(signal.SIGTERM)
         assert caller.wait(60) == 143
         assert _gone(child)
-    finally:
-        caller.kill()
-        caller.wait()

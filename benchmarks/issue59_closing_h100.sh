@@ -16,6 +16,8 @@
 # min); f59o: llama-1b batch 1 on the base (the same card's baseline) and llama-8b batch 1 coordinate-descent pinned on
 # this tree (≈ 5 min). Each step's limit plus the harness's grace after SIGTERM (joulebench.bounded_run, 60 s) fits
 # the device's 600 s.
+# Since session 12 the tracked tree plus .carry/base passes the 64 MiB a device call carries: move benchmarks/results
+# outside the checkout for the calls and back after them (no call reads it; docs/BENCHMARKS.md "Wave 5, session 12").
 # Each call writes its logs straight to $OUT (they come back even if the call is stopped at its limit), then
 # $OUT/CALL.tgz (the harness's tables and records; no megatron data cache), and prints the harness's results.md.
 set -euo pipefail

@@ -24,17 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import exit_status, first_gpus_env  # noqa: E402 (after the repository is on sys.path)
 from benchmarks.llm_h100 import ensure_megatron  # noqa: E402
+from joulebench.bounded_run import run_bounded  # noqa: E402
 from jpwr.output import fmt, write_atomic  # noqa: E402
 
 # torch.compile mode default without CUDA graphs or kernel tuning, as measured before the GPU default became
@@ -60,26 +62,29 @@ OVERHEAD = {"llm": (["--steps", "3"], ["--model", "800M"]),
                                                                "--precision", "bf16"])}
 
 
-def run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> int:
-    """One process in its own group (a timeout stops everything it started), output to `log` and the console."""
+def run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> int | str:
+    """One process in its own group (a timeout stops everything it started, as joulebench.bounded_run does), output
+    to `log` and the console; a reader thread copies it, so the limit holds while the child still writes."""
     print(f"=== {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    with log.open("w") as handle:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+    read_end, write_end = os.pipe()
+    with log.open("w") as handle, os.fdopen(read_end, errors="replace") as output:
+        reader = threading.Thread(target=_copy_lines, args=(output, handle), daemon=True)
+        reader.start()
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                handle.write(line)
-                if "Warning" not in line:
-                    print(line, end="", flush=True)
-            code = proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = -9
+            code = run_bounded(cmd, timeout_s, cwd=REPO, env=env, stdout=write_end, stderr=subprocess.STDOUT)
+        finally:
+            os.close(write_end)  # the group is gone: the reader sees the end of its output
+            reader.join()
     print(f"=== exit {code} after {time.monotonic() - started:.0f} s", flush=True)
     return code
+
+
+def _copy_lines(output: TextIO, handle: TextIO) -> None:
+    for line in output:
+        handle.write(line)
+        if "Warning" not in line:
+            print(line, end="", flush=True)
 
 
 def attribute_workload(name: str, out: Path, env: dict[str, str], args: argparse.Namespace) -> bool:
